@@ -1,0 +1,1055 @@
+"""Spot-availability traces: parsing, validation and the canonical per-interval table.
+
+This module owns availability *data*. It reads every trace format we have (Parcae/Bamboo event logs,
+running-count CSVs, the Bamboo GCP log and 2020 AWS step curves, SkyPilot "Can't Be Late" JSON arrays and
+their raw collector logs), checks them line by line, and turns them into one table the rest of the
+system consumes. The planner (liveput, simulator, CLI) imports this module; this module must never
+import the planner, so that traces can be loaded, plotted and forecast without the optimizer.
+
+Pipeline: every loader returns an :class:`AvailabilityEvents` (the changes of the instance count over
+time); :func:`to_intervals` bins those changes onto a fixed grid exactly like the Parcae reference
+(``SpotTrace.read_trace``/``pad_trace``, reference doc section F.1):
+
+* event timestamps in ms are integer-divided to seconds;
+* a change at second ``t`` belongs to interval ``floor(t / interval_s)``;
+* changes in one interval are summed, gross additions and removals separately;
+* intervals without changes are padded with ``n_in = n_out = 0``.
+
+Sources that log a running count instead of events (count CSV, GCP log, SkyPilot arrays and logs) carry
+the count forward: an interval's ``available`` is the last count observed before its end. Their first
+observation is the *initial state*: interval 0 has ``prev_available`` = that count and
+``n_in = n_out = 0`` unless the count changes within interval 0. ``n_in``/``n_out`` are the
+positive/negative parts of each observed change, which equal the gross counts only when every row is
+a single event.
+
+The canonical table has the columns :data:`COLUMNS`, one row per interval, and
+``df.attrs = {"name", "source", "interval_s", "capacity", "format"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path, PurePosixPath
+from typing import Final, Literal
+
+import numpy as np
+import pandas as pd
+
+__all__ = [
+    "COLUMNS",
+    "FORMATS",
+    "AvailabilityEvents",
+    "TraceFormatError",
+    "UnknownTraceError",
+    "available_traces",
+    "detect_format",
+    "load_trace",
+    "read_aws_step_csv",
+    "read_count_csv",
+    "read_event_csv",
+    "read_events",
+    "read_gcp_log",
+    "read_skypilot_json",
+    "read_skypilot_log",
+    "resample",
+    "scale_trace",
+    "shared_traces_dir",
+    "slice_hours",
+    "to_intervals",
+]
+
+COLUMNS: Final = (
+    "interval",
+    "start_s",
+    "start_time",
+    "prev_available",
+    "n_in",
+    "n_out",
+    "available",
+    "capacity",
+)
+
+DEFAULT_INTERVAL_S: Final = 60.0  # the reference hard-codes 60 s intervals (reference doc A.4)
+
+#: Format name -> the line (or document) shape it expects; used verbatim in error messages.
+FORMATS: Final[dict[str, str]] = {
+    "event-csv": "ts_ms,add|remove,node",
+    "count-csv": "ts_ms,count",
+    "gcp-log": "YYYY-MM-DD, HH:MM:SS, count",
+    "skypilot-json": '{"metadata": {"gap_seconds": G}, "data": [count, ...]}',
+    "skypilot-log": "tick,ISO8601,fail",
+    "aws-step-csv": "seconds,count (hours,count for *_scaled files)",
+}
+
+DATA_DIR: Final = Path(__file__).resolve().parent / "data"
+
+#: Traces shipped inside the package (see data/ATTRIBUTION.md); always available, even without ../shared.
+BUNDLED: Final[dict[str, Path]] = {
+    "p3": DATA_DIR / "p3.csv",
+    "gcp-v100": DATA_DIR / "gcp-v100.txt",
+}
+
+# Cluster-size caps that the files do not state but their sources do (reference doc F.1, SOURCE.md files).
+# Keyed by file stem so that the bundled copies and the shared originals agree.
+_CAPACITY_BY_STEM: Final[dict[str, int]] = {
+    "p3": 32,  # "up to 32 p3.2xlarge" (Parcae); also the bundled copy data/p3.csv and aws/traces/p3.csv
+    "p3trace": 32,
+    "p3-trace": 32,
+    "v100x1-east1c": 80,  # Bamboo GCP log: "target 80 x 1xV100"
+    "gcp-v100": 80,
+}
+
+_SNIFF_BYTES: Final = 4096  # enough for the first line of every text format and the JSON header
+
+
+# --------------------------------------------------------------------------------------------- errors
+
+
+class TraceFormatError(ValueError):
+    """A trace file does not have the shape its format requires.
+
+    The message always names the file, the 1-based line when one line is at fault, and the expected
+    format, so that a user can fix their file without reading a pandas/json traceback, e.g.
+    ``traces/x.csv line 17: expected 'ts_ms,add|remove,node', got 'abc'``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        expected: str,
+        line: int | None = None,
+        got: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.expected = expected
+        self.line = line
+        self.got = got
+        self.reason = reason
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = self.path if self.line is None else f"{self.path} line {self.line}"
+        parts = [where + ":"]
+        if self.reason:
+            parts.append(f"{self.reason};")
+        parts.append(f"expected '{self.expected}'")
+        msg = " ".join(parts)
+        if self.got is not None:
+            got = self.got if len(self.got) <= 80 else self.got[:77] + "..."
+            msg += f", got {got!r}"
+        return msg
+
+    def __reduce__(self):  # keep it picklable (multiprocessing) despite the keyword-rich __init__
+        return (type(self), (self.path, self.expected, self.line, self.got, self.reason))
+
+
+class UnknownTraceError(LookupError):
+    """``load_trace`` got a name that is neither bundled, shared, nor an existing file."""
+
+    def __init__(self, source: str, known: Sequence[str]) -> None:
+        self.source = source
+        self.known = tuple(known)
+        super().__init__(
+            f"unknown trace {source!r}: not a bundled or shared trace name and not an existing file. "
+            f"Known names: {', '.join(self.known) or '(none)'}. A path to a trace file also works."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.source, self.known))
+
+
+# ------------------------------------------------------------------------------- intermediate form
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)  # eq=False: numpy fields make the generated __eq__ ambiguous
+class AvailabilityEvents:
+    """Changes of the live-instance count over time, as read from one file (before binning).
+
+    Every loader produces this, so binning, padding and capacity rules live in one place
+    (:func:`to_intervals`) instead of once per format. Entry ``i`` says: at ``times_s[i]``
+    ``adds[i]`` instances came and ``removes[i]`` went (gross), leaving ``counts[i]``.
+    ``initial`` is the count before the first change: 0 for event logs, the first observed value for
+    count series. ``last_s`` is the last time the source observed the cluster (a trace can end with no
+    change); ``hold_s`` is how long that last observation is valid (the tick length of tick series,
+    0 for point observations).
+    """
+
+    times_s: np.ndarray
+    adds: np.ndarray
+    removes: np.ndarray
+    counts: np.ndarray
+    initial: int
+    last_s: float
+    hold_s: float = 0.0
+    start_time: pd.Timestamp | None = None
+    name: str = ""
+    source: str = ""
+    capacity: int | None = None
+    fmt: str = ""
+
+    def __post_init__(self) -> None:
+        times = np.asarray(self.times_s, dtype=np.float64)
+        adds = np.asarray(self.adds, dtype=np.int64)
+        removes = np.asarray(self.removes, dtype=np.int64)
+        counts = np.asarray(self.counts, dtype=np.int64)
+        if not (len(times) == len(adds) == len(removes) == len(counts)):
+            raise ValueError("times_s, adds, removes and counts must have the same length")
+        if len(times) and (times[0] < 0 or np.any(np.diff(times) <= 0)):
+            raise ValueError("times_s must be non-negative and strictly increasing")
+        if np.any(adds < 0) or np.any(removes < 0) or self.initial < 0:
+            raise ValueError("adds, removes and initial must be non-negative")
+        if not np.array_equal(counts, self.initial + np.cumsum(adds - removes)):
+            raise ValueError("counts must equal initial + cumsum(adds - removes)")
+        if np.any(counts < 0):
+            raise ValueError("counts must be non-negative")
+        if len(times) and self.last_s < times[-1]:
+            raise ValueError("last_s must not precede the last change")
+        if self.hold_s < 0:
+            raise ValueError("hold_s must be non-negative")
+        if self.start_time is not None:
+            ts = pd.Timestamp(self.start_time)
+            ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+            object.__setattr__(self, "start_time", ts)
+        object.__setattr__(self, "times_s", _frozen(times))
+        object.__setattr__(self, "adds", _frozen(adds))
+        object.__setattr__(self, "removes", _frozen(removes))
+        object.__setattr__(self, "counts", _frozen(counts))
+        object.__setattr__(self, "initial", int(self.initial))
+
+    @property
+    def max_count(self) -> int:
+        """Largest count ever alive (the fallback capacity)."""
+        return int(max(self.initial, self.counts.max(initial=0)))
+
+
+def _from_count_series(
+    times_s: Sequence[float],
+    counts: Sequence[int],
+    *,
+    hold_s: float = 0.0,
+    **meta: object,
+) -> AvailabilityEvents:
+    """Events from successive count observations (already sorted, one value per row).
+
+    The first observation is the initial state, so the first interval gets ``prev_available`` equal to
+    it and no spurious "n_in = N" burst at t = 0 (a count series starts mid-life of the cluster). Each
+    later row contributes the positive/negative part of its change to ``adds``/``removes``; rows at the
+    same second are summed. Where every row is one event (Parcae's ``aws/traces/p3.csv``) that yields the
+    true gross counts; where rows are samples (SkyPilot ticks) gross events between samples are
+    invisible and only the net change per sample survives.
+    """
+    t = np.asarray(times_s, dtype=np.float64)
+    c = np.asarray(counts, dtype=np.int64)
+    delta = np.diff(c)
+    change_t = t[1:]
+    adds = np.maximum(delta, 0)
+    removes = np.maximum(-delta, 0)
+    keep = delta != 0
+    change_t, adds, removes = change_t[keep], adds[keep], removes[keep]
+    # Merge rows that fall on the same timestamp (already non-decreasing), summing gross parts.
+    uniq, first = np.unique(change_t, return_index=True)
+    sum_adds = np.add.reduceat(adds, first) if len(first) else adds
+    sum_removes = np.add.reduceat(removes, first) if len(first) else removes
+    initial = int(c[0])
+    return AvailabilityEvents(
+        times_s=uniq,
+        adds=sum_adds,
+        removes=sum_removes,
+        counts=initial + np.cumsum(sum_adds - sum_removes),
+        initial=initial,
+        last_s=float(t[-1]),
+        hold_s=hold_s,
+        **meta,  # type: ignore[arg-type]
+    )
+
+
+# ------------------------------------------------------------------------------------ file reading
+
+
+def _first_bad_byte(path: Path, data: bytes, expected: str) -> None:
+    """Reject binary files up front: a NUL byte or invalid UTF-8 means this is not a trace."""
+    nul = data.find(b"\x00")
+    if nul >= 0:
+        line = data.count(b"\n", 0, nul) + 1
+        raise TraceFormatError(path, expected, line=line, reason="binary data (NUL byte), not a text trace")
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise TraceFormatError(path, expected, line=line, reason="binary data (not UTF-8 text)") from None
+
+
+def _read_text(path: Path, expected: str) -> str:
+    data = path.read_bytes()
+    _first_bad_byte(path, data, expected)
+    text = data.decode("utf-8-sig")  # tolerate a BOM from spreadsheet exports
+    if not text.strip():
+        raise TraceFormatError(path, expected, line=1, reason="file is empty")
+    return text
+
+
+def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
+    """Non-blank lines with their 1-based physical line numbers; CRLF tolerated."""
+    text = _read_text(path, expected)
+    # split("\n") rather than splitlines(): splitlines also breaks on \x0b, \x1c, ... and would shift numbers
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw.rstrip("\r")
+        if line.strip():
+            yield number, line
+
+
+_INT_RE: Final = re.compile(r"[+-]?\d+")
+_NUM_RE: Final = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _bad(path: Path, fmt: str, number: int, line: str, reason: str) -> TraceFormatError:
+    """The error for one bad line of a line-based format."""
+    return TraceFormatError(path, FORMATS[fmt], line=number, got=line, reason=reason)
+
+
+def _fields(path: Path, fmt: str, number: int, line: str, n: int, sep: str = ",") -> list[str]:
+    fields = [f.strip() for f in line.split(sep)]
+    if len(fields) != n:
+        raise _bad(path, fmt, number, line, f"{len(fields)} fields instead of {n}")
+    return fields
+
+
+def _int(path: Path, fmt: str, number: int, line: str, text: str, what: str) -> int:
+    """Parse a non-negative integer field, naming the field in the error."""
+    if not _INT_RE.fullmatch(text):
+        raise _bad(path, fmt, number, line, f"{what} {text!r} is not an integer")
+    value = int(text)
+    if value < 0:
+        raise _bad(path, fmt, number, line, f"negative {what} {value}")
+    return value
+
+
+def _number(path: Path, fmt: str, number: int, line: str, text: str, what: str) -> float:
+    if not _NUM_RE.fullmatch(text):
+        raise _bad(path, fmt, number, line, f"{what} {text!r} is not a number")
+    value = float(text)
+    if value < 0:
+        raise _bad(path, fmt, number, line, f"negative {what} {text}")
+    return value
+
+
+def _known_capacity(path: Path, fmt: str, observed_max: int) -> int | None:
+    """The source's stated cluster cap, if we know one and the data respects it; else None (-> max)."""
+    known: int | None = None
+    if fmt == "skypilot-json":
+        # SkyPilot folders are named "<N>-node": N instances were requested
+        for part in reversed(path.parts):
+            m = re.fullmatch(r"(\d+)-node", part)
+            if m:
+                known = int(m.group(1))
+                break
+    elif fmt == "skypilot-log":
+        known = 1  # one spot request per probe
+    else:
+        known = _CAPACITY_BY_STEM.get(path.stem)
+    # A user file that merely shares a stem (say, their own p3.csv with 40 nodes) must not get a cap
+    # below its own data; fall back to the observed maximum there.
+    if known is not None and known < observed_max:
+        return None
+    return known
+
+
+def _finish(events: AvailabilityEvents, path: Path) -> AvailabilityEvents:
+    return replace(events, capacity=_known_capacity(path, events.fmt, events.max_count))
+
+
+def read_event_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
+    """Read a ``ts_ms,add|remove,node`` event log (Parcae ``p3trace.csv``, Bamboo ``p3-trace.csv``).
+
+    Each line is one instance joining or leaving. Node identities are tracked so that impossible logs
+    (adding a live node, removing a dead one) fail loudly instead of producing negative counts later.
+    Timestamps must not decrease; events in the same second are merged (gross adds/removes kept).
+    """
+    p = Path(path)
+    fmt = "event-csv"
+    alive: set[str] = set()
+    times: list[int] = []
+    adds: list[int] = []
+    removes: list[int] = []
+    prev_ms: int | None = None
+    for number, line in _lines(p, FORMATS[fmt]):
+        ts_text, op, node = _fields(p, fmt, number, line, 3)
+        ts_ms = _int(p, fmt, number, line, ts_text, "timestamp")
+        if prev_ms is not None and ts_ms < prev_ms:
+            raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
+        prev_ms = ts_ms
+        if op not in ("add", "remove"):
+            raise _bad(p, fmt, number, line, f"unknown op {op!r}")
+        if not node:
+            raise _bad(p, fmt, number, line, "empty node name")
+        if op == "add":
+            if node in alive:
+                raise _bad(p, fmt, number, line, f"add of {node!r}, which is already alive")
+            alive.add(node)
+        else:
+            if node not in alive:
+                raise _bad(p, fmt, number, line, f"remove of {node!r}, which is not alive")
+            alive.remove(node)
+        second = ts_ms // 1000  # the reference integer-divides ms to seconds before binning
+        if not times or times[-1] != second:
+            times.append(second)
+            adds.append(0)
+            removes.append(0)
+        if op == "add":
+            adds[-1] += 1
+        else:
+            removes[-1] += 1
+    a = np.asarray(adds, dtype=np.int64)
+    r = np.asarray(removes, dtype=np.int64)
+    events = AvailabilityEvents(
+        times_s=np.asarray(times, dtype=np.float64),
+        adds=a,
+        removes=r,
+        counts=np.cumsum(a - r),
+        initial=0,
+        last_s=float(times[-1]),
+        name=p.stem,
+        source=str(p),
+        fmt=fmt,
+    )
+    return _finish(events, p)
+
+
+def read_count_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
+    """Read a ``ts_ms,count`` running-count CSV (Parcae ``aws/traces/p3.csv``).
+
+    Each row is the count after one event; rows at the same millisecond are separate events, so their
+    changes are summed as gross adds/removes. The first row is the initial state (see
+    :func:`_from_count_series`): for ``p3.csv`` (first row ``0,1``) interval 0 therefore reads
+    ``prev_available=1, n_in=17`` where the event log reads ``0, 18``; every later interval is identical.
+    """
+    p = Path(path)
+    fmt = "count-csv"
+    times: list[int] = []
+    counts: list[int] = []
+    prev_ms: int | None = None
+    for number, line in _lines(p, FORMATS[fmt]):
+        ts_text, count_text = _fields(p, fmt, number, line, 2)
+        ts_ms = _int(p, fmt, number, line, ts_text, "timestamp")
+        count = _int(p, fmt, number, line, count_text, "count")
+        if prev_ms is not None and ts_ms < prev_ms:
+            raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
+        prev_ms = ts_ms
+        times.append(ts_ms // 1000)
+        counts.append(count)
+    return _finish(_from_count_series(times, counts, name=p.stem, source=str(p), fmt=fmt), p)
+
+
+_GCP_RE: Final = re.compile(r"(\d{4})-(\d{2})-(\d{2})\s*,\s*(\d{1,2}):(\d{2}):(\d{2})\s*,\s*(\S+)")
+
+
+def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
+    """Read Bamboo's GCP log ``YYYY-MM-DD, HH:MM:SS, count`` (``traces/gcloud/v100x1-east1c.txt``).
+
+    The logger writes every change three times a minute apart and its rows are not in time order, so:
+    rows are sorted by time (stable, so file order breaks ties), exact duplicate rows are dropped, and
+    where rows share a timestamp with different counts the *last one in file order* wins (it is the
+    newer observation). Times are taken as UTC (the source does not say); the trace starts at its
+    earliest row, whose time becomes ``start_time``.
+
+    Caveat: when a change follows the previous one within two minutes, the previous change's late
+    echo rows sort after the new change, so the sorted series bounces (58 -> 60 -> 58 within a
+    minute). In ``v100x1-east1c.txt`` that adds 14 such bounces (134 changes instead of about 120,
+    533 instead of 518 instances in and out). We keep the rule above because it is the documented one;
+    a reader that lets a later row override every earlier-in-file row at or after its time would
+    remove them.
+    """
+    p = Path(path)
+    fmt = "gcp-log"
+    rows: list[tuple[datetime, int]] = []
+    for number, line in _lines(p, FORMATS[fmt]):
+        m = _GCP_RE.fullmatch(line.strip())
+        if not m:
+            # say which part is wrong when the column count is the problem
+            n = len(line.split(","))
+            reason = f"{n} fields instead of 3" if n != 3 else "not a date, time and count"
+            raise _bad(p, fmt, number, line, reason)
+        count = _int(p, fmt, number, line, m.group(7), "count")
+        try:
+            when = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+        except ValueError as exc:
+            raise _bad(p, fmt, number, line, str(exc)) from None
+        rows.append((when, count))
+    # dict keeps the last value per timestamp in file order; then sort by time
+    last_by_time: dict[datetime, int] = {}
+    for when, count in rows:
+        last_by_time.pop(when, None)
+        last_by_time[when] = count
+    ordered = sorted(last_by_time.items())
+    start = ordered[0][0]
+    times = [(when - start).total_seconds() for when, _ in ordered]
+    counts = [count for _, count in ordered]
+    events = _from_count_series(
+        times, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt
+    )
+    return _finish(events, p)
+
+
+def _json_line(text: str, needle: str | None) -> int:
+    """1-based line of the first ``needle`` (to point at a bad JSON key), else of the first non-blank."""
+    at = text.find(needle) if needle else -1
+    if at < 0:
+        at = len(text) - len(text.lstrip())  # first non-blank character
+    return text.count("\n", 0, max(at, 0)) + 1
+
+
+def read_skypilot_json(path: str | os.PathLike[str]) -> AvailabilityEvents:
+    """Read a SkyPilot "Can't Be Late" array ``{"metadata": {"gap_seconds": G}, "data": [...]}``.
+
+    ``data[i]`` is the number of instances available at tick ``i`` (time ``i * G``); it holds until the
+    next tick, so the trace covers ``len(data) * G`` seconds. Capacity comes from the ``<N>-node``
+    folder name. Extra keys (``prices``) are ignored.
+    """
+    p = Path(path)
+    fmt = "skypilot-json"
+    expected = FORMATS[fmt]
+    text = _read_text(p, expected)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TraceFormatError(p, expected, line=exc.lineno, reason=f"invalid JSON: {exc.msg}") from None
+    if not isinstance(doc, dict):
+        reason = f"top level is a JSON {type(doc).__name__}, not an object"
+        raise TraceFormatError(p, expected, line=_json_line(text, None), reason=reason)
+    meta = doc.get("metadata")
+    gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap <= 0:
+        line = _json_line(text, '"gap_seconds"' if isinstance(meta, dict) and "gap_seconds" in meta else '"metadata"')
+        reason = "missing metadata.gap_seconds"
+        if gap is not None:
+            reason = f"metadata.gap_seconds={gap!r} is not a positive number"
+        raise TraceFormatError(p, expected, line=line, reason=reason)
+    data = doc.get("data")
+    line = _json_line(text, '"data"')
+    if not isinstance(data, list) or not data:
+        reason = "missing 'data'" if data is None else "'data' is not a non-empty list"
+        raise TraceFormatError(p, expected, line=line, reason=reason)
+    bad = next((i for i, v in enumerate(data) if type(v) is not int or v < 0), None)
+    if bad is not None:
+        raise TraceFormatError(
+            p, expected, line=line, reason=f"data[{bad}] = {data[bad]!r} is not a non-negative integer"
+        )
+    times = np.arange(len(data), dtype=np.float64) * float(gap)
+    events = _from_count_series(times, data, hold_s=float(gap), name=p.stem, source=str(p), fmt=fmt)
+    return _finish(events, p)
+
+
+def read_skypilot_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
+    """Read a raw SkyPilot collector log ``tick,ISO8601,fail`` (skypilot-spot-strategy).
+
+    ``fail`` = 1 means the one-instance spot request failed, so available = 1 - fail (the released JSON
+    arrays use the same, inverted, convention). Probes are irregular (about 600 s), so times are kept
+    as observed, relative to the first probe, whose time becomes ``start_time``.
+    """
+    p = Path(path)
+    fmt = "skypilot-log"
+    times: list[datetime] = []
+    counts: list[int] = []
+    prev_tick: int | None = None
+    for number, line in _lines(p, FORMATS[fmt]):
+        tick_text, when_text, fail_text = _fields(p, fmt, number, line, 3)
+        tick = _int(p, fmt, number, line, tick_text, "tick")
+        if prev_tick is not None and tick <= prev_tick:
+            raise _bad(p, fmt, number, line, f"tick {tick} does not follow {prev_tick}")
+        prev_tick = tick
+        try:
+            when = datetime.fromisoformat(when_text)
+        except ValueError:
+            raise _bad(p, fmt, number, line, f"{when_text!r} is not an ISO 8601 time") from None
+        when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+        if times and when < times[-1]:
+            raise _bad(p, fmt, number, line, "time goes backwards")
+        if fail_text not in ("0", "1"):
+            raise _bad(p, fmt, number, line, f"fail must be 0 or 1, not {fail_text!r}")
+        if times and when == times[-1]:  # same instant twice: the later probe wins
+            counts[-1] = 1 - int(fail_text)
+            continue
+        times.append(when)
+        counts.append(1 - int(fail_text))
+    start = times[0]
+    seconds = [(w - start).total_seconds() for w in times]
+    events = _from_count_series(seconds, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt)
+    return _finish(events, p)
+
+
+def _aws_step_is_hours(path: Path, first_time_text: str) -> bool:
+    # Bamboo's "_scaled" files are in hours. One unsuffixed Bamboo file
+    # (aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv) is also in hours (0.000 .. 88.695);
+    # the seconds files always write integers, so a decimal point in the time column marks hours too.
+    return path.stem.endswith("_scaled") or "." in first_time_text
+
+
+def read_aws_step_csv(
+    path: str | os.PathLike[str], unit: Literal["auto", "seconds", "hours"] = "auto"
+) -> AvailabilityEvents:
+    """Read Bamboo's Nov 2020 AWS step curves ``seconds,count`` (``_scaled``: ``hours,count``).
+
+    The curves are drawn with vertical steps: a timestamp repeated with a new count means the count
+    jumped there, so the last value at a timestamp wins. ``unit="auto"`` picks hours for ``*_scaled``
+    files and for files whose times carry a decimal point.
+    """
+    p = Path(path)
+    fmt = "aws-step-csv"
+    raw: list[tuple[int, str, float, int]] = []
+    for number, line in _lines(p, FORMATS[fmt]):
+        t_text, count_text = _fields(p, fmt, number, line, 2)
+        t = _number(p, fmt, number, line, t_text, "time")
+        count = _int(p, fmt, number, line, count_text, "count")
+        if raw and t < raw[-1][2]:
+            raise _bad(p, fmt, number, line, f"time {t_text} is before the previous {raw[-1][2]:g}")
+        raw.append((number, line, t, count))
+    hours = unit == "hours" or (unit == "auto" and _aws_step_is_hours(p, _time_text(raw[0][1])))
+    scale = 3600.0 if hours else 1.0
+    last: dict[float, int] = {}
+    for _, _, t, count in raw:
+        last[t] = count  # insertion order is time order; the last value at a time wins
+    # rounding to microseconds removes float noise from hours * 3600 before flooring onto the grid
+    times = [round(t * scale, 6) for t in last]
+    events = _from_count_series(times, list(last.values()), name=p.stem, source=str(p), fmt=fmt)
+    return _finish(events, p)
+
+
+def _time_text(line: str) -> str:
+    """The raw first field of a CSV line (used to decide the time unit from how it is written)."""
+    return line.split(",", 1)[0].strip()
+
+
+# --------------------------------------------------------------------------------- format dispatch
+
+_READERS: Final[dict[str, Callable[[Path], AvailabilityEvents]]] = {
+    "event-csv": read_event_csv,
+    "count-csv": read_count_csv,
+    "gcp-log": read_gcp_log,
+    "skypilot-json": read_skypilot_json,
+    "skypilot-log": read_skypilot_log,
+    "aws-step-csv": read_aws_step_csv,
+}
+
+_SNIFF: Final[tuple[tuple[str, re.Pattern[str]], ...]] = (
+    ("gcp-log", re.compile(r"\d{4}-\d{2}-\d{2}\s*,\s*\d{1,2}:\d{2}:\d{2}\s*,")),
+    ("skypilot-log", re.compile(r"\d+\s*,\s*\d{4}-\d{2}-\d{2}T")),
+    ("event-csv", re.compile(r"[^,]*,\s*(add|remove)\s*,")),
+    ("two-numbers", re.compile(r"[+-]?[\d.]+\s*,\s*[+-]?\d+")),
+)
+
+
+def _first_line(path: Path) -> tuple[int, str]:
+    """First non-blank line of the file (from its first few KiB) and its number."""
+    expected = "one of: " + "; ".join(FORMATS.values())
+    with path.open("rb") as fh:
+        chunk = fh.read(_SNIFF_BYTES)
+        truncated = bool(fh.read(1))
+    if truncated:  # do not mistake a multi-byte character cut at the chunk end for binary data
+        for cut in range(4):
+            try:
+                chunk[: len(chunk) - cut].decode("utf-8")
+                chunk = chunk[: len(chunk) - cut]
+                break
+            except UnicodeDecodeError:
+                continue
+    _first_bad_byte(path, chunk, expected)
+    text = chunk.decode("utf-8-sig")
+    for number, raw in enumerate(text.split("\n"), start=1):
+        if raw.strip():
+            return number, raw.rstrip("\r").strip()
+    if truncated:  # only blank lines so far: look at the whole file (rare, so no need to be clever)
+        number, line = next(_lines(path, expected))
+        return number, line.strip()
+    raise TraceFormatError(path, expected, line=1, reason="file is empty")
+
+
+def detect_format(path: str | os.PathLike[str]) -> str:
+    """Name of the format of ``path`` (a key of :data:`FORMATS`), from its first non-blank line.
+
+    ``ts_ms,count`` and Bamboo's ``seconds,count`` look alike; they differ in time unit, which only the
+    file name reveals: Bamboo's files are named ``aws-spot-instances-*`` (or end in ``_scaled``), and
+    a decimal point in the time column means hours (also Bamboo).
+    """
+    p = Path(path)
+    number, line = _first_line(p)
+    if line.startswith("{"):
+        with p.open("rb") as fh:
+            head = fh.read(_SNIFF_BYTES).decode("utf-8", errors="replace")
+        if re.match(r'\s*\{\s*"(metadata|data)"', head) or '"gap_seconds"' in head:
+            return "skypilot-json"
+    for fmt, pattern in _SNIFF:
+        if pattern.match(line):
+            if fmt != "two-numbers":
+                return fmt
+            time_text = _time_text(line)
+            bamboo = p.name.startswith("aws-spot-instances") or p.stem.endswith("_scaled")
+            return "aws-step-csv" if bamboo or "." in time_text else "count-csv"
+    raise TraceFormatError(
+        p,
+        "one of: " + "; ".join(FORMATS.values()),
+        line=number,
+        got=line,
+        reason="unrecognised trace format",
+    )
+
+
+def read_events(path: str | os.PathLike[str], fmt: str | None = None) -> AvailabilityEvents:
+    """Read any supported trace file (format sniffed unless ``fmt`` names one of :data:`FORMATS`)."""
+    p = Path(path)
+    if fmt is None:
+        fmt = detect_format(p)
+    try:
+        reader = _READERS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}") from None
+    return reader(p)
+
+
+# ------------------------------------------------------------------------------ canonical table
+
+
+def _check_interval(interval_s: float) -> float:
+    interval_s = float(interval_s)
+    if not math.isfinite(interval_s) or interval_s <= 0:
+        raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
+    return interval_s
+
+
+def _start_times(origin: pd.Timestamp | None, start_s: np.ndarray) -> pd.Series:
+    if origin is None or pd.isna(origin):
+        return pd.Series(pd.NaT, index=range(len(start_s)), dtype="datetime64[ns, UTC]")
+    return pd.Series(origin + pd.to_timedelta(start_s, unit="s"), index=range(len(start_s))).astype(
+        "datetime64[ns, UTC]"
+    )
+
+
+def _table(
+    interval: np.ndarray,
+    interval_s: float,
+    origin: pd.Timestamp | None,
+    prev: np.ndarray,
+    n_in: np.ndarray,
+    n_out: np.ndarray,
+    available: np.ndarray,
+    capacity: int,
+    attrs: dict[str, object],
+) -> pd.DataFrame:
+    start_s = interval.astype(np.float64) * interval_s
+    df = pd.DataFrame(
+        {
+            "interval": interval.astype(np.int64),
+            "start_s": start_s,
+            "start_time": _start_times(origin, start_s),
+            "prev_available": prev.astype(np.int64),
+            "n_in": n_in.astype(np.int64),
+            "n_out": n_out.astype(np.int64),
+            "available": available.astype(np.int64),
+            "capacity": np.full(len(interval), capacity, dtype=np.int64),
+        },
+        columns=list(COLUMNS),
+    )
+    df.attrs = dict(attrs)
+    return df
+
+
+def to_intervals(events: AvailabilityEvents, interval_s: float = DEFAULT_INTERVAL_S) -> pd.DataFrame:
+    """Bin events onto a grid of ``interval_s`` seconds: the canonical per-interval table.
+
+    Reproduces the reference parser: a change at ``t`` s lands in interval ``floor(t / interval_s)``;
+    gross adds/removes in one interval are summed; empty intervals are padded; the table runs from
+    interval 0 through the interval of the last observation (or to the end of the last tick for tick
+    series). Capacity: ``events.capacity`` if set, else the largest count (at least 1).
+    """
+    interval_s = _check_interval(interval_s)
+    idx = np.floor(events.times_s / interval_s).astype(np.int64)
+    n = max(
+        int(events.last_s // interval_s) + 1,
+        # round first: float noise such as 16235.0000001 must not add an interval
+        math.ceil(round((events.last_s + events.hold_s) / interval_s, 9)),
+    )
+    n_in = np.zeros(n, dtype=np.int64)
+    n_out = np.zeros(n, dtype=np.int64)
+    np.add.at(n_in, idx, events.adds)
+    np.add.at(n_out, idx, events.removes)
+    available = events.initial + np.cumsum(n_in - n_out)
+    prev = np.concatenate(([events.initial], available[:-1]))
+    observed_max = events.max_count
+    capacity = events.capacity if events.capacity is not None else max(observed_max, 1)
+    if capacity < observed_max:
+        raise ValueError(
+            f"capacity {capacity} is below the {observed_max} instances trace {events.name!r} has alive at once"
+        )
+    attrs = {
+        "name": events.name,
+        "source": events.source,
+        "interval_s": interval_s,
+        "capacity": int(capacity),
+        "format": events.fmt,
+    }
+    return _table(np.arange(n), interval_s, events.start_time, prev, n_in, n_out, available, capacity, attrs)
+
+
+def _origin(df: pd.DataFrame) -> pd.Timestamp | None:
+    """Absolute time of interval 0 (None when the trace has no absolute time)."""
+    first = df["start_time"].iloc[0]
+    if pd.isna(first):
+        return None
+    return first - pd.to_timedelta(float(df["start_s"].iloc[0]), unit="s")
+
+
+def _check_contiguous(df: pd.DataFrame) -> None:
+    if df.empty:
+        raise ValueError("empty availability table")
+    if np.any(np.diff(df["interval"].to_numpy()) != 1):
+        raise ValueError("availability table must hold consecutive intervals")
+
+
+def resample(df: pd.DataFrame, interval_s: float) -> pd.DataFrame:
+    """Re-bin a canonical table onto a coarser grid whose interval is an integer multiple.
+
+    Sums ``n_in``/``n_out``, keeps the first ``prev_available`` and the last ``available`` of each
+    group. Bins stay aligned to interval 0 even for sliced tables, so interval numbers remain
+    comparable. For finer or non-multiple grids re-bin from the events: ``load_trace(..., interval_s=X)``.
+    """
+    interval_s = _check_interval(interval_s)
+    old = float(df.attrs["interval_s"])
+    ratio = interval_s / old
+    k = round(ratio)
+    if k < 1 or not math.isclose(ratio, k, rel_tol=1e-9):
+        raise ValueError(
+            f"cannot resample {old:g} s intervals to {interval_s:g} s: the new interval must be an integer "
+            f"multiple; use load_trace(..., interval_s={interval_s:g}) to re-bin from the events"
+        )
+    _check_contiguous(df)
+    groups = df["interval"].to_numpy() // k
+    g = df.groupby(groups, sort=True)
+    new_interval = np.asarray(g.size().index, dtype=np.int64)
+    attrs = {**df.attrs, "interval_s": interval_s}
+    capacity = int(df.attrs["capacity"])
+    return _table(
+        new_interval,
+        interval_s,
+        _origin(df),
+        g["prev_available"].first().to_numpy(),
+        g["n_in"].sum().to_numpy(),
+        g["n_out"].sum().to_numpy(),
+        g["available"].last().to_numpy(),
+        capacity,
+        attrs,
+    )
+
+
+def slice_hours(df: pd.DataFrame, start_h: float, end_h: float) -> pd.DataFrame:
+    """Intervals whose start lies in ``[start_h, end_h)`` hours, keeping their ``interval`` numbers.
+
+    The numbers are kept (the simulator and the replay segments refer to minutes of the whole trace);
+    only the DataFrame index is reset. The window must lie inside the trace: silently returning a
+    shorter segment would skew any per-hour comparison.
+    """
+    _check_contiguous(df)
+    iv = float(df.attrs["interval_s"])
+    lo_s, hi_s = float(df["start_s"].iloc[0]), float(df["start_s"].iloc[-1]) + iv
+    span = (
+        f"trace {df.attrs.get('name', '')!r} covers hours {lo_s / 3600:.3f}-{hi_s / 3600:.3f} "
+        f"({len(df)} intervals of {iv:g} s)"
+    )
+    if not end_h > start_h:
+        raise ValueError(f"empty window [{start_h}, {end_h}) h; {span}")
+    lo, hi = start_h * 3600.0, end_h * 3600.0
+    if lo < lo_s - 1e-9 or hi > hi_s + 1e-9:
+        raise ValueError(f"window [{start_h}, {end_h}) h lies outside the trace; {span}")
+    mask = (df["start_s"] >= lo) & (df["start_s"] < hi)
+    if not mask.any():
+        raise ValueError(f"window [{start_h}, {end_h}) h holds no interval start; {span}")
+    out = df.loc[mask].reset_index(drop=True)
+    out.attrs = dict(df.attrs)
+    return out
+
+
+def scale_trace(df: pd.DataFrame, capacity: int) -> pd.DataFrame:
+    """Rescale a trace to a cluster of ``capacity`` instances: ``N' = floor(N * c'/c + 0.5)``.
+
+    Applied to ``prev_available`` and ``available``; ``n_in``/``n_out`` become the positive/negative
+    part of the scaled change, so gross counts collapse to net per interval (an interval with 2 in and
+    1 out becomes 1 in, 0 out, or whatever the rounding leaves). Integer arithmetic keeps exact halves
+    rounding up.
+    """
+    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
+        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+    new = int(capacity)
+    old = int(df.attrs["capacity"])
+
+    def scaled(column: str) -> np.ndarray:
+        n = df[column].to_numpy(dtype=np.int64)
+        return (2 * n * new + old) // (2 * old)  # == floor(n * new / old + 1/2), exactly
+
+    prev = scaled("prev_available")
+    available = scaled("available")
+    delta = available - prev
+    out = df.copy()
+    out["prev_available"] = prev
+    out["available"] = available
+    out["n_in"] = np.maximum(delta, 0)
+    out["n_out"] = np.maximum(-delta, 0)
+    out["capacity"] = new
+    out.attrs = {**df.attrs, "capacity": new}
+    return out
+
+
+# ------------------------------------------------------------------------------- named traces
+
+
+def shared_traces_dir() -> Path:
+    """``$PARCAE_SHARED_TRACES`` if set, else ``<repo root>/../shared/traces``."""
+    env = os.environ.get("PARCAE_SHARED_TRACES")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+_SKY_JSON_RE: Final = re.compile(
+    r"(?P<kind>[^/]+)/(?P<n>\d+)-node/(?P<window>[^/]+)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.json$"
+)
+_SKY_LOG_RE: Final = re.compile(
+    r"(?P<window>(?P<date>\d{4}-\d{2}-\d{2})[^/]*)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.\w+$"
+)
+_AWS2020_RE: Final = re.compile(
+    r"aws-spot-instances-(?P<family>[a-z0-9]+)-(?P<size>\d*x?large)-"
+    r"(?:(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])-)?(?P<dates>.+?)(?P<scaled>_scaled)?"
+)
+
+
+def _name_tiers(rel: PurePosixPath, fmt: str) -> tuple[str, list[str]]:
+    """A naming family and candidate names for a shared file, shortest first.
+
+    Names come from the folder layouts documented in each SOURCE.md, so they stay stable as long as
+    the data does. Later candidates add qualifiers (instance type, collection window, source repo);
+    the last is the slug of the whole relative path, which is unique.
+    """
+    text = rel.as_posix()
+    top = rel.parts[0] if len(rel.parts) > 1 else ""
+    stem = rel.stem
+    family = f"other-{fmt}"
+    tiers: list[str] = []
+    if fmt == "skypilot-json" and (m := _SKY_JSON_RE.search(text)):
+        family = f"skypilot-{m['n']}node"
+        base = f"{family}-{m['zone']}"
+        typed = f"{base}-{m['type']}"
+        tiers = [base, typed, f"{typed}-{m['window']}", f"{typed}-{m['window']}-{m['kind']}"]
+    elif fmt == "skypilot-log" and (m := _SKY_LOG_RE.search(text)):
+        family = "skypilot-log"
+        base = f"{family}-{m['zone']}-{m['type']}"
+        tiers = [base, f"{base}-{m['date']}", f"{base}-{m['window']}"]
+    elif fmt == "aws-step-csv" and (m := _AWS2020_RE.fullmatch(stem)):
+        year = re.search(r"\d{4}", m["dates"])
+        family = f"aws{year.group(0) if year else ''}"
+        base = f"{family}-{m['family']}" + (f"-{m['zone']}" if m["zone"] else "")
+        suffix = "-scaled" if m["scaled"] else ""
+        tiers = [base + suffix, f"{base}-{m['dates']}{suffix}"]
+    elif fmt in ("event-csv", "count-csv"):
+        family = "events" if fmt == "event-csv" else "counts"
+        core = re.sub(r"[-_]?trace$", "", stem) or stem
+        tiers = [f"{core}-{family}", f"{top}-{core}-{family}"]
+    elif fmt == "gcp-log":
+        family = "gcp"
+        tiers = [f"gcp-{stem}", f"{top}-gcp-{stem}"]
+    tiers.append(str(rel.with_suffix("")))
+    return family, [_slug(t) for t in tiers]
+
+
+def _assign_names(candidates: list[tuple[Path, str, list[str]]]) -> dict[str, Path]:
+    """Give each file a name no other file has, as short as its whole family allows.
+
+    A clash moves every member of the clashing family to its next candidate (not just the two
+    clashing files), so names within a family have the same shape: ``skypilot-16node-<zone>`` for all
+    16-node files rather than a mix of short and long names.
+    """
+    level = [0] * len(candidates)
+    while True:
+        owners: dict[str, list[int]] = defaultdict(list)
+        for i, (_, _, tiers) in enumerate(candidates):
+            owners[tiers[level[i]]].append(i)
+        clashing = {candidates[i][1] for ids in owners.values() if len(ids) > 1 for i in ids}
+        bump = [i for i, (_, fam, tiers) in enumerate(candidates) if fam in clashing and level[i] < len(tiers) - 1]
+        if not bump:
+            break
+        for i in bump:
+            level[i] += 1
+    return {tiers[level[i]]: path for i, (path, _, tiers) in enumerate(candidates)}
+
+
+def _shared_traces(root: Path) -> dict[str, Path]:
+    if not root.is_dir():
+        return {}
+    candidates: list[tuple[Path, str, list[str]]] = []
+    for path in sorted(root.rglob("*")):
+        if not path.is_file() or path.name.startswith(".") or path.name == "SOURCE.md":
+            continue
+        try:
+            fmt = detect_format(path)
+        except (TraceFormatError, OSError):
+            continue  # not availability data (replay segments, optimizer output, advisor snapshots)
+        candidates.append((path, *_name_tiers(PurePosixPath(path.relative_to(root).as_posix()), fmt)))
+    return _assign_names(candidates)
+
+
+def available_traces() -> dict[str, Path]:
+    """Names accepted by :func:`load_trace`: bundled traces, plus shared ones when the folder exists."""
+    shared = _shared_traces(shared_traces_dir())
+    return {**BUNDLED, **{k: v for k, v in shared.items() if k not in BUNDLED}}
+
+
+def _resolve(source: str | os.PathLike[str]) -> tuple[Path, str]:
+    """Path and display name for a trace name or path (names win over same-named files in the cwd)."""
+    if isinstance(source, os.PathLike):
+        path = Path(source)
+        if not path.is_file():
+            raise FileNotFoundError(f"no trace file at {path}")
+        return path, path.stem
+    if source in BUNDLED:
+        return BUNDLED[source], source
+    known = available_traces()
+    if source in known:
+        return known[source], source
+    path = Path(source)
+    if path.is_file():
+        return path, path.stem
+    raise UnknownTraceError(source, sorted(known))
+
+
+def load_trace(
+    source: str | os.PathLike[str] = "p3",
+    interval_s: float = DEFAULT_INTERVAL_S,
+    capacity: int | None = None,
+) -> pd.DataFrame:
+    """Load a trace by bundled/shared name or path as the canonical per-interval table.
+
+    Binning is done from the events, so any ``interval_s`` is exact (unlike :func:`resample`).
+    ``capacity`` overrides the known/observed cap; it may not be below the trace's maximum.
+    """
+    path, name = _resolve(source)
+    events = read_events(path)
+    events = replace(events, name=name, source=str(path))
+    if capacity is not None:
+        if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
+            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
+        events = replace(events, capacity=int(capacity))
+    return to_intervals(events, interval_s)

@@ -1,0 +1,225 @@
+"""Migration cost model: what it costs, in milliseconds, to move a running job from (D, P) to (d, p).
+
+Three live-migration kinds (parcae-reference §D.1–D.2):
+
+- **intra-stage**: P unchanged and every stage keeps at least d survivors; nothing moves, only the
+  communicators are rebuilt;
+- **inter-stage**: P unchanged but some stage is short; spare instances receive that stage's weights and
+  optimizer state point to point from a surviving replica;
+- **pipeline**: p != P; the layers are repartitioned, each new stage goes to the survivor that already
+  holds most of its layers and fetches only the layers it lacks, then replicas are broadcast.
+
+Plus the restart terms they share (rendezvous, communicator rebuild, process restart, building the
+pipeline) and the reactive baseline's checkpoint restart. Every constant lives in `CostConstants` with its
+source so that costs measured by the trainer can replace the reference's V100 numbers. Pure functions only;
+the expectation over *which* instances are preempted lives in `liveput.scenarios`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+from liveput.model_spec import ModelSpec, load_model_spec
+from liveput.network import P3_P2P, P2PTable
+
+
+class MigrationKind(str, Enum):
+    NONE = "none"
+    INTRA_STAGE = "intra-stage"
+    INTER_STAGE = "inter-stage"
+    PIPELINE = "pipeline"
+    START = "start"  # from no running strategy: load every stage's state
+    CHECKPOINT_RESTART = "checkpoint-restart"
+
+
+@dataclass(frozen=True)
+class CostConstants:
+    """Every constant of the cost model, in milliseconds unless named otherwise.
+
+    Defaults are the reference's profiled V100 values (`cost.py CostModel`, `monte_carlo.py`, §D.2); the
+    per-model factories below fill in the model-specific ones. ``group_mode`` selects how communicator
+    rebuild time scales: ``"groups"`` (GPT: per process group, d + p + 1 + d*p groups), ``"instances"``
+    (VGG: per instance d*p) or ``"replicas"`` (BERT/ResNet: a step function of d).
+    """
+
+    rendezvous_ms: float = 6600.0
+    extra_restart_ms: float = 0.0
+    proc_ms: float = 30.0
+    group_base_ms: float = 35.0
+    group_mode: str = "replicas"
+    group_add_ms: float = 500.0
+    group_remove_ms: float = 39.3
+    replica_steps: tuple[tuple[int, float], ...] = ((12, 2000.0), (6, 1500.0), (0, 1000.0))
+    replica_add_factor: float = 1.5
+    build_ms: Mapping[int, float] = field(default_factory=dict)
+    checkpoint_ms: float = 14000.0
+    p2p: P2PTable = P3_P2P
+    source: str = "Parcae reference cost.py / monte_carlo.py at efedee7 (parcae-reference §D.2, §H)"
+
+    def build(self, p: int) -> float:
+        """Time to build a p-stage pipeline engine (profiled per P; an unprofiled P is an error)."""
+        try:
+            return self.build_ms[p]
+        except KeyError:
+            raise ValueError(
+                f"no pipeline build cost profiled for P={p} (known: {sorted(self.build_ms)}); "
+                "exclude that P in the throughput profile or measure it"
+            ) from None
+
+
+def gpt15b_build_ms(p2p: P2PTable = P3_P2P) -> dict[int, float]:
+    """gpt-1.5b build time: broadcast the 50257x1024 embedding plus 430 ms per block of a stage."""
+    emb = p2p.ms(50257 * 1024 * 4)
+    return {p: emb + 430.0 * math.ceil(48 / p) for p in range(1, 49)}
+
+
+def reference_constants(model: str) -> CostConstants:
+    """The reference's constants for one of its five models."""
+    if model == "gpt-1.5b":
+        return CostConstants(proc_ms=240.0, group_mode="groups", group_remove_ms=39.3, build_ms=gpt15b_build_ms())
+    if model == "gpt-6.7b":
+        build = {12: 7961, 13: 6911, 14: 6926, 15: 7002, 16: 7195, 18: 4734, 20: 5245, 22: 4818, 24: 4798, 26: 4932}
+        return CostConstants(
+            proc_ms=240.0, extra_restart_ms=2000.0, group_mode="groups", group_remove_ms=115.6,
+            build_ms={k: float(v) for k, v in build.items()},
+        )
+    if model == "bert":
+        build = {2: 1752, 3: 1123, 4: 1095, 5: 854, 6: 860, 7: 767, 8: 754, 10: 633, 12: 626, 14: 505, 16: 531}
+        return CostConstants(build_ms={k: float(v) for k, v in build.items()})
+    if model == "resnet152":
+        build = {2: 110, 4: 90, 6: 133, 8: 135, 10: 120, 12: 55, 14: 120, 16: 125}
+        return CostConstants(extra_restart_ms=3360.374, build_ms={k: float(v) for k, v in build.items()})
+    if model == "vgg19":
+        build = {2: 110, 3: 94, 4: 90, 5: 105, 6: 133, 7: 90, 8: 120, 9: 106}
+        return CostConstants(
+            extra_restart_ms=2000.0, group_mode="instances", group_add_ms=440.0, group_remove_ms=340.0,
+            build_ms={k: float(v) for k, v in build.items()},
+        )
+    raise KeyError(f"no reference migration constants for model {model!r}; pass measured CostConstants")
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Migration costs of one model under one set of constants."""
+
+    spec: ModelSpec
+    constants: CostConstants
+
+    @classmethod
+    def reference(cls, model: str) -> CostModel:
+        return cls(load_model_spec(model), reference_constants(model))
+
+    def with_constants(self, **changes: float) -> CostModel:
+        return replace(self, constants=replace(self.constants, **changes))
+
+    # -- restart terms ---------------------------------------------------------------------------------
+    def comm_groups_ms(self, d: int, p: int, add: bool) -> float:
+        """Rebuilding communicators; joining new instances (``add``) is the expensive case."""
+        c = self.constants
+        if c.group_mode == "groups":
+            groups = d + p + 1 + d * p
+            g = (c.group_add_ms if add else c.group_remove_ms) * groups
+        elif c.group_mode == "instances":
+            g = (c.group_add_ms if add else c.group_remove_ms) * d * p
+        else:
+            g = next(ms for min_d, ms in c.replica_steps if d >= min_d)
+            if add:
+                g *= c.replica_add_factor
+        return c.group_base_ms + g
+
+    def restart_ms(self, d: int, p: int, add: bool) -> float:
+        """Restart of the training engine at (d, p); ``add`` means new instances must rendezvous."""
+        c = self.constants
+        rdzv = (c.rendezvous_ms + c.extra_restart_ms) if add else 0.0
+        return rdzv + self.comm_groups_ms(d, p, add) + c.proc_ms + c.build(p)
+
+    def concurrent_restart_ms(self, d: int, p: int) -> float:
+        """Extra cost when a new migration starts while the previous one is still running."""
+        return self.restart_ms(d, p, add=False)
+
+    # -- the three migration kinds ---------------------------------------------------------------------
+    def intra_stage_ms(self, d: int, p: int) -> float:
+        return self.comm_groups_ms(d, p, add=False) + self.constants.proc_ms
+
+    def stage_transfer_ms(self, p: int) -> tuple[float, ...]:
+        """p2p time to copy each stage's weights and optimizer state to one instance."""
+        return tuple(self.constants.p2p.ms(b) for b in self.spec.stage_bytes(p))
+
+    def inter_stage_ms(self, d: int, p: int, survivors: Sequence[int], add: bool) -> float:
+        """Refill short stages from surviving replicas (``survivors[s]`` = live instances of stage s).
+
+        Stages transfer in parallel (the max), except those that lost every replica — and the last stage
+        down to one replica — which are restored one after another from the instance that took the
+        preempted holders' hand-off during the notice period (the reference's serial Z term).
+        """
+        need = [max(d - c, 0) for c in survivors]
+        if not any(need):
+            return self.intra_stage_ms(d, p)
+        t = self.stage_transfer_ms(p)
+        parallel = max(t[s] for s in range(p) if need[s] > 0)
+        serial = sum(t[s] for s in range(p) if survivors[s] == 0 or (s == p - 1 and survivors[s] == 1 and d >= 2))
+        return max(parallel, serial) + self.restart_ms(d, p, add)
+
+    def pipeline_ms(self, d: int, p: int, missing_params: int, add: bool) -> float:
+        """Repartition into p stages: fetch the missing layers, broadcast to the other replicas, restart.
+
+        ``missing_params`` is the sum over new stages of the parameters their new owner lacks. The
+        reference overwrote this sum with the last stage's value (`total_params_need = num_params`),
+        underestimating pipeline migration; we sum it.
+        """
+        c = self.constants
+        fetch = c.p2p.ms(missing_params * self.spec.bytes_per_param)
+        broadcast = max(self.stage_transfer_ms(p)) if d > 1 else 0.0
+        return fetch + broadcast + self.restart_ms(d, p, add)
+
+    def start_ms(self, d: int, p: int) -> float:
+        """Starting (d, p) with no running strategy: every layer's state is loaded, then broadcast."""
+        return self.pipeline_ms(d, p, self.spec.total_params, add=True)
+
+    def checkpoint_restart_ms(self, d: int, p: int, add: bool, save: bool = True) -> float:
+        """The reactive baseline (§H): checkpoint save + load, a serialised reload of every stage, restart."""
+        ckpt = self.constants.checkpoint_ms if save else 0.0
+        return self.restart_ms(d, p, add) + ckpt + sum(self.stage_transfer_ms(p))
+
+
+def overlap_params(layer_params: Sequence[int], a: tuple[int, int], b: tuple[int, int]) -> int:
+    """Parameters in the layers shared by the half-open layer ranges ``a`` and ``b``."""
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return sum(layer_params[lo:hi]) if hi > lo else 0
+
+
+def assign_stages(
+    layer_params: Sequence[int],
+    old_cuts: Sequence[int],
+    new_cuts: Sequence[int],
+    survivors: Sequence[int],
+) -> tuple[list[int | None], int]:
+    """Map each new stage to the surviving old stage whose replica already holds most of its layers.
+
+    Greedy in stage order (the reference's rule): new stage j takes a live, not yet taken replica of
+    the overlapping old stage with the largest overlap; ties go to the lower old stage. When no
+    overlapping replica is left, j is served by an instance holding none of its layers (an idle
+    survivor, a new instance, or a replica no later stage wants) and fetches everything. Returns the
+    chosen old stage per new stage (None for "none held") and the total missing parameters.
+    """
+    left = list(survivors)
+    chosen: list[int | None] = []
+    missing = 0
+    n_old = len(old_cuts) - 1
+    for j in range(len(new_cuts) - 1):
+        rng = (new_cuts[j], new_cuts[j + 1])
+        best, best_ov = None, 0
+        for s in range(n_old):
+            if left[s] <= 0:
+                continue
+            ov = overlap_params(layer_params, rng, (old_cuts[s], old_cuts[s + 1]))
+            if ov > best_ov:
+                best, best_ov = s, ov
+        if best is not None:
+            left[best] -= 1
+        chosen.append(best)
+        missing += sum(layer_params[rng[0] : rng[1]]) - best_ov
+    return chosen, missing

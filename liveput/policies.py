@@ -1,0 +1,368 @@
+"""Policies the trace-driven simulator compares: Parcae and the baselines it must beat.
+
+Each policy sees one interval at a time — the true event of that interval (how many instances were there
+before it, how many came and went) plus whatever it is allowed to know about the future — and answers
+with the strategy it ran and what it trained. Accounting follows the reference simulator (§C.1, §H): a
+reconfiguration costs wall time inside the interval, an unfinished one spills into the next, and a new
+one started before the old finished pays a concurrent restart on top.
+
+- ``parcae``: the liveput planner fed by a forecaster (persistence until a trained one is plugged in);
+- ``parcae-oracle``: the same planner fed the true next K intervals (the reference's "truth" mode);
+- ``reactive``: re-plan for throughput after every event with a checkpoint restart (torchrun, SkyPilot,
+  Varuna; the reference's "throughput-optimized" baseline);
+- ``bamboo``: redundant computation (Bamboo, NSDI '23), see `BambooPolicy`;
+- ``ideal``: throughput-optimal with free reconfiguration, the upper bound;
+- ``on-demand``: a fixed cluster of on-demand instances of the same type, for cost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from math import comb
+
+import numpy as np
+from scipy.stats import hypergeom
+
+from liveput.migration import CostModel, MigrationKind
+from liveput.optimizer import IDLE, JobState, PlannerConfig, plan
+from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, Strategy
+from liveput.throughput import ThroughputProfile
+
+
+@dataclass(frozen=True)
+class IntervalEvent:
+    """The truth of one interval: N before its events, additions and preemptions."""
+
+    interval: int
+    prev_available: int
+    n_in: int
+    n_out: int
+
+    @property
+    def available(self) -> int:
+        return self.prev_available + self.n_in - self.n_out
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What a policy did in one interval."""
+
+    strategy: Strategy
+    samples: float
+    pause_s: float
+    cost_ms: float
+    migrating: bool
+    instances: int
+    kinds: dict[str, float] = field(default_factory=dict)
+
+
+Forecaster = Callable[[Sequence[IntervalEvent], Sequence[IntervalEvent], int], list[IntervalForecast]]
+"""(history up to the previous interval, the true future from this interval on, K) -> K forecasts.
+
+Only the oracle may read the true future; every other forecaster must ignore it."""
+
+
+def persistence_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+    """Assume nothing changes: the last observed N, no events, for K intervals."""
+    n = history[-1].available if history else 0
+    return [IntervalForecast.point(n)] * k
+
+
+def oracle_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+    """The true next K intervals (padded with persistence past the end of the trace)."""
+    out = [IntervalForecast.point(e.prev_available, e.n_in, e.n_out) for e in future[:k]]
+    last = future[min(k, len(future)) - 1].available if future else (history[-1].available if history else 0)
+    out += [IntervalForecast.point(last)] * (k - len(out))
+    return out
+
+
+class Policy:
+    """Base: owns the model's profile and cost model; subclasses decide and account one interval."""
+
+    name = "policy"
+    spot = True  # pays spot prices for every instance it holds
+
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = 60.0) -> None:
+        self.profile = profile
+        self.cost = cost
+        self.T = interval_s
+
+    def reset(self) -> None:
+        pass
+
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool) -> StepResult:
+        raise NotImplementedError
+
+    def _thr(self, s: Strategy) -> float:
+        return 0.0 if s == IDLE else self.profile.throughput(*s)
+
+
+class _RestartAccounting:
+    """The remain/busy bookkeeping shared by every policy that pays reconfiguration time (§C.1, §H)."""
+
+    def __init__(self) -> None:
+        self.busy = False
+        self.remain_ms = 0.0
+
+    def charge(self, cost_ms: float, concurrent_ms: float, interval_ms: float) -> tuple[float, float]:
+        """Charge ``cost_ms`` started now; returns (useful ms, paused ms) of this interval."""
+        if cost_ms > 0:
+            remain = cost_ms + (concurrent_ms if self.busy else 0.0)
+        else:
+            remain = self.remain_ms if self.busy else 0.0
+        work = interval_ms - remain
+        if work >= 0:
+            self.busy, self.remain_ms = False, 0.0
+            return work, remain
+        self.busy, self.remain_ms = True, -work
+        return 0.0, interval_ms
+
+
+class ParcaePolicy(Policy):
+    """The liveput planner, fed by ``forecaster``; only the first planned interval is applied.
+
+    When the true event leaves too few instances for the planned strategy (a misprediction), the job
+    re-plans one interval against the true event, as the runtime would on a preemption notice, and
+    pays that migration's true expected cost (§B.3).
+    """
+
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, forecaster: Forecaster = persistence_forecast,
+                 look_ahead: int = 8, interval_s: float = 60.0, name: str = "parcae",
+                 store: ScenarioStore | None = None) -> None:
+        super().__init__(profile, cost, interval_s)
+        self.name = name
+        self.forecaster = forecaster
+        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
+        self.store = store or ScenarioStore(profile, cost)
+        self.decision_s: list[float] = []
+        self.reset()
+
+    def reset(self) -> None:
+        self.state = JobState()
+        self.decision_s = []
+
+    def step(self, event, history, future, first):
+        fc = self.forecaster(history, future, self.config.look_ahead)
+        p = plan(self.store, fc, self.state, self.config)
+        self.decision_s.append(p.decision_s)
+        target = p.decision
+        if target[0] * target[1] > event.available:  # misprediction: react to the true event
+            truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
+            target = plan(self.store, truth, self.state, PlannerConfig(self.T, 1)).decision
+        return self._apply(target, event)
+
+    def _apply(self, target: Strategy, event: IntervalEvent) -> StepResult:
+        st = self.state
+        if target == IDLE:
+            cost_ms, kinds = 0.0, {}
+        else:
+            n = max(event.prev_available, st.strategy[0] * st.strategy[1])
+            o = self.store.outcome(n, st.strategy, event.n_in, event.n_out, [target])
+            cost_ms = float(o.cost_ms[0])
+            kinds = {k.value: float(o.kind[0, i]) for i, k in enumerate(KINDS) if k != MigrationKind.NONE and o.kind[0, i] > 0}
+        rc = self.cost.concurrent_restart_ms(*target) if target != IDLE else 0.0
+        acct = _RestartAccounting()
+        acct.busy, acct.remain_ms = st.migrating, st.leftover_ms
+        work_ms, pause_ms = acct.charge(cost_ms, rc, self.T * 1000.0)
+        self.state = JobState(target, acct.busy, acct.remain_ms)
+        return StepResult(target, self._thr(target) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms, acct.busy,
+                          event.available, kinds if cost_ms > 0 else {})
+
+
+class ReactivePolicy(Policy):
+    """Checkpoint-restart after every event, to the throughput-optimal strategy (§H "Tput-opt").
+
+    At the first interval and at every interval with an addition or a preemption — even one that does
+    not change the best strategy, as the reference does (§I.12) — it pays a restart (with rendezvous
+    when instances were added), a checkpoint save + load, and a serialised reload of every stage.
+    """
+
+    name = "reactive"
+
+    def reset(self) -> None:
+        self.acct = _RestartAccounting()
+        self.strategy: Strategy = IDLE
+
+    def __init__(self, profile, cost, interval_s: float = 60.0) -> None:
+        super().__init__(profile, cost, interval_s)
+        self.reset()
+
+    def step(self, event, history, future, first):
+        cost_ms, kinds = 0.0, {}
+        if first or event.n_in + event.n_out > 0:
+            target = self.profile.best(event.available) or IDLE
+            if target != IDLE:
+                add = first or event.n_in > 0
+                cost_ms = self.cost.checkpoint_restart_ms(*target, add=add, save=not first)
+                kinds = {(MigrationKind.START if first else MigrationKind.CHECKPOINT_RESTART).value: 1.0}
+            self.strategy = target
+        rc = self.cost.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
+        work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
+        return StepResult(self.strategy, self._thr(self.strategy) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms,
+                          self.acct.busy, event.available, kinds)
+
+
+class IdealPolicy(Policy):
+    """Throughput-optimal strategy for the instances alive, reconfigured for free: the upper bound."""
+
+    name = "ideal"
+
+    def step(self, event, history, future, first):
+        target = self.profile.best(event.available) or IDLE
+        return StepResult(target, self._thr(target) * self.T, 0.0, 0.0, False, event.available)
+
+
+class OnDemandPolicy(Policy):
+    """A fixed on-demand cluster of ``instances`` of the same type: never preempted, full price."""
+
+    name = "on-demand"
+    spot = False
+
+    def __init__(self, profile, cost, instances: int, interval_s: float = 60.0) -> None:
+        super().__init__(profile, cost, interval_s)
+        self.instances = instances
+        self.reset()
+
+    def reset(self) -> None:
+        self.acct = _RestartAccounting()
+
+    def step(self, event, history, future, first):
+        target = self.profile.best(self.instances) or IDLE
+        cost_ms = self.cost.checkpoint_restart_ms(*target, add=True, save=False) if first and target != IDLE else 0.0
+        work_ms, pause_ms = self.acct.charge(cost_ms, 0.0, self.T * 1000.0)
+        kinds = {MigrationKind.START.value: 1.0} if cost_ms else {}
+        return StepResult(target, self._thr(target) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms, self.acct.busy,
+                          self.instances, kinds)
+
+
+@dataclass(frozen=True)
+class BambooConstants:
+    """Bamboo's redundant-computation model and where each number comes from.
+
+    - ``overhead``: fraction of throughput lost to redundant forward computation of the successor's
+      layers. Bamboo (Thorpe et al., NSDI '23) schedules it into pipeline bubbles and reports a low
+      cost; its exact per-model figure is not in our reference, so 10% is an *assumption* — change it
+      with ``--bamboo-overhead`` and read the results as a function of it.
+    - ``memory_factor``: every instance also holds its successor's stage, so a strategy needs
+      ``memory_factor`` x the model's minimum number of stages to fit (2: own + one redundant stage).
+    Recovery from a preemption whose pipeline neighbour survived costs a communicator rebuild (the
+    intra-stage cost of our model); losing two neighbours of one pipeline falls back to a checkpoint
+    restart like ``reactive``. Redundancy is a ring: stage i holds stage i+1's layers, the last holds
+    stage 0's.
+    """
+
+    overhead: float = 0.10
+    memory_factor: int = 2
+
+
+class BambooPolicy(Policy):
+    """Redundant computation (Bamboo, NSDI '23) in the reference's cost model; see `BambooConstants`."""
+
+    name = "bamboo"
+
+    def __init__(self, profile, cost, interval_s: float = 60.0, constants: BambooConstants = BambooConstants()) -> None:
+        super().__init__(profile, cost, interval_s)
+        self.k = constants
+        self.allowed = tuple(s for s in profile.strategies() if s[1] >= constants.memory_factor * profile.min_p)
+        self.reset()
+
+    def reset(self) -> None:
+        self.acct = _RestartAccounting()
+        self.strategy: Strategy = IDLE
+
+    def best(self, n: int) -> Strategy:
+        fits = [s for s in self.allowed if s[0] * s[1] <= n]
+        if not fits:
+            return IDLE
+        return max(fits, key=lambda s: (round(self.profile.throughput(*s), 9), -s[1], -s[0] * s[1]))
+
+    def _thr(self, s: Strategy) -> float:
+        return 0.0 if s == IDLE else self.profile.throughput(*s) * (1.0 - self.k.overhead)
+
+    @staticmethod
+    def survive_probability(d: int, p: int, k: int) -> float:
+        """P(no pipeline loses two ring-neighbours | k of the d*p active instances preempted), exactly."""
+        if k == 0:
+            return 1.0
+        ways = np.zeros(p + 1, dtype=object)
+        for m in range(p + 1):
+            if m == 0:
+                ways[m] = 1
+            elif p == 1:
+                ways[m] = 1 if m == 0 else 0
+            elif m < p:
+                ways[m] = p * comb(p - m, m) // (p - m) if p - m >= m else 0
+            else:
+                ways[m] = 0
+        poly = np.array([1], dtype=object)
+        for _ in range(d):
+            poly = np.convolve(poly, ways)
+        good = poly[k] if k < len(poly) else 0
+        return float(good) / comb(d * p, k)
+
+    def step(self, event, history, future, first):
+        cm = self.cost
+        cost_ms, kinds = 0.0, {}
+        cur = self.strategy
+        if first:
+            target = self.best(event.available)
+            if target != IDLE:
+                cost_ms = cm.checkpoint_restart_ms(*target, add=True, save=False)
+                kinds = {MigrationKind.START.value: 1.0}
+            self.strategy = target
+        elif event.n_in + event.n_out > 0:
+            target = self.best(event.available)
+            active = cur[0] * cur[1]
+            if target == IDLE:
+                self.strategy = IDLE
+            elif cur == IDLE:
+                cost_ms = cm.checkpoint_restart_ms(*target, add=True, save=False)
+                kinds = {MigrationKind.CHECKPOINT_RESTART.value: 1.0}
+                self.strategy = target
+            else:
+                kmax = min(active, event.n_out)
+                pk = hypergeom.pmf(np.arange(kmax + 1), event.prev_available, active, event.n_out)
+                p_fail = 0.0
+                for k in range(kmax + 1):
+                    surv = self.survive_probability(*cur, k)
+                    changed = target != cur or k > 0
+                    recover = cm.intra_stage_ms(*cur) if k > 0 else 0.0
+                    reshape = 0.0
+                    if target != cur:
+                        add = target[0] * target[1] > active - k
+                        reshape = cm.restart_ms(*target, add=add) + max(cm.stage_transfer_ms(target[1]))
+                    fail = cm.checkpoint_restart_ms(*target, add=event.n_in > 0, save=True)
+                    cost_ms += pk[k] * (surv * (recover + reshape) + (1 - surv) * fail) if changed else 0.0
+                    p_fail += pk[k] * (1 - surv)
+                if p_fail > 0:
+                    kinds[MigrationKind.CHECKPOINT_RESTART.value] = p_fail
+                if cost_ms > 0 and 1 - p_fail > 0:
+                    kinds["redundancy-failover"] = 1 - p_fail
+                self.strategy = target
+        rc = cm.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
+        work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
+        return StepResult(self.strategy, self._thr(self.strategy) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms,
+                          self.acct.busy, event.available, kinds)
+
+
+POLICY_NAMES = ("parcae", "parcae-oracle", "reactive", "bamboo", "ideal", "on-demand")
+
+
+def make_policy(name: str, profile: ThroughputProfile, cost: CostModel, *, look_ahead: int = 8,
+                interval_s: float = 60.0, capacity: int = 32, store: ScenarioStore | None = None,
+                forecaster: Forecaster | None = None, bamboo: BambooConstants = BambooConstants()) -> Policy:
+    """Build a policy by its CLI name."""
+    if name == "parcae":
+        return ParcaePolicy(profile, cost, forecaster or persistence_forecast, look_ahead, interval_s, "parcae", store)
+    if name == "parcae-oracle":
+        return ParcaePolicy(profile, cost, oracle_forecast, look_ahead, interval_s, "parcae-oracle", store)
+    if name == "reactive":
+        return ReactivePolicy(profile, cost, interval_s)
+    if name == "bamboo":
+        return BambooPolicy(profile, cost, interval_s, bamboo)
+    if name == "ideal":
+        return IdealPolicy(profile, cost, interval_s)
+    if name == "on-demand":
+        return OnDemandPolicy(profile, cost, capacity, interval_s)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
