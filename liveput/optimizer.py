@@ -102,113 +102,179 @@ def plan(
     forecast: Sequence[IntervalForecast],
     current: JobState = JobState(),
     config: PlannerConfig = PlannerConfig(),
+    *,
+    exhaustive: bool = False,
 ) -> Plan:
-    """Solve the K-step DP from ``current`` over ``forecast`` (K = len(forecast))."""
+    """Solve the K-step DP from ``current`` over ``forecast`` (K = len(forecast)).
+
+    A "normal" state (d, p) keeps the single best value. A "migrating" state keeps every Pareto-optimal
+    (samples, leftover) label: fewer samples with less migration left can win later, which the
+    reference's rule (keep the most samples) misses. The search is exact but lazy: cheap bounds on
+    every transition's cost (`ScenarioStore.bounds`) decide which transitions can still matter, and only
+    those get the exact scenario sum. ``exhaustive=True`` evaluates every transition exactly.
+    """
     if not forecast:
         raise ValueError("the forecast must cover at least one interval")
     t0 = time.perf_counter()
     T = config.interval_s
     max_alive = max(max(f.prev_available + i - o for i, o, _ in f.events) for f in forecast)
     targets = list(store.targets(max_alive))
-    thr = np.array([store.profile.throughput(d, p) for d, p in targets] + [0.0])
     states = targets + [IDLE]  # IDLE last: chosen only when nothing else is reachable or worth it
-    n = len(states)
-    rc = np.array([store.cost.concurrent_restart_ms(d, p) for d, p in targets] + [0.0])
-
-    # Values per state: normal (v0) and migrating (v1 samples, l1 leftover ms); -inf = unreachable.
-    v0 = np.full(n, -np.inf)
-    v1 = np.full(n, -np.inf)
-    l1 = np.zeros(n)
+    thr = [store.profile.throughput(d, p) for d, p in targets] + [0.0]
+    rc = [store.cost.concurrent_restart_ms(d, p) for d, p in targets] + [0.0]
     if current.strategy not in states:
-        states.append(current.strategy)
-        thr = np.append(thr, 0.0)  # a strategy outside the profile trains nothing until it migrates
-        rc = np.append(rc, 0.0)
-        v0 = np.append(v0, -np.inf)
-        v1 = np.append(v1, -np.inf)
-        l1 = np.append(l1, 0.0)
-        n += 1
-    ci = states.index(current.strategy)
-    if current.migrating:
-        v1[ci], l1[ci] = 0.0, current.leftover_ms
-    else:
-        v0[ci] = 0.0
-
-    back: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-    step_info: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        states.append(current.strategy)  # a strategy outside the profile trains nothing until it migrates
+        thr.append(0.0)
+        rc.append(0.0)
+    n = len(states)
     n_t = len(targets)
+    thr_a = np.array(thr)
+    rc_a = np.array(rc)
+    ci = states.index(current.strategy)
+
+    # Labels of the current step: state, migrating flag, samples, leftover ms, label it came from.
+    rows = _Rows([ci], [int(current.migrating)], [0.0], [current.leftover_ms if current.migrating else 0.0], [-1])
+    history: list[_Rows] = []
     for f in forecast:
-        live = np.flatnonzero(np.isfinite(v0) | np.isfinite(v1))
+        live = np.unique(rows.state)
         reach = np.zeros((n, n))
-        cost = np.zeros((n, n))
-        kinds = np.zeros((n, n, len(KINDS)))
+        lo = np.zeros((n, n))
+        hi = np.zeros((n, n))
         for i in live:
-            o = store.mixed(f, states[i], targets)
-            reach[i, :n_t], cost[i, :n_t], kinds[i, :n_t] = o.reach, o.cost_ms, o.kind
+            if exhaustive:
+                o = store.mixed(f, states[i], targets)
+                reach[i, :n_t], lo[i, :n_t], hi[i, :n_t] = o.reach, o.cost_ms, o.cost_ms
+            else:
+                reach[i, :n_t], lo[i, :n_t], hi[i, :n_t] = store.bounds(f, states[i], targets)
         reach[:, n_t] = 1.0  # stopping (IDLE) is always possible and costs nothing
-        ok = reach > 0
-        r0 = T * reach - cost / 1000.0
-        tot1 = np.where(cost > 0, cost + rc[None, :], l1[:, None])
-        r1 = T * reach - tot1 / 1000.0
-        gain0 = np.where(r0 >= 0, thr[None, :] * r0, 0.0)
-        gain1 = np.where(r1 >= 0, thr[None, :] * r1, 0.0)
-        # candidates: rows 0..n-1 from normal predecessors, n..2n-1 from migrating ones
-        prev_v = np.concatenate([v0, v1])
-        r_all = np.concatenate([r0, r1])
-        ok_all = np.concatenate([ok, ok]) & np.isfinite(prev_v)[:, None]
-        to_normal = np.where(ok_all & (r_all >= 0), prev_v[:, None] + np.concatenate([gain0, gain1]), -np.inf)
-        to_migr = np.where(ok_all & (r_all < 0), prev_v[:, None], -np.inf)
-        left_migr = np.where(ok_all & (r_all < 0), -1000.0 * r_all, np.inf)
-        b0 = np.argmax(to_normal, axis=0)
-        nv0 = to_normal[b0, np.arange(n)]
-        # migrating: max samples, then the smaller leftover
-        order = np.lexsort((left_migr, -to_migr), axis=0) if n else None
-        b1 = order[0] if order is not None else np.zeros(n, dtype=int)
-        nv1 = to_migr[b1, np.arange(n)]
-        nl1 = np.where(np.isfinite(nv1), left_migr[b1, np.arange(n)], 0.0)
-        back.append((b0, b1, nv0, nv1))
-        step_info.append((reach, cost, kinds))
-        v0, v1, l1 = nv0, nv1, nl1
+        exact: dict[tuple[int, int], float] = {}
+
+        def cost(i: int, t: int) -> float:
+            if t >= n_t or lo[i, t] == hi[i, t]:
+                return float(lo[i, t])
+            if (i, t) not in exact:
+                exact[(i, t)] = store.pair(f, states[i], states[t])[1]
+            return exact[(i, t)]
+
+        st, mig, val, left = rows.state, rows.migrating.astype(bool), rows.samples, rows.leftover
+        q = reach[st]  # rows x targets
+        lo_r, hi_r = lo[st], hi[st]
+        rc_row = rc_a[None, :]
+        tot_lo = np.where(mig[:, None], np.where(lo_r > 0, lo_r + rc_row, np.minimum(left[:, None], rc_row)), lo_r)
+        tot_hi = np.where(mig[:, None], np.maximum(hi_r + rc_row, left[:, None]), hi_r)
+        r_ub = T * q - tot_lo / 1000.0
+        r_lb = T * q - tot_hi / 1000.0
+        valid = q > 0
+        ub = np.where(valid & (r_ub >= 0), val[:, None] + thr_a[None, :] * np.maximum(r_ub, 0.0), -np.inf)
+        by_ub = np.argsort(-ub, axis=0, kind="stable")  # ties: lower row first, as a full argmax would
+        may_migrate = valid & (r_lb < 0)
+        by_val = np.argsort(-val, kind="stable")
+
+        def useful(row: int, t: int) -> float:
+            c = cost(int(st[row]), t)
+            total = (c + rc[t] if c > 0 else left[row]) if mig[row] else c
+            return T * q[row, t] - total / 1000.0
+
+        nxt = _Rows([], [], [], [], [])
+        for t in range(n):
+            # normal state: the single best value
+            best_val, best_row = -np.inf, -1
+            for row in by_ub[:, t]:
+                bound = ub[row, t]
+                if bound == -np.inf or bound < best_val or (bound == best_val and row > best_row):
+                    break
+                r = useful(int(row), t)
+                if r < 0:
+                    continue
+                v = val[row] + thr_a[t] * r
+                if v > best_val or (v == best_val and row < best_row):
+                    best_val, best_row = v, int(row)
+            if best_row >= 0:
+                nxt.add(t, 0, best_val, 0.0, best_row)
+            # migrating state: Pareto labels (more samples, less leftover), above the normal value
+            kept: list[tuple[float, float, int]] = []
+            min_left = np.inf
+            for row in by_val[may_migrate[by_val, t]]:
+                if val[row] <= best_val:
+                    break  # the normal state reaches t with at least as many samples and no leftover
+                left_lb = max(0.0, -1000.0 * r_ub[row, t])
+                if left_lb >= min_left:
+                    continue
+                r = useful(int(row), t)
+                if r >= 0:
+                    continue
+                lf = -1000.0 * r
+                if lf < min_left:
+                    if kept and kept[-1][0] == val[row]:
+                        kept.pop()  # same samples, less leftover
+                    kept.append((float(val[row]), lf, int(row)))
+                    min_left = lf
+            for v, lf, row in kept:
+                nxt.add(t, 1, v, lf, row)
+        history.append(rows)
+        rows = nxt.done()
+    history.append(rows)
 
     # final choice: most samples, then smaller leftover, then state order (fewer stages, instances)
-    finals = [(v0[i], 0.0, i, 0) for i in range(n) if np.isfinite(v0[i])]
-    finals += [(v1[i], l1[i], i, 1) for i in range(n) if np.isfinite(v1[i])]
-    if not finals:
+    if not len(rows.state):
         raise RuntimeError("no feasible plan: the forecast leaves no reachable strategy")
-    best = min(finals, key=lambda x: (-x[0], x[1], x[2], x[3]))
-    total = float(best[0])
-
-    # backtrack
-    path: list[tuple[int, int, float]] = []  # (state index, migrating flag, cumulative value)
-    idx, s = best[2], best[3]
-    for j in range(len(forecast) - 1, -1, -1):
-        b0, b1, nv0, nv1 = back[j]
-        val = nv0[idx] if s == 0 else nv1[idx]
-        path.append((idx, s, float(val)))
-        row = b0[idx] if s == 0 else b1[idx]
-        idx, s = int(row % n), int(row // n)
+    order = sorted(range(len(rows.state)), key=lambda r: (-rows.samples[r], rows.leftover[r], rows.state[r], rows.migrating[r]))
+    last = order[0]
+    total = float(rows.samples[last])
+    path = []
+    row = last
+    for j in range(len(forecast), 0, -1):
+        lab = history[j]
+        path.append((int(lab.state[row]), int(lab.migrating[row]), float(lab.samples[row])))
+        row = int(lab.back[row])
     path.reverse()
-    prev_idx = ci
     steps = []
-    cum_prev = 0.0
-    for j, (i, s, cum) in enumerate(path):
-        reach, cost, kinds = step_info[j]
+    prev_idx, cum_prev = ci, 0.0
+    for j, (i, s_, cum) in enumerate(path):
+        if i < n_t:
+            qq, c, kinds = store.pair(forecast[j], states[prev_idx], states[i])
+        else:
+            qq, c, kinds = 1.0, 0.0, np.zeros(len(KINDS))
         steps.append(
             PlanStep(
                 strategy=states[i],
-                migrating=bool(s),
+                migrating=bool(s_),
                 expected_samples=cum - cum_prev,
-                expected_cost_ms=float(cost[prev_idx, i]),
-                reach=float(reach[prev_idx, i]),
-                kinds={k.value: float(kinds[prev_idx, i, m]) for m, k in enumerate(KINDS) if kinds[prev_idx, i, m] > 0},
+                expected_cost_ms=float(c),
+                reach=float(qq),
+                kinds={k.value: float(kinds[m]) for m, k in enumerate(KINDS) if kinds[m] > 0},
             )
         )
         cum_prev, prev_idx = cum, i
-    alternatives = _alternatives(back[0], states)
+    first = history[1]
+    alternatives = tuple(
+        sorted(
+            ((states[int(first.state[r])], float(first.samples[r])) for r in range(len(first.state)) if not first.migrating[r]),
+            key=lambda x: -x[1],
+        )[:5]
+    )
     return Plan(tuple(steps), total, alternatives, time.perf_counter() - t0)
 
 
-def _alternatives(first, states: list[Strategy], top: int = 5) -> tuple[tuple[Strategy, float], ...]:
-    """The best first-interval values per strategy, to explain what the decision beat."""
-    _, _, nv0, _ = first
-    order = [i for i in np.argsort(-nv0, kind="stable") if np.isfinite(nv0[i])][:top]
-    return tuple((states[i], float(nv0[i])) for i in order)
+class _Rows:
+    """The labels of one DP step, as parallel arrays."""
+
+    def __init__(self, state, migrating, samples, leftover, back) -> None:
+        self.state, self.migrating, self.samples, self.leftover, self.back = state, migrating, samples, leftover, back
+        if isinstance(state, list) and state:
+            self.done()
+
+    def add(self, state: int, migrating: int, samples: float, leftover: float, back: int) -> None:
+        self.state.append(state)
+        self.migrating.append(migrating)
+        self.samples.append(samples)
+        self.leftover.append(leftover)
+        self.back.append(back)
+
+    def done(self) -> _Rows:
+        self.state = np.asarray(self.state, dtype=int)
+        self.migrating = np.asarray(self.migrating, dtype=int)
+        self.samples = np.asarray(self.samples, dtype=float)
+        self.leftover = np.asarray(self.leftover, dtype=float)
+        self.back = np.asarray(self.back, dtype=int)
+        return self

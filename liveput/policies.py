@@ -145,11 +145,13 @@ class ParcaePolicy(Policy):
     def step(self, event, history, future, first):
         fc = self.forecaster(history, future, self.config.look_ahead)
         p = plan(self.store, fc, self.state, self.config)
-        self.decision_s.append(p.decision_s)
+        spent = p.decision_s
         target = p.decision
         if target[0] * target[1] > event.available:  # misprediction: react to the true event
             truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
-            target = plan(self.store, truth, self.state, PlannerConfig(self.T, 1)).decision
+            replan = plan(self.store, truth, self.state, PlannerConfig(self.T, 1))
+            target, spent = replan.decision, spent + replan.decision_s
+        self.decision_s.append(spent)
         return self._apply(target, event)
 
     def _apply(self, target: Strategy, event: IntervalEvent) -> StepResult:
@@ -336,9 +338,10 @@ class BambooPolicy(Policy):
                     cost_ms += pk[k] * (surv * (recover + reshape) + (1 - surv) * fail) if changed else 0.0
                     p_fail += pk[k] * (1 - surv)
                 if p_fail > 0:
-                    kinds[MigrationKind.CHECKPOINT_RESTART.value] = p_fail
+                    kinds[MigrationKind.CHECKPOINT_RESTART.value] = float(p_fail)
                 if cost_ms > 0 and 1 - p_fail > 0:
-                    kinds["redundancy-failover"] = 1 - p_fail
+                    kinds["redundancy-failover"] = float(1 - p_fail)
+                cost_ms = float(cost_ms)
                 self.strategy = target
         rc = cm.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)

@@ -26,7 +26,7 @@ from math import comb
 import numpy as np
 from scipy.stats import hypergeom
 
-from liveput.migration import CostModel, MigrationKind
+from liveput.migration import CostModel, MigrationKind, advance_assignment, healthy_missing, stage_overlap
 from liveput.throughput import ThroughputProfile
 
 Strategy = tuple[int, int]
@@ -84,6 +84,18 @@ class Outcome:
         return float(self.reach[i]), float(self.cost_ms[i])
 
 
+_STATIC: dict[tuple[int, int], tuple] = {}
+
+
+def _static_tables(profile: ThroughputProfile, cost: CostModel) -> tuple[dict, ...]:
+    """Per-process tables of one (profile, cost model) pair, keyed by identity (the objects are kept)."""
+    key = (id(profile), id(cost))
+    hit = _STATIC.get(key)
+    if hit is None or hit[0] is not profile or hit[1] is not cost:
+        hit = _STATIC[key] = (profile, cost, ({}, {}, {}, {}, {}))
+    return hit[2]
+
+
 class ScenarioStore:
     """Exact, cached scenario outcomes for one model (profile + cost model)."""
 
@@ -94,14 +106,12 @@ class ScenarioStore:
         self._pipe: dict[tuple[int, int, int], tuple[int, list[dict[int, int]]]] = {}
         self._keys: dict[tuple[int, int, int, int, int], Outcome] = {}
         self._targets: dict[int, tuple[Strategy, ...]] = {}
-        # static, model-only tables (no scenario in them): restart terms, transfers, stage overlaps
-        self._restart: dict[tuple[int, int, bool], float] = {}
-        self._transfer: dict[int, tuple[float, ...]] = {}
-        self._pipe_ms: dict[tuple[int, int, int, bool], float] = {}
-        self._overlaps: dict[tuple[int, int], tuple] = {}
-        self._prefix = [0]
-        for n_params in cost.spec.layer_params:
-            self._prefix.append(self._prefix[-1] + n_params)
+        # Static tables (no scenario in them: restart terms, transfers, no-preemption costs, cost upper
+        # bounds) are shared by every store of the same profile and cost model in the process.
+        static = _static_tables(profile, cost)
+        self._restart, self._transfer, self._pipe_ms, self._base, self._uppers = static
+        self._pks: dict[tuple[int, int, int], np.ndarray] = {}
+        self._pairs: dict[tuple, tuple[float, float, np.ndarray]] = {}
 
     def targets(self, max_instances: int) -> tuple[Strategy, ...]:
         """Feasible strategies using at most ``max_instances``, in the profile's order."""
@@ -110,9 +120,9 @@ class ScenarioStore:
         return self._targets[max_instances]
 
     def clear(self) -> None:
-        self._cond.clear()
-        self._pipe.clear()
-        self._keys.clear()
+        """Forget every cached scenario (the static model tables stay)."""
+        for cache in (self._cond, self._pipe, self._keys, self._pks, self._pairs):
+            cache.clear()
 
     # -- public ----------------------------------------------------------------------------------------
     def outcome(self, n: int, current: Strategy, n_in: int, n_out: int, targets: Sequence[Strategy]) -> Outcome:
@@ -165,6 +175,102 @@ class ScenarioStore:
             kind += w * o.kind
         return Outcome(tuple(targets), reach, cost, kind)
 
+    # -- per-pair exact values and cheap bounds, for the optimizer's lazy search ------------------------
+    def _pk(self, n: int, active: int, n_out: int) -> np.ndarray:
+        key = (n, active, n_out)
+        v = self._pks.get(key)
+        if v is None:
+            kmax = min(active, n_out)
+            v = hypergeom.pmf(np.arange(kmax + 1), n, active, n_out) if active > 0 else np.array([1.0])
+            self._pks[key] = v
+        return v
+
+    def pair(self, forecast: IntervalForecast, current: Strategy, target: Strategy) -> tuple[float, float, np.ndarray]:
+        """Exact (reach, expected cost ms, kind probabilities) of one target under the interval's law."""
+        key = (forecast, current, target)
+        hit = self._pairs.get(key)
+        if hit is not None:
+            return hit
+        D, P = current
+        d, p = target
+        n = max(forecast.prev_available, D * P)
+        reach, cost = 0.0, 0.0
+        kind = np.zeros(len(KINDS))
+        for n_in, n_out, w in forecast.events:
+            if w == 0 or d * p > n + n_in - n_out:
+                continue
+            pk = self._pk(n, D * P, n_out)
+            kprob, kcost = self._conditional(D, P, d, p, len(pk) - 1)
+            reach += w
+            cost += w * float(pk @ kcost[: len(pk)])
+            kind += w * (pk @ kprob[: len(pk)])
+        hit = self._pairs[key] = (reach, cost, kind)
+        return hit
+
+    def bounds(self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy]) -> tuple[np.ndarray, ...]:
+        """(reach, lower, upper) bounds on the expected cost of every target, without the scenario sums.
+
+        Reach is exact (it only depends on how many instances are alive). The lower bound is the cost
+        with no active instance preempted — losing instances never makes a migration cheaper: fewer
+        replicas survive, more state is missing, and a rendezvous becomes more likely. The upper bound
+        lets every possible loss hurt: each preempted replica unmatches at most one new stage (so at most
+        k stages' worth of extra parameters to fetch), at most k stages run short, and a rendezvous is
+        needed if it could be. The optimizer evaluates exactly only what these bounds cannot rule out.
+        """
+        D, P = current
+        n = max(forecast.prev_available, D * P)
+        tk = tuple(targets)
+        base = self._base.get((current, tk))
+        if base is None:
+            base = self._base[(current, tk)] = np.array([self._no_loss_cost(D, P, d, p) for d, p in tk])
+        need = np.array([d * p for d, p in tk])
+        reach = np.zeros(len(tk))
+        lower = np.zeros(len(tk))
+        upper = np.zeros(len(tk))
+        for n_in, n_out, w in forecast.events:
+            ok = need <= n + n_in - n_out
+            kmax = min(D * P, n_out)
+            reach += w * ok
+            lower += w * ok * base
+            hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
+            upper += w * ok * hi
+        return reach, lower, upper
+
+    def _no_loss_cost(self, D: int, P: int, d: int, p: int) -> float:
+        """Cost when no active instance is preempted: a function of the model and constants only."""
+        if D * P == 0:
+            return self._start(d, p, 0)[1][0]
+        if p == P:
+            return self._same_depth(D, P, d, 0)[1][0]
+        spec = self.cost.spec
+        miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
+        return self._pipeline_ms(d, p, miss0, self._add(D, P, d, p, 0))
+
+    def _upper(self, current: Strategy, targets: tuple[Strategy, ...], kmax: int, base: np.ndarray) -> np.ndarray:
+        key = (current, targets, kmax)
+        hit = self._uppers.get(key)
+        if hit is not None:
+            return hit
+        D, P = current
+        spec = self.cost.spec
+        out = np.empty(len(targets))
+        for i, (d, p) in enumerate(targets):
+            add = d * p > D * P - kmax
+            if D * P == 0:
+                out[i] = base[i]
+            elif p == P:
+                t = sorted(self._transfers(P), reverse=True)
+                inter = max(t[0], sum(t[: kmax + 1])) + self._restart_ms(d, P, add)
+                out[i] = max(base[i], inter)
+            else:
+                old, new = spec.partition(P), spec.partition(p)
+                miss0 = healthy_missing(spec.layer_params, old, new, D)
+                biggest = max(stage_overlap(spec.layer_params, old, new).size)
+                worst = min(spec.total_params, miss0 + kmax * biggest)
+                out[i] = max(base[i], self._pipeline_ms(d, p, worst, add))
+        self._uppers[key] = out
+        return out
+
     # -- conditional on k active losses ----------------------------------------------------------------
     def _conditional(self, D: int, P: int, d: int, p: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
         """(probability of each kind, expected cost) given k = 0..kmax preempted active instances."""
@@ -202,35 +308,6 @@ class ScenarioStore:
         if v is None:
             v = self._pipe_ms[key] = self.cost.pipeline_ms(d, p, missing, add)
         return v
-
-    def _overlap_tables(self, P: int, p: int) -> tuple:
-        """Which old stages each new stage overlaps, by how many parameters, and each stage's size."""
-        key = (P, p)
-        hit = self._overlaps.get(key)
-        if hit is not None:
-            return hit
-        spec = self.cost.spec
-        prefix = self._prefix
-        old, new = spec.partition(P), spec.partition(p)
-        ranges, overlap = [], []
-        s = 0
-        for j in range(p):
-            lo, hi = new[j], new[j + 1]
-            while old[s + 1] <= lo:  # old stages are in layer order: advance to the first overlapping one
-                s += 1
-            ov, t = {}, s
-            while t < P and old[t] < hi:
-                ov[t] = prefix[min(hi, old[t + 1])] - prefix[max(lo, old[t])]
-                t += 1
-            ranges.append(list(ov))
-            overlap.append(ov)
-        demand: dict[int, int] = defaultdict(int)  # new stages wanting each old stage: more replicas are useless
-        for ov in ranges:
-            for t in ov:
-                demand[t] += 1
-        size = [prefix[new[j + 1]] - prefix[new[j]] for j in range(p)]
-        hit = self._overlaps[key] = (ranges, dict(demand), overlap, size)
-        return hit
 
     def _add(self, D: int, P: int, d: int, p: int, k: int) -> bool:
         # New instances must rendezvous when the target needs more than the surviving active ones.
@@ -278,56 +355,56 @@ class ScenarioStore:
         return probs, costs
 
     def _missing_law(self, D: int, P: int, p: int, kmax: int) -> list[dict[int, int]]:
-        """For k = 0..kmax: {missing parameters: number of loss patterns} under `assign_stages`' greedy.
+        """For k = 0..kmax: {missing parameters: number of loss patterns} under the optimal assignment.
 
-        A chain DP over the new stages: a new stage overlaps a contiguous run of old stages and shares
-        at most one (the boundary stage) with the next, so the state is (losses so far, which old
-        stage is carried, its replicas left, missing so far).
+        New stage j overlaps a contiguous run of old stages and shares at most one (the boundary stage)
+        with j+1, so a chain DP over new stages reveals old stages in order. Its state is the losses so
+        far, the boundary stage's useful replicas, and the assignment DP's own table (best overlap per
+        replicas of the boundary stage used) — the optimum of `migration.assign_stages`, in expectation.
         """
         key = (D, P, p)
         hit = self._pipe.get(key)
         if hit is not None and hit[0] >= kmax:
             return hit[1]
-        ranges, demand, overlap, size = self._overlap_tables(P, p)
-        if kmax <= D - max(demand.values()):
-            # Too few losses to leave any stage with fewer replicas than new stages want from it: every
-            # pattern gives the full-survivor greedy. (kmax = 0, the common case, always lands here.)
-            miss0 = self._greedy_missing(ranges, overlap, size, {s: min(D, c) for s, c in demand.items()})
+        spec = self.cost.spec
+        so = stage_overlap(spec.layer_params, spec.partition(P), spec.partition(p))
+        caps = {s: min(D, dem) for s, dem in so.demand.items()}
+        max_demand = max(so.demand.values())
+        if kmax == 0 or kmax <= D - max_demand:
+            # Too few losses to leave any old stage with fewer replicas than new stages could use:
+            # every pattern gives the full-survivor optimum. (kmax = 0, the common case, lands here.)
+            miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), min(D, max_demand))
             law = [{miss0: comb(D * P, k)} for k in range(kmax + 1)]
             self._pipe[key] = (kmax, law)
             return law
-        # The carried (boundary) stage is fixed by j, so the state is (losses, its replicas left, missing).
-        states: dict[tuple[int, int, int], int] = {(0, 0, 0): 1}
+        # state: (losses, useful replicas of the boundary stage, assignment table as sorted items)
+        states: dict[tuple[int, int, tuple[tuple[int, int], ...]], int] = {(0, 0, ((0, 0),)): 1}
         revealed, carry = -1, -1
         for j in range(p):
-            fresh = [s for s in ranges[j] if s > revealed]
-            revealed = max(revealed, ranges[j][-1])
-            nxt_carry = ranges[j][-1] if j + 1 < p and ranges[j][-1] in ranges[j + 1] else -1
-            combos = self._fresh_combos(D, tuple(demand[s] for s in fresh), kmax)
-            greedy: dict[tuple[int, tuple[int, ...]], tuple[int, int]] = {}
-            nxt: dict[tuple[int, int, int], int] = defaultdict(int)
-            for (lost, cl, miss), ways in states.items():
+            fresh = [s for s in so.ranges[j] if s > revealed]
+            revealed = max(revealed, so.ranges[j][-1])
+            nxt_carry = so.carry(j)
+            combos = self._fresh_combos(D, tuple(so.demand[s] for s in fresh), kmax)
+            step: dict[tuple[int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple] = {}
+            nxt: dict[tuple[int, int, tuple[tuple[int, int], ...]], int] = defaultdict(int)
+            for (lost, cl, table), ways in states.items():
                 for cvec, lmap in combos:
-                    g = greedy.get((cl, cvec))
-                    if g is None:
-                        left = dict(zip(fresh, cvec))
+                    memo = step.get((cl, cvec, table))
+                    if memo is None:
+                        cap = dict(zip(fresh, cvec))
                         if carry >= 0:
-                            left[carry] = cl
-                        best, best_ov = -1, 0
-                        for s in ranges[j]:
-                            if left[s] > 0 and overlap[j][s] > best_ov:
-                                best, best_ov = s, overlap[j][s]
-                        if best >= 0:
-                            left[best] -= 1
-                        g = greedy[(cl, cvec)] = (left[nxt_carry] if nxt_carry >= 0 else 0, size[j] - best_ov)
-                    cl_out, add = g
+                            cap[carry] = cl
+                        out, _ = advance_assignment(so, j, dict(table), cap)
+                        memo = step[(cl, cvec, table)] = (cap.get(nxt_carry, 0) if nxt_carry >= 0 else 0,
+                                                          tuple(sorted(out.items())))
+                    cl_out, t_out = memo
                     for l, w in lmap:
                         if lost + l <= kmax:
-                            nxt[(lost + l, cl_out, miss + add)] += ways * w
+                            nxt[(lost + l, cl_out, t_out)] += ways * w
             states, carry = nxt, nxt_carry
         law: list[dict[int, int]] = [defaultdict(int) for _ in range(kmax + 1)]
-        for (lost, _, miss), ways in states.items():
-            law[lost][miss] += ways
+        for (lost, _, table), ways in states.items():
+            law[lost][so.total - max(v for _, v in table)] += ways
         self._pipe[key] = (kmax, law)
         return law
 
@@ -350,21 +427,6 @@ class ScenarioStore:
                             nxt[cvec + (c,)][l0 + l] += w0 * comb(D, l)
             combos = nxt
         return [(cvec, sorted(lmap.items())) for cvec, lmap in combos.items()]
-
-    @staticmethod
-    def _greedy_missing(ranges, overlap, size, left: dict[int, int]) -> int:
-        """`migration.assign_stages` on precomputed overlaps: the missing parameters only."""
-        left = dict(left)
-        missing = 0
-        for j, ov in enumerate(ranges):
-            best, best_ov = -1, 0
-            for s in ov:
-                if left[s] > 0 and overlap[j][s] > best_ov:
-                    best, best_ov = s, overlap[j][s]
-            if best >= 0:
-                left[best] -= 1
-            missing += size[j] - best_ov
-        return missing
 
     def _repartition(self, D: int, P: int, d: int, p: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
         law = self._missing_law(D, P, p, kmax)

@@ -151,6 +151,9 @@ def simulate(
     cost = cost or CostModel.reference(config.model)
     events = events_of(trace)
     index = {e.interval: i for i, e in enumerate(events)}
+    for name, value in (("first_interval", first_interval), ("last_interval", last_interval)):
+        if value is not None and value not in index:
+            raise ValueError(f"{name}={value} is not in the trace (intervals {events[0].interval}..{events[-1].interval})")
     start = index[first_interval] if first_interval is not None else 0
     stop = index[last_interval] + 1 if last_interval is not None else len(events)
     if stop <= start:
@@ -182,7 +185,7 @@ def comparison_table(results: dict[str, PolicyResult], reference: str | None = "
     return pd.DataFrame(rows)
 
 
-def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "") -> Path:
+def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "", interval_s: float = 60.0) -> Path:
     """Availability, throughput and pipeline depth per interval, one line per policy."""
     import matplotlib
 
@@ -206,7 +209,7 @@ def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str
     ax_t.set_ylabel("samples/s")
     ax_t.legend(loc="lower left", fontsize=8, ncol=3)
     ax_p.set_ylabel("pipeline stages P")
-    ax_p.set_xlabel("interval (minutes into the trace)")
+    ax_p.set_xlabel(f"interval ({interval_s:g} s each)")
     if title:
         fig.suptitle(title)
     fig.savefig(path, dpi=110)

@@ -1,0 +1,636 @@
+"""The ``parcae`` command line: simulate policies on a spot trace, plan one interval, list traces.
+
+Commands
+--------
+``parcae simulate``
+    Replay a spot-availability trace and compare policies (samples, dollars, migrations).
+``parcae plan [INPUT.json|-]``
+    Run the liveput planner once on a forecast and print the plan as JSON.
+``parcae traces``
+    List the trace names ``--trace`` accepts.
+
+Plan input
+----------
+``parcae plan`` reads one JSON object (from a file, or stdin with ``-``)::
+
+    {
+      "model": "gpt-1.5b",                 # required: a bundled model (see the error for the list)
+      "interval_s": 60,                    # optional (60): the interval T in seconds, > 0
+      "state": {                           # optional (not running)
+        "strategy": [D, P],                #   running strategy; [0, 0] = not running; D*P must not
+                                           #   exceed forecast[0].prev_available
+        "migrating": false,                #   a migration still in flight?
+        "leftover_ms": 0                   #   its remaining time in ms (>= 0)
+      },
+      "forecast": [                        # required: one entry per future interval; K = its length
+        {"prev_available": 32,             #   instances alive before the interval's events (>= 0)
+         "events": [[n_in, n_out, prob], ...]},  # optional (no events): a law over (additions,
+        ...                                      #   preemptions); probabilities sum to 1
+      ]
+    }
+
+The output is ``Plan.to_dict()`` (decision, expected samples, the K steps, the alternatives the decision
+beat) plus ``"model"`` and ``"look_ahead"``. It is deterministic: the same input gives the same bytes
+(the planner's wall time, ``decision_ms``, is only added with ``--timing``).
+
+Errors
+------
+A mistake the user can fix (unknown trace, model or policy, malformed trace file, window outside the
+trace, bad plan input, an infeasible forecast) prints ``error: <message>`` in red on stderr and exits with code 2, without a
+traceback. Anything else is a bug and propagates.
+
+Adding a command
+----------------
+Write one function decorated with ``@command()`` (typer options as parameters); raise
+:class:`UserError` for mistakes the user can fix. See ``traces`` for the smallest example.
+"""
+
+import difflib
+import functools
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+from rich.text import Text
+
+__all__ = ["UserError", "app", "command"]
+
+app = typer.Typer(
+    name="parcae",
+    help="Plan D x P training strategies on spot instances: simulate policies on traces, plan from forecasts.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # help text is printed as written: the plan input example must stay intact
+)
+
+EXIT_USER_ERROR = 2
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class UserError(Exception):
+    """A mistake the user can act on: printed as ``error: <message>``, exit code 2, no traceback."""
+
+
+def _stdout() -> Console:
+    """Console for results. Piped output gets a wide page instead of rich's 80 columns (tables stay whole)."""
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(highlight=False, width=max(200, shutil.get_terminal_size((200, 24)).columns))
+    return console
+
+
+def _stderr() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def error(message: str) -> None:
+    """Print ``error: <message>`` in red on stderr (never wrapped, so paths stay greppable)."""
+    _stderr().print(Text(f"error: {message}", style="red"), soft_wrap=True)
+
+
+def warn(message: str) -> None:
+    """Print ``warning: <message>`` in yellow on stderr."""
+    _stderr().print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+
+
+def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """Register a sub-command of :data:`app`; a :class:`UserError` it raises becomes exit code 2.
+
+    ``kwargs`` go to ``typer.Typer.command`` (``help=``, ``epilog=``, ...).
+    """
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kw: Any) -> Any:
+            try:
+                return fn(*args, **kw)
+            except UserError as exc:
+                error(str(exc))
+                raise typer.Exit(EXIT_USER_ERROR) from None
+
+        app.command(name, **kwargs)(run)
+        return fn
+
+    return decorate
+
+
+def _key_error_message(exc: KeyError) -> str:
+    """A KeyError's message without the quotes ``str(KeyError)`` adds."""
+    return str(exc.args[0]) if exc.args else str(exc)
+
+
+def _load_model(model: str, global_batch: int | None = None):
+    """Throughput profile and reference cost model of ``model``; an unknown model is a UserError."""
+    from liveput.migration import CostModel
+    from liveput.throughput import load_profile
+
+    try:
+        profile = load_profile(model, global_batch)
+        cost = CostModel.reference(model)
+    except KeyError as exc:
+        raise UserError(_key_error_message(exc)) from None
+    return profile, cost
+
+
+# ----------------------------------------------------------------------------------------------- simulate
+
+
+def _unknown_trace_message(exc: Any) -> str:
+    """The library's message, with the list of names cut to close matches when it is long."""
+    known = list(exc.known)
+    if len(known) <= 12:
+        return str(exc)
+    close = difflib.get_close_matches(exc.source, known, n=5, cutoff=0.5)
+    hint = f" Did you mean: {', '.join(close)}?" if close else ""
+    return (
+        f"unknown trace {exc.source!r}: not a bundled or shared trace name and not an existing file.{hint} "
+        f"Run `parcae traces` to list all {len(known)} names; a path to a trace file also works."
+    )
+
+
+def _load_window(trace: str, interval_s: float, start_hour: float | None, end_hour: float | None):
+    """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
+    from forecasting.traces import TraceFormatError, UnknownTraceError, load_trace, slice_hours
+
+    if not (math.isfinite(interval_s) and interval_s > 0):
+        raise UserError(f"--interval-seconds must be a positive number of seconds, got {interval_s:g}")
+    try:
+        df = load_trace(trace, interval_s)
+    except UnknownTraceError as exc:
+        raise UserError(_unknown_trace_message(exc)) from None
+    except TraceFormatError as exc:
+        raise UserError(str(exc)) from None
+    except OSError as exc:  # unreadable file (permissions, a directory, ...)
+        raise UserError(f"cannot read trace {trace!r}: {exc.strerror or exc}") from None
+    if start_hour is None and end_hour is None:
+        return df, df
+    iv = float(df.attrs["interval_s"])
+    lo = float(df["start_s"].iloc[0]) / 3600.0
+    hi = (float(df["start_s"].iloc[-1]) + iv) / 3600.0
+    try:
+        window = slice_hours(df, lo if start_hour is None else start_hour, hi if end_hour is None else end_hour)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return df, window
+
+
+def _check_policies(policies: Sequence[str] | None) -> list[str]:
+    from liveput.policies import POLICY_NAMES
+
+    if not policies:
+        return list(POLICY_NAMES)
+    unknown = [p for p in policies if p not in POLICY_NAMES]
+    if unknown:
+        bad = ", ".join(repr(p) for p in unknown)
+        raise UserError(f"unknown policy {bad}; choose from {', '.join(POLICY_NAMES)}")
+    return list(dict.fromkeys(policies))  # repeated names run once
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_migrations(migrations: Mapping[str, float]) -> str:
+    """Expected migrations per kind, most frequent first, the start last: ``pipeline 4, inter-stage 1.44``."""
+    items = sorted(
+        ((k, float(v)) for k, v in migrations.items() if v > 0), key=lambda kv: (kv[0] == "start", -kv[1], kv[0])
+    )
+    return ", ".join(f"{k} {round(v, 2):g}" for k, v in items) or "-"
+
+
+_HEADERS = ("policy", "samples", "vs ideal", "samples/s", "instance-h", "cost $", "$/M samples", "migration s",
+            "planner ms", "migrations (expected)")
+
+
+def _result_rows(results: Mapping[str, Any], ideal_samples: float | None) -> list[tuple[str, ...]]:
+    rows = []
+    for name, r in results.items():
+        ratio = r.samples / ideal_samples if ideal_samples else None
+        rows.append((
+            name,
+            f"{r.samples:,.0f}",
+            _fmt(ratio, ".3f"),
+            f"{r.throughput:.2f}",
+            f"{r.instance_hours:.2f}",
+            f"{r.cost_usd:.2f}",
+            _fmt(r.cost_per_million_samples, ".2f"),
+            f"{r.migration_s:.1f}",
+            _fmt(r.decision_ms_median, ".2f"),  # median planner decision time (parcae policies)
+            format_migrations(r.migrations),
+        ))
+    return rows
+
+
+def _table(rows: Sequence[tuple[str, ...]], columns: Sequence[int]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for i in columns:
+        widest = max((len(row[i]) for row in rows), default=0)
+        if _HEADERS[i].startswith("migrations"):
+            table.add_column(_HEADERS[i], min_width=min(widest, 24))  # the one column that may wrap
+        else:
+            table.add_column(_HEADERS[i], justify="left" if i == 0 else "right", min_width=widest)
+    for row in rows:
+        table.add_row(*(row[i] for i in columns))
+    return table
+
+
+def results_tables(results: Mapping[str, Any], ideal_samples: float | None, width: int) -> list[Table]:
+    """The comparison ``parcae simulate`` prints, one row per policy, as tables that fit ``width``.
+
+    Numbers are never truncated: columns that do not fit move to a further table (each starting with
+    the policy name); only the migrations column wraps.
+    """
+    rows = _result_rows(results, ideal_samples)
+
+    def cost(i: int) -> int:  # rendered width of column i: content + 2 padding + 1 divider
+        content = max([len(_HEADERS[i])] + [len(row[i]) for row in rows])
+        return (min(content, 24) if _HEADERS[i].startswith("migrations") else content) + 3
+
+    groups: list[list[int]] = [[0]]
+    used = cost(0) + 1
+    for i in range(1, len(_HEADERS)):
+        if used + cost(i) > width and len(groups[-1]) > 1:
+            groups.append([0])
+            used = cost(0) + 1
+        groups[-1].append(i)
+        used += cost(i)
+    return [_table(rows, g) for g in groups]
+
+
+def _summary(result: Any) -> dict:
+    s = result.summary()
+    s["migrations"] = {k: float(v) for k, v in s["migrations"].items()}  # numpy scalars -> plain floats
+    return s
+
+
+def _write_file(path: Path, what: str, write: Callable[[Path], Any]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+    except OSError as exc:
+        raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def _check_outputs(json_out: Path | None, plot: Path | None) -> None:
+    """Fail before simulating, not after: output folders must be creatable, the plot format known."""
+    for path, what in ((json_out, "JSON"), (plot, "plot")):
+        if path is None:
+            continue
+        if path.is_dir():
+            raise UserError(f"cannot write {what} {str(path)!r}: it is a directory")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
+    if plot is not None and plot.suffix:
+        from matplotlib.backend_bases import FigureCanvasBase
+
+        known = FigureCanvasBase.get_supported_filetypes()
+        if plot.suffix[1:].lower() not in known:
+            raise UserError(
+                f"cannot write plot {str(plot)!r}: unknown image format {plot.suffix!r}; use one of "
+                f"{', '.join('.' + k for k in sorted(known))}"
+            )
+
+
+@command(help="Replay a spot trace and compare policies: samples, dollars, migrations.")
+def simulate(
+    trace: Annotated[
+        str, typer.Option(metavar="NAME|PATH", help="Trace name (see `parcae traces`) or path to a trace file.")
+    ] = "p3",
+    model: Annotated[str, typer.Option(metavar="MODEL", help="Model with a bundled throughput table.")] = "gpt-1.5b",
+    start_hour: Annotated[
+        float | None, typer.Option(help="Window start, hours into the trace (default: trace start).")
+    ] = None,
+    end_hour: Annotated[float | None, typer.Option(help="Window end, exclusive (default: trace end).")] = None,
+    look_ahead: Annotated[int, typer.Option(min=1, help="Planner look-ahead K, in intervals.")] = 8,
+    interval_seconds: Annotated[float, typer.Option(help="Interval length T in seconds.")] = 60.0,
+    policy: Annotated[
+        list[str] | None,
+        typer.Option("--policy", "-p", metavar="NAME", help="Policy to run; repeat for several (default: all)."),
+    ] = None,
+    global_batch: Annotated[
+        int | None, typer.Option(min=1, help="Global batch (default: the profiled table's; else an estimate).")
+    ] = None,
+    bamboo_overhead: Annotated[
+        float, typer.Option(help="Bamboo's throughput loss to redundant computation, in [0, 1).")
+    ] = 0.10,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
+    ] = None,
+    plot: Annotated[Path | None, typer.Option(metavar="OUT.png", help="Write a timeline plot (PNG) here.")] = None,
+) -> None:
+    from liveput.policies import BambooConstants
+    from liveput.prices import instance_price
+    from liveput.simulator import SimulationConfig, plot_timeline, simulate as run_simulation
+
+    policies = _check_policies(policy)
+    _check_outputs(json_out, plot)
+    if not 0.0 <= bamboo_overhead < 1.0:
+        raise UserError(f"--bamboo-overhead must be in [0, 1), got {bamboo_overhead:g}")
+    profile, cost = _load_model(model, global_batch)
+    df, window = _load_window(trace, interval_seconds, start_hour, end_hour)
+    first, last = int(window["interval"].iloc[0]), int(window["interval"].iloc[-1])
+    n_intervals = len(window)
+    config = SimulationConfig(
+        model=model,
+        look_ahead=look_ahead,
+        interval_s=float(df.attrs["interval_s"]),
+        global_batch=global_batch,
+        bamboo=BambooConstants(overhead=bamboo_overhead),
+    )
+    price = instance_price(config.instance_type)
+    iv = float(df.attrs["interval_s"])
+    h0 = float(window["start_s"].iloc[0]) / 3600.0
+    h1 = (float(window["start_s"].iloc[-1]) + iv) / 3600.0
+    trace_name = str(df.attrs.get("name") or trace)
+
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=_stderr(),
+    ) as progress:
+        task = progress.add_task(f"simulating {policies[0]}", total=n_intervals * len(policies))
+
+        def on_step() -> None:
+            done = int(progress.tasks[0].completed) + 1
+            i = min(done // n_intervals, len(policies) - 1)
+            progress.update(task, advance=1, description=f"simulating {policies[i]}")
+
+        results = run_simulation(
+            df, policies, config, first_interval=first, last_interval=last, profile=profile, cost=cost,
+            on_step=on_step,
+        )
+        noun = "policy" if len(policies) == 1 else "policies"
+        progress.update(task, description=f"simulated {len(policies)} {noun} x {n_intervals} intervals")
+    if "ideal" in results:
+        ideal_samples = results["ideal"].samples
+    else:  # the bound is free to compute: no migrations, no planner
+        ideal_samples = run_simulation(
+            df, ["ideal"], config, first_interval=first, last_interval=last, profile=profile, cost=cost
+        )["ideal"].samples
+
+    out = _stdout()
+    out.print(
+        f"trace {trace_name}: intervals {first}-{last} ({n_intervals} x {iv:g} s, hours {h0:.2f}-{h1:.2f}), "
+        f"model {model}, K={look_ahead}, prices as of {price.as_of} "
+        f"({price.instance_type} spot ${price.spot_per_hour:.3f}/h, on-demand ${price.on_demand_per_hour:.2f}/h)"
+    )
+    for i, table in enumerate(results_tables(results, ideal_samples, out.width)):
+        if i:
+            out.print()
+        out.print(table)
+
+    if json_out is not None:
+        doc = {
+            "trace": trace_name,
+            "model": model,
+            "window": {"first_interval": first, "last_interval": last},
+            "look_ahead": look_ahead,
+            "policies": {name: _summary(r) for name, r in results.items()},
+        }
+        _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+        _stderr().print(f"wrote {json_out}", soft_wrap=True)
+    if plot is not None:
+        title = f"{trace_name} intervals {first}-{last}, {model}, K={look_ahead}"
+        _write_file(plot, "plot", lambda p: plot_timeline(results, p, title=title, interval_s=interval_seconds))
+        _stderr().print(f"wrote {plot}", soft_wrap=True)
+
+
+# --------------------------------------------------------------------------------------------------- plan
+
+_TOP_FIELDS = ("model", "interval_s", "state", "forecast")
+_STATE_FIELDS = ("strategy", "migrating", "leftover_ms")
+_FORECAST_FIELDS = ("prev_available", "events")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _type_name(v: Any) -> str:
+    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
+        type(v), "a number" if _is_number(v) else type(v).__name__
+    )
+
+
+def _unknown_fields(obj: Mapping, allowed: Sequence[str], where: str) -> None:
+    extra = [k for k in obj if k not in allowed]
+    if extra:
+        raise UserError(
+            f"plan input: unknown field {extra[0]!r} in {where}; expected only {', '.join(allowed)}"
+        )
+
+
+def _int_field(v: Any, path: str, minimum: int = 0) -> int:
+    if not _is_int(v) or v < minimum:
+        raise UserError(f"plan input: {path} must be an integer >= {minimum}, got {json.dumps(v)}")
+    return v
+
+
+def _parse_state(raw: Any, profile: Any):
+    from liveput.optimizer import IDLE, JobState
+
+    if raw is None:
+        return JobState()
+    if not isinstance(raw, dict):
+        raise UserError(f"plan input: state must be an object, got {_type_name(raw)}")
+    _unknown_fields(raw, _STATE_FIELDS, "state")
+    strategy = raw.get("strategy", [0, 0])
+    if not (isinstance(strategy, list) and len(strategy) == 2 and all(_is_int(x) and x >= 0 for x in strategy)):
+        raise UserError(
+            f"plan input: state.strategy must be [D, P] with integers >= 0 ([0, 0] = not running), "
+            f"got {json.dumps(strategy)}"
+        )
+    s = (strategy[0], strategy[1])
+    if s != IDLE and not profile.is_feasible(*s):
+        raise UserError(
+            f"plan input: state.strategy {s[0]}x{s[1]} is not a feasible strategy of {profile.model}; "
+            f"feasible: {profile.describe_limits()}"
+        )
+    migrating = raw.get("migrating", False)
+    if not isinstance(migrating, bool):
+        raise UserError(f"plan input: state.migrating must be true or false, got {json.dumps(migrating)}")
+    leftover = raw.get("leftover_ms", 0)
+    if not _is_number(leftover) or leftover < 0:
+        raise UserError(f"plan input: state.leftover_ms must be a number >= 0, got {json.dumps(leftover)}")
+    return JobState(s, migrating, float(leftover))
+
+
+def _parse_interval(raw: Any, i: int):
+    from liveput.scenarios import IntervalForecast
+
+    where = f"forecast[{i}]"
+    if not isinstance(raw, dict):
+        raise UserError(f"plan input: {where} must be an object {{\"prev_available\": N, \"events\": [...]}}, "
+                        f"got {_type_name(raw)}")
+    _unknown_fields(raw, _FORECAST_FIELDS, where)
+    if "prev_available" not in raw:
+        raise UserError(f"plan input: {where}.prev_available is missing (instances alive before the interval)")
+    n = _int_field(raw["prev_available"], f"{where}.prev_available")
+    events = raw.get("events")
+    if events is None:
+        return IntervalForecast.point(n)
+    if not isinstance(events, list) or not events:
+        raise UserError(f"plan input: {where}.events must be a non-empty array of [n_in, n_out, prob], "
+                        f"got {json.dumps(events)}")
+    parsed = []
+    for j, ev in enumerate(events):
+        at = f"{where}.events[{j}]"
+        if not (isinstance(ev, list) and len(ev) == 3):
+            raise UserError(f"plan input: {at} must be [n_in, n_out, prob], got {json.dumps(ev)}")
+        n_in = _int_field(ev[0], f"{at}[0] (n_in)")
+        n_out = _int_field(ev[1], f"{at}[1] (n_out)")
+        prob = ev[2]
+        if not _is_number(prob) or not 0.0 <= prob <= 1.0:
+            raise UserError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {json.dumps(prob)}")
+        if n_out > n:
+            raise UserError(
+                f"plan input: {at} is infeasible: n_out={n_out} preemptions but only prev_available={n} "
+                f"instances alive"
+            )
+        parsed.append((n_in, n_out, float(prob)))
+    total = math.fsum(w for _, _, w in parsed)
+    if abs(total - 1.0) > 1e-6:
+        raise UserError(f"plan input: {where}.events probabilities sum to {total:g}; expected 1")
+    try:
+        return IntervalForecast(n, tuple(parsed))
+    except ValueError as exc:  # anything the checks above missed, still pinned to the field
+        raise UserError(f"plan input: {where}: {exc}") from None
+
+
+def _read_plan_input(source: str) -> Any:
+    if source == "-":
+        text, name = sys.stdin.read(), "<stdin>"
+    else:
+        try:
+            text, name = Path(source).read_text(encoding="utf-8"), source
+        except FileNotFoundError:
+            raise UserError(f"plan input {source!r}: no such file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read plan input {source!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.strip():
+        raise UserError(f"plan input {name}: empty; expected a JSON object (see `parcae plan --help`)")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"plan input {name} line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}") from None
+
+
+def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
+    """Validate a plan input document (see the module docstring), run the planner, return the output dict."""
+    from liveput.optimizer import PlannerConfig, plan
+    from liveput.scenarios import ScenarioStore
+
+    if not isinstance(doc, dict):
+        raise UserError(f"plan input must be a JSON object, got {_type_name(doc)}")
+    _unknown_fields(doc, _TOP_FIELDS, "the top level")
+    model = doc.get("model")
+    if model is None:
+        raise UserError("plan input: model is missing (a bundled model name, e.g. \"gpt-1.5b\")")
+    if not isinstance(model, str):
+        raise UserError(f"plan input: model must be a string, got {json.dumps(model)}")
+    interval_s = doc.get("interval_s", 60)
+    if not _is_number(interval_s) or interval_s <= 0:
+        raise UserError(f"plan input: interval_s must be a number of seconds > 0, got {json.dumps(interval_s)}")
+    forecast = doc.get("forecast")
+    if not isinstance(forecast, list) or not forecast:
+        got = "missing" if forecast is None else json.dumps(forecast) if forecast == [] else _type_name(forecast)
+        raise UserError(f"plan input: forecast must be a non-empty array of intervals, got {got}")
+    profile, cost = _load_model(model)
+    state = _parse_state(doc.get("state"), profile)
+    forecasts = [_parse_interval(f, i) for i, f in enumerate(forecast)]
+    held = state.strategy[0] * state.strategy[1]
+    if held > forecasts[0].prev_available:
+        raise UserError(
+            f"plan input: infeasible forecast: state.strategy {state.strategy[0]}x{state.strategy[1]} runs on "
+            f"{held} instances but forecast[0].prev_available is {forecasts[0].prev_available}; the instances "
+            f"alive before the first interval include the running ones"
+        )
+    smallest = min((d * p for d, p in profile.strategies()), default=0)
+    most = max(f.prev_available + i - o for f in forecasts for i, o, _ in f.events)
+    if most < smallest and state.strategy[0] * state.strategy[1] < smallest:
+        warn(
+            f"no strategy of {model} fits the forecast (at most {most} instances alive; the smallest "
+            f"strategy needs {smallest}): the plan is to stay idle"
+        )
+    store = ScenarioStore(profile, cost)
+    try:
+        result = plan(store, forecasts, state, PlannerConfig(float(interval_s), len(forecasts)))
+    except RuntimeError as exc:
+        if "no feasible plan" in str(exc):
+            raise UserError(f"plan input: infeasible forecast: {exc}") from None
+        raise
+    body = result.to_dict()
+    if not timing:
+        body.pop("decision_ms", None)
+    return {"model": model, "look_ahead": len(forecasts), **body}
+
+
+@command(
+    help=(
+        "Plan the next intervals from a forecast; print the plan as JSON.\n\n"
+        "INPUT is a JSON file, or - (the default) for stdin:\n\n"
+        "\b\n"
+        '  {"model": "gpt-1.5b",             required\n'
+        '   "interval_s": 60,                optional, default 60\n'
+        '   "state": {"strategy": [D, P],    optional, default [0, 0] = not running;\n'
+        '                                    D*P <= the first prev_available\n'
+        '             "migrating": false,\n'
+        '             "leftover_ms": 0},\n'
+        '   "forecast": [                    required, one entry per interval; K = its length\n'
+        '     {"prev_available": 32,         instances alive before the interval\n'
+        '      "events": [[n_in, n_out, prob], ...]},   optional, default no events;\n'
+        "     ...]}                                      probabilities sum to 1\n\n"
+        "The output is the plan (decision, expected samples, the K steps, the alternatives) plus "
+        '"model" and "look_ahead"; the same input always gives the same output.'
+    )
+)
+def plan(
+    input: Annotated[str, typer.Argument(metavar="INPUT.json|-", help="Plan input file, or - for stdin.")] = "-",
+    timing: Annotated[
+        bool, typer.Option(help="Include the planner's wall time (decision_ms); not reproducible.")
+    ] = False,
+) -> None:
+    doc = _read_plan_input(input)
+    typer.echo(json.dumps(plan_from_input(doc, timing=timing), indent=2))
+
+
+# ------------------------------------------------------------------------------------------------- traces
+
+
+@command(help="List the trace names --trace accepts (bundled, plus ../shared/traces when present).")
+def traces() -> None:
+    from forecasting.traces import TraceFormatError, available_traces, detect_format
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("name", no_wrap=True)
+    table.add_column("format", no_wrap=True)
+    table.add_column("path", overflow="fold")
+    for name, path in available_traces().items():
+        try:
+            fmt = detect_format(path)
+        except (TraceFormatError, OSError) as exc:
+            fmt = f"? ({type(exc).__name__})"
+        table.add_row(name, fmt, str(path))
+    _stdout().print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()
