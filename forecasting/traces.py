@@ -460,22 +460,35 @@ _GCP_RE: Final = re.compile(r"(\d{4})-(\d{2})-(\d{2})\s*,\s*(\d{1,2}):(\d{2}):(\
 def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
     """Read Bamboo's GCP log ``YYYY-MM-DD, HH:MM:SS, count`` (``traces/gcloud/v100x1-east1c.txt``).
 
-    The logger writes every change three times a minute apart and its rows are not in time order, so:
-    rows are sorted by time (stable, so file order breaks ties), exact duplicate rows are dropped, and
-    where rows share a timestamp with different counts the *last one in file order* wins (it is the
-    newer observation). Times are taken as UTC (the source does not say); the trace starts at its
-    earliest row, whose time becomes ``start_time``.
+    The log is read as an **append-only journal**, in file order:
 
-    Caveat: when a change follows the previous one within two minutes, the previous change's late
-    echo rows sort after the new change, so the sorted series bounces (58 -> 60 -> 58 within a
-    minute). In ``v100x1-east1c.txt`` that adds 14 such bounces (134 changes instead of about 120,
-    533 instead of 518 instances in and out). We keep the rule above because it is the documented one;
-    a reader that lets a later row override every earlier-in-file row at or after its time would
-    remove them.
+    * a row ``(t, count)`` says "from time ``t`` on, the count is ``count``" until a later row (in the
+      file) says otherwise;
+    * a row whose ``t`` is earlier than the latest time read so far is a late re-statement: it
+      supersedes every earlier-in-file observation at or after ``t``. Concretely we keep a list of
+      ``(time, count)`` sorted by time and, for each row, drop the entries with ``time >= t`` and append
+      ``(t, count)`` (a row at the latest time simply replaces it, a later one is appended);
+    * an exact duplicate of a row already read (same time and count) changes nothing.
+
+    Why: the logger writes every change as three rows one minute apart (``t``, ``t+60 s``,
+    ``t+120 s``), and when the next change comes within two minutes its first row is written *after*
+    the previous change's echo rows but carries an *earlier* time. Sorting by time and keeping the last
+    row per timestamp (the rule used before) puts those stale echoes after the new change, so the series
+    briefly reverts, e.g. ``60 -> 58 -> 60 -> 58`` within a minute. Measured on the bundled
+    ``data/gcp-v100.txt`` (identical to ``v100x1-east1c.txt``, 1477 rows): the old rule gives 134 changes
+    and 533 instances added / 533 removed; the journal rule gives 120 changes and 518 added / 518 removed
+    (``tests/test_traces.py`` asserts both).
+
+    Times are taken as UTC (the source does not say). The trace starts at its earliest row, whose time
+    becomes ``start_time`` (the earliest time always survives: only a row at that very time replaces it); it
+    ends at the latest time any row names, even if that row was later superseded: the log did cover that
+    time.
     """
     p = Path(path)
     fmt = "gcp-log"
-    rows: list[tuple[datetime, int]] = []
+    journal: list[tuple[datetime, int]] = []  # sorted by time: the series as currently stated
+    seen: set[tuple[datetime, int]] = set()
+    latest: datetime | None = None
     for number, line in _lines(p, FORMATS[fmt]):
         m = _GCP_RE.fullmatch(line.strip())
         if not m:
@@ -488,19 +501,22 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
             when = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
         except ValueError as exc:
             raise _bad(p, fmt, number, line, str(exc)) from None
-        rows.append((when, count))
-    # dict keeps the last value per timestamp in file order; then sort by time
-    last_by_time: dict[datetime, int] = {}
-    for when, count in rows:
-        last_by_time.pop(when, None)
-        last_by_time[when] = count
-    ordered = sorted(last_by_time.items())
-    start = ordered[0][0]
-    times = [(when - start).total_seconds() for when, _ in ordered]
-    counts = [count for _, count in ordered]
+        latest = when if latest is None else max(latest, when)
+        if (when, count) in seen:
+            continue  # exact duplicate: no new information
+        seen.add((when, count))
+        while journal and journal[-1][0] >= when:
+            journal.pop()  # superseded by this (late) re-statement
+        journal.append((when, count))
+    assert latest is not None  # _lines rejects files without a non-blank line
+    start = journal[0][0]
+    times = [(when - start).total_seconds() for when, _ in journal]
+    counts = [count for _, count in journal]
     events = _from_count_series(
         times, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt
     )
+    # the trace runs to the latest time the log names, even where that row was superseded
+    events = replace(events, last_s=(latest - start).total_seconds())
     return _finish(events, p)
 
 

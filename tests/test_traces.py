@@ -177,27 +177,83 @@ def test_count_csv_first_row_is_initial_state(tmp_path: Path) -> None:
     assert_invariants(df)
 
 
-def test_gcp_log_unsorted_with_duplicates(tmp_path: Path) -> None:
+def _gcp_rows(path: Path) -> list[tuple[pd.Timestamp, int]]:
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            day, clock, count = (f.strip() for f in line.split(","))
+            out.append((pd.Timestamp(f"{day} {clock}"), int(count)))
+    return out
+
+
+def _sorted_last_per_time(path: Path) -> list[int]:
+    """The previous GCP rule (sort by time, last row per timestamp wins), kept here as the baseline."""
+    last: dict[pd.Timestamp, int] = {}
+    for when, count in _gcp_rows(path):
+        last.pop(when, None)
+        last[when] = count
+    return [count for _, count in sorted(last.items())]
+
+
+def _changes(counts: list[int]) -> tuple[int, int, int]:
+    """(number of changes, instances added, instances removed) of a count series."""
+    deltas = np.diff(counts)
+    return int((deltas != 0).sum()), int(deltas[deltas > 0].sum()), int(-deltas[deltas < 0].sum())
+
+
+def test_gcp_log_journal_late_rows_supersede(tmp_path: Path) -> None:
     text = (
         "2021-12-10, 13:00:00, 10\r\n"
         "2021-12-10, 13:01:00, 10\r\n"
         "2021-12-10, 13:02:00, 10\r\n"
-        "2021-12-10, 13:01:00, 8\r\n"  # same time as line 2, later in the file: wins
+        "2021-12-10, 13:01:00, 8\r\n"  # late: from 13:01 on it is 8 (drops the 13:01 and 13:02 tens)
         "2021-12-10, 13:02:00, 8\r\n"
         "2021-12-10, 13:03:00, 8\r\n"
-        "2021-12-10, 13:03:00, 8\r\n"  # exact duplicate
-        "2021-12-10, 13:00:30, 9\r\n"  # out of order
+        "2021-12-10, 13:03:00, 8\r\n"  # exact duplicate: nothing changes
+        "2021-12-10, 13:01:00, 10\r\n"  # exact duplicate of line 2, not adjacent: still nothing changes
+        "2021-12-10, 13:00:30, 9\r\n"  # late: from 13:00:30 on it is 9, superseding every 8 above
     )
     path = write(tmp_path, "gcp.txt", text)
     assert detect_format(path) == "gcp-log"
     ev = read_gcp_log(path)
-    assert ev.times_s.tolist() == [30.0, 60.0] and ev.initial == 10 and ev.counts.tolist() == [9, 8]
-    assert ev.last_s == 180.0
+    assert ev.times_s.tolist() == [30.0] and ev.initial == 10 and ev.counts.tolist() == [9]
+    assert ev.last_s == 180.0  # the latest time the log names, although its row was superseded
     df = load_trace(path)
-    assert rows(df) == [(0, 10, 0, 1, 9), (1, 9, 0, 1, 8), (2, 8, 0, 0, 8), (3, 8, 0, 0, 8)]
+    assert rows(df) == [(0, 10, 0, 1, 9), (1, 9, 0, 0, 9), (2, 9, 0, 0, 9), (3, 9, 0, 0, 9)]
     assert df["start_time"].tolist() == list(pd.date_range("2021-12-10 13:00", periods=4, freq="60s", tz="UTC"))
     assert df.attrs["capacity"] == 10
     assert_invariants(df)
+
+
+def test_gcp_log_no_false_revert_from_echo_rows(tmp_path: Path) -> None:
+    # The logger's pattern: each change written three times a minute apart; the second change (58 at
+    # 13:01:13) arrives before the first change's last echo (60 at 13:02:00) would sort.
+    text = (
+        "2021-12-10, 13:00:00, 60\n"
+        "2021-12-10, 13:01:00, 60\n"
+        "2021-12-10, 13:02:00, 60\n"
+        "2021-12-10, 13:01:13, 58\n"
+        "2021-12-10, 13:02:13, 58\n"
+        "2021-12-10, 13:03:13, 58\n"
+    )
+    path = write(tmp_path, "gcp.txt", text)
+    assert _sorted_last_per_time(path) == [60, 60, 58, 60, 58, 58]  # old rule: 58 -> 60 -> 58 within a minute
+    ev = read_gcp_log(path)
+    assert ev.times_s.tolist() == [73.0] and ev.counts.tolist() == [58] and ev.removes.tolist() == [2]
+    assert ev.adds.sum() == 0 and ev.last_s == 193.0
+    df = load_trace(path)
+    assert rows(df) == [(0, 60, 0, 0, 60), (1, 60, 0, 2, 58), (2, 58, 0, 0, 58), (3, 58, 0, 0, 58)]
+    assert_invariants(df)
+
+
+def test_bundled_gcp_v100_change_counts() -> None:
+    path = T.BUNDLED["gcp-v100"]
+    assert _changes(_sorted_last_per_time(path)) == (134, 533, 533)  # the old rule's false reverts
+    ev = read_gcp_log(path)
+    assert (len(ev.times_s), int(ev.adds.sum()), int(ev.removes.sum())) == (120, 518, 518)
+    assert ev.initial == 80 and ev.counts[-1] == 80
+    df = load_trace("gcp-v100")
+    assert len(df) == 1451 and df["n_in"].sum() == 518 and df["n_out"].sum() == 518
 
 
 def test_skypilot_json_ticks_hold_until_next(tmp_path: Path) -> None:
