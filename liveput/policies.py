@@ -77,6 +77,22 @@ def oracle_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalE
     return out
 
 
+def trained_forecast(model, trace) -> Forecaster:
+    """Adapt a fitted `forecasting.forecast.Forecaster` to the simulator: it sees the trace's past only.
+
+    At interval i the history is ``trace.iloc[:i]`` (the last row is the last observed interval), so
+    the model gets exactly what a live planner would have; the true future argument is ignored.
+    """
+
+    def forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+        if not history:
+            return [IntervalForecast.point(0)] * k
+        return IntervalForecast.from_forecast(model.predict(trace.iloc[: len(history)], k))
+
+    forecast.__name__ = f"forecast_{getattr(model, 'name', 'model')}"
+    return forecast
+
+
 class Policy:
     """Base: owns the model's profile and cost model; subclasses decide and account one interval."""
 

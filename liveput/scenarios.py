@@ -60,6 +60,11 @@ class IntervalForecast:
     def point(cls, prev_available: int, n_in: int = 0, n_out: int = 0) -> IntervalForecast:
         return cls(prev_available, ((n_in, n_out, 1.0),))
 
+    @classmethod
+    def from_forecast(cls, forecast) -> list[IntervalForecast]:
+        """Wrap a `forecasting.forecast.Forecast` (anything with ``intervals()``) for the planner."""
+        return [cls(prev, law) for prev, law in forecast.intervals()]
+
     @property
     def expected_available(self) -> float:
         return self.prev_available + sum((i - o) * w for i, o, w in self.events)

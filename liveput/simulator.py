@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from liveput.migration import CostModel
-from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy
+from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
 from liveput.prices import instance_price
 from liveput.scenarios import ScenarioStore
 from liveput.throughput import ThroughputProfile, load_profile
@@ -140,12 +140,15 @@ def simulate(
     last_interval: int | None = None,
     profile: ThroughputProfile | None = None,
     cost: CostModel | None = None,
+    forecaster=None,
     on_step: Callable[[], None] | None = None,
 ) -> dict[str, PolicyResult]:
     """Run each policy over the trace's intervals [first_interval, last_interval] (inclusive).
 
     The whole trace before the window is history the forecasters may read (the reference let its
     predictor see the real past at the start of a segment). Each window starts from no running strategy.
+    ``forecaster`` (a fitted `forecasting.forecast.Forecaster`) drives the ``parcae`` policy; without it
+    ``parcae`` uses persistence.
     """
     profile = profile or load_profile(config.model, config.global_batch)
     cost = cost or CostModel.reference(config.model)
@@ -163,8 +166,9 @@ def simulate(
     store = ScenarioStore(profile, cost)  # shared: parcae and the oracle ask many of the same keys
     results = {}
     for name in policies:
+        fc = trained_forecast(forecaster, trace) if forecaster is not None and name == "parcae" else None
         pol = make_policy(name, profile, cost, look_ahead=config.look_ahead, interval_s=config.interval_s,
-                          capacity=capacity, store=store, bamboo=config.bamboo)
+                          capacity=capacity, store=store, bamboo=config.bamboo, forecaster=fc)
         rate = price.spot_per_hour if pol.spot else price.on_demand_per_hour
         results[name] = run_policy(pol, events, start, stop, price_per_hour=rate, on_step=on_step)
     return results
