@@ -1,0 +1,806 @@
+"""Collection of spot availability from AWS into a local, append-only trace store.
+
+This module owns the *I/O edge* of availability data: it asks EC2 (through boto3) what happened to the
+job's own spot fleet and what the spot market looks like, and records the answers as Parquet files that
+:mod:`forecasting.traces` can turn into the canonical per-interval table. It must not import the planner
+(liveput, simulator, CLI, trainer): collection has to run on a small cron box with only boto3 and pandas.
+
+Three tables, each a folder of immutable part files under ``TraceStore.root``:
+
+* ``fleet_events``: one row per state transition of an instance tagged ``parcae:job=<job tag>``
+  (``add`` when it is pending/running, ``remove`` when it shuts down, stops, terminates, vanishes, or gets
+  a spot interruption notice);
+* ``spot_prices``: ``describe_spot_price_history`` rows;
+* ``placement_scores``: ``get_spot_placement_scores`` rows.
+
+Credentials and region come from boto3's standard chain (environment, config files, SSO, instance
+profile), or from a ``boto3.Session`` the caller builds; never from arguments of this module.
+Throttling is retried by botocore (``Config(retries={"mode": "standard", ...})``); whatever still fails
+is reported in :class:`CollectResult` and nothing of that call is written.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from forecasting.traces import AvailabilityEvents
+
+if TYPE_CHECKING:
+    import boto3
+
+__all__ = [
+    "JOB_TAG_KEY",
+    "TABLES",
+    "CollectError",
+    "CollectResult",
+    "InstanceObservation",
+    "Interruption",
+    "SpotCollector",
+    "TraceStore",
+    "fleet_transitions",
+]
+
+#: The EC2 tag that marks the job's own instances (``tag:parcae:job`` in filters).
+JOB_TAG_KEY: Final = "parcae:job"
+
+_TS: Final = pa.timestamp("us", tz="UTC")
+
+
+@dataclass(frozen=True)
+class _Table:
+    schema: pa.Schema
+    key: tuple[str, ...]  # natural key: rows with equal keys are the same observation
+
+
+#: Schemas and natural keys of the store's tables.
+TABLES: Final[dict[str, _Table]] = {
+    "fleet_events": _Table(
+        pa.schema(
+            [
+                ("job_tag", pa.string()),
+                ("region", pa.string()),
+                ("instance_id", pa.string()),
+                ("event", pa.string()),  # "add" | "remove"
+                ("timestamp", _TS),  # when it happened (LaunchTime, transition time, notice time, or observed)
+                ("state", pa.string()),
+                ("reason", pa.string()),
+                ("instance_type", pa.string()),
+                ("az", pa.string()),
+                ("lifecycle", pa.string()),  # "spot" | "on-demand"
+                ("spot_request_id", pa.string()),
+                ("observed_at", _TS),
+            ]
+        ),
+        ("instance_id", "event", "timestamp"),
+    ),
+    "spot_prices": _Table(
+        pa.schema(
+            [
+                ("region", pa.string()),
+                ("instance_type", pa.string()),
+                ("az", pa.string()),
+                ("product", pa.string()),
+                ("timestamp", _TS),
+                ("price", pa.float64()),
+                ("observed_at", _TS),
+            ]
+        ),
+        ("instance_type", "az", "product", "timestamp"),
+    ),
+    "placement_scores": _Table(
+        pa.schema(
+            [
+                ("region", pa.string()),
+                ("az_id", pa.string()),  # "" unless single_az scores were asked
+                ("instance_types", pa.string()),  # sorted, comma-joined
+                ("target_capacity", pa.int64()),
+                ("single_az", pa.bool_()),
+                ("score", pa.int64()),
+                ("timestamp", _TS),  # scores carry no time of their own: the collection time
+            ]
+        ),
+        ("region", "az_id", "instance_types", "target_capacity", "timestamp"),
+    ),
+}
+
+_NO_CREDENTIALS: Final = (
+    "no AWS credentials found. Fix: set AWS_PROFILE to a profile in ~/.aws/config or ~/.aws/credentials "
+    "(or run `aws configure` / `aws sso login`), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
+    "(plus AWS_SESSION_TOKEN for temporary keys), or run on an instance whose instance profile grants "
+    "ec2:Describe* and ec2:GetSpotPlacementScores; or pass SpotCollector(session=boto3.Session(...))"
+)
+_NO_REGION: Final = (
+    "no AWS region configured. Fix: set AWS_REGION (or AWS_DEFAULT_REGION), or `region` in the profile "
+    "in ~/.aws/config, or pass SpotCollector(regions=[...])"
+)
+
+_THROTTLING_CODES: Final = frozenset(
+    {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled"}
+)
+# What an EC2-compatible endpoint (a mock, a private cloud, an old partition) answers for an action it lacks.
+_UNSUPPORTED_CODES: Final = frozenset({"InvalidAction", "UnsupportedOperation", "NotImplemented"})
+
+# Spot request status codes that mean the *provider* took the instance away (or is about to): an
+# interruption, as opposed to instance-terminated-by-user and friends.
+_INTERRUPTION_RE: Final = re.compile(
+    r"marked-for-(termination|stop|hibernation)"
+    r"|instance-(terminated|stopped|hibernated)-(by-price|no-capacity|capacity-oversubscribed|launch-group-constraint)"
+)
+_SPOT_STATE_REASONS: Final = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
+_ALIVE: Final = frozenset({"pending", "running"})
+_GONE: Final = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+# "User initiated (2019-05-15 13:21:48 GMT)" on AWS; moto writes "UTC".
+_TRANSITION_RE: Final = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+_FILTER_VALUES_MAX: Final = 200  # EC2 caps the values of one filter
+
+
+# --------------------------------------------------------------------------------------------- results
+
+
+class CollectError(RuntimeError):
+    """Collection cannot start at all (no credentials, no region); the message says how to fix it."""
+
+
+@dataclass
+class CollectResult:
+    """What one collect call did: rows written per table, per-call errors, unsupported calls.
+
+    A call listed in ``errors`` (throttled after botocore's retries, access denied, endpoint down) wrote
+    nothing; ``unsupported`` lists calls the endpoint does not implement (moto's placement scores).
+    """
+
+    rows_written: dict[str, int] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+# ----------------------------------------------------------------------------------------------- store
+
+
+def _utc(value: Any) -> pd.Timestamp:
+    ts = pd.Timestamp(value)
+    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
+
+
+def _now() -> pd.Timestamp:
+    return pd.Timestamp.now(tz="UTC")
+
+
+class TraceStore:
+    """Append-only Parquet tables on local disk, deduplicated by natural key on read.
+
+    Each :meth:`append` writes one new part file (temp file, fsync, rename), so a crash or a concurrent
+    reader never sees half a batch, and two collectors may append at once: rows both of them wrote are
+    merged by :meth:`read` (first written wins). Part files are never rewritten.
+    """
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+
+    def _dir(self, table: str) -> Path:
+        if table not in TABLES:
+            raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
+        return self.root / table
+
+    def parts(self, table: str) -> list[Path]:
+        """Committed part files of ``table``, oldest first (temp files of a write in progress excluded)."""
+        return sorted(self._dir(table).glob("part-*.parquet"))
+
+    def read(self, table: str) -> pd.DataFrame:
+        """All rows of ``table``, one per natural key (the first written), in write order."""
+        files = self.parts(table)  # validates the table name
+        spec = TABLES[table]
+        if not files:
+            return spec.schema.empty_table().to_pandas()
+        data = pa.concat_tables([pq.read_table(f, schema=spec.schema) for f in files])
+        df = data.to_pandas()
+        return df.drop_duplicates(subset=list(spec.key), keep="first").reset_index(drop=True)
+
+    def append(
+        self,
+        table: str,
+        rows: pd.DataFrame | Iterable[Mapping[str, Any]],
+        *,
+        skip_existing: bool = True,
+    ) -> int:
+        """Write ``rows`` as one new part file; returns the number of rows written.
+
+        Rows whose key is already stored are dropped first (``skip_existing``) so repeated collection
+        of the same window does not grow the store; :meth:`read` deduplicates anyway, which covers
+        concurrent writers that cannot see each other's batch.
+        """
+        directory = self._dir(table)
+        spec = TABLES[table]
+        df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
+        if df.empty:
+            return 0
+        missing = [c for c in spec.schema.names if c not in df.columns]
+        if missing:
+            raise ValueError(f"{table}: rows lack column(s) {', '.join(missing)}")
+        df = df[spec.schema.names]
+        for f in spec.schema:
+            if pa.types.is_timestamp(f.type):
+                df[f.name] = pd.to_datetime(df[f.name], utc=True)
+            elif pa.types.is_string(f.type):
+                df[f.name] = df[f.name].fillna("").astype(str)
+        # round-trip through the schema so the key comparison below sees exactly what read() returns
+        new = _to_arrow(df, spec.schema).to_pandas()
+        new = new.drop_duplicates(subset=list(spec.key), keep="first")
+        if skip_existing:
+            old = self.read(table)[list(spec.key)]
+            if not old.empty:
+                merged = new.merge(old.drop_duplicates(), on=list(spec.key), how="left", indicator=True)
+                new = new.loc[(merged["_merge"] == "left_only").to_numpy()]
+        if new.empty:
+            return 0
+        directory.mkdir(parents=True, exist_ok=True)
+        stamp = _now().strftime("%Y%m%dT%H%M%S%fZ")
+        final = directory / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
+        tmp = directory / f".tmp-{uuid.uuid4().hex}.parquet"
+        try:
+            pq.write_table(_to_arrow(new, spec.schema), tmp)
+            with open(tmp, "rb") as fh:
+                os.fsync(fh.fileno())
+            os.replace(tmp, final)  # atomic on POSIX and Windows: readers see all of the batch or none
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(directory)
+        return len(new)
+
+    # ------------------------------------------------------------------------- fleet trace export
+
+    def fleet_events(self, job_tag: str) -> pd.DataFrame:
+        """The job's fleet events, in time order."""
+        df = self.read("fleet_events")
+        df = df[df["job_tag"] == job_tag]
+        rank = df["event"].map({"add": 0, "remove": 1})
+        return df.assign(_rank=rank).sort_values(["timestamp", "_rank", "instance_id"]).drop(columns="_rank")
+
+    def _event_log(self, job_tag: str) -> tuple[pd.Timestamp, list[tuple[int, str, str]]]:
+        """Origin and a consistent ``(ms since origin, op, node)`` log of the job's fleet.
+
+        Collected events may repeat a state (two collectors both saw a removal, an interruption notice
+        followed by the termination) or remove an instance never seen alive; those are dropped here so the
+        log satisfies :func:`forecasting.traces.read_event_csv` (no add of a live node, no remove of a dead
+        one). At one instant an alive node is removed before it is re-added, a dead one added first.
+        """
+        df = self.fleet_events(job_tag)
+        if df.empty:
+            raise ValueError(f"no fleet events stored for job tag {job_tag!r} under {self.root}")
+        origin = _utc(df["timestamp"].iloc[0])
+        alive: set[str] = set()
+        log: list[tuple[int, str, str]] = []
+        records = zip(df["timestamp"], df["instance_id"], df["event"], strict=True)
+        for (ts, node), group in itertools.groupby(sorted(records, key=lambda r: (r[0], r[1])), key=lambda r: r[:2]):
+            ops = {op for _, _, op in group}
+            order = ("remove", "add") if node in alive else ("add", "remove")
+            ms = int((_utc(ts) - origin) // pd.Timedelta(milliseconds=1))
+            for op in order:
+                if op not in ops or (op == "add") == (node in alive):
+                    continue
+                (alive.add if op == "add" else alive.discard)(node)
+                log.append((ms, op, node))
+        return origin, log
+
+    def fleet_trace(self, job_tag: str) -> AvailabilityEvents:
+        """The collected fleet as :class:`AvailabilityEvents`, binned exactly like its event CSV.
+
+        Times are seconds since the first event, whose absolute time is ``start_time`` (the CSV written by
+        :meth:`export_event_csv` cannot carry it). The trace ends at the last change.
+        """
+        origin, log = self._event_log(job_tag)
+        times: list[int] = []
+        adds: list[int] = []
+        removes: list[int] = []
+        for ms, op, _ in log:
+            second = ms // 1000  # as read_event_csv: integer-divide ms to seconds
+            if not times or times[-1] != second:
+                times.append(second)
+                adds.append(0)
+                removes.append(0)
+            (adds if op == "add" else removes)[-1] += 1
+        a = np.asarray(adds, dtype=np.int64)
+        r = np.asarray(removes, dtype=np.int64)
+        return AvailabilityEvents(
+            times_s=np.asarray(times, dtype=np.float64),
+            adds=a,
+            removes=r,
+            counts=np.cumsum(a - r),
+            initial=0,
+            last_s=float(times[-1]),
+            start_time=origin,
+            name=job_tag,
+            source=str(self.root / "fleet_events"),
+            fmt="event-csv",
+        )
+
+    def export_event_csv(self, job_tag: str, path: str | os.PathLike[str]) -> Path:
+        """Write the job's fleet as a ``ts_ms,add|remove,node`` file for ``load_trace``; returns its path.
+
+        ``ts_ms`` counts from the first event (absolute epoch ms would make the loaders pad decades of
+        empty intervals); :meth:`fleet_trace` gives the absolute ``start_time``.
+        """
+        _, log = self._event_log(job_tag)
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            tmp.write_text("".join(f"{ms},{op},{node}\n" for ms, op, node in log), encoding="utf-8")
+            os.replace(tmp, out)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return out
+
+
+def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
+    """``df`` as an Arrow table of ``schema``, column by column.
+
+    Not ``pa.Table.from_pandas``: with pandas 3 it reads ``Series.values`` of tz-aware columns, which
+    warns (Pandas4Warning); batches are small, so Python lists cost nothing that matters.
+    """
+    return pa.Table.from_pydict({f.name: pa.array(df[f.name].tolist(), type=f.type) for f in schema}, schema=schema)
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make the rename durable (POSIX only; a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ----------------------------------------------------------------------------- fleet state machine
+
+
+@dataclass(frozen=True)
+class InstanceObservation:
+    """One instance as ``describe_instances`` showed it in one collection round."""
+
+    instance_id: str
+    region: str
+    state: str
+    launch_time: pd.Timestamp | None
+    instance_type: str = ""
+    az: str = ""
+    lifecycle: str = "on-demand"
+    spot_request_id: str = ""
+    state_reason: str = ""  # StateReason.Code, e.g. Server.SpotInstanceTermination
+    transition_time: pd.Timestamp | None = None  # parsed from StateTransitionReason
+
+    @classmethod
+    def from_api(cls, inst: Mapping[str, Any], region: str) -> InstanceObservation:
+        m = _TRANSITION_RE.search(inst.get("StateTransitionReason") or "")
+        launch = inst.get("LaunchTime")
+        return cls(
+            instance_id=inst["InstanceId"],
+            region=region,
+            state=inst.get("State", {}).get("Name", ""),
+            launch_time=_utc(launch) if launch is not None else None,
+            instance_type=inst.get("InstanceType", ""),
+            az=inst.get("Placement", {}).get("AvailabilityZone", ""),
+            lifecycle=inst.get("InstanceLifecycle") or "on-demand",
+            spot_request_id=inst.get("SpotInstanceRequestId") or "",
+            state_reason=(inst.get("StateReason") or {}).get("Code") or "",
+            transition_time=_utc(m.group(1)) if m else None,
+        )
+
+
+@dataclass(frozen=True)
+class Interruption:
+    """A spot request status that says the provider took (or is taking) the instance."""
+
+    code: str
+    time: pd.Timestamp | None
+
+
+def fleet_transitions(
+    observed: Sequence[InstanceObservation],
+    last_known: Mapping[str, Mapping[str, Any]],
+    interruptions: Mapping[str, Interruption],
+    *,
+    now: pd.Timestamp,
+    job_tag: str,
+    region: str,
+) -> list[dict[str, Any]]:
+    """New ``fleet_events`` rows: what changed since the last stored event of each instance.
+
+    Pure, so the transition rules are testable without AWS. ``last_known`` maps instance id to its last
+    stored row (of this job, any region). Rules:
+
+    * alive (pending/running, no interruption) and not known alive -> ``add`` at ``LaunchTime``
+      (stable across re-collection, so racing collectors write the same key); a restart since a stored
+      removal is added no earlier than that removal;
+    * alive, known alive, but ``LaunchTime`` after the stored add -> it stopped and restarted between two
+      rounds: ``remove`` and ``add`` at the new ``LaunchTime``;
+    * gone (shutting-down/stopping/stopped/terminated) or interrupted, and known alive or never seen ->
+      ``remove`` at the notice time, the time in ``StateTransitionReason``, or ``now``; an instance never
+      seen alive first gets its ``add`` at ``LaunchTime`` (it lived between two rounds);
+    * known alive in ``region`` but no longer listed -> ``remove`` at ``now`` (reason ``vanished``).
+    """
+    rows: list[dict[str, Any]] = []
+    now = _utc(now)
+
+    def row(base: Mapping[str, Any], event: str, ts: pd.Timestamp, state: str, reason: str) -> None:
+        rows.append(
+            {
+                "job_tag": job_tag,
+                "region": base["region"],
+                "instance_id": base["instance_id"],
+                "event": event,
+                "timestamp": ts,
+                "state": state,
+                "reason": reason,
+                "instance_type": base["instance_type"],
+                "az": base["az"],
+                "lifecycle": base["lifecycle"],
+                "spot_request_id": base["spot_request_id"],
+                "observed_at": now,
+            }
+        )
+
+    seen: set[str] = set()
+    for o in observed:
+        seen.add(o.instance_id)
+        base = {
+            "region": o.region,
+            "instance_id": o.instance_id,
+            "instance_type": o.instance_type,
+            "az": o.az,
+            "lifecycle": o.lifecycle,
+            "spot_request_id": o.spot_request_id,
+        }
+        last = last_known.get(o.instance_id)
+        last_event = last["event"] if last is not None else None
+        last_ts = _utc(last["timestamp"]) if last is not None else None
+        launch = o.launch_time if o.launch_time is not None else now
+        notice = interruptions.get(o.instance_id)
+        if notice is not None and notice.time is not None and o.launch_time is not None and o.launch_time > notice.time:
+            notice = None  # a persistent request's old status: the instance has been started again since
+        if o.state in _ALIVE and notice is None:
+            if last_event is None:
+                row(base, "add", launch, o.state, o.state)
+            elif last_event == "remove":
+                row(base, "add", max(launch, last_ts), o.state, "restarted")
+            elif launch > last_ts:
+                row(base, "remove", launch, o.state, "stopped-and-restarted-between-rounds")
+                row(base, "add", launch, o.state, "restarted")
+        elif o.state in _GONE or notice is not None:
+            if notice is not None:
+                when, reason = notice.time or now, notice.code
+            else:
+                when = o.transition_time or now
+                reason = o.state_reason or o.state
+                if o.state_reason in _SPOT_STATE_REASONS:
+                    reason = o.state_reason
+            if last_event is None or (last_event == "remove" and launch > last_ts):
+                row(base, "add", launch, "running", "launched-between-rounds")
+                row(base, "remove", max(when, launch), o.state, reason)
+            elif last_event == "add":
+                row(base, "remove", max(when, last_ts), o.state, reason)
+    for instance_id, last in last_known.items():
+        if instance_id in seen or last["event"] != "add" or last["region"] != region:
+            continue
+        notice = interruptions.get(instance_id)
+        when = (notice.time if notice and notice.time is not None else now)
+        reason = notice.code if notice else "vanished"
+        row(last, "remove", max(when, _utc(last["timestamp"])), "unknown", reason)
+    return rows
+
+
+def _last_known(events: pd.DataFrame) -> dict[str, dict[str, Any]]:
+    """Last stored event per instance (a removal wins over an add at the same instant)."""
+    if events.empty:
+        return {}
+    rank = events["event"].map({"add": 0, "remove": 1})
+    ordered = events.assign(_rank=rank).sort_values(["timestamp", "_rank"]).drop(columns="_rank")
+    last = ordered.groupby("instance_id", sort=False).tail(1)
+    return {r["instance_id"]: r for r in last.to_dict("records")}
+
+
+# ----------------------------------------------------------------------------------------- collector
+
+_T = TypeVar("_T")
+
+
+class _Failed:
+    """Marker returned by a guarded call that recorded an error instead of a value."""
+
+
+_FAILED: Final = _Failed()
+
+
+class SpotCollector:
+    """Records the job's fleet and the spot market of ``regions`` into a :class:`TraceStore`.
+
+    ``session``: a ``boto3.Session`` (default: a new one, i.e. the standard credential/region chain).
+    ``regions``: where to look (default: the session's region). ``store``: default
+    ``$PARCAE_TRACE_STORE``, else ``./trace-store``. ``endpoint_url``: send every EC2 call
+    there instead of the public endpoint (an interface VPC endpoint, or a local ``moto_server``).
+    ``max_attempts`` (tries per request, the first included; 1 disables retries) and ``retry_mode``
+    (``standard`` or ``adaptive``) configure botocore's retries; throttling is retried there, not here.
+    """
+
+    def __init__(
+        self,
+        session: boto3.Session | None = None,
+        regions: Sequence[str] | None = None,
+        instance_types: Sequence[str] = ("p3.2xlarge",),
+        job_tag: str = "parcae-job",
+        store: TraceStore | None = None,
+        *,
+        endpoint_url: str | None = None,
+        product_descriptions: Sequence[str] = ("Linux/UNIX",),
+        max_attempts: int = 8,
+        retry_mode: str = "standard",
+    ) -> None:
+        import boto3  # deferred: importing this module (for TraceStore) must not need boto3
+
+        self.session = session if session is not None else boto3.Session()
+        self.instance_types = tuple(instance_types)
+        self.job_tag = job_tag
+        self.store = store if store is not None else TraceStore(os.environ.get("PARCAE_TRACE_STORE", "trace-store"))
+        self.endpoint_url = endpoint_url
+        self.product_descriptions = tuple(product_descriptions)
+        self.max_attempts = int(max_attempts)
+        self.retry_mode = retry_mode
+        self._regions = tuple(regions) if regions else None
+        self._clients: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------------------- plumbing
+
+    @property
+    def regions(self) -> tuple[str, ...]:
+        """Regions to collect; the session's region when none were given."""
+        if self._regions:
+            return self._regions
+        region = self.session.region_name
+        if not region:
+            raise CollectError(_NO_REGION)
+        return (region,)
+
+    def client(self, region: str) -> Any:
+        """The EC2 client for ``region`` (cached; tests attach a ``botocore.stub.Stubber`` to it)."""
+        if region in self._clients:
+            return self._clients[region]
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ProfileNotFound
+
+        try:
+            credentials = self.session.get_credentials()
+        except ProfileNotFound as exc:
+            raise CollectError(f"{exc}. {_NO_CREDENTIALS}") from exc
+        except BotoCoreError as exc:  # e.g. a credential_process or SSO token that fails
+            raise CollectError(f"could not load AWS credentials: {exc}. {_NO_CREDENTIALS}") from exc
+        if credentials is None:
+            raise CollectError(_NO_CREDENTIALS)
+        config = Config(
+            # total_max_attempts counts the first try too; botocore's max_attempts counts only retries
+            retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},
+            connect_timeout=10,
+            read_timeout=60,
+            user_agent_extra="parcae-collector",
+        )
+        client = self.session.client("ec2", region_name=region, endpoint_url=self.endpoint_url, config=config)
+        self._clients[region] = client
+        return client
+
+    def _guarded(self, result: CollectResult, what: str, call: Callable[[], _T]) -> _T | _Failed:
+        """Run one API call (all its pages); turn AWS failures into entries of ``result``."""
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            NoCredentialsError,
+            PartialCredentialsError,
+        )
+        from botocore.parsers import ResponseParserError
+
+        try:
+            return call()
+        except (NoCredentialsError, PartialCredentialsError) as exc:
+            raise CollectError(f"{exc}. {_NO_CREDENTIALS}") from exc
+        except NotImplementedError as exc:  # moto in-process: the action is not emulated
+            result.unsupported.append(f"{what}: not supported by this endpoint ({exc})")
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            code, message = err.get("Code", "?"), err.get("Message", "")
+            attempts = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) + 1
+            if code in _UNSUPPORTED_CODES:
+                result.unsupported.append(f"{what}: not supported by this endpoint ({code}: {message})")
+            elif code in _THROTTLING_CODES:
+                result.errors.append(
+                    f"{what}: throttled ({code}) after {attempts} attempt(s), nothing written; "
+                    "collect again later or raise max_attempts / use retry_mode='adaptive'"
+                )
+            else:
+                result.errors.append(f"{what}: {code}: {message} (nothing written)")
+        except ResponseParserError as exc:
+            if self.endpoint_url:  # a non-AWS endpoint answered with something that is not EC2 XML
+                first = str(exc).splitlines()[0]
+                result.unsupported.append(f"{what}: not supported by this endpoint ({first})")
+            else:
+                result.errors.append(f"{what}: unparsable response: {exc} (nothing written)")
+        except BotoCoreError as exc:  # endpoint unreachable, timeouts, ...
+            result.errors.append(f"{what}: {exc} (nothing written)")
+        return _FAILED
+
+    @staticmethod
+    def _pages(client: Any, operation: str, **params: Any) -> Iterable[dict[str, Any]]:
+        return client.get_paginator(operation).paginate(**params)
+
+    # --------------------------------------------------------------------------------- fleet
+
+    def _describe_fleet(self, client: Any, region: str) -> list[InstanceObservation]:
+        filters = [{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.job_tag]}]
+        return [
+            InstanceObservation.from_api(inst, region)
+            for page in self._pages(client, "describe_instances", Filters=filters)
+            for reservation in page.get("Reservations", [])
+            for inst in reservation.get("Instances", [])
+        ]
+
+    def _interruptions(self, client: Any, instance_ids: Sequence[str]) -> dict[str, Interruption]:
+        """Interruption notices among the spot requests of ``instance_ids``.
+
+        Real EC2 keeps a request (with its status code) for a while after its instance is gone, which is
+        where ``marked-for-termination`` and ``instance-terminated-no-capacity`` show up.
+        """
+        found: dict[str, Interruption] = {}
+        for start in range(0, len(instance_ids), _FILTER_VALUES_MAX):
+            chunk = list(instance_ids[start : start + _FILTER_VALUES_MAX])
+            filters = [{"Name": "instance-id", "Values": chunk}]
+            for page in self._pages(client, "describe_spot_instance_requests", Filters=filters):
+                for req in page.get("SpotInstanceRequests", []):
+                    status = req.get("Status") or {}
+                    code = status.get("Code") or ""
+                    if not req.get("InstanceId") or not _INTERRUPTION_RE.fullmatch(code):
+                        continue
+                    when = _utc(status["UpdateTime"]) if status.get("UpdateTime") else None
+                    prev = found.get(req["InstanceId"])
+                    if prev is None or (when is not None and (prev.time is None or when > prev.time)):
+                        found[req["InstanceId"]] = Interruption(code, when)
+        return found
+
+    def collect_fleet(self, *, now: datetime | None = None) -> CollectResult:
+        """Record state transitions of the job's instances since the last round (see :func:`fleet_transitions`).
+
+        Per region, ``describe_instances`` and ``describe_spot_instance_requests`` must both succeed or the
+        region contributes nothing (a removal without its interruption code would be recorded wrongly for
+        good). ``now`` is the observation time (default: the clock).
+        """
+        result = CollectResult(rows_written={"fleet_events": 0})
+        observed_at = _utc(now) if now is not None else _now()
+        last = _last_known(self.store.fleet_events(self.job_tag))
+        rows: list[dict[str, Any]] = []
+        for region in self.regions:
+            client = self.client(region)
+            observed = self._guarded(
+                result, f"describe_instances[{region}]", lambda: self._describe_fleet(client, region)
+            )
+            if isinstance(observed, _Failed):
+                continue
+            ids = {o.instance_id for o in observed if o.lifecycle == "spot"}
+            ids |= {
+                i for i, r in last.items() if r["region"] == region and r["event"] == "add" and r["lifecycle"] == "spot"
+            }
+            notices: dict[str, Interruption] | _Failed = {}
+            if ids:
+                notices = self._guarded(
+                    result,
+                    f"describe_spot_instance_requests[{region}]",
+                    lambda: self._interruptions(client, sorted(ids)),
+                )
+            if isinstance(notices, _Failed):
+                continue
+            rows += fleet_transitions(
+                observed, last, notices, now=observed_at, job_tag=self.job_tag, region=region
+            )
+        result.rows_written["fleet_events"] = self.store.append("fleet_events", rows)
+        return result
+
+    # -------------------------------------------------------------------------------- market
+
+    def collect_prices(self, start: datetime, end: datetime) -> CollectResult:
+        """Record spot price history of ``instance_types`` in ``[start, end]`` (all pages, every region)."""
+        start_ts, end_ts = _utc(start), _utc(end)
+        if not start_ts < end_ts:
+            raise ValueError(f"empty price window: start {start_ts} is not before end {end_ts}")
+        result = CollectResult(rows_written={"spot_prices": 0})
+        observed_at = _now()
+        rows: list[dict[str, Any]] = []
+
+        def fetch(client: Any, region: str) -> list[dict[str, Any]]:
+            pages = self._pages(
+                client,
+                "describe_spot_price_history",
+                InstanceTypes=list(self.instance_types),
+                ProductDescriptions=list(self.product_descriptions),
+                StartTime=start_ts.to_pydatetime(),
+                EndTime=end_ts.to_pydatetime(),
+            )
+            return [
+                {
+                    "region": region,
+                    "instance_type": p["InstanceType"],
+                    "az": p.get("AvailabilityZone", ""),
+                    "product": p.get("ProductDescription", ""),
+                    "timestamp": _utc(p["Timestamp"]),
+                    "price": float(p["SpotPrice"]),
+                    "observed_at": observed_at,
+                }
+                for page in pages
+                for p in page.get("SpotPriceHistory", [])
+            ]
+
+        for region in self.regions:
+            client = self.client(region)
+            got = self._guarded(result, f"describe_spot_price_history[{region}]", lambda: fetch(client, region))
+            if not isinstance(got, _Failed):
+                rows += got
+        result.rows_written["spot_prices"] = self.store.append("spot_prices", rows)
+        return result
+
+    def collect_placement_scores(self, target_capacity: int, *, single_az: bool = False) -> CollectResult:
+        """Record spot placement scores (1-10) of ``instance_types`` for ``target_capacity`` instances.
+
+        One call covers all ``regions`` (``RegionNames``), issued from the first. AWS advises at least three
+        instance types; with fewer the score is always low. Endpoints without the action (moto) yield an
+        ``unsupported`` entry and no rows.
+        """
+        if isinstance(target_capacity, bool) or int(target_capacity) != target_capacity or target_capacity < 1:
+            raise ValueError(f"target_capacity must be a positive integer, got {target_capacity!r}")
+        result = CollectResult(rows_written={"placement_scores": 0})
+        regions = self.regions
+        client = self.client(regions[0])
+        asked_at = _now()
+        types = ",".join(sorted(self.instance_types))
+
+        def fetch() -> list[dict[str, Any]]:
+            pages = self._pages(
+                client,
+                "get_spot_placement_scores",
+                InstanceTypes=list(self.instance_types),
+                TargetCapacity=int(target_capacity),
+                SingleAvailabilityZone=single_az,
+                RegionNames=list(regions),
+            )
+            return [
+                {
+                    "region": s.get("Region", ""),
+                    "az_id": s.get("AvailabilityZoneId", ""),
+                    "instance_types": types,
+                    "target_capacity": int(target_capacity),
+                    "single_az": single_az,
+                    "score": int(s["Score"]),
+                    "timestamp": asked_at,
+                }
+                for page in pages
+                for s in page.get("SpotPlacementScores", [])
+            ]
+
+        got = self._guarded(result, f"get_spot_placement_scores[{regions[0]}]", fetch)
+        if not isinstance(got, _Failed):
+            result.rows_written["placement_scores"] = self.store.append("placement_scores", got)
+        return result
