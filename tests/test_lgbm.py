@@ -1,0 +1,203 @@
+"""Tests for forecasting.lgbm (LightGbmForecaster) and forecasting.corpus (its training traces).
+
+Synthetic series with a known answer, small boosters so the file runs in seconds. Corpus tests that
+read ../shared/traces skip when it is absent.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from forecasting import traces as T
+from forecasting.corpus import DUPLICATES, training_corpus
+from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES
+from forecasting.forecast import Forecast, Forecaster
+from forecasting.lgbm import LightGbmForecaster, _sample_budget
+from forecasting.traces import COLUMNS
+
+SHARED_PRESENT = T.shared_traces_dir().is_dir()
+needs_shared = pytest.mark.skipif(not SHARED_PRESENT, reason="shared traces not present")
+
+FAST = dict(n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
+
+
+def table_from_counts(counts: np.ndarray, capacity: int, initial: int | None = None) -> pd.DataFrame:
+    """Canonical table whose n_in/n_out are the net positive/negative changes of ``counts``."""
+    avail = np.asarray(counts, dtype=np.int64)
+    prev = np.concatenate([[avail[0] if initial is None else initial], avail[:-1]])
+    delta = avail - prev
+    n = len(avail)
+    df = pd.DataFrame(
+        {
+            "interval": np.arange(n, dtype=np.int64),
+            "start_s": np.arange(n, dtype=np.float64) * 60.0,
+            "start_time": pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]"),
+            "prev_available": prev,
+            "n_in": np.maximum(delta, 0),
+            "n_out": np.maximum(-delta, 0),
+            "available": avail,
+            "capacity": np.full(n, capacity, dtype=np.int64),
+        },
+        columns=list(COLUMNS),
+    )
+    df.attrs = {"name": "synthetic", "source": "test", "interval_s": 60.0, "capacity": capacity, "format": "test"}
+    return df
+
+
+PERIOD, DROP_AT, DROP_LEN = 20, 12, 3
+
+
+def periodic(periods: int, capacity: int = 10, low: int = 7) -> pd.DataFrame:
+    """Full cluster except a drop to ``low`` at phases DROP_AT..DROP_AT+DROP_LEN-1 of every period."""
+    phase = np.arange(periods * PERIOD) % PERIOD
+    counts = np.where((phase >= DROP_AT) & (phase < DROP_AT + DROP_LEN), low, capacity)
+    return table_from_counts(counts, capacity)
+
+
+def random_walk(n: int, capacity: int, seed: int) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    steps = rng.choice([-2, -1, 0, 0, 0, 0, 1, 2], size=n)
+    counts = np.clip(capacity + np.cumsum(steps), 0, capacity)
+    return table_from_counts(counts, capacity)
+
+
+@pytest.fixture(scope="module")
+def walk_model() -> LightGbmForecaster:
+    return LightGbmForecaster(horizon_max=6, seed=3, **FAST).fit(
+        [random_walk(600, 16, seed=1), random_walk(400, 8, seed=2)]
+    )
+
+
+# ----------------------------------------------------------------------------------- known answers
+
+
+def test_constant_series_gives_constant_median_and_zero_width() -> None:
+    flat = table_from_counts(np.full(300, 8), capacity=10)
+    f = LightGbmForecaster(horizon_max=5, **FAST).fit([flat]).predict(flat.iloc[:200], 5)
+    assert isinstance(f, Forecast)
+    assert f.last_available == 8 and f.capacity == 10
+    np.testing.assert_allclose(f.point, 8.0, atol=1e-6)
+    np.testing.assert_allclose(f.quantiles[0.9] - f.quantiles[0.1], 0.0, atol=1e-6)
+    assert np.all(f.preemption_prob < 0.01)
+
+
+def test_periodic_drop_is_predicted_at_the_right_step() -> None:
+    model = LightGbmForecaster(horizon_max=8, **{**FAST, "n_estimators": 150}).fit([periodic(40)])
+    test = periodic(3)
+    for lead in (1, 3, 5, 8):  # the drop begins ``lead`` intervals after the origin
+        origin = PERIOD + DROP_AT - lead
+        f = model.predict(test.iloc[: origin + 1], 8)
+        expected = test["available"].to_numpy()[origin + 1 : origin + 9]
+        np.testing.assert_allclose(f.point, expected, atol=0.5, err_msg=f"lead {lead}")
+        assert f.preemption_prob[lead - 1] > 0.8, f"lead {lead}: {f.preemption_prob}"
+        others = np.delete(f.preemption_prob, lead - 1)
+        assert np.all(others < 0.2), f"lead {lead}: {f.preemption_prob}"
+
+
+# ----------------------------------------------------------------------------------- contract
+
+
+def test_implements_the_forecaster_protocol(walk_model: LightGbmForecaster) -> None:
+    assert isinstance(walk_model, Forecaster)
+    assert walk_model.feature_names == (*FEATURE_NAMES, *STEP_FEATURE_NAMES)
+    assert set(walk_model.models) == {"q0.1", "q0.5", "q0.9", "preempt"}
+    assert walk_model.n_train_rows > 0
+
+
+def test_quantiles_ordered_and_clipped_to_capacity(walk_model: LightGbmForecaster) -> None:
+    table = random_walk(300, 16, seed=9)
+    for f in walk_model.predict_many(table, range(0, 300, 7), 6):
+        lo, mid, hi = f.quantiles[0.1], f.quantiles[0.5], f.quantiles[0.9]
+        assert np.all(lo <= mid) and np.all(mid <= hi)
+        assert np.all(lo >= 0) and np.all(hi <= 16)
+        np.testing.assert_array_equal(f.point, mid)
+        assert np.all((f.preemption_prob >= 0) & (f.preemption_prob <= 1))
+        assert len(f.events) == 6
+
+
+def test_predict_many_equals_predict_on_prefixes(walk_model: LightGbmForecaster) -> None:
+    table = random_walk(200, 16, seed=4)
+    batch = walk_model.predict_many(table, [10, 99, 199], 4)
+    for t, f in zip([10, 99, 199], batch):
+        one = walk_model.predict(table.iloc[: t + 1], 4)
+        np.testing.assert_array_equal(one.point, f.point)
+        np.testing.assert_array_equal(one.preemption_prob, f.preemption_prob)
+
+
+def test_same_seed_same_predictions() -> None:
+    data = [random_walk(500, 16, seed=1), random_walk(300, 8, seed=2)]
+    probe = random_walk(120, 16, seed=5)
+    # max_rows forces the seeded origin subsample into play
+    a = LightGbmForecaster(horizon_max=4, seed=11, max_rows=1200, **FAST).fit(data).predict(probe, 4)
+    b = LightGbmForecaster(horizon_max=4, seed=11, max_rows=1200, **FAST).fit(data).predict(probe, 4)
+    for q in a.quantiles:
+        np.testing.assert_array_equal(a.quantiles[q], b.quantiles[q])
+    np.testing.assert_array_equal(a.preemption_prob, b.preemption_prob)
+
+
+def test_bytes_and_directory_round_trips_predict_identically(walk_model: LightGbmForecaster, tmp_path) -> None:
+    table = random_walk(250, 16, seed=6)
+    origins = list(range(0, 250, 11))
+    want = walk_model.predict_many(table, origins, 6)
+    blob = walk_model.to_bytes()
+    assert blob.lstrip().startswith(b"{")  # JSON, not a pickle
+    for loaded in (LightGbmForecaster.from_bytes(blob), LightGbmForecaster.load(walk_model.save(tmp_path / "m"))):
+        assert loaded.get_params() == walk_model.get_params()
+        got = loaded.predict_many(table, origins, 6)
+        for a, b in zip(want, got):
+            for q in a.quantiles:
+                np.testing.assert_array_equal(a.quantiles[q], b.quantiles[q])
+            np.testing.assert_array_equal(a.preemption_prob, b.preemption_prob)
+    assert (tmp_path / "m" / "meta.json").is_file() and (tmp_path / "m" / "q0.5.txt").is_file()
+
+
+def test_errors_a_user_can_act_on(walk_model: LightGbmForecaster) -> None:
+    table = random_walk(50, 16, seed=1)
+    with pytest.raises(RuntimeError, match="fit"):
+        LightGbmForecaster().predict(table, 3)
+    with pytest.raises(ValueError, match="horizon_max"):
+        walk_model.predict(table, 7)
+    with pytest.raises(ValueError, match="0.5"):
+        LightGbmForecaster(quantiles=(0.1, 0.9))
+    with pytest.raises(ValueError, match="not a saved"):
+        LightGbmForecaster.from_bytes(b'{"format": "other"}')
+
+
+def test_sample_budget_water_fills() -> None:
+    assert _sample_budget([100, 5000, 5000], 3000) == [100, 1450, 1450]
+    assert _sample_budget([10, 20], 1000) == [10, 20]
+    assert sum(_sample_budget([7, 9000, 30000, 12], 2000)) == 2000
+
+
+# ----------------------------------------------------------------------------------- corpus
+
+
+def test_corpus_without_shared_is_the_bundled_traces(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("PARCAE_SHARED_TRACES", str(tmp_path / "absent"))
+    assert list(training_corpus()) == ["p3", "gcp-v100"]
+    assert list(training_corpus(exclude=("p3",))) == ["gcp-v100"]
+    capped = training_corpus(max_intervals=500)
+    assert all(len(t) == 500 for t in capped.values())
+    full = training_corpus()
+    pd.testing.assert_frame_equal(
+        capped["gcp-v100"], full["gcp-v100"].iloc[-500:].reset_index(drop=True)
+    )  # the most recent intervals
+
+
+@needs_shared
+def test_shared_corpus_has_no_copies_one_node_or_flat_traces() -> None:
+    corpus = training_corpus(exclude=("p3",))  # one load of every trace: the slowest test here
+    assert corpus and "p3" not in corpus
+    assert not set(corpus) & DUPLICATES
+    assert not any(name.endswith("-scaled") for name in corpus)
+    p3 = T.load_trace("p3")["available"].to_numpy().tobytes()
+    fingerprints = set()
+    for name, table in corpus.items():
+        assert table.attrs["capacity"] >= 4, name
+        assert np.any(np.diff(table["available"].to_numpy()) != 0), name
+        assert len(table) <= 20_000, name
+        fingerprints.add(table["available"].to_numpy().tobytes())
+    assert len(fingerprints) == len(corpus)  # no two copies of one trace
+    assert p3 not in fingerprints  # no copy of the held-out trace under another name
