@@ -32,7 +32,9 @@ class Forecast:
 
     ``point[h]`` and ``quantiles[q][h]`` are the available instances during future interval h (0-based),
     clipped to [0, capacity]; quantile arrays are non-decreasing in q at every h. ``preemption_prob[h]``
-    is P(at least one instance is preempted during future interval h).
+    is P(at least one instance is preempted during future interval h). ``preemption_size``, when known,
+    is the expected number of instances lost in an interval that has a preemption; the planner's
+    per-interval law then comes from the hazard (`events_from_hazard`), otherwise from the quantiles.
     """
 
     model: str
@@ -42,6 +44,7 @@ class Forecast:
     quantiles: Mapping[float, np.ndarray]
     preemption_prob: np.ndarray
     events: tuple[tuple[tuple[int, int, float], ...], ...] = field(default=())
+    preemption_size: float | None = None
 
     def __post_init__(self) -> None:
         h = len(self.point)
@@ -53,8 +56,12 @@ class Forecast:
             if np.any(self.quantiles[lo] > self.quantiles[hi] + 1e-9):
                 raise ValueError(f"{self.model}: quantiles {lo} and {hi} cross")
         if not self.events:
-            object.__setattr__(self, "events", events_from_quantiles(self.last_available, self.point,
-                                                                     self.quantiles, self.capacity))
+            if self.preemption_size is not None:
+                events = events_from_hazard(self.last_available, self.point, self.preemption_prob,
+                                            self.preemption_size, self.capacity)
+            else:
+                events = events_from_quantiles(self.last_available, self.point, self.quantiles, self.capacity)
+            object.__setattr__(self, "events", events)
 
     @property
     def horizon(self) -> int:
@@ -138,6 +145,43 @@ def events_from_quantiles(
         laws.append(_normalise(tuple(law)))
         prev = int(np.clip(round(float(point[h])), 0, capacity))
     return tuple(laws)
+
+
+def events_from_hazard(
+    last: int, point: np.ndarray, preemption_prob: np.ndarray, preemption_size: float, capacity: int
+) -> tuple[tuple[tuple[int, int, float], ...], ...]:
+    """Per interval, the point path's own change, and with probability ``preemption_prob[h]`` a loss.
+
+    Quantiles describe where N may be *after h intervals*; using their spread as the law of every single
+    interval would tell the planner that each minute brings a change with high probability. The
+    interval's own risk is the hazard of a preemption, so the law is two outcomes: follow the point path,
+    or also lose ``preemption_size`` instances (rounded, at least 1) that interval.
+    """
+    size = max(1, int(round(preemption_size)))
+    laws = []
+    prev = int(last)
+    for h in range(len(point)):
+        nxt = int(np.clip(round(float(point[h])), 0, capacity))
+        p = float(np.clip(preemption_prob[h], 0.0, 1.0))
+        law = []
+        for target, w in ((nxt, 1.0 - p), (max(nxt - size, 0), p)):
+            if w <= 0:
+                continue
+            delta = target - prev
+            law.append((max(delta, 0), max(-delta, 0), w))
+        laws.append(_normalise(tuple(law)))
+        prev = nxt
+    return tuple(laws)
+
+
+def recent_preemption_size(n_out: np.ndarray, window: int = 60) -> float:
+    """Mean instances lost per preemption over the last ``window`` intervals (whole history if none; 1 if never)."""
+    n_out = np.asarray(n_out)
+    for part in (n_out[-window:], n_out):
+        hits = part[part > 0]
+        if len(hits):
+            return float(hits.mean())
+    return 1.0
 
 
 def _merge(outcomes: dict[int, float], k: int) -> dict[int, float]:

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES, features_at, stack_steps, targets
-from forecasting.forecast import QUANTILES, Forecast
+from forecasting.forecast import QUANTILES, Forecast, recent_preemption_size
 
 __all__ = ["LightGbmForecaster", "TrainingRows"]
 
@@ -253,6 +253,7 @@ class LightGbmForecaster:
         levels = np.clip(np.sort(levels, axis=0), 0.0, c)
         prob = np.clip(self._boosters[_PREEMPT].predict(X).reshape(len(idx), horizon), 0.0, 1.0)
         median = self.quantiles.index(0.5)
+        n_out = table["n_out"].to_numpy()
         out = []
         for j in range(len(idx)):
             qs = {q: levels[i, j].copy() for i, q in enumerate(self.quantiles)}
@@ -264,6 +265,7 @@ class LightGbmForecaster:
                     point=levels[median, j].copy(),
                     quantiles=qs,
                     preemption_prob=prob[j].copy(),
+                    preemption_size=recent_preemption_size(n_out[: idx[j] + 1]),
                 )
             )
         return out

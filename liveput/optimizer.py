@@ -140,7 +140,9 @@ def plan(
         reach = np.zeros((n, n))
         lo = np.zeros((n, n))
         hi = np.zeros((n, n))
+        fb = np.zeros((n, n))
         for i in live:
+            fb[i, :n_t] = store.fallback(f, states[i], targets, T)
             if exhaustive:
                 o = store.mixed(f, states[i], targets)
                 reach[i, :n_t], lo[i, :n_t], hi[i, :n_t] = o.reach, o.cost_ms, o.cost_ms
@@ -165,10 +167,10 @@ def plan(
         r_ub = T * q - tot_lo / 1000.0
         r_lb = T * q - tot_hi / 1000.0
         valid = q > 0
-        ub = np.where(valid & (r_ub >= 0), val[:, None] + thr_a[None, :] * np.maximum(r_ub, 0.0), -np.inf)
+        fb_r = fb[st]
+        ub = np.where(valid & (r_ub >= 0), val[:, None] + thr_a[None, :] * np.maximum(r_ub, 0.0) + fb_r, -np.inf)
         by_ub = np.argsort(-ub, axis=0, kind="stable")  # ties: lower row first, as a full argmax would
         may_migrate = valid & (r_lb < 0)
-        by_val = np.argsort(-val, kind="stable")
 
         def useful(row: int, t: int) -> float:
             c = cost(int(st[row]), t)
@@ -186,7 +188,7 @@ def plan(
                 r = useful(int(row), t)
                 if r < 0:
                     continue
-                v = val[row] + thr_a[t] * r
+                v = val[row] + thr_a[t] * r + fb_r[row, t]
                 if v > best_val or (v == best_val and row < best_row):
                     best_val, best_row = v, int(row)
             if best_row >= 0:
@@ -194,8 +196,10 @@ def plan(
             # migrating state: Pareto labels (more samples, less leftover), above the normal value
             kept: list[tuple[float, float, int]] = []
             min_left = np.inf
-            for row in by_val[may_migrate[by_val, t]]:
-                if val[row] <= best_val:
+            mval = val + fb_r[:, t]
+            by_mval = np.argsort(-mval, kind="stable")
+            for row in by_mval[may_migrate[by_mval, t]]:
+                if mval[row] <= best_val:
                     break  # the normal state reaches t with at least as many samples and no leftover
                 left_lb = max(0.0, -1000.0 * r_ub[row, t])
                 if left_lb >= min_left:
@@ -205,9 +209,9 @@ def plan(
                     continue
                 lf = -1000.0 * r
                 if lf < min_left:
-                    if kept and kept[-1][0] == val[row]:
+                    if kept and kept[-1][0] == mval[row]:
                         kept.pop()  # same samples, less leftover
-                    kept.append((float(val[row]), lf, int(row)))
+                    kept.append((float(mval[row]), lf, int(row)))
                     min_left = lf
             for v, lf, row in kept:
                 nxt.add(t, 1, v, lf, row)

@@ -138,6 +138,7 @@ class ScenarioStore:
         self._restart, self._transfer, self._pipe_ms, self._base, self._uppers = static
         self._pks: dict[tuple[int, int, int], np.ndarray] = {}
         self._pairs: dict[tuple, tuple[float, float, np.ndarray]] = {}
+        self._fallbacks: dict[tuple, np.ndarray] = {}
 
     def targets(self, max_instances: int) -> tuple[Strategy, ...]:
         """Feasible strategies using at most ``max_instances``, in the profile's order."""
@@ -147,7 +148,7 @@ class ScenarioStore:
 
     def clear(self) -> None:
         """Forget every cached scenario (the static model tables stay)."""
-        for cache in (self._cond, self._pipe, self._keys, self._pks, self._pairs):
+        for cache in (self._cond, self._pipe, self._keys, self._pks, self._pairs, self._fallbacks):
             cache.clear()
 
     # -- public ----------------------------------------------------------------------------------------
@@ -268,6 +269,39 @@ class ScenarioStore:
         spec = self.cost.spec
         miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
         return self._pipeline_ms(d, p, miss0, self._add(D, P, d, p, 0))
+
+    def fallback(self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy], interval_s: float) -> np.ndarray:
+        """Samples credited, per target, to the scenarios in which that target is unreachable.
+
+        The paper's liveput counts an unreachable target as training nothing. A running job instead falls
+        back to the best strategy it can reach (the runtime reacts to the preemption), so a wide forecast
+        would make the plan needlessly timid. For each scenario we credit the best reachable strategy's
+        samples with its migration cost's *upper* bound (`bounds`): a conservative credit that only
+        depends on the predecessor, so the search stays exact for it. Zero for point forecasts.
+        """
+        key = (forecast, current, tuple(targets), interval_s)
+        hit = self._fallbacks.get(key)
+        if hit is not None:
+            return hit
+        D, P = current
+        n = max(forecast.prev_available, D * P)
+        tk = tuple(targets)
+        need = np.array([d * p for d, p in tk])
+        thr = np.array([self.profile.throughput(d, p) for d, p in tk])
+        out = np.zeros(len(tk))
+        if len(forecast.events) > 1:
+            base = self.bounds(IntervalForecast.point(forecast.prev_available), current, tk)[1]
+            for n_in, n_out, w in forecast.events:
+                alive = n + n_in - n_out
+                if np.all(need <= alive):
+                    continue
+                kmax = min(D * P, n_out)
+                hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
+                ok = need <= alive
+                best = float(np.max(np.where(ok, thr * np.maximum(0.0, interval_s - hi / 1000.0), 0.0), initial=0.0))
+                out += w * (need > alive) * best
+        self._fallbacks[key] = out
+        return out
 
     def _upper(self, current: Strategy, targets: tuple[Strategy, ...], kmax: int, base: np.ndarray) -> np.ndarray:
         key = (current, targets, kmax)

@@ -8,7 +8,10 @@ for every sequence of targets (IDLE included), with per-step reach q and expecte
   c > 0, else the carried leftover;
 - r = T*q - total/1000; r >= 0 trains thr(target)*r and ends normal, r < 0 trains nothing and carries
   -1000*r ms;
-- IDLE is always reachable (q = 1), costs nothing (c = 0) and trains nothing.
+- IDLE is always reachable (q = 1), costs nothing (c = 0) and trains nothing;
+- a target unreachable in some scenarios of the interval's law is credited
+  ``store.fallback(forecast_j, previous strategy, targets, T)`` — what the job trains after falling back
+  in those scenarios — whether or not its own migration spills over.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ def _targets(store: ScenarioStore, forecast) -> list:
 
 def _step(store, f, prev, target, migrating, leftover, T, targets):
     """One interval of the accounting rule: (samples, migrating, leftover, q, c) or None if unreachable."""
+    credit = 0.0
     if target == IDLE:
         q, c, thr, rc = 1.0, 0.0, 0.0, 0.0
     else:
@@ -42,14 +46,15 @@ def _step(store, f, prev, target, migrating, leftover, T, targets):
             return None
         thr = store.profile.throughput(*target)
         rc = store.cost.concurrent_restart_ms(*target)
+        credit = float(store.fallback(f, prev, targets, T)[targets.index(target)])
     if migrating:
         total = c + rc if c > 0 else leftover
     else:
         total = c
     r = T * q - total / 1000.0
     if r >= 0:
-        return thr * r, False, 0.0, q, c
-    return 0.0, True, -1000.0 * r, q, c
+        return thr * r + credit, False, 0.0, q, c
+    return credit, True, -1000.0 * r, q, c
 
 
 def replay(store, forecast, current: JobState, seq, T):
