@@ -1,0 +1,181 @@
+"""Scripted reconfiguration events: what happens to the job at which step (a perfect forecast, for tests and demos).
+
+Owns: the schedule format, its parsing with errors a user can act on (file, event index, field), and the grouping
+of the events of one step into one reconfiguration. Must not touch: processes, stores, strategies' feasibility
+(that depends on the model and on who is alive: `trainer.coordinator.check_schedule`).
+
+Format: a JSON list of objects, each with a `step` (the reconfiguration takes effect *before* that step runs, at the
+boundary between step-1 and step) and a `kind`:
+
+  {"step": 3, "kind": "plan", "strategy": [D, P]}         switch to D x P (proactive migration)
+  {"step": 4, "kind": "add", "workers": 1}                 new instances become available (they join as standby)
+  {"step": 5, "kind": "preempt", "instances": [2], "notice": true}
+                                                           instances (worker ids) are preempted with notice: they
+                                                           stay alive until the boundary, hand off state, then exit
+  {"step": 6, "kind": "kill", "instances": [1]}            preemption *without* notice — not supported yet
+
+Events of the same step form one reconfiguration (an `EventGroup`): e.g. a preemption plus the plan that absorbs it,
+as the reference's trace replay writes `failures` and the plan for the same step (reference §D.4). Worker ids are
+0..workers-1 for the initial instances, then numbered on in order of the `add` events.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+KINDS = ("plan", "add", "preempt", "kill")
+_FIELDS = {
+    "plan": {"step", "kind", "strategy"},
+    "add": {"step", "kind", "workers"},
+    "preempt": {"step", "kind", "instances", "notice"},
+    "kill": {"step", "kind", "instances", "notice"},
+}
+
+
+class EventError(ValueError):
+    """A schedule that cannot be used; the message names the source, the event index and the field."""
+
+
+@dataclass(frozen=True)
+class Event:
+    """One scripted event (see the module docstring for the fields of each kind)."""
+
+    step: int
+    kind: str
+    strategy: tuple[int, int] | None = None
+    workers: int = 0
+    instances: tuple[int, ...] = ()
+    notice: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"step": self.step, "kind": self.kind}
+        if self.kind == "plan":
+            d["strategy"] = list(self.strategy or ())
+        elif self.kind == "add":
+            d["workers"] = self.workers
+        else:
+            d["instances"] = list(self.instances)
+            d["notice"] = self.notice
+        return d
+
+
+@dataclass(frozen=True)
+class EventGroup:
+    """The events of one step, merged: one reconfiguration at the boundary before `step`."""
+
+    step: int
+    strategy: tuple[int, int] | None = None  # the plan, if any
+    add: int = 0  # new instances
+    preempt: tuple[int, ...] = ()  # worker ids preempted (with notice)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _parse_one(raw: Any, where: str) -> Event:
+    def fail(field: str, msg: str) -> EventError:
+        return EventError(f"{where}: field {field!r}: {msg}")
+
+    if not isinstance(raw, Mapping):
+        raise EventError(f"{where}: expected an object like {{\"step\": 3, \"kind\": \"plan\", ...}}, got {raw!r}")
+    kind = raw.get("kind")
+    if kind is None:
+        raise fail("kind", f"missing; expected one of {', '.join(KINDS)}")
+    if kind not in KINDS:
+        raise fail("kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+    unknown = sorted(set(raw) - _FIELDS[kind])
+    if unknown:
+        raise fail(unknown[0], f"not a field of a {kind!r} event (fields: {', '.join(sorted(_FIELDS[kind]))})")
+    step = raw.get("step")
+    if step is None:
+        raise fail("step", "missing")
+    if not _is_int(step) or step < 1:
+        raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {step!r}")
+    if kind == "plan":
+        s = raw.get("strategy")
+        if s is None:
+            raise fail("strategy", "missing; a plan needs \"strategy\": [D, P]")
+        pair = isinstance(s, Sequence) and not isinstance(s, str) and len(s) == 2
+        if not pair or not all(_is_int(v) and v >= 1 for v in s):
+            raise fail("strategy", f"expected [D, P] with two integers >= 1, got {s!r}")
+        return Event(step, kind, strategy=(int(s[0]), int(s[1])))
+    if kind == "add":
+        n = raw.get("workers")
+        if n is None:
+            raise fail("workers", "missing; an add needs \"workers\": n")
+        if not _is_int(n) or n < 1:
+            raise fail("workers", f"expected an integer >= 1, got {n!r}")
+        return Event(step, kind, workers=n)
+    ids = raw.get("instances")
+    if ids is None:
+        raise fail("instances", f"missing; a {kind} needs \"instances\": [worker ids]")
+    if not isinstance(ids, Sequence) or isinstance(ids, str) or not ids or not all(_is_int(v) and v >= 0 for v in ids):
+        raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {ids!r}")
+    if len(set(ids)) != len(ids):
+        raise fail("instances", f"worker ids repeat: {list(ids)!r}")
+    notice = raw.get("notice", kind == "preempt")
+    if not isinstance(notice, bool):
+        raise fail("notice", f"expected true or false, got {notice!r}")
+    if kind == "kill" or not notice:
+        # A kill leaves survivors blocked in a collective with a dead peer and can lose the last copy of a stage;
+        # recovering needs abandon-and-regroup (stack.md §4e, way 3) and a checkpoint fallback. Not built yet.
+        raise fail("kind" if kind == "kill" else "notice",
+                   "preemption without notice ('kill') is not supported yet; use {\"kind\": \"preempt\", "
+                   "\"notice\": true}")  # fmt: skip
+    return Event(step, "preempt", instances=tuple(int(v) for v in ids), notice=True)
+
+
+def parse_events(raw: Any, source: str = "<events>") -> list[Event]:
+    """Parse a decoded JSON schedule (a list of event objects, or `Event`s) into events sorted by step (stable)."""
+    if isinstance(raw, (str, bytes)) or not isinstance(raw, Iterable) or isinstance(raw, Mapping):
+        raise EventError(f"{source}: expected a JSON list of events, got {type(raw).__name__}")
+    events = [
+        item if isinstance(item, Event) else _parse_one(item, f"{source}: event {i}") for i, item in enumerate(raw)
+    ]
+    return sorted(events, key=lambda e: e.step)
+
+
+def load_events(path: str | os.PathLike[str]) -> list[Event]:
+    """Read and parse a schedule file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise EventError(f"{path}: cannot read the schedule ({e.strerror})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise EventError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    return parse_events(raw, str(path))
+
+
+def group_events(events: Iterable[Event], source: str = "<events>") -> list[EventGroup]:
+    """Merge the events of each step into one `EventGroup`, in step order.
+
+    At most one plan per step; adds add up; a worker cannot be preempted twice in the same step.
+    """
+    by_step: dict[int, list[Event]] = {}
+    for e in sorted(events, key=lambda e: e.step):
+        by_step.setdefault(e.step, []).append(e)
+    groups = []
+    for step, evs in by_step.items():
+        plans = [e.strategy for e in evs if e.kind == "plan"]
+        if len(plans) > 1:
+            raise EventError(f"{source}: step {step}: {len(plans)} plans for the same step ({plans}); keep one")
+        preempt: list[int] = []
+        for e in evs:
+            for w in e.instances:
+                if w in preempt:
+                    raise EventError(f"{source}: step {step}: worker {w} is preempted twice")
+                preempt.append(w)
+        groups.append(
+            EventGroup(step, strategy=plans[0] if plans else None, add=sum(e.workers for e in evs),
+                       preempt=tuple(preempt))  # fmt: skip
+        )
+    return groups

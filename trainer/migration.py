@@ -1,0 +1,353 @@
+"""Live-migration planning: reconfiguration epochs, who trains what, and which layers move from whom to whom.
+
+Owns: `Epoch` (the plan every process of one epoch follows; it crosses process boundaries as JSON), the choice of
+the next epoch's assignment (`next_epoch`), the migration kind, the transfer plan (`plan_transfers`) and the byte
+accounting. Must not touch: processes, stores, process groups, tensors in flight — these are pure functions of
+plain data (plus, in `layer_sizes`, building the model's layers once to count their state), so the coordinator's
+dry run, the tests and the workers all compute the same plan.
+
+The three kinds (reference §D.1; names from `liveput.migration.MigrationKind`, one word per concept):
+
+* **intra-stage** — P unchanged and every stage keeps >= d surviving replicas: survivors keep their stage, extra
+  replicas go to standby, nothing moves;
+* **inter-stage** — P unchanged but some stage is short: survivors keep their stage and idle instances (then
+  spare replicas of other stages) fill the holes, receiving the stage's layers from a surviving holder;
+* **pipeline** — P changes: the layers are re-cut (`trainer.pipeline.partition`); each new stage's first replica is
+  the survivor that already holds the most of its layers (`liveput.migration.assign_stages`, an optimal matching),
+  the other slots go to the free instances holding most of the stage; every slot fetches only what it lacks.
+
+Unlike the reference, which fetches into each stage's replica 0 and then broadcasts to the other replicas, every
+new holder of a layer fetches it directly from an old holder, with sources chosen to balance bytes sent; an old
+holder under a preemption notice is used only when no staying holder has the layer (the "last copy" case).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from liveput.migration import MigrationKind, assign_stages, overlap_params
+from trainer.config import ModelConfig, TrainConfig
+from trainer.pipeline import Strategy, partition
+
+Role = tuple[int, int]  # (stage, replica)
+
+
+class PlanError(ValueError):
+    """A reconfiguration that cannot be carried out (too few instances, P above the layer count, lost layers)."""
+
+
+class Transfer(NamedTuple):
+    """Layer `layer` (global index) is copied from worker `src` (an old holder) to worker `dst` (a new holder)."""
+
+    layer: int
+    src: int
+    dst: int
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One reconfiguration epoch: a D x P strategy, who runs which (stage, replica), from which step.
+
+    An `Epoch` is to a training run what a `WorkerGroup` is to torchelastic's agent: the set of processes that
+    train together until the next reconfiguration. Epoch `number` n uses the process groups on
+    `PrefixStore(f"epoch{n}")`; epoch n+1 replaces it at the boundary before `start_step`.
+
+    What changes at a migration: everything here. In particular a worker's **rank is not stable across epochs**
+    (rank = stage * D + replica of *this* epoch); its stable identity is the worker id. `transfers` says which
+    layers the new holders fetch from old holders at the boundary; `preempted` lists the workers that leave at it
+    (after sending what `transfers` asks of them); `previous` the members of the epoch it replaces, who must all
+    arrive at the boundary before the state moves.
+    """
+
+    number: int
+    start_step: int
+    D: int
+    P: int
+    bounds: tuple[int, ...]
+    assignment: Mapping[int, Role]  # worker id -> (stage, replica)
+    kind: MigrationKind
+    transfers: tuple[Transfer, ...] = ()
+    preempted: tuple[int, ...] = ()
+    previous: tuple[int, ...] = ()
+    notice: bool = True
+    bytes_planned: int = 0
+
+    def __post_init__(self) -> None:
+        Strategy(self.D, self.P, tuple(self.bounds))  # validates the geometry
+        roles = sorted(self.assignment.values())
+        if roles != [(s, r) for s in range(self.P) for r in range(self.D)]:
+            raise ValueError(f"epoch {self.number}: assignment {dict(self.assignment)} must fill {self.D}x{self.P}")
+
+    @property
+    def strategy(self) -> Strategy:
+        return Strategy(self.D, self.P, tuple(self.bounds))
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(sorted(self.assignment))
+
+    def rank(self, worker: int) -> int:
+        stage, replica = self.assignment[worker]
+        return self.strategy.rank(stage, replica)
+
+    def layers(self, stage: int) -> range:
+        return range(self.bounds[stage], self.bounds[stage + 1])
+
+    def layers_of(self, worker: int) -> range:
+        """The layers `worker` holds in this epoch (empty if it has no role)."""
+        role = self.assignment.get(worker)
+        return self.layers(role[0]) if role else range(0)
+
+    @property
+    def transfer_parties(self) -> tuple[int, ...]:
+        """Workers that send or receive at this epoch's boundary, in id order (their rank in the transfer group)."""
+        return tuple(sorted({t.src for t in self.transfers} | {t.dst for t in self.transfers}))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "number": self.number, "start_step": self.start_step, "strategy": [self.D, self.P],
+                "bounds": list(self.bounds), "assignment": {str(w): list(r) for w, r in self.assignment.items()},
+                "kind": self.kind.value, "transfers": [list(t) for t in self.transfers],
+                "preempted": list(self.preempted), "previous": list(self.previous), "notice": self.notice,
+                "bytes_planned": self.bytes_planned,
+            }, sort_keys=True,
+        )  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Epoch:
+        d: dict[str, Any] = json.loads(text)
+        return cls(
+            number=d["number"], start_step=d["start_step"], D=d["strategy"][0], P=d["strategy"][1],
+            bounds=tuple(d["bounds"]), assignment={int(w): (r[0], r[1]) for w, r in d["assignment"].items()},
+            kind=MigrationKind(d["kind"]), transfers=tuple(Transfer(*t) for t in d["transfers"]),
+            preempted=tuple(d["preempted"]), previous=tuple(d["previous"]), notice=d["notice"],
+            bytes_planned=d["bytes_planned"],
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- layer sizes
+
+
+@dataclass(frozen=True)
+class LayerSizes:
+    """Per layer (global index): parameter count, and bytes of its `layer_state` before and after the first step
+    (parameters only, then with AdamW's exp_avg, exp_avg_sq and step)."""
+
+    params: tuple[int, ...]
+    fresh_bytes: tuple[int, ...]
+    trained_bytes: tuple[int, ...]
+
+    def state_bytes(self, start_step: int) -> tuple[int, ...]:
+        """Bytes per layer of a migration at the boundary before `start_step`."""
+        return self.trained_bytes if start_step > 0 else self.fresh_bytes
+
+
+def state_bytes(state: Mapping[str, Any]) -> int:
+    """Tensor bytes of a `layer_state` (or of a dict of them): what a transfer moves, pickling overhead excluded."""
+    total = 0
+    for v in state.values():
+        total += state_bytes(v) if isinstance(v, Mapping) else v.numel() * v.element_size()
+    return total
+
+
+@functools.lru_cache(maxsize=8)
+def layer_sizes(model: ModelConfig) -> LayerSizes:
+    """Measured by building each layer and taking one optimiser step on zero gradients (the shapes are what count)."""
+    import torch
+
+    from trainer.model import build_layer
+    from trainer.pipeline import layer_state, make_optimizer
+
+    params, fresh, trained = [], [], []
+    for i in range(model.n_layers_total):
+        layer = build_layer(model, i)
+        opt = make_optimizer(layer, TrainConfig())
+        params.append(sum(p.numel() for p in layer.parameters()))
+        fresh.append(state_bytes(layer_state(layer, opt)))
+        for p in layer.parameters():
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        trained.append(state_bytes(layer_state(layer, opt)))
+    return LayerSizes(tuple(params), tuple(fresh), tuple(trained))
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+def first_epoch(D: int, P: int, workers: Sequence[int], n_layers: int, global_batch: int | None = None) -> Epoch:
+    """Epoch 1, starting at step 0: the first D*P workers in id order, worker i -> rank i; the rest stand by."""
+    check_strategy(D, P, len(workers), n_layers, global_batch)
+    ws = sorted(workers)[: D * P]
+    strategy = Strategy(D, P, partition(n_layers, P))
+    assignment = {w: strategy.coords(r) for r, w in enumerate(ws)}
+    return Epoch(1, 0, D, P, strategy.bounds, assignment, MigrationKind.START)
+
+
+def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: int | None = None) -> None:
+    """Raise `PlanError` unless D x P can run on `available` instances with `n_layers` layers."""
+    if D < 1 or P < 1:
+        raise PlanError(f"strategy {D}x{P}: D and P must be >= 1")
+    if P > n_layers:
+        raise PlanError(f"strategy {D}x{P}: P={P} exceeds the model's {n_layers} layers (a stage needs one)")
+    if global_batch is not None and D > global_batch:
+        raise PlanError(f"strategy {D}x{P}: D={D} replicas exceed global_batch={global_batch}")
+    if D * P > available:
+        raise PlanError(f"strategy {D}x{P} needs {D * P} instances, only {available} are alive")
+
+
+def classify(current: Epoch, d: int, p: int, survivors: Iterable[int]) -> MigrationKind:
+    """The migration kind from `current` to d x p when `survivors` (old members and others) remain (§D.1)."""
+    if p != current.P:
+        return MigrationKind.PIPELINE
+    alive = set(survivors)
+    per_stage = [sum(1 for w, (s, _) in current.assignment.items() if s == k and w in alive) for k in range(p)]
+    return MigrationKind.INTRA_STAGE if min(per_stage) >= d else MigrationKind.INTER_STAGE
+
+
+def assign(
+    current: Epoch, d: int, p: int, survivors: Iterable[int], layer_params: Sequence[int]
+) -> dict[int, Role]:
+    """The next assignment worker -> (stage, replica) on `survivors`, moving the least state.
+
+    Same P: survivors keep their stage (lowest old replicas first), holes are filled by idle instances, then by
+    spare replicas of other stages (they hold nothing of the short stage either way). New P: see the module
+    docstring. Deterministic: ties go to the lowest worker id.
+    """
+    alive = sorted(set(survivors))
+    check_strategy(d, p, len(alive), len(layer_params))
+    bounds = partition(len(layer_params), p)
+    new: dict[int, Role] = {}
+
+    def old_replicas(stage: int) -> list[int]:
+        ws = [w for w in alive if w in current.assignment and current.assignment[w][0] == stage]
+        return sorted(ws, key=lambda w: current.assignment[w][1])
+
+    if p == current.P:
+        for k in range(p):
+            for r, w in enumerate(old_replicas(k)[:d]):
+                new[w] = (k, r)
+        free = sorted((w for w in alive if w not in new), key=lambda w: (w in current.assignment, w))
+        for k in range(p):
+            for r in range(sum(1 for s, _ in new.values() if s == k), d):
+                new[free.pop(0)] = (k, r)
+        return new
+
+    survivors_per_stage = [len(old_replicas(k)) for k in range(current.P)]
+    chosen, _ = assign_stages(layer_params, current.bounds, bounds, survivors_per_stage)
+    for j, s in enumerate(chosen):
+        if s is not None:
+            w = next(w for w in old_replicas(s) if w not in new)
+            new[w] = (j, 0)
+
+    def overlap(w: int, j: int) -> int:
+        if w not in current.assignment:
+            return 0
+        held = current.layers_of(w)
+        return overlap_params(layer_params, (held.start, held.stop), (bounds[j], bounds[j + 1]))
+
+    for j in range(p):
+        taken = {r for s, r in new.values() if s == j}
+        for r in (r for r in range(d) if r not in taken):
+            w = max((w for w in alive if w not in new), key=lambda w: (overlap(w, j), -w))
+            new[w] = (j, r)
+    # replica 0 must exist in every stage: renumber each stage's replicas 0..d-1 keeping the primary first
+    out: dict[int, Role] = {}
+    for j in range(p):
+        ws = sorted((w for w, (s, _) in new.items() if s == j), key=lambda w: new[w][1])
+        out.update({w: (j, r) for r, w in enumerate(ws)})
+    return out
+
+
+def plan_transfers(
+    current: Epoch,
+    assignment: Mapping[int, Role],
+    bounds: Sequence[int],
+    layer_bytes: Sequence[int],
+    departing: Iterable[int] = (),
+) -> list[Transfer]:
+    """Every (layer, src, dst) the new holders need, each from an old holder of the layer.
+
+    A worker fetches the layers of its new stage it did not hold in `current`. Sources are the old holders
+    (members of `current`; `departing` ones are under a notice and still able to send), chosen per layer by
+    (departing last, least bytes sent so far, lowest id). Intra-stage migrations yield no transfer.
+    """
+    gone = set(departing)
+    holders: dict[int, list[int]] = defaultdict(list)
+    for w in sorted(current.assignment):
+        for layer in current.layers_of(w):
+            holders[layer].append(w)
+    load: dict[int, int] = defaultdict(int)
+    transfers = []
+    for dst in sorted(assignment):
+        if dst in gone:
+            raise PlanError(f"worker {dst} is preempted but assigned a role in the next epoch")
+        stage = assignment[dst][0]
+        have = set(current.layers_of(dst))
+        for layer in range(bounds[stage], bounds[stage + 1]):
+            if layer in have:
+                continue
+            candidates = [w for w in holders[layer] if w != dst]
+            if not candidates:
+                raise PlanError(f"layer {layer} has no holder in epoch {current.number} to copy it from")
+            src = min(candidates, key=lambda w: (w in gone, load[w], w))
+            load[src] += layer_bytes[layer]
+            transfers.append(Transfer(layer, src, dst))
+    return transfers
+
+
+def bytes_moved(transfers: Iterable[Transfer], layer_bytes: Sequence[int]) -> int:
+    """Tensor bytes the transfers send in all."""
+    return sum(layer_bytes[t.layer] for t in transfers)
+
+
+def next_epoch(
+    current: Epoch,
+    step: int,
+    alive: Iterable[int],
+    sizes: LayerSizes,
+    strategy: tuple[int, int] | None = None,
+    preempt: Iterable[int] = (),
+    global_batch: int | None = None,
+) -> Epoch | None:
+    """The epoch that replaces `current` at the boundary before `step`, or None if nothing has to change.
+
+    `alive` are the instances up to the boundary (joined and not yet gone, including those now preempted with
+    notice: they stay until they have handed off their layers). Without a `strategy` the current D x P is kept
+    if the survivors allow it, else D shrinks to what they allow (P is kept).
+    """
+    preempted = set(preempt)
+    alive_set = set(alive)
+    unknown = sorted(preempted - alive_set)
+    if unknown:
+        raise PlanError(f"cannot preempt workers {unknown}: they are not alive")
+    survivors = sorted(alive_set - preempted)
+    n_layers = len(sizes.params)
+    if strategy is None:
+        d, p = current.D, current.P
+        if d * p > len(survivors):
+            d = len(survivors) // p
+            if d < 1:
+                raise PlanError(
+                    f"only {len(survivors)} instances survive, fewer than the P={p} stages; plan a smaller P"
+                )
+    else:
+        d, p = strategy
+    check_strategy(d, p, len(survivors), n_layers, global_batch)
+    new = assign(current, d, p, survivors, sizes.params)
+    if (d, p) == (current.D, current.P) and new == dict(current.assignment):
+        return None
+    bounds = partition(n_layers, p)
+    layer_bytes = sizes.state_bytes(step)
+    transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted)
+    return Epoch(
+        number=current.number + 1, start_step=step, D=d, P=p, bounds=bounds, assignment=new,
+        kind=classify(current, d, p, survivors), transfers=tuple(transfers),
+        preempted=tuple(sorted(preempted)), previous=current.members,
+        bytes_planned=bytes_moved(transfers, layer_bytes),
+    )  # fmt: skip
