@@ -8,6 +8,11 @@ Commands
     Run the liveput planner once on a forecast and print the plan as JSON.
 ``parcae traces``
     List the trace names ``--trace`` accepts.
+``parcae forecast train|evaluate|predict``
+    Train, log and promote the LightGBM forecaster in MLflow (``forecasting.registry``); backtest
+    forecasters on a trace (scores as JSON); print one forecast (``Forecast.to_dict()``) as JSON.
+``parcae collect``
+    Record the job's spot fleet, spot prices and placement scores from EC2 (``forecasting.collect``).
 
 Plan input
 ----------
@@ -630,6 +635,459 @@ def traces() -> None:
             fmt = f"? ({type(exc).__name__})"
         table.add_row(name, fmt, str(path))
     _stdout().print(table)
+
+
+# ----------------------------------------------------------------------------------------------- forecast
+
+forecast_app = typer.Typer(
+    name="forecast",
+    help="Train, evaluate and query availability forecasters (MLflow-tracked; see forecasting.registry).",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+)
+app.add_typer(forecast_app, name="forecast")
+
+#: Models `parcae forecast evaluate/predict` know, in the order tables list them.
+FORECAST_MODELS = ("persistence", "arima", "ets", "lightgbm", "champion")
+
+
+def forecast_command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
+    """Like :func:`command`, for a sub-command of ``parcae forecast``."""
+
+    def decorate(fn: F) -> F:
+        @functools.wraps(fn)
+        def run(*args: Any, **kw: Any) -> Any:
+            try:
+                return fn(*args, **kw)
+            except UserError as exc:
+                error(str(exc))
+                raise typer.Exit(EXIT_USER_ERROR) from None
+
+        forecast_app.command(name, **kwargs)(run)
+        return fn
+
+    return decorate
+
+
+class _WarnHandler:
+    """Route ``forecasting.registry`` warnings to ``warning: ...`` lines while a command runs."""
+
+    def __enter__(self):
+        import logging
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                warn(record.getMessage())
+
+        self._logger = logging.getLogger("forecasting.registry")
+        self._handler = Handler(level=logging.WARNING)
+        self._logger.addHandler(self._handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._logger.removeHandler(self._handler)
+
+
+def _forecast_trace(trace: str):
+    """(name, canonical table at 60 s) of ``--trace``; unknown or malformed traces are UserErrors."""
+    df, _ = _load_window(trace, 60.0, None, None)
+    return str(df.attrs.get("name") or trace), df
+
+
+def _check_trace_names(names: Sequence[str], option: str) -> None:
+    from forecasting.traces import available_traces
+
+    known = available_traces()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(known), n=5, cutoff=0.5)
+        hint = f" Did you mean: {', '.join(close)}?" if close else ""
+        raise UserError(f"{option}: unknown trace {unknown[0]!r}.{hint} Run `parcae traces` to list the names.")
+
+
+def _corpus_without(name: str, table: Any, names: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> dict:
+    """Training corpus without ``name``, the ``exclude`` names, and any copy of ``table``'s count series."""
+    from forecasting.corpus import training_corpus
+    from forecasting.registry import trace_fingerprint
+
+    _check_trace_names(list(names or ()), "--trace")
+    _check_trace_names(list(exclude), "--exclude")
+    try:
+        corpus = training_corpus(names or None, exclude=[name, *exclude])
+    except KeyError as exc:
+        raise UserError(_key_error_message(exc)) from None
+    held_out = trace_fingerprint(table)
+    return {k: t for k, t in corpus.items() if trace_fingerprint(t) != held_out}
+
+
+def _check_horizon(horizon: int, table: Any, name: str) -> int:
+    from forecasting.backtest import DEFAULT_START
+
+    if len(table) - 1 - horizon < DEFAULT_START:
+        raise UserError(
+            f"trace {name!r} has {len(table)} intervals: too short for a backtest at --horizon {horizon} "
+            f"(needs at least {DEFAULT_START + horizon + 1}); lower --horizon or use a longer trace"
+        )
+    return len(table) - 1 - horizon - DEFAULT_START + 1
+
+
+def _parse_models(text: str) -> list[str]:
+    models = [m.strip().lower() for m in text.split(",") if m.strip()]
+    if not models:
+        raise UserError(f"--models: give at least one of {', '.join(FORECAST_MODELS)}")
+    unknown = [m for m in models if m not in FORECAST_MODELS]
+    if unknown:
+        raise UserError(f"--models: unknown model {unknown[0]!r}; choose from {', '.join(FORECAST_MODELS)}")
+    return list(dict.fromkeys(models))
+
+
+def _build_forecaster(kind: str, corpus: Mapping[str, Any], horizon: int, seed: int = 0, trace: str | None = None):
+    """A fitted forecaster of ``kind`` (baselines and lightgbm fitted on ``corpus``; champion from MLflow).
+
+    For the champion, a warning says so when it was trained on ``trace`` (its scores there are optimistic).
+    """
+    from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster
+    from forecasting.lgbm import LightGbmForecaster
+    from forecasting.registry import champion_version, load_champion
+    from parcae.tracking import TrackingError
+
+    tables = list(corpus.values())
+    if kind == "persistence":
+        return PersistenceForecaster(max_horizon=max(24, horizon)).fit(tables)
+    if kind == "arima":
+        return ArimaForecaster(seed=seed, persistence=PersistenceForecaster(max_horizon=max(24, horizon))).fit(tables)
+    if kind == "ets":
+        return EtsForecaster(seed=seed, persistence=PersistenceForecaster(max_horizon=max(24, horizon))).fit(tables)
+    if kind == "lightgbm":
+        if not tables:
+            raise UserError("no training traces left for lightgbm once the evaluated trace is excluded")
+        return LightGbmForecaster(horizon_max=max(12, horizon), seed=seed).fit(tables)
+    if kind == "champion":
+        try:
+            with _WarnHandler():
+                model = load_champion()
+            version = champion_version() if trace is not None else None
+        except TrackingError as exc:
+            raise UserError(str(exc)) from None
+        if version is not None:
+            import mlflow
+
+            trained_on = mlflow.MlflowClient().get_run(version.run_id).data.params.get("train_traces", "")
+            if trace in trained_on.split(","):
+                warn(
+                    f"the champion (version {version.version}) was trained on {trace!r}, future included: its "
+                    "backtest scores and forecasts from past origins of that trace are optimistic"
+                )
+        limit = getattr(model, "horizon_max", None)
+        if limit is not None and horizon > limit:
+            raise UserError(f"the champion forecasts at most {limit} intervals; use --horizon <= {limit}")
+        return model
+    raise UserError(f"unknown model {kind!r}; choose from {', '.join(FORECAST_MODELS)}")
+
+
+class _Counted:
+    """A forecaster that calls ``tick`` after every prediction (progress over backtest origins)."""
+
+    def __init__(self, inner: Any, tick: Callable[[], None]) -> None:
+        self.inner, self.tick, self.name = inner, tick, inner.name
+
+    def fit(self, histories: Any) -> Any:
+        return self.inner.fit(histories)
+
+    def predict(self, history: Any, horizon: int) -> Any:
+        forecast = self.inner.predict(history, horizon)
+        self.tick()
+        return forecast
+
+
+def _metrics_table(rows: Mapping[str, Mapping[str, Any]], horizon: int) -> Table:
+    """One row per model: mean MAE, MAE at the first and last step, pinball, 80% coverage, Brier."""
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    for i, header in enumerate(("model", "mae_mean", "mae h1", f"mae h{horizon}", "pinball", "coverage80", "brier")):
+        table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
+    for name, m in rows.items():
+        mae = m["mae"]
+        table.add_row(
+            name, f"{m['mae_mean']:.4f}", f"{mae[0]:.4f}", f"{mae[-1]:.4f}", f"{m['pinball']:.4f}",
+            _fmt(m["coverage80"], ".3f"), f"{m['brier']:.4f}",
+        )
+    return table
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
+@forecast_command(
+    "train",
+    help=(
+        "Train the LightGBM forecaster on the trace corpus, backtest it against persistence on --eval-trace, "
+        "log and register it in MLflow, and promote it to 'champion' if it beats persistence and the current "
+        "champion (mean MAE). The store is $MLFLOW_TRACKING_URI, else ./mlruns (parcae.tracking)."
+    ),
+)
+def forecast_train(
+    trace: Annotated[
+        list[str] | None,
+        typer.Option("--trace", metavar="NAME", help="Train on this trace; repeat (default: the whole corpus)."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option("--exclude", metavar="NAME", help="Leave this trace out; repeat.")
+    ] = None,
+    eval_trace: Annotated[
+        str, typer.Option(metavar="NAME|PATH", help="Held-out trace for the backtest (never trained on).")
+    ] = "p3",
+    horizon: Annotated[int, typer.Option(min=1, help="Forecast horizon in intervals.")] = 12,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="OUT.json", help="Write the outcome (run, version, metrics).")
+    ] = None,
+    n_estimators: Annotated[
+        int | None, typer.Option(min=1, help="Boosting rounds per model (default: the forecaster's, 300).")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the forecaster.")] = 0,
+) -> None:
+    from forecasting.lgbm import LightGbmForecaster
+    from forecasting.registry import DEFAULT_REGISTERED_NAME, train_and_log
+    from parcae.tracking import TrackingError, tracking_uri
+
+    _check_outputs(json_out, None)
+    name, table = _forecast_trace(eval_trace)
+    _check_horizon(horizon, table, name)
+    corpus = _corpus_without(name, table, trace, exclude or ())
+    if not corpus:
+        raise UserError(
+            f"no training traces left once {name!r} and the excluded ones are removed "
+            f"(run `parcae traces` to see what is available)"
+        )
+    options: dict[str, Any] = {"horizon_max": max(12, horizon), "seed": seed}
+    if n_estimators is not None:
+        options["n_estimators"] = n_estimators
+    err = _stderr()
+    with err.status("training") as status:
+        try:
+            outcome = train_and_log(
+                functools.partial(LightGbmForecaster, **options),
+                train_traces=corpus,
+                eval_trace=(name, table),
+                horizon=horizon,
+                progress=lambda message: status.update(message),
+            )
+        except TrackingError as exc:
+            raise UserError(str(exc)) from None
+    m = outcome.metrics
+    rows = {}
+    for label, prefix in (("lightgbm", ""), ("persistence", "persistence_")):
+        rows[label] = {
+            "mae": [m[f"{prefix}mae_h{h}"] for h in range(1, horizon + 1)],
+            **{k: m[f"{prefix}{k}"] for k in ("mae_mean", "pinball", "coverage80", "brier")},
+        }
+    out = _stdout()
+    out.print(
+        f"trained on {len(corpus)} trace(s): {', '.join(corpus)}; evaluated on {name} "
+        f"({len(table)} intervals), horizon {horizon}"
+    )
+    out.print(_metrics_table(rows, horizon))
+    if "champion_mae_mean" in m:
+        out.print(f"champion mae_mean: {m['champion_mae_mean']:.4f}")
+    out.print(Text(outcome.reason, style="green" if outcome.promoted else "yellow"), soft_wrap=True)
+    out.print(f"version {outcome.version} of {DEFAULT_REGISTERED_NAME}; run {outcome.run_id}; store {tracking_uri()}",
+              soft_wrap=True)
+    if json_out is not None:
+        doc = outcome.to_dict()
+        _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+        _stderr().print(f"wrote {json_out}", soft_wrap=True)
+
+
+@forecast_command(
+    "evaluate",
+    help=(
+        "Rolling-origin backtest of forecasters on one trace; print a table and write the scores as JSON: "
+        '{"models": {NAME: {"mae": [per horizon], "mae_mean", "pinball", "coverage80", "brier"}}}. '
+        "Baselines and lightgbm are fitted on the corpus without that trace; champion comes from MLflow."
+    ),
+)
+def forecast_evaluate(
+    trace: Annotated[str, typer.Option(metavar="NAME|PATH", help="Trace name (see `parcae traces`) or file.")],
+    json_out: Annotated[Path, typer.Option("--json", metavar="OUT.json", help="Write the scores here.")],
+    horizon: Annotated[int, typer.Option(min=1, help="Forecast horizon K in intervals.")] = 12,
+    models: Annotated[
+        str, typer.Option(metavar="M1,M2,...", help=f"Comma-separated, from: {', '.join(FORECAST_MODELS)}.")
+    ] = ",".join(FORECAST_MODELS),
+    seed: Annotated[int, typer.Option(help="Seed of the seeded models (arima, ets, lightgbm).")] = 0,
+) -> None:
+    from forecasting.backtest import rolling_origin
+    from forecasting.registry import history_window
+
+    kinds = _parse_models(models)
+    _check_outputs(json_out, None)
+    name, table = _forecast_trace(trace)
+    n_origins = _check_horizon(horizon, table, name)
+    corpus = _corpus_without(name, table) if set(kinds) - {"champion"} else {}
+    results: dict[str, dict] = {}
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_stderr()
+    ) as progress:
+        task = progress.add_task("", total=n_origins * len(kinds))
+        for kind in kinds:
+            progress.update(task, description=f"fitting {kind}")
+            model = _build_forecaster(kind, corpus, horizon, seed, name)
+            progress.update(task, description=f"backtesting {kind}")
+            counted = _Counted(model, lambda: progress.advance(task))
+            result = rolling_origin(counted, table, horizon, max_history=history_window(model, horizon))
+            results[kind] = result.to_dict()
+        progress.update(task, description=f"backtested {len(kinds)} model(s) x {n_origins} origins")
+    out = _stdout()
+    out.print(f"trace {name}: {len(table)} intervals, {n_origins} origins, horizon {horizon}; "
+              f"fitted on {len(corpus)} corpus trace(s)")
+    out.print(_metrics_table(results, horizon))
+    doc = {
+        "models": {
+            k: {
+                "mae": [_finite(x) for x in r["mae"]],
+                "mae_mean": _finite(r["mae_mean"]),
+                "pinball": _finite(r["pinball"]),
+                "coverage80": _finite(r["coverage80"]),
+                "brier": _finite(r["brier"]),
+            }
+            for k, r in results.items()
+        }
+    }
+    _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+    _stderr().print(f"wrote {json_out}", soft_wrap=True)
+
+
+@forecast_command("predict", help="Forecast the intervals after one origin of a trace; print the Forecast as JSON.")
+def forecast_predict(
+    trace: Annotated[str, typer.Option(metavar="NAME|PATH", help="Trace name (see `parcae traces`) or file.")] = "p3",
+    at: Annotated[
+        int | None, typer.Option(metavar="INTERVAL", help="Origin: the last interval seen (default: the trace's last).")
+    ] = None,
+    horizon: Annotated[int, typer.Option(min=1, help="Forecast horizon in intervals.")] = 12,
+    model: Annotated[
+        str, typer.Option(metavar="MODEL", help=f"One of: {', '.join(FORECAST_MODELS)}.")
+    ] = "champion",
+    seed: Annotated[int, typer.Option(help="Seed of the seeded models (arima, ets, lightgbm).")] = 0,
+) -> None:
+    import numpy as np
+
+    kind = _parse_models(model)
+    if len(kind) != 1:
+        raise UserError(f"--model takes one model, got {model!r}")
+    name, table = _forecast_trace(trace)
+    intervals = table["interval"].to_numpy()
+    if at is None:
+        row = len(table) - 1
+    else:
+        hits = np.flatnonzero(intervals == at)
+        if len(hits) == 0:
+            raise UserError(
+                f"--at {at} is not an interval of trace {name!r} (it has intervals {int(intervals[0])}-"
+                f"{int(intervals[-1])})"
+            )
+        row = int(hits[0])
+    corpus = _corpus_without(name, table) if kind[0] != "champion" else {}
+    forecaster = _build_forecaster(kind[0], corpus, horizon, seed, name)
+    history = table.iloc[: row + 1].copy()
+    history.attrs = dict(table.attrs)
+    forecast = forecaster.predict(history, horizon)
+    _stderr().print(f"{forecast.model} forecast of {name} after interval {int(intervals[row])}", soft_wrap=True)
+    typer.echo(json.dumps(forecast.to_dict(), indent=2))
+
+
+# ------------------------------------------------------------------------------------------------ collect
+
+
+def _credentials_missing(session: Any) -> bool:
+    try:
+        return session.get_credentials() is None
+    except Exception:  # a broken profile: the collector reports it precisely once a region is set
+        return True
+
+
+@command(
+    help=(
+        "Collect the job's spot fleet (instances tagged parcae:job=TAG), spot prices and placement scores "
+        "from EC2 into the local trace store. Credentials come from the standard AWS chain (AWS_PROFILE, "
+        "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, SSO, instance profile). Exit code 1 if a call failed."
+    )
+)
+def collect(
+    store: Annotated[
+        Path | None,
+        typer.Option(metavar="DIR", help="Trace store folder (default: $PARCAE_TRACE_STORE or ./trace-store)."),
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option("--region", metavar="R", help="Region to collect; repeat (default: the profile's)."),
+    ] = None,
+    instance_type: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--instance-type", metavar="T", help="Instance type for prices and scores; repeat (default p3.2xlarge)."
+        ),
+    ] = None,
+    job_tag: Annotated[
+        str, typer.Option(metavar="TAG", help="Value of the parcae:job tag of the job's instances.")
+    ] = "parcae-job",
+    endpoint_url: Annotated[
+        str | None, typer.Option(metavar="URL", help="Send EC2 calls here (a VPC endpoint, or a local moto_server).")
+    ] = None,
+    price_hours: Annotated[float, typer.Option(help="Collect spot prices of the last this many hours.")] = 1.0,
+    target_capacity: Annotated[int, typer.Option(min=1, help="Instances asked for in the placement scores.")] = 32,
+) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    from forecasting.collect import CollectError, SpotCollector, TraceStore
+
+    if not (math.isfinite(price_hours) and price_hours > 0):
+        raise UserError(f"--price-hours must be a positive number of hours, got {price_hours:g}")
+    try:
+        collector = SpotCollector(
+            regions=region or None,
+            instance_types=tuple(instance_type or ("p3.2xlarge",)),
+            job_tag=job_tag,
+            store=TraceStore(store) if store is not None else None,
+            endpoint_url=endpoint_url,
+        )
+        try:
+            regions = collector.regions
+        except CollectError as exc:
+            if _credentials_missing(collector.session):
+                raise CollectError(
+                    f"{exc}. Also, no AWS credentials were found: set AWS_PROFILE to a configured profile, or "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                ) from None
+            raise
+        now = datetime.now(timezone.utc)
+        results = {
+            "fleet_events": collector.collect_fleet(now=now),
+            "spot_prices": collector.collect_prices(now - timedelta(hours=price_hours), now),
+            "placement_scores": collector.collect_placement_scores(target_capacity),
+        }
+    except CollectError as exc:
+        raise UserError(str(exc)) from None
+    except ValueError as exc:  # e.g. a malformed --endpoint-url
+        raise UserError(str(exc)) from None
+
+    out = _stdout()
+    out.print(f"store {collector.store.root.resolve()}, job tag {job_tag!r}, regions {', '.join(regions)}",
+              soft_wrap=True)
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+    table.add_column("table", no_wrap=True)
+    table.add_column("rows written", justify="right")
+    table.add_column("errors", justify="right")
+    table.add_column("unsupported", justify="right")
+    for name, r in results.items():
+        table.add_row(name, str(sum(r.rows_written.values())), str(len(r.errors)), str(len(r.unsupported)))
+    out.print(table)
+    errors = [e for r in results.values() for e in r.errors]
+    for line in (u for r in results.values() for u in r.unsupported):
+        warn(f"unsupported: {line}")
+    for line in errors:
+        error(line)
+    if errors:
+        raise typer.Exit(1)
 
 
 if __name__ == "__main__":  # pragma: no cover

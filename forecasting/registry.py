@@ -1,0 +1,467 @@
+"""Train, log, register and promote availability forecasters with MLflow; load the current champion.
+
+This module owns the life cycle of a learnt forecaster in the tracking store (``parcae.tracking`` says
+where that is):
+
+* `train_and_log` fits a forecaster on training traces, backtests it *and* persistence (fitted on the same
+  traces) on a held-out evaluation trace with `forecasting.backtest.rolling_origin`, and records
+  everything in one run of the ``forecaster`` experiment: parameters, per-horizon and summary metrics
+  (the persistence ones prefixed ``persistence_``), the fan plot, each LightGBM booster as an MLflow
+  model (the median one registered as ``availability-forecaster``), and the whole forecaster directory
+  (``LightGbmForecaster.save``) as the run artifact ``forecaster/``, from which it is rebuilt exactly.
+* Promotion: the new version gets the alias ``champion`` only if its backtest ``mae_mean`` beats
+  persistence's and the current champion's. The run records the decision (tag ``promotion``, tag
+  ``promotion.reason``, artifact ``promotion.json``).
+* `load_champion` rebuilds the champion forecaster; without one it answers with an unfitted
+  `PersistenceForecaster` and logs a warning that says how to train one.
+
+Comparing with the champion: its ``mae_mean`` is read from its run's metrics when that run was
+evaluated on the same trace (same count series) at the same horizon. Otherwise the stored number is not
+comparable, so the champion's forecaster is downloaded and backtested on this run's evaluation trace;
+a champion that cannot be rebuilt (artifact missing, shorter ``horizon_max``) is treated as absent.
+
+Two trainers promoting at the same moment may both read the old champion; the last alias write wins.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import numpy as np
+import pandas as pd
+from lightgbm.basic import LightGBMError
+
+from forecasting.backtest import DEFAULT_START, BacktestResult, plot_fans, rolling_origin
+from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster, reference_window
+from forecasting.features import SINCE_CAP, features_at, stack_steps
+from forecasting.forecast import Forecaster
+from forecasting.lgbm import LightGbmForecaster
+from parcae import tracking
+
+__all__ = [
+    "CHAMPION",
+    "DEFAULT_EXPERIMENT",
+    "DEFAULT_REGISTERED_NAME",
+    "FORECASTER_ARTIFACT",
+    "TrainOutcome",
+    "backtest_metrics",
+    "champion_version",
+    "history_window",
+    "load_champion",
+    "trace_fingerprint",
+    "train_and_log",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_EXPERIMENT: Final = "forecaster"
+DEFAULT_REGISTERED_NAME: Final = "availability-forecaster"
+CHAMPION: Final = "champion"
+#: Run artifact folder holding ``LightGbmForecaster.save`` output.
+FORECASTER_ARTIFACT: Final = "forecaster"
+_MEDIAN_KEY: Final = "q0.5"
+_PARAM_MAX: Final = 6000  # MLflow's limit on a parameter value
+_INPUT_EXAMPLE_ROWS: Final = 5
+_HOW_TO_TRAIN: Final = "train and register one with `parcae forecast train`"
+
+
+# ------------------------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True)
+class TrainOutcome:
+    """What `train_and_log` did: its run, the registered version, and the promotion decision.
+
+    ``metrics`` holds every logged metric: ``mae_h1..mae_hH``, ``mae_mean``, ``pinball``,
+    ``coverage80``, ``brier`` of the new model, the same prefixed ``persistence_``, and
+    ``champion_mae_mean`` when there was a champion to compare with. ``reason`` starts with
+    ``"promoted: "`` or ``"not promoted: "`` and gives the numbers. ``forecaster`` is the fitted
+    in-memory model (not serialised by `to_dict`).
+    """
+
+    run_id: str
+    version: int | None
+    promoted: bool
+    reason: str
+    metrics: dict[str, float]
+    forecaster: Forecaster | None = field(default=None, repr=False, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "version": self.version,
+            "promoted": self.promoted,
+            "reason": self.reason,
+            "metrics": {k: _json_number(v) for k, v in self.metrics.items()},
+        }
+
+
+@dataclass(frozen=True)
+class _Champion:
+    version: int
+    run_id: str
+    mae_mean: float
+    basis: str  # where the number comes from, for the reason
+
+
+def _json_number(v: float) -> float | None:
+    return None if v is None or (isinstance(v, float) and not math.isfinite(v)) else float(v)
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def trace_fingerprint(table: pd.DataFrame) -> str:
+    """Short identity of a trace's count series and capacity (independent of name and file format)."""
+    n = table["available"].to_numpy(dtype=np.int64)
+    cap = int(table.attrs.get("capacity", table["capacity"].iloc[-1] if "capacity" in table else 0))
+    return hashlib.sha256(n.tobytes() + str(cap).encode()).hexdigest()[:16]
+
+
+def history_window(forecaster: Forecaster, horizon: int) -> int | None:
+    """Rows of past a forecaster needs for an exact forecast, for `rolling_origin(max_history=...)`.
+
+    LightGBM features look back at most ``SINCE_CAP`` intervals (older event ages saturate), a fitted
+    persistence reads only the last row, the fitted ARIMA/ETS the last W + 1. None (the whole past) for
+    anything else, including unfitted baselines (their fallback spread uses the whole history).
+    """
+    if isinstance(forecaster, LightGbmForecaster):
+        return SINCE_CAP + 1
+    if isinstance(forecaster, PersistenceForecaster):
+        return 1 if forecaster.fitted else None
+    if isinstance(forecaster, (ArimaForecaster, EtsForecaster)):
+        return forecaster.window_for(horizon) + 1 if forecaster.persistence.fitted else None
+    return None
+
+
+def backtest_metrics(result: BacktestResult, prefix: str = "") -> dict[str, float]:
+    """``{prefix}mae_h{h}`` for h = 1..H plus ``mae_mean``, ``pinball``, ``coverage80``, ``brier``."""
+    out = {f"{prefix}mae_h{h}": float(v) for h, v in enumerate(result.mae, start=1)}
+    summary = result.to_dict()
+    for key in ("mae_mean", "pinball", "coverage80", "brier"):
+        out[f"{prefix}{key}"] = float(summary[key])
+    return out
+
+
+def _flat_params(params: Mapping[str, Any]) -> dict[str, str]:
+    out = {}
+    for key, value in params.items():
+        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+        out[key] = text if len(text) <= _PARAM_MAX else text[: _PARAM_MAX - 3] + "..."
+    return out
+
+
+def _model_name(key: str) -> str:
+    """MLflow model names may not contain '.', '/', ':', '%', quotes: ``q0.5`` -> ``model-q0_5``."""
+    safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in key)
+    return f"model-{safe}"
+
+
+def _fan_origins(result: BacktestResult, table: pd.DataFrame, horizon: int) -> list[int]:
+    """Up to three origins, a horizon apart, around the sharpest drop of the backtest (where fans differ most)."""
+    avail = table["available"].to_numpy(dtype=np.float64)
+    origins = result.origins
+    drop = result.truth.min(axis=1) - avail[origins]
+    t = int(origins[int(np.argmin(drop))])
+    lo, hi = int(origins[0]), int(origins[-1])
+    picks = sorted({min(max(t + k * horizon, lo), hi) for k in (-1, 0, 1)})
+    return [p for p in picks if 0 <= p < len(table) - 1]
+
+
+def _input_example(forecaster: LightGbmForecaster, table: pd.DataFrame, horizon: int) -> pd.DataFrame:
+    origin = max(len(table) - 1 - horizon, 0)
+    feats = features_at(table, [origin])
+    rows = stack_steps(feats, min(horizon, forecaster.horizon_max))[list(forecaster.feature_names)]
+    return rows.iloc[:_INPUT_EXAMPLE_ROWS].reset_index(drop=True)
+
+
+def _registered_aliases(client: Any, name: str) -> dict[str, int] | None:
+    """Aliases of a registered model (alias -> version), or None when the model is not registered."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        model = client.get_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return None
+        raise
+    return {alias: int(version) for alias, version in (model.aliases or {}).items()}
+
+
+def champion_version(
+    registered_name: str = DEFAULT_REGISTERED_NAME, root: str | os.PathLike[str] | None = None
+) -> Any | None:
+    """The ``ModelVersion`` the ``champion`` alias points at, or None."""
+    client = tracking.connect(root)
+    aliases = _registered_aliases(client, registered_name)
+    if not aliases or CHAMPION not in aliases:
+        return None
+    return client.get_model_version(registered_name, str(aliases[CHAMPION]))
+
+
+def _download_forecaster(client: Any, run_id: str) -> LightGbmForecaster:
+    import mlflow
+
+    with tempfile.TemporaryDirectory(prefix="parcae-champion-") as tmp:
+        path = mlflow.artifacts.download_artifacts(
+            run_id=run_id, artifact_path=FORECASTER_ARTIFACT, dst_path=tmp, tracking_uri=client.tracking_uri
+        )
+        return LightGbmForecaster.load(path)
+
+
+def _current_champion(
+    client: Any, name: str, eval_table: pd.DataFrame, fingerprint: str, horizon: int
+) -> tuple[_Champion | None, str]:
+    """The champion's comparable ``mae_mean``; (None, why) when there is none or it cannot be scored."""
+    from mlflow.exceptions import MlflowException
+
+    aliases = _registered_aliases(client, name)
+    if not aliases or CHAMPION not in aliases:
+        return None, "no champion yet"
+    version = aliases[CHAMPION]
+    mv = client.get_model_version(name, str(version))
+    try:
+        run = client.get_run(mv.run_id)
+    except MlflowException:
+        return None, f"champion version {version} has lost its run {mv.run_id}"
+    stored = run.data.metrics.get("mae_mean")
+    same_basis = (
+        run.data.params.get("eval_fingerprint") == fingerprint and run.data.params.get("horizon") == str(horizon)
+    )
+    if stored is not None and same_basis:
+        return _Champion(version, mv.run_id, float(stored), "its run's metric"), ""
+    try:
+        model = _download_forecaster(client, mv.run_id)
+        if horizon > model.horizon_max:
+            return None, f"champion version {version} forecasts at most {model.horizon_max} intervals, not {horizon}"
+        result = rolling_origin(model, eval_table, horizon, max_history=history_window(model, horizon))
+    except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
+        return None, f"champion version {version} could not be rebuilt ({exc})"
+    return _Champion(version, mv.run_id, result.mae_mean, "re-scored on this evaluation trace"), ""
+
+
+def _decide(
+    mae: float, persistence: float, champion: _Champion | None, why_no_champion: str, where: str
+) -> tuple[bool, str]:
+    if not mae < persistence:
+        return False, f"not promoted: mae_mean {mae:.4f} does not beat persistence's {persistence:.4f} {where}"
+    if champion is not None and not mae < champion.mae_mean:
+        return False, (
+            f"not promoted: mae_mean {mae:.4f} beats persistence's {persistence:.4f} but not champion version "
+            f"{champion.version}'s {champion.mae_mean:.4f} ({champion.basis}, run {champion.run_id}) {where}"
+        )
+    if champion is None:
+        return True, f"promoted: mae_mean {mae:.4f} beats persistence's {persistence:.4f} {where} ({why_no_champion})"
+    return True, (
+        f"promoted: mae_mean {mae:.4f} beats persistence's {persistence:.4f} and champion version "
+        f"{champion.version}'s {champion.mae_mean:.4f} ({champion.basis}) {where}"
+    )
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def train_and_log(
+    forecaster_factory: Callable[[], Forecaster] = LightGbmForecaster,
+    *,
+    train_traces: Mapping[str, pd.DataFrame],
+    eval_trace: tuple[str, pd.DataFrame],
+    horizon: int = 12,
+    experiment: str = DEFAULT_EXPERIMENT,
+    registered_name: str = DEFAULT_REGISTERED_NAME,
+    root: str | os.PathLike[str] | None = None,
+    plots: bool = True,
+    progress: Callable[[str], None] | None = None,
+) -> TrainOutcome:
+    """Fit, backtest against persistence, log, register, and promote if better; one MLflow run.
+
+    ``forecaster_factory()`` must build an unfitted LightGBM-style forecaster: ``fit``/``predict``,
+    ``models`` (LightGBM estimators or boosters by key, the median under ``"q0.5"``), ``save(dir)`` and
+    a ``horizon_max`` of at least ``horizon``. ``train_traces`` maps names to canonical tables;
+    ``eval_trace`` is ``(name, table)`` and should not be among them. ``root``: a local store folder
+    (default: ``parcae.tracking``'s choice). ``progress`` receives a short message per stage.
+    Raises ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    """
+    import lightgbm
+    import mlflow
+    from mlflow.models import infer_signature
+
+    say = progress or (lambda message: None)
+    if isinstance(horizon, bool) or int(horizon) != horizon or horizon < 1:
+        raise ValueError(f"horizon must be a positive integer, got {horizon!r}")
+    horizon = int(horizon)
+    if not train_traces:
+        raise ValueError("train_traces is empty: nothing to fit")
+    eval_name, eval_table = eval_trace
+    if eval_name in train_traces:
+        raise ValueError(f"evaluation trace {eval_name!r} is also a training trace; exclude it from the corpus")
+    fingerprint = trace_fingerprint(eval_table)
+    n_origins = len(eval_table) - 1 - horizon - DEFAULT_START + 1
+    if n_origins < 1:
+        raise ValueError(
+            f"evaluation trace {eval_name!r} has {len(eval_table)} intervals: too short for a backtest at "
+            f"horizon {horizon} (needs at least {DEFAULT_START + horizon + 1})"
+        )
+
+    forecaster = forecaster_factory()
+    if not (hasattr(forecaster, "models") and hasattr(forecaster, "save")):
+        raise TypeError(
+            f"{type(forecaster).__name__} cannot be registered: train_and_log needs a LightGBM-style forecaster "
+            "with .models and .save(dir) (see forecasting.lgbm.LightGbmForecaster)"
+        )
+    horizon_max = getattr(forecaster, "horizon_max", horizon)
+    if horizon > horizon_max:
+        raise ValueError(f"horizon {horizon} exceeds the forecaster's horizon_max {horizon_max}")
+
+    client = tracking.connect(root)
+    exp_id = tracking.experiment_id(experiment, root)
+    tables = list(train_traces.values())
+    get_params = getattr(forecaster, "get_params", None)
+    params = dict(get_params()) if callable(get_params) else {}
+    params.update(
+        forecaster=getattr(forecaster, "name", type(forecaster).__name__),
+        forecaster_class=f"{type(forecaster).__module__}.{type(forecaster).__qualname__}",
+        train_traces=",".join(train_traces),
+        n_train_traces=len(train_traces),
+        n_train_intervals=int(sum(len(t) for t in tables)),
+        eval_trace=eval_name,
+        eval_fingerprint=fingerprint,
+        n_eval_intervals=len(eval_table),
+        horizon=horizon,
+        seed=params.get("seed", getattr(forecaster, "seed", "")),
+    )
+
+    nested = mlflow.active_run() is not None
+    with mlflow.start_run(experiment_id=exp_id, run_name=f"{params['forecaster']}-{eval_name}-h{horizon}",
+                          nested=nested) as run:
+        run_id = run.info.run_id
+        mlflow.log_params(_flat_params(params))
+        mlflow.set_tags({"eval_trace": eval_name, "registered_name": registered_name})
+
+        say(f"fitting {params['forecaster']} on {len(tables)} trace(s)")
+        forecaster.fit(tables)
+        persistence = PersistenceForecaster(max_horizon=max(24, horizon)).fit(tables)
+        n_rows = getattr(forecaster, "n_train_rows", None)
+        if n_rows is not None:
+            mlflow.log_param("n_train_rows", int(n_rows))
+
+        say(f"backtesting on {eval_name} ({n_origins} origins x 2 models)")
+        result = rolling_origin(forecaster, eval_table, horizon, max_history=history_window(forecaster, horizon))
+        base = rolling_origin(persistence, eval_table, horizon, max_history=history_window(persistence, horizon))
+        metrics = {**backtest_metrics(result), **backtest_metrics(base, "persistence_")}
+
+        say("comparing with the champion")
+        champion, why_not = _current_champion(client, registered_name, eval_table, fingerprint, horizon)
+        if champion is not None:
+            metrics["champion_mae_mean"] = champion.mae_mean
+        mlflow.log_metrics(metrics)  # one log_batch call
+        mlflow.log_dict({"model": result.to_dict(), "persistence": base.to_dict()}, "backtest.json")
+
+        with tempfile.TemporaryDirectory(prefix="parcae-train-") as tmp:
+            if plots:
+                say("plotting forecast fans")
+                png = plot_fans(
+                    eval_table, {params["forecaster"]: forecaster, "persistence": persistence},
+                    _fan_origins(result, eval_table, horizon), horizon, Path(tmp) / "fans.png",
+                )
+                mlflow.log_artifact(str(png), "plots")
+            say("logging the model")
+            saved = forecaster.save(Path(tmp) / FORECASTER_ARTIFACT)
+            mlflow.log_artifacts(str(saved), FORECASTER_ARTIFACT)
+
+        example = _input_example(forecaster, next(iter(train_traces.values())), horizon)
+        version: int | None = None
+        requirements = [f"lightgbm=={lightgbm.__version__}"]
+        for key, model in forecaster.models.items():
+            booster = getattr(model, "booster_", model)  # the Booster: no skops/sklearn import (seconds)
+            with warnings.catch_warnings():
+                # MLflow 3.17 compares DataFrame columns with a range (Pandas4Warning under pandas 3)
+                warnings.filterwarnings("ignore", message="Operation with range is deprecated", module="mlflow")
+                info = mlflow.lightgbm.log_model(
+                    booster,
+                    name=_model_name(key),
+                    signature=infer_signature(example, booster.predict(example)),
+                    input_example=example,
+                    pip_requirements=requirements,
+                    registered_model_name=registered_name if key == _MEDIAN_KEY else None,
+                )
+            if key == _MEDIAN_KEY:
+                version = int(info.registered_model_version)
+        if version is None:
+            raise ValueError(
+                f"the forecaster has no median model {_MEDIAN_KEY!r} to register; keys: {list(forecaster.models)}"
+            )
+
+        where = f"on {eval_name} at horizon {horizon}"
+        promoted, reason = _decide(metrics["mae_mean"], metrics["persistence_mae_mean"], champion, why_not, where)
+        if promoted:
+            client.set_registered_model_alias(registered_name, CHAMPION, str(version))
+        tag = "promoted" if promoted else reason
+        mlflow.set_tags({"promotion": tag[:5000], "promotion.reason": reason[:5000]})
+        client.set_model_version_tag(registered_name, str(version), "promotion", tag[:5000])
+        client.set_model_version_tag(registered_name, str(version), "mae_mean", f"{metrics['mae_mean']:.6g}")
+        mlflow.log_dict(
+            {
+                "promoted": promoted,
+                "reason": reason,
+                "version": version,
+                "registered_name": registered_name,
+                "eval_trace": eval_name,
+                "horizon": horizon,
+                "mae_mean": metrics["mae_mean"],
+                "persistence_mae_mean": metrics["persistence_mae_mean"],
+                "champion": None if champion is None else {
+                    "version": champion.version,
+                    "run_id": champion.run_id,
+                    "mae_mean": champion.mae_mean,
+                    "basis": champion.basis,
+                },
+            },
+            "promotion.json",
+        )
+    return TrainOutcome(run_id, version, promoted, reason, metrics, forecaster)
+
+
+# ------------------------------------------------------------------------------------------- loading
+
+
+def load_champion(
+    registered_name: str = DEFAULT_REGISTERED_NAME, root: str | os.PathLike[str] | None = None
+) -> Forecaster:
+    """The champion forecaster, rebuilt from its run's ``forecaster/`` artifact.
+
+    Without a champion (model not registered, no alias, artifact missing or unreadable) it returns an
+    unfitted `PersistenceForecaster` and logs a warning saying why and how to train one. Raises
+    ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    """
+    from mlflow.exceptions import MlflowException
+
+    client = tracking.connect(root)
+    uri = client.tracking_uri
+    fallback = "forecasting with an unfitted persistence model (N stays at its last value)"
+    aliases = _registered_aliases(client, registered_name)
+    if aliases is None:
+        log.warning("no model %r is registered in %s; %s; %s", registered_name, uri, fallback, _HOW_TO_TRAIN)
+        return PersistenceForecaster()
+    if CHAMPION not in aliases:
+        log.warning("registered model %r in %s has no %r alias (no version beat persistence yet); %s; %s",
+                    registered_name, uri, CHAMPION, fallback, _HOW_TO_TRAIN)
+        return PersistenceForecaster()
+    version = aliases[CHAMPION]
+    try:
+        mv = client.get_model_version(registered_name, str(version))
+        return _download_forecaster(client, mv.run_id)
+    except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
+        log.warning("champion version %s of %r in %s cannot be rebuilt from its run's %s/ artifact (%s); %s; %s",
+                    version, registered_name, uri, FORECASTER_ARTIFACT, exc, fallback, _HOW_TO_TRAIN)
+        return PersistenceForecaster()
