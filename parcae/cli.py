@@ -330,6 +330,14 @@ def simulate(
     bamboo_overhead: Annotated[
         float, typer.Option(help="Bamboo's throughput loss to redundant computation, in [0, 1).")
     ] = 0.10,
+    forecaster: Annotated[
+        str,
+        typer.Option(
+            metavar="MODEL",
+            help="Forecaster of the `parcae` policy: persistence, arima, ets, lightgbm (trained now without "
+            "the simulated trace) or champion (the MLflow registry's; persistence if there is none).",
+        ),
+    ] = "persistence",
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
     ] = None,
@@ -354,6 +362,12 @@ def simulate(
         global_batch=global_batch,
         bamboo=BambooConstants(overhead=bamboo_overhead),
     )
+    fc_model = None
+    if "parcae" in policies and forecaster != "persistence":
+        if forecaster not in FORECAST_MODELS:
+            raise UserError(f"--forecaster: unknown model {forecaster!r}; choose from {', '.join(FORECAST_MODELS)}")
+        corpus = _corpus_without(trace, df) if forecaster != "champion" else {}
+        fc_model = _build_forecaster(forecaster, corpus, look_ahead, trace=str(df.attrs.get("name") or trace))
     price = instance_price(config.instance_type)
     iv = float(df.attrs["interval_s"])
     h0 = float(window["start_s"].iloc[0]) / 3600.0
@@ -376,7 +390,7 @@ def simulate(
 
         results = run_simulation(
             df, policies, config, first_interval=first, last_interval=last, profile=profile, cost=cost,
-            on_step=on_step,
+            forecaster=fc_model, on_step=on_step,
         )
         noun = "policy" if len(policies) == 1 else "policies"
         progress.update(task, description=f"simulated {len(policies)} {noun} x {n_intervals} intervals")

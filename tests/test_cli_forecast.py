@@ -203,3 +203,19 @@ def test_collect_with_moto_writes_prices(runner: CliRunner, no_aws, monkeypatch:
     assert int(rows["spot_prices"][0]) > 0 and (store / "spot_prices").is_dir()
     assert rows["placement_scores"] == ["0", "0", "1"]  # moto does not implement placement scores
     assert "unsupported" in result.stderr
+
+
+def test_simulate_with_a_forecaster_drives_parcae(runner, tmp_path):
+    out = tmp_path / "sim.json"
+    res = runner.invoke(app, ["simulate", "--start-hour", "10", "--end-hour", "10.5", "-p", "parcae",
+                              "--forecaster", "ets", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["policies"]["parcae"]["samples"] > 0
+
+
+def test_simulate_rejects_an_unknown_forecaster(runner):
+    res = runner.invoke(app, ["simulate", "--start-hour", "10", "--end-hour", "10.5", "-p", "parcae",
+                              "--forecaster", "crystal-ball"])
+    assert res.exit_code == 2
+    assert "crystal-ball" in res.output and "Traceback" not in res.output
