@@ -1,0 +1,189 @@
+"""Tasks that produce records: MLflow runs of plans, and Prefect artifacts that point at them.
+
+MLflow is reached through `parcae.tracking` (the one place that decides the store), with an explicit
+`MlflowClient` rather than MLflow's global active run, so nothing here depends on what else runs in the
+process. One plan is one run of the ``plans`` experiment: parameters and metrics in one ``log_batch`` call,
+the forecast and the plan as JSON artifacts, and tags that tie it to the Prefect flow run and to the
+training run of the forecaster that made the forecast.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import pandas as pd
+from prefect import runtime, task
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from forecasting.forecast import Forecast
+from parcae import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
+
+from mlflow.entities import Metric, Param  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+
+__all__ = [
+    "PLANS_EXPERIMENT",
+    "log_plan_run",
+    "publish_plan_report",
+    "publish_training_report",
+    "store_unavailable",
+]
+
+PLANS_EXPERIMENT: Final = "plans"
+#: Tag holding the Prefect flow run that produced an MLflow run.
+FLOW_RUN_TAG: Final = "prefect.flow_run_id"
+#: Tag holding the MLflow run that trained the forecaster behind a plan.
+TRAINING_RUN_TAG: Final = "training_run_id"
+#: Where `mlflow ui` listens by default; used for links when the store is a local SQLite file.
+LOCAL_UI: Final = "http://127.0.0.1:5000"
+_TRANSIENT_CODES: Final = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"})
+
+
+def store_unavailable(exc: BaseException) -> bool:
+    """Whether an exception says the tracking store is unreachable or busy (worth a retry), not a bug."""
+    if isinstance(exc, tracking.TrackingError):
+        return True
+    return isinstance(exc, MlflowException) and exc.error_code in _TRANSIENT_CODES
+
+
+def _strategy(s: Any) -> str:
+    d, p = s
+    return f"{d}x{p}"
+
+
+def _key(text: str) -> str:
+    """An artifact key (lowercase letters, digits, dashes) from a model or trace name."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+
+
+def _run_link(client: Any, run_id: str) -> str:
+    """Markdown pointing at an MLflow run: a UI link, and for a local store how to open the UI."""
+    exp_id = client.get_run(run_id).info.experiment_id
+    uri = client.tracking_uri
+    if uri.startswith(("http://", "https://")):
+        return f"[MLflow run `{run_id}`]({uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+    return (
+        f"MLflow run `{run_id}` in `{uri}`: [open it]({LOCAL_UI}/#/experiments/{exp_id}/runs/{run_id}) "
+        f"once `mlflow ui --workers 1 --backend-store-uri {uri}` runs"
+    )
+
+
+@task(name="log-plan-run", persist_result=False)
+def log_plan_run(
+    plan: Mapping[str, Any],
+    forecast: Forecast,
+    history: pd.DataFrame,
+    training_run_id: str | None = None,
+    experiment: str = PLANS_EXPERIMENT,
+) -> str:
+    """Log one plan as an MLflow run of ``experiment``; returns the run id.
+
+    ``history`` is the past the forecast was made from (its name and last interval are the run's trace
+    and interval). A run whose logging fails is marked FAILED, so a half-logged plan is never FINISHED.
+    """
+    client = tracking.connect()
+    exp_id = tracking.experiment_id(experiment)
+    trace, origin = str(history.attrs.get("name", "")), int(history["interval"].iloc[-1])
+    first = plan["steps"][0]
+    tags = {"trace": trace, "decision": _strategy(plan["decision"])}
+    for key, value in (
+        (FLOW_RUN_TAG, runtime.flow_run.id),
+        ("prefect.flow_run_name", runtime.flow_run.name),
+        ("prefect.deployment", runtime.deployment.name),
+        (TRAINING_RUN_TAG, training_run_id),
+    ):
+        if value:
+            tags[key] = str(value)
+    params = {
+        "model": plan["model"],
+        "look_ahead": plan["look_ahead"],
+        "interval": origin,
+        "interval_s": plan["interval_s"],
+        "trace": trace,
+        "current_strategy": _strategy(plan["state"]["strategy"]),
+        "current_migrating": plan["state"]["migrating"],
+        "forecaster": forecast.model,
+    }
+    metrics = {
+        "expected_samples": plan["expected_samples"],
+        "decision_ms": plan["decision_ms"],
+        "reach": first["reach"],
+        "expected_cost_ms": first["expected_cost_ms"],
+    }
+    run_id = client.create_run(exp_id, run_name=f"plan-{plan['model']}-{trace}-i{origin}", tags=tags).info.run_id
+    try:
+        now = int(time.time() * 1000)
+        client.log_batch(
+            run_id,
+            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+            params=[Param(k, str(v)) for k, v in params.items()],
+        )
+        client.log_dict(run_id, forecast.to_dict(), "forecast.json")
+        client.log_dict(run_id, dict(plan), "plan.json")
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+@task(name="publish-plan-report", persist_result=False)
+def publish_plan_report(plan: Mapping[str, Any], run_id: str) -> str:
+    """A Prefect markdown artifact (key ``plan-<model>``): the decision, the K steps, the MLflow run."""
+    rows = [
+        f"| {j} | {_strategy(s['strategy'])} | {'yes' if s['migrating'] else 'no'} | {s['expected_samples']:,.0f} "
+        f"| {s['expected_cost_ms']:,.0f} | {s['reach']:.3f} |"
+        for j, s in enumerate(plan["steps"], start=1)
+    ]
+    markdown = "\n".join(
+        [
+            f"## Plan for {plan['model']}: run {_strategy(plan['decision'])} next",
+            "",
+            f"From {_strategy(plan['state']['strategy'])}"
+            f"{' (migrating)' if plan['state']['migrating'] else ''}; "
+            f"{plan['expected_samples']:,.0f} expected samples over {plan['look_ahead']} intervals of "
+            f"{plan['interval_s']:g} s; decided in {plan['decision_ms']:.1f} ms.",
+            "",
+            "| step | strategy (D x P) | migrating | expected samples | expected cost (ms) | reach |",
+            "|---:|---|---|---:|---:|---:|",
+            *rows,
+            "",
+            _run_link(tracking.connect(), run_id),
+        ]
+    )
+    artifact = create_markdown_artifact(
+        markdown=markdown, key=f"plan-{_key(plan['model'])}", description="The latest liveput plan"
+    )
+    return str(artifact)
+
+
+@task(name="publish-training-report", persist_result=False)
+def publish_training_report(outcome: Mapping[str, Any]) -> str:
+    """Prefect artifacts of a training run: the promotion decision (markdown), MAE by horizon (table)."""
+    metrics = outcome["metrics"]
+    horizons = sorted(int(k[len("mae_h"):]) for k in metrics if re.fullmatch(r"mae_h\d+", k))
+    create_table_artifact(
+        table=[
+            {"horizon": h, "mae": metrics[f"mae_h{h}"], "persistence_mae": metrics.get(f"persistence_mae_h{h}")}
+            for h in horizons
+        ],
+        key="forecaster-mae-by-horizon",
+        description="Backtest MAE of the newly trained forecaster and of persistence, per horizon",
+    )
+    verdict = "promoted to champion" if outcome["promoted"] else "not promoted"
+    markdown = "\n".join(
+        [
+            f"## Forecaster version {outcome['version']}: {verdict}",
+            "",
+            outcome["reason"],
+            "",
+            _run_link(tracking.connect(), outcome["run_id"]),
+        ]
+    )
+    artifact = create_markdown_artifact(
+        markdown=markdown, key="forecaster-training", description="The latest forecaster training and promotion"
+    )
+    return str(artifact)

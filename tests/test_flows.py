@@ -1,0 +1,243 @@
+"""Tests for the Prefect flows (flows/, tasks/) and their deployments (prefect.yaml).
+
+Everything is local and temporary: one Prefect test server for the session (`prefect_test_harness`, its
+home under a temporary folder, telemetry off), one MLflow SQLite store for the module (named only through
+``MLFLOW_TRACKING_URI``), tiny synthetic traces (``PARCAE_SHARED_TRACES``) and moto for EC2. The
+environment is set here, before Prefect is first imported, because Prefect reads its settings on import.
+Flows are called directly (one process); `prefect.yaml` is checked by loading every entrypoint and
+validating its schedules and parameters with Prefect's own models.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="parcae-prefect-home-")
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
+os.environ.update(
+    DO_NOT_TRACK="true",  # MLflow accepts only the literal "true"
+    PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    MLFLOW_DISABLE_TELEMETRY="true",
+    PREFECT_HOME=_PREFECT_HOME,
+)
+
+from datetime import timedelta  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import boto3  # noqa: E402
+import mlflow  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from moto import mock_aws  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
+from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule  # noqa: E402
+from prefect.flows import load_flow_from_entrypoint  # noqa: E402
+from prefect.states import Failed  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from flows.collect_traces import collect_traces  # noqa: E402
+from flows.plan_interval import hand_plan_to_coordinator, plan_interval  # noqa: E402
+from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
+from forecasting.collect import TraceStore  # noqa: E402
+from forecasting.registry import CHAMPION, DEFAULT_REGISTERED_NAME  # noqa: E402
+from forecasting.traces import load_trace  # noqa: E402
+from liveput.optimizer import JobState  # noqa: E402
+from liveput.throughput import load_profile  # noqa: E402
+from parcae.tracking import TrackingError  # noqa: E402
+from tasks import retry_on  # noqa: E402
+from tasks.tracking import FLOW_RUN_TAG, TRAINING_RUN_TAG, store_unavailable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+REGION = "us-east-1"
+AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default set
+LOOK_AHEAD = 8
+#: A LightGBM small enough to train in well under a second on the synthetic traces.
+TINY = dict(seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+def _periodic(periods: int, period: int = 20, drop_at: int = 12, capacity: int = 10, low: int = 7) -> np.ndarray:
+    """Full cluster but for ``low`` instances during 3 intervals from phase ``drop_at`` of every period."""
+    phase = np.arange(periods * period) % period
+    return np.where((phase >= drop_at) & (phase < drop_at + 3), low, capacity)
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory):
+    """A temporary MLflow store and a shared-traces folder holding three tiny ``ts_ms,count`` traces.
+
+    Their names (``<stem>-counts``) are learnable by a small LightGBM and not by persistence, so a model
+    trained on the first two and evaluated on the third is promoted.
+    """
+    root = tmp_path_factory.mktemp("flows")
+    traces = root / "traces"
+    traces.mkdir()
+    series = {
+        "periodic-a": _periodic(30),
+        "periodic-b": _periodic(20, drop_at=5, capacity=16, low=12),
+        "periodic-eval": _periodic(6, drop_at=9),
+    }
+    for name, counts in series.items():
+        (traces / f"{name}.csv").write_text("".join(f"{i * 60_000},{n}\n" for i, n in enumerate(counts)))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        mp.setenv("PARCAE_SHARED_TRACES", str(traces))
+        yield root
+
+
+@pytest.fixture(scope="module")
+def trained(stores: Path):
+    """One run of the retrain flow on the tiny corpus: its final state."""
+    return retrain_forecaster(
+        eval_trace="periodic-eval-counts",
+        horizon=LOOK_AHEAD,
+        train_traces=["periodic-a-counts", "periodic-b-counts"],
+        forecaster_params=TINY,
+        plots=False,
+        return_state=True,
+    )
+
+
+def test_retrain_forecaster_logs_a_run_and_records_promotion(trained) -> None:
+    assert trained.is_completed(), trained.message
+    outcome = trained.result()
+    assert outcome["promoted"] and outcome["reason"].startswith("promoted: ")
+    assert outcome["metrics"]["mae_mean"] < outcome["metrics"]["persistence_mae_mean"]
+
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("forecaster").experiment_id])
+    assert [r.info.run_id for r in runs] == [outcome["run_id"]]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.params["eval_trace"] == "periodic-eval-counts"
+    assert run.data.params["train_traces"] == "periodic-a-counts,periodic-b-counts"
+    assert run.data.tags["promotion"] == "promoted"
+    champion = client.get_model_version_by_alias(DEFAULT_REGISTERED_NAME, CHAMPION)
+    assert int(champion.version) == outcome["version"] and champion.run_id == outcome["run_id"]
+
+
+def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, stores: Path) -> None:
+    at = 300
+    state = plan_interval(
+        model="gpt-1.5b", trace="p3", at_interval=at, look_ahead=LOOK_AHEAD, state=JobState((2, 4)),
+        return_state=True,
+    )  # fmt: skip
+    assert state.is_completed(), state.message
+    plan = state.result()
+
+    available = int(load_trace("p3").set_index("interval").loc[at, "available"])
+    d, p = plan["decision"]
+    assert (d, p) == (0, 0) or ((d, p) in load_profile("gpt-1.5b").strategies(available))
+    assert len(plan["steps"]) == plan["look_ahead"] == LOOK_AHEAD
+    assert plan["steps"][0]["reach"] > 0 and plan["expected_samples"] > 0
+    assert plan["state"] == {"strategy": [2, 4], "migrating": False, "leftover_ms": 0.0}
+
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([client.get_experiment_by_name("plans").experiment_id])
+    assert [r.info.run_id for r in runs] == [plan["mlflow_run_id"]]
+    run = runs[0]
+    assert run.info.status == "FINISHED"
+    assert run.data.tags[FLOW_RUN_TAG] == str(state.state_details.flow_run_id)
+    assert run.data.tags[TRAINING_RUN_TAG] == trained.result()["run_id"]  # the champion's training run
+    assert run.data.params["model"] == "gpt-1.5b" and run.data.params["look_ahead"] == str(LOOK_AHEAD)
+    assert run.data.params["interval"] == str(at) and run.data.params["current_strategy"] == "2x4"
+    assert run.data.params["forecaster"] == "lightgbm"
+    assert run.data.metrics["expected_samples"] == pytest.approx(plan["expected_samples"])
+    assert {"decision_ms", "reach"} <= set(run.data.metrics)
+    logged = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/plan.json")
+    assert logged["decision"] == plan["decision"]
+    assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/forecast.json")["capacity"] == 32
+
+    # the Prefect UI gets the plan table with a pointer to the MLflow run, under a stable key
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+        )
+    [report] = [a for a in artifacts if a.type == "markdown"]
+    assert report.key == "plan-gpt-1-5b"
+    assert plan["mlflow_run_id"] in report.data and "| expected samples |" in report.data
+
+
+def test_the_coordinator_hand_over_is_not_wired_and_says_so() -> None:
+    with pytest.raises(NotImplementedError, match="not wired"):
+        hand_plan_to_coordinator({}, "127.0.0.1:29500")
+
+
+def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
+        monkeypatch.delenv(var, raising=False)
+    empty = tmp_path / "aws-empty"
+    empty.write_text("")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # thousands of AMIs per backend otherwise
+    store = tmp_path / "store"
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        ec2.run_instances(
+            ImageId=AMI, MinCount=3, MaxCount=3, InstanceType="m5.large",
+            InstanceMarketOptions={"MarketType": "spot", "SpotOptions": {"SpotInstanceType": "one-time"}},
+            TagSpecifications=[{"ResourceType": "instance", "Tags": [{"Key": "parcae:job", "Value": "job-a"}]}],
+        )  # fmt: skip
+        result = collect_traces(store=str(store), regions=[REGION], instance_types=("m5.large",), job_tag="job-a")
+
+    assert result["store"] == str(store.resolve()) and result["regions"] == [REGION]
+    assert result["rows_written"]["fleet_events"] == 3
+    assert result["rows_written"]["spot_prices"] > 0
+    assert any("get_spot_placement_scores" in u for u in result["unsupported"])  # moto lacks it
+    events = TraceStore(store).read("fleet_events")
+    assert len(events) == 3 and set(events["event"]) == {"add"} and set(events["job_tag"]) == {"job-a"}
+
+
+def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule() -> None:
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    assert doc["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}}]
+    deployments = {d["entrypoint"]: d for d in doc["deployments"]}
+    flow_files = {p.stem for p in (ROOT / "flows").glob("*.py") if p.stem != "__init__"}
+    assert {e.split("/")[1].split(".")[0] for e in deployments} == flow_files
+
+    expected = {
+        "flows/collect_traces.py:collect_traces": timedelta(minutes=10),
+        "flows/retrain_forecaster.py:retrain_forecaster": "0 * * * *",
+        "flows/plan_interval.py:plan_interval": timedelta(seconds=60),
+    }
+    assert set(deployments) == set(expected)
+    for entrypoint, spec in deployments.items():
+        path, name = entrypoint.split(":")
+        flow = load_flow_from_entrypoint(f"{ROOT / path}:{name}")
+        flow.validate_parameters(spec.get("parameters") or {})  # raises on an unknown or ill-typed parameter
+        assert spec["work_pool"]["name"] == "parcae-local"
+        [raw] = spec["schedules"]
+        if "cron" in raw:
+            schedule = CronSchedule(cron=raw["cron"], timezone=raw.get("timezone"))
+            assert schedule.cron == expected[entrypoint]
+        else:
+            schedule = IntervalSchedule(interval=timedelta(seconds=raw["interval"]), timezone=raw.get("timezone"))
+            assert schedule.interval == expected[entrypoint]
+
+
+def test_retry_conditions_retry_only_transient_failures() -> None:
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
+
+    retry = retry_on(store_unavailable)
+    assert retry(None, None, Failed(data=TrackingError("store down")))
+    # what MLflow's SQLAlchemy store raises for "database is locked"
+    assert retry(None, None, Failed(data=MlflowException("locked", error_code=TEMPORARILY_UNAVAILABLE)))
+    assert not retry(None, None, Failed(data=MlflowException("bad", error_code=INVALID_PARAMETER_VALUE)))
+    assert not retry(None, None, Failed(data=ValueError("horizon must be a positive integer")))
+    assert retry_on(TimeoutError)(None, None, Failed(data=TimeoutError()))
