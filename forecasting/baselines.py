@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import inspect
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Self
 
 import numpy as np
 import pandas as pd
@@ -259,11 +259,66 @@ def _in_out(last: float, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.maximum(delta, 0.0), np.maximum(-delta, 0.0)
 
 
+# ------------------------------------------------------------------------------- refitted models
+
+
+class _RefitPerCall:
+    """``fit`` and ``window_for`` of the models refitted per call on the last W values of N.
+
+    Only the fallback's persistence spread is learnt in ``fit``; W is ``window`` if set, else
+    `reference_window` of the horizon. Subclasses are dataclasses with ``window`` and ``persistence``.
+    """
+
+    def fit(self, histories: Sequence[pd.DataFrame]) -> Self:
+        """The model is refitted per call on the recent window; only the persistence spread is learnt."""
+        self.persistence.fit(histories)
+        return self
+
+    def window_for(self, horizon: int) -> int:
+        return self.window if self.window is not None else reference_window(horizon)
+
+
+def _guarded_fit(
+    fit: Callable[[], tuple[np.ndarray, np.ndarray]],
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``fit()`` with statsmodels warnings silenced, or None when it raises or returns non-finite values."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mean, other = fit()
+    except Exception:  # any statsmodels/numpy failure: persistence answers for this call
+        return None
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(other))):
+        return None
+    return mean, other
+
+
+def _refit_forecast(
+    name: str,
+    last: float,
+    cap: int,
+    point: np.ndarray,
+    band: tuple[np.ndarray, np.ndarray, np.ndarray],
+    base: Forecast,
+) -> Forecast:
+    """The answer of a refitted model: ``band`` is (q0.1, q0.5, q0.9); preemption is 1 where ``point``
+    drops, else persistence's (``base``) empirical rate."""
+    prob = np.where(_drops(point, last), 1.0, base.preemption_prob)
+    return Forecast(
+        model=name,
+        last_available=int(last),
+        capacity=cap,
+        point=point,
+        quantiles=_ordered(*band, cap),
+        preemption_prob=prob,
+    )
+
+
 # ----------------------------------------------------------------------------------------- ARIMA
 
 
 @dataclass(eq=False)  # a fitted model is equal only to itself (numpy state, counters)
-class ArimaForecaster:
+class ArimaForecaster(_RefitPerCall):
     """The reference predictor (§B.2) on statsmodels' state-space ARIMA(1,1,0) with drift (``trend="t"``).
 
     Per call, on the last W values of N (W = `reference_window` of the horizon unless ``window`` is set):
@@ -294,14 +349,6 @@ class ArimaForecaster:
     persistence: PersistenceForecaster = field(default_factory=PersistenceForecaster)
     fallbacks: int = field(default=0, init=False)
     fits: int = field(default=0, init=False)
-
-    def fit(self, histories: Sequence[pd.DataFrame]) -> ArimaForecaster:
-        """ARIMA is refitted per call on the recent window; only the persistence spread is learnt."""
-        self.persistence.fit(histories)
-        return self
-
-    def window_for(self, horizon: int) -> int:
-        return self.window if self.window is not None else reference_window(horizon)
 
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
         _check_history(history, horizon, self.name)
@@ -345,40 +392,26 @@ class ArimaForecaster:
         else:
             shift = point - mean
             lo, mid, hi = band[0] + shift, point, band[1] + shift
-        prob = np.where(_drops(point, last), 1.0, base.preemption_prob)
-        return Forecast(
-            model=self.name,
-            last_available=int(last),
-            capacity=cap,
-            point=point,
-            quantiles=_ordered(lo, mid, hi, cap),
-            preemption_prob=prob,
-        )
+        return _refit_forecast(self.name, last, cap, point, (lo, mid, hi), base)
 
     def _arima(self, a: np.ndarray, horizon: int) -> tuple[np.ndarray, np.ndarray] | None:
         """ARIMA mean and (q0.1, q0.9) band, or None when the fit fails."""
         from statsmodels.tsa.arima.model import ARIMA  # deferred: statsmodels takes ~1 s to import
 
+        def fit() -> tuple[np.ndarray, np.ndarray]:
+            fc = ARIMA(a, order=(1, 1, 0), trend="t").fit().get_forecast(horizon)
+            mean = np.asarray(fc.predicted_mean, dtype=np.float64)
+            return mean, np.asarray(fc.conf_int(alpha=1 - (_HI - _LO)), dtype=np.float64).T
+
         self.fits += 1
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                res = ARIMA(a, order=(1, 1, 0), trend="t").fit()
-                fc = res.get_forecast(horizon)
-                mean = np.asarray(fc.predicted_mean, dtype=np.float64)
-                band = np.asarray(fc.conf_int(alpha=1 - (_HI - _LO)), dtype=np.float64).T
-        except Exception:  # any statsmodels/numpy failure: persistence answers for this call
-            return None
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(band))):
-            return None
-        return mean, band
+        return _guarded_fit(fit)
 
 
 # ------------------------------------------------------------------------------------------- ETS
 
 
 @dataclass(eq=False)  # a fitted model is equal only to itself (numpy state, counters)
-class EtsForecaster:
+class EtsForecaster(_RefitPerCall):
     """Holt's additive damped trend (statsmodels ``ExponentialSmoothing``) on the last W values of N.
 
     W as for `ArimaForecaster` (``window`` overrides). The point is the model's mean clipped to
@@ -397,14 +430,6 @@ class EtsForecaster:
     fallbacks: int = field(default=0, init=False)
     fits: int = field(default=0, init=False)
 
-    def fit(self, histories: Sequence[pd.DataFrame]) -> EtsForecaster:
-        """The smoother is refitted per call; only the fallback's persistence spread is learnt."""
-        self.persistence.fit(histories)
-        return self
-
-    def window_for(self, horizon: int) -> int:
-        return self.window if self.window is not None else reference_window(horizon)
-
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
         _check_history(history, horizon, self.name)
         w = self.window_for(horizon)
@@ -421,39 +446,27 @@ class EtsForecaster:
         last = a[-1]
         point = _clip(mean, cap)
         lo, mid, hi = np.quantile(paths, [_LO, 0.5, _HI], axis=1)
-        prob = np.where(_drops(point, last), 1.0, base.preemption_prob)
-        return Forecast(
-            model=self.name,
-            last_available=int(last),
-            capacity=cap,
-            point=point,
-            quantiles=_ordered(lo, mid, hi, cap),
-            preemption_prob=prob,
-        )
+        return _refit_forecast(self.name, last, cap, point, (lo, mid, hi), base)
 
     def _ets(self, a: np.ndarray, horizon: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
         """Mean forecast and simulated paths (horizon x n_paths), or None when the fit fails."""
         from statsmodels.tsa.holtwinters import ExponentialSmoothing
 
+        def fit() -> tuple[np.ndarray, np.ndarray]:
+            # use_brute=False: the grid search for starting values costs 3-5x and buys nothing on 8-17 points
+            res = ExponentialSmoothing(
+                a, trend="add", damped_trend=True, initialization_method="estimated"
+            ).fit(use_brute=False)
+            mean = np.asarray(res.forecast(horizon), dtype=np.float64)
+            paths = np.asarray(
+                res.simulate(horizon, repetitions=self.n_paths, error="add", anchor="end",
+                             **{_simulate_rng_keyword(res): rng}),
+                dtype=np.float64,
+            ).reshape(horizon, self.n_paths)
+            return mean, paths
+
         self.fits += 1
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                # use_brute=False: the grid search for starting values costs 3-5x and buys nothing on 8-17 points
-                res = ExponentialSmoothing(
-                    a, trend="add", damped_trend=True, initialization_method="estimated"
-                ).fit(use_brute=False)
-                mean = np.asarray(res.forecast(horizon), dtype=np.float64)
-                paths = np.asarray(
-                    res.simulate(horizon, repetitions=self.n_paths, error="add", anchor="end",
-                                 **{_simulate_rng_keyword(res): rng}),
-                    dtype=np.float64,
-                ).reshape(horizon, self.n_paths)
-        except Exception:  # any statsmodels/numpy failure: persistence answers for this call
-            return None
-        if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(paths))):
-            return None
-        return mean, paths
+        return _guarded_fit(fit)
 
 
 def _simulate_rng_keyword(results: object) -> str:

@@ -31,12 +31,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecasting.traces import AvailabilityEvents
+from forecasting.traces import AvailabilityEvents, events_from_log
 
 if TYPE_CHECKING:
     import boto3
@@ -306,25 +305,8 @@ class TraceStore:
         :meth:`export_event_csv` cannot carry it). The trace ends at the last change.
         """
         origin, log = self._event_log(job_tag)
-        times: list[int] = []
-        adds: list[int] = []
-        removes: list[int] = []
-        for ms, op, _ in log:
-            second = ms // 1000  # as read_event_csv: integer-divide ms to seconds
-            if not times or times[-1] != second:
-                times.append(second)
-                adds.append(0)
-                removes.append(0)
-            (adds if op == "add" else removes)[-1] += 1
-        a = np.asarray(adds, dtype=np.int64)
-        r = np.asarray(removes, dtype=np.int64)
-        return AvailabilityEvents(
-            times_s=np.asarray(times, dtype=np.float64),
-            adds=a,
-            removes=r,
-            counts=np.cumsum(a - r),
-            initial=0,
-            last_s=float(times[-1]),
+        return events_from_log(
+            ((ms, op) for ms, op, _ in log),
             start_time=origin,
             name=job_tag,
             source=str(self.root / "fleet_events"),

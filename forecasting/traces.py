@@ -33,7 +33,7 @@ import math
 import os
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path, PurePosixPath
@@ -372,6 +372,37 @@ def _finish(events: AvailabilityEvents, path: Path) -> AvailabilityEvents:
     return replace(events, capacity=_known_capacity(path, events.fmt, events.max_count))
 
 
+def events_from_log(log: Iterable[tuple[int, str]], **meta: object) -> AvailabilityEvents:
+    """:class:`AvailabilityEvents` of a time-ordered ``(ts_ms, "add"|"remove")`` log, binned per second.
+
+    Milliseconds are integer-divided to seconds as the reference does before binning; events in the same
+    second are merged (gross adds/removes kept). ``meta`` fills the remaining fields (``name``,
+    ``source``, ``fmt``, ``start_time``). The log is consumed lazily, so a generator that validates
+    as it yields fails at the offending entry.
+    """
+    times: list[int] = []
+    adds: list[int] = []
+    removes: list[int] = []
+    for ts_ms, op in log:
+        second = ts_ms // 1000
+        if not times or times[-1] != second:
+            times.append(second)
+            adds.append(0)
+            removes.append(0)
+        (adds if op == "add" else removes)[-1] += 1
+    a = np.asarray(adds, dtype=np.int64)
+    r = np.asarray(removes, dtype=np.int64)
+    return AvailabilityEvents(
+        times_s=np.asarray(times, dtype=np.float64),
+        adds=a,
+        removes=r,
+        counts=np.cumsum(a - r),
+        initial=0,
+        last_s=float(times[-1]),
+        **meta,
+    )
+
+
 def read_event_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
     """Read a ``ts_ms,add|remove,node`` event log (Parcae ``p3trace.csv``, Bamboo ``p3-trace.csv``).
 
@@ -381,52 +412,31 @@ def read_event_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
     """
     p = Path(path)
     fmt = "event-csv"
-    alive: set[str] = set()
-    times: list[int] = []
-    adds: list[int] = []
-    removes: list[int] = []
-    prev_ms: int | None = None
-    for number, line in _lines(p, FORMATS[fmt]):
-        ts_text, op, node = _fields(p, fmt, number, line, 3)
-        ts_ms = _int(p, fmt, number, line, ts_text, "timestamp")
-        if prev_ms is not None and ts_ms < prev_ms:
-            raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
-        prev_ms = ts_ms
-        if op not in ("add", "remove"):
-            raise _bad(p, fmt, number, line, f"unknown op {op!r}")
-        if not node:
-            raise _bad(p, fmt, number, line, "empty node name")
-        if op == "add":
-            if node in alive:
-                raise _bad(p, fmt, number, line, f"add of {node!r}, which is already alive")
-            alive.add(node)
-        else:
-            if node not in alive:
-                raise _bad(p, fmt, number, line, f"remove of {node!r}, which is not alive")
-            alive.remove(node)
-        second = ts_ms // 1000  # the reference integer-divides ms to seconds before binning
-        if not times or times[-1] != second:
-            times.append(second)
-            adds.append(0)
-            removes.append(0)
-        if op == "add":
-            adds[-1] += 1
-        else:
-            removes[-1] += 1
-    a = np.asarray(adds, dtype=np.int64)
-    r = np.asarray(removes, dtype=np.int64)
-    events = AvailabilityEvents(
-        times_s=np.asarray(times, dtype=np.float64),
-        adds=a,
-        removes=r,
-        counts=np.cumsum(a - r),
-        initial=0,
-        last_s=float(times[-1]),
-        name=p.stem,
-        source=str(p),
-        fmt=fmt,
-    )
-    return _finish(events, p)
+
+    def checked() -> Iterator[tuple[int, str]]:
+        alive: set[str] = set()
+        prev_ms: int | None = None
+        for number, line in _lines(p, FORMATS[fmt]):
+            ts_text, op, node = _fields(p, fmt, number, line, 3)
+            ts_ms = _int(p, fmt, number, line, ts_text, "timestamp")
+            if prev_ms is not None and ts_ms < prev_ms:
+                raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
+            prev_ms = ts_ms
+            if op not in ("add", "remove"):
+                raise _bad(p, fmt, number, line, f"unknown op {op!r}")
+            if not node:
+                raise _bad(p, fmt, number, line, "empty node name")
+            if op == "add":
+                if node in alive:
+                    raise _bad(p, fmt, number, line, f"add of {node!r}, which is already alive")
+                alive.add(node)
+            else:
+                if node not in alive:
+                    raise _bad(p, fmt, number, line, f"remove of {node!r}, which is not alive")
+                alive.remove(node)
+            yield ts_ms, op
+
+    return _finish(events_from_log(checked(), name=p.stem, source=str(p), fmt=fmt), p)
 
 
 def read_count_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:

@@ -113,6 +113,11 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
 
     ``kwargs`` go to ``typer.Typer.command`` (``help=``, ``epilog=``, ...).
     """
+    return _register(app, name, kwargs)
+
+
+def _register(typer_app: typer.Typer, name: str | None, kwargs: dict[str, Any]) -> Callable[[F], F]:
+    """Decorator adding ``fn`` to ``typer_app`` as a command whose :class:`UserError` exits with code 2."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -123,7 +128,7 @@ def command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
                 error(str(exc))
                 raise typer.Exit(EXIT_USER_ERROR) from None
 
-        app.command(name, **kwargs)(run)
+        typer_app.command(name, **kwargs)(run)
         return fn
 
     return decorate
@@ -668,20 +673,7 @@ FORECAST_MODELS = ("persistence", "arima", "ets", "lightgbm", "champion")
 
 def forecast_command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
     """Like :func:`command`, for a sub-command of ``parcae forecast``."""
-
-    def decorate(fn: F) -> F:
-        @functools.wraps(fn)
-        def run(*args: Any, **kw: Any) -> Any:
-            try:
-                return fn(*args, **kw)
-            except UserError as exc:
-                error(str(exc))
-                raise typer.Exit(EXIT_USER_ERROR) from None
-
-        forecast_app.command(name, **kwargs)(run)
-        return fn
-
-    return decorate
+    return _register(forecast_app, name, kwargs)
 
 
 class _WarnHandler:

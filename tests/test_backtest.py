@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _tables import canonical_table
 from forecasting.backtest import (
     BacktestResult,
     leave_one_trace_out,
@@ -21,29 +22,11 @@ from forecasting.backtest import (
 )
 from forecasting.baselines import ArimaForecaster, PersistenceForecaster
 from forecasting.forecast import Forecast
-from forecasting.traces import COLUMNS
 
 
 def make_table(available, capacity: int = 32, name: str = "synthetic") -> pd.DataFrame:
     """A canonical per-interval table whose in/out are the net change of each interval."""
-    avail = np.asarray(available, dtype=np.int64)
-    prev = np.concatenate(([avail[0]], avail[:-1]))
-    n = len(avail)
-    df = pd.DataFrame(
-        {
-            "interval": np.arange(n),
-            "start_s": np.arange(n) * 60.0,
-            "start_time": pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]"),
-            "prev_available": prev,
-            "n_in": np.maximum(avail - prev, 0),
-            "n_out": np.maximum(prev - avail, 0),
-            "available": avail,
-            "capacity": np.full(n, capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
-    )
-    df.attrs = {"name": name, "source": "", "interval_s": 60.0, "capacity": capacity, "format": "test"}
-    return df
+    return canonical_table(available, capacity, name=name, source="")
 
 
 @dataclass

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _tables import canonical_table
 from forecasting.backtest import rolling_origin
 from forecasting.baselines import (
     ArimaForecaster,
@@ -24,32 +25,11 @@ from forecasting.baselines import (
     trend_penalties,
 )
 from forecasting.forecast import Forecast, Forecaster
-from forecasting.traces import COLUMNS
 
 
 def make_table(available, capacity: int, n_in=None, n_out=None, name: str = "synthetic") -> pd.DataFrame:
     """A canonical per-interval table; in/out default to the net change of each interval."""
-    avail = np.asarray(available, dtype=np.int64)
-    prev = np.concatenate(([avail[0]], avail[:-1]))
-    delta = avail - prev
-    n_in = np.maximum(delta, 0) if n_in is None else np.asarray(n_in, dtype=np.int64)
-    n_out = np.maximum(-delta, 0) if n_out is None else np.asarray(n_out, dtype=np.int64)
-    n = len(avail)
-    df = pd.DataFrame(
-        {
-            "interval": np.arange(n),
-            "start_s": np.arange(n) * 60.0,
-            "start_time": pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]"),
-            "prev_available": prev,
-            "n_in": n_in,
-            "n_out": n_out,
-            "available": avail,
-            "capacity": np.full(n, capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
-    )
-    df.attrs = {"name": name, "source": "", "interval_s": 60.0, "capacity": capacity, "format": "test"}
-    return df
+    return canonical_table(available, capacity, n_in=n_in, n_out=n_out, name=name, source="")
 
 
 def event_walk(n: int, rng: np.random.Generator, lam: float = 3.0, capacity: int = 1000) -> pd.DataFrame:

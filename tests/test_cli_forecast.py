@@ -14,24 +14,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from _aws import fake_aws_account, isolate_aws
+from _mlflow import temporary_mlflow_store
 from parcae.cli import app
 
 FORECAST_KEYS = {"model", "last_available", "capacity", "point", "quantiles", "preemption_prob", "events"}
 SCORE_KEYS = {"mae", "mae_mean", "pinball", "coverage80", "brier"}
-AWS_VARS = (
-    "AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-    "AWS_SECURITY_TOKEN", "AWS_REGION", "AWS_DEFAULT_REGION", "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-    "AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_WEB_IDENTITY_TOKEN_FILE", "AWS_ROLE_ARN", "AWS_ENDPOINT_URL",
-    "AWS_ENDPOINT_URL_EC2", "HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "ALL_PROXY", "all_proxy",
-)
 
 
 @pytest.fixture(scope="module")
 def mlflow_store(tmp_path_factory: pytest.TempPathFactory):
-    root = tmp_path_factory.mktemp("mlflow")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-        yield root
+    yield from temporary_mlflow_store(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)
@@ -165,13 +158,7 @@ def test_train_refuses_unknown_names(runner: CliRunner) -> None:
 
 @pytest.fixture
 def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for var in AWS_VARS:
-        monkeypatch.delenv(var, raising=False)
-    empty = tmp_path / "aws-empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    isolate_aws(monkeypatch, tmp_path)
 
 
 def test_collect_without_credentials_names_the_fix(runner: CliRunner, no_aws, tmp_path: Path) -> None:
@@ -189,9 +176,7 @@ def test_collect_with_moto_writes_prices(runner: CliRunner, no_aws, monkeypatch:
                                          tmp_path: Path) -> None:
     from moto import mock_aws
 
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+    fake_aws_account(monkeypatch)
     store = tmp_path / "store"
     with mock_aws():
         result = runner.invoke(app, ["collect", "--store", str(store), "--region", "us-east-1",

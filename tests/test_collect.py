@@ -19,6 +19,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from _aws import fake_aws_account, isolate_aws
 from forecasting.collect import (
     CollectError,
     InstanceObservation,
@@ -37,37 +38,9 @@ T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 @pytest.fixture(autouse=True)
 def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Fake credentials, one region, no config files, no instance metadata, no proxies."""
-    for var in (
-        "AWS_PROFILE",
-        "AWS_DEFAULT_PROFILE",
-        "AWS_SESSION_TOKEN",
-        "AWS_SECURITY_TOKEN",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_ROLE_ARN",
-        "AWS_ENDPOINT_URL",
-        "AWS_ENDPOINT_URL_EC2",
-        "HTTP_PROXY",
-        "HTTPS_PROXY",
-        "http_proxy",
-        "https_proxy",
-        "ALL_PROXY",
-        "all_proxy",
-    ):
-        monkeypatch.delenv(var, raising=False)
-    empty = tmp_path / "aws-empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("AWS_REGION", REGION)
+    isolate_aws(monkeypatch, tmp_path)
+    fake_aws_account(monkeypatch, REGION)
     monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-    # moto loads thousands of default AMIs per backend (seconds); AMI ids are not validated without them
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
 
 
 def stubbed(tmp_path: Path, **kw) -> tuple[SpotCollector, Stubber]:

@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _tables import canonical_table
 from forecasting.features import (
     FEATURE_NAMES,
     SINCE_CAP,
@@ -19,7 +20,7 @@ from forecasting.features import (
     stack_steps,
     targets,
 )
-from forecasting.traces import COLUMNS, load_trace
+from forecasting.traces import load_trace
 
 # (prev_available, n_in, n_out, available) per interval of a 10-instance cluster; row 4 has gross flows.
 HAND_ROWS = [
@@ -38,28 +39,10 @@ def make_table(
     rows: list[tuple[int, int, int, int]], capacity: int, start: str | None = None, interval_s: float = 60.0
 ) -> pd.DataFrame:
     """A canonical table (forecasting.traces.COLUMNS) from explicit rows."""
-    n = len(rows)
-    start_s = np.arange(n, dtype=np.float64) * interval_s
-    if start is None:
-        start_time = pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]")
-    else:
-        start_time = pd.Series(pd.Timestamp(start, tz="UTC") + pd.to_timedelta(start_s, unit="s"))
     prev, n_in, n_out, avail = (np.array(c, dtype=np.int64) for c in zip(*rows))
-    df = pd.DataFrame(
-        {
-            "interval": np.arange(n, dtype=np.int64),
-            "start_s": start_s,
-            "start_time": start_time.astype("datetime64[ns, UTC]"),
-            "prev_available": prev,
-            "n_in": n_in,
-            "n_out": n_out,
-            "available": avail,
-            "capacity": np.full(n, capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
+    return canonical_table(
+        avail, capacity, prev=prev, n_in=n_in, n_out=n_out, start=start, interval_s=interval_s, name="hand"
     )
-    df.attrs = {"name": "hand", "source": "test", "interval_s": interval_s, "capacity": capacity, "format": "test"}
-    return df
 
 
 def random_table(n: int, capacity: int, seed: int, start: str | None = None) -> pd.DataFrame:

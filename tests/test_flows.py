@@ -29,7 +29,6 @@ from pathlib import Path  # noqa: E402
 
 import boto3  # noqa: E402
 import mlflow  # noqa: E402
-import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 from moto import mock_aws  # noqa: E402
@@ -40,6 +39,8 @@ from prefect.flows import load_flow_from_entrypoint  # noqa: E402
 from prefect.states import Failed  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
+from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _tables import periodic_counts  # noqa: E402
 from flows.collect_traces import collect_traces  # noqa: E402
 from flows.plan_interval import hand_plan_to_coordinator, plan_interval  # noqa: E402
 from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
@@ -66,12 +67,6 @@ def prefect_server():
         yield
 
 
-def _periodic(periods: int, period: int = 20, drop_at: int = 12, capacity: int = 10, low: int = 7) -> np.ndarray:
-    """Full cluster but for ``low`` instances during 3 intervals from phase ``drop_at`` of every period."""
-    phase = np.arange(periods * period) % period
-    return np.where((phase >= drop_at) & (phase < drop_at + 3), low, capacity)
-
-
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory: pytest.TempPathFactory):
     """A temporary MLflow store and a shared-traces folder holding three tiny ``ts_ms,count`` traces.
@@ -83,9 +78,9 @@ def stores(tmp_path_factory: pytest.TempPathFactory):
     traces = root / "traces"
     traces.mkdir()
     series = {
-        "periodic-a": _periodic(30),
-        "periodic-b": _periodic(20, drop_at=5, capacity=16, low=12),
-        "periodic-eval": _periodic(6, drop_at=9),
+        "periodic-a": periodic_counts(30),
+        "periodic-b": periodic_counts(20, drop_at=5, capacity=16, low=12),
+        "periodic-eval": periodic_counts(6, drop_at=9),
     }
     for name, counts in series.items():
         (traces / f"{name}.csv").write_text("".join(f"{i * 60_000},{n}\n" for i, n in enumerate(counts)))
@@ -174,17 +169,8 @@ def test_the_coordinator_hand_over_is_not_wired_and_says_so() -> None:
 
 
 def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_EC2"):
-        monkeypatch.delenv(var, raising=False)
-    empty = tmp_path / "aws-empty"
-    empty.write_text("")
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(empty))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(empty))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")  # thousands of AMIs per backend otherwise
+    isolate_aws(monkeypatch, tmp_path)
+    fake_aws_account(monkeypatch, REGION)
     store = tmp_path / "store"
     with mock_aws():
         ec2 = boto3.client("ec2", region_name=REGION)

@@ -10,12 +10,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from _tables import canonical_table, periodic_counts
 from forecasting import traces as T
 from forecasting.corpus import DUPLICATES, training_corpus
 from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES
 from forecasting.forecast import Forecast, Forecaster
 from forecasting.lgbm import LightGbmForecaster, _sample_budget
-from forecasting.traces import COLUMNS
 
 SHARED_PRESENT = T.shared_traces_dir().is_dir()
 needs_shared = pytest.mark.skipif(not SHARED_PRESENT, reason="shared traces not present")
@@ -25,25 +25,7 @@ FAST = dict(n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples
 
 def table_from_counts(counts: np.ndarray, capacity: int, initial: int | None = None) -> pd.DataFrame:
     """Canonical table whose n_in/n_out are the net positive/negative changes of ``counts``."""
-    avail = np.asarray(counts, dtype=np.int64)
-    prev = np.concatenate([[avail[0] if initial is None else initial], avail[:-1]])
-    delta = avail - prev
-    n = len(avail)
-    df = pd.DataFrame(
-        {
-            "interval": np.arange(n, dtype=np.int64),
-            "start_s": np.arange(n, dtype=np.float64) * 60.0,
-            "start_time": pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]"),
-            "prev_available": prev,
-            "n_in": np.maximum(delta, 0),
-            "n_out": np.maximum(-delta, 0),
-            "available": avail,
-            "capacity": np.full(n, capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
-    )
-    df.attrs = {"name": "synthetic", "source": "test", "interval_s": 60.0, "capacity": capacity, "format": "test"}
-    return df
+    return canonical_table(counts, capacity, initial=initial)
 
 
 PERIOD, DROP_AT, DROP_LEN = 20, 12, 3
@@ -51,9 +33,7 @@ PERIOD, DROP_AT, DROP_LEN = 20, 12, 3
 
 def periodic(periods: int, capacity: int = 10, low: int = 7) -> pd.DataFrame:
     """Full cluster except a drop to ``low`` at phases DROP_AT..DROP_AT+DROP_LEN-1 of every period."""
-    phase = np.arange(periods * PERIOD) % PERIOD
-    counts = np.where((phase >= DROP_AT) & (phase < DROP_AT + DROP_LEN), low, capacity)
-    return table_from_counts(counts, capacity)
+    return table_from_counts(periodic_counts(periods, PERIOD, DROP_AT, capacity, low, DROP_LEN), capacity)
 
 
 def random_walk(n: int, capacity: int, seed: int) -> pd.DataFrame:

@@ -13,10 +13,11 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
+from _mlflow import temporary_mlflow_store
+from _tables import canonical_table, periodic_counts
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
 from forecasting.registry import (
@@ -27,40 +28,15 @@ from forecasting.registry import (
     trace_fingerprint,
     train_and_log,
 )
-from forecasting.traces import COLUMNS
 from parcae import tracking
 
 HORIZON = 6
 FAST = dict(horizon_max=HORIZON, seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
 
 
-def table_from_counts(counts: np.ndarray, capacity: int) -> pd.DataFrame:
-    """Canonical table whose n_in/n_out are the net changes of ``counts``."""
-    avail = np.asarray(counts, dtype=np.int64)
-    prev = np.concatenate([[avail[0]], avail[:-1]])
-    delta = avail - prev
-    n = len(avail)
-    df = pd.DataFrame(
-        {
-            "interval": np.arange(n, dtype=np.int64),
-            "start_s": np.arange(n, dtype=np.float64) * 60.0,
-            "start_time": pd.Series(pd.NaT, index=range(n), dtype="datetime64[ns, UTC]"),
-            "prev_available": prev,
-            "n_in": np.maximum(delta, 0),
-            "n_out": np.maximum(-delta, 0),
-            "available": avail,
-            "capacity": np.full(n, capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
-    )
-    df.attrs = {"name": "synthetic", "source": "test", "interval_s": 60.0, "capacity": capacity, "format": "test"}
-    return df
-
-
 def periodic(periods: int, period: int = 20, drop_at: int = 12, capacity: int = 10, low: int = 7) -> pd.DataFrame:
     """Full cluster except ``low`` instances for 3 intervals from phase ``drop_at`` of every period."""
-    phase = np.arange(periods * period) % period
-    return table_from_counts(np.where((phase >= drop_at) & (phase < drop_at + 3), low, capacity), capacity)
+    return canonical_table(periodic_counts(periods, period, drop_at, capacity, low), capacity)
 
 
 TRAIN = {"periodic-a": periodic(30), "periodic-b": periodic(20, drop_at=5, capacity=16, low=12)}
@@ -70,10 +46,7 @@ EVAL = ("periodic-eval", periodic(6, drop_at=9))
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
     """One temporary MLflow store for the module, named only through MLFLOW_TRACKING_URI."""
-    root = tmp_path_factory.mktemp("mlflow")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
-        yield root
+    yield from temporary_mlflow_store(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
