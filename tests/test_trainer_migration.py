@@ -94,7 +94,8 @@ def test_parse_events_sorts_and_groups():
     "raw, match",
     [
         ({"step": 2}, r"event 1: field 'kind': missing"),
-        ({"step": 2, "kind": "move"}, r"event 1: field 'kind': expected one of plan, add, preempt, kill, got 'move'"),
+        ({"step": 2, "kind": "move"},
+         r"event 1: field 'kind': expected one of plan, add, preempt, kill, checkpoint-restart, got 'move'"),
         ({"kind": "plan", "strategy": [1, 1]}, r"event 1: field 'step': missing"),
         ({"step": 0, "kind": "add", "workers": 1}, r"event 1: field 'step': expected an integer >= 1"),
         ({"step": "3", "kind": "add", "workers": 1}, r"event 1: field 'step'"),
@@ -106,9 +107,9 @@ def test_parse_events_sorts_and_groups():
         ({"step": 3, "kind": "preempt", "instances": []}, r"event 1: field 'instances': expected a non-empty list"),
         ({"step": 3, "kind": "preempt", "instances": [1, 1]}, r"event 1: field 'instances': worker ids repeat"),
         ({"step": 3, "kind": "preempt", "instances": [1], "notice": "yes"}, r"event 1: field 'notice'"),
-        ({"step": 3, "kind": "preempt", "instances": [1], "notice": False},
-         r"event 1: field 'notice': .*not supported yet"),
-        ({"step": 3, "kind": "kill", "instances": [1]}, r"event 1: field 'kind': .*'kill'.* not supported yet"),
+        ({"step": 3, "kind": "kill", "instances": [1], "notice": True}, r"event 1: field 'notice': a kill has no"),
+        ({"step": 3, "kind": "checkpoint-restart", "strategy": [0, 1]}, r"event 1: field 'strategy'"),
+        ({"step": 3, "kind": "checkpoint-restart", "workers": 1}, r"event 1: field 'workers': not a field"),
         ({"step": 3, "kind": "add", "workers": 1, "strategy": [1, 1]}, r"event 1: field 'strategy': not a field"),
         ([3, "plan"], r"event 1: expected an object"),
     ],
@@ -257,7 +258,9 @@ def test_check_schedule_dry_run():
          r"event at step 5: strategy 2x2 needs 4 instances, only 3 are alive"),
         (4, (2, 2), [{"step": 3, "kind": "preempt", "instances": [9]}], r"step 3: cannot preempt workers \[9\]"),
         (4, (2, 2), [{"step": STEPS, "kind": "plan", "strategy": [1, 1]}], r"step 10: outside the job's boundaries"),
-        (4, (2, 2), [{"step": 3, "kind": "kill", "instances": [1]}], r"not supported yet"),
+        (2, (1, 2), [{"step": 3, "kind": "kill", "instances": [0, 1]}], r"step 3: the kill leaves no instance"),
+        (4, (2, 2), [{"step": 3, "kind": "kill", "instances": [1]}, {"step": 3, "kind": "preempt", "instances": [1]}],
+         r"step 3: worker 1 is preempted twice"),
     ],
 )  # fmt: skip
 def test_run_job_rejects_impossible_jobs_before_anything_runs(tmp_path, workers, strategy, events, match):
@@ -284,7 +287,7 @@ def test_run_job_rejects_an_unknown_model(tmp_path):
 
 
 def _coordinator(tmp_path: Path, **kw) -> Coordinator:
-    return Coordinator(CFG, TRAIN, STEPS, checkpoint_dir=str(tmp_path), **kw)
+    return Coordinator(CFG, TRAIN, STEPS, layers_dir=str(tmp_path), **kw)
 
 
 def test_non_loopback_coordinator_requires_a_token(tmp_path):

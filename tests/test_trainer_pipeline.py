@@ -217,7 +217,7 @@ def _worker(worker_id: int, port: int, jobs: mp.Queue, results: mp.Queue) -> Non
                 path = checkpoint.shard_path(job["out"], job["stop"], ctx.stage)
                 checkpoint.save(path, ctx.layer_states(), step=job["stop"], config=job["model"], job=JOB)
             digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in ctx.module.parameters()))
-            close_epoch()
+            close_epoch(groups)
             results.put((worker_id, "ok", {"losses": losses, "stage": ctx.stage, "digest": digest.hexdigest()}))
         except BaseException:
             results.put((worker_id, "error", traceback.format_exc()))

@@ -11,6 +11,10 @@ single rank). `load` merges the files, checks they agree on job, config and step
 by default, that every layer of the model is present — so a checkpoint whose shards were not all written is
 refused rather than half-loaded.
 
+A running job writes one such sharded checkpoint every `checkpoint_every` steps (`trainer.worker`); the
+coordinator knows which are complete, a checkpoint-restart loads the latest complete one into any cut, and
+`remove_after` clears the files of the abandoned run past it.
+
 Each file is written atomically: to a temporary file in the same directory (same file system), flushed and
 fsync'ed, then `os.replace`d over the target, so a reader sees the old file or the new one, never a partial one.
 Temporary files of a crashed writer are removed on error and are named `.<name>.tmp-*` so `find_shards` never
@@ -153,3 +157,29 @@ def find_shards(directory: str | os.PathLike[str], step: int) -> list[Path]:
     return ([whole] if whole.is_file() else []) + sorted(
         d.glob(f"step{step:08d}.stage*.pt"), key=lambda p: int(p.name.split(".stage")[1].removesuffix(".pt"))
     )
+
+
+def _step_of(path: Path) -> int | None:
+    name = path.name
+    if not name.startswith("step") or not name.endswith(".pt"):
+        return None
+    digits = name[4:].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else None
+
+
+def remove_after(directory: str | os.PathLike[str], step: int) -> list[Path]:
+    """Delete the checkpoint files (whole or shards) of steps after `step`; returns what was removed.
+
+    A checkpoint-restart from `step` calls it before the restarted job writes again: files of later steps are
+    an incomplete checkpoint of the abandoned run, and a shard of another cut left next to the new ones would make
+    the later checkpoint ambiguous (`load` refuses a layer in two shards).
+    """
+    d = Path(directory)
+    removed = []
+    if d.is_dir():
+        for p in sorted(d.glob("step*.pt")):
+            s = _step_of(p)
+            if s is not None and s > step:
+                p.unlink(missing_ok=True)
+                removed.append(p)
+    return removed

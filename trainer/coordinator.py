@@ -1,31 +1,50 @@
-"""The control plane of one elastic job: the store, membership, epochs, step boundaries and the event log.
+"""The control plane of one elastic job: the store, membership, heartbeats, epochs, step boundaries, checkpoints
+and the log of reconfigurations.
 
 Owns: a `torch.distributed.TCPStore` hosted here (stack.md §4b: `world_size=None, is_master=True,
 wait_for_workers=False`, so it outlives any worker), the job's published spec, the token check's public half,
-membership (worker ids that joined, minus those preempted), the current `Epoch`, the decision per step boundary,
-and the log of reconfigurations. Must not touch: tensors, process groups, training — workers do that; which
-assignment and transfers an epoch has is `trainer.migration`'s pure planning, which the coordinator only calls.
+membership (worker ids that joined, minus those preempted or dead), failure detection (heartbeats), the current
+`Epoch`, the decision per step boundary, the latest complete checkpoint and the records of reconfigurations.
+Must not touch: tensors, process groups, training — workers do that; processes — the driver (`trainer.run`) and
+its `trainer.instances` provider start and stop them; which assignment and transfers an epoch has is
+`trainer.migration`'s pure planning, which the coordinator only calls.
 
 One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in the store:
 
-  job/spec                 JSON: model and train configs, steps, job id, checkpoint dir, PG timeout
+  job/spec                 JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
   auth/mode, auth/salt, auth/digest
                            "none", or "token" with sha256(salt + token): a worker proves it was given the job's
                            token and refuses to join otherwise (it exits with EXIT_TOKEN and writes ctl/rejected/{id})
   epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
   ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
-  ctl/worker/{id}          the registered worker's pid
+  ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
+  ctl/worker/{id}          the registered process's pid
+  ctl/final/{id}           the incarnation (ctl/joins value) of instance id's process that ended normally
+  hb/{id}                  the heartbeat: a counter the worker's heartbeat thread (its own TCPStore client) bumps
+                           every `hb_interval_s`; the coordinator declares a worker dead when it stops moving for
+                           `hb_timeout_s` (measured on the coordinator's clock: no clock skew between hosts)
+  ctl/at/{id}              the step the worker started last (the driver kills a victim mid-step with it)
   ctl/boundary/{s}         the decision for the boundary before step s, taken **once** by compare-and-set (as the
                            reference's `/rdzv/global_steps_{step}` CAS, §D.3): the first worker to reach it writes
                            "train"; the coordinator claims it beforehand with "hold" and resolves a hold to
-                           "epoch:{n}" (migrate into epoch n) or "train". Every member of an epoch therefore sees
-                           the same decision, whatever the timing of a notice.
+                           "epoch:{n}" (migrate into epoch n), "restart:{n}" (checkpoint here, exit for a
+                           checkpoint-restart into epoch n) or "train". A decision naming an epoch the worker has
+                           already reached is stale (the boundary is being passed again after a recovery) and means
+                           "train". Every member of an epoch therefore sees the same decision.
   ctl/preempt/{id}         the last epoch number a preempted worker takes part in (standby workers exit after it)
-  ctl/decided/{s}          when the coordinator resolved a held boundary (wall clock)
-  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member finished its last step), arrived
+  ctl/restart/{id}         the worker's process must exit (EXIT_RESTART) for a checkpoint-restart
+  ctl/e{n}/abort           epoch n is broken (a member died, or a worker saw a collective fail): members abandon
+                           the step in flight (nothing applied) and report; set by the coordinator or a worker
+  ctl/e{n}/abandon/{id}    the step a survivor of broken epoch n abandoned (= the steps it applied); all agree
+  ctl/e{n}/commit/{s}, ctl/e{n}/decide/{s}
+                           the once-only commit of step s in epoch n: "apply" iff every rank finished its
+                           collectives, "abort" if the epoch broke first (see `trainer.pipeline`)
+  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived
                            (counter), ready/{id} (new member about to run its first step), phases/{id} (its
-                           migration's phase durations, JSON), bytes (sent, counter)
-  loss/{s}                 the loss of step s, written by the last stage's replica 0
+                           migration's phase durations, JSON), bytes (sent or loaded, counter), decided (when
+                           the epoch was published)
+  ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s
+  loss/{s}                 the loss of step s, written by the last stage's replica 0 (rewritten when redone)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
   ctl/error/{id}, ctl/rejected/{id}, ctl/abort, ctl/done
 
@@ -49,11 +68,21 @@ from typing import Any
 import torch.distributed as dist
 
 from liveput.migration import MigrationKind
+from trainer import checkpoint
 from trainer.config import ModelConfig, TrainConfig
 from trainer.events import EventGroup
-from trainer.migration import Epoch, PlanError, first_epoch, layer_sizes, next_epoch
+from trainer.migration import (
+    Epoch,
+    PlanError,
+    first_epoch,
+    layer_sizes,
+    next_epoch,
+    plan_recovery,
+    restart_epoch,
+)
 
 HOLD, TRAIN = "hold", "train"
+APPLY, ABORT = "apply", "abort"
 
 
 class ScheduleError(ValueError):
@@ -78,28 +107,36 @@ def token_digest(salt: str, token: str) -> str:
 
 @dataclass(frozen=True)
 class JobSpec:
-    """What every worker of the job needs besides its id: published once under `job/spec`. Never changes."""
+    """What every worker of the job needs besides its id: published once under `job/spec`. Never changes.
+
+    `layers_dir` receives the final parameters (one shard per stage); `checkpoint_dir` the periodic checkpoints
+    (every `checkpoint_every` steps, 0 = never) and the on-demand checkpoint of a checkpoint-restart.
+    """
 
     model: ModelConfig
     train: TrainConfig
     steps: int
     job: str
-    checkpoint_dir: str
+    layers_dir: str
     pg_timeout_s: float
+    checkpoint_dir: str = ""
+    checkpoint_every: int = 0
+    hb_interval_s: float = 0.1
 
     def to_json(self) -> str:
         return json.dumps({
             "model": self.model.to_dict(), "train": {**vars(self.train), "betas": list(self.train.betas)},
-            "steps": self.steps, "job": self.job, "checkpoint_dir": self.checkpoint_dir,
-            "pg_timeout_s": self.pg_timeout_s,
+            "steps": self.steps, "job": self.job, "layers_dir": self.layers_dir, "pg_timeout_s": self.pg_timeout_s,
+            "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
+            "hb_interval_s": self.hb_interval_s,
         })  # fmt: skip
 
     @classmethod
     def from_json(cls, text: str | bytes) -> JobSpec:
         d = json.loads(text)
         train = {**d["train"], "betas": tuple(d["train"]["betas"])}
-        return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"],
-                   d["checkpoint_dir"], d["pg_timeout_s"])  # fmt: skip
+        return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
+                   d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"])  # fmt: skip
 
 
 def check_schedule(
@@ -108,9 +145,11 @@ def check_schedule(
 ) -> list[Epoch]:
     """Dry-run the schedule with the coordinator's own planning: the epochs it will publish, or `ScheduleError`.
 
-    Checks every strategy against the instances alive at its step (initial ones + adds - preemptions), P against
-    the layer count, D against the global batch, preempted ids against who is alive, and event steps against the
-    job's length.
+    Checks every strategy against the instances alive at its step (initial ones + adds - preemptions - kills),
+    P against the layer count, D against the global batch, preempted and killed ids against who is alive, and event
+    steps against the job's length. A kill is planned as the coordinator will recover from it: a live migration
+    if every layer keeps a surviving holder, else a checkpoint-restart (its restore step is only known at run time;
+    the dry run uses the kill's step).
     """
     if workers < 1:
         raise ScheduleError(f"workers must be >= 1, got {workers}")
@@ -122,6 +161,7 @@ def check_schedule(
     except PlanError as e:
         raise ScheduleError(f"initial strategy: {e}") from None
     sizes = layer_sizes(model)
+    n_layers = model.n_layers_total
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
     for g in groups:
         if not 1 <= g.step < steps:
@@ -130,13 +170,31 @@ def check_schedule(
         next_id += g.add
         alive |= added
         try:
-            new = next_epoch(epoch, g.step, alive, sizes, g.strategy, g.preempt, train.global_batch)
+            if g.restart:
+                if g.preempt:
+                    raise PlanError("a checkpoint-restart and preemptions in the same step: give them two steps")
+                new = restart_epoch(epoch, g.step, alive, n_layers, g.strategy, train.global_batch)
+            else:
+                new = next_epoch(epoch, g.step, alive, sizes, g.strategy, g.preempt, train.global_batch)
+            alive -= set(g.preempt)
+            if new is not None:
+                epoch = new
+                epochs.append(new)
+            if g.kill:
+                unknown = sorted(set(g.kill) - alive)
+                if unknown:
+                    raise PlanError(f"cannot kill workers {unknown}: they are not alive")
+                alive -= set(g.kill)
+                if not alive:
+                    raise PlanError(f"the kill leaves no instance alive (killed {sorted(g.kill)})")
+                if set(g.kill) & set(epoch.members):
+                    new = plan_recovery(epoch, g.step, alive, g.kill, sizes, train.global_batch)
+                    if new is None:
+                        new = restart_epoch(epoch, g.step, alive, n_layers, None, train.global_batch, lost=g.kill)
+                    epoch = new
+                    epochs.append(new)
         except PlanError as e:
             raise ScheduleError(f"event at step {g.step}: {e}") from None
-        alive -= set(g.preempt)
-        if new is not None:
-            epoch = new
-            epochs.append(new)
     return epochs
 
 
@@ -144,7 +202,9 @@ class Coordinator:
     """The job's control plane (see the module docstring for the store layout).
 
     Lifecycle: construct (binds the store, publishes the spec) -> `claim` the boundaries of scripted events ->
-    workers join (`wait_joined`) -> `start` (epoch 1) -> `reconfigure` per event -> `finish` -> `records`.
+    `expect` + workers join (`wait_joined`) -> `start` (epoch 1) -> `reconfigure` per event, `check_heartbeats`
+    all along, `declare_dead` + `recover` (or a checkpoint-restart: `order_restart`, `publish_restart`) after a
+    death -> `finish` -> `records`.
     """
 
     def __init__(
@@ -153,7 +213,9 @@ class Coordinator:
         train: TrainConfig,
         steps: int,
         *,
-        checkpoint_dir: str,
+        layers_dir: str,
+        checkpoint_dir: str = "",
+        checkpoint_every: int = 0,
         job: str = "job",
         host: str = "127.0.0.1",
         port: int = 0,
@@ -161,6 +223,8 @@ class Coordinator:
         require_token: bool | None = None,
         pg_timeout_s: float = 30.0,
         store_timeout_s: float = 60.0,
+        hb_interval_s: float = 0.1,
+        hb_timeout_s: float = 1.0,
     ) -> None:
         require = not is_loopback(host) if require_token is None else require_token
         if require and not token:
@@ -168,8 +232,14 @@ class Coordinator:
                 f"the coordinator listens on {host!r}, reachable from other hosts: a shared token is required "
                 "(workers must present it)"
             )
-        self.spec = JobSpec(model, train, steps, job, str(checkpoint_dir), pg_timeout_s)
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+        if hb_timeout_s <= 2 * hb_interval_s:
+            raise ValueError(f"hb_timeout_s={hb_timeout_s} must exceed two heartbeat intervals ({hb_interval_s} s)")
+        self.spec = JobSpec(model, train, steps, job, str(layers_dir), pg_timeout_s, str(checkpoint_dir),
+                            checkpoint_every, hb_interval_s)  # fmt: skip
         self.host = host
+        self.hb_timeout_s = hb_timeout_s
         self.store = dist.TCPStore(
             host, port, world_size=None, is_master=True, wait_for_workers=False,
             timeout=timedelta(seconds=store_timeout_s),
@@ -188,8 +258,16 @@ class Coordinator:
         self.current: Epoch | None = None
         self.epochs: list[Epoch] = []
         self.preempted: set[int] = set()
+        self.dead: set[int] = set()
+        self.admitted: set[int] = set()  # instances the schedule has made available (started early ones are not)
         self.log: list[dict[str, Any]] = []
         self._held: set[int] = set()
+        self._expected: dict[int, int] = {}  # instance id -> incarnations started
+        self._hb: dict[int, tuple[int, float]] = {}  # monitored instance -> (last counter, when it last moved)
+        self._hb_checked = 0.0
+        self._killed_at: dict[int, float] = {}
+        self._detected_at: dict[int, float] = {}
+        self._restarts: list[tuple[int, int]] = []  # (restart epoch number, restore step)
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
@@ -198,19 +276,131 @@ class Coordinator:
         return {int(w) for w in self.store.get("ctl/joined").decode().split(",") if w}
 
     def alive(self) -> set[int]:
-        """Joined and not preempted (no heartbeats yet: a silently dead worker still counts)."""
-        return self.joined() - self.preempted
+        """Joined and admitted (`start`, or the `added` of a reconfiguration), neither preempted nor dead. An
+        instance started ahead of its `add` event (to hide its start-up time) is not alive before that event."""
+        return (self.joined() & self.admitted) - self.preempted - self.dead
+
+    def admit(self, ids: Iterable[int]) -> None:
+        """The schedule makes `ids` available now (an `add` event); `reconfigure(added=...)` does it too."""
+        self.admitted |= set(ids)
+
+    def expect(self, ids: Iterable[int]) -> None:
+        """A new process of each of `ids` is being started (a new instance, or a restart): `wait_joined` waits for
+        it, and heartbeats are not checked before it registered."""
+        for w in ids:
+            self._expected[w] = self._expected.get(w, 0) + 1
+            self._hb.pop(w, None)
+
+    def _joins(self, w: int) -> int:
+        return self.store.add(f"ctl/joins/{w}", 0)
 
     def wait_joined(self, ids: Iterable[int], timeout_s: float, check: Any = None) -> None:
-        """Block until every id in `ids` registered; `check()` is called while waiting (it may raise)."""
+        """Block until the expected process of every id in `ids` registered; `check()` is called while waiting."""
         want = set(ids)
         deadline = time.monotonic() + timeout_s
-        while not want <= self.joined():
+        while True:
+            missing = sorted(w for w in want if self._joins(w) < self._expected.get(w, 1))
+            if not missing:
+                break
             if check is not None:
                 check()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"workers {sorted(want - self.joined())} did not join within {timeout_s:.0f} s")
+                raise TimeoutError(f"workers {missing} did not join within {timeout_s:.0f} s")
             time.sleep(0.01)
+        now = time.monotonic()
+        for w in want:
+            self._hb[w] = (self.store.add(f"hb/{w}", 0), now)
+
+    # -- failure detection ---------------------------------------------------------------------------------
+    def _ended(self, w: int) -> bool:
+        """The current process of `w` ended normally (done, preempted, or exited for a restart)."""
+        key = f"ctl/final/{w}"
+        return self.store.check([key]) and int(self.store.get(key)) >= self._expected.get(w, 1)
+
+    def check_heartbeats(self, every_s: float = 0.05) -> set[int]:
+        """Monitored workers whose heartbeat has not moved for `hb_timeout_s` (and that did not end normally).
+
+        Cheap to call often: the store is read at most every `every_s`. Workers that ended normally leave the
+        monitored set; the caller decides what a silent one is (`declare_dead`).
+        """
+        now = time.monotonic()
+        if now - self._hb_checked < every_s:
+            return set()
+        self._hb_checked = now
+        stale = set()
+        for w, (last, seen) in list(self._hb.items()):
+            if w in self.dead or w in self.preempted:
+                self._hb.pop(w)
+                continue
+            v = self.store.add(f"hb/{w}", 0)
+            if v != last:
+                self._hb[w] = (v, now)
+            elif now - seen > self.hb_timeout_s:
+                if self._ended(w):
+                    self._hb.pop(w)
+                else:
+                    stale.add(w)
+        return stale
+
+    def unsettled(self, within_s: float | None = None) -> set[int]:
+        """Alive, monitored workers whose heartbeat has not moved within `within_s` (default 3 intervals): possibly
+        dead but not yet declared so. Plans wait for this to be empty, so that a worker killed together with
+        another (its death detected a moment later) is not given a role or a transfer."""
+        self.check_heartbeats(every_s=0)
+        limit = 3 * self.spec.hb_interval_s if within_s is None else within_s
+        now = time.monotonic()
+        return {w for w in self.alive() if w in self._hb and now - self._hb[w][1] > limit}
+
+    def stop_monitoring(self, ids: Iterable[int]) -> None:
+        for w in ids:
+            self._hb.pop(w, None)
+
+    def note_killed(self, ids: Iterable[int], at: float) -> None:
+        """The driver killed `ids` at wall time `at` (used only to report detection latency)."""
+        for w in ids:
+            self._killed_at[w] = at
+
+    def declare_dead(self, ids: Iterable[int], reason: str = "heartbeat lost") -> bool:
+        """Mark `ids` dead; if any was a member of the current epoch, flag the epoch broken (its members abandon the
+        step in flight). Returns whether the epoch broke."""
+        ids = set(ids) - self.dead
+        now = time.time()
+        for w in ids:
+            self._detected_at[w] = now
+        self.dead |= ids
+        self.stop_monitoring(ids)
+        broken = self.current is not None and bool(ids & set(self.current.members))
+        if broken:
+            self.store.compare_set(f"ctl/e{self.current.number}/abort", "", f"{reason}: workers {sorted(ids)}")
+        self.log.append({"event": "dead", "workers": sorted(ids), "reason": reason, "epoch_broken": broken})
+        return broken
+
+    def epoch_broken(self) -> str | None:
+        """Why the current epoch is broken (a member died, or a worker saw a collective fail), or None."""
+        if self.current is None:
+            return None
+        key = f"ctl/e{self.current.number}/abort"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def abandoned(self) -> dict[int, int]:
+        """Survivors of the broken current epoch that reported, -> the step they abandoned (= steps applied)."""
+        n = self.current.number
+        out = {}
+        for w in self.current.members:
+            key = f"ctl/e{n}/abandon/{w}"
+            if w not in self.dead and self.store.check([key]):
+                out[w] = int(self.store.get(key))
+        return out
+
+    def ready(self) -> set[int]:
+        """Members of the current epoch that have formed its groups and hold their layers."""
+        n = self.current.number
+        return {w for w in self.current.members if self.store.check([f"ctl/e{n}/ready/{w}"])}
+
+    def progress(self, w: int) -> int:
+        """The step worker `w` started last (-1 before its first)."""
+        key = f"ctl/at/{w}"
+        return int(self.store.get(key)) if self.store.check([key]) else -1
 
     # -- step boundaries ---------------------------------------------------------------------------------
     def claim(self, step: int) -> int:
@@ -234,9 +424,15 @@ class Coordinator:
         self.store.set(f"ctl/decided/{step}", repr(time.time()))
         self._held.discard(step)
 
+    def release(self, step: int) -> None:
+        """Let training pass a held boundary with nothing to change."""
+        if step in self._held:
+            self._resolve(step, TRAIN)
+
     # -- epochs ------------------------------------------------------------------------------------------
     def _publish(self, epoch: Epoch) -> None:
         blob = epoch.to_json()
+        self.store.set(f"ctl/e{epoch.number}/decided", repr(time.time()))
         self.store.set(f"epoch/{epoch.number}", blob)
         self.store.set("epoch/current", blob)
         self.current = epoch
@@ -246,6 +442,7 @@ class Coordinator:
         """Publish epoch 1 (step 0) over `workers` (they must have joined)."""
         epoch = first_epoch(strategy[0], strategy[1], workers, self.spec.model.n_layers_total,
                             self.spec.train.global_batch)  # fmt: skip
+        self.admitted |= set(workers)
         self._publish(epoch)
         self.log.append({"step": 0, "event": "start", "strategy": list(strategy), "workers": sorted(workers)})
         return epoch
@@ -263,6 +460,7 @@ class Coordinator:
             raise RuntimeError("reconfigure before start")
         s = step if step in self._held else self.claim(step)
         preempt = tuple(sorted(preempt))
+        self.admitted |= set(added)
         epoch = next_epoch(self.current, s, self.alive(), self.sizes, strategy, preempt, self.spec.train.global_batch)
         entry = {"step": s, "event": "reconfigure", "strategy": list(strategy) if strategy else None,
                  "preempt": list(preempt), "added": sorted(added)}  # fmt: skip
@@ -272,9 +470,85 @@ class Coordinator:
         for w in preempt:
             self.store.set(f"ctl/preempt/{w}", str(last_epoch))
         self.preempted |= set(preempt)
+        self.stop_monitoring(preempt)
         self._resolve(s, f"epoch:{epoch.number}" if epoch is not None else TRAIN)
         entry["kind"] = epoch.kind.value if epoch is not None else MigrationKind.NONE.value
         self.log.append(entry)
+        return epoch
+
+    def recover(self, step: int, strategy: tuple[int, int] | None = None) -> Epoch | None:
+        """After the current epoch broke: publish the live migration that continues from the survivors at `step`
+        (the step they abandoned), or return None when only a checkpoint-restart can continue (a layer lost its
+        last holder, or too few instances survive)."""
+        cur = self.current
+        epoch = plan_recovery(cur, step, self.alive(), self.dead & set(cur.members), self.sizes,
+                              self.spec.train.global_batch, strategy)  # fmt: skip
+        if epoch is not None:
+            self._publish(epoch)
+            self.log.append({"step": step, "event": "recover", "kind": epoch.kind.value, "lost": list(epoch.lost)})
+        return epoch
+
+    # -- checkpoint-restart ----------------------------------------------------------------------------------
+    def restart_members(self) -> list[int]:
+        """The processes a checkpoint-restart stops: the live members of the current epoch."""
+        return sorted(set(self.current.members) - self.dead)
+
+    def order_restart(self, ids: Iterable[int], step: int | None = None) -> None:
+        """Tell `ids` to exit for a checkpoint-restart; with `step`, resolve that held boundary so the members
+        arriving there first write the checkpoint of `step`."""
+        for w in ids:
+            self.store.set(f"ctl/restart/{w}", "1")
+        if step is not None:
+            s = step if step in self._held else self.claim(step)
+            self._resolve(s, f"restart:{self.current.number + 1}")
+
+    def clear_restart(self, ids: Iterable[int]) -> None:
+        for w in ids:
+            self.store.delete_key(f"ctl/restart/{w}")
+
+    def written_checkpoints(self) -> dict[tuple[int, int], set[int]]:
+        """(step, epoch) -> the stages whose shard was written."""
+        out: dict[tuple[int, int], set[int]] = {}
+        if self.store.check(["ckpt/written"]):
+            for item in self.store.get("ckpt/written").decode().split(";"):
+                if item:
+                    s, n, k = (int(v) for v in item.split(":"))
+                    out.setdefault((s, n), set()).add(k)
+        return out
+
+    def latest_checkpoint(self) -> int:
+        """The step of the latest complete checkpoint (every stage of one epoch wrote its shard, and no later
+        checkpoint-restart discarded it); 0 when there is none — step 0's state is the deterministic initial one."""
+        by_number = {e.number: e for e in self.epochs}
+        best = 0
+        for (s, n), stages in self.written_checkpoints().items():
+            e = by_number.get(n)
+            if e is None or stages != set(range(e.P)):
+                continue
+            if any(m > n and s > c for m, c in self._restarts):
+                continue  # discarded by a later restart from an earlier checkpoint
+            best = max(best, s)
+        return best
+
+    def publish_restart(
+        self,
+        restore_step: int,
+        strategy: tuple[int, int] | None,
+        previous: Iterable[int],
+        steps_lost: int = 0,
+    ) -> Epoch:
+        """Publish the checkpoint-restart epoch: the restarted processes (already joined) and any standby ones load
+        checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first."""
+        cur = self.current
+        lost = self.dead & set(cur.members)
+        epoch = restart_epoch(cur, restore_step, self.alive(), self.spec.model.n_layers_total, strategy,
+                              self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
+        if self.spec.checkpoint_dir:
+            checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
+        self._restarts.append((epoch.number, restore_step))
+        self._publish(epoch)
+        self.log.append({"step": restore_step, "event": "checkpoint-restart", "strategy": [epoch.D, epoch.P],
+                         "lost": list(lost), "steps_lost": steps_lost})  # fmt: skip
         return epoch
 
     # -- results -----------------------------------------------------------------------------------------
@@ -283,31 +557,42 @@ class Coordinator:
         return [float(self.store.get(f"loss/{s}")) for s in range(n)]
 
     def _times(self, epoch: int, what: str, workers: Iterable[int]) -> list[float]:
-        return [float(self.store.get(f"ctl/e{epoch}/{what}/{w}")) for w in workers]
+        keys = [f"ctl/e{epoch}/{what}/{w}" for w in workers]
+        return [float(self.store.get(k)) for k in keys if self.store.check([k])]
 
     def records(self) -> list[dict[str, Any]]:
         """One record per reconfiguration (epochs after the first), measured once the job has run past them.
 
-        pause_s: from the first old member finishing the old epoch's last step to the last new member being ready
-        for the new epoch's first step (group teardown, transfers, group formation, installs, any hold).
-        hold_s: the part of it spent waiting for the coordinator's decision (e.g. an added instance still starting;
-        0 when the decision was published before the workers got there). phases_s: the slowest new member's
-        transfer, group formation and install times. bytes_moved: tensor bytes the workers actually sent.
-        steps_lost: always 0 — a live migration redoes no step.
+        pause_s: from the first old member finishing its last committed step to the last new member being ready
+        for the new epoch's first step (group teardown, transfers, group formation, installs, any hold; after a
+        kill also the wasted part of the abandoned step and the detection; for a checkpoint-restart the checkpoint
+        save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
+        epoch (an added instance still starting; a failure being detected). detect_s: from the kill to the
+        coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
+        bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
+        steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         """
         out = []
         for e in self.epochs[1:]:
-            arrive = self._times(e.number, "arrive", e.previous)
-            ready = self._times(e.number, "ready", e.members)
-            decided = float(self.store.get(f"ctl/decided/{e.start_step}"))
-            phases = [json.loads(self.store.get(f"ctl/e{e.number}/phases/{w}")) for w in e.members]
+            n = e.number
+            arrive = self._times(n, "arrive", e.previous)
+            ready = self._times(n, "ready", e.members)
+            decided = float(self.store.get(f"ctl/e{n}/decided"))
+            # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
+            failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
+            start = min(arrive) if arrive else min(failed, default=decided)
+            phases = [json.loads(self.store.get(f"ctl/e{n}/phases/{w}")) for w in e.members]
+            keys = sorted({k for p in phases for k in p})
+            detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
+                      if w in self._detected_at and w in self._killed_at]  # fmt: skip
             out.append({
-                "epoch": e.number, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
-                "strategy": [e.D, e.P], "preempted": list(e.preempted),
-                "pause_s": max(ready) - min(arrive), "hold_s": max(0.0, decided - min(arrive)),
-                "bytes_moved": self.store.add(f"ctl/e{e.number}/bytes", 0), "bytes_planned": e.bytes_planned,
-                "transfers": len(e.transfers), "steps_lost": 0,
-                "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in ("transfer_s", "groups_s", "install_s")},
+                "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
+                "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
+                "pause_s": max(ready) - start, "hold_s": max(0.0, decided - start),
+                "detect_s": max(detect) if detect else None,
+                "bytes_moved": self.store.add(f"ctl/e{n}/bytes", 0), "bytes_planned": e.bytes_planned,
+                "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
+                "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in keys},
             })  # fmt: skip
         return out
 

@@ -4,19 +4,29 @@ Owns: the schedule format, its parsing with errors a user can act on (file, even
 of the events of one step into one reconfiguration. Must not touch: processes, stores, strategies' feasibility
 (that depends on the model and on who is alive: `trainer.coordinator.check_schedule`).
 
-Format: a JSON list of objects, each with a `step` (the reconfiguration takes effect *before* that step runs, at the
-boundary between step-1 and step) and a `kind`:
+Format: a JSON list of objects, each with a `step` and a `kind`. Every kind but `kill` takes effect at the boundary
+between step-1 and step (before `step` runs):
 
   {"step": 3, "kind": "plan", "strategy": [D, P]}         switch to D x P (proactive migration)
   {"step": 4, "kind": "add", "workers": 1}                 new instances become available (they join as standby)
   {"step": 5, "kind": "preempt", "instances": [2], "notice": true}
                                                            instances (worker ids) are preempted with notice: they
                                                            stay alive until the boundary, hand off state, then exit
-  {"step": 6, "kind": "kill", "instances": [1]}            preemption *without* notice — not supported yet
+  {"step": 6, "kind": "kill", "instances": [1]}            preemption *without* notice: the process is SIGKILLed
+                                                           *mid-step*, after it started `step` (and before it can
+                                                           pass the boundary to step+1); survivors detect it,
+                                                           abandon the step and redo it after regrouping.
+                                                           ("preempt" with "notice": false means the same.)
+  {"step": 7, "kind": "checkpoint-restart", "strategy": [D, P]}
+                                                           on demand, what torchrun does: checkpoint at the
+                                                           boundary, stop every worker process, start fresh ones,
+                                                           load the checkpoint into D x P (optional; default: the
+                                                           current D x P if the instances allow it)
 
 Events of the same step form one reconfiguration (an `EventGroup`): e.g. a preemption plus the plan that absorbs it,
-as the reference's trace replay writes `failures` and the plan for the same step (reference §D.4). Worker ids are
-0..workers-1 for the initial instances, then numbered on in order of the `add` events.
+as the reference's trace replay writes `failures` and the plan for the same step (reference §D.4); a kill of that
+step happens after the group's boundary reconfiguration, during the step. Worker ids are 0..workers-1 for the
+initial instances, then numbered on in order of the `add` events.
 """
 
 from __future__ import annotations
@@ -28,12 +38,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-KINDS = ("plan", "add", "preempt", "kill")
+KINDS = ("plan", "add", "preempt", "kill", "checkpoint-restart")
 _FIELDS = {
     "plan": {"step", "kind", "strategy"},
     "add": {"step", "kind", "workers"},
     "preempt": {"step", "kind", "instances", "notice"},
     "kill": {"step", "kind", "instances", "notice"},
+    "checkpoint-restart": {"step", "kind", "strategy"},
 }
 
 
@@ -54,11 +65,11 @@ class Event:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"step": self.step, "kind": self.kind}
-        if self.kind == "plan":
+        if self.kind == "plan" or (self.kind == "checkpoint-restart" and self.strategy):
             d["strategy"] = list(self.strategy or ())
         elif self.kind == "add":
             d["workers"] = self.workers
-        else:
+        elif self.kind != "checkpoint-restart":
             d["instances"] = list(self.instances)
             d["notice"] = self.notice
         return d
@@ -72,6 +83,8 @@ class EventGroup:
     strategy: tuple[int, int] | None = None  # the plan, if any
     add: int = 0  # new instances
     preempt: tuple[int, ...] = ()  # worker ids preempted (with notice)
+    kill: tuple[int, ...] = ()  # worker ids killed without notice, during the step
+    restart: bool = False  # an on-demand checkpoint-restart at the boundary (into `strategy` if given)
 
 
 def _is_int(v: Any) -> bool:
@@ -97,9 +110,11 @@ def _parse_one(raw: Any, where: str) -> Event:
         raise fail("step", "missing")
     if not _is_int(step) or step < 1:
         raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {step!r}")
-    if kind == "plan":
+    if kind in ("plan", "checkpoint-restart"):
         s = raw.get("strategy")
         if s is None:
+            if kind == "checkpoint-restart":
+                return Event(step, kind)
             raise fail("strategy", "missing; a plan needs \"strategy\": [D, P]")
         pair = isinstance(s, Sequence) and not isinstance(s, str) and len(s) == 2
         if not pair or not all(_is_int(v) and v >= 1 for v in s):
@@ -122,13 +137,12 @@ def _parse_one(raw: Any, where: str) -> Event:
     notice = raw.get("notice", kind == "preempt")
     if not isinstance(notice, bool):
         raise fail("notice", f"expected true or false, got {notice!r}")
-    if kind == "kill" or not notice:
-        # A kill leaves survivors blocked in a collective with a dead peer and can lose the last copy of a stage;
-        # recovering needs abandon-and-regroup (stack.md §4e, way 3) and a checkpoint fallback. Not built yet.
-        raise fail("kind" if kind == "kill" else "notice",
-                   "preemption without notice ('kill') is not supported yet; use {\"kind\": \"preempt\", "
-                   "\"notice\": true}")  # fmt: skip
-    return Event(step, "preempt", instances=tuple(int(v) for v in ids), notice=True)
+    if kind == "kill" and notice:
+        raise fail("notice", "a kill has no notice; use {\"kind\": \"preempt\"} for a preemption with notice")
+    ids_t = tuple(int(v) for v in ids)
+    if not notice:  # a preemption without notice is a kill
+        return Event(step, "kill", instances=ids_t, notice=False)
+    return Event(step, "preempt", instances=ids_t, notice=True)
 
 
 def parse_events(raw: Any, source: str = "<events>") -> list[Event]:
@@ -166,16 +180,20 @@ def group_events(events: Iterable[Event], source: str = "<events>") -> list[Even
     groups = []
     for step, evs in by_step.items():
         plans = [e.strategy for e in evs if e.kind == "plan"]
-        if len(plans) > 1:
-            raise EventError(f"{source}: step {step}: {len(plans)} plans for the same step ({plans}); keep one")
+        restarts = [e for e in evs if e.kind == "checkpoint-restart"]
+        if len(plans) + len(restarts) > 1:
+            what = [e.kind for e in evs if e.kind in ("plan", "checkpoint-restart")]
+            raise EventError(f"{source}: step {step}: {len(what)} plans for the same step ({what}); keep one")
+        strategy = plans[0] if plans else (restarts[0].strategy if restarts else None)
         preempt: list[int] = []
+        kill: list[int] = []
         for e in evs:
             for w in e.instances:
-                if w in preempt:
+                if w in preempt or w in kill:
                     raise EventError(f"{source}: step {step}: worker {w} is preempted twice")
-                preempt.append(w)
+                (kill if e.kind == "kill" else preempt).append(w)
         groups.append(
-            EventGroup(step, strategy=plans[0] if plans else None, add=sum(e.workers for e in evs),
-                       preempt=tuple(preempt))  # fmt: skip
+            EventGroup(step, strategy=strategy, add=sum(e.workers for e in evs), preempt=tuple(preempt),
+                       kill=tuple(kill), restart=bool(restarts))  # fmt: skip
         )
     return groups

@@ -19,6 +19,11 @@ The three kinds (reference §D.1; names from `liveput.migration.MigrationKind`, 
 Unlike the reference, which fetches into each stage's replica 0 and then broadcasts to the other replicas, every
 new holder of a layer fetches it directly from an old holder, with sources chosen to balance bytes sent; an old
 holder under a preemption notice is used only when no staying holder has the layer (the "last copy" case).
+
+After a preemption *without* notice (a kill), `plan_recovery` plans the epoch that replaces the broken one from
+the survivors alone: the lost workers cannot send, so it is a live migration only if every layer still has a
+surviving holder; otherwise it returns None and the job falls back to a **checkpoint-restart** (`restart_epoch`:
+every process restarted, every layer loaded from the latest complete checkpoint, the steps since it recomputed).
 """
 
 from __future__ import annotations
@@ -60,8 +65,10 @@ class Epoch:
     What changes at a migration: everything here. In particular a worker's **rank is not stable across epochs**
     (rank = stage * D + replica of *this* epoch); its stable identity is the worker id. `transfers` says which
     layers the new holders fetch from old holders at the boundary; `preempted` lists the workers that leave at it
-    (after sending what `transfers` asks of them); `previous` the members of the epoch it replaces, who must all
-    arrive at the boundary before the state moves.
+    (after sending what `transfers` asks of them); `previous` the members of the epoch it replaces that are still
+    alive, who must all arrive at the boundary before the state moves; `lost` the members that died without notice
+    (`notice` is then False). A `checkpoint-restart` epoch moves nothing between workers: its members are fresh
+    processes that load `restore_step`'s checkpoint.
     """
 
     number: int
@@ -76,6 +83,9 @@ class Epoch:
     previous: tuple[int, ...] = ()
     notice: bool = True
     bytes_planned: int = 0
+    lost: tuple[int, ...] = ()  # members of the previous epoch that died without notice
+    restore_step: int | None = None  # checkpoint-restart: the checkpoint every member loads (0: the initial weights)
+    steps_lost: int = 0  # checkpoint-restart: committed steps thrown away and recomputed
 
     def __post_init__(self) -> None:
         Strategy(self.D, self.P, tuple(self.bounds))  # validates the geometry
@@ -115,7 +125,8 @@ class Epoch:
                 "bounds": list(self.bounds), "assignment": {str(w): list(r) for w, r in self.assignment.items()},
                 "kind": self.kind.value, "transfers": [list(t) for t in self.transfers],
                 "preempted": list(self.preempted), "previous": list(self.previous), "notice": self.notice,
-                "bytes_planned": self.bytes_planned,
+                "bytes_planned": self.bytes_planned, "lost": list(self.lost), "restore_step": self.restore_step,
+                "steps_lost": self.steps_lost,
             }, sort_keys=True,
         )  # fmt: skip
 
@@ -127,7 +138,8 @@ class Epoch:
             bounds=tuple(d["bounds"]), assignment={int(w): (r[0], r[1]) for w, r in d["assignment"].items()},
             kind=MigrationKind(d["kind"]), transfers=tuple(Transfer(*t) for t in d["transfers"]),
             preempted=tuple(d["preempted"]), previous=tuple(d["previous"]), notice=d["notice"],
-            bytes_planned=d["bytes_planned"],
+            bytes_planned=d["bytes_planned"], lost=tuple(d.get("lost", ())), restore_step=d.get("restore_step"),
+            steps_lost=d.get("steps_lost", 0),
         )  # fmt: skip
 
 
@@ -270,22 +282,25 @@ def plan_transfers(
     bounds: Sequence[int],
     layer_bytes: Sequence[int],
     departing: Iterable[int] = (),
+    lost: Iterable[int] = (),
 ) -> list[Transfer]:
     """Every (layer, src, dst) the new holders need, each from an old holder of the layer.
 
     A worker fetches the layers of its new stage it did not hold in `current`. Sources are the old holders
-    (members of `current`; `departing` ones are under a notice and still able to send), chosen per layer by
-    (departing last, least bytes sent so far, lowest id). Intra-stage migrations yield no transfer.
+    (members of `current`; `departing` ones are under a notice and still able to send; `lost` ones died and are
+    never used), chosen per layer by (departing last, least bytes sent so far, lowest id). Intra-stage migrations
+    yield no transfer. `PlanError` if a layer has no usable holder.
     """
     gone = set(departing)
+    dead = set(lost)
     holders: dict[int, list[int]] = defaultdict(list)
-    for w in sorted(current.assignment):
+    for w in sorted(set(current.assignment) - dead):
         for layer in current.layers_of(w):
             holders[layer].append(w)
     load: dict[int, int] = defaultdict(int)
     transfers = []
     for dst in sorted(assignment):
-        if dst in gone:
+        if dst in gone or dst in dead:
             raise PlanError(f"worker {dst} is preempted but assigned a role in the next epoch")
         stage = assignment[dst][0]
         have = set(current.layers_of(dst))
@@ -294,7 +309,7 @@ def plan_transfers(
                 continue
             candidates = [w for w in holders[layer] if w != dst]
             if not candidates:
-                raise PlanError(f"layer {layer} has no holder in epoch {current.number} to copy it from")
+                raise PlanError(f"layer {layer} has no live holder in epoch {current.number} to copy it from")
             src = min(candidates, key=lambda w: (w in gone, load[w], w))
             load[src] += layer_bytes[layer]
             transfers.append(Transfer(layer, src, dst))
@@ -314,15 +329,20 @@ def next_epoch(
     strategy: tuple[int, int] | None = None,
     preempt: Iterable[int] = (),
     global_batch: int | None = None,
+    lost: Iterable[int] = (),
+    force: bool = False,
 ) -> Epoch | None:
     """The epoch that replaces `current` at the boundary before `step`, or None if nothing has to change.
 
     `alive` are the instances up to the boundary (joined and not yet gone, including those now preempted with
-    notice: they stay until they have handed off their layers). Without a `strategy` the current D x P is kept
-    if the survivors allow it, else D shrinks to what they allow (P is kept).
+    notice: they stay until they have handed off their layers). `lost` workers died without notice: they are
+    neither survivors nor sources (the epoch has `notice=False`). Without a `strategy` the current D x P is kept
+    if the survivors allow it, else D shrinks to what they allow (P is kept). With `force`, an unchanged
+    assignment still yields a new epoch (fresh groups after a broken one).
     """
     preempted = set(preempt)
-    alive_set = set(alive)
+    dead = set(lost)
+    alive_set = set(alive) - dead
     unknown = sorted(preempted - alive_set)
     if unknown:
         raise PlanError(f"cannot preempt workers {unknown}: they are not alive")
@@ -340,14 +360,83 @@ def next_epoch(
         d, p = strategy
     check_strategy(d, p, len(survivors), n_layers, global_batch)
     new = assign(current, d, p, survivors, sizes.params)
-    if (d, p) == (current.D, current.P) and new == dict(current.assignment):
+    if (d, p) == (current.D, current.P) and new == dict(current.assignment) and not (dead or force):
         return None
     bounds = partition(n_layers, p)
     layer_bytes = sizes.state_bytes(step)
-    transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted)
+    transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted, lost=dead)
     return Epoch(
         number=current.number + 1, start_step=step, D=d, P=p, bounds=bounds, assignment=new,
         kind=classify(current, d, p, survivors), transfers=tuple(transfers),
-        preempted=tuple(sorted(preempted)), previous=current.members,
-        bytes_planned=bytes_moved(transfers, layer_bytes),
+        preempted=tuple(sorted(preempted)), previous=tuple(w for w in current.members if w not in dead),
+        notice=not dead, bytes_planned=bytes_moved(transfers, layer_bytes),
+        lost=tuple(sorted(dead & set(current.members))),
+    )  # fmt: skip
+
+
+def recovery_strategy(
+    current: Epoch, survivors: int, n_layers: int, global_batch: int | None = None
+) -> tuple[int, int]:
+    """The D x P to continue with after losing instances: keep P (the layer cut) and as many replicas as survive,
+    else one pipeline of as many stages as survivors."""
+    if survivors < 1:
+        raise PlanError("no instance survives")
+    if survivors >= current.P:
+        d = min(current.D, survivors // current.P)
+        return (min(d, global_batch) if global_batch else d), current.P
+    return 1, min(survivors, n_layers)
+
+
+def plan_recovery(
+    current: Epoch,
+    step: int,
+    alive: Iterable[int],
+    lost: Iterable[int],
+    sizes: LayerSizes,
+    global_batch: int | None = None,
+    strategy: tuple[int, int] | None = None,
+) -> Epoch | None:
+    """The live migration that replaces `current`, broken by the death of `lost`, before `step` (the abandoned
+    step, redone): from the survivors only, with `notice=False`. None if some layer has no surviving holder or
+    the survivors cannot form a strategy — then only a checkpoint-restart can continue the job."""
+    dead = set(lost)
+    survivors = sorted(set(alive) - dead)
+    n_layers = len(sizes.params)
+    try:
+        d, p = strategy or recovery_strategy(current, len(survivors), n_layers, global_batch)
+        return next_epoch(current, step, survivors, sizes, (d, p), (), global_batch, lost=dead, force=True)
+    except PlanError:
+        return None
+
+
+def restart_epoch(
+    current: Epoch,
+    restore_step: int,
+    alive: Iterable[int],
+    n_layers: int,
+    strategy: tuple[int, int] | None = None,
+    global_batch: int | None = None,
+    previous: Iterable[int] = (),
+    lost: Iterable[int] = (),
+    steps_lost: int = 0,
+) -> Epoch:
+    """A checkpoint-restart epoch: fresh processes on `alive` (ids in order, rank = position, like `first_epoch`)
+    load checkpoint `restore_step` into `strategy` (default: the current D x P if the instances allow it, else
+    `recovery_strategy`) and train on from it. `previous`: the old members that reached the boundary (their
+    arrival times start the pause); `lost`: members that died without notice."""
+    ws = sorted(set(alive))
+    if strategy is None:
+        if current.D * current.P <= len(ws):
+            strategy = (current.D, current.P)
+        else:
+            strategy = recovery_strategy(current, len(ws), n_layers, global_batch)
+    D, P = strategy
+    check_strategy(D, P, len(ws), n_layers, global_batch)
+    st = Strategy(D, P, partition(n_layers, P))
+    assignment = {w: st.coords(r) for r, w in enumerate(ws[: D * P])}
+    dead = tuple(sorted(set(lost)))
+    return Epoch(
+        number=current.number + 1, start_step=restore_step, D=D, P=P, bounds=st.bounds, assignment=assignment,
+        kind=MigrationKind.CHECKPOINT_RESTART, previous=tuple(sorted(previous)), notice=not dead, lost=dead,
+        restore_step=restore_step, steps_lost=steps_lost,
     )  # fmt: skip

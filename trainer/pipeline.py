@@ -22,20 +22,33 @@ Design choices
   data-parallel group) are exactly the gradient of the mean loss over the global batch, whatever D, P or the split.
 * **One AdamW per layer**: a layer's parameters and optimiser state are extracted and installed together
   (`layer_state`), which is mathematically identical to one AdamW over all parameters (Adam is element-wise).
-* **Process groups: a fresh default group per epoch** from `PrefixStore(f"epoch{n}", store)` (stack.md §4e, way 4),
-  plus one data-parallel group per stage made with `new_group(ranks, use_local_synchronization=True)` (only that
-  stage's replicas take part; each rank joins exactly one, so there is no cross-stage ordering to get wrong).
-  `new_group` alone is not enough across epochs: it can only select among the ranks of an existing world, while
-  a migration renumbers ranks and may admit a newly started process, and a world with a dead peer cannot be
-  reused. Re-initialising on a new prefix gives each epoch clean keys in the coordinator-hosted store.
-  `close_epoch` must be called at a step boundary: `destroy_process_group` blocks while an op is pending.
+* **Process groups: standalone gloo groups per epoch**, `ProcessGroupGloo` objects built on
+  `PrefixStore(f"epoch{n}")` (the world: every rank of the epoch) and `PrefixStore(f"epoch{n}/dp{stage}")` (a
+  stage's data-parallel replicas), never registered as torch's default group. A migration renumbers ranks and may
+  admit a newly started process, and a world with a dead peer cannot be reused, so each epoch gets clean groups.
+  They are not the default group because the default group cannot be replaced while one of its ops is pending
+  (`destroy_process_group` blocks until the op times out, stack.md §4e): after a peer dies, the survivors simply
+  *abandon* the epoch's groups (`EpochGroups.abandon`: kept referenced, never destroyed) and build the next ones.
+* **Failure detection inside a step** (stack.md §4e, way 3): every op is issued asynchronously and waited on by a
+  helper thread (`_Waiter`; gloo's send/recv only complete inside `Work.wait()`, and `wait(timeout)` cancels the
+  op, so the training thread cannot poll `is_completed()` for them). The training thread wakes every
+  `check_s` to ask `EpochGroups.abort` whether the epoch was declared broken (the coordinator's flag in the store,
+  set when a heartbeat stops). A broken epoch or a failed op raises `StepAbandoned`.
+* **A step is applied all or nothing**: the optimisers step only after every collective of the step completed
+  (the loss all-reduce now precedes them) *and* `commit()` agreed. Completion of a collective is not atomic across
+  ranks — a peer that dies inside the last all-reduce can leave one survivor with the result and another with an
+  error — so the worker's `commit` asks the store for a once-only decision per (epoch, step) (apply iff every rank
+  finished; abort once the epoch is declared broken). Every survivor therefore holds the state after the same
+  number of steps, and the abandoned step is redone in the next epoch.
 * Global ranks within an epoch are `stage * D + replica` (as in the reference); they are **not** stable across
   epochs — a worker's identity is the coordinator's business, its rank is the epoch's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -103,35 +116,159 @@ class Strategy:
         return [self.rank(stage, r) for r in range(self.D)]
 
 
-@dataclass(frozen=True)
+class StepAbandoned(RuntimeError):
+    """The step in flight was given up with nothing applied: a peer failed (a gloo error), the epoch was declared
+    broken (`EpochGroups.abort`), or the commit decided "abort". Parameters and optimiser state are exactly as
+    before the step; the epoch's groups must not be used again (`EpochGroups.abandon`)."""
+
+
+# Groups and waiter threads of abandoned epochs. Never destroyed: a gloo group's destructor joins its threads, which
+# block in a pending op until the group's timeout. Referenced here until the process exits (os._exit).
+_GRAVEYARD: list[object] = []
+
+
+class _Waiter:
+    """A daemon thread that blocks in `Work.wait()` on behalf of the training thread, one op at a time.
+
+    The training thread sleeps on a condition with a timeout, so it wakes at once when the op completes and every
+    `check_s` otherwise, to look at the abort flag. Hand-off costs ~0.1-0.2 ms per op (measured, 2 ranks).
+    """
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition()
+        self._work: object | None = None
+        self._done = False
+        self._error: BaseException | None = None
+        self._closed = False
+        self.stuck = False  # set when the training thread gave up on an op: the thread may block until timeout
+        threading.Thread(target=self._run, name="parcae-waiter", daemon=True).start()
+
+    def close(self) -> None:
+        """Let the thread end (it is idle: no op pending)."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while self._work is None and not self._closed:
+                    self._cv.wait()
+                if self._work is None:
+                    return
+                work = self._work
+            error = None
+            try:
+                work.wait()  # type: ignore[attr-defined]
+            except BaseException as e:  # noqa: BLE001 — handed to the training thread
+                error = e
+            with self._cv:
+                self._work, self._done, self._error = None, True, error
+                self._cv.notify_all()
+
+    def wait(self, work: object, check: Callable[[], None], check_s: float) -> None:
+        """Block until `work` completed; `check()` is called every `check_s` and may raise (`StepAbandoned`)."""
+        if self.stuck:
+            raise StepAbandoned("this epoch's groups were abandoned")
+        with self._cv:
+            self._work, self._done, self._error = work, False, None
+            self._cv.notify_all()
+            while not self._done:
+                if not self._cv.wait(check_s):
+                    try:
+                        check()
+                    except BaseException:
+                        self.stuck = True
+                        raise
+            error = self._error
+        if error is not None:
+            self.stuck = True
+            raise StepAbandoned(f"a collective failed: {error}") from error
+
+
+@dataclass
 class EpochGroups:
-    """The process groups a rank uses in one epoch. `dp` is None when the stage has a single replica."""
+    """The process groups a rank uses in one epoch, and how it waits on them.
+
+    `world` holds every rank of the epoch (rank = stage * D + replica), `dp` the stage's replicas (rank = replica;
+    None when D = 1). `abort()` returns a reason when the epoch has been declared broken (e.g. the coordinator's
+    flag in the store), else None; it is asked every `check_s` while an op is pending.
+    """
 
     epoch: int
     rank: int
+    world: dist.ProcessGroup
     dp: dist.ProcessGroup | None
+    abort: Callable[[], str | None] | None = None
+    check_s: float = 0.02
+    waiter: _Waiter = field(default_factory=_Waiter)
+    abandoned: bool = False
+
+    def _check(self) -> None:
+        reason = self.abort() if self.abort is not None else None
+        if reason:
+            raise StepAbandoned(f"epoch {self.epoch} aborted: {reason}")
+
+    def wait(self, work: object) -> None:
+        """Wait for one op, abandoning the step if it fails or the epoch is declared broken meanwhile."""
+        self.waiter.wait(work, self._check, self.check_s)
+
+    def _issue(self, op: Callable[[], object]) -> object:
+        # gloo may fail an op as it is issued (a pair it already knows is closed): that is a broken epoch too
+        if self.abandoned or self.waiter.stuck:
+            raise StepAbandoned(f"epoch {self.epoch}: its groups were abandoned")
+        try:
+            return op()
+        except RuntimeError as e:
+            self.waiter.stuck = True
+            raise StepAbandoned(f"epoch {self.epoch}: issuing an op failed: {e}") from e
+
+    def send(self, tensor: torch.Tensor, dst: int) -> object:
+        """Start sending `tensor` to world rank `dst`; the caller keeps `tensor` alive until `wait`."""
+        return self._issue(lambda: self.world.send([tensor], dst, 0))
+
+    def recv(self, tensor: torch.Tensor, src: int) -> None:
+        """Receive into `tensor` from world rank `src` (waits)."""
+        self.wait(self._issue(lambda: self.world.recv([tensor], src, 0)))
+
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup) -> object:
+        """Start a sum all-reduce of `tensor` in place over `group` (`world` or `dp`)."""
+        return self._issue(lambda: group.allreduce([tensor]))
+
+    def abandon(self) -> None:
+        """Give the groups up after a `StepAbandoned`: keep them referenced (never destroyed) and never use them."""
+        if not self.abandoned:
+            self.abandoned = True
+            _GRAVEYARD.append((self.world, self.dp, self.waiter))
 
 
 def init_epoch(
-    store: dist.Store, epoch: int, strategy: Strategy, rank: int, timeout: timedelta
+    store: dist.Store,
+    epoch: int,
+    strategy: Strategy,
+    rank: int,
+    timeout: timedelta,
+    abort: Callable[[], str | None] | None = None,
+    check_s: float = 0.02,
 ) -> EpochGroups:
-    """Join epoch `epoch`: a fresh default gloo group on `PrefixStore(f"epoch{epoch}")`, then this stage's DP group."""
-    dist.init_process_group(
-        "gloo",
-        store=dist.PrefixStore(f"epoch{epoch}", store),
-        rank=rank,
-        world_size=strategy.world_size,
-        timeout=timeout,
-    )
-    stage, _ = strategy.coords(rank)
+    """Join epoch `epoch`: its world group on `PrefixStore(f"epoch{epoch}")`, then this stage's DP group.
+
+    Blocks until every rank of the epoch (resp. of the stage) has joined, or `timeout`.
+    """
+    world = dist.ProcessGroupGloo(dist.PrefixStore(f"epoch{epoch}", store), rank, strategy.world_size, timeout)
+    stage, replica = strategy.coords(rank)
     dp = None
     if strategy.D > 1:
-        dp = dist.new_group(ranks=strategy.stage_ranks(stage), timeout=timeout, use_local_synchronization=True)
-    return EpochGroups(epoch=epoch, rank=rank, dp=dp)
+        dp = dist.ProcessGroupGloo(dist.PrefixStore(f"epoch{epoch}/dp{stage}", store), replica, strategy.D, timeout)
+    return EpochGroups(epoch=epoch, rank=rank, world=world, dp=dp, abort=abort, check_s=check_s)
 
 
-def close_epoch() -> None:
-    """Leave the current epoch (all its groups). Only at a step boundary: destroy blocks on a pending op."""
+def close_epoch(groups: EpochGroups | None = None) -> None:
+    """Leave an epoch at a step boundary (no op pending). Dropping the last reference to `groups` releases them;
+    a default group some caller initialised itself is destroyed. Abandoned groups are never released."""
+    if groups is not None and not groups.abandoned:
+        groups.world = groups.dp = None  # type: ignore[assignment]
+        groups.waiter.close()
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -264,30 +401,48 @@ def build_context(
     return StageContext(model, train, strategy, stage, replica, module, optimizers, groups)
 
 
+def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names: Sequence[str]) -> str:
+    """sha256 over the parameter tensors of `names` (in that order, then parameter name); optimiser state excluded."""
+    h = hashlib.sha256()
+    for name in names:
+        for key in sorted(k for k in layers[name] if k.startswith("param/")):
+            t = layers[name][key].detach().contiguous()
+            h.update(f"{name}/{key}:{t.dtype}:{tuple(t.shape)}".encode())
+            h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
 def micro_loss(logits: torch.Tensor, targets: torch.Tensor, global_batch_size: int) -> torch.Tensor:
     """This micro-batch's share of the global mean loss: sum of token cross-entropies / (global_batch * T)."""
     total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
     return total / (global_batch_size * targets.shape[1])
 
 
-def _all_reduce_grads(params: list[nn.Parameter], group: dist.ProcessGroup) -> None:
+def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
     # One flat all-reduce per stage: gloo's per-op latency (~1 ms) dominates for small layers. Replicas run the same
     # graph, so they agree on which parameters have a gradient; the others stay None (AdamW skips them).
     params = [p for p in params if p.grad is not None]
     if not params:
-        return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
-    dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        return params, None
+    return params, torch.cat([p.grad.reshape(-1) for p in params])
+
+
+def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
     offset = 0
     for p in params:
         p.grad = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
 
 
-def train_step(ctx: StageContext, step: int) -> float:
-    """One GPipe step of the global batch `step` on this rank; returns the global mean loss (on every rank)."""
+def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None = None) -> float:
+    """One GPipe step of the global batch `step` on this rank; returns the global mean loss (on every rank).
+
+    Nothing is applied unless every op of the step completed and `commit()` (if given) returned True; otherwise
+    `StepAbandoned` is raised with parameters and optimiser state untouched (see the module docstring).
+    """
     B, T, C = ctx.train.global_batch, ctx.model.block_size, ctx.model.n_embd
     D, dtype = ctx.strategy.D, param_dtype(ctx.model)
+    g = ctx.groups
     x, y = global_batch(step, ctx.train, T)
     micro = shard(x, y, ctx.replica, D, ctx.train.micro_batch)
     sizes = micro_sizes(B, ctx.replica, D, ctx.train.micro_batch)
@@ -302,18 +457,19 @@ def train_step(ctx: StageContext, step: int) -> float:
             inp = xm
         else:
             inp = torch.empty(m, T, C, dtype=dtype)
-            dist.recv(inp, src=ctx.prev_rank)
+            g.recv(inp, ctx.prev_rank)
             inp.requires_grad_()
         out = ctx.module(inp)
         if ctx.is_last:
             out = micro_loss(out, ym, B)
             loss += out.detach()
         else:
-            sends.append(dist.isend(out.detach(), dst=ctx.next_rank))
+            act = out.detach()
+            sends.append((g.send(act, ctx.next_rank), act))
         inputs.append(inp)
         outputs.append(out)
-    for work in sends:
-        work.wait()
+    for work, _ in sends:
+        g.wait(work)
 
     # Backward, in reverse: gradients of the outputs come from the next stage (or the loss), go to the previous.
     sends = []
@@ -322,20 +478,29 @@ def train_step(ctx: StageContext, step: int) -> float:
             out.backward()
         else:
             grad = torch.empty(m, T, C, dtype=dtype)
-            dist.recv(grad, src=ctx.next_rank)
+            g.recv(grad, ctx.next_rank)
             out.backward(grad)
         if not ctx.is_first:
-            sends.append(dist.isend(inp.grad, dst=ctx.prev_rank))
-    for work in sends:
-        work.wait()
+            sends.append((g.send(inp.grad, ctx.prev_rank), inp.grad))
+    for work, _ in sends:
+        g.wait(work)
 
-    # Data parallel: sum gradients over this stage's replicas, then every layer's own optimiser steps.
-    if ctx.groups is not None and ctx.groups.dp is not None:
-        _all_reduce_grads(list(ctx.module.parameters()), ctx.groups.dp)
+    # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over
+    # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
+    if g is not None:
+        params, flat = _flat_grads(list(ctx.module.parameters()))
+        pending = []
+        if g.dp is not None and flat is not None:
+            pending.append(g.all_reduce(flat, g.dp))
+        pending.append(g.all_reduce(loss, g.world))
+        for work in pending:
+            g.wait(work)
+        if g.dp is not None and flat is not None:
+            _unflatten_grads(params, flat)
+
+    # Only now — every op done, and the step committed everywhere — does anything change.
+    if commit is not None and not commit():
+        raise StepAbandoned(f"step {step}: the commit was refused (the epoch broke before every rank finished)")
     for opt in ctx.optimizers.values():
         opt.step()
-
-    # The loss lives on the last stage, split over replicas; non-last ranks add zero.
-    if ctx.groups is not None:
-        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
     return float(loss)

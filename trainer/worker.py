@@ -1,7 +1,9 @@
-"""One worker process per instance: joins the job, trains its stage, live-migrates at step boundaries.
+"""One worker process per instance: joins the job, trains its stage, live-migrates at step boundaries, survives the
+death of its peers.
 
-Owns: the worker's state machine, the per-step boundary check, the state hand-off of a migration (transfer group,
-sends/receives, install) and its own measurements in the store. Must not touch: planning (it follows the `Epoch`
+Owns: the worker's state machine, the per-step boundary check, the per-step commit, the heartbeat thread, periodic
+checkpoint shards, the state hand-off of a migration (transfer group, sends/receives, install), the abandon-and-
+report of a broken epoch, and its own measurements in the store. Must not touch: planning (it follows the `Epoch`
 the coordinator published; `trainer.migration`), the training maths (`trainer.pipeline.train_step`), other
 workers' processes.
 
@@ -9,25 +11,43 @@ State machine (`WorkerState`):
 
     JOINING --registered--> STANDBY --epoch 1 gives a role--> TRAINING
                             STANDBY --a later epoch gives a role--> MIGRATING (receives its layers)
+                            STANDBY --a checkpoint-restart epoch gives a role--> TRAINING (loads the checkpoint)
     TRAINING --boundary decided "epoch:n"--> MIGRATING
-    MIGRATING --role in epoch n--> TRAINING          (same step: no step is lost or repeated)
+    TRAINING --a peer died / the epoch was declared broken--> RECOVERING (the step in flight is abandoned, nothing
+                                                              of it applied; reports the step, waits)
+    RECOVERING --the coordinator's recovery epoch--> MIGRATING (a live migration without notice; redoes the step)
+    MIGRATING --role in epoch n--> TRAINING          (same step: no committed step is lost or repeated)
     MIGRATING --no role--> STANDBY                   (drops its layers)
     MIGRATING --listed as preempted--> PREEMPTED     (after sending what the plan asks; exit 13)
+    TRAINING --boundary decided "restart:n"--> RESTARTING (replica 0 writes its stage's checkpoint shard; exit 125)
+    RECOVERING --the coordinator orders a checkpoint-restart--> RESTARTING (exit 125: state discarded)
     STANDBY --preempted--> PREEMPTED;  STANDBY --job done--> DONE;  TRAINING --last step--> DONE (exit 0)
     any --error--> FAILED (exit 1; 2 for a wrong token; 3 when the coordinator aborts the job)
 
+RESTARTING ends the process: a checkpoint-restart is what torchrun does — the driver starts a fresh process for
+the same instance id, which joins as STANDBY and takes its role in the checkpoint-restart epoch.
+
 What changes at a migration: the epoch, the strategy (D, P, layer bounds), this worker's (stage, replica) and its
 **rank — ranks are not stable across epochs** (rank = stage * D + replica of the new epoch; the worker id is the
-stable identity), the process groups (a fresh default group on `PrefixStore(f"epoch{n}")`), and the layers held
-(kept by global index when the stage's range is unchanged, else rebuilt and installed from the kept snapshots plus
-the received layers). The step counter, the data order and the optimiser state carry over unchanged.
+stable identity), the process groups (fresh ones on `PrefixStore(f"epoch{n}")`), and the layers held (kept by
+global index when the stage's range is unchanged, else rebuilt and installed from the kept snapshots plus the
+received layers). The step counter, the data order and the optimiser state carry over unchanged.
+
+Failure detection: a daemon thread with its own TCPStore client bumps `hb/{id}` every `hb_interval_s` (a client
+blocked in a call blocks other threads using it, stack.md §4b); the coordinator declares the worker dead when the
+counter stops and flags the epoch broken. Inside a step every op is waited on with the flag checked every 20 ms
+(`trainer.pipeline`), so survivors give up within a bounded time whether the dead peer is one they talk to or
+not — and a worker whose own op fails flags the epoch itself, so its peers need not wait for the heartbeat.
+A step's optimiser updates are applied only if the store's once-only commit decision for (epoch, step) says
+"apply" (every rank finished its collectives); hence all survivors agree on how many steps they applied.
 
 State hand-off: the layers of the epoch's `transfers` move in a separate gloo group of just the senders and
 receivers (`PrefixStore(f"xfer{n}")`, rank = position in id order), so a worker under a preemption notice can send
 without being part of the new epoch's training group. Each (src, dst) pair sends one `send_object_list` message with
 a dict {layer name: `pipeline.layer_state`} — shapes, dtypes and optimiser keys travel with the data, and for
 these CPU models (MBs) pickling costs little next to group formation (stack.md §4d: 335 MB/s vs 1.1 GB/s for flat
-tensors). Pairs are processed in one global order, so blocking sends cannot deadlock.
+tensors). Pairs are processed in one global order, so blocking sends cannot deadlock. A death *during* a hand-off
+is not recovered (the transfer group fails at its timeout and the job fails): kills land mid-step.
 """
 
 from __future__ import annotations
@@ -39,6 +59,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Mapping
@@ -51,21 +72,25 @@ import torch.distributed as dist
 from liveput.migration import MigrationKind
 from trainer import checkpoint
 from trainer.data import corpus
-from trainer.coordinator import HOLD, TRAIN, JobSpec, token_digest
+from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec, token_digest
 from trainer.migration import Epoch, state_bytes
 from trainer.model import layer_names
 from trainer.pipeline import (
+    EpochGroups,
     LayerState,
+    StepAbandoned,
     StageContext,
     build_context,
     close_epoch,
     init_epoch,
     layer_state,
     make_optimizer,
+    parameters_checksum,
     train_step,
 )
 
-EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED = 0, 1, 2, 3, 13  # 13: the reference's code
+# 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
+EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
 POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
 
 
@@ -74,6 +99,8 @@ class WorkerState(enum.Enum):
     STANDBY = "STANDBY"
     TRAINING = "TRAINING"
     MIGRATING = "MIGRATING"
+    RECOVERING = "RECOVERING"
+    RESTARTING = "RESTARTING"
     PREEMPTED = "PREEMPTED"
     DONE = "DONE"
     FAILED = "FAILED"
@@ -81,10 +108,12 @@ class WorkerState(enum.Enum):
 
 _NEXT = {
     WorkerState.JOINING: {WorkerState.STANDBY},
-    WorkerState.STANDBY: {WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.PREEMPTED, WorkerState.DONE},
-    WorkerState.TRAINING: {WorkerState.MIGRATING, WorkerState.DONE},
-    WorkerState.MIGRATING: {WorkerState.TRAINING, WorkerState.STANDBY, WorkerState.PREEMPTED},
-}
+    WorkerState.STANDBY: {WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.PREEMPTED, WorkerState.DONE,
+                          WorkerState.RESTARTING},
+    WorkerState.TRAINING: {WorkerState.MIGRATING, WorkerState.DONE, WorkerState.RECOVERING, WorkerState.RESTARTING},
+    WorkerState.RECOVERING: {WorkerState.MIGRATING, WorkerState.RESTARTING},
+    WorkerState.MIGRATING: {WorkerState.TRAINING, WorkerState.STANDBY, WorkerState.PREEMPTED, WorkerState.RESTARTING},
+}  # fmt: skip
 
 
 class TokenError(RuntimeError):
@@ -93,6 +122,21 @@ class TokenError(RuntimeError):
 
 class Aborted(RuntimeError):
     """The coordinator aborted the job, or the process that started this worker is gone."""
+
+
+class Restart(Exception):
+    """The coordinator ordered this process to exit so that a fresh one takes its place (checkpoint-restart)."""
+
+
+def _heartbeat(host: str, port: int, key: str, interval_s: float, timeout_s: float) -> None:
+    """Bump `key` every `interval_s` on a TCPStore client of this thread's own, until the process ends."""
+    try:
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        while True:
+            store.add(key, 1)
+            time.sleep(interval_s)
+    except Exception:  # noqa: BLE001 — the coordinator is gone; the main thread finds out by itself
+        return
 
 
 @dataclass(frozen=True)
@@ -121,7 +165,11 @@ class Worker:
         self.step = 0
         self.watch = 1  # the next epoch number to look at
         self.last_step_end = 0.0
+        self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
+        self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
         self._phases: dict[str, float] = {}  # durations of the current migration's phases, for the coordinator
+        self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
+        self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
         self._parent = os.getppid()
 
     # -- plumbing ----------------------------------------------------------------------------------------
@@ -130,7 +178,8 @@ class Worker:
             raise RuntimeError(f"worker {self.id}: illegal transition {self.state.name} -> {new.name}")
         self.state = new
         if self.store is not None:
-            at = self.step if new in (WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.DONE) else "-"
+            stepped = (WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.RECOVERING, WorkerState.DONE)
+            at = self.step if new in stepped else "-"
             self.store.append(f"ctl/states/{self.id}", f"{new.name}@{at};")
 
     def _control(self) -> None:
@@ -139,6 +188,34 @@ class Worker:
             raise Aborted(f"worker {self.id}: the launching process exited")
         if self.store.check(["ctl/abort"]):
             raise Aborted(f"worker {self.id}: job aborted by the coordinator: {self.store.get('ctl/abort').decode()}")
+        if self.store.check([f"ctl/restart/{self.id}"]):
+            raise Restart(f"worker {self.id}: checkpoint-restart ordered")
+
+    def _epoch_abort(self, number: int) -> str | None:
+        """Why epoch `number` was declared broken, or None (asked every 20 ms while an op of a step is pending)."""
+        key = f"ctl/e{number}/abort"
+        return self.store.get(key).decode() if self.store.check([key]) else None
+
+    def _commit(self, step: int) -> bool:
+        """Every collective of `step` completed here: take part in the once-only decision to apply it.
+
+        The rank that completes the count writes "apply"; the others wait for the decision, and once the epoch is
+        declared broken they try to write "abort" — whichever was written first is what every rank does.
+        """
+        n, world = self.epoch.number, self.epoch.strategy.world_size
+        if world == 1:
+            return True
+        key = f"ctl/e{n}/decide/{step}"
+        if self.store.add(f"ctl/e{n}/commit/{step}", 1) >= world:
+            return self.store.compare_set(key, "", APPLY).decode() == APPLY
+        delay, waited = 0.0001, 0.0
+        while not self.store.check([key]):
+            if waited > 0.02 and self._epoch_abort(n):
+                return self.store.compare_set(key, "", ABORT).decode() == APPLY
+            time.sleep(delay)
+            waited += delay
+            delay = min(2 * delay, 0.002)
+        return self.store.get(key).decode() == APPLY
 
     def _poll(self, ready) -> None:
         """Wait until `ready()` is true, checking for an abort. Backs off from 1 to 20 ms: a hold can last seconds
@@ -174,8 +251,14 @@ class Worker:
         # read the current epoch *before* registering: any epoch that includes us is published after that
         if self.store.check(["epoch/current"]):
             self.watch = Epoch.from_json(self.store.get("epoch/current")).number + 1
+        # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
+        threading.Thread(
+            target=_heartbeat, args=(s.host, s.port, f"hb/{self.id}", self.job.hb_interval_s, s.store_timeout_s),
+            name="parcae-heartbeat", daemon=True,
+        ).start()  # fmt: skip
         self.store.set(f"ctl/worker/{self.id}", str(os.getpid()))
         self.store.append("ctl/joined", f"{self.id},")
+        self.incarnation = self.store.add(f"ctl/joins/{self.id}", 1)
         self._to(WorkerState.STANDBY)
 
     # -- STANDBY -----------------------------------------------------------------------------------------
@@ -189,9 +272,9 @@ class Worker:
                 epoch = Epoch.from_json(self.store.get(key))
                 self.watch += 1
                 if self.id in epoch.assignment:
-                    if epoch.kind is MigrationKind.START:
-                        self._enter(epoch, received={})
-                        self._to(WorkerState.TRAINING)
+                    if epoch.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART):
+                        if self._enter(epoch, received={}):
+                            self._to(WorkerState.TRAINING)
                     else:
                         self.next, self.step = epoch, epoch.start_step
                         self._to(WorkerState.MIGRATING)
@@ -208,49 +291,118 @@ class Worker:
             delay = min(2 * delay, POLL_MAX_S)
 
     # -- TRAINING ----------------------------------------------------------------------------------------
-    def _boundary(self, step: int) -> Epoch | None:
-        """The decision for the boundary before `step`, taken once for everyone (see trainer.coordinator)."""
+    def _boundary(self, step: int) -> tuple[str, Epoch | int] | None:
+        """The decision for the boundary before `step`, taken once for everyone (see trainer.coordinator):
+        None to train on, ("epoch", the next epoch) or ("restart", the restart epoch's number)."""
         key = f"ctl/boundary/{step}"
         v = self.store.compare_set(key, "", TRAIN).decode()
         if v == HOLD:
-            self._poll(lambda: self.store.get(key).decode() != HOLD)
+            number = self.epoch.number
+
+            def decided() -> bool:
+                reason = self._epoch_abort(number)
+                if reason:
+                    raise StepAbandoned(f"epoch {number} aborted at the boundary before step {step}: {reason}")
+                return self.store.get(key).decode() != HOLD
+
+            self._poll(decided)
             v = self.store.get(key).decode()
         if v == TRAIN:
             return None
-        return Epoch.from_json(self.store.get(f"epoch/{int(v.split(':', 1)[1])}"))
+        kind, number = v.split(":", 1)
+        if int(number) <= self.epoch.number:
+            return None  # decided for an epoch we are already past: we are redoing steps after a recovery
+        if kind == "restart":
+            return ("restart", int(number))
+        return ("epoch", Epoch.from_json(self.store.get(f"epoch/{number}")))
+
+    def _save(self, directory: str, step: int) -> None:
+        """Write this stage's shard of the checkpoint of `step` (replica 0 only) and record it for the coordinator."""
+        ctx, job, n = self.ctx, self.job, self.epoch.number
+        if ctx.replica != 0 or (step, n) in self._saved:
+            return
+        path = checkpoint.shard_path(directory, step, ctx.stage)
+        checkpoint.save(path, ctx.layer_states(), step=step, config=job.model, job=job.job)
+        self._saved.add((step, n))
+        self.store.append("ckpt/written", f"{step}:{n}:{ctx.stage};")
+
+    def _arrive(self, number: int, at: float | None = None) -> None:
+        """Report reaching the end of our epoch (by default when our last step ended), on the way into epoch
+        `number` (once)."""
+        if self._arrived != number:
+            self.store.set(f"ctl/e{number}/arrive/{self.id}", repr(self.last_step_end if at is None else at))
+            self.store.add(f"ctl/e{number}/arrived", 1)
+            self._arrived = number
 
     def _train(self) -> None:
-        ctx, epoch, job = self.ctx, self.epoch, self.job
+        ctx, job = self.ctx, self.job
         reporter = ctx.is_last and ctx.replica == 0
-        while self.step < job.steps:
-            if self.step != epoch.start_step:
-                nxt = self._boundary(self.step)
-                if nxt is not None:
-                    self.next = nxt
-                    self._to(WorkerState.MIGRATING)
+        try:
+            while True:
+                decision = self._boundary(self.step)
+                if decision is not None:
+                    kind, what = decision
+                    if kind == "epoch":
+                        self.next = what
+                        self._to(WorkerState.MIGRATING)
+                    else:  # a checkpoint-restart here: checkpoint this boundary, then make way for a fresh process
+                        self._save(job.checkpoint_dir, self.step)
+                        self._arrive(int(what))
+                        self._to(WorkerState.RESTARTING)
                     return
-            loss = train_step(ctx, self.step)
-            self.last_step_end = time.time()
-            if reporter:
-                self.store.set(f"loss/{self.step}", repr(loss))
-            self.step += 1
+                if self.step >= job.steps:
+                    break
+                step = self.step
+                self.step_started = time.time()
+                self.store.set(f"ctl/at/{self.id}", str(step))
+                loss = train_step(ctx, step, commit=lambda: self._commit(step))
+                self.last_step_end = time.time()
+                if reporter:
+                    self.store.set(f"loss/{step}", repr(loss))
+                self.step += 1
+                every = job.checkpoint_every
+                if every and self.step % every == 0 and self.step < job.steps:
+                    self._save(job.checkpoint_dir, self.step)
+        except StepAbandoned as e:
+            self._abandon(str(e))
+            return
         if ctx.replica == 0:  # one shard per stage, written by its first replica
-            path = checkpoint.shard_path(job.checkpoint_dir, job.steps, ctx.stage)
+            path = checkpoint.shard_path(job.layers_dir, job.steps, ctx.stage)
             checkpoint.save(path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job)
-        close_epoch()
+        digest = parameters_checksum(ctx.layer_states(), ctx.names)
+        self.store.set(f"final/{self.id}", json.dumps({"stage": ctx.stage, "replica": ctx.replica, "digest": digest}))
+        close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
+
+    # -- RECOVERING --------------------------------------------------------------------------------------
+    def _abandon(self, reason: str) -> None:
+        """Give up the broken epoch's groups and step; report the step to redo (= the steps we applied)."""
+        n = self.epoch.number
+        self.ctx.groups.abandon()
+        # flag the epoch ourselves: a peer waiting on a live-but-abandoned rank would otherwise wait for the heartbeat
+        self.store.compare_set(f"ctl/e{n}/abort", "", f"worker {self.id}: {reason}")
+        # the pause of a failure starts when the abandoned step started: its partial work is lost too
+        self._arrive(n + 1, max(self.last_step_end, self.step_started))
+        self.store.set(f"ctl/e{n}/abandon/{self.id}", str(self.step))
+        self._to(WorkerState.RECOVERING)
+
+    def _recover(self) -> None:
+        """Wait for the coordinator's next epoch (a live migration from the survivors) or a restart order."""
+        key = f"epoch/{self.epoch.number + 1}"
+        self._poll(lambda: self.store.check([key]))
+        self.next = Epoch.from_json(self.store.get(key))
+        self._to(WorkerState.MIGRATING)
 
     # -- MIGRATING ---------------------------------------------------------------------------------------
     def _migrate(self) -> None:
         new, old = self.next, self.epoch
         assert new is not None
         n = new.number
-        if old is not None:  # an old member: we are at the boundary, with no op pending
+        if old is not None:  # an old member: at the boundary with no op pending, or recovering (groups abandoned)
             if new.number != old.number + 1:
                 raise RuntimeError(f"worker {self.id}: epoch {old.number} followed by epoch {new.number}")
-            self.store.set(f"ctl/e{n}/arrive/{self.id}", repr(self.last_step_end))
-            self.store.add(f"ctl/e{n}/arrived", 1)
-            close_epoch()
+            self._arrive(n)
+            close_epoch(self.ctx.groups)
         else:  # joining from standby: the old members must be at the boundary before groups can form
             self._poll(lambda: self.store.add(f"ctl/e{n}/arrived", 0) >= len(new.previous))
         self.step = new.start_step
@@ -264,8 +416,7 @@ class Worker:
         elif self.id not in new.assignment:
             self._drop()
             self._to(WorkerState.STANDBY)
-        else:
-            self._enter(new, received)
+        elif self._enter(new, received):
             self._to(WorkerState.TRAINING)
 
     def _drop(self) -> None:
@@ -303,11 +454,20 @@ class Worker:
         self.store.add(f"ctl/e{epoch.number}/bytes", sent)
         return received
 
-    def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> None:
-        """Join `epoch`'s process groups and hold its layers: kept ones in place, the rest installed."""
+    def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> bool:
+        """Join `epoch`'s process groups and hold its layers: kept ones in place, the rest installed (or loaded from
+        the checkpoint of a checkpoint-restart epoch). False if the groups could not be formed (a peer died during
+        group formation): the worker then holds the epoch's layers, flags the epoch broken and is RECOVERING."""
         job, old = self.job, self.ctx
         t0 = time.perf_counter()
-        groups = init_epoch(self.store, epoch.number, epoch.strategy, epoch.rank(self.id), self._pg_timeout())
+        number = epoch.number
+        failure: Exception | None = None
+        try:
+            groups = init_epoch(self.store, number, epoch.strategy, epoch.rank(self.id), self._pg_timeout(),
+                                abort=lambda: self._epoch_abort(number))  # fmt: skip
+        except RuntimeError as e:  # gloo's connectFullMesh: a peer died or never came
+            failure = e
+            groups = EpochGroups(epoch=number, rank=epoch.rank(self.id), world=None, dp=None, abandoned=True)
         t1 = time.perf_counter()
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
@@ -315,16 +475,29 @@ class Worker:
             ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups)
         else:
             ctx = build_context(job.model, job.train, epoch.strategy, epoch.rank(self.id), groups)
-            if epoch.kind is not MigrationKind.START:
+            if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
+                shards = checkpoint.find_shards(job.checkpoint_dir, epoch.restore_step)
+                ckpt = checkpoint.load(shards, config=job.model, job=job.job)
+                mine = {name: ckpt.layers[name] for name in ctx.names}
+                ctx.load_layer_states(mine)
+                self.store.add(f"ctl/e{number}/bytes", state_bytes(mine))
+            elif epoch.kind not in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART):
                 kept = old.layer_states() if old is not None else {}
                 ctx.load_layer_states({**kept, **received})  # KeyError if a layer were lost
         self.ctx, self.epoch, self.next = ctx, epoch, None
         self.step = epoch.start_step
         self.watch = max(self.watch, epoch.number + 1)
+        self.last_step_end = max(self.last_step_end, time.time())  # a pause starts no earlier than we could train
+        if failure is not None:
+            self._phases = {}
+            self._to(WorkerState.TRAINING)
+            self._abandon(f"forming the groups of epoch {number} failed: {failure}")
+            return False
         phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1}
         self._phases = {}
         self.store.set(f"ctl/e{epoch.number}/phases/{self.id}", json.dumps(phases))
         self.store.set(f"ctl/e{epoch.number}/ready/{self.id}", repr(time.time()))
+        return True
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -338,10 +511,17 @@ class Worker:
                     self._train()
                 elif self.state is WorkerState.MIGRATING:
                     self._migrate()
+                elif self.state is WorkerState.RECOVERING:
+                    self._recover()
                 elif self.state is WorkerState.PREEMPTED:
-                    return EXIT_PREEMPTED
+                    return self._end(EXIT_PREEMPTED)
+                elif self.state is WorkerState.RESTARTING:
+                    return self._end(EXIT_RESTART)
                 else:
-                    return EXIT_DONE
+                    return self._end(EXIT_DONE)
+        except Restart:
+            self._to(WorkerState.RESTARTING)
+            return self._end(EXIT_RESTART)
         except TokenError as e:
             self._fail("rejected", str(e))
             return EXIT_TOKEN
@@ -353,12 +533,18 @@ class Worker:
                                 f"{type(e).__name__}: {e}\n{traceback.format_exc()}")  # fmt: skip
             return EXIT_FAILED
 
+    def _end(self, code: int) -> int:
+        """Tell the coordinator this process ends normally (its heartbeat is about to stop)."""
+        self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
+        return code
+
     def _fail(self, kind: str, message: str) -> None:
         print(message, file=sys.stderr, flush=True)
         try:
             self._to(WorkerState.FAILED)
             if self.store is not None:
                 self.store.set(f"ctl/{kind}/{self.id}", message)
+                self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
         except Exception:  # the store itself may be what failed
             pass
 
