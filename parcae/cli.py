@@ -1098,3 +1098,64 @@ def collect(
 
 if __name__ == "__main__":  # pragma: no cover
     app()
+
+
+@command("train")
+def train_cmd(
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes (instances) at the start.")] = 4,
+    trace: Annotated[
+        str | None, typer.Option(metavar="NAME|PATH", help="Replay this spot trace, scaled to the workers.")
+    ] = None,
+    events: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="A scripted schedule of events (JSON) instead of a trace.")
+    ] = None,
+    interval_seconds: Annotated[float, typer.Option(help="Wall time of one trace interval (time compression).")] = 2.0,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
+    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
+    out_dir: Annotated[Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers.")] = Path(
+        "runs/train"
+    ),
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="OUT.json", help="Write the loss, throughput and migrations here.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = 0,
+) -> None:
+    """Train on local worker processes that live-migrate as instances come and go."""
+    from trainer.config import UnknownModelError
+    from trainer.coordinator import ScheduleError
+    from trainer.events import EventError
+    from trainer.run import JobError, train
+
+    if events is not None and trace is not None:
+        raise UserError("give --events or --trace, not both")
+    if events is not None and not events.is_file():
+        raise UserError(f"--events: no such file {str(events)!r}")
+    try:
+        with _stderr().status(f"training {model} on {workers} workers for {steps} steps"):
+            report = train(
+                workers, model=model, steps=steps, events_file=events, trace=trace,
+                interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
+                checkpoint_every=checkpoint_every,
+            )  # fmt: skip
+    except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    except JobError as exc:
+        raise UserError(f"the job failed: {exc}") from None
+    out = _stdout()
+    loss = report["loss"]
+    thr = report["throughput"]
+    out.print(
+        f"{model}: {len(loss)} steps, loss {loss[0]:.4f} -> {loss[-1]:.4f}, {thr['samples_per_s']:.1f} samples/s, "
+        f"checksum {report['final_checksum'][:16]}"
+    )
+    table = Table(box=None)
+    for col in ("step", "kind", "notice", "strategy", "pause s", "MB moved", "steps lost"):
+        table.add_column(col, justify="right" if col not in ("kind",) else "left")
+    for r in report["reconfigurations"]:
+        strategy = "x".join(str(x) for x in r.get("strategy") or []) or "-"
+        table.add_row(str(r.get("step")), r["kind"], str(r["notice"]).lower(), strategy, f"{r['pause_s']:.3f}",
+                      f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
+    out.print(table)
+    if json_out:
+        out.print(f"wrote {json_out}")
