@@ -11,6 +11,7 @@ PREFECT_PORT ?= 4200
 export PREFECT_HOME ?= $(CURDIR)/.prefect
 export PREFECT_LOGGING_EXTRA_LOGGERS := forecasting,liveput,parcae,trainer
 export PREFECT_WORKER_QUERY_SECONDS := 5
+export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW := ignore
 
 .PHONY: install test demo bench serve stop clean
 

@@ -279,6 +279,8 @@ class ScenarioStore:
         samples with its migration cost's *upper* bound (`bounds`): a conservative credit that only
         depends on the predecessor, so the search stays exact for it. Zero for point forecasts.
         """
+        if len(forecast.events) == 1:  # a point forecast: the target is reachable or not a candidate
+            return np.zeros(len(targets))
         key = (forecast, current, tuple(targets), interval_s)
         hit = self._fallbacks.get(key)
         if hit is not None:
