@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer import checkpoint
 from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig, model_config
@@ -20,14 +21,6 @@ from trainer.pipeline import Strategy, build_context, layer_state, load_layer_st
 CFG = model_config("tiny-gpt")
 TRAIN = TrainConfig()
 JOB = "job-a"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="module")

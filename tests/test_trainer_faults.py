@@ -9,7 +9,6 @@ of ~2.5 s of CPU each), so that restarts and added instances do not dominate the
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 import time
 from datetime import timedelta
@@ -19,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from liveput.migration import MigrationKind
+from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import Coordinator, ScheduleError, check_schedule
@@ -35,19 +35,9 @@ SIZES = layer_sizes(CFG)
 N = CFG.n_layers_total
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(autouse=True)
-def _no_orphans():
+def _no_orphans_here(_no_orphans):
     yield
-    alive = [p for p in mp.active_children() if p.name.startswith("parcae-worker")]
-    assert not alive, f"worker processes left running: {alive}"
 
 
 def reference(steps: int) -> tuple[list[float], dict]:

@@ -5,13 +5,13 @@ through `trainer.run.train`, the function a `parcae train` command wires."""
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import signal
 import time
 
 import pytest
 
+from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import Coordinator, check_schedule
 from trainer.events import group_events, parse_events
@@ -31,10 +31,8 @@ TRAIN = TrainConfig()
 
 
 @pytest.fixture(autouse=True)
-def _no_orphans():
+def _no_orphans_here(_no_orphans):
     yield
-    alive = [p for p in mp.active_children() if p.name.startswith("parcae-worker")]
-    assert not alive, f"worker processes left running: {alive}"
 
 
 def test_trace_schedule_is_seeded_scaled_and_runnable():

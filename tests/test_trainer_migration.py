@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from liveput.migration import MigrationKind
+from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
 from trainer import checkpoint
 from trainer.config import TrainConfig, UnknownModelError, model_config
 from trainer.coordinator import Coordinator, ScheduleError, check_schedule
@@ -59,19 +60,9 @@ SCHEDULE = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
-
 @pytest.fixture(autouse=True)
-def _no_orphans():
+def _no_orphans_here(_no_orphans):
     yield
-    alive = [p for p in mp.active_children() if p.name.startswith("parcae-worker")]
-    assert not alive, f"worker processes left running: {alive}"
 
 
 # ---------------------------------------------------------------------------------------------------- events

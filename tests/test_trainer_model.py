@@ -5,19 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
 from trainer.data import corpus, global_batch, micro_sizes, replica_rows, shard
 from trainer.model import Block, Embedding, Head, Stage, build_layer, build_layers, layer_names
 from trainer.pipeline import Strategy, build_context, train_step
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # 2 cores shared with other test processes; one intra-op thread is faster and deterministic
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 CFG = model_config("tiny-gpt")

@@ -27,6 +27,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
+from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer import checkpoint
 from trainer.config import ModelConfig, TrainConfig, model_config
 from trainer.data import global_batch
@@ -49,14 +50,6 @@ STEPS = 4
 N_WORKERS = 4
 PG_TIMEOUT = timedelta(seconds=30)
 JOB_TIMEOUT_S = 45
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 
 
 # ---------------------------------------------------------------------------------------------- geometry
