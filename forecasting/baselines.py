@@ -23,7 +23,7 @@ from __future__ import annotations
 import inspect
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Self
 
 import numpy as np
@@ -485,12 +485,4 @@ def _ordered(lo: np.ndarray, mid: np.ndarray, hi: np.ndarray, capacity: int) -> 
 
 def _renamed(forecast: Forecast, name: str) -> Forecast:
     """Persistence's answer under another model's name (the backtest groups by ``model``)."""
-    return Forecast(
-        model=name,
-        last_available=forecast.last_available,
-        capacity=forecast.capacity,
-        point=forecast.point,
-        quantiles=forecast.quantiles,
-        preemption_prob=forecast.preemption_prob,
-        events=forecast.events,
-    )
+    return replace(forecast, model=name)

@@ -303,16 +303,11 @@ class BambooPolicy(Policy):
         """P(no pipeline loses two ring-neighbours | k of the d*p active instances preempted), exactly."""
         if k == 0:
             return 1.0
+        # ways[m]: choices of m instances of a ring of p with no two neighbours, p/(p-m) * C(p-m, m)
         ways = np.zeros(p + 1, dtype=object)
-        for m in range(p + 1):
-            if m == 0:
-                ways[m] = 1
-            elif p == 1:
-                ways[m] = 1 if m == 0 else 0
-            elif m < p:
-                ways[m] = p * comb(p - m, m) // (p - m) if p - m >= m else 0
-            else:
-                ways[m] = 0
+        ways[0] = 1
+        for m in range(1, p // 2 + 1):
+            ways[m] = p * comb(p - m, m) // (p - m)
         poly = np.array([1], dtype=object)
         for _ in range(d):
             poly = np.convolve(poly, ways)

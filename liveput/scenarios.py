@@ -125,12 +125,12 @@ def _static_tables(profile: ThroughputProfile, cost: CostModel) -> tuple[dict, .
 class ScenarioStore:
     """Exact, cached scenario outcomes for one model (profile + cost model)."""
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, max_instances: int | None = None) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel) -> None:
         self.profile = profile
         self.cost = cost
         self._cond: dict[tuple[int, int, int, int], tuple[int, np.ndarray, np.ndarray]] = {}
         self._pipe: dict[tuple[int, int, int], tuple[int, list[dict[int, int]]]] = {}
-        self._keys: dict[tuple[int, int, int, int, int], Outcome] = {}
+        self._keys: dict[tuple, Outcome] = {}
         self._targets: dict[int, tuple[Strategy, ...]] = {}
         # Static tables (no scenario in them: restart terms, transfers, no-preemption costs, cost upper
         # bounds) are shared by every store of the same profile and cost model in the process.
@@ -155,9 +155,9 @@ class ScenarioStore:
     def outcome(self, n: int, current: Strategy, n_in: int, n_out: int, targets: Sequence[Strategy]) -> Outcome:
         """Exact outcome of the point event (n_in, n_out) for every target in ``targets``."""
         D, P = current
-        key = (n, D, P, n_in, n_out)
+        key = (n, D, P, n_in, n_out, tuple(targets))
         hit = self._keys.get(key)
-        if hit is not None and hit.targets == tuple(targets):
+        if hit is not None:
             return hit
         if D * P > n:
             raise ValueError(f"current strategy {D}x{P} uses more than the N={n} instances")
@@ -195,7 +195,7 @@ class ScenarioStore:
         for n_in, n_out, w in forecast.events:
             if w == 0:
                 continue
-            o = self.outcome(n, current, n_in, n_out + 0, targets)
+            o = self.outcome(n, current, n_in, n_out, targets)
             reach += w * o.reach
             cost += w * o.cost_ms
             kind += w * o.kind
@@ -244,9 +244,7 @@ class ScenarioStore:
         D, P = current
         n = max(forecast.prev_available, D * P)
         tk = tuple(targets)
-        base = self._base.get((current, tk))
-        if base is None:
-            base = self._base[(current, tk)] = np.array([self._no_loss_cost(D, P, d, p) for d, p in tk])
+        base = self._no_loss_costs(current, tk)
         need = np.array([d * p for d, p in tk])
         reach = np.zeros(len(tk))
         lower = np.zeros(len(tk))
@@ -259,6 +257,14 @@ class ScenarioStore:
             hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
             upper += w * ok * hi
         return reach, lower, upper
+
+    def _no_loss_costs(self, current: Strategy, targets: tuple[Strategy, ...]) -> np.ndarray:
+        """`_no_loss_cost` of every target, kept in the shared static tables."""
+        base = self._base.get((current, targets))
+        if base is None:
+            D, P = current
+            base = self._base[(current, targets)] = np.array([self._no_loss_cost(D, P, d, p) for d, p in targets])
+        return base
 
     def _no_loss_cost(self, D: int, P: int, d: int, p: int) -> float:
         """Cost when no active instance is preempted: a function of the model and constants only."""
@@ -291,17 +297,16 @@ class ScenarioStore:
         need = np.array([d * p for d, p in tk])
         thr = np.array([self.profile.throughput(d, p) for d, p in tk])
         out = np.zeros(len(tk))
-        if len(forecast.events) > 1:
-            base = self.bounds(IntervalForecast.point(forecast.prev_available), current, tk)[1]
-            for n_in, n_out, w in forecast.events:
-                alive = n + n_in - n_out
-                if np.all(need <= alive):
-                    continue
-                kmax = min(D * P, n_out)
-                hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
-                ok = need <= alive
-                best = float(np.max(np.where(ok, thr * np.maximum(0.0, interval_s - hi / 1000.0), 0.0), initial=0.0))
-                out += w * (need > alive) * best
+        base = self._no_loss_costs(current, tk)
+        for n_in, n_out, w in forecast.events:
+            alive = n + n_in - n_out
+            if np.all(need <= alive):
+                continue
+            kmax = min(D * P, n_out)
+            hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
+            ok = need <= alive
+            best = float(np.max(np.where(ok, thr * np.maximum(0.0, interval_s - hi / 1000.0), 0.0), initial=0.0))
+            out += w * (need > alive) * best
         self._fallbacks[key] = out
         return out
 
@@ -337,8 +342,8 @@ class ScenarioStore:
         hit = self._cond.get(key)
         if hit is not None and hit[0] >= kmax:
             return hit[1], hit[2]
-        # Compute for the full range when it is cheap enough, so later keys reuse it.
-        want = max(kmax, hit[0] + 1 if hit else 0)
+        # A cached table for fewer losses is recomputed for the larger range (it covers both).
+        want = kmax
         if D * P == 0:
             probs, costs = self._start(d, p, want)
         elif p == P:
