@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from importlib import resources
 from pathlib import Path
@@ -321,15 +321,11 @@ def load_profile(model: str, global_batch: int | None = None, *, max_instances: 
     est = estimate_profile(
         load_model_spec(model), global_batch, max_instances, min_p=table.min_p, max_p=table.max_p
     )
-    return ThroughputProfile(
-        model=model,
+    return replace(
+        table,
         global_batch=global_batch,
         micro_batch=est.micro_batch,
         iteration_ms=est.iteration_ms,
-        min_p=table.min_p,
-        max_p=table.max_p,
-        excluded_p=table.excluded_p,
-        excluded_d=table.excluded_d,
         source=(
             f"ANALYTIC ESTIMATE, not a measurement: the profiled table is for GBS {table.global_batch} only, "
             f"GBS {global_batch} was requested; P/D limits taken from the table. {est.source}"
