@@ -18,7 +18,6 @@ from trainer.events import group_events, parse_events
 from trainer.instances import (
     LocalProcessProvider,
     LocalTraceProvider,
-    aws_spot_provider,
     trace_events,
     trace_schedule,
     trace_strategy,
@@ -68,8 +67,6 @@ def test_trace_provider_compresses_time_into_steps():
     assert p.steps_per_interval(0.1) == 5 and p.steps_per_interval(2.0) == 1
     assert p.schedule(30, step_seconds=0.5).events == trace_events("p3", 4, 30, 1, seed=0, start_interval=400)
     assert trace_strategy(1) == (1, 1) and trace_strategy(5) == (2, 2) and trace_strategy(40) == (16, 2)
-    with pytest.raises(NotImplementedError, match="AwsSpotProvider"):
-        aws_spot_provider()
 
 
 def test_local_provider_kill_preempt_and_heartbeat_detection(tmp_path):
@@ -110,7 +107,9 @@ def test_train_from_a_trace_writes_the_cli_report(tmp_path):
                    start_interval=400, out_dir=tmp_path / "job", json_out=tmp_path / "out.json", checkpoint_every=5,
                    start_method="forkserver", timeout_s=80)  # fmt: skip
     assert json.loads((tmp_path / "out.json").read_text()) == report
-    assert set(report) == {"loss", "throughput", "reconfigurations", "final_checksum", "wall_s"}
+    assert set(report) == {"loss", "first_step", "resumed_from", "throughput", "reconfigurations", "plans",
+                           "final_checksum", "wall_s"}  # fmt: skip
+    assert report["first_step"] == 0 and report["resumed_from"] is None and report["plans"] == []
     ref = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
     assert report["loss"] == pytest.approx([train_step(ref, s) for s in range(steps)], rel=1e-5)
     kinds = [(r["kind"], r["notice"], r["step"]) for r in report["reconfigurations"]]

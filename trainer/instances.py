@@ -16,9 +16,10 @@ process on the same instance after a checkpoint-restart (what torchelastic's age
 `LocalTraceProvider` compresses a trace in time: one trace interval (60 s in p3) becomes `interval_seconds` of
 wall time, i.e. `steps_per_interval` training steps, and the trace is scaled (`forecasting.traces.scale_trace`) to
 the number of local worker processes. A drop in availability becomes preemptions, a seeded share of them without
-notice (`kill`); a rise becomes `add`s; a plan follows every change (`trace_strategy`).
+notice (`kill`); a rise becomes `add`s; a plan follows every change (`trace_strategy`),
+unless a live planner (`trainer.planning`) decides the strategy instead (`plans=False`).
 
-Not done: `AwsSpotProvider` (boto3 + moto): a later slice; `aws_spot_provider()` raises NotImplementedError.
+EC2 spot instances: `aws_spot_provider(config)` builds a `trainer.aws.AwsSpotProvider` (imported lazily: boto3).
 """
 
 from __future__ import annotations
@@ -157,9 +158,14 @@ class LocalProcessProvider(InstanceProvider):
                 p.join(timeout=5)
 
 
-def aws_spot_provider(*_: Any, **__: Any) -> InstanceProvider:
-    """Not built yet: EC2 spot instances through boto3 (tested with moto) are a later slice."""
-    raise NotImplementedError("AwsSpotProvider is not implemented yet (a later slice: boto3 + moto)")
+def aws_spot_provider(config: Any, *, session: Any = None) -> InstanceProvider:
+    """EC2 spot instances of `config` (a `trainer.aws.AwsSpotConfig`) through boto3 (`session`, default the standard
+    credential chain). Fails fast — `trainer.aws.AwsCredentialsError`, naming the setting to fix — when there are no
+    AWS credentials or no region, before anything is launched."""
+    from trainer.aws import AwsSpotProvider, check_credentials
+
+    check_credentials(session, getattr(config, "region", None))
+    return AwsSpotProvider(config, session=session)
 
 
 # ------------------------------------------------------------------------------------------------ traces
@@ -180,6 +186,7 @@ class TraceSchedule:
     strategy: tuple[int, int]
     events: list[dict[str, Any]] = field(default_factory=list)
     intervals: int = 0  # trace intervals covered
+    steps_per_interval: int = 0  # steps of one trace interval (a live planner decides at each interval boundary)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -205,6 +212,7 @@ def trace_schedule(
     kill_fraction: float = 0.5,
     start_interval: int = 0,
     strategy_for: Callable[[int], tuple[int, int]] | None = None,
+    plans: bool = True,
 ) -> TraceSchedule:
     """Turn `trace` (a name for `forecasting.traces.load_trace`, or its table) into a local job's schedule.
 
@@ -212,7 +220,9 @@ def trace_schedule(
     before step `(i + 1) * steps_per_interval` (intervals whose step is not < `steps` are dropped). A rise adds
     instances; a drop preempts randomly chosen live instances (seeded), each without notice (`kill`) with
     probability `kill_fraction`. At least one instance always stays (a drop to zero keeps one). Every change is
-    followed by a plan for the new count (`strategy_for`, default `trace_strategy`).
+    followed by a plan for the new count (`strategy_for`, default `trace_strategy`) — unless `plans` is False: the
+    schedule of a job whose live planner (`trainer.planning`) decides the strategy at every interval boundary
+    carries the availability changes only.
     """
     if steps_per_interval < 1:
         raise ValueError(f"steps_per_interval must be >= 1, got {steps_per_interval}")
@@ -253,14 +263,15 @@ def trace_schedule(
                 events.append({"step": step, "kind": "kill", "instances": killed})
             alive = [w for w in alive if w not in victims]
         new = pick(len(alive))
-        if new != strategy:
+        if plans and new != strategy:
             # a plan at the boundary must fit the instances alive *before* this step's kills
             fits = new[0] * new[1] <= len(alive) + sum(len(e["instances"]) for e in events
                                                        if e["step"] == step and e["kind"] == "kill")  # fmt: skip
             if fits:
                 events.append({"step": step, "kind": "plan", "strategy": list(new)})
             strategy = new
-    return TraceSchedule(workers=n0, strategy=pick(n0), events=events, intervals=covered)
+    return TraceSchedule(workers=n0, strategy=pick(n0), events=events, intervals=covered,
+                         steps_per_interval=steps_per_interval)
 
 
 def trace_events(
@@ -290,10 +301,11 @@ class LocalTraceProvider:
     def steps_per_interval(self, step_seconds: float) -> int:
         return max(1, round(self.interval_seconds / step_seconds))
 
-    def schedule(self, steps: int, step_seconds: float = 0.1) -> TraceSchedule:
+    def schedule(self, steps: int, step_seconds: float = 0.1, *, plans: bool = True) -> TraceSchedule:
+        """The schedule (`trace_schedule`); `plans=False` for a job with a live planner (availability only)."""
         return trace_schedule(
             self.trace, self.workers, steps, self.steps_per_interval(step_seconds), self.seed,
-            kill_fraction=self.kill_fraction, start_interval=self.start_interval,
+            kill_fraction=self.kill_fraction, start_interval=self.start_interval, plans=plans,
         )  # fmt: skip
 
 

@@ -1,0 +1,586 @@
+"""Tests of trainer.aws: the EC2 spot provider against moto, its notices, the boot script, the credential check,
+and the on-instance IMDSv2 watcher against a local fake IMDS.
+
+Everything is offline. AWS is moto (`mock_aws`, fake credentials, no config files, no instance metadata). moto
+launches spot instances through run_instances but creates no spot request for them and cannot emit notices, so the
+spot-request status path answers `DescribeSpotInstanceRequests` with a real-shaped response through a `before-call`
+hook (the same hook injects AWS errors into single calls); everything else goes to moto. IMDS is an
+`http.server` on 127.0.0.1 that speaks IMDSv2 (token PUT, 401 without a valid token, 404 until the notice).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from botocore.awsrequest import AWSResponse
+from moto import mock_aws
+
+from _aws import fake_aws_account, isolate_aws
+from trainer.aws import (
+    JOB_TAG_KEY,
+    WORKER_TAG_KEY,
+    AwsConfigError,
+    AwsCredentialsError,
+    AwsProviderError,
+    AwsSpotConfig,
+    AwsSpotProvider,
+    InstanceActionWatcher,
+    InterruptionEventError,
+    check_credentials,
+    main,
+    parse_interruption_event,
+    spot_request_notice,
+    user_data,
+)
+from trainer.instances import InstanceProvider, aws_spot_provider
+
+REGION = "us-east-1"
+AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default set
+TOKEN = "s3cret-job-token-7f1c"
+PARAM = "/parcae/test-job/token"
+REPO = Path(__file__).resolve().parents[1]
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+
+
+@pytest.fixture(autouse=True)
+def aws_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No real AWS: no credentials, config files, instance metadata or proxies (a test adds moto's fake keys)."""
+    isolate_aws(monkeypatch, tmp_path)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    """moto with what a launch needs: a VPC, a subnet, a security group, an instance profile, the token in SSM."""
+    fake_aws_account(monkeypatch, REGION)
+    with mock_aws():
+        session = boto3.Session(region_name=REGION)
+        ec2 = session.client("ec2")
+        vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
+        subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.1.0/24")["Subnet"]["SubnetId"]
+        sg = ec2.create_security_group(GroupName="parcae", Description="workers", VpcId=vpc)["GroupId"]
+        session.client("iam").create_instance_profile(InstanceProfileName="parcae-worker")
+        session.client("ssm").put_parameter(Name=PARAM, Value=TOKEN, Type="SecureString")
+        yield {"session": session, "ec2": ec2, "subnet": subnet, "sg": sg}
+
+
+def config(**kw: Any) -> AwsSpotConfig:
+    base: dict[str, Any] = {
+        "region": REGION, "image_id": AMI, "job": "test-job", "coordinator_host": "10.0.1.10",
+        "coordinator_port": 29500, "token_parameter": PARAM, "iam_instance_profile": "parcae-worker",
+        "python": "/opt/parcae/.venv/bin/python",
+    }  # fmt: skip
+    return AwsSpotConfig(**{**base, **kw})
+
+
+def provider(aws: dict[str, Any], **kw: Any) -> AwsSpotProvider:
+    return AwsSpotProvider(config(subnet_id=aws["subnet"], security_group_ids=[aws["sg"]], **kw),
+                           session=aws["session"])  # fmt: skip
+
+
+def answer(events: Any, operation: str, responses: list[Any]) -> list[dict[str, Any]]:
+    """Answer the next calls of EC2/STS `operation` (on a client's or a session's `events`) with `responses`, in
+    order: a response dict, an (AWS error code, message) pair, or None (let moto answer that one). Once they run
+    out, moto answers. Returns the request of every call made while responses remained."""
+    sent: list[dict[str, Any]] = []
+
+    def before_call(params: dict[str, Any], **_: Any) -> Any:
+        if not responses:
+            return None
+        r = responses.pop(0)
+        sent.append(params)
+        if r is None:
+            return None
+        if isinstance(r, tuple):
+            err = {"Error": {"Code": r[0], "Message": r[1]}, "ResponseMetadata": {"HTTPStatusCode": 400}}
+            return AWSResponse("https://aws.local", 400, {}, None), err
+        return AWSResponse("https://aws.local", 200, {}, None), {**r, "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    service = "sts" if operation == "GetCallerIdentity" else "ec2"
+    events.register(f"before-call.{service}.{operation}", before_call)
+    return sent
+
+
+def instance(ec2: Any, instance_id: str) -> dict[str, Any]:
+    return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
+
+
+def until(predicate: Any, what: str, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+# ----------------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "says"),
+    [
+        ("region", "US East", "an AWS region"),
+        ("image_id", "ubuntu-22.04", "an AMI id"),
+        ("job", "", "a tag value"),
+        ("job", "a\nb", "a tag value"),
+        ("coordinator_host", "127.0.0.1", "is the instance itself"),
+        ("coordinator_port", 0, "a TCP port number"),
+        ("coordinator_port", "29500", "a TCP port number"),
+        ("token_parameter", "my token", "an SSM parameter name"),
+        ("iam_instance_profile", "", "an instance profile name or ARN"),
+        ("instance_type", "p3", "an EC2 instance type"),
+        ("subnet_id", "vpc-0123456789abcdef0", "a subnet id"),
+        ("security_group_ids", "sg-0123456789abcdef0", "a list of security group ids"),
+        ("security_group_ids", ["default"], "a list of security group ids"),
+        ("workdir", "opt/parcae", "an absolute path"),
+        ("max_price", "-1", "a price in USD per hour > 0"),
+        ("max_price", "cheap", "a price in USD per hour > 0"),
+        ("notice_s", -5.0, "seconds >= 0"),
+    ],
+)
+def test_config_names_the_wrong_field(field: str, value: Any, says: str) -> None:
+    with pytest.raises(AwsConfigError, match=rf"AwsSpotConfig\.{field}: .*{says}"):
+        config(**{field: value})
+
+
+def test_config_normalises_and_reads_mappings() -> None:
+    c = config(security_group_ids=["sg-0123456789abcdef0"], max_price=1.5,
+               iam_instance_profile="arn:aws:iam::123456789012:instance-profile/parcae-worker")  # fmt: skip
+    assert c.security_group_ids == ("sg-0123456789abcdef0",) and c.max_price == "1.5"
+    assert c.instance_type == "p3.2xlarge" and c.notice_s == 120.0
+    data = {"region": REGION, "image_id": AMI, "job": "j", "coordinator_host": "10.0.0.2", "coordinator_port": 1,
+            "token_parameter": PARAM, "iam_instance_profile": "p"}  # fmt: skip
+    assert AwsSpotConfig.from_mapping(data).job == "j"
+    with pytest.raises(AwsConfigError, match="unknown field.*imageid"):
+        AwsSpotConfig.from_mapping({**data, "imageid": AMI})
+    with pytest.raises(AwsConfigError, match="missing field.*token_parameter"):
+        AwsSpotConfig.from_mapping({k: v for k, v in data.items() if k != "token_parameter"})
+
+
+def test_our_job_tag_is_the_one_the_collector_records() -> None:
+    from forecasting.collect import JOB_TAG_KEY as COLLECTED
+
+    assert JOB_TAG_KEY == COLLECTED
+
+
+# ----------------------------------------------------------------------------------------------- boot script
+
+
+def test_boot_script_reads_the_token_from_ssm_and_execs_the_worker(tmp_path: Path) -> None:
+    """Run the generated user data with bash and a stand-in interpreter that records every command it is given."""
+    fake = tmp_path / "bin dir" / "python"  # a space: paths must be quoted
+    fake.parent.mkdir()
+    log = tmp_path / "calls.log"
+    fake.write_text(
+        "#!/bin/bash\n"
+        f"log={log}\n"
+        'case "$*" in\n'
+        f'  "-m trainer.aws token"*) echo "token $* env=${{PARCAE_TOKEN-unset}}" >> "$log"; echo {TOKEN} ;;\n'
+        '  "-m trainer.aws watch"*) echo "watch $* env=${PARCAE_TOKEN-unset}" >> "$log" ;;\n'
+        '  "-m trainer.worker"*) echo "worker $* pid=$$ env=${PARCAE_TOKEN-unset} cwd=$PWD" >> "$log" ;;\n'
+        '  *) echo "unexpected $*" >> "$log"; exit 9 ;;\n'
+        "esac\n"
+    )
+    fake.chmod(0o755)
+    c = config(python=str(fake), workdir=str(tmp_path))
+    script = user_data(c, 7)
+    assert TOKEN not in script and script.startswith("#!/bin/bash\n")
+    subprocess.run(["bash", "-c", script], check=True, timeout=30, cwd="/")
+    until(lambda: log.exists() and "watch" in log.read_text(), "the watcher to start")
+    calls = {line.split(" ", 1)[0]: line for line in log.read_text().splitlines()}
+    assert set(calls) == {"token", "watch", "worker"}
+    assert calls["token"] == f"token -m trainer.aws token --parameter {PARAM} --region {REGION} env=unset"
+    worker_pid = calls["worker"].split("pid=")[1].split()[0]
+    # the watcher watches the PID the exec turns into the worker's, and never sees the token
+    assert calls["watch"] == f"watch -m trainer.aws watch --pid {worker_pid} env=unset"
+    assert calls["worker"] == (f"worker -m trainer.worker --id 7 --host 10.0.1.10 --port 29500 pid={worker_pid} "
+                               f"env={TOKEN} cwd={tmp_path}")  # fmt: skip
+
+
+def test_boot_script_stops_when_the_token_cannot_be_read(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text('#!/bin/bash\ncase "$*" in *token*) echo "no such parameter" >&2; exit 1 ;; '
+                    f'*worker*) touch {tmp_path}/worker-ran ;; esac\n')  # fmt: skip
+    fake.chmod(0o755)
+    r = subprocess.run(["bash", "-c", user_data(config(python=str(fake), workdir=str(tmp_path)), 0)],
+                       capture_output=True, text=True, timeout=30)  # fmt: skip
+    assert r.returncode != 0 and "no such parameter" in r.stderr
+    assert not (tmp_path / "worker-ran").exists()
+
+
+def test_token_command_prints_the_ssm_parameter(aws: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["token", "--parameter", PARAM, "--region", REGION]) == 0
+    assert capsys.readouterr().out == TOKEN + "\n"
+    assert main(["token", "--parameter", "/parcae/missing", "--region", REGION]) == 1
+    err = capsys.readouterr().err
+    assert "'/parcae/missing'" in err and "ParameterNotFound" in err and "ssm:GetParameter" in err
+    assert "Traceback" not in err
+
+
+# -------------------------------------------------------------------------------------------------- provider
+
+
+def test_start_tags_spot_instances_and_alive_follows_kill_and_stop(aws: dict[str, Any]) -> None:
+    p = provider(aws, max_price="2.5")
+    assert isinstance(p, InstanceProvider)
+    ec2 = aws["ec2"]
+    assert p.start(2) == [0, 1] and p.start(0) == []
+    ids = p.instance_ids()
+    assert sorted(ids) == [0, 1] and len(set(ids.values())) == 2
+    for w, iid in ids.items():
+        inst = instance(ec2, iid)
+        tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+        assert tags[JOB_TAG_KEY] == "test-job" and tags[WORKER_TAG_KEY] == str(w)
+        assert inst["InstanceLifecycle"] == "spot" and inst["InstanceType"] == "p3.2xlarge"
+        assert inst["SubnetId"] == aws["subnet"] and [g["GroupId"] for g in inst["SecurityGroups"]] == [aws["sg"]]
+        assert inst["IamInstanceProfile"]["Arn"].endswith(":instance-profile/parcae-worker")
+        raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        script = base64.b64decode(raw).decode()
+        assert TOKEN not in script
+        assert f"exec /opt/parcae/.venv/bin/python -m trainer.worker --id {w} --host 10.0.1.10 --port 29500" in script
+        assert f"trainer.aws token --parameter {PARAM} --region {REGION}" in script
+        assert "trainer.aws watch --pid $$ &" in script
+    params = p.launch_params(0)
+    assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
+        "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "2.5"}}
+    assert params["MetadataOptions"]["HttpTokens"] == "required"
+
+    assert p.alive() == {0, 1}
+    p.kill([0])
+    assert p.alive() == {1}
+    assert instance(ec2, ids[0])["State"]["Name"] in ("shutting-down", "terminated")
+    assert p.start(1) == [2]  # ids are never reused
+    assert p.alive() == {1, 2}
+    with pytest.raises(ValueError, match=r"unknown worker id\(s\) \[9\]"):
+        p.kill([9])
+    # another job's instance is not ours: neither alive() nor stop() touch it
+    other = AwsSpotProvider(config(job="other-job", subnet_id=aws["subnet"]), session=aws["session"])
+    assert other.start(1) == [0]
+    p.stop()
+    assert p.alive() == set()
+    assert {instance(ec2, i)["State"]["Name"] for i in p.instance_ids().values()} <= {"shutting-down", "terminated"}
+    assert other.alive() == {0}
+    other.stop()
+
+
+def test_preempt_terminates_when_the_notice_expires(aws: dict[str, Any]) -> None:
+    with provider(aws) as p:
+        p.start(3)
+        p.preempt([0], notice_s=600)
+        assert p.alive() == {0, 1, 2}  # still running during its notice
+        p.preempt([0, 1], notice_s=0.05)  # an earlier deadline replaces the later one
+        until(lambda: p.alive() == {2}, "the preempted instances to be terminated")
+        p.preempt([2], notice_s=600)
+        p.kill([2])  # a kill cancels the pending reclaim
+        assert p.alive() == set()
+        p.preempt([2], notice_s=0)  # already gone: terminating it again is harmless
+        with pytest.raises(ValueError, match="notice_s"):
+            p.preempt([1], notice_s=-1)
+
+
+def test_aws_errors_name_the_operation_and_the_fix(aws: dict[str, Any]) -> None:
+    p = AwsSpotProvider(config(subnet_id="subnet-0123456789abcdef0"), session=aws["session"])
+    with pytest.raises(AwsProviderError, match=r"run_instances \(worker 0\): InvalidSubnetID\.NotFound: .*"
+                                               r"Fix: AwsSpotConfig\.subnet_id does not exist"):  # fmt: skip
+        p.start(1)
+    p = AwsSpotProvider(config(iam_instance_profile="no-such-profile"), session=aws["session"])
+    with pytest.raises(AwsProviderError, match="no-such-profile.*iam_instance_profile does not exist"):
+        p.start(1)
+
+    # all or nothing: the third launch finds no capacity; the two launched before it are terminated
+    p = provider(aws)
+    sent = answer(p.ec2.meta.events, "RunInstances",
+                  [None, None, ("InsufficientInstanceCapacity", "There is no Spot capacity available")])  # fmt: skip
+    with pytest.raises(AwsProviderError, match=r"worker 2\): InsufficientInstanceCapacity: .*Fix: no spot capacity"):
+        p.start(3)
+    assert len(sent) == 3 and p.instance_ids() == {} and p.alive() == set()
+    states = {i["State"]["Name"] for r in aws["ec2"].describe_instances(
+        Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": ["test-job"]}])["Reservations"] for i in r["Instances"]}
+    assert states and states <= {"shutting-down", "terminated"}
+    assert p.start(1) == [0]  # the failed call handed out no ids
+    p.stop()
+
+
+def test_interruptions_from_spot_request_status_codes(aws: dict[str, Any]) -> None:
+    with provider(aws) as p:
+        p.start(3)
+        ids = p.instance_ids()
+        assert p.interruptions() == []  # moto: no spot request behind run_instances' spot instances
+
+        def req(iid: str, code: str, state: str, minute: int) -> dict[str, Any]:
+            return {"SpotInstanceRequestId": f"sir-{iid[-8:]}", "InstanceId": iid, "State": state,
+                    "Type": "one-time", "Status": {"Code": code, "UpdateTime": T0.replace(minute=minute),
+                                                   "Message": "..."}}  # fmt: skip
+
+        sent = answer(p.ec2.meta.events, "DescribeSpotInstanceRequests", [
+            {"SpotInstanceRequests": [
+                req(ids[0], "marked-for-termination", "active", 1),
+                req(ids[1], "instance-terminated-no-capacity", "closed", 2),
+                req(ids[2], "fulfilled", "active", 0),
+                req("i-0notours00000000", "marked-for-termination", "active", 1),
+            ]},
+            {"SpotInstanceRequests": [
+                req(ids[0], "instance-terminated-no-capacity", "closed", 3),
+                req(ids[1], "instance-terminated-no-capacity", "closed", 2),  # seen already
+                req(ids[2], "instance-terminated-by-user", "closed", 4),  # our own kill: no interruption
+            ]},
+        ])  # fmt: skip
+        first = p.interruptions()
+        assert [(n.worker, n.kind, n.action, n.code) for n in first] == [
+            (0, "warning", "terminate", "marked-for-termination"),
+            (1, "reclaimed", "terminate", "instance-terminated-no-capacity"),
+        ]
+        assert first[0].time == T0.replace(minute=1) and first[0].deadline == T0.replace(minute=3)
+        assert first[0].source == "spot-request"
+        body = sent[0]["body"]
+        assert body["Filter.1.Name"] == "instance-id"
+        assert sorted(v for k, v in body.items() if k.startswith("Filter.1.Value")) == sorted(ids.values())
+        second = p.interruptions()
+        assert [(n.worker, n.kind) for n in second] == [(0, "reclaimed")]
+        assert p.interruptions() == []  # moto again: nothing new
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "action"),
+    [
+        ("marked-for-termination", "warning", "terminate"),
+        ("marked-for-stop", "warning", "stop"),
+        ("instance-terminated-by-price", "reclaimed", "terminate"),
+        ("instance-terminated-no-capacity", "reclaimed", "terminate"),
+        ("instance-terminated-launch-group-constraint", "reclaimed", "terminate"),
+        ("instance-stopped-no-capacity", "reclaimed", "stop"),
+        ("instance-terminated-by-experiment", "reclaimed", "terminate"),  # an AWS FIS drill
+        ("fulfilled", None, None),
+        ("instance-terminated-by-user", None, None),
+        ("spot-instance-terminated-by-user", None, None),
+        ("instance-terminated-by-service", None, None),
+        ("request-canceled-and-instance-running", None, None),
+        ("capacity-not-available", None, None),
+    ],
+)
+def test_spot_request_status_codes(code: str, kind: str | None, action: str | None) -> None:
+    n = spot_request_notice({"InstanceId": "i-0abc", "State": "active",
+                             "Status": {"Code": code, "UpdateTime": T0, "Message": ""}})  # fmt: skip
+    assert ((n.kind, n.action) if n is not None else (None, None)) == (kind, action)
+    # a request not (or no longer) holding an instance says nothing about ours
+    assert spot_request_notice({"State": "open", "Status": {"Code": code, "UpdateTime": T0}}) is None
+
+
+def warning_event(instance_id: str, action: str = "terminate") -> dict[str, Any]:
+    """The event AWS documents for a spot interruption warning (EC2 user guide, spot-instance-termination-notices)."""
+    return {
+        "version": "0", "id": "12345678-1234-1234-1234-123456789012",
+        "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2", "account": "123456789012",
+        "time": "2026-03-01T12:00:00Z", "region": REGION,
+        "resources": [f"arn:aws:ec2:{REGION}:123456789012:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id, "instance-action": action},
+    }  # fmt: skip
+
+
+def rebalance_event(instance_id: str) -> dict[str, Any]:
+    """The documented "EC2 Instance Rebalance Recommendation" event (EC2 user guide, rebalance-recommendations)."""
+    return {
+        "version": "0", "id": "12345678-1234-1234-1234-123456789012",
+        "detail-type": "EC2 Instance Rebalance Recommendation", "source": "aws.ec2", "account": "123456789012",
+        "time": "2026-03-01T11:58:30Z", "region": REGION,
+        "resources": [f"arn:aws:ec2:{REGION}:123456789012:instance/{instance_id}"],
+        "detail": {"instance-id": instance_id},
+    }  # fmt: skip
+
+
+def test_eventbridge_events() -> None:
+    n = parse_interruption_event(warning_event("i-1234567890abcdef0", "stop"))
+    assert n is not None and (n.instance_id, n.kind, n.action, n.source) == ("i-1234567890abcdef0", "warning",
+                                                                              "stop", "eventbridge")  # fmt: skip
+    assert n.time == T0 and n.deadline == T0.replace(minute=2) and n.worker is None
+    r = parse_interruption_event(rebalance_event("i-1234567890abcdef0"))
+    assert r is not None and (r.kind, r.action, r.deadline) == ("rebalance", None, None)
+    assert r.time == datetime(2026, 3, 1, 11, 58, 30, tzinfo=timezone.utc)
+    state_change = {**warning_event("i-1"), "detail-type": "EC2 Instance State-change Notification",
+                    "detail": {"instance-id": "i-1", "state": "running"}}  # fmt: skip
+    assert parse_interruption_event(state_change) is None
+    with pytest.raises(InterruptionEventError, match="no detail.instance-id"):
+        parse_interruption_event({**warning_event("i-1"), "detail": {}})
+    with pytest.raises(InterruptionEventError, match="JSON object"):
+        parse_interruption_event("{}")  # type: ignore[arg-type]
+
+
+def test_fed_events_map_to_workers_and_are_reported_once(aws: dict[str, Any]) -> None:
+    with provider(aws) as p:
+        p.start(2)
+        ids = p.instance_ids()
+        assert p.feed_event(warning_event("i-0notours00000000")) is None
+        reb = p.feed_event(json.loads(json.dumps(rebalance_event(ids[1]))))  # as an SQS body decodes
+        warn = p.feed_event(warning_event(ids[1]))
+        assert reb is not None and warn is not None and (reb.worker, warn.worker) == (1, 1)
+        answer(p.ec2.meta.events, "DescribeSpotInstanceRequests", [{"SpotInstanceRequests": [
+            {"InstanceId": ids[1], "State": "active", "Status": {"Code": "marked-for-termination", "UpdateTime": T0}},
+        ]}])  # fmt: skip
+        got = p.interruptions()
+        # the warning the event brought is not repeated when the spot request says it too
+        assert [(n.worker, n.kind, n.source) for n in got] == [(1, "rebalance", "eventbridge"),
+                                                               (1, "warning", "eventbridge")]  # fmt: skip
+        assert p.interruptions() == []
+
+
+# ------------------------------------------------------------------------------------------------ credentials
+
+
+def test_missing_credentials_fail_fast_naming_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # a regression that calls AWS must not reach it
+    with pytest.raises(AwsCredentialsError, match="no AWS credentials.*AWS_PROFILE.*aws configure.*instance role"):
+        check_credentials(region=REGION)
+    with pytest.raises(AwsCredentialsError, match="no AWS region.*AwsSpotConfig.region.*AWS_REGION"):
+        check_credentials()
+    with pytest.raises(AwsCredentialsError, match="no AWS credentials"):
+        aws_spot_provider(config())  # choosing the AWS provider fails before anything else
+
+
+def test_rejected_credentials_fail_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake_aws_account(monkeypatch, REGION)
+    with mock_aws():  # whatever the hook does not answer goes to moto, never to AWS
+        session = boto3.Session(region_name=REGION)
+        answer(session.events, "GetCallerIdentity", [("InvalidClientTokenId", "The security token is invalid.")])
+        with pytest.raises(AwsCredentialsError, match="sts:GetCallerIdentity: InvalidClientTokenId: AWS rejected"):
+            check_credentials(session)
+        assert check_credentials(session)["account"] == "123456789012"  # the next call reaches moto
+
+
+def test_credentials_pass_under_moto(aws: dict[str, Any]) -> None:
+    ident = check_credentials(aws["session"])
+    assert ident["account"] == "123456789012" and ident["source"] == "env"
+    p = aws_spot_provider(config(subnet_id=aws["subnet"]), session=aws["session"])
+    assert isinstance(p, AwsSpotProvider) and p.start(1) == [0] and p.alive() == {0}
+    p.stop()
+
+
+# ---------------------------------------------------------------------------------------- on the instance: IMDS
+
+
+class FakeImds:
+    """IMDSv2 on 127.0.0.1: PUT a token (TTL header required), GET instance-action with it: 404 for the first
+    `quiet` polls, then the notice. A token is good for `token_uses` GETs (then 401, as an expired one)."""
+
+    def __init__(self, quiet: int, body: str, token_uses: int = 1000) -> None:
+        self.quiet, self.body, self.token_uses = quiet, body, token_uses
+        self.puts = 0
+        self.gets = 0
+        self.unauthorized = 0
+        self.uses: dict[str, int] = {}
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def reply(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:  # noqa: N802
+                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self.reply(400)
+                imds.puts += 1
+                token = f"token-{imds.puts}"
+                imds.uses[token] = 0
+                self.reply(200, token)
+
+            def do_GET(self) -> None:  # noqa: N802
+                token = self.headers.get("X-aws-ec2-metadata-token", "")
+                if token not in imds.uses or imds.uses[token] >= imds.token_uses:
+                    imds.unauthorized += 1
+                    return self.reply(401)
+                imds.uses[token] += 1
+                if self.path != "/latest/meta-data/spot/instance-action":
+                    return self.reply(404)
+                imds.gets += 1
+                self.reply(404 if imds.gets <= imds.quiet else 200, "" if imds.gets <= imds.quiet else imds.body)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def imds() -> Iterator[Any]:
+    servers: list[FakeImds] = []
+
+    def make(quiet: int, body: str = '{"action": "terminate", "time": "2026-03-01T12:02:00Z"}', **kw: Any) -> FakeImds:
+        servers.append(FakeImds(quiet, body, **kw))
+        return servers[-1]
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def test_watcher_calls_on_notice_once_with_the_action(imds: Any) -> None:
+    server = imds(quiet=3, token_uses=2)  # the token "expires" every two GETs: the watcher must fetch another
+    notices = []
+    w = InstanceActionWatcher(notices.append, endpoint=server.url, poll_s=0.01).start()
+    w.join(timeout=20)
+    assert len(notices) == 1 and w.notice is notices[0]
+    assert (notices[0].action, notices[0].time) == ("terminate", T0.replace(minute=2))
+    assert server.gets == 4  # 404, 404, 404, then the notice; it stopped polling after it
+    assert server.puts >= 2 and server.unauthorized >= 1 and w.errors == 0
+
+
+def test_watcher_survives_imds_errors_and_takes_any_200_as_a_notice(imds: Any) -> None:
+    errors: list[Exception] = []
+    notices = []
+    dead = InstanceActionWatcher(notices.append, endpoint="http://127.0.0.1:9", poll_s=0.01, timeout_s=1,
+                                 on_error=errors.append).start()  # fmt: skip
+    until(lambda: len(errors) >= 2, "two failed polls")
+    dead.stop()
+    assert notices == [] and dead.errors >= 2 and isinstance(dead.last_error, OSError)
+    server = imds(quiet=0, body="not json")
+    w = InstanceActionWatcher(notices.append, endpoint=server.url, poll_s=0.01).start()
+    w.join(timeout=20)
+    assert [n.action for n in notices] == ["unknown"]
+
+
+def test_watch_command_sends_sigterm_to_the_worker(imds: Any) -> None:
+    server = imds(quiet=2)
+    victim = subprocess.Popen(["sleep", "60"])
+    try:
+        watch = subprocess.run(
+            [sys.executable, "-m", "trainer.aws", "watch", "--pid", str(victim.pid), "--endpoint", server.url,
+             "--poll-s", "0.05"],
+            cwd=REPO, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert watch.returncode == 0, watch.stderr
+        assert victim.wait(timeout=20) == -signal.SIGTERM
+        assert f"spot interruption notice (terminate at 2026-03-01 12:02:00+00:00): sending SIGTERM to {victim.pid}" \
+            in watch.stderr
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+            victim.wait()
+
+
+
+def test_watch_command_refuses_a_pid_that_is_not_there(capsys: pytest.CaptureFixture[str]) -> None:
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    assert main(["watch", "--pid", str(ended.pid), "--endpoint", "http://127.0.0.1:9"]) == 1
+    assert f"no process {ended.pid} to watch" in capsys.readouterr().err
