@@ -41,10 +41,17 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            collectives, "abort" if the epoch broke first (see `trainer.pipeline`)
   ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived
                            (counter), ready/{id} (new member about to run its first step), phases/{id} (its
-                           migration's phase durations, JSON), bytes (sent or loaded, counter), decided (when
-                           the epoch was published)
+                           migration's phase durations, JSON), bytes (sent or loaded, counter), sent/{id} (a
+                           transfer source has added what it sent to bytes), decided (when the epoch was published)
   ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s
-  loss/{s}                 the loss of step s, written by the last stage's replica 0 (rewritten when redone)
+  loss/{s}                 the loss of step s, written by the last stage's replica 0; a checkpoint-restart deletes
+                           those of the steps it recomputes before publishing its epoch (so a key present after it
+                           holds the recomputed value)
+  plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
+                           (`trainer.planning.HandedPlanner`); absent otherwise
+  plan/seq, plan/handed/{i}
+                           plans handed in by `trainer.planning.hand_plan` clients: the counter, then plan i as JSON
+                           {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
   ctl/error/{id}, ctl/rejected/{id}, ctl/abort, ctl/done
 
@@ -55,12 +62,13 @@ who can reach the port — TCPStore has no authentication or encryption. Keep th
 from __future__ import annotations
 
 import hashlib
+import hmac
 import ipaddress
 import json
 import secrets
 import socket
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -83,6 +91,12 @@ from trainer.migration import (
 
 HOLD, TRAIN = "hold", "train"
 APPLY, ABORT = "apply", "abort"
+ACCEPTS_KEY, HANDED_SEQ = "plan/accepts", "plan/seq"
+
+
+def handed_key(i: int) -> str:
+    """The store key of the `i`-th plan handed in from outside (`trainer.planning.hand_plan`)."""
+    return f"plan/handed/{i}"
 
 
 class ScheduleError(ValueError):
@@ -103,6 +117,18 @@ def is_loopback(host: str) -> bool:
 
 def token_digest(salt: str, token: str) -> str:
     return hashlib.sha256(f"{salt}:{token}".encode()).hexdigest()
+
+
+def token_refusal(store: dist.Store, token: str | None, where: str) -> str | None:
+    """Why a client presenting `token` to the job whose store this is must be refused, or None: the check a worker
+    makes when it joins (`trainer.worker.Worker.join`), for other clients of the store (`trainer.planning`)."""
+    if store.get("auth/mode").decode() != "token":
+        return None
+    if not token:
+        return f"the {where} requires a token and none was given"
+    if not hmac.compare_digest(token_digest(store.get("auth/salt").decode(), token), store.get("auth/digest").decode()):
+        return f"wrong token for the {where}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -141,7 +167,7 @@ class JobSpec:
 
 def check_schedule(
     model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
-    groups: Sequence[EventGroup],
+    groups: Sequence[EventGroup], *, strategy_for: Callable[[int], tuple[int, int]] | None = None,
 ) -> list[Epoch]:
     """Dry-run the schedule with the coordinator's own planning: the epochs it will publish, or `ScheduleError`.
 
@@ -150,7 +176,43 @@ def check_schedule(
     steps against the job's length. A kill is planned as the coordinator will recover from it: a live migration
     if every layer keeps a surviving holder, else a checkpoint-restart (its restore step is only known at run time;
     the dry run uses the kill's step).
+
+    `strategy_for(n)` stands in for a live planner (`trainer.planning`), whose decisions are only known at run
+    time: a group without a plan gets the strategy it returns for the n instances alive after the group's adds and
+    preemptions, so ids, kills and recoveries are still checked (what a real planner decides is checked when it
+    decides).
     """
+    return _dry_run(model, train, workers, strategy, steps, groups, strategy_for, None).epochs
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """Where a schedule's dry run stands before a boundary: the epoch in force, the instances alive (ids) and the id
+    the next added instance gets. A resumed job starts from it (`trainer.run.run_job(resume=True)`)."""
+
+    epochs: list[Epoch]
+    alive: tuple[int, ...]
+    next_id: int
+
+    @property
+    def epoch(self) -> Epoch:
+        return self.epochs[-1]
+
+
+def schedule_state(
+    model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
+    groups: Sequence[EventGroup], before_step: int, *,
+    strategy_for: Callable[[int], tuple[int, int]] | None = None,
+) -> ScheduleState:
+    """The dry run (as `check_schedule`, which it also is for the events before `before_step`) after every event of
+    a step < `before_step`."""
+    return _dry_run(model, train, workers, strategy, steps, groups, strategy_for, before_step)
+
+
+def _dry_run(
+    model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
+    groups: Sequence[EventGroup], strategy_for: Callable[[int], tuple[int, int]] | None, until: int | None,
+) -> ScheduleState:
     if workers < 1:
         raise ScheduleError(f"workers must be >= 1, got {workers}")
     if steps < 1:
@@ -163,19 +225,24 @@ def check_schedule(
     sizes = layer_sizes(model)
     n_layers = model.n_layers_total
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
-    for g in groups:
+    for g in sorted(groups, key=lambda g: g.step):
+        if until is not None and g.step >= until:
+            break
         if not 1 <= g.step < steps:
             raise ScheduleError(f"event at step {g.step}: outside the job's boundaries 1..{steps - 1}")
         added = set(range(next_id, next_id + g.add))
         next_id += g.add
         alive |= added
         try:
+            plan = g.strategy
+            if plan is None and strategy_for is not None and not g.restart:
+                plan = strategy_for(len(alive - set(g.preempt)))
             if g.restart:
                 if g.preempt:
                     raise PlanError("a checkpoint-restart and preemptions in the same step: give them two steps")
-                new = restart_epoch(epoch, g.step, alive, n_layers, g.strategy, train.global_batch)
+                new = restart_epoch(epoch, g.step, alive, n_layers, plan, train.global_batch)
             else:
-                new = next_epoch(epoch, g.step, alive, sizes, g.strategy, g.preempt, train.global_batch)
+                new = next_epoch(epoch, g.step, alive, sizes, plan, g.preempt, train.global_batch)
             alive -= set(g.preempt)
             if new is not None:
                 epoch = new
@@ -195,16 +262,18 @@ def check_schedule(
                     epochs.append(new)
         except PlanError as e:
             raise ScheduleError(f"event at step {g.step}: {e}") from None
-    return epochs
+    return ScheduleState(epochs, tuple(sorted(alive)), next_id)
 
 
 class Coordinator:
     """The job's control plane (see the module docstring for the store layout).
 
-    Lifecycle: construct (binds the store, publishes the spec) -> `claim` the boundaries of scripted events ->
-    `expect` + workers join (`wait_joined`) -> `start` (epoch 1) -> `reconfigure` per event, `check_heartbeats`
-    all along, `declare_dead` + `recover` (or a checkpoint-restart: `order_restart`, `publish_restart`) after a
-    death -> `finish` -> `records`.
+    Lifecycle: construct (binds the store, publishes the spec) -> `claim` the boundaries of scripted events and
+    interval boundaries -> `expect` + workers join (`wait_joined`) -> `start` (epoch 1, at step 0 or at a resumed
+    job's checkpoint) -> `reconfigure` per event or plan, `check_heartbeats` all along, `declare_dead` + `recover`
+    (or a checkpoint-restart: `order_restart`, `publish_restart`) after a death -> `finish` -> `records`. While it
+    runs, observers are fed incrementally: `committed_losses`, `record_complete` + `record` per epoch,
+    `new_checkpoints`, and plans handed in from outside are read with `handed_plans`.
     """
 
     def __init__(
@@ -268,6 +337,8 @@ class Coordinator:
         self._killed_at: dict[int, float] = {}
         self._detected_at: dict[int, float] = {}
         self._restarts: list[tuple[int, int]] = []  # (restart epoch number, restore step)
+        self.first_step = 0  # the step epoch 1 starts at (> 0: resumed from the checkpoint of that step)
+        self._ckpt_reported: set[tuple[int, int]] = set()  # (step, epoch) of complete checkpoints handed out
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
@@ -438,13 +509,26 @@ class Coordinator:
         self.current = epoch
         self.epochs.append(epoch)
 
-    def start(self, strategy: tuple[int, int], workers: Sequence[int]) -> Epoch:
-        """Publish epoch 1 (step 0) over `workers` (they must have joined)."""
+    def start(
+        self,
+        strategy: tuple[int, int],
+        workers: Sequence[int],
+        *,
+        restore_step: int = 0,
+        assignment: Mapping[int, tuple[int, int]] | None = None,
+    ) -> Epoch:
+        """Publish epoch 1 over `workers` (they must have joined): at step 0, or — a resumed job — at
+        `restore_step`, every member loading the checkpoint of that step (complete in the checkpoint directory)."""
         epoch = first_epoch(strategy[0], strategy[1], workers, self.spec.model.n_layers_total,
-                            self.spec.train.global_batch)  # fmt: skip
+                            self.spec.train.global_batch, restore_step=restore_step,
+                            assignment=assignment)  # fmt: skip
+        self.first_step = restore_step
         self.admitted |= set(workers)
         self._publish(epoch)
-        self.log.append({"step": 0, "event": "start", "strategy": list(strategy), "workers": sorted(workers)})
+        entry = {"step": restore_step, "event": "start", "strategy": list(strategy), "workers": sorted(workers)}
+        if restore_step:
+            entry["resumed_from"] = restore_step
+        self.log.append(entry)
         return epoch
 
     def reconfigure(
@@ -520,7 +604,7 @@ class Coordinator:
         """The step of the latest complete checkpoint (every stage of one epoch wrote its shard, and no later
         checkpoint-restart discarded it); 0 when there is none — step 0's state is the deterministic initial one."""
         by_number = {e.number: e for e in self.epochs}
-        best = 0
+        best = self.first_step  # a resumed job's first epoch loaded a complete checkpoint
         for (s, n), stages in self.written_checkpoints().items():
             e = by_number.get(n)
             if e is None or stages != set(range(e.P)):
@@ -545,6 +629,8 @@ class Coordinator:
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         if self.spec.checkpoint_dir:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
+        for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
+            self.store.delete_key(f"loss/{s}")
         self._restarts.append((epoch.number, restore_step))
         self._publish(epoch)
         self.log.append({"step": restore_step, "event": "checkpoint-restart", "strategy": [epoch.D, epoch.P],
@@ -553,15 +639,58 @@ class Coordinator:
 
     # -- results -----------------------------------------------------------------------------------------
     def losses(self, steps: int | None = None) -> list[float]:
+        """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
-        return [float(self.store.get(f"loss/{s}")) for s in range(n)]
+        return [float(self.store.get(f"loss/{s}")) for s in range(self.first_step, n)]
+
+    def committed_losses(self, from_step: int) -> list[tuple[int, float]]:
+        """(step, loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
+        observer has not seen. Reads only those keys (two store calls per new step, one more to stop)."""
+        out = []
+        s = from_step
+        while s < self.spec.steps and self.store.check([f"loss/{s}"]):
+            out.append((s, float(self.store.get(f"loss/{s}"))))
+            s += 1
+        return out
+
+    def new_checkpoints(self) -> list[int]:
+        """Steps of the checkpoints that became complete (every stage of one epoch wrote its shard) since the last
+        call, in step order; each (step, epoch) is handed out once — a checkpoint rewritten after a restart is a new
+        one."""
+        by_number = {e.number: e for e in self.epochs}
+        new = []
+        for (s, n), stages in self.written_checkpoints().items():
+            e = by_number.get(n)
+            if (s, n) in self._ckpt_reported or e is None or stages != set(range(e.P)):
+                continue
+            self._ckpt_reported.add((s, n))
+            new.append(s)
+        return sorted(new)
 
     def _times(self, epoch: int, what: str, workers: Iterable[int]) -> list[float]:
         keys = [f"ctl/e{epoch}/{what}/{w}" for w in workers]
         return [float(self.store.get(k)) for k in keys if self.store.check([k])]
 
     def records(self) -> list[dict[str, Any]]:
-        """One record per reconfiguration (epochs after the first), measured once the job has run past them.
+        """One record per reconfiguration (epochs after the first), measured once the job has run past them (see
+        `record`)."""
+        return [self.record(e) for e in self.epochs[1:]]
+
+    def record_complete(self, epoch: Epoch) -> bool:
+        """Whether `epoch`'s record is final: every member is ready, every old member that is not dead arrived at its
+        boundary and every transfer source counted its bytes — or the epoch broke before that and a later one
+        replaced it (what is missing never comes)."""
+        n = epoch.number
+        keys = [f"ctl/e{n}/ready/{w}" for w in epoch.members]
+        keys += [f"ctl/e{n}/arrive/{w}" for w in epoch.previous if w not in self.dead]
+        keys += [f"ctl/e{n}/sent/{w}" for w in {t.src for t in epoch.transfers} if w not in self.dead]
+        if self.store.check(keys):
+            return True
+        replaced = self.epochs[-1].number > n
+        return replaced and self.store.check([f"ctl/e{n}/abort"])
+
+    def record(self, e: Epoch) -> dict[str, Any]:
+        """The record of reconfiguration epoch `e` (final once `record_complete(e)`).
 
         pause_s: from the first old member finishing its last committed step to the last new member being ready
         for the new epoch's first step (group teardown, transfers, group formation, installs, any hold; after a
@@ -571,28 +700,56 @@ class Coordinator:
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
+        pause_s is None for an epoch that broke before any member was ready.
+        """
+        n = e.number
+        arrive = self._times(n, "arrive", e.previous)
+        ready = self._times(n, "ready", e.members)
+        decided = float(self.store.get(f"ctl/e{n}/decided"))
+        # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
+        failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
+        start = min(arrive) if arrive else min(failed, default=decided)
+        phase_keys = [f"ctl/e{n}/phases/{w}" for w in e.members]
+        phases = [json.loads(self.store.get(k)) for k in phase_keys if self.store.check([k])]
+        keys = sorted({k for p in phases for k in p})
+        detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
+                  if w in self._detected_at and w in self._killed_at]  # fmt: skip
+        return {
+            "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
+            "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
+            "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
+            "detect_s": max(detect) if detect else None,
+            "bytes_moved": self.store.add(f"ctl/e{n}/bytes", 0), "bytes_planned": e.bytes_planned,
+            "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
+            "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in keys},
+        }  # fmt: skip
+
+    def epoch_spans(self) -> list[dict[str, Any]]:
+        """One span per epoch: which steps it trained and for how long (`trainer.profile` turns them into iteration
+        times per strategy).
+
+        steps [start_step, end_step): end_step is where the next epoch takes over (its start_step, plus the steps a
+        checkpoint-restart after a failure threw away) or the job's end. train_s: from the last member being ready
+        (`ctl/e{n}/ready/*`) to the first one arriving at the next epoch's boundary (`ctl/e{n+1}/arrive/*`), so it
+        holds the epoch's steps (the first one after the migration included) and no pause; None where an end is not
+        in the store (the last epoch: the job's end is not recorded; or no member reached the next boundary).
+        decided_at / ready_at / end_at: the wall times of the epoch's publication, last ready member and first
+        arrival (None when absent).
         """
         out = []
-        for e in self.epochs[1:]:
+        for i, e in enumerate(self.epochs):
             n = e.number
-            arrive = self._times(n, "arrive", e.previous)
+            nxt = self.epochs[i + 1] if i + 1 < len(self.epochs) else None
             ready = self._times(n, "ready", e.members)
-            decided = float(self.store.get(f"ctl/e{n}/decided"))
-            # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
-            failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
-            start = min(arrive) if arrive else min(failed, default=decided)
-            phases = [json.loads(self.store.get(f"ctl/e{n}/phases/{w}")) for w in e.members]
-            keys = sorted({k for p in phases for k in p})
-            detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
-                      if w in self._detected_at and w in self._killed_at]  # fmt: skip
+            arrive = self._times(nxt.number, "arrive", nxt.previous) if nxt is not None else []
+            ready_at = max(ready) if len(ready) == len(e.members) else None
+            end_at = min(arrive) if arrive else None
+            end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.spec.steps
+            train_s = end_at - ready_at if ready_at is not None and end_at is not None else None
             out.append({
-                "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
-                "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
-                "pause_s": max(ready) - start, "hold_s": max(0.0, decided - start),
-                "detect_s": max(detect) if detect else None,
-                "bytes_moved": self.store.add(f"ctl/e{n}/bytes", 0), "bytes_planned": e.bytes_planned,
-                "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
-                "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in keys},
+                "epoch": n, "kind": e.kind.value, "strategy": [e.D, e.P], "start_step": e.start_step,
+                "end_step": end_step, "train_s": train_s,
+                "decided_at": float(self.store.get(f"ctl/e{n}/decided")), "ready_at": ready_at, "end_at": end_at,
             })  # fmt: skip
         return out
 
@@ -607,6 +764,27 @@ class Coordinator:
         """A worker's `error` or `rejected` message, if it wrote one."""
         key = f"ctl/{kind}/{worker}"
         return self.store.get(key).decode() if self.store.check([key]) else None
+
+    # -- live planning ---------------------------------------------------------------------------------------
+    def accept_handed_plans(self, planner: str) -> None:
+        """Let `trainer.planning.hand_plan` clients hand plans to this job (its planner reads them)."""
+        self.store.set(ACCEPTS_KEY, planner)
+
+    def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any]]]:
+        """Plans handed in after the `after`-th, as (sequence number, {"strategy", "source", "sent_at"}), in order;
+        stops at one whose number was taken but which is not written yet (it comes with the next call)."""
+        out = []
+        last = self.store.add(HANDED_SEQ, 0)
+        for i in range(after + 1, last + 1):
+            key = handed_key(i)
+            if not self.store.check([key]):
+                break
+            out.append((i, json.loads(self.store.get(key))))
+        return out
+
+    def note(self, entry: dict[str, Any]) -> None:
+        """Add a driver decision (a plan, a handed plan) to the log."""
+        self.log.append(entry)
 
     def finish(self) -> None:
         """Tell standby workers the job is over."""

@@ -27,6 +27,9 @@ Events of the same step form one reconfiguration (an `EventGroup`): e.g. a preem
 as the reference's trace replay writes `failures` and the plan for the same step (reference §D.4); a kill of that
 step happens after the group's boundary reconfiguration, during the step. Worker ids are 0..workers-1 for the
 initial instances, then numbered on in order of the `add` events.
+
+A job whose strategy a live planner decides (`trainer.planning`, `run_job(planner=...)`) takes the availability
+events only — add, preempt, kill — and rejects plans and checkpoint-restarts in its schedule.
 """
 
 from __future__ import annotations

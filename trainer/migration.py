@@ -192,13 +192,30 @@ def layer_sizes(model: ModelConfig) -> LayerSizes:
 # ------------------------------------------------------------------------------------------- planning
 
 
-def first_epoch(D: int, P: int, workers: Sequence[int], n_layers: int, global_batch: int | None = None) -> Epoch:
-    """Epoch 1, starting at step 0: the first D*P workers in id order, worker i -> rank i; the rest stand by."""
+def first_epoch(
+    D: int,
+    P: int,
+    workers: Sequence[int],
+    n_layers: int,
+    global_batch: int | None = None,
+    *,
+    restore_step: int = 0,
+    assignment: Mapping[int, Role] | None = None,
+) -> Epoch:
+    """Epoch 1: the first D*P workers in id order, worker i -> rank i (or the given `assignment`); the rest stand by.
+
+    It starts at step 0 from the initial weights, or — a job resumed from its checkpoint of `restore_step` > 0 —
+    at that step as a checkpoint-restart epoch (every member loads the checkpoint into this cut)."""
     check_strategy(D, P, len(workers), n_layers, global_batch)
-    ws = sorted(workers)[: D * P]
     strategy = Strategy(D, P, partition(n_layers, P))
-    assignment = {w: strategy.coords(r) for r, w in enumerate(ws)}
-    return Epoch(1, 0, D, P, strategy.bounds, assignment, MigrationKind.START)
+    if assignment is None:
+        assignment = {w: strategy.coords(r) for r, w in enumerate(sorted(workers)[: D * P])}
+    elif not set(assignment) <= set(workers):
+        raise PlanError(f"assignment names workers {sorted(set(assignment) - set(workers))} that are not given")
+    if restore_step:
+        return Epoch(1, restore_step, D, P, strategy.bounds, dict(assignment), MigrationKind.CHECKPOINT_RESTART,
+                     restore_step=restore_step)  # fmt: skip
+    return Epoch(1, 0, D, P, strategy.bounds, dict(assignment), MigrationKind.START)
 
 
 def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: int | None = None) -> None:

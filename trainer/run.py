@@ -1,10 +1,12 @@
-"""Run one elastic job end to end on this machine: a coordinator, worker processes, a scripted event schedule.
+"""Run one elastic job end to end on this machine: a coordinator, worker processes, an event schedule, and
+optionally a live planner, observers and a resume from the job's last checkpoint.
 
-Owns: `run_job` (used by the tests, the benchmark and, later, the CLI: `train`), the driver loop that applies the
-schedule (`_Driver`), the reaction to failures (detection -> recovery or checkpoint-restart), the worker processes'
-lifetime through a `trainer.instances.LocalProcessProvider` (none outlives the call) and the job's result. Must not
-touch: planning (`trainer.migration`), the control plane's store layout (`trainer.coordinator`), training
-(`trainer.worker`).
+Owns: `run_job` (used by the tests, the benchmarks, flows and the CLI: `train`), the driver loop that applies the
+schedule (`_Driver`), the calls to the live planner at interval boundaries, the calls to the job's observers, the
+reaction to failures (detection -> recovery or checkpoint-restart), the worker processes' lifetime through a
+`trainer.instances.LocalProcessProvider` (none outlives the call), the resume point and the job's result. Must not
+touch: migration planning (`trainer.migration`), what a planner decides (`trainer.planning`), the control plane's
+store layout (`trainer.coordinator`), training (`trainer.worker`).
 
 How a schedule is driven: every event step's boundary is *held* before any worker starts (a scripted schedule is a
 perfect forecast), so workers reaching it wait for its decision and each reconfiguration lands exactly at its step.
@@ -24,6 +26,34 @@ checkpointing there (no step lost). Before any plan the driver waits until every
 fresh (`_Driver.settle`): two instances killed together are detected a moment apart, and the second must not be
 given a role or a transfer by the recovery from the first.
 
+Live planning (`planner`, every `steps_per_interval` steps): every interval boundary k*steps_per_interval is held
+too. At each, the driver waits until some member has started the interval's last step (the decision uses only the
+past), applies the boundary's availability events (adds join, preemptions leave), asks the planner
+(`trainer.planning.PlanRequest`: the instances alive for the coming interval, the current D x P, the alive count
+at every boundary so far), checks its decision (`trainer.planning.check_decision`: an infeasible one fails the
+job with `PlanError`, it is never replaced), tells the observers (`on_plan`) and publishes one reconfiguration for
+the availability change and the new strategy together, or lets training pass. Kills still land mid-step and are
+recovered from the survivors; the next boundary's plan adjusts. A planned job's schedule holds availability events
+only. Plans handed in from outside (`trainer.planning.hand_plan`) are read from the store while the job runs and
+given to the planner with the next request.
+
+Observers (`trainer.observer`): `on_start` once epoch 1 is published; committed steps (`Coordinator.committed_losses`),
+complete reconfiguration records and complete checkpoints are polled from the driver loop at most every
+`OBSERVE_S` and delivered in order — a reconfiguration after the steps before its boundary and before those from
+it; the steps a checkpoint-restart recomputes again, after its record; every remaining one before `on_end`.
+`on_error` when the job fails once processes have started (also on KeyboardInterrupt/SystemExit, re-raised);
+errors of validation raise before any hook. An observer that raises is dropped (`ObserverList`).
+
+Resume (`resume=True`): the job starts from the latest complete checkpoint of the same job in the checkpoint
+directory (what a driver killed mid-run left; `_resume_point`). The schedule is dry-run up to that step
+(`trainer.coordinator.schedule_state`): the resumed job starts the instances (same ids) and the D x P and
+assignment the schedule had there — for a planned job, as if the rule planner had decided at the events — loads
+the checkpoint into it (epoch 1 is a checkpoint-restart epoch) and drops the events before that step; a trace job's
+schedule thus restarts at the interval containing the step. The steps before it are not recomputed; the result's
+loss list starts there (`first_step`). Worker processes of a killed driver do not outlive it (they get SIGKILL when
+it dies: `trainer.worker._die_with_parent`; with "forkserver", when the fork server, which exits with its parent,
+dies).
+
 Not recovered: a death *during* a migration's hand-off (the transfer group fails at its timeout and the job fails
 with `JobError`); scripted kills therefore land mid-step, once every member has formed the epoch's groups.
 """
@@ -32,6 +62,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -40,14 +71,17 @@ from typing import Any
 
 from trainer import checkpoint
 from trainer.config import ModelConfig, TrainConfig, model_config
-from trainer.coordinator import Coordinator, ScheduleError, check_schedule
+from trainer.coordinator import Coordinator, ScheduleError, check_schedule, schedule_state
 from trainer.events import Event, EventGroup, group_events, load_events, parse_events
-from trainer.instances import LocalProcessProvider, LocalTraceProvider
+from trainer.instances import LocalProcessProvider, LocalTraceProvider, trace_strategy
 from trainer.model import layer_names
+from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 from trainer.pipeline import parameters_checksum
+from trainer.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
 from trainer.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART
 
 POLL_S = 0.005
+OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
 KILLED = -9  # exit code of a SIGKILLed process
 NOTICE_S = 120.0  # a preempted worker still running this long after its notice is killed (AWS: two minutes)
 
@@ -56,12 +90,25 @@ class JobError(RuntimeError):
     """A job that started but did not finish: a worker failed, exited unexpectedly or the job timed out."""
 
 
+class _Provider(LocalProcessProvider):
+    """A `LocalProcessProvider` that can also start instances with given ids: a resumed job starts the instances its
+    schedule had alive at the resume step (ids need not be contiguous), and later adds go on from `next_id`."""
+
+    def start_ids(self, ids: Sequence[int], next_id: int) -> list[int]:
+        for w in ids:
+            self._spawn(w)
+        self._next_id = max([next_id, *(w + 1 for w in ids)])
+        return list(ids)
+
+
 class _Driver:
-    """Applies one job's schedule: the provider's processes on one side, the coordinator's decisions on the other."""
+    """Applies one job's schedule: the provider's processes on one side, the coordinator's decisions on the other;
+    asks the planner at interval boundaries and feeds the observers."""
 
     def __init__(
-        self, coord: Coordinator, provider: LocalProcessProvider, groups: Sequence[EventGroup], steps: int,
-        deadline: float, pg_timeout_s: float, max_processes: int,
+        self, coord: Coordinator, provider: _Provider, groups: Sequence[EventGroup], steps: int,
+        deadline: float, pg_timeout_s: float, max_processes: int, *, observer: ObserverList | None = None,
+        planner: Planner | None = None, intervals: Iterable[int] = (), steps_per_interval: int = 0,
     ) -> None:  # fmt: skip
         self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), steps
         self.deadline, self.pg_timeout_s = deadline, pg_timeout_s
@@ -70,6 +117,23 @@ class _Driver:
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
         self._recovering = False
         self._no_death_recoveries = 0
+        # live planning
+        self.planner = planner
+        self.intervals = sorted(intervals)
+        self.steps_per_interval = steps_per_interval
+        self.plans: list[PlanInfo] = []
+        self.history: list[int] = []  # alive count at each interval boundary since the job (re)started
+        self._accepts_handed = bool(getattr(planner, "accepts_handed", False))
+        self._handed: HandedPlan | None = None
+        self._handed_seen = 0
+        # observers
+        self.observer = observer or ObserverList()
+        self._observing = False  # on_start was called
+        self._observed_at = 0.0
+        self._next_step = 0  # the next committed step to report
+        self._next_record = 1  # index in coord.epochs of the next reconfiguration to report
+        self._timeline: list[tuple[int, Any]] = []  # (start step, epoch): which epoch trains each step
+        self._timeline_n = 0
 
     # -- waiting --------------------------------------------------------------------------------------------
     def check(self) -> None:
@@ -84,6 +148,7 @@ class _Driver:
 
     def tick(self) -> None:
         self.check()
+        self.observe()
         if self._recovering:
             return
         stale = self.coord.check_heartbeats()
@@ -111,8 +176,9 @@ class _Driver:
             self.check()
             time.sleep(POLL_S)
 
-    def start_instances(self, n: int) -> list[int]:
-        ids = self.provider.start(n)
+    def start_instances(self, n: int | Sequence[int], next_id: int = 0) -> list[int]:
+        """Start `n` new instances, or the instances with ids `n` (then later ones are numbered from `next_id`)."""
+        ids = self.provider.start(n) if isinstance(n, int) else self.provider.start_ids(n, next_id)
         self.coord.expect(ids)
         for w in ids:
             self.allowed[w] = {EXIT_DONE}
@@ -122,18 +188,39 @@ class _Driver:
         self.coord.wait_joined(ids, self.deadline - time.monotonic(), self.check)
 
     # -- the schedule -----------------------------------------------------------------------------------------
-    def run(self, workers: int, strategy: tuple[int, int]) -> None:
+    def run(
+        self,
+        workers: Sequence[int],
+        strategy: tuple[int, int],
+        start_info: Mapping[str, Any],
+        *,
+        next_id: int = 0,
+        restore_step: int = 0,
+        assignment: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
+        """Start `workers` (ids) on `strategy` (at `restore_step`, loading its checkpoint, when resumed), then apply
+        the schedule and the planner's decisions, boundary by boundary, until the last step."""
         c = self.coord
-        group_steps = {g.step for g in self.groups}
-        holds = group_steps | {g.step + 1 for g in self.groups if g.kill}
+        by_step = {g.step: (i, g) for i, g in enumerate(self.groups)}
+        stops = sorted(by_step.keys() | set(self.intervals))
+        holds = set(stops) | {g.step + 1 for g in self.groups if g.kill}
         for s in sorted(holds):
             c.claim(s)
-        ids = self.start_instances(workers)
+        ids = self.start_instances(workers, next_id)
         self.wait_joined(ids)
-        c.start(strategy, ids)
-        for i, g in enumerate(self.groups):
-            self.apply(i, g)
-            if g.kill and g.step + 1 not in group_steps:
+        c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
+        self.history = [len(c.alive())]
+        self._next_step = restore_step
+        self.observer.on_start(start_info)
+        self._observing = True
+        interval_steps = set(self.intervals)
+        for s in stops:
+            i, g = by_step.get(s, (None, None))
+            if s in interval_steps:
+                self.plan_at(s, i, g)
+            else:
+                self.apply(i, g)
+            if g is not None and g.kill and g.step + 1 not in stops:
                 c.release(g.step + 1)
         # the final epoch trains to the end and writes its shards
         self.wait(lambda: all(self.provider.exitcode(w) == EXIT_DONE for w in c.current.members), "the last step")
@@ -170,6 +257,111 @@ class _Driver:
             self.provider.preempt(g.preempt, NOTICE_S)
         if g.kill:
             self.kill(g.step, g.kill)
+
+    def live_at(self, step: int) -> bool:
+        """Some member of the current epoch has started `step`."""
+        c = self.coord
+        return any(c.progress(m) >= step for m in c.current.members)
+
+    def plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
+        """The interval boundary before step `s`: once training is live at `s - 1`, apply the boundary's
+        availability events (group `g`, if any), ask the planner, and publish one reconfiguration (or let training
+        pass); then the group's kills, as `apply` does."""
+        c = self.coord
+        assert self.planner is not None
+        if s - 1 >= c.first_step:  # the decision uses only the past: wait for the interval's last step
+            self.wait(lambda: self.live_at(s - 1), f"training to start step {s - 1} (before planning step {s})")
+        self.prestart(0)
+        added: list[int] = []
+        preempt: tuple[int, ...] = ()
+        if g is not None and i is not None:
+            if g.add and i not in self._started:
+                self._started[i] = self.start_instances(g.add)
+            added = self._started.get(i, [])
+            self.wait_joined(added)
+            preempt = g.preempt
+        silent = self.settle()  # plan only with instances known to be alive
+        if silent:
+            self.recover(silent)
+        c.admit(added)
+        alive = len(c.alive() - set(preempt))
+        self.history.append(alive)
+        self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
+        cur = c.current
+        req = PlanRequest(interval=s // self.steps_per_interval, step=s, alive=alive, current=(cur.D, cur.P),
+                          history=tuple(self.history), n_layers=c.spec.model.n_layers_total,
+                          global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
+        t0 = time.perf_counter()
+        decision, details = self.planner(req)
+        took = time.perf_counter() - t0
+        decision = check_decision(self.planner.name, decision, req)
+        info = PlanInfo(interval=req.interval, step=s, alive=alive, current=req.current, decision=decision,
+                        decision_s=took, planner=self.planner.name, details=dict(details))  # fmt: skip
+        self.plans.append(info)
+        c.note({"event": "plan", **plan_info_dict(info)})
+        self.observer.on_plan(info)
+        c.reconfigure(s, decision, preempt, added)
+        for w in preempt:
+            self.allowed[w] = {EXIT_PREEMPTED, KILLED}
+        self.provider.preempt(preempt, NOTICE_S)
+        if g is not None and g.kill:
+            self.kill(s, g.kill)
+
+    # -- observers ----------------------------------------------------------------------------------------------
+    def observe(self, force: bool = False, final: bool = False) -> None:
+        """Feed the observers what happened since the last call (at most every OBSERVE_S unless `force`): committed
+        steps in order, complete reconfiguration records (a record after the steps before its boundary), complete
+        checkpoints; and read the plans handed in. `final`: the job is over, deliver every remaining record."""
+        if not self._observing:
+            return
+        now = time.monotonic()
+        if not (force or final) and now - self._observed_at < OBSERVE_S:
+            return
+        self._observed_at = now
+        c = self.coord
+        if self._accepts_handed:
+            self._read_handed()
+        new = c.committed_losses(self._next_step)
+        alive = len(c.alive()) if new else 0
+        for s, loss in new:
+            self._deliver_records(upto=s)
+            e = self._epoch_of(s)
+            self.observer.on_step(StepInfo(step=s, loss=loss, strategy=(e.D, e.P), alive=alive, time=time.time()))
+            self._next_step = s + 1
+        self._deliver_records(upto=self._next_step, final=final)
+        for s in c.new_checkpoints():
+            self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
+
+    def _deliver_records(self, upto: int, final: bool = False) -> None:
+        """Report, in order, the reconfigurations that start at a step <= `upto` and are complete."""
+        c = self.coord
+        while self._next_record < len(c.epochs):
+            e = c.epochs[self._next_record]
+            if not final and (e.start_step > upto or not c.record_complete(e)):
+                return
+            self.observer.on_reconfiguration(c.record(e))
+            self._next_record += 1
+
+    def _epoch_of(self, step: int) -> Any:
+        """The epoch that trained committed `step`: the latest one starting at or before it, where an epoch starting
+        at step r replaces every epoch that started at r or later (a checkpoint-restart rewinds to r)."""
+        epochs = self.coord.epochs
+        if len(epochs) != self._timeline_n:
+            timeline: list[tuple[int, Any]] = []
+            for e in epochs:
+                while timeline and timeline[-1][0] >= e.start_step:
+                    timeline.pop()
+                timeline.append((e.start_step, e))
+            self._timeline, self._timeline_n = timeline, len(epochs)
+        return next((e for start, e in reversed(self._timeline) if start <= step), self._timeline[0][1])
+
+    def _read_handed(self) -> None:
+        for seq, raw in self.coord.handed_plans(self._handed_seen):
+            self._handed_seen = seq
+            d, p = raw["strategy"]
+            self._handed = HandedPlan(strategy=(int(d), int(p)), source=str(raw.get("source", "")), seq=seq,
+                                      sent_at=float(raw.get("sent_at", 0.0)), received_at=time.time())  # fmt: skip
+            self.coord.note({"event": "handed-plan", **self._handed.to_dict()})
 
     def kill(self, step: int, victims: Sequence[int]) -> None:
         """SIGKILL `victims` once they have started `step` (standby victims: once training has), then wait until the
@@ -276,7 +468,9 @@ class _Driver:
             for w in ids:
                 self.allowed[w] = {EXIT_DONE}
             self.wait_joined(ids)
+            self.observe(force=True)  # the old processes are gone: report every step they committed first
             c.publish_restart(restore, strategy, ids if on_demand else survivors, steps_lost=step - restore)
+            self._next_step = min(self._next_step, restore)  # the recomputed steps are reported again
         finally:
             self._recovering = was
 
@@ -302,6 +496,7 @@ def run_job(
     *,
     job: str = "job",
     host: str = "127.0.0.1",
+    port: int = 0,
     token: str | None = None,
     require_token: bool | None = None,
     pg_timeout_s: float = 30.0,
@@ -312,80 +507,194 @@ def run_job(
     hb_timeout_s: float = 1.0,
     max_processes: int | None = None,
     start_method: str = "spawn",
+    observer: JobObserver | None = None,
+    planner: Planner | None = None,
+    steps_per_interval: int = 0,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """Train `steps` steps on `workers` initial instances starting at `strategy` = (D, P), applying `events`.
 
     Everything is validated before a process starts (unknown model, impossible strategies, bad events, an
-    `out_dir` holding an earlier job's files: `UnknownModelError`, `ScheduleError`, `EventError`); a job that
-    starts but fails raises `JobError` with the failing worker's message, and no worker outlives the call.
+    `out_dir` holding an earlier job's files, a foreign or corrupt checkpoint to resume from: `UnknownModelError`,
+    `ScheduleError`, `EventError`); a job that starts but fails raises `JobError` with the failing worker's message
+    (or the planner's `PlanError`), and no worker outlives the call.
     `events` are dicts in the `trainer.events` format or `Event`s. Every `checkpoint_every` steps (0: never) the
     replica 0 of each stage writes its shard to `checkpoint_dir` (default `out_dir/checkpoints`); a
     checkpoint-restart loads the latest complete one. Added instances are started ahead of their event while fewer
     than `max_processes` worker processes run (default: the most instances the schedule has alive at once).
     `start_method` is how worker processes start (`trainer.instances.START_METHODS`: "spawn", cold like a real
-    restart, or "forkserver", a warm pool).
+    restart, or "forkserver", a warm pool). The coordinator listens on `host:port` (0: a free port; the observers'
+    `on_start` info says which).
+
+    `observer` is told about the job as it runs (`trainer.observer`; one that raises is dropped). With a `planner`
+    (`trainer.planning`), the strategy is decided live at every interval boundary, each `steps_per_interval` steps;
+    `events` must then be availability events only (add, preempt, kill). With `resume`, the job starts from the
+    latest complete checkpoint of the same job in `checkpoint_dir` if there is one (see the module docstring), else
+    from scratch; the files a killed run left in `out_dir` do not block it.
     Returns (JSON-serialisable)::
 
-        {"loss": [loss of each step], "reconfigurations": [one record per reconfiguration, see
-         Coordinator.records], "final_checksum": sha256 of all parameters, "layers": directory of the final
-         shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final epoch,
-         "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s", "tokens_per_s", "train_s"},
-         "events": the coordinator's log, "states": {worker id: its state transitions},
-         "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
+        {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
+         "resumed_from": that step or None, "resume_note": what resume found (None without resume),
+         "reconfigurations": [one record per reconfiguration, see Coordinator.records],
+         "epochs": [one span per epoch, see Coordinator.epoch_spans], "plans": [each planner decision, see
+         trainer.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of the
+         final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
+         epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s", "tokens_per_s",
+         "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
+         state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
     """
     t0 = time.monotonic()
     model = model_config(model_cfg) if isinstance(model_cfg, str) else model_cfg
     evs = parse_events(list(events))
     groups = group_events(evs)
-    check_schedule(model, train_cfg, workers, tuple(strategy), steps, groups)
-    if max_processes is None:
-        max_processes = max(workers, peak_instances(workers, groups))
+    strategy = (int(strategy[0]), int(strategy[1]))
+    rule = None
+    if planner is not None:
+        if steps_per_interval < 1:
+            raise ScheduleError(f"a job with a live planner needs steps_per_interval >= 1, got {steps_per_interval}")
+        planned = sorted({(e.kind, e.step) for e in evs if e.kind in ("plan", "checkpoint-restart")})
+        if planned:
+            raise ScheduleError(
+                f"a job with a live planner ({planner.name}) takes availability events only (add, preempt, kill); "
+                f"the schedule has {', '.join(f'{k} at step {st}' for k, st in planned)}: drop them "
+                "(e.g. trace_schedule(..., plans=False))"
+            )
+        rule = lambda n: trace_strategy(n, model.n_layers_total, train_cfg.global_batch)  # noqa: E731
+    elif steps_per_interval:
+        raise ScheduleError(f"steps_per_interval={steps_per_interval} needs a planner (planner=...)")
+    check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
     if checkpoint_every < 0:
         raise ScheduleError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
     out = Path(out_dir)
     layers_dir = out / "layers"
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out / "checkpoints"
-    for d in (layers_dir, ckpt_dir):
-        if d.exists() and any(d.iterdir()):
-            raise ScheduleError(f"{d} already holds files (of an earlier job?); give run_job a fresh out_dir")
+    restore, note = 0, None
+    if resume:
+        found = _resume_point(ckpt_dir, model, job, steps)
+        restore = found[0] if found else 0
+        _clear_for_resume(layers_dir, ckpt_dir, restore)
+        note = (f"resumed from the checkpoint of step {restore} in {ckpt_dir} ({len(found[1])} files); "
+                f"steps 0..{restore - 1} were trained by an earlier run" if found else
+                f"resume: {ckpt_dir} holds no complete checkpoint of job {job!r}; started from step 0")  # fmt: skip
+    else:
+        for d in (layers_dir, ckpt_dir):
+            if d.exists() and any(d.iterdir()):
+                raise ScheduleError(f"{d} already holds files (of an earlier job?); give run_job a fresh out_dir, "
+                                    "or resume=True to continue that job from its last checkpoint")  # fmt: skip
+    ids: Sequence[int] = range(workers)
+    next_id, start, assignment = workers, strategy, None
+    if restore:  # start where the schedule was at the resume step, and drop the events before it
+        state = schedule_state(model, train_cfg, workers, strategy, steps, groups, restore, strategy_for=rule)
+        ids, next_id = state.alive, state.next_id
+        start, assignment = (state.epoch.D, state.epoch.P), state.epoch.assignment
+        groups = [g for g in groups if g.step >= restore]
+    intervals: list[int] = []
+    if planner is not None:
+        intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
+    if max_processes is None:
+        max_processes = max(len(ids), peak_instances(len(ids), groups))
     coord = Coordinator(
         model, train_cfg, steps, layers_dir=str(layers_dir), checkpoint_dir=str(ckpt_dir),
-        checkpoint_every=checkpoint_every, job=job, host=host, token=token, require_token=require_token,
+        checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token, require_token=require_token,
         pg_timeout_s=pg_timeout_s, hb_interval_s=hb_interval_s, hb_timeout_s=hb_timeout_s,
     )  # fmt: skip
-    provider = LocalProcessProvider(coord.host, coord.port, token, start_method)
-    driver = _Driver(coord, provider, groups, steps, t0 + timeout_s, pg_timeout_s, max_processes)
-    ok = False
+    if planner is not None and getattr(planner, "accepts_handed", False):
+        coord.accept_handed_plans(planner.name)
+    provider = _Provider(coord.host, coord.port, token, start_method)
+    obs = ObserverList([observer])
+    driver = _Driver(coord, provider, groups, steps, t0 + timeout_s, pg_timeout_s, max_processes, observer=obs,
+                     planner=planner, intervals=intervals, steps_per_interval=steps_per_interval)  # fmt: skip
+    info = {
+        "job": job, "model": model.name, "workers": len(ids), "strategy": start, "steps": steps,
+        "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
+        "host": coord.host, "port": coord.port, "planner": planner.name if planner is not None else None,
+        "steps_per_interval": steps_per_interval,
+    }  # fmt: skip
     try:
-        driver.run(workers, tuple(strategy))
+        driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
         t_train = time.time() - float(coord.store.get("ctl/e1/decided"))
         coord.finish()
         driver.wait(lambda: all(p.exitcode is not None for p in provider.procs.values()), "every process to end")
+        driver.observe(final=True)
         shards = checkpoint.find_shards(layers_dir, steps)
         final = checkpoint.load(shards, config=model, job=job)
-        samples = steps * train_cfg.global_batch
+        trained = steps - restore
+        samples = trained * train_cfg.global_batch
         result = {
             "loss": coord.losses(),
+            "first_step": restore,
+            "resumed_from": restore or None,
+            "resume_note": note,
             "reconfigurations": coord.records(),
+            "epochs": coord.epoch_spans(),
+            "plans": [plan_info_dict(p) for p in driver.plans],
             "final_checksum": parameters_checksum(final.layers, layer_names(model)),
             "layers": str(layers_dir),
             "replicas": {w: json.loads(coord.store.get(f"final/{w}")) for w in coord.current.members},
             "latest_checkpoint": coord.latest_checkpoint(),
-            "throughput": {"steps_per_s": steps / t_train, "samples_per_s": samples / t_train,
+            "throughput": {"steps_per_s": trained / t_train, "samples_per_s": samples / t_train,
                            "tokens_per_s": samples * model.block_size / t_train, "train_s": t_train},
             "events": coord.log,
             "states": {w: coord.states(w) for w in sorted(provider.procs)},
             "exit_codes": {w: p.exitcode for w, p in sorted(provider.procs.items())},
             "wall_s": time.monotonic() - t0,
         }
-        ok = True
-        return result
-    except TimeoutError as e:
-        raise JobError(str(e)) from None
+    except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
+        coord.abort(f"run_job failed: {type(e).__name__}")
+        err = JobError(str(e)) if isinstance(e, TimeoutError) else e
+        obs.on_error(err)
+        if err is e:
+            raise
+        raise err from None
     finally:
-        if not ok:
-            coord.abort("run_job failed")
         provider.stop()
+    obs.on_end(result)
+    return result
+
+
+_CKPT_FILE = re.compile(r"step(\d{8})(\.stage\d+)?\.pt")
+
+
+def _resume_point(ckpt_dir: Path, model: ModelConfig, job: str, steps: int) -> tuple[int, list[Path]] | None:
+    """The latest complete checkpoint of job `job` (same model config) in `ckpt_dir`: (step, files), or None.
+
+    Checkpoints missing a layer (a killed run's last, partly written one) are passed over; one of another job or
+    model, or a file that does not read as a checkpoint, is an error naming the file (`ScheduleError`)."""
+    if not ckpt_dir.is_dir():
+        return None
+    found = sorted({int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _CKPT_FILE.fullmatch(p.name))}, reverse=True)
+    names = set(layer_names(model))
+    for s in found:
+        files = checkpoint.find_shards(ckpt_dir, s)
+        try:
+            ckpt = checkpoint.load(files, config=model, job=job, complete=False)
+        except checkpoint.CheckpointError as e:
+            raise ScheduleError(f"cannot resume from {ckpt_dir}: {e}; move the file away or give another "
+                                "checkpoint_dir") from None  # fmt: skip
+        if set(ckpt.layers) == names:
+            if s >= steps:
+                raise ScheduleError(f"cannot resume from {ckpt_dir}: its latest checkpoint is of step {s}, not "
+                                    f"before this job's last step ({steps} steps); was it a longer job?")  # fmt: skip
+            return s, files
+    return None
+
+
+def _clear_for_resume(layers_dir: Path, ckpt_dir: Path, restore: int) -> None:
+    """Remove what the killed run left that the resumed one would trip over: its final shards (if it got that far)
+    and temporary files, and checkpoints after the resume step (an incomplete one, or one of another cut). Anything
+    else in these directories is not the job's: refuse to touch it."""
+    checkpoint.remove_after(ckpt_dir, restore)
+    checkpoint.remove_after(layers_dir, -1)
+    for d in (layers_dir, ckpt_dir):
+        if not d.is_dir():
+            continue
+        for p in d.iterdir():
+            if p.name.startswith(".step") and ".pt.tmp-" in p.name:
+                p.unlink(missing_ok=True)
+        others = sorted(p.name for p in d.iterdir() if not _CKPT_FILE.fullmatch(p.name))
+        if others:
+            raise ScheduleError(f"{d} holds files that are not this job's checkpoints ({', '.join(others[:3])}); "
+                                "move them away to resume")  # fmt: skip
 
 
 def train(
@@ -407,30 +716,39 @@ def train(
     start_interval: int = 0,
     kill_fraction: float = 0.5,
     start_method: str = "spawn",
+    observer: JobObserver | None = None,
+    planner: Planner | None = None,
+    resume: bool = False,
 ) -> dict[str, Any]:
     """What `parcae train` runs: a local elastic job on `workers` processes, from an events file, a trace
     (`trace_schedule` via `LocalTraceProvider`: one interval lasts `interval_seconds`, i.e.
     `interval_seconds / step_seconds` steps) or no events; the report is `job_report(result)` (also written to
-    `json_out`)."""
+    `json_out`).
+
+    With a `planner` the strategy is decided live every interval (`interval_seconds / step_seconds` steps; a
+    trace's schedule then carries its availability changes only). With `resume`, the job continues from the
+    latest checkpoint in `out_dir` (the same arguments give the same schedule, which restarts there)."""
     if events_file is not None and trace is not None:
         raise ValueError("give an events file or a trace, not both")
     events: list[Any] = []
     n = workers
+    spi = max(1, round(interval_seconds / step_seconds)) if planner is not None else 0
     if trace is not None:
         provider = LocalTraceProvider(trace, workers, interval_seconds, seed, kill_fraction=kill_fraction,
                                       start_interval=start_interval)  # fmt: skip
-        sched = provider.schedule(steps, step_seconds)
+        sched = provider.schedule(steps, step_seconds, plans=planner is None)
         n, events = sched.workers, sched.events
         strategy = strategy or sched.strategy
+        if planner is not None:
+            spi = sched.steps_per_interval
     elif events_file is not None:
         events = load_events(events_file)
     mcfg = model_config(model) if isinstance(model, str) else model
     if strategy is None:
-        from trainer.instances import trace_strategy
-
         strategy = trace_strategy(n, mcfg.n_layers_total)
     result = run_job(mcfg, train_cfg or TrainConfig(steps=steps), n, strategy, steps, events, out_dir,
-                     checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method)  # fmt: skip
+                     checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method,
+                     observer=observer, planner=planner, steps_per_interval=spi, resume=resume)  # fmt: skip
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -439,14 +757,18 @@ def train(
 
 
 def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
-    """The JSON a CLI writes: the loss per step, throughput, each reconfiguration (kind, notice, pause_s,
-    bytes_moved, steps_lost, ...) and the final parameter checksum."""
+    """The JSON a CLI writes: the loss per step (from `first_step`: a resumed job's first), throughput, each
+    reconfiguration (kind, notice, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
+    final parameter checksum."""
     keep = ("epoch", "kind", "notice", "step", "strategy", "preempted", "lost", "pause_s", "hold_s", "detect_s",
             "bytes_moved", "steps_lost", "restore_step")  # fmt: skip
     return {
         "loss": list(result["loss"]),
+        "first_step": result.get("first_step", 0),
+        "resumed_from": result.get("resumed_from"),
         "throughput": dict(result["throughput"]),
         "reconfigurations": [{k: r[k] for k in keep} for r in result["reconfigurations"]],
+        "plans": [dict(p) for p in result.get("plans", [])],
         "final_checksum": result["final_checksum"],
         "wall_s": result["wall_s"],
     }

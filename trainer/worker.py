@@ -452,6 +452,8 @@ class Worker:
         finally:
             dist.destroy_process_group()
         self.store.add(f"ctl/e{epoch.number}/bytes", sent)
+        if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
+            self.store.set(f"ctl/e{epoch.number}/sent/{self.id}", str(sent))
         return received
 
     def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> bool:

@@ -1,0 +1,288 @@
+"""Tests of the live planning hook: the planners (rule, liveput, handed) and the feasibility check as plain functions,
+handing plans to a coordinator (authentication, job, feasibility), and two real jobs — a trace replay whose strategy
+the liveput optimizer decides at every interval boundary (it must still train exactly the uninterrupted run), and a
+job that changes its strategy when a plan is handed to it from outside.
+
+The liveput planner is given a small hand-made profile of tiny-gpt (iteration times per D x P, up to 5 instances)
+and a cost model built from tiny-gpt's real per-layer parameter counts, as `parcae profile` would measure them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from liveput.migration import CostConstants, CostModel
+from liveput.model_spec import Layer, ModelSpec
+from liveput.scenarios import IntervalForecast
+from liveput.throughput import ThroughputProfile
+from trainer import checkpoint
+from trainer.config import TrainConfig, model_config
+from trainer.coordinator import Coordinator, ScheduleError
+from trainer.instances import trace_schedule, trace_strategy
+from trainer.migration import layer_sizes
+from trainer.model import layer_names
+from trainer.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
+from trainer.pipeline import Strategy, build_context, train_step
+from trainer.planning import (
+    HandedPlan,
+    HandedPlanner,
+    HandPlanError,
+    LiveputPlanner,
+    PlanError,
+    PlanRequest,
+    RulePlanner,
+    check_decision,
+    hand_plan,
+    keep_strategy,
+    persistence_forecast,
+)
+from trainer.run import run_job, train
+
+CFG = model_config("tiny-gpt", dtype="float64")
+TRAIN = TrainConfig()
+N = CFG.n_layers_total  # 6
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans_here(_no_orphans):
+    yield
+
+
+def tiny_profile() -> ThroughputProfile:
+    """Iteration times of tiny-gpt per D x P (P <= 3, D*P <= 5): more replicas are faster, stages cost a little."""
+    table = {(d, p): 400.0 / (d * p**0.8) + 20.0 * p for p in (1, 2, 3) for d in range(1, 5) if d * p <= 5}
+    return ThroughputProfile("tiny-gpt", global_batch=TRAIN.global_batch, micro_batch=TRAIN.micro_batch,
+                             iteration_ms=table)  # fmt: skip
+
+
+def tiny_cost() -> CostModel:
+    spec = ModelSpec("tiny-gpt", tuple(Layer(n, p) for n, p in zip(layer_names(CFG), layer_sizes(CFG).params)))
+    constants = CostConstants(rendezvous_ms=2000.0, proc_ms=100.0, group_base_ms=10.0, group_mode="instances",
+                              group_add_ms=50.0, group_remove_ms=10.0, build_ms={p: 30.0 for p in range(1, 6)},
+                              checkpoint_ms=500.0)  # fmt: skip
+    return CostModel(spec, constants)
+
+
+def request(history: tuple[int, ...], current: tuple[int, int], **kw) -> PlanRequest:
+    return PlanRequest(interval=len(history) - 1, step=4 * (len(history) - 1), alive=history[-1], current=current,
+                       history=history, n_layers=N, global_batch=TRAIN.global_batch, **kw)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ planners
+
+
+def test_plan_request_and_feasibility():
+    with pytest.raises(ValueError, match="history must end with the alive count 3"):
+        PlanRequest(1, 4, 3, (1, 2), (4, 4), N, 16)
+    with pytest.raises(ValueError, match="at least one instance"):
+        PlanRequest(1, 4, 0, (1, 2), (4, 0), N, 16)
+    req = request((4, 5), (2, 2))
+    assert check_decision("p", (2, 2), req) == (2, 2) and check_decision("p", [1, 5], req) == (1, 5)
+    for decision, why in [
+        ((3, 2), r"needs 6 instances, only 5 are alive"),
+        ((1, 7), r"P=7 exceeds the model's 6 layers"),
+        ((0, 0), r"\(0, 0\) means idle"),
+        ((1.5, 2), r"is not a strategy"),
+        ("2x2", r"is not a strategy"),
+    ]:
+        prefix = r"planner 'p' decided .* before step 4 \(interval 1, 5 instances alive\): .*"
+        with pytest.raises(PlanError, match=prefix + why):
+            check_decision("p", decision, req)
+    wide = PlanRequest(1, 4, 20, (1, 1), (20, 20), N, 16)
+    with pytest.raises(PlanError, match="D=17 replicas exceed global_batch=16"):
+        check_decision("p", (17, 1), wide)
+
+
+def test_rule_and_keep():
+    rule = RulePlanner()
+    for n in (1, 2, 3, 5, 40):
+        decision, details = rule(request((n, n), (1, 1)))
+        assert decision == trace_strategy(n, N, 16) and details == {"rule": "trace_strategy"}
+    assert keep_strategy(request((4, 4), (2, 2))) == (2, 2)
+    assert keep_strategy(request((4, 3), (2, 2))) == (1, 2)  # P kept, D shrinks
+    assert keep_strategy(request((4, 1), (2, 2))) == (1, 1)  # fewer than P instances: one pipeline that fits
+
+
+def test_persistence_forecast_prices_the_change_just_observed():
+    assert persistence_forecast((4, 3), 3) == [IntervalForecast.point(4, 0, 1), IntervalForecast.point(3),
+                                               IntervalForecast.point(3)]  # fmt: skip
+    assert persistence_forecast((2,), 2) == [IntervalForecast.point(2)] * 2
+    assert persistence_forecast((2, 5), 1) == [IntervalForecast.point(2, 3, 0)]
+
+
+def test_liveput_planner_decides_feasible_strategies_from_the_history():
+    planner = LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=4, interval_s=2.0)
+    for history, current in [((4, 4), (2, 2)), ((4, 3), (2, 2)), ((4, 2), (2, 2)), ((3, 4), (1, 2)), ((2, 1), (1, 2))]:
+        req = request(history, current)
+        decision, details = planner(req)
+        assert check_decision("liveput", decision, req) == decision, (history, decision)
+        assert details["decision"] == list(decision) and len(details["steps"]) == 4
+        assert planner(req)[0] == decision  # deterministic
+    # more replicas are faster in this profile, and 4 instances stay: all of them train
+    assert planner(request((4, 4), (2, 2)))[0] == (4, 1)
+    # the forecast comes from the request's history
+    seen = []
+
+    def forecast(history, k):
+        seen.append((tuple(history), k))
+        return persistence_forecast(history, k)
+
+    LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=3, forecast=forecast)(request((4, 3), (2, 2)))
+    assert seen == [((4, 3), 3)]
+
+    # a forecast that promises instances the job does not have: the decision cannot run, and says so
+    def optimistic(history, k):
+        return [IntervalForecast.point(5)] * k
+
+    with pytest.raises(PlanError, match=r"planner 'liveput' decided \(\d, \d\) .* 2 instances alive\): .* only 2"):
+        LiveputPlanner(tiny_profile(), tiny_cost(), forecast=optimistic)(request((2, 2), (1, 2)))
+
+
+def test_handed_planner_applies_the_latest_feasible_plan():
+    plan = HandedPlan((1, 3), "flow-run-7", seq=2, sent_at=10.0, received_at=10.5)
+    decision, details = HandedPlanner()(request((4, 4), (2, 2), handed=plan))
+    assert decision == (1, 3) and details == {"source": "handed", "handed": plan.to_dict()}
+    assert details["handed"]["source"] == "flow-run-7" and details["handed"]["received_at"] == 10.5
+    # no plan: the fallback decides, else the current strategy stays
+    assert HandedPlanner(RulePlanner())(request((4, 3), (2, 2)))[0] == (1, 2)
+    assert HandedPlanner()(request((4, 4), (2, 2))) == ((2, 2), {"source": "keep"})
+    # a plan that does not fit the instances alive now is rejected, with the reason, not applied
+    big = HandedPlan((2, 2), "flow-run-8", seq=3, sent_at=11.0, received_at=11.2)
+    decision, details = HandedPlanner(RulePlanner())(request((4, 3), (2, 2), handed=big))
+    assert decision == (1, 2) and details["source"] == "rule" and details["fallback"] == {"rule": "trace_strategy"}
+    assert details["rejected"]["source"] == "flow-run-8"
+    assert "needs 4 instances, only 3" in details["rejected"]["reason"]
+    assert HandedPlanner(RulePlanner()).name == "handed+rule"
+
+
+def test_hand_plan_authenticates_and_checks_the_job(tmp_path):
+    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path), job="job-a", token="s3cret", require_token=True)
+    where = rf"coordinator at 127\.0\.0\.1:{c.port}"
+    with pytest.raises(HandPlanError, match=rf"job 'job-a' at the {where} takes no handed plans"):
+        hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="s3cret")
+    c.accept_handed_plans("handed")
+    with pytest.raises(HandPlanError, match=rf"^wrong token for the {where}; the plan was not handed in"):
+        hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="guess")
+    with pytest.raises(HandPlanError, match=rf"the {where} requires a token and none was given"):
+        hand_plan("127.0.0.1", c.port, (1, 2), job="job-a")
+    with pytest.raises(HandPlanError, match=rf"the {where} runs job 'job-a', not 'job-b'"):
+        hand_plan("127.0.0.1", c.port, (1, 2), job="job-b", token="s3cret")
+    with pytest.raises(HandPlanError, match=r"job 'job-a' cannot run this plan: strategy 1x7: P=7 exceeds"):
+        hand_plan("127.0.0.1", c.port, (1, 7), job="job-a", token="s3cret")
+    with pytest.raises(HandPlanError, match=r"two integers >= 1, got \(0, 2\)"):
+        hand_plan("127.0.0.1", c.port, (0, 2), job="job-a", token="s3cret")
+    assert c.handed_plans(0) == []  # nothing refused was written
+    hand_plan("127.0.0.1", c.port, [2, 2], job="job-a", token="s3cret", source="test")
+    hand_plan("127.0.0.1", c.port, (1, 3), job="job-a", token="s3cret", source="test-2")
+    got = c.handed_plans(0)
+    assert [(i, p["strategy"], p["source"]) for i, p in got] == [(1, [2, 2], "test"), (2, [1, 3], "test-2")]
+    assert c.handed_plans(1)[0][0] == 2 and c.handed_plans(2) == []
+    c.finish()
+    with pytest.raises(HandPlanError, match="has ended"):
+        hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="s3cret")
+    free = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path))  # a port nobody will listen on once it is gone
+    port = free.port
+    del free
+    with pytest.raises(HandPlanError, match=rf"cannot reach the coordinator at 127\.0\.0\.1:{port} within 1 s"):
+        hand_plan("127.0.0.1", port, (1, 2), job="job-a", timeout_s=1)
+
+
+def test_a_planned_job_takes_availability_events_only(tmp_path):
+    sched = trace_schedule("p3", 4, 24, 2, seed=0, start_interval=51)
+    assert any(e["kind"] == "plan" for e in sched.events)
+    bare = trace_schedule("p3", 4, 24, 2, seed=0, start_interval=51, plans=False)
+    assert bare.events == [e for e in sched.events if e["kind"] != "plan"] and bare.steps_per_interval == 2
+    with pytest.raises(ScheduleError, match=r"takes availability events only .* plan at step 2: drop them"):
+        run_job(CFG, TRAIN, 4, (2, 2), 24, sched.events, tmp_path / "a", planner=RulePlanner(), steps_per_interval=2)
+    with pytest.raises(ScheduleError, match="needs steps_per_interval >= 1"):
+        run_job(CFG, TRAIN, 4, (2, 2), 24, bare.events, tmp_path / "b", planner=RulePlanner())
+    with pytest.raises(ScheduleError, match="steps_per_interval=2 needs a planner"):
+        run_job(CFG, TRAIN, 4, (2, 2), 24, bare.events, tmp_path / "c", steps_per_interval=2)
+
+
+# ------------------------------------------------------------------------------------------------ real jobs
+
+
+def reference(steps: int) -> tuple[list[float], dict]:
+    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    losses = [train_step(ctx, s) for s in range(steps)]
+    return losses, ctx.layer_states()
+
+
+def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
+    """p3 from interval 51, 4 instances, 2 steps per interval: a preemption with notice at step 2, a kill at 14, an
+    added instance at 22; liveput decides at each of the 11 boundaries."""
+    steps = 24
+    rec = RecordingObserver()
+    planner = LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=4, interval_s=60.0)
+    report = train(4, model=CFG, steps=steps, trace="p3", interval_seconds=0.2, step_seconds=0.1, seed=0,
+                   start_interval=51, out_dir=tmp_path / "job", checkpoint_every=6, planner=planner, observer=rec,
+                   start_method="forkserver", timeout_s=100)  # fmt: skip
+    plans: list[PlanInfo] = rec.of("plan")
+    assert [p.step for p in plans] == list(range(2, steps, 2)) and [p.interval for p in plans] == list(range(1, 12))
+    assert all(p.planner == "liveput" and len(p.details["steps"]) == 4 for p in plans)
+    assert all(p.decision[0] * p.decision[1] <= p.alive for p in plans)
+    # 4 instances, one preempted at 2, one killed during 14 (still alive when 14 is planned), one added at 22
+    assert [p.alive for p in plans] == [3] * 7 + [2] * 3 + [3]
+    # liveput re-cuts the pipeline, the kill is recovered live, the added instance is used
+    kinds = [(r["kind"], r["notice"], r["step"]) for r in report["reconfigurations"]]
+    assert ("pipeline", True, 2) in kinds and any(not notice for _, notice, _ in kinds), kinds
+    assert plans[-1].decision[0] * plans[-1].decision[1] == 3
+    assert [(p["step"], tuple(p["decision"])) for p in report["plans"]] == [(p.step, p.decision) for p in plans]
+    # every decision is what trains next: the steps after a boundary run the strategy decided there (until a kill)
+    by_step = {s.step: s.strategy for s in rec.of("step")}
+    kill_step = 14
+    for p in plans:
+        if p.step != kill_step and p.step + 1 < steps:
+            assert by_step[p.step] == p.decision, (p.step, p.decision, by_step[p.step])
+    assert sorted(by_step) == list(range(steps))
+    # the same run as one uninterrupted process
+    ref_losses, ref_layers = reference(steps)
+    assert report["loss"] == pytest.approx(ref_losses, rel=1e-5)
+    final = checkpoint.load(checkpoint.find_shards(tmp_path / "job" / "layers", steps), config=CFG, job="job")
+    for name, want in ref_layers.items():
+        for key in want:
+            assert torch.allclose(final.layers[name][key], want[key], rtol=1e-5, atol=1e-9), f"{name} {key}"
+
+
+class HandingObserver(JobObserver):
+    """Hands plans to the job it watches: one too big for the instances before the first boundary, then, once the
+    first boundary has decided, a feasible one."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self.where: tuple[str, int] | None = None
+        self.handed_after: int | None = None
+
+    def on_start(self, info):
+        self.where = (info["host"], info["port"])
+        hand_plan(*self.where, (3, 2), job=info["job"], token=self.token, source="too-big")
+
+    def on_plan(self, plan):
+        if self.handed_after is None:
+            hand_plan(*self.where, (1, 2), job="handed-job", token=self.token, source="shrink")
+            self.handed_after = plan.step
+
+
+def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
+    rec, hander = RecordingObserver(), HandingObserver("tok")
+    result = run_job(CFG, TRAIN, 4, (2, 2), 9, [], tmp_path / "job", job="handed-job", token="tok",
+                     require_token=True, planner=HandedPlanner(), steps_per_interval=3,
+                     observer=ObserverList([hander, rec]), start_method="forkserver", timeout_s=80)  # fmt: skip
+    first, second = rec.of("plan")
+    assert hander.handed_after == first.step == 3
+    # the first plan was too big for the 4 instances: rejected with its reason, the strategy kept
+    assert first.decision == (2, 2) and first.details["source"] == "keep"
+    assert first.details["rejected"]["source"] == "too-big"
+    assert "needs 6 instances, only 4 are alive" in first.details["rejected"]["reason"]
+    # the second arrived after it and applies at the next boundary
+    assert second.step == 6 and second.decision == (1, 2) and second.details["source"] == "handed"
+    assert second.details["handed"]["source"] == "shrink" and second.details["handed"]["seq"] == 2
+    assert [(r["kind"], r["step"], r["strategy"]) for r in result["reconfigurations"]] == [("intra-stage", 6, [1, 2])]
+    assert [s.strategy for s in rec.of("step")] == [(2, 2)] * 6 + [(1, 2)] * 3
+    log = result["events"]
+    assert [e["source"] for e in log if e["event"] == "handed-plan"] == ["too-big", "shrink"]
+    assert [e["details"].get("rejected", {}).get("source") for e in log if e["event"] == "plan"] == ["too-big", None]
+    assert result["plans"][1]["details"]["handed"]["strategy"] == [1, 2]

@@ -1,0 +1,320 @@
+"""Live planning: the strategy (D x P) a running job trains with in the coming interval, decided at every interval
+boundary from what has happened so far — the runtime side of Parcae's receding horizon (reference §A.4, §C.1).
+
+Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protocol and three planners —
+`RulePlanner` (the trace replay's fixed rule, `trainer.instances.trace_strategy`), `LiveputPlanner` (the liveput
+optimizer, `liveput.optimizer.plan`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
+from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) — and the feasibility check every
+decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.run`'s
+driver asks the planner and publishes the reconfiguration; `trainer.coordinator` owns the keys `hand_plan`
+writes), training.
+
+A planner is any callable `planner(request) -> ((D, P), details)` with a `name`; `details` is a JSON-able mapping
+that goes into the job's log and `PlanInfo.details` (the liveput plan's `to_dict()`, where a handed plan came from,
+...). A decision that cannot run — D*P above the instances alive, P above the model's layers, D above the global
+batch — raises `PlanError` naming the planner and the decision: it is never silently replaced by another.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Protocol, runtime_checkable
+
+from trainer.migration import PlanError, check_strategy
+
+log = logging.getLogger(__name__)
+
+Strategy = tuple[int, int]
+
+__all__ = [
+    "HandPlanError",
+    "HandedPlan",
+    "HandedPlanner",
+    "LiveputPlanner",
+    "PlanError",
+    "PlanRequest",
+    "Planner",
+    "RulePlanner",
+    "check_decision",
+    "hand_plan",
+    "infeasibility",
+    "keep_strategy",
+    "persistence_forecast",
+    "plan_info_dict",
+]
+
+
+@dataclass(frozen=True)
+class HandedPlan:
+    """A plan handed to the running job from outside (`hand_plan`). `sent_at` is the sender's clock, `received_at`
+    the driver's (when it read the plan from the store); `seq` numbers the plans handed to the job, from 1."""
+
+    strategy: Strategy
+    source: str
+    seq: int
+    sent_at: float
+    received_at: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": list(self.strategy), "source": self.source, "seq": self.seq, "sent_at": self.sent_at,
+                "received_at": self.received_at}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the driver tells the planner at the boundary before step `step`, the start of interval `interval`.
+
+    `alive`: the instances alive for the coming interval, after this boundary's availability events (added ones
+    in, preempted ones out; an instance that will be killed without notice during the interval is still alive —
+    nobody knows yet). `current`: the (D, P) training now. `history`: the alive count at each interval boundary
+    since the job (re)started, this one last (`history[-1] == alive`; the first entry is the count it started
+    with). `n_layers`, `global_batch`: the model's layer count and the batch (P and D cannot exceed them).
+    `handed`: the latest plan handed in from outside, if any (only `HandedPlanner` reads it).
+    """
+
+    interval: int
+    step: int
+    alive: int
+    current: Strategy
+    history: tuple[int, ...]
+    n_layers: int
+    global_batch: int
+    handed: HandedPlan | None = None
+
+    def __post_init__(self) -> None:
+        if self.alive < 1:
+            raise ValueError(f"a plan request needs at least one instance alive, got {self.alive}")
+        if not self.history or self.history[-1] != self.alive:
+            raise ValueError(f"history must end with the alive count {self.alive}, got {self.history}")
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """Decides the strategy of the coming interval; `details` are logged with the decision."""
+
+    name: str
+
+    def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]: ...
+
+
+def plan_info_dict(info: Any) -> dict[str, Any]:
+    """A `trainer.observer.PlanInfo` as plain JSON-able data (the job's log, `run_job`'s result["plans"])."""
+    return {"interval": info.interval, "step": info.step, "alive": info.alive, "current": list(info.current),
+            "decision": list(info.decision), "decision_s": info.decision_s, "planner": info.planner,
+            "details": dict(info.details)}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ feasibility
+
+
+def _as_strategy(decision: Any) -> Strategy | None:
+    try:
+        d, p = decision
+        if int(d) != d or int(p) != p:
+            return None
+        return int(d), int(p)
+    except (TypeError, ValueError):
+        return None
+
+
+def infeasibility(decision: Any, req: PlanRequest) -> str | None:
+    """Why `decision` cannot run in the interval `req` describes, or None if it can."""
+    s = _as_strategy(decision)
+    if s is None:
+        return f"{decision!r} is not a strategy (D, P) of two integers"
+    if s == (0, 0):
+        return "(0, 0) means idle: the runtime does not stop a job"
+    try:
+        check_strategy(s[0], s[1], req.alive, req.n_layers, req.global_batch)
+    except PlanError as e:
+        return str(e)
+    return None
+
+
+def check_decision(planner: str, decision: Any, req: PlanRequest) -> Strategy:
+    """`decision` as a (D, P) tuple, or `PlanError` naming the planner, the decision and why it cannot run."""
+    why = infeasibility(decision, req)
+    if why is not None:
+        raise PlanError(f"planner {planner!r} decided {decision!r} at the boundary before step {req.step} "
+                        f"(interval {req.interval}, {req.alive} instances alive): {why}")  # fmt: skip
+    s = _as_strategy(decision)
+    assert s is not None
+    return s
+
+
+def keep_strategy(req: PlanRequest) -> Strategy:
+    """Keep the current strategy; if the instances no longer allow it, keep P and as many replicas as fit (one
+    pipeline of as many stages as instances when fewer than P remain) — what the coordinator does unplanned."""
+    d, p = req.current
+    if d * p <= req.alive:
+        return d, p
+    if req.alive >= p:
+        return min(req.alive // p, req.global_batch), p
+    return 1, min(req.alive, req.n_layers)
+
+
+# ------------------------------------------------------------------------------------------------ planners
+
+
+class RulePlanner:
+    """The trace replay's fixed rule (`trainer.instances.trace_strategy`): two stages once two instances are alive,
+    as many replicas as fit. What a planned job does by default."""
+
+    name = "rule"
+
+    def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
+        from trainer.instances import trace_strategy
+
+        return trace_strategy(req.alive, req.n_layers, req.global_batch), {"rule": "trace_strategy"}
+
+
+Forecast = Callable[[Sequence[int], int], Sequence[Any]]
+"""(history of alive counts, this boundary's last, K) -> K `liveput.scenarios.IntervalForecast`s, the first for the
+coming interval (its `prev_available` and event lead from the last interval to this boundary)."""
+
+
+def persistence_forecast(history: Sequence[int], k: int) -> list[Any]:
+    """Nothing will change (as `liveput.policies.persistence_forecast`), except that the change already observed at
+    this boundary — from the previous boundary's count to this one's (adds, preemptions, kills since) — is the
+    first interval's event, so the planner prices the migration it forces."""
+    from liveput.scenarios import IntervalForecast
+
+    now = history[-1]
+    before = history[-2] if len(history) > 1 else now
+    first = IntervalForecast.point(before, max(0, now - before), max(0, before - now))
+    return [first] + [IntervalForecast.point(now)] * (k - 1)
+
+
+class LiveputPlanner:
+    """The liveput optimizer (`liveput.optimizer.plan`): the strategy that maximises the expected samples over the
+    next `look_ahead` intervals of `interval_s` seconds, migration costs included; only the first decision is
+    applied (receding horizon).
+
+    `profile` and `cost` describe the runtime's model (e.g. tiny-gpt as measured by `parcae profile`); the
+    scenario tables (`liveput.scenarios.ScenarioStore`) are built once and cached across decisions. `forecast`
+    turns the request's history into the K interval forecasts (default `persistence_forecast`). Details: the plan's
+    `to_dict()` (decision, expected samples, the K steps, the alternatives, decision time).
+    """
+
+    name = "liveput"
+
+    def __init__(
+        self,
+        profile: Any,
+        cost: Any,
+        *,
+        look_ahead: int = 4,
+        interval_s: float = 60.0,
+        forecast: Forecast | None = None,
+    ) -> None:
+        from liveput.optimizer import PlannerConfig
+        from liveput.scenarios import ScenarioStore
+
+        self.profile, self.cost = profile, cost
+        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
+        self.store = ScenarioStore(profile, cost)
+        self.forecast: Forecast = forecast or persistence_forecast
+
+    def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
+        from liveput.optimizer import JobState, plan
+
+        forecast = list(self.forecast(req.history, self.config.look_ahead))
+        result = plan(self.store, forecast, JobState(strategy=tuple(req.current)), self.config)
+        return check_decision(self.name, result.decision, req), result.to_dict()
+
+
+class HandedPlanner:
+    """The latest plan handed in from outside (`hand_plan`, e.g. by the Prefect `plan_interval` flow) if it can run
+    in the coming interval; else `fallback`'s decision; else the current strategy (`keep_strategy`).
+
+    A handed plan stands until another replaces it (a late flow run leaves the previous plan in force). One that
+    cannot run with the instances alive at a boundary is rejected there — not applied, and the reason is in the
+    details ("rejected") the driver logs and in a warning — and considered again at the next boundary. Details:
+    "source" ("handed", the fallback's name, or "keep"), "handed" (the plan applied: who sent it, when it was sent
+    and received), "rejected", "fallback" (the fallback's details).
+    """
+
+    accepts_handed = True  # the driver lets `hand_plan` clients write to the job only for such a planner
+
+    def __init__(self, fallback: Planner | None = None) -> None:
+        self.fallback = fallback
+        self.name = "handed" if fallback is None else f"handed+{fallback.name}"
+
+    def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
+        details: dict[str, Any] = {}
+        h = req.handed
+        if h is not None:
+            why = infeasibility(h.strategy, req)
+            if why is None:
+                return h.strategy, {"source": "handed", "handed": h.to_dict()}
+            details["rejected"] = {**h.to_dict(), "reason": why}
+            log.warning("boundary before step %d: the plan %s handed in by %r is rejected: %s", req.step,
+                        h.strategy, h.source, why)  # fmt: skip
+        if self.fallback is not None:
+            decision, more = self.fallback(req)
+            return decision, {"source": self.fallback.name, "fallback": dict(more), **details}
+        return keep_strategy(req), {"source": "keep", **details}
+
+
+# ------------------------------------------------------------------------------------------------ handing plans in
+
+
+class HandPlanError(RuntimeError):
+    """A plan could not be handed to a running job: the coordinator is unreachable, refuses the token, runs another
+    job, takes no handed plans or has finished, or the plan cannot run on its model."""
+
+
+def hand_plan(
+    host: str,
+    port: int,
+    strategy: Sequence[int],
+    *,
+    job: str,
+    token: str | None = None,
+    source: str = "",
+    timeout_s: float = 10.0,
+) -> None:
+    """Hand `strategy` = (D, P) to the job `job` whose coordinator listens at `host:port`; its `HandedPlanner`
+    applies it from the next interval boundary on (if the instances alive then allow it).
+
+    The client authenticates as a worker does (`token` against the job's salted digest) and checks the job's name,
+    that the job takes handed plans and that P and D fit the model and batch; any refusal raises `HandPlanError`
+    saying which. `source` names the sender in the job's log (e.g. the flow run).
+    """
+    import torch.distributed as dist
+
+    from trainer.coordinator import ACCEPTS_KEY, HANDED_SEQ, JobSpec, handed_key, token_refusal
+
+    s = _as_strategy(strategy)
+    if s is None or min(s) < 1:
+        raise HandPlanError(f"a plan is a strategy [D, P] of two integers >= 1, got {strategy!r}")
+    where = f"coordinator at {host}:{port}"
+    try:
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
+        raise HandPlanError(f"cannot reach the {where} within {timeout_s:g} s: {e}") from None
+    if not store.check(["auth/mode", "job/spec"]):
+        raise HandPlanError(f"{host}:{port} is not a parcae job's coordinator (no job spec in its store)")
+    why = token_refusal(store, token, where)
+    if why is not None:
+        raise HandPlanError(f"{why}; the plan was not handed in")
+    spec = JobSpec.from_json(store.get("job/spec"))
+    if spec.job != job:
+        raise HandPlanError(f"the {where} runs job {spec.job!r}, not {job!r}; the plan was not handed in")
+    if store.check(["ctl/done"]) or store.check(["ctl/abort"]):
+        raise HandPlanError(f"job {job!r} at the {where} has ended; the plan was not handed in")
+    if not store.check([ACCEPTS_KEY]):
+        raise HandPlanError(f"job {job!r} at the {where} takes no handed plans (its driver runs without a "
+                            "HandedPlanner); the plan was not handed in")  # fmt: skip
+    d, p = s
+    try:
+        check_strategy(d, p, d * p, spec.model.n_layers_total, spec.train.global_batch)
+    except PlanError as e:
+        raise HandPlanError(f"job {job!r} cannot run this plan: {e}") from None
+    i = store.add(HANDED_SEQ, 1)
+    store.set(handed_key(i), json.dumps({"strategy": [d, p], "source": source, "sent_at": time.time()}))
