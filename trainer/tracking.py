@@ -1,0 +1,819 @@
+"""The MLflow run of a training job: `MlflowJobObserver` logs a live-migrating job without ever blocking it.
+
+Owns: the observer that turns the driver's hooks (`trainer.observer`) into one MLflow run per job, the runs of the
+plans the job's planning hook made, the timeline plot, and `training_runs` (the runs side by side). Must not
+touch: training, the control plane, the driver; where the store is (`parcae.tracking` decides); Prefect (a flow
+that wants its flow run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
+
+What the run holds (experiment "training"; a job resumed from a checkpoint can reopen its run with `run_id=`):
+  params     model, workers, strategy ("DxP"), steps, global_batch, planner, ... (every value of on_start's info);
+             a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
+  metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
+             last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip);
+             per reconfiguration, at its step: migration_pause_s, migration_bytes, steps_lost, reconfigurations and
+             migrations_<kind> (running counts, e.g. migrations_intra_stage); per plan, at its step: planned_D,
+             planned_P, plan_decision_ms; at the end: final_loss, mean_samples_per_s, total_pause_s,
+             total_steps_lost; resumes, interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics
+             (only if the buffer overflowed)
+  tags       parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
+             parcae.resumed (and the interruption's status, step and error), parcae.error, and the observer's tags
+  artifacts  migrations.json (every reconfiguration record, rewritten at each flush), plans.json (the plan runs),
+             checkpoints/step-<N>/ (the checkpoint's shard files), timeline.png
+Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
+decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
+
+Threading: the hooks run on the driver's thread and only append to in-memory buffers (a lock held for
+microseconds, never during I/O). One daemon thread ("parcae-mlflow") connects (at construction, so a new SQLite
+store is migrated while the job's workers start), creates the run, and every `flush_every_s` logs what is queued:
+metric points with `log_batch` (<= 1000 a call), then the JSON artifacts and tags; plan runs and checkpoint uploads
+are queued operations it runs in order. A slow or unreachable store therefore delays that thread, never the driver.
+The metric buffer is bounded (`max_pending` points): when it is full, further per-step points are coalesced to the
+latest value per metric, and the points that replaced are counted — `tracking_dropped_metrics` on the run and a
+warning in the log. Reconfiguration, plan and checkpoint entries are never coalesced.
+
+The store failing: a transient error (unreachable, busy, locked) leaves the batch queued and is retried at the next
+flush (one warning per outage); a permanent one (an invalid value, an unknown run_id) drops that item with an error
+in the log (``parcae.tracking.failed`` counts them). `on_end` / `on_error` wait up to `close_timeout_s` for the
+queue to drain, then give up, saying in the log how much was not logged.
+
+Preemption of the driver: `on_error` flushes everything queued and ends the run FAILED (KILLED for
+KeyboardInterrupt / SystemExit). SIGTERM: when the hooks run on the main thread and SIGTERM has its default action,
+`on_start` installs a handler that raises ``SystemExit(143)`` there, so the driver unwinds (stopping its workers,
+calling `on_error`); an `atexit` hook flushes and ends the run KILLED if the process exits without `on_end` or
+`on_error`. SIGKILL cannot be caught: it loses what was not flushed yet — at most `flush_every_s` of metrics (and
+plan or checkpoint logging still queued) — and leaves the run RUNNING. Reopening it with `run_id=` when the job is
+resumed from its latest checkpoint records the interruption (parcae.resumed, resumes, interrupted_at_step), and the
+resumed job recomputes, hence re-logs, every step after that checkpoint, the lost ones included. A step logged twice
+(recomputed after a checkpoint-restart, or after a resume) keeps both points; the later timestamp is the current one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final
+
+from parcae import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
+from trainer.observer import JobObserver, PlanInfo, StepInfo
+
+# Imported here, not lazily in the logging thread: a flush at interpreter exit (atexit, after SIGTERM) cannot import
+# modules that register their own exit hooks (concurrent.futures: "can't register atexit after shutdown").
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
+from mlflow import MlflowClient  # noqa: E402
+from mlflow.entities import Metric  # noqa: E402
+from mlflow.exceptions import MlflowException  # noqa: E402
+
+from trainer.checkpoint import find_shards  # noqa: E402
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+log = logging.getLogger(__name__)
+
+TRAINING_EXPERIMENT: Final = store.TRAINING_EXPERIMENT
+PLANS_EXPERIMENT: Final = store.PLANS_EXPERIMENT
+#: Tag on a plan run: the training run it was made for.
+TRAINING_RUN_TAG: Final = "parcae.training_run_id"
+#: Tags on the training run.
+JOB_TAG: Final = "parcae.job"
+PLAN_RUNS_TAG: Final = "parcae.plan_runs"
+ERROR_TAG: Final = "parcae.error"
+RESUMED_TAG: Final = "parcae.resumed"
+MIGRATIONS_TAG: Final = "parcae.migrations."  # + kind
+#: Tags of the observer that also go on the plan runs (they say which orchestration run made them).
+_SHARED_TAG_PREFIXES: Final = ("parcae.prefect", "prefect.")
+#: MLflow error codes that no retry can fix.
+_PERMANENT: Final = frozenset(
+    {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
+     "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
+)  # fmt: skip
+#: Colours of the reconfiguration markers on the timeline, by kind (`liveput.migration.MigrationKind` values).
+KIND_COLOURS: Final = {
+    "intra-stage": "tab:green",
+    "inter-stage": "tab:orange",
+    "pipeline": "tab:red",
+    "checkpoint-restart": "tab:purple",
+    "start": "tab:gray",
+    "none": "tab:olive",
+}
+
+Point = tuple[str, float, int, int]  # key, value, timestamp (ms), step — an mlflow Metric once logged
+
+
+def _transient(exc: BaseException) -> bool:
+    """Whether a store error may go away (unreachable, busy, locked) rather than be a bad request."""
+    if isinstance(exc, store.TrackingError):
+        return True
+    if isinstance(exc, MlflowException):
+        return exc.error_code not in _PERMANENT
+    if isinstance(exc, OSError):  # connection errors (requests' are OSErrors), a full disk
+        return True
+    return type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "requests", "urllib3")
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _kind_key(kind: str) -> str:
+    return kind.replace("-", "_").replace(" ", "_")
+
+
+def _param_value(value: Any) -> str:
+    if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
+        return store.strategy_label(value)
+    if isinstance(value, (str, int, float, bool)):
+        return str(value)
+    return json.dumps(value, default=str, sort_keys=True)
+
+
+#: on_start values that are tags, not params (a param cannot change, and a resumed job listens elsewhere).
+_NOT_PARAMS: Final = frozenset({"job", "host", "port"})
+
+
+def start_params(info: Mapping[str, Any]) -> dict[str, str]:
+    """The params of a training run from on_start's info: every value but None, the job name and the coordinator's
+    address (tags), a (D, P) pair as "DxP", collections as JSON."""
+    return {k: _param_value(v) for k, v in info.items() if v is not None and k not in _NOT_PARAMS}
+
+
+def start_tags(info: Mapping[str, Any]) -> dict[str, str]:
+    """The tags of a training run from on_start's info: the job, where its coordinator listens, the resume step."""
+    tags = {JOB_TAG: str(info.get("job") or "job")}
+    if info.get("host") is not None and info.get("port") is not None:
+        tags["parcae.coordinator"] = f"{info['host']}:{info['port']}"
+    if info.get("resumed_from") is not None:
+        tags["parcae.resumed_from_step"] = str(info["resumed_from"])
+    return tags
+
+
+def timeline_figure(
+    steps: Mapping[int, tuple[int, int, float | None]], records: Sequence[Mapping[str, Any]], title: str = ""
+) -> Figure:
+    """The job's timeline: availability (alive instances) and D x P against step, throughput (samples/s) against
+    step, and a dashed marker per reconfiguration coloured by kind. `steps`: step -> (alive, D*P, samples/s)."""
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    FigureCanvasAgg(fig)
+    avail, thr = fig.subplots(2, 1, sharex=True)
+    xs = sorted(steps)
+    avail.fill_between(xs, [steps[s][0] for s in xs], step="post", color="tab:blue", alpha=0.25,
+                       label="alive instances")  # fmt: skip
+    avail.step(xs, [steps[s][1] for s in xs], where="post", color="black", lw=1.2, label="D x P (instances used)")
+    avail.yaxis.set_major_locator(MaxNLocator(integer=True))
+    thr.xaxis.set_major_locator(MaxNLocator(integer=True))
+    tx = [s for s in xs if steps[s][2] is not None]
+    thr.plot(tx, [steps[s][2] for s in tx], color="tab:blue", lw=1.2, label="samples/s")
+    seen: set[str] = set()
+    for rec in records:
+        kind, at = str(rec.get("kind", "unknown")), _number(rec.get("step"))
+        if at is None:
+            continue
+        colour = KIND_COLOURS.get(kind, "tab:brown")
+        for ax in (avail, thr):
+            ax.axvline(at, color=colour, ls="--", lw=1.0, label=None if (kind in seen or ax is thr) else kind)
+        seen.add(kind)
+    avail.set_ylabel("instances")
+    avail.set_ylim(bottom=0)
+    avail.legend(loc="best", fontsize="small")
+    thr.set_ylabel("samples/s")
+    thr.set_xlabel("step")
+    thr.set_ylim(bottom=0)
+    for ax in (avail, thr):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "availability, strategy and throughput")
+    return fig
+
+
+class MlflowJobObserver(JobObserver):
+    """Logs one training job to MLflow from a background thread; see the module docstring for what and how.
+
+    `tracking`: a tracking URI or a store folder (default: `parcae.tracking`'s store). `run_id`: reopen that run
+    (a job resumed after its driver was killed). `tags` go on the run, and the Prefect ones (``parcae.prefect*``,
+    ``prefect.*``) on its plan runs too. The run's id is `run_id` once the thread created it (`flush()` waits).
+    """
+
+    def __init__(
+        self,
+        *,
+        experiment: str = TRAINING_EXPERIMENT,
+        run_name: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        run_id: str | None = None,
+        tracking: str | Path | None = None,
+        flush_every_s: float = 1.0,
+        log_checkpoints: bool = True,
+        plan_experiment: str = PLANS_EXPERIMENT,
+        throughput_window: int = 10,
+        max_pending: int = 100_000,
+        close_timeout_s: float = 60.0,
+        handle_sigterm: bool = True,
+    ) -> None:
+        if not flush_every_s > 0:
+            raise ValueError(f"flush_every_s must be > 0 seconds, got {flush_every_s}")
+        if throughput_window < 1:
+            raise ValueError(f"throughput_window must be >= 1 step interval, got {throughput_window}")
+        if max_pending < 1:
+            raise ValueError(f"max_pending must be >= 1 metric point, got {max_pending}")
+        if close_timeout_s < 0:
+            raise ValueError(f"close_timeout_s must be >= 0 seconds, got {close_timeout_s}")
+        self.uri = store.resolve_uri(tracking)
+        self.experiment, self.plan_experiment, self.run_name = experiment, plan_experiment, run_name
+        self.tags = {str(k): str(v) for k, v in (tags or {}).items()}
+        self.run_id: str | None = run_id
+        self.resuming = run_id is not None
+        self.flush_every_s, self.log_checkpoints, self.max_pending = flush_every_s, log_checkpoints, max_pending
+        self.close_timeout_s, self.handle_sigterm = close_timeout_s, handle_sigterm
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # shared with the driver's thread (under the lock)
+        self._info: dict[str, Any] | None = None
+        self._global_batch = 0
+        self._metrics: list[Point] = []
+        self._overflow: dict[str, Point] = {}  # the latest point per key once the buffer is full
+        self._dropped = 0  # points replaced in `_overflow`
+        self._ops: deque[tuple[str, Callable[[], None]]] = deque()
+        self._records: list[dict[str, Any]] = []
+        self._epochs: set[Any] = set()
+        self._kinds: dict[str, int] = {}
+        self._records_dirty = False
+        self._times: deque[float] = deque(maxlen=throughput_window + 1)
+        self._timeline: dict[int, tuple[int, int, float | None]] = {}
+        self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
+        self._last: tuple[int, float, float] | None = None  # (step, loss, time) of the latest step seen
+        self._closing = False
+        self._final: tuple[str, Mapping[str, Any] | None, str | None] | None = None
+        self._deadline = math.inf
+        self._flush_req = self._flush_done = 0
+        self._fatal: str | None = None
+        # the logging thread's own state
+        self._client: MlflowClient | None = None
+        self._run_ready = False
+        self._plan_exp: str | None = None
+        self._plans: list[dict[str, Any]] = []
+        self._plans_dirty = False
+        self._dropped_logged = 0
+        self._failed = 0
+        self._outage = False
+        self._ended = False
+        self._sigterm_installed = False
+        self._stopped = False
+
+        self._thread = threading.Thread(target=self._loop, name="parcae-mlflow", daemon=True)
+        self._thread.start()
+
+    # -- hooks: the driver's thread; enqueue and return ------------------------------------------------------
+    def on_start(self, info: Mapping[str, Any]) -> None:
+        with self._cond:
+            self._info = dict(info)
+            self._global_batch = int(info.get("global_batch") or 0)
+            self._cond.notify_all()  # create the run now, not at the next tick
+        atexit.register(self._atexit)
+        if self.handle_sigterm:
+            self._install_sigterm()
+
+    def on_step(self, step: StepInfo) -> None:
+        d, p = step.strategy
+        ts = int(step.time * 1000)
+        with self._lock:
+            if self._fatal is not None:
+                return
+            times = self._times
+            times.append(step.time)
+            sps = None
+            if self._global_batch and len(times) >= 2 and times[-1] > times[0]:
+                sps = self._global_batch * (len(times) - 1) / (times[-1] - times[0])
+            points = [
+                ("loss", float(step.loss), ts, step.step),
+                ("alive_instances", float(step.alive), ts, step.step),
+                ("dp_D", float(d), ts, step.step),
+                ("dp_P", float(p), ts, step.step),
+            ]
+            if sps is not None:
+                points.append(("samples_per_s", sps, ts, step.step))
+            self._add(points)
+            self._timeline[step.step] = (step.alive, d * p, sps)
+            if self._first is None:
+                self._first = (step.step, step.time)
+            self._last = (step.step, float(step.loss), step.time)
+
+    def on_plan(self, plan: PlanInfo) -> None:
+        ts = int(time.time() * 1000)
+        with self._lock:
+            if self._fatal is not None:
+                return
+            self._ops.append(("plan", lambda: self._log_plan(plan)))
+            self._metrics.extend([
+                ("planned_D", float(plan.decision[0]), ts, plan.step),
+                ("planned_P", float(plan.decision[1]), ts, plan.step),
+                ("plan_decision_ms", 1000.0 * plan.decision_s, ts, plan.step),
+            ])  # fmt: skip
+
+    def on_reconfiguration(self, record: Mapping[str, Any]) -> None:
+        rec = json.loads(json.dumps(dict(record), default=str))  # a copy the driver cannot mutate
+        kind = str(rec.get("kind", "unknown"))
+        ts = int(time.time() * 1000)
+        with self._lock:
+            if self._fatal is not None:
+                return
+            epoch = rec.get("epoch")
+            if epoch is not None:
+                if epoch in self._epochs:
+                    return
+                self._epochs.add(epoch)
+            at = rec.get("step")
+            at = int(at) if isinstance(at, int) else (self._last[0] if self._last else 0)
+            self._records.append(rec)
+            self._kinds[kind] = self._kinds.get(kind, 0) + 1
+            self._records_dirty = True
+            points = [(f"migrations_{_kind_key(kind)}", float(self._kinds[kind]), ts, at),
+                      ("reconfigurations", float(len(self._records)), ts, at)]  # fmt: skip
+            for key, field in (("migration_pause_s", "pause_s"), ("migration_bytes", "bytes_moved"),
+                               ("steps_lost", "steps_lost")):  # fmt: skip
+                value = _number(rec.get(field))
+                if value is not None:
+                    points.append((key, value, ts, at))
+            self._metrics.extend(points)  # never coalesced
+
+    def on_checkpoint(self, step: int, directory: Path) -> None:
+        if not self.log_checkpoints:
+            return
+        directory = Path(directory)
+        with self._lock:
+            if self._fatal is None:
+                self._ops.append(("checkpoint", lambda: self._log_checkpoint(step, directory)))
+
+    def on_end(self, result: Mapping[str, Any]) -> None:
+        for rec in result.get("reconfigurations") or ():  # any record the driver did not report (deduplicated)
+            if isinstance(rec, Mapping) and rec.get("epoch") is not None:
+                self.on_reconfiguration(rec)
+        self._close("FINISHED", result, None)
+
+    def on_error(self, error: BaseException) -> None:
+        status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        text = f"{type(error).__name__}: {error}".rstrip(": ")
+        self._close(status, None, text)
+
+    # -- public --------------------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far is logged (blocks: not for the driver's hooks). False if that did
+        not happen within `timeout` seconds or the run cannot be logged at all."""
+        with self._cond:
+            self._flush_req += 1
+            req = self._flush_req
+            self._cond.notify_all()
+            self._cond.wait_for(lambda: self._flush_done >= req or self._fatal is not None or self._stopped, timeout)
+            return self._flush_done >= req and self._fatal is None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the run was ended (or the observer gave up on it)."""
+        return not self._thread.is_alive()
+
+    # -- the driver's side of closing ------------------------------------------------------------------------
+    def _add(self, points: list[Point]) -> None:
+        """Append per-step points within `max_pending`; beyond it keep the latest point per key (lock held)."""
+        room = self.max_pending - len(self._metrics)
+        if room >= len(points):
+            self._metrics.extend(points)
+            return
+        if room > 0:
+            self._metrics.extend(points[:room])
+            points = points[room:]
+        for p in points:
+            if p[0] in self._overflow:
+                self._dropped += 1
+            self._overflow[p[0]] = p
+
+    def _close(self, status: str, result: Mapping[str, Any] | None, error: str | None) -> None:
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._final = (status, result, error)
+            self._deadline = time.monotonic() + self.close_timeout_s
+            self._cond.notify_all()
+        atexit.unregister(self._atexit)
+        self._restore_sigterm()
+        self._thread.join(self.close_timeout_s + 5.0)
+        if self._thread.is_alive():
+            with self._lock:
+                pending, ops = len(self._metrics) + len(self._overflow), len(self._ops)
+            log.error(
+                "MLflow run %s in %s: a store call did not return within %.0f s; %d metric points and %d operations "
+                "(plan runs, checkpoint uploads) may not be logged, and the run may stay RUNNING",
+                self.run_id, self.uri, self.close_timeout_s, pending, ops,
+            )  # fmt: skip
+
+    def _atexit(self) -> None:
+        self._close("KILLED", None, "the driver process exited before the job ended")
+
+    def _install_sigterm(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread; atexit still flushes a normal exit
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return  # someone else handles SIGTERM (e.g. Prefect's engine): leave it, atexit flushes
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+        self._sigterm_installed = True
+
+    def _restore_sigterm(self) -> None:
+        if not self._sigterm_installed or threading.current_thread() is not threading.main_thread():
+            return
+        if signal.getsignal(signal.SIGTERM) is _raise_system_exit:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        self._sigterm_installed = False
+
+    # -- the logging thread ----------------------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            self._run_loop()
+        finally:
+            with self._cond:
+                self._stopped = True
+                self._cond.notify_all()  # wake any flush() waiting on a thread that is gone
+
+    def _run_loop(self) -> None:
+        try:
+            self._connect()  # now: a new SQLite store is created and migrated while the job's workers start
+        except Exception as exc:
+            self._store_down(exc)
+        drained = True
+        while True:
+            with self._cond:
+                if not self._closing and self._flush_req == self._flush_done:
+                    self._cond.wait(self.flush_every_s if drained else min(self.flush_every_s, 1.0))
+                elif not drained:
+                    self._cond.wait(min(self.flush_every_s, 0.2))  # closing and failing: retry, not spin
+                closing, req = self._closing, self._flush_req
+            drained = self._flush_once()
+            if drained:
+                with self._cond:
+                    self._flush_done = max(self._flush_done, req)
+                    self._cond.notify_all()
+            if closing:
+                if drained and self._finish():
+                    return
+                if time.monotonic() > self._deadline:
+                    self._give_up()
+                    return
+
+    def _flush_once(self) -> bool:
+        """Log everything queued; True when nothing is left (False: the store failed, retry later)."""
+        if self._fatal is not None:
+            self._discard()
+            return True
+        try:
+            if not self._connect():
+                return False
+            if self._info is None and not self._closing:
+                return True  # no run before the job starts; nothing can be queued for it yet either
+            if not self._open_run():
+                return self._fatal is not None
+            done = self._run_ops() and self._send_metrics() and self._send_artifacts()
+            if done and self._outage:
+                log.info("MLflow store %s answers again; run %s is up to date", self.uri, self.run_id)
+                self._outage = False
+            return done
+        except Exception as exc:
+            if _transient(exc):
+                self._store_down(exc)
+            else:
+                log.exception("MLflow run %s: logging failed", self.run_id)
+            return False
+
+    def _store_down(self, exc: BaseException) -> None:
+        if not self._outage:
+            log.warning("MLflow store %s is failing (%s); the run's logging is queued and retried every %.1f s",
+                        self.uri, store.short_error(exc), self.flush_every_s)  # fmt: skip
+        self._outage = True
+
+    def _connect(self) -> bool:
+        if self._client is not None:
+            return True
+        try:
+            store.check_reachable(self.uri)
+        except store.TrackingError as exc:
+            self._store_down(exc)
+            return False
+        self._client = MlflowClient(self.uri)
+        return True
+
+    def _set_fatal(self, message: str) -> None:
+        with self._cond:
+            self._fatal = message
+            self._cond.notify_all()
+        log.error("MLflow: %s; this job is not logged", message)
+
+    def _discard(self) -> None:
+        with self._lock:
+            self._metrics.clear()
+            self._overflow.clear()
+            self._ops.clear()
+
+    def _open_run(self) -> bool:
+        """Create the run (or reopen `run_id`) and log the start params; idempotent, so it can be retried."""
+        if self._run_ready:
+            return True
+        client = self._client
+        assert client is not None
+        info = dict(self._info or {})
+        job = str(info.get("job") or "job")
+        try:
+            if self.run_id is None:
+                exp = store.ensure_experiment(client, self.experiment)
+                run = client.create_run(exp, run_name=self.run_name or job, tags={**start_tags(info), **self.tags})
+                self.run_id = run.info.run_id  # a retry below logs into this run, never creates another
+            else:
+                run = client.get_run(self.run_id)
+        except MlflowException as exc:
+            if _transient(exc):
+                raise
+            what = f"run_id {self.run_id!r}" if self.resuming else f"experiment {self.experiment!r}"
+            self._set_fatal(f"cannot use {what} in {self.uri!r} ({store.short_error(exc)}); check the run id / name")
+            return False
+        except store.TrackingError as exc:  # a deleted experiment: the message says how to restore it
+            self._set_fatal(str(exc))
+            return False
+        params = start_params(info)
+        if self.resuming:
+            self._log_resume(run, info, params)
+        else:
+            store.log_batched(client, self.run_id, params=params, tags=start_tags(info))
+        self._run_ready = True
+        return True
+
+    def _log_resume(self, run: Any, info: Mapping[str, Any], params: Mapping[str, str]) -> None:
+        """Reopen a run of an interrupted job: record the interruption and where it resumed from."""
+        client, run_id = self._client, self.run_id
+        assert client is not None and run_id is not None
+        n = int(run.data.metrics.get("resumes", 0)) + 1
+        history = client.get_metric_history(run_id, "loss")
+        last = max((m.step for m in history), default=None)
+        start = info.get("resumed_from")
+        previous = run.data.params
+        new = {k: v for k, v in params.items() if k not in previous}
+        new.update({f"resume{n}.{k}": v for k, v in params.items() if k in previous and previous[k] != v})
+        if start is not None:
+            new[f"resume{n}.from_step"] = str(start)
+        tags = {**start_tags({"job": run.data.tags.get(JOB_TAG), **info}), **self.tags, RESUMED_TAG: "true",
+                "parcae.resumes": n, "parcae.interrupted_status": run.info.status}  # fmt: skip
+        if last is not None:
+            tags["parcae.interrupted_at_step"] = last
+        if ERROR_TAG in run.data.tags:  # the previous incarnation's error: kept, under another name
+            tags["parcae.interrupted_by"] = run.data.tags[ERROR_TAG]
+        client.update_run(run_id, status="RUNNING")
+        store.log_batched(client, run_id, params=new, tags=tags)
+        if ERROR_TAG in run.data.tags:
+            client.delete_tag(run_id, ERROR_TAG)
+        now, at = int(time.time() * 1000), int(start or 0)
+        metrics = [Metric("resumes", float(n), now, at)]
+        if last is not None:
+            metrics.append(Metric("interrupted_at_step", float(last), now, at))
+            if start is not None:
+                metrics.append(Metric("steps_recomputed", float(max(0, last + 1 - int(start))), now, at))
+        client.log_batch(run_id, metrics=metrics)  # last: a retry after a failure above does not count twice
+        log.info("MLflow run %s reopened (resume %d, from step %s; last step logged %s)", run_id, n, start, last)
+
+    def _run_ops(self) -> bool:
+        while True:
+            with self._lock:
+                if not self._ops:
+                    return True
+                name, op = self._ops[0]
+            try:
+                op()
+            except Exception as exc:
+                if _transient(exc):
+                    self._store_down(exc)
+                    return False
+                self._failed += 1
+                log.error("MLflow run %s: %s logging failed and is skipped: %s", self.run_id, name,
+                          store.short_error(exc))  # fmt: skip
+            with self._lock:
+                self._ops.popleft()
+
+    def _send_metrics(self) -> bool:
+        client, run_id = self._client, self.run_id
+        assert client is not None and run_id is not None
+        with self._lock:
+            batch, self._metrics = self._metrics, []
+            batch.extend(self._overflow.values())
+            self._overflow.clear()
+            dropped = self._dropped
+        if dropped > self._dropped_logged:
+            log.warning("MLflow run %s: the metric buffer (max_pending=%d) overflowed while the store lagged; %d "
+                        "per-step points were coalesced away so far", run_id, self.max_pending, dropped)  # fmt: skip
+            at = self._last[0] if self._last else 0
+            batch.append(("tracking_dropped_metrics", float(dropped), int(time.time() * 1000), at))
+        sent = 0
+        try:
+            for i in range(0, len(batch), store.MAX_METRICS_PER_BATCH):
+                chunk = batch[i : i + store.MAX_METRICS_PER_BATCH]
+                client.log_batch(run_id, metrics=[Metric(*p) for p in chunk])
+                sent = i + len(chunk)
+        except Exception as exc:
+            rest = batch[sent:]
+            if _transient(exc):
+                with self._lock:
+                    self._metrics[:0] = rest  # back in front, in order; the bound is exceeded by one batch at most
+                self._store_down(exc)
+                return False
+            self._failed += 1
+            log.error("MLflow run %s: %d metric points refused by the store and skipped: %s", run_id, len(rest),
+                      store.short_error(exc))  # fmt: skip
+        self._dropped_logged = dropped
+        return True
+
+    def _send_artifacts(self) -> bool:
+        client, run_id = self._client, self.run_id
+        assert client is not None and run_id is not None
+        with self._lock:
+            records = list(self._records) if self._records_dirty else None
+            kinds = dict(self._kinds)
+            self._records_dirty = False
+        try:
+            if records is not None:
+                client.log_dict(run_id, records, "migrations.json")
+                store.log_batched(client, run_id, tags={f"{MIGRATIONS_TAG}{k}": v for k, v in kinds.items()})
+            if self._plans_dirty:
+                client.log_dict(run_id, self._plans, "plans.json")
+                store.log_batched(client, run_id, tags={PLAN_RUNS_TAG: len(self._plans)})
+                self._plans_dirty = False
+        except Exception:
+            if records is not None:
+                with self._lock:
+                    self._records_dirty = True
+            raise
+        return True
+
+    def _log_plan(self, plan: PlanInfo) -> None:
+        """One run of the plans experiment for one decision of the planning hook, tied to the training run."""
+        client, run_id = self._client, self.run_id
+        assert client is not None and run_id is not None
+        if self._plan_exp is None:
+            self._plan_exp = store.ensure_experiment(client, self.plan_experiment)
+        details = json.loads(json.dumps(dict(plan.details), default=str))
+        job = str((self._info or {}).get("job") or "job")
+        tags = {TRAINING_RUN_TAG: run_id, JOB_TAG: job, "decision": store.strategy_label(plan.decision),
+                "planner": plan.planner}  # fmt: skip
+        tags.update({k: v for k, v in self.tags.items() if k.startswith(_SHARED_TAG_PREFIXES)})
+        params = {"interval": plan.interval, "step": plan.step, "alive": plan.alive, "planner": plan.planner,
+                  "current_strategy": store.strategy_label(plan.current)}  # fmt: skip
+        for key in ("model", "look_ahead", "interval_s", "trace"):
+            if details.get(key) is not None:
+                params[key] = details[key]
+        metrics = store.plan_metrics(details)
+        if "decision_ms" in metrics:
+            metrics["optimizer_decision_ms"] = metrics["decision_ms"]
+        metrics.update({"decision_ms": 1000.0 * plan.decision_s, "alive": float(plan.alive),
+                        "decision_D": float(plan.decision[0]), "decision_P": float(plan.decision[1])})  # fmt: skip
+        dicts = {"plan.json": details, "alternatives.json": {"alternatives": details.get("alternatives", [])}}
+        plan_run = store.log_run(client, self._plan_exp, run_name=f"plan-{job}-i{plan.interval}", tags=tags,
+                                 params=params, metrics=metrics, dicts=dicts)  # fmt: skip
+        self._plans.append({"run_id": plan_run, "interval": plan.interval, "step": plan.step,
+                            "decision": list(plan.decision), "current": list(plan.current)})  # fmt: skip
+        self._plans_dirty = True
+
+    def _log_checkpoint(self, step: int, directory: Path) -> None:
+        """Upload the shard files of the checkpoint of `step` under checkpoints/step-<step>/."""
+        client, run_id = self._client, self.run_id
+        assert client is not None and run_id is not None
+        files = find_shards(directory, step)
+        if not files and directory.is_dir() and not any(directory.glob("step*.pt")):
+            files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
+        if not files:
+            self._failed += 1
+            log.warning("MLflow run %s: no files of the checkpoint of step %d in %s; nothing uploaded", run_id, step,
+                        directory)  # fmt: skip
+            return
+        for f in files:
+            if not f.exists():  # removed since (a checkpoint-restart to an earlier step clears later files)
+                self._failed += 1
+                log.warning("MLflow run %s: checkpoint file %s vanished before its upload", run_id, f)
+                continue
+            client.log_artifact(run_id, str(f), f"checkpoints/step-{step}")
+
+    def _finish(self) -> bool:
+        """End the run: final metrics, the timeline, tags, status. True when done (or not worth a retry)."""
+        if self._fatal is not None or self._ended:
+            return True
+        client, run_id = self._client, self.run_id
+        if client is None or run_id is None or not self._run_ready:
+            return False
+        status, result, error = self._final or ("FINISHED", None, None)
+        with self._lock:
+            records, timeline, last, first = list(self._records), dict(self._timeline), self._last, self._first
+            gb = self._global_batch
+        try:
+            now, at = int(time.time() * 1000), (last[0] if last else 0)
+            final: dict[str, float] = {
+                "total_pause_s": sum(_number(r.get("pause_s")) or 0.0 for r in records),
+                "total_steps_lost": sum(_number(r.get("steps_lost")) or 0.0 for r in records),
+            }
+            losses = (result or {}).get("loss") or []
+            if losses:
+                final["final_loss"] = float(losses[-1])
+            elif last is not None:
+                final["final_loss"] = last[1]
+            throughput = (result or {}).get("throughput") or {}
+            if _number(throughput.get("samples_per_s")) is not None:
+                final["mean_samples_per_s"] = float(throughput["samples_per_s"])
+            elif gb and first and last and last[2] > first[1] and len(timeline) > 1:
+                final["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
+            if _number((result or {}).get("wall_s")) is not None:
+                final["wall_s"] = float(result["wall_s"])  # type: ignore[index]
+            client.log_batch(run_id, metrics=[Metric(k, v, now, at) for k, v in final.items()])
+            tags: dict[str, Any] = {}
+            if error:
+                tags[ERROR_TAG] = error
+            if self._dropped:
+                tags["parcae.tracking.dropped"] = self._dropped
+            if self._failed:
+                tags["parcae.tracking.failed"] = self._failed
+            store.log_batched(client, run_id, tags=tags)
+            if timeline:
+                job = str((self._info or {}).get("job") or "job")
+                fig = timeline_figure(timeline, records, f"{job}: availability, D x P and throughput")
+                client.log_figure(run_id, fig, "timeline.png")
+            client.set_terminated(run_id, status)
+        except Exception as exc:
+            if _transient(exc):
+                self._store_down(exc)
+                return False
+            log.exception("MLflow run %s: ending the run failed", run_id)
+            try:
+                client.set_terminated(run_id, status)
+            except Exception:
+                pass
+        self._ended = True
+        log.info("MLflow run %s ended %s", run_id, status)
+        return True
+
+    def _give_up(self) -> None:
+        with self._lock:
+            pending, ops = len(self._metrics) + len(self._overflow), len(self._ops)
+        log.error(
+            "MLflow run %s in %s: gave up after %.0f s of store failures; %d metric points and %d operations (plan "
+            "runs, checkpoint uploads) were not logged and the run was not ended",
+            self.run_id, self.uri, self.close_timeout_s, pending, ops,
+        )  # fmt: skip
+
+
+def _raise_system_exit(signum: int, frame: Any) -> None:
+    """SIGTERM -> SystemExit in the main thread: the driver unwinds (its cleanup and on_error run), then atexit."""
+    raise SystemExit(128 + signum)
+
+
+def training_runs(
+    tracking: str | Path | None = None,
+    *,
+    experiment: str = TRAINING_EXPERIMENT,
+    filter_string: str = "",
+    max_results: int = 1000,
+) -> pd.DataFrame:
+    """The training runs, newest first, one row each: run_id, run_name, status, start_time, end_time and
+    ``metrics.*``, ``params.*``, ``tags.*`` columns (as ``mlflow.search_runs``), without touching MLflow's global
+    tracking URI. Empty if the experiment does not exist. Raises `parcae.tracking.TrackingError` when the store
+    cannot be reached."""
+    import pandas as pd
+
+    uri = store.resolve_uri(tracking)
+    store.check_reachable(uri)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name(experiment)
+    base = ["run_id", "run_name", "status", "start_time", "end_time"]
+    if exp is None:
+        return pd.DataFrame(columns=base)
+    rows, token = [], None
+    while len(rows) < max_results:
+        page = client.search_runs([exp.experiment_id], filter_string, max_results=min(1000, max_results - len(rows)),
+                                  order_by=["attributes.start_time DESC"], page_token=token)  # fmt: skip
+        for run in page:
+            row: dict[str, Any] = {
+                "run_id": run.info.run_id,
+                "run_name": run.info.run_name,
+                "status": run.info.status,
+                "start_time": pd.to_datetime(run.info.start_time, unit="ms", utc=True),
+                "end_time": pd.to_datetime(run.info.end_time, unit="ms", utc=True) if run.info.end_time else pd.NaT,
+            }
+            row.update({f"metrics.{k}": v for k, v in run.data.metrics.items()})
+            row.update({f"params.{k}": v for k, v in run.data.params.items()})
+            row.update({f"tags.{k}": v for k, v in run.data.tags.items()})
+            rows.append(row)
+        token = page.token
+        if not token:
+            break
+    return pd.DataFrame(rows, columns=None) if rows else pd.DataFrame(columns=base)
