@@ -13,6 +13,11 @@ Commands
     forecasters on a trace (scores as JSON); print one forecast (``Forecast.to_dict()``) as JSON.
 ``parcae collect``
     Record the job's spot fleet, spot prices and placement scores from EC2 (``forecasting.collect``).
+``parcae train``
+    Run the elastic CPU trainer on local worker processes, from a trace or scripted events (``trainer.run``).
+``parcae profile``
+    Measure the trainer's iteration time per D x P and its migration pauses; calibrate the cost model
+    (``trainer.profile``).
 
 Plan input
 ----------
@@ -1096,10 +1101,6 @@ def collect(
         raise typer.Exit(1)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    app()
-
-
 @command("train")
 def train_cmd(
     workers: Annotated[int, typer.Option(min=1, help="Local worker processes (instances) at the start.")] = 4,
@@ -1131,12 +1132,15 @@ def train_cmd(
         raise UserError("give --events or --trace, not both")
     if events is not None and not events.is_file():
         raise UserError(f"--events: no such file {str(events)!r}")
+    from parcae.progress import TrainProgress
+
     try:
-        with _stderr().status(f"training {model} on {workers} workers for {steps} steps"):
+        # a live bar on a terminal; piped, one line per reconfiguration (parcae.progress)
+        with TrainProgress(_stderr()) as progress:
             report = train(
                 workers, model=model, steps=steps, events_file=events, trace=trace,
                 interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
-                checkpoint_every=checkpoint_every,
+                checkpoint_every=checkpoint_every, observer=progress,
             )  # fmt: skip
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
@@ -1147,7 +1151,8 @@ def train_cmd(
     thr = report["throughput"]
     out.print(
         f"{model}: {len(loss)} steps, loss {loss[0]:.4f} -> {loss[-1]:.4f}, {thr['samples_per_s']:.1f} samples/s, "
-        f"checksum {report['final_checksum'][:16]}"
+        f"checksum {report['final_checksum'][:16]}",
+        soft_wrap=True,  # one line, whatever the width: scripts grep it
     )
     table = Table(box=None)
     for col in ("step", "kind", "notice", "strategy", "pause s", "MB moved", "steps lost"):
@@ -1159,3 +1164,112 @@ def train_cmd(
     out.print(table)
     if json_out:
         out.print(f"wrote {json_out}")
+
+
+@command("profile")
+def profile_cmd(
+    workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
+    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
+    out: Annotated[Path, typer.Option("--out", metavar="OUT.json", help="Where to write the profile.")] = Path(
+        "profile.json"
+    ),
+    json_flag: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of the tables.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the model and the data order.")] = 0,
+    start_method: Annotated[
+        str, typer.Option(help="How worker processes start: spawn (cold, as real instances) or forkserver (warm).")
+    ] = "spawn",
+) -> None:
+    """Measure this machine's trainer: iteration time per D x P and the real migration costs, calibrated into the
+    liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
+    import tempfile
+
+    from trainer.config import MODELS
+    from trainer.coordinator import ScheduleError
+    from trainer.instances import START_METHODS
+    from trainer.profile import ProfileError, measure
+    from trainer.run import JobError
+
+    if workers < 2:
+        raise UserError(f"--workers must be >= 2 (an instance must leave and join to measure migrations), got "
+                        f"{workers}")
+    if steps_per_strategy < 1:
+        raise UserError(f"--steps-per-strategy must be >= 1, got {steps_per_strategy}")
+    if model not in MODELS:
+        raise UserError(f"--model: unknown model {model!r}; known models: {', '.join(sorted(MODELS))}")
+    if start_method not in START_METHODS:
+        raise UserError(f"--start-method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    if out.is_dir():
+        raise UserError(f"cannot write profile {str(out)!r}: it is a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write profile {str(out)!r}: {exc.strerror or exc}") from None
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UserError(f"cannot write profile {str(out)!r}: permission denied")
+    command_line = (f"parcae profile --workers {workers} --model {model} --steps-per-strategy {steps_per_strategy} "
+                    f"--seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory(prefix="parcae-profile-") as tmp, _stderr().status("profiling") as status:
+            prof = measure(model, workers, steps_per_strategy=steps_per_strategy, seed=seed, out_dir=Path(tmp) / "job",
+                           progress=status.update, start_method=start_method, command=command_line)  # fmt: skip
+    except (ProfileError, ScheduleError) as exc:
+        raise UserError(str(exc)) from None
+    except JobError as exc:
+        raise UserError(f"the profiling job failed: {exc}") from None
+    _write_file(out, "profile", prof.to_json)
+    if json_flag:
+        typer.echo(prof.to_json(), nl=False)
+        _stderr().print(f"wrote {out}", soft_wrap=True)
+        return
+    _print_profile(prof)
+    _stdout().print(f"wrote {out}", soft_wrap=True)
+
+
+def _print_profile(prof: Any) -> None:
+    """The tables of `parcae profile`: iteration time per strategy, each migration against the model, the constants."""
+    out = _stdout()
+    m = prof.measured
+    job, machine = m["job"], m["machine"]
+    out.print(f"{job['model']} on {job['workers']} workers ({machine['usable_cores']} cores, "
+              f"{machine['start_method']}): {job['steps']} steps in {job['wall_s']:.1f} s, "
+              f"global batch {job['global_batch']}")  # fmt: skip
+    thr = prof.throughput
+    table = Table(title="iteration time per strategy", box=box.SIMPLE, title_justify="left")
+    for col in ("D x P", "iteration ms", "samples/s", "epochs"):
+        table.add_column(col, justify="right")
+    for d, p in thr.strategies():
+        table.add_row(f"{d}x{p}", f"{thr.iteration_ms[(d, p)]:.1f}", f"{thr.throughput(d, p):.1f}",
+                      str(len(m["step_ms"].get(f"{d}x{p}", []))))  # fmt: skip
+    out.print(table)
+    table = Table(title="migrations: measured pause vs the calibrated model", box=box.SIMPLE, title_justify="left")
+    for col in ("epoch", "kind", "from", "to", "measured ms", "model ms", "fits"):
+        table.add_column(col, justify="left" if col in ("kind", "fits") else "right")
+    notes = []
+    for r in m["fit"]:
+        table.add_row(str(r["epoch"]), r["kind"], "x".join(map(str, r["from"])), "x".join(map(str, r["to"])),
+                      f"{r['measured_ms']:.0f}", f"{r['model_ms']:.0f}", r["used_for"] or "-")  # fmt: skip
+        if r["note"]:
+            notes.append(f"epoch {r['epoch']}: {r['note']}")
+    out.print(table)
+    for line in notes:
+        out.print(f"  {line}", soft_wrap=True)
+    c = m["calibration"]["constants"]
+    src = m["calibration"]["sources"]
+    table = Table(title="calibrated constants (liveput CostConstants)", box=box.SIMPLE, title_justify="left")
+    table.add_column("constant")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    rows = [("group_base_ms", f"{c['group_base_ms']:.1f}", src["group_base_ms"]),
+            ("group_remove_ms", f"{c['group_remove_ms']:.2f} / group", src["group_remove_ms"]),
+            ("p2p", f"{c['p2p_latency_ms']:.1f} ms + {c['p2p_mib_per_s'] or math.inf:.0f} MiB/s", src["p2p"]),
+            ("rendezvous_ms", f"{c['rendezvous_ms']:.0f}", src["rendezvous_ms"]),
+            ("checkpoint_ms", f"{c['checkpoint_ms']:.0f}", src["checkpoint_ms"])]  # fmt: skip
+    rows += [(f"build_ms[{p}]", f"{v:.1f}", src["build_ms"][p]) for p, v in c["build_ms"].items()]
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,205 @@
+"""Chaos benchmark: one job through a seeded random schedule of `--events` events (200 by default), and whether it
+still ends with the parameters of one uninterrupted process.
+
+The schedule is `trainer.instances.chaos_schedule(workers, steps, n_events, seed)`: plans (a new D x P), preemptions
+with notice, kills without notice (SIGKILL mid-step; the survivors detect it through the heartbeat, abandon the step
+and regroup live, or — at most once — restart from the latest checkpoint when a layer lost its last holder) and
+added instances, at most two per step and at most `--max-workers` instances alive at once. Events of the same step
+form one reconfiguration. If `--steps` is not given, the job length starts at about `events / 1.6` steps and grows
+until `chaos_schedule` can place every event (it raises a ValueError when the steps are too few).
+
+The model is tiny-gpt in float64, as in the equivalence tests (tests/test_trainer_faults.py): a reconfiguration
+changes D, and so the order in which gradients are summed; float64 keeps those differences at ~1e-12 where float32
+Adam would amplify them. The reference is one uninterrupted process training the same seed for the same steps
+(`trainer.pipeline.train_step` on a 1 x 1 context, one torch thread as the workers). Reported: whether the job's
+`final_checksum` (sha256 of every parameter) equals the reference's — bit-exact equality only holds if every step
+summed in the same order — and the largest relative difference of parameters and of the loss curve, with the
+verdict of the tests' tolerance (rtol 1e-5, atol 1e-9).
+
+Printed: events by kind, reconfigurations by kind ("(kill)": without notice), the median and p90 pause of each
+(the coordinator's `pause_s`), steps lost (recomputed after a checkpoint-restart), the equivalence, and wall time.
+Workers start with "forkserver" by default (a warm pool, as the chaos tests: ~0.1 s instead of ~2.5 s of CPU per
+added or restarted process); `--start-method spawn` makes every start cold.
+
+    python benchmarks/chaos.py [--events 200] [--workers 4] [--seed 0] [--steps N] [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from trainer import checkpoint  # noqa: E402
+from trainer.config import ModelConfig, TrainConfig, model_config  # noqa: E402
+from trainer.instances import START_METHODS, TraceSchedule, chaos_schedule  # noqa: E402
+from trainer.model import layer_names  # noqa: E402
+from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step  # noqa: E402
+from trainer.run import run_job  # noqa: E402
+
+RTOL, ATOL = 1e-5, 1e-9  # the equivalence tests' tolerance
+
+
+def place(workers: int, n_events: int, seed: int, steps: int | None, max_workers: int, model: ModelConfig,
+          train: TrainConfig) -> tuple[TraceSchedule, int]:  # fmt: skip
+    """The schedule and the job length: `steps` if given, else the first length (from ~n_events / 1.6, growing by
+    ~15 %) on which every event can be placed."""
+    if steps is not None:
+        return chaos_schedule(workers, steps, n_events, seed, model=model, train=train, max_workers=max_workers), steps
+    s = max(8, math.ceil(n_events / 1.6) + 3)
+    for _ in range(20):
+        try:
+            return chaos_schedule(workers, s, n_events, seed, model=model, train=train, max_workers=max_workers), s
+        except ValueError:
+            s = math.ceil(s * 1.15) + 1
+    raise SystemExit(f"could not place {n_events} events in up to {s} steps; give --steps")
+
+
+def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[float], dict[str, Any]]:
+    """One uninterrupted process, one torch thread: its loss curve and final layer states."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ctx = build_context(model, train, Strategy.even(1, 1, model))
+        return [train_step(ctx, s) for s in range(steps)], ctx.layer_states()
+    finally:
+        torch.set_num_threads(old)
+
+
+def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, steps: int) -> dict[str, Any]:
+    ref_loss, ref_layers = reference(model, train, steps)
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
+    worst, close = 0.0, True
+    for name, want in ref_layers.items():
+        for key, w in want.items():
+            if not key.startswith("param/"):
+                continue
+            got = final.layers[name][key]
+            worst = max(worst, float(((got - w).abs() / w.abs().clamp_min(ATOL)).max()))
+            close = close and torch.allclose(got, w, rtol=RTOL, atol=ATOL)
+    loss_diff = max(abs(a - b) / abs(b) for a, b in zip(result["loss"], ref_loss, strict=True))
+    ref_checksum = parameters_checksum(ref_layers, layer_names(model))
+    return {
+        "checksum": result["final_checksum"],
+        "reference_checksum": ref_checksum,
+        "checksum_equal": result["final_checksum"] == ref_checksum,
+        "params_max_rel_diff": worst,
+        "loss_max_rel_diff": loss_diff,
+        "within_tolerance": close and loss_diff <= RTOL,
+    }
+
+
+def label(record: dict[str, Any]) -> str:
+    return record["kind"] if record["notice"] else f"{record['kind']} (kill)"
+
+
+def pauses(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    by: dict[str, list[float]] = {}
+    for r in records:
+        by.setdefault(label(r), []).append(r["pause_s"])
+    return {k: {"n": len(v), "median_s": statistics.median(v), "p90_s": float(np.percentile(v, 90)),
+                "max_s": max(v)} for k, v in sorted(by.items())}  # fmt: skip
+
+
+def report(a: argparse.Namespace, sched: TraceSchedule, steps: int, result: dict[str, Any], eq: dict[str, Any],
+           wall: float) -> dict[str, Any]:  # fmt: skip
+    recs = result["reconfigurations"]
+    return {
+        "events": a.events, "workers": a.workers, "seed": a.seed, "steps": steps, "max_workers": a.max_workers,
+        "start_method": a.start_method, "initial_strategy": list(sched.strategy),
+        "events_by_kind": dict(sorted(sched.counts().items())),
+        "reconfigurations": len(recs),
+        "reconfigurations_by_kind": dict(sorted(Counter(label(r) for r in recs).items())),
+        "pause_by_kind": pauses(recs),
+        "detect_s_median": statistics.median(d) if (d := [r["detect_s"] for r in recs if r.get("detect_s")]) else None,
+        "steps_lost": sum(r["steps_lost"] for r in recs),
+        "processes": len(result["exit_codes"]),
+        "exit_codes": dict(sorted(Counter(str(c) for c in result["exit_codes"].values()).items())),
+        "throughput": result["throughput"],
+        "equivalence": eq,
+        "wall_s": wall,
+        "records": recs,
+    }  # fmt: skip
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"chaos job: tiny-gpt float64, {r['events']} events (seed {r['seed']}) over {r['steps']} steps, "
+          f"{r['workers']} initial workers on {r['initial_strategy'][0]}x{r['initial_strategy'][1]}, at most "
+          f"{r['max_workers']} alive, {r['processes']} worker processes ({r['start_method']})")  # fmt: skip
+    print(f"wall time: {r['wall_s']:.1f} s in all: placing the schedule {r['schedule_s']:.1f} s, the job "
+          f"{r['job_wall_s']:.1f} s, the uninterrupted reference and the comparison "
+          f"{r['wall_s'] - r['schedule_s'] - r['job_wall_s']:.1f} s")  # fmt: skip
+    print("events by kind:   " + ", ".join(f"{k} {n}" for k, n in r["events_by_kind"].items()))
+    print(f"reconfigurations: {r['reconfigurations']}")
+    print(f"{'kind':<28} {'n':>4} {'median pause':>13} {'p90 pause':>10} {'max':>8}")
+    print("-" * 67)
+    for k, p in r["pause_by_kind"].items():
+        print(f"{k:<28} {p['n']:>4} {p['median_s'] * 1e3:>10.0f} ms {p['p90_s'] * 1e3:>7.0f} ms "
+              f"{p['max_s'] * 1e3:>5.0f} ms")  # fmt: skip
+    if r["detect_s_median"] is not None:
+        print(f"kill detection (median): {r['detect_s_median'] * 1e3:.0f} ms")
+    eq = r["equivalence"]
+    print(f"steps lost (recomputed): {r['steps_lost']}")
+    print(f"final checksum {eq['checksum'][:16]} vs uninterrupted run {eq['reference_checksum'][:16]}: "
+          f"{'equal' if eq['checksum_equal'] else 'not bit-identical'}; parameters max rel diff "
+          f"{eq['params_max_rel_diff']:.1e}, loss max rel diff {eq['loss_max_rel_diff']:.1e} -> "
+          f"{'same run' if eq['within_tolerance'] else 'DIFFERENT run'} (rtol {RTOL:g}, atol {ATOL:g})")  # fmt: skip
+    thr = r["throughput"]
+    print(f"exit codes {r['exit_codes']}; {thr['steps_per_s']:.2f} steps/s overall")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--events", type=int, default=200, help="events in the schedule (default 200)")
+    ap.add_argument("--workers", type=int, default=4, help="initial worker processes (default 4)")
+    ap.add_argument("--max-workers", type=int, default=5, help="most instances alive at once (default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the schedule, the model and the data (default 0)")
+    ap.add_argument("--steps", type=int, help="job length (default: the shortest that fits the events)")
+    ap.add_argument("--checkpoint-every", type=int, default=10, help="periodic checkpoint period (default 10)")
+    ap.add_argument("--start-method", default="forkserver", choices=START_METHODS,
+                    help="how worker processes start (default forkserver: warm; spawn: cold)")  # fmt: skip
+    ap.add_argument("--timeout", type=float, default=3600.0, help="job timeout in seconds (default 3600)")
+    ap.add_argument("--json", metavar="OUT", help="write the summary and every reconfiguration record here")
+    a = ap.parse_args(argv)
+    if a.events < 1 or a.workers < 1 or a.max_workers < a.workers:
+        ap.error("need --events >= 1, --workers >= 1 and --max-workers >= --workers")
+    model = model_config("tiny-gpt", dtype="float64", seed=a.seed)
+    t0 = time.monotonic()
+    try:
+        probe = TrainConfig(seed=a.seed)
+        sched, steps = place(a.workers, a.events, a.seed, a.steps, a.max_workers, model, probe)
+    except ValueError as e:
+        ap.error(str(e))
+    train = TrainConfig(seed=a.seed, steps=steps)
+    place_s = time.monotonic() - t0
+    print(f"placed {a.events} events in {steps} steps ({place_s:.1f} s); running the job ...", file=sys.stderr,
+          flush=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_job(model, train, sched.workers, sched.strategy, steps, sched.events, Path(tmp) / "job",
+                         checkpoint_every=a.checkpoint_every, start_method=a.start_method,
+                         timeout_s=a.timeout)  # fmt: skip
+        eq = compare(result, model, train, steps)
+        wall = time.monotonic() - t0
+    r = report(a, sched, steps, result, eq, wall)
+    r["schedule_s"], r["job_wall_s"] = place_s, result["wall_s"]
+    print_report(r)
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(r, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,152 @@
+"""The progress display of ``parcae train``: a `trainer.observer.JobObserver` that draws a rich progress bar.
+
+Owns: what a user watching a training job sees on stderr while it runs — steps done / total, the current loss, the
+strategy D x P, the instances alive and the last migration's kind on one bar, plus one line per reconfiguration
+(`format_reconfiguration`). Must not touch: the job (it only reads what the driver hands its hooks), stdout (the
+command prints its results there), MLflow.
+
+On a terminal the bar is live and stays on screen when the job ends (not transient); the reconfiguration lines are
+printed above it as they complete. When the console is not a terminal (piped, a CI log) there is no bar, no cursor
+control: only the reconfiguration lines, one each, so the log reads as a record of the job.
+
+The driver calls the hooks from its own thread between control decisions (see `trainer.observer`), so every hook
+only updates a few fields; rich redraws from its own refresh thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
+
+from trainer.observer import JobObserver, StepInfo
+
+
+def strategy_text(strategy: Sequence[int] | None) -> str:
+    """(D, P) as "DxP" ("-" when unknown)."""
+    return "x".join(str(x) for x in strategy) if strategy else "-"
+
+
+def migration_label(record: Mapping[str, Any]) -> str:
+    """The kind of a reconfiguration as the bar shows it: "pipeline", or "inter-stage (kill)" without notice."""
+    kind = str(record.get("kind", "?"))
+    return kind if record.get("notice", True) else f"{kind} (kill)"
+
+
+def format_reconfiguration(record: Mapping[str, Any]) -> str:
+    """One line for one reconfiguration record (`trainer.coordinator.Coordinator.records`), e.g.
+    ``step 12: pipeline -> 1x4, notice, pause 0.153 s, 1.20 MB moved``."""
+    parts = [f"step {record.get('step', '?')}: {record.get('kind', '?')} -> {strategy_text(record.get('strategy'))}"]
+    if record.get("notice", True):
+        parts.append("notice")
+    else:
+        lost = record.get("lost") or []
+        parts.append(f"no notice (lost {', '.join(map(str, lost))})" if lost else "no notice")
+    if record.get("preempted"):
+        parts.append(f"preempted {', '.join(map(str, record['preempted']))}")
+    if record.get("pause_s") is not None:
+        parts.append(f"pause {record['pause_s']:.3f} s")
+    if record.get("bytes_moved") is not None:
+        parts.append(f"{record['bytes_moved'] / 1e6:.2f} MB moved")
+    if record.get("steps_lost"):
+        restored = record.get("restore_step")
+        parts.append(f"{record['steps_lost']} steps lost" + (f" (restored step {restored})" if restored is not None
+                                                              else ""))  # fmt: skip
+    return ", ".join(parts)
+
+
+class TrainProgress(JobObserver):
+    """Shows a job's progress on `console` (default: stderr). Use it as a context manager around the job, or rely
+    on `on_end` / `on_error` to stop the bar; `stop()` is idempotent.
+
+    `live` is whether a bar is drawn (the console is a terminal); otherwise only reconfiguration lines are printed.
+    """
+
+    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0) -> None:
+        self.console = console if console is not None else Console(stderr=True, highlight=False)
+        self.live = self.console.is_terminal
+        self.total: int | None = None
+        self.steps_done = 0
+        self.loss: float | None = None
+        self.strategy: tuple[int, int] | None = None
+        self.alive: int | None = None
+        self.last_migration: str | None = None
+        self.reconfigurations = 0
+        self._progress: Progress | None = None
+        self._task: TaskID | None = None
+        self._refresh = refresh_per_second
+
+    # -- the bar ---------------------------------------------------------------------------------------------
+    def _fields(self) -> dict[str, str]:
+        return {
+            "loss": "-" if self.loss is None else f"{self.loss:.4f}",
+            "strategy": strategy_text(self.strategy),
+            "alive": "-" if self.alive is None else str(self.alive),
+            "last": self.last_migration or "none",
+        }
+
+    def _update(self) -> None:
+        if self._progress is not None and self._task is not None:
+            self._progress.update(self._task, completed=self.steps_done, total=self.total, **self._fields())
+
+    def stop(self) -> None:
+        """Draw the final state and release the terminal (the bar stays on screen)."""
+        if self._progress is not None:
+            self._update()
+            self._progress.stop()
+            self._progress = None
+
+    def __enter__(self) -> TrainProgress:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.stop()
+
+    # -- the hooks -------------------------------------------------------------------------------------------
+    def on_start(self, info: Mapping[str, Any]) -> None:
+        self.total = int(info["steps"])
+        self.steps_done = int(info.get("resumed_from") or 0)
+        strategy = info.get("strategy")
+        self.strategy = (int(strategy[0]), int(strategy[1])) if strategy else None
+        workers = info.get("workers")
+        self.alive = len(workers) if isinstance(workers, Sequence) else workers
+        if not self.live or self._progress is not None:
+            return
+        # e.g. "━━━━━━━━━━━╸━━━━━━━━ 12/30 steps loss 3.0963 2x2 4 alive last: pipeline 0:00:03": fits 80 columns
+        self._progress = Progress(
+            BarColumn(bar_width=20), MofNCompleteColumn(), TextColumn("steps"), TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[strategy]}"), TextColumn("{task.fields[alive]} alive"),
+            TextColumn("last: {task.fields[last]}"), TimeElapsedColumn(),
+            console=self.console, transient=False, refresh_per_second=self._refresh,
+        )  # fmt: skip
+        self._task = self._progress.add_task("train", total=self.total, completed=self.steps_done, **self._fields())
+        self._progress.start()
+
+    def on_step(self, step: StepInfo) -> None:
+        # a step recomputed after a checkpoint-restart is reported again: the count goes back, truthfully
+        self.steps_done = step.step + 1
+        self.loss = step.loss
+        self.strategy = tuple(step.strategy)  # type: ignore[assignment]
+        self.alive = step.alive
+        self._update()
+
+    def on_reconfiguration(self, record: Mapping[str, Any]) -> None:
+        self.reconfigurations += 1
+        self.last_migration = migration_label(record)
+        if record.get("strategy"):
+            self.strategy = tuple(record["strategy"])  # type: ignore[assignment]
+        # while the bar is live, rich prints this above it; otherwise it is just the next line of the log
+        self.console.print(format_reconfiguration(record), highlight=False, soft_wrap=True)
+        self._update()
+
+    def on_end(self, result: Mapping[str, Any]) -> None:
+        if self.total is not None:
+            self.steps_done = self.total
+        self.stop()
+
+    def on_error(self, error: BaseException) -> None:
+        self.stop()
