@@ -30,16 +30,22 @@ install: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The end-to-end pipeline (flows/pipeline.py: collect the bundled traces, retrain the forecaster, train under the
+# replayed p3 trace with per-interval liveput plans) on an ephemeral Prefect API (no server; its database in
+# $(PREFECT_HOME)) and the local MLflow store under mlruns/ (unless MLFLOW_TRACKING_URI says otherwise); it ends by
+# printing the `mlflow ui` and `prefect server` commands that show the results. The runtime profile is measured
+# on the first run and cached in runs/.
 demo: $(STAMP)
-	$(BIN)/parcae simulate --trace p3 --model gpt-1.5b --start-hour 1.5 --end-hour 2.5 --plot plots/demo.png
+	env -u PREFECT_API_URL PREFECT_SERVER_ALLOW_EPHEMERAL_MODE=true $(BIN)/python -m flows.pipeline
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/planner_latency.py
 
-# A local Prefect server (SQLite) on 127.0.0.1, the deployments of prefect.yaml, and a process worker in
-# the foreground (Ctrl-C stops it; `make stop` stops the server). Flows log to ./mlruns unless
-# MLFLOW_TRACKING_URI says otherwise.
+# A local Prefect server (SQLite) on 127.0.0.1, the deployments of prefect.yaml (checked first: schedules, traces,
+# parameters, the MLflow store; `python -m parcae.settings`), and a process worker in the foreground (Ctrl-C stops
+# it; `make stop` stops the server). Flows log to ./mlruns unless MLFLOW_TRACKING_URI says otherwise.
 serve: $(STAMP)
+	$(BIN)/python -m parcae.settings prefect.yaml
 	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) --analytics-off --background
 	@for i in $$(seq 60); do curl -sf http://127.0.0.1:$(PREFECT_PORT)/api/health >/dev/null && break; sleep 1; done
 	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect work-pool create parcae-local --type process || true

@@ -1,16 +1,19 @@
-"""Tasks that produce forecasts of the next intervals and the liveput plan over them.
+"""Tasks that produce forecasts of the next intervals, the liveput plan over them, and a plan handed to a job.
 
-Wrappers over a `forecasting.forecast.Forecaster` and `liveput.optimizer.plan`. No retries: both are pure
-computations on local data, so a failure is a bug or a bad input, and a retry would only hide it.
+Wrappers over a `forecasting.forecast.Forecaster`, `liveput.optimizer.plan` and `trainer.planning.hand_plan`. No
+retries: forecasting and planning are pure computations on local data, so a failure is a bug or a bad input; and a
+plan is for the coming interval, so handing it over again later would apply a stale one.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import asdict
 from typing import Any
 
 import pandas as pd
-from prefect import task
+from prefect import runtime, task
 
 from forecasting.forecast import Forecast, Forecaster
 from liveput.migration import CostModel
@@ -18,19 +21,30 @@ from liveput.optimizer import JobState, PlannerConfig, plan
 from liveput.scenarios import IntervalForecast, ScenarioStore
 from liveput.throughput import load_profile
 
-__all__ = ["forecast_next_intervals", "plan_next_interval"]
+__all__ = ["forecast_next_intervals", "hand_plan_to_coordinator", "plan_next_interval"]
 
 
 @task(name="forecast-next-intervals", persist_result=False)
-def forecast_next_intervals(forecaster: Forecaster, history: pd.DataFrame, look_ahead: int) -> Forecast:
-    """The forecast of the ``look_ahead`` intervals after the last one of ``history``."""
+def forecast_next_intervals(
+    forecaster: Forecaster, history: pd.DataFrame, look_ahead: int, capacity: int | None = None
+) -> Forecast:
+    """The forecast of the ``look_ahead`` intervals after the last one of ``history``; with ``capacity``, of the
+    history rescaled to that many instances (`forecasting.traces.scale_trace`: a trace replayed on a job's fleet)."""
+    if capacity is not None:
+        from forecasting.traces import scale_trace
+
+        history = scale_trace(history, capacity)
     return forecaster.predict(history, look_ahead)
 
 
 @task(name="plan-next-interval", persist_result=False)
-def plan_next_interval(model: str, forecast: Forecast, state: JobState, interval_s: float) -> dict[str, Any]:
+def plan_next_interval(
+    model: str, forecast: Forecast, state: JobState, interval_s: float, profile: str | None = None
+) -> dict[str, Any]:
     """The K-step liveput plan (K = the forecast's horizon) as JSON-able data; ``decision`` is the next strategy.
 
+    ``profile``: a runtime profile (`trainer.profile.RuntimeProfile` JSON, ``parcae profile``) to plan with the
+    job's measured throughput and migration costs instead of ``model``'s bundled ones; it must be of ``model``.
     The dict is `Plan.to_dict()` plus ``model``, ``look_ahead``, ``interval_s`` and the ``state`` planned from.
     """
     held = state.strategy[0] * state.strategy[1]
@@ -39,8 +53,50 @@ def plan_next_interval(model: str, forecast: Forecast, state: JobState, interval
             f"state {state.strategy[0]}x{state.strategy[1]} runs on {held} instances but only "
             f"{forecast.last_available} are available at the forecast's origin"
         )
-    store = ScenarioStore(load_profile(model), CostModel.reference(model))
+    if profile is not None:
+        from trainer.profile import RuntimeProfile
+
+        measured = RuntimeProfile.load(profile)
+        if measured.throughput.model != model:
+            raise ValueError(f"runtime profile {profile} is of model {measured.throughput.model!r}, not {model!r}; "
+                             f"pass model={measured.throughput.model!r}")  # fmt: skip
+        store = ScenarioStore(measured.throughput, measured.cost_model())
+    else:
+        store = ScenarioStore(load_profile(model), CostModel.reference(model))
     result = plan(store, IntervalForecast.from_forecast(forecast), state, PlannerConfig(interval_s, forecast.horizon))
     current = {**asdict(state), "strategy": list(state.strategy)}
     return {"model": model, "look_ahead": forecast.horizon, "interval_s": interval_s, "state": current,
             **result.to_dict()}  # fmt: skip
+
+
+def _address(coordinator: str) -> tuple[str, int]:
+    host, sep, port = coordinator.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"coordinator must be HOST:PORT (the job's coordinator, e.g. 127.0.0.1:29500), "
+                         f"got {coordinator!r}")  # fmt: skip
+    return host.strip("[]"), int(port)
+
+
+@task(name="hand-plan-to-coordinator", persist_result=False)
+def hand_plan_to_coordinator(
+    plan: Mapping[str, Any], coordinator: str, job: str = "job", timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """Hand the plan's decision to the running job ``job`` whose coordinator listens at ``coordinator`` (HOST:PORT);
+    the job's `trainer.planning.HandedPlanner` applies it from its next interval boundary. The job token, if the
+    coordinator wants one, comes from ``$PARCAE_TOKEN`` (never a flow parameter: those are shown in the UI).
+
+    A refusal (unreachable, wrong job or token, a job that takes no handed plans or has ended, a strategy its model
+    cannot run) raises `trainer.planning.HandPlanError` saying which; a (0, 0) decision (stop) is refused here:
+    a handed plan never stops a job.
+    """
+    from trainer.planning import HandPlanError, hand_plan
+
+    host, port = _address(coordinator)
+    d, p = (int(v) for v in plan["decision"])
+    if (d, p) == (0, 0):
+        raise HandPlanError(f"the plan's decision is 0x0 (do not run): a handed plan never stops job {job!r}; "
+                            "it was not handed in")  # fmt: skip
+    run_id = runtime.flow_run.id
+    source = f"prefect flow run {runtime.flow_run.name} ({run_id})" if run_id else "outside a Prefect flow run"
+    hand_plan(host, port, (d, p), job=job, token=os.environ.get("PARCAE_TOKEN"), source=source, timeout_s=timeout_s)
+    return {"coordinator": f"{host}:{port}", "job": job, "strategy": [d, p], "source": source}

@@ -1,4 +1,5 @@
-"""Tasks that produce records: MLflow runs of plans, and Prefect artifacts that point at them.
+"""Tasks that produce records: MLflow runs of plans, and Prefect artifacts that point at them (plans, forecaster
+trainings, training jobs).
 
 MLflow is reached through `parcae.tracking` (the one place that decides the store), with an explicit
 `MlflowClient` rather than MLflow's global active run, so nothing here depends on what else runs in the
@@ -12,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, Final
 
 import pandas as pd
@@ -28,8 +30,11 @@ __all__ = [
     "PLANS_EXPERIMENT",
     "log_plan_run",
     "publish_plan_report",
+    "publish_train_report",
     "publish_training_report",
+    "run_markdown",
     "store_unavailable",
+    "train_summary",
 ]
 
 PLANS_EXPERIMENT: Final = "plans"
@@ -59,16 +64,21 @@ def _key(text: str) -> str:
     return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
 
 
-def _run_link(client: Any, run_id: str) -> str:
-    """Markdown pointing at an MLflow run: a UI link, and for a local store how to open the UI."""
-    exp_id = client.get_run(run_id).info.experiment_id
-    uri = client.tracking_uri
+def run_markdown(uri: str, run_id: str, experiment_id: str | None = None) -> str:
+    """Markdown pointing at an MLflow run of the store at ``uri``: a UI link, and for a local store how to open the
+    UI. Pure (no store call), so a training job's observer can write it from the driver's thread."""
+    path = f"experiments/{experiment_id}/runs/{run_id}" if experiment_id else f"runs/{run_id}"
     if uri.startswith(("http://", "https://")):
-        return f"[MLflow run `{run_id}`]({uri.rstrip('/')}/#/experiments/{exp_id}/runs/{run_id})"
+        return f"[MLflow run `{run_id}`]({uri.rstrip('/')}/#/{path})"
     return (
-        f"MLflow run `{run_id}` in `{uri}`: [open it]({LOCAL_UI}/#/experiments/{exp_id}/runs/{run_id}) "
+        f"MLflow run `{run_id}` in `{uri}`: [open it]({LOCAL_UI}/#/{path}) "
         f"once `mlflow ui --workers 1 --backend-store-uri {uri}` runs"
     )
+
+
+def _run_link(client: Any, run_id: str) -> str:
+    """`run_markdown` for a run of ``client``'s store, linking into its experiment."""
+    return run_markdown(client.tracking_uri, run_id, client.get_run(run_id).info.experiment_id)
 
 
 @task(name="log-plan-run", persist_result=False)
@@ -187,3 +197,70 @@ def publish_training_report(outcome: Mapping[str, Any]) -> str:
         markdown=markdown, key="forecaster-training", description="The latest forecaster training and promotion"
     )
     return str(artifact)
+
+
+def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) -> dict[str, Any]:
+    """The train flow's JSON result from a `tasks.training.TrainedRun`: steps, loss, migrations and their pauses
+    per kind, plans, the checkpoint folder and the MLflow run."""
+    report = trained.report
+    loss = report["loss"]
+    kinds: dict[str, int] = {}
+    pauses: dict[str, float] = {}
+    for rec in report["reconfigurations"]:
+        kind = str(rec["kind"])
+        kinds[kind] = kinds.get(kind, 0) + 1
+        pauses[kind] = pauses.get(kind, 0.0) + float(rec.get("pause_s") or 0.0)
+    first = int(report.get("first_step") or 0)
+    return {
+        "steps": first + len(loss),
+        "first_step": first,
+        "resumed_from": report.get("resumed_from"),
+        "loss_first": float(loss[0]) if loss else None,
+        "loss_last": float(loss[-1]) if loss else None,
+        "samples_per_s": float(report["throughput"]["samples_per_s"]),
+        "migrations": kinds,
+        "pause_s": pauses,
+        "steps_lost": sum(int(r.get("steps_lost") or 0) for r in report["reconfigurations"]),
+        "plans": len(report.get("plans") or []),
+        "decisions": ["x".join(str(v) for v in p["decision"]) for p in report.get("plans") or []],
+        "planner": planner,
+        "forecast": forecast,
+        "profile": profile,
+        "out_dir": trained.out_dir,
+        "checkpoint_dir": str(Path(trained.out_dir) / "checkpoints"),
+        "mlflow_run_id": trained.run_id,
+        "mlflow_resumed_run": trained.resumed_run,
+        "tracking_uri": trained.tracking_uri,
+        "final_checksum": report["final_checksum"],
+        "wall_s": float(report["wall_s"]),
+    }
+
+
+@task(name="publish-train-report", persist_result=False)
+def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: str) -> dict[str, Any]:
+    """A Prefect markdown artifact (key ``training-summary``) of a finished training job; returns `train_summary`."""
+    s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
+    rows = [
+        f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())
+    ]
+    resumed = f" (resumed from step {s['resumed_from']})" if s["resumed_from"] is not None else ""
+    run = s["mlflow_run_id"]
+    link = _run_link(tracking.connect(), run) if run else "no MLflow run (the store could not be used; see the log)"
+    markdown = "\n".join(
+        [
+            f"## Training: {s['steps']} steps{resumed}, loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}",
+            "",
+            f"{s['samples_per_s']:.1f} samples/s; {s['plans']} plans by `{s['planner']}` "
+            f"({', '.join(s['decisions']) or 'none'}); forecasts: {s['forecast']}; runtime profile: {s['profile']}.",
+            "",
+            "| migration kind | count | total pause (s) |",
+            "|---|---:|---:|",
+            *rows,
+            "",
+            f"Steps lost to checkpoint-restarts: {s['steps_lost']}. Checkpoints: `{s['checkpoint_dir']}`.",
+            "",
+            link,
+        ]
+    )
+    create_markdown_artifact(markdown=markdown, key="training-summary", description="The latest training job")
+    return s

@@ -5,7 +5,8 @@ home under a temporary folder, telemetry off), one MLflow SQLite store for the m
 ``MLFLOW_TRACKING_URI``), tiny synthetic traces (``PARCAE_SHARED_TRACES``) and moto for EC2. The
 environment is set here, before Prefect is first imported, because Prefect reads its settings on import.
 Flows are called directly (one process); `prefect.yaml` is checked by loading every entrypoint and
-validating its schedules and parameters with Prefect's own models.
+validating its schedules and parameters with Prefect's own models. The plan hand-over is checked against a real
+running job (coordinator and worker processes, a `HandedPlanner`) in a thread of the test.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ os.environ.update(
     PREFECT_HOME=_PREFECT_HOME,
 )
 
+import threading  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import boto3  # noqa: E402
 import mlflow  # noqa: E402
@@ -40,18 +43,26 @@ from prefect.states import Failed  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
 from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
 from _tables import periodic_counts  # noqa: E402
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from flows.collect_traces import collect_traces  # noqa: E402
-from flows.plan_interval import hand_plan_to_coordinator, plan_interval  # noqa: E402
+from flows.plan_interval import plan_interval  # noqa: E402
 from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
 from forecasting.collect import TraceStore  # noqa: E402
 from forecasting.registry import CHAMPION, DEFAULT_REGISTERED_NAME  # noqa: E402
 from forecasting.traces import load_trace  # noqa: E402
 from liveput.optimizer import JobState  # noqa: E402
 from liveput.throughput import load_profile  # noqa: E402
+from parcae.settings import check_deployments  # noqa: E402
 from parcae.tracking import TrackingError  # noqa: E402
 from tasks import retry_on  # noqa: E402
+from tasks.plan import hand_plan_to_coordinator  # noqa: E402
 from tasks.tracking import FLOW_RUN_TAG, TRAINING_RUN_TAG, store_unavailable  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.observer import JobObserver  # noqa: E402
+from trainer.planning import HandedPlanner, HandPlanError  # noqa: E402
+from trainer.run import run_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
@@ -163,9 +174,66 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     assert plan["mlflow_run_id"] in report.data and "| expected samples |" in report.data
 
 
-def test_the_coordinator_hand_over_is_not_wired_and_says_so() -> None:
-    with pytest.raises(NotImplementedError, match="not wired"):
-        hand_plan_to_coordinator({}, "127.0.0.1:29500")
+def test_handing_a_plan_over_names_what_is_wrong() -> None:
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        hand_plan_to_coordinator.fn({"decision": [1, 2]}, "no-port", "job")
+    with pytest.raises(HandPlanError, match="0x0"):
+        hand_plan_to_coordinator.fn({"decision": [0, 0]}, "127.0.0.1:29500", "job")
+    with pytest.raises(HandPlanError, match="cannot reach"):
+        hand_plan_to_coordinator.fn({"decision": [1, 2]}, f"127.0.0.1:{free_port()}", "job", timeout_s=1)
+
+
+def test_plan_interval_hands_its_plan_to_a_running_job(trained, tmp_path: Path, _no_orphans) -> None:
+    """A real job (4 worker processes on 2x2, a `HandedPlanner` that keeps its strategy until told) runs in a
+    thread; the flow plans on the job's runtime profile and hands the decision to its coordinator; the job
+    reconfigures to it at its next interval boundary."""
+    profile = runtime_profile_file(tmp_path / "profile.json", fastest=(1, 2))
+    started, info, outcome = threading.Event(), {}, {}
+
+    class Started(JobObserver):
+        def on_start(self, i: Any) -> None:
+            info.update(i)
+            started.set()
+
+    def job() -> None:
+        try:
+            outcome["result"] = run_job(
+                "tiny-gpt", TrainConfig(steps=160), 4, (2, 2), 160, [], tmp_path / "job", job="handed-job",
+                observer=Started(), planner=HandedPlanner(), steps_per_interval=5, start_method="forkserver",
+            )  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome["error"] = exc
+        finally:
+            started.set()
+
+    thread = threading.Thread(target=job, name="handed-job")
+    thread.start()
+    try:
+        assert started.wait(120) and "error" not in outcome, outcome.get("error")
+        state = plan_interval(
+            model="tiny-gpt", trace="p3", at_interval=20, look_ahead=LOOK_AHEAD, state=JobState((2, 2)),
+            profile=str(profile), capacity=4, coordinator=f"{info['host']}:{info['port']}", job="handed-job",
+            return_state=True,
+        )  # fmt: skip
+    finally:
+        thread.join(180)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    assert state.is_completed(), state.message
+    plan = state.result()
+    decision = plan["decision"]
+    assert decision != [2, 2], "the profile makes 1x2 ten times faster: the plan should move the job"
+    assert plan["handed"]["strategy"] == decision and plan["handed"]["job"] == "handed-job"
+
+    result = outcome["result"]
+    applied = [p for p in result["plans"] if p["details"].get("source") == "handed"]
+    assert applied, f"the job never applied the handed plan: {result['plans']}"
+    first = applied[0]
+    assert first["decision"] == decision and first["current"] == [2, 2]
+    assert str(state.state_details.flow_run_id) in first["details"]["handed"]["source"]  # who sent it
+    moved = [r for r in result["reconfigurations"] if r.get("step") == first["step"]]
+    assert moved and list(moved[0]["strategy"]) == decision
+    assert [p["decision"] for p in result["plans"] if p["step"] > first["step"]] == \
+        [decision] * sum(p["step"] > first["step"] for p in result["plans"])  # the plan stands until replaced
 
 
 def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -200,6 +268,8 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
         "flows/collect_traces.py:collect_traces": timedelta(minutes=10),
         "flows/retrain_forecaster.py:retrain_forecaster": "0 * * * *",
         "flows/plan_interval.py:plan_interval": timedelta(seconds=60),
+        "flows/train.py:train": None,  # a job runs until done: started by hand (or by `pipeline`)
+        "flows/pipeline.py:pipeline": None,
     }
     assert set(deployments) == set(expected)
     for entrypoint, spec in deployments.items():
@@ -207,6 +277,9 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
         flow = load_flow_from_entrypoint(f"{ROOT / path}:{name}")
         flow.validate_parameters(spec.get("parameters") or {})  # raises on an unknown or ill-typed parameter
         assert spec["work_pool"]["name"] == "parcae-local"
+        if expected[entrypoint] is None:
+            assert not spec.get("schedules")
+            continue
         [raw] = spec["schedules"]
         if "cron" in raw:
             schedule = CronSchedule(cron=raw["cron"], timezone=raw.get("timezone"))
@@ -214,6 +287,9 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
         else:
             schedule = IntervalSchedule(interval=timedelta(seconds=raw["interval"]), timezone=raw.get("timezone"))
             assert schedule.interval == expected[entrypoint]
+    # the `make serve` pre-check passes on the real file (and names every deployment)
+    labels = check_deployments(ROOT / "prefect.yaml")
+    assert sorted(labels) == sorted(f"{e}:{d['name']}" for e, d in deployments.items())
 
 
 def test_retry_conditions_retry_only_transient_failures() -> None:

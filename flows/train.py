@@ -1,0 +1,140 @@
+"""Train: an elastic job replaying a spot trace, re-planned every interval, tracked in MLflow. Not scheduled.
+
+    settings (trace, MLflow store, provider, out_dir) --fail fast--+
+    runtime profile (runs/profile-<model>-<workers>.json, measured if absent) --+
+    champion forecaster (or persistence) --------------------------------------+--training_planner--+
+                                                                                                     |
+    trace (scaled to the workers, one interval = interval_seconds) ----------------train_job---------+
+          |  MlflowJobObserver: the training run (steps, migrations, a plan run per interval, checkpoints, timeline)
+          |  PrefectJobObserver: the run's link, progress, one artifact per plan
+    publish_train_report (markdown summary) --> result (JSON)
+
+Resume: running the flow again with the same ``out_dir`` (``resume=True``, the default) continues a killed job
+from its latest checkpoint and reopens the same MLflow run (its id is kept in ``<out_dir>/mlflow-run.json``),
+which records the interruption. A finished job is not re-run. Long-running: no flow or task timeout shorter than
+the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
+from scratch; resuming is a decision, taken by running the flow again).
+
+``provider="aws"`` checks the AWS credentials and the `trainer.aws.AwsSpotConfig` (``aws``: its fields), then
+stops: the trainer's driver runs local worker processes only, so an AWS job cannot be driven end to end yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger, runtime
+
+from forecasting.traces import DEFAULT_INTERVAL_S
+from parcae import settings, tracking
+from tasks.forecaster import champion_forecaster
+from tasks.tracking import FLOW_RUN_TAG, publish_train_report
+from tasks.training import previous_run, runtime_profile, train_job, training_planner
+
+
+def check_train_settings(
+    *, model: str, trace: str, provider: str, aws: Mapping[str, Any] | None, planner: str, out_dir: str,
+    resume: bool,
+) -> None:
+    """Every fail-fast check of the train flow at once (one `SettingError` listing all problems).
+    ``provider="aws"`` with usable credentials still raises: see the module docstring."""
+    uri = tracking.tracking_uri()
+
+    def resume_ok() -> None:
+        try:
+            previous = previous_run(out_dir)
+        except ValueError as exc:
+            raise settings.SettingError(f"out_dir: {exc}") from None
+        settings.check_resume(out_dir, resume, previous, uri)
+
+    settings.check_all(
+        lambda: settings.check_model(model),
+        lambda: settings.check_trace(trace),
+        lambda: settings.check_tracking(uri),
+        lambda: settings.check_provider(provider),
+        lambda: settings.check_planner(planner),
+        resume_ok,
+    )
+    if provider == "aws":
+        _check_aws(aws or {})
+
+
+def _check_aws(aws: Mapping[str, Any]) -> None:
+    from trainer.aws import AwsConfigError, AwsSpotConfig
+
+    settings.check_aws(aws.get("region"))
+    try:
+        config = AwsSpotConfig.from_mapping(aws)
+    except AwsConfigError as exc:
+        raise settings.SettingError(f"aws: {exc}; fix the aws parameter (AwsSpotConfig's fields)") from None
+    raise settings.SettingError(
+        f"provider='aws': the credentials and the spot configuration (region {config.region}, "
+        f"{config.instance_type}) are valid, but the trainer's driver (trainer.run.run_job) runs local worker "
+        "processes only: AWS spot instances are not driven end to end yet; use provider='local'"
+    )
+
+
+@flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
+def train(
+    model: str = "tiny-gpt",
+    workers: int = 4,
+    steps: int = 200,
+    trace: str = "p3",
+    interval_seconds: float = 1.0,
+    step_seconds: float = 0.1,
+    start_interval: int = 49,
+    planner: str = "liveput",
+    profile: str | None = None,
+    look_ahead: int = 4,
+    provider: str = "local",
+    aws: dict[str, Any] | None = None,
+    checkpoint_every: int = 20,
+    out_dir: str = "runs/train",
+    resume: bool = True,
+    seed: int = 0,
+    timeout_s: float = 3600.0,
+) -> dict[str, Any]:
+    """Train ``model`` for ``steps`` steps on ``workers`` local processes replaying ``trace`` from
+    ``start_interval`` (one trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval.
+
+    ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
+    the trace's 60 s, forecasting with the champion forecaster, else persistence), ``rule`` or ``handed`` (plans
+    handed in by plan-interval runs, the current strategy until one comes). ``profile``: a
+    runtime profile JSON (default ``runs/profile-<model>-<workers>.json``, measured and written when absent).
+    Returns the summary (`tasks.tracking.train_summary`).
+    """
+    check_train_settings(model=model, trace=trace, provider=provider, aws=aws, planner=planner, out_dir=out_dir,
+                         resume=resume)  # fmt: skip
+    logger = get_run_logger()
+    runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
+    if planner == "liveput":
+        runtime_prof, profile_source = runtime_profile(model, workers, profile)
+        forecaster, forecaster_run = champion_forecaster()
+    # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
+    plan_with, forecast = training_planner(
+        planner, runtime_prof, forecaster, trace=trace, workers=workers, start_interval=start_interval,
+        look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S, forecaster_run=forecaster_run,
+    )  # fmt: skip
+    logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
+    tags = {
+        FLOW_RUN_TAG: runtime.flow_run.id,
+        "prefect.flow_run_name": runtime.flow_run.name,
+        "prefect.deployment": runtime.deployment.name,
+        "parcae.trace": trace,
+        "parcae.start_interval": start_interval,
+        "parcae.interval_seconds": interval_seconds,
+        "parcae.planner": planner,
+        "parcae.forecast": forecast,
+        "parcae.forecaster_run_id": forecaster_run,
+        "parcae.profile": profile_source,
+        "parcae.provider": provider,
+    }
+    trained = train_job(
+        model=model, workers=workers, steps=steps, trace=trace, interval_seconds=interval_seconds,
+        step_seconds=step_seconds, start_interval=start_interval, checkpoint_every=checkpoint_every,
+        out_dir=str(Path(out_dir)), resume=resume, planner=plan_with, seed=seed, timeout_s=timeout_s,
+        tags={k: v for k, v in tags.items() if v not in (None, "")},
+    )  # fmt: skip
+    return publish_train_report(trained, planner=planner, forecast=forecast, profile=profile_source)

@@ -1,0 +1,374 @@
+"""Fail-fast checks of configuration: a setting that cannot work is refused before any work starts.
+
+Owns: the checks a flow runs at its start and `make serve` runs before deploying (``python -m parcae.settings``),
+each turning a mistake into a `SettingError` whose message names the setting and the fix. Must not touch: the
+work itself (loading traces, training, logging); a check only asks whether the work *could* start.
+
+What is checked, and why here rather than where it would fail:
+
+- a trace name (``trace``, ``eval_trace``, ...): unknown names would fail minutes later, inside a job or after a
+  forecaster's training, with the list of known names lost in a traceback;
+- the MLflow tracking store (``MLFLOW_TRACKING_URI``): MLflow retries an unreachable server for minutes, and a
+  job that trains for an hour before finding out has wasted the hour (`parcae.tracking.check_reachable`);
+- AWS credentials when ``provider="aws"``: boto3 looks for them only at the first call
+  (`trainer.aws.check_credentials`);
+- the schedules of ``prefect.yaml``, with Prefect's own schedule models, before `prefect deploy` (which would read
+  a zero interval as "Unknown schedule type") and with every problem of the file in one message;
+- names with a fixed set of values (``model``, ``planner``, ``provider``) and a job folder that does not fit the
+  request (``out_dir``: a finished job run again, an earlier job overwritten, a resume logging to another store).
+
+`check_all` runs several checks and raises one `SettingError` listing every problem, so a user fixes them in one
+go. Prefect is imported only by the ``prefect.yaml`` checks (this package is not a domain package, but the
+trainer's command line should not pay Prefect's import for a trace check).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "PLANNERS",
+    "PROVIDERS",
+    "SettingError",
+    "check_all",
+    "check_aws",
+    "check_deployments",
+    "check_model",
+    "check_planner",
+    "check_provider",
+    "check_resume",
+    "check_schedule",
+    "check_trace",
+    "check_tracking",
+    "main",
+]
+
+PROVIDERS = ("local", "aws")
+#: The live planners a training job can run with (`trainer.planning`).
+PLANNERS = ("liveput", "rule", "handed")
+#: Deployment parameters that name a trace (checked against the known traces).
+TRACE_PARAMETERS = ("trace", "eval_trace")
+
+
+class SettingError(ValueError):
+    """A configuration value that cannot work. ``problems``: one "<setting>: <problem>; <fix>" line each."""
+
+    def __init__(self, problems: str | Sequence[str]) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = f"{len(self.problems)} configuration problems:\n" + "\n".join(f"- {p}" for p in self.problems)
+        super().__init__(text)
+
+    def __reduce__(self):  # picklable (Prefect persists failed states; multiprocessing)
+        return (type(self), (self.problems,))
+
+
+@dataclass(frozen=True)
+class _Problem:
+    setting: str
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.setting}: {self.problem}; {self.fix}"
+
+
+def _fail(setting: str, problem: str, fix: str) -> SettingError:
+    return SettingError(str(_Problem(setting, problem, fix)))
+
+
+# ------------------------------------------------------------------------------------------------ traces
+
+
+def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str:
+    """The trace's display name if ``trace`` is a known trace name or an existing trace file, else SettingError
+    listing the known names (bundled ones, plus ``$PARCAE_SHARED_TRACES`` when present)."""
+    from forecasting.traces import available_traces
+
+    if not isinstance(trace, (str, os.PathLike)) or not str(trace):
+        raise _fail(setting, f"expected a trace name or file, got {trace!r}", "give a name from `parcae traces`")
+    known = available_traces()
+    if isinstance(trace, str) and trace in known:
+        return trace
+    path = Path(trace)
+    if path.is_file():
+        return path.stem
+    names = sorted(known)
+    shown = ", ".join(names[:20]) + (f", ... ({len(names)} in all)" if len(names) > 20 else "")
+    raise _fail(
+        setting,
+        f"unknown trace {str(trace)!r} (not a known trace name and not an existing file)",
+        f"use one of: {shown or '(none)'}; or a path to a trace file (`parcae traces` lists them)",
+    )
+
+
+# ------------------------------------------------------------------------------------------------ MLflow
+
+
+def check_tracking(uri: str | None = None, *, setting: str = "MLFLOW_TRACKING_URI", timeout: float = 5.0) -> str:
+    """The tracking URI (``uri``, else the one `parcae.tracking` would use) once one request to it succeeded."""
+    from parcae import tracking
+
+    resolved = uri or tracking.tracking_uri()
+    try:
+        tracking.check_reachable(resolved, timeout=timeout)
+    except tracking.TrackingError as exc:
+        # TrackingError's message already says what failed and how to fix it; prefix the setting's name
+        raise SettingError(f"{setting}: {exc}") from None
+    return resolved
+
+
+# ------------------------------------------------------------------------------------------------ providers
+
+
+def check_provider(provider: str, *, setting: str = "provider") -> str:
+    if provider not in PROVIDERS:
+        raise _fail(setting, f"unknown provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
+    return provider
+
+
+def check_model(model: str, *, setting: str = "model") -> str:
+    """A trainer model name (`trainer.config.MODELS`)."""
+    from trainer.config import MODELS
+
+    if model not in MODELS:
+        raise _fail(setting, f"unknown trainer model {model!r}", f"choose one of {', '.join(sorted(MODELS))}")
+    return model
+
+
+def check_planner(planner: str, *, setting: str = "planner") -> str:
+    if planner not in PLANNERS:
+        raise _fail(setting, f"unknown planner {planner!r}", f"choose one of {', '.join(PLANNERS)}")
+    return planner
+
+
+def check_resume(
+    out_dir: str | os.PathLike[str],
+    resume: bool,
+    previous: Mapping[str, Any] | None,
+    uri: str,
+    *,
+    setting: str = "out_dir",
+) -> None:
+    """The job folder fits the request: a finished job is not re-run, a job is not silently overwritten, and a
+    resumed job logs to the MLflow store its run is in. ``previous``: what the folder's run file says (run_id,
+    tracking_uri, status), or None."""
+    out = Path(out_dir)
+    if previous is not None and previous.get("status") == "FINISHED":
+        raise _fail(
+            setting,
+            f"{str(out)!r} holds a finished job (MLflow run {previous.get('run_id')})",
+            "give a fresh out_dir, or delete that folder to train again",
+        )
+    if not resume:
+        used = [d.name for d in (out / "checkpoints", out / "layers") if d.is_dir() and any(d.iterdir())]
+        if used:
+            raise _fail(
+                setting,
+                f"{str(out)!r} holds an earlier job's {' and '.join(used)}",
+                "set resume=True to continue that job from its latest checkpoint, or give a fresh out_dir",
+            )
+    elif previous is not None and previous.get("tracking_uri") not in (None, uri):
+        raise _fail(
+            "MLFLOW_TRACKING_URI",
+            f"the job in {str(out)!r} is tracked by MLflow run {previous.get('run_id')} in "
+            f"{previous.get('tracking_uri')!r}, but the store now is {uri!r}",
+            f"set MLFLOW_TRACKING_URI={previous.get('tracking_uri')} to resume it into the same run, or give a "
+            "fresh out_dir",
+        )
+
+
+def check_aws(region: str | None = None, *, session: Any = None, setting: str = "provider='aws'") -> None:
+    """AWS credentials (and a region) are available to boto3 (`trainer.aws.check_credentials`), else SettingError."""
+    try:
+        from trainer.aws import check_credentials
+    except ImportError as exc:  # the AWS provider is not part of this build
+        raise _fail(setting, f"the AWS provider is not available ({exc})", "use provider='local'") from None
+    try:
+        check_credentials(session=session, region=region)
+    except Exception as exc:  # its own error type names what is missing; keep the message, name the setting
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise _fail(
+            setting,
+            f"AWS credentials are not usable ({text})",
+            "configure them (`aws configure`, AWS_PROFILE, or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY and "
+            "AWS_DEFAULT_REGION), or use provider='local'",
+        ) from None
+
+
+# ------------------------------------------------------------------------------------------------ prefect.yaml
+
+
+def _validation_text(exc: Exception) -> str:
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            return "; ".join(str(e.get("msg", e)).removeprefix("Value error, ") for e in errors())
+        except Exception:  # noqa: BLE001 - fall back to the plain message
+            pass
+    return " ".join(str(exc).split())
+
+
+_SCHEDULE_FIX = {
+    "cron": 'a cron has 5 fields, minute hour day month weekday (e.g. "0 * * * *" for hourly)',
+    "interval": "an interval is a number of seconds > 0 (e.g. 600)",
+    "rrule": 'an rrule is an RFC 5545 rule (e.g. "FREQ=HOURLY;INTERVAL=2")',
+}
+
+
+def check_schedule(spec: Any, *, where: str) -> None:
+    """One entry of a deployment's ``schedules`` parses as Prefect 3.9 would deploy it: a cron (croniter, via
+    Prefect's ``CronSchedule``), an interval > 0 seconds or an rrule, with a known IANA timezone."""
+    from datetime import timedelta
+
+    from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule, RRuleSchedule
+
+    if not isinstance(spec, Mapping):
+        raise _fail(where, f"a schedule must be a mapping, got {spec!r}", "write e.g. `- cron: \"0 * * * *\"`")
+    kinds = [k for k in ("cron", "interval", "rrule") if k in spec]
+    if len(kinds) != 1:
+        raise _fail(
+            where,
+            f"a schedule needs exactly one of cron, interval, rrule (got {', '.join(kinds) or 'none'})",
+            "write e.g. `cron: \"0 * * * *\"` or `interval: 600` (seconds)",
+        )
+    kind = kinds[0]
+    tz = spec.get("timezone")
+    try:
+        if kind == "cron":
+            kw = {"cron": spec["cron"], "timezone": tz, "day_or": spec.get("day_or")}
+            CronSchedule(**{k: v for k, v in kw.items() if v is not None})
+        elif kind == "interval":
+            raw = spec["interval"]
+            if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+                raise ValueError(f"interval must be a number of seconds, got {raw!r}")
+            if isinstance(raw, (int, float)) and not raw > 0:
+                # Prefect 3.9 reads a zero interval as "Unknown schedule type"; say what is wrong instead
+                raise ValueError(f"interval must be > 0 seconds, got {raw!r}")
+            interval = timedelta(seconds=raw) if isinstance(raw, (int, float)) else raw
+            IntervalSchedule(**{k: v for k, v in {"interval": interval, "timezone": tz}.items() if v is not None})
+        else:
+            RRuleSchedule(**{k: v for k, v in {"rrule": spec["rrule"], "timezone": tz}.items() if v is not None})
+    except Exception as exc:  # pydantic ValidationError, ValueError, OverflowError
+        raise _fail(
+            f"{where}.{kind}",
+            f"{spec[kind]!r}{f' (timezone {tz!r})' if tz else ''} does not parse: {_validation_text(exc)}",
+            _SCHEDULE_FIX[kind] + "; a timezone is an IANA name such as UTC or Europe/Paris",
+        ) from None
+
+
+def check_deployments(path: str | os.PathLike[str] = "prefect.yaml", *, load_flows: bool = True) -> list[str]:
+    """Check every deployment of a ``prefect.yaml``; returns their ``<flow file>:<name>`` labels.
+
+    Per deployment: the schedules parse (`check_schedule`), trace parameters name known traces and, with
+    ``load_flows``, the entrypoint loads and its ``parameters`` validate against the flow's signature.
+    Raises one SettingError listing every problem found.
+    """
+    import yaml
+
+    file = Path(path)
+    try:
+        doc = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise _fail(str(file), f"cannot read it ({exc.strerror or exc})", "run from the project root") from None
+    except yaml.YAMLError as exc:
+        raise _fail(str(file), f"is not valid YAML ({' '.join(str(exc).split())})", "fix the syntax") from None
+    deployments = (doc or {}).get("deployments") if isinstance(doc, Mapping) else None
+    if not isinstance(deployments, list) or not deployments:
+        raise _fail(str(file), "has no `deployments:` list", "declare each deployment under `deployments:`")
+    problems: list[str] = []
+    labels: list[str] = []
+    for i, dep in enumerate(deployments):
+        name = dep.get("name", f"#{i}") if isinstance(dep, Mapping) else f"#{i}"
+        where = f"{file.name}: deployment {name!r}"
+        if not isinstance(dep, Mapping):
+            problems.append(f"{where}: must be a mapping")
+            continue
+        entrypoint = str(dep.get("entrypoint", ""))
+        labels.append(f"{entrypoint}:{name}")
+        schedules = dep.get("schedules") or []
+        if not isinstance(schedules, list):
+            problems.append(f"{where}.schedules: must be a list; write `schedules: [{{interval: 600}}]` or omit it")
+            schedules = []
+        for j, spec in enumerate(schedules):
+            try:
+                check_schedule(spec, where=f"{where}.schedules[{j}]")
+            except SettingError as exc:
+                problems.extend(exc.problems)
+        params = dep.get("parameters") or {}
+        for key in TRACE_PARAMETERS:
+            if isinstance(params, Mapping) and params.get(key) is not None:
+                try:
+                    check_trace(params[key], setting=f"{where}.parameters.{key}")
+                except SettingError as exc:
+                    problems.extend(exc.problems)
+        if load_flows:
+            problems.extend(_check_entrypoint(file.parent, entrypoint, params, where))
+    if problems:
+        raise SettingError(problems)
+    return labels
+
+
+def _check_entrypoint(root: Path, entrypoint: str, params: Any, where: str) -> list[str]:
+    from prefect.flows import load_flow_from_entrypoint
+
+    path, _, fn = entrypoint.partition(":")
+    if not fn or not (root / path).is_file():
+        return [f"{where}.entrypoint: {entrypoint!r} is not <file.py>:<flow function> of an existing file; fix it"]
+    try:
+        flow = load_flow_from_entrypoint(f"{root / path}:{fn}")
+    except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
+        return [f"{where}.entrypoint: {entrypoint!r} does not load ({type(exc).__name__}: {exc}); fix the flow"]
+    try:
+        flow.validate_parameters(dict(params or {}))
+    except Exception as exc:  # noqa: BLE001 - ParameterTypeError / SignatureMismatchError
+        return [f"{where}.parameters: {' '.join(str(exc).split())}; use the flow's parameter names and types"]
+    return []
+
+
+# ------------------------------------------------------------------------------------------------ together
+
+
+def check_all(*checks: Callable[[], Any]) -> None:
+    """Run every check (zero-argument callables) and raise one SettingError with all their problems."""
+    problems: list[str] = []
+    for check in checks:
+        try:
+            check()
+        except SettingError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise SettingError(problems)
+
+
+def main(argv: Iterable[str] | None = None) -> int:
+    """``python -m parcae.settings [prefect.yaml]``: the deployments and the tracking store, before `make serve`.
+
+    Prints ``error: <problem>`` lines and returns 2 when anything is wrong, 0 otherwise.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    path = args[0] if args else "prefect.yaml"
+    labels: list[str] = []
+
+    def deployments() -> None:
+        labels.extend(check_deployments(path))
+
+    try:
+        check_all(deployments, check_tracking)
+    except SettingError as exc:
+        for problem in exc.problems:
+            print(f"error: {problem}", file=sys.stderr)
+        return 2
+    print(f"{path}: {len(labels)} deployments OK; MLflow store reachable")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

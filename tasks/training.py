@@ -1,0 +1,353 @@
+"""Tasks that produce training: the runtime profile a planner plans with, the job's live planner, the job itself.
+
+Wrappers over `trainer.profile` (measure or load the runtime's throughput per D x P and its migration costs),
+`trainer.planning` (rule, liveput, handed planners) and `trainer.run.train` (a local elastic job replaying a trace,
+logged to MLflow by `trainer.tracking.MlflowJobObserver`). The Prefect side of a running job — a progress artifact,
+one markdown artifact per plan, a link to the MLflow run — is `PrefectJobObserver`, an observer like any other.
+
+No retries and no task timeout on `train_job`: a training job is long, restarting one blindly would throw its work
+away, and the trainer has its own deadline (``timeout_s``) after which it stops every worker process. A job killed
+with its driver is continued by running the flow again with ``resume=True`` (the latest checkpoint, the same MLflow
+run: its id is kept in ``<out_dir>/mlflow-run.json``, next to the checkpoints).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+
+from forecasting.forecast import Forecaster
+from parcae import settings, tracking
+from tasks.tracking import run_markdown
+from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
+
+__all__ = [
+    "PLANNERS",
+    "RUN_FILE",
+    "ForecastSource",
+    "PrefectJobObserver",
+    "TrainedRun",
+    "previous_run",
+    "profile_path",
+    "runtime_profile",
+    "train_job",
+    "training_planner",
+]
+
+PLANNERS: Final = settings.PLANNERS
+#: Where a job's MLflow run is recorded, next to its checkpoints, so that a resumed job reopens the same run.
+RUN_FILE: Final = "mlflow-run.json"
+
+
+def _key(text: str) -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes)."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "job"
+
+
+# ------------------------------------------------------------------------------------------------ profile
+
+
+def profile_path(model: str, workers: int, runs: str | Path = "runs") -> Path:
+    """The cached runtime profile of ``model`` on ``workers`` processes: ``runs/profile-<model>-<workers>.json``."""
+    return Path(runs) / f"profile-{model}-{workers}.json"
+
+
+@task(name="runtime-profile", persist_result=False)
+def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
+    """The runtime profile (`trainer.profile.RuntimeProfile`) and where it came from.
+
+    Read from ``path`` (default `profile_path`) when the file exists; otherwise measured now with one job of
+    ``workers`` processes (about a minute for tiny-gpt on 4 processes, 2 cores) and written there, so the next
+    flow run reuses it. A file that is not a profile raises `trainer.profile.ProfileFormatError` naming it.
+    """
+    from trainer.profile import RuntimeProfile, measure
+
+    logger = get_run_logger()
+    target = Path(path) if path else profile_path(model, workers)
+    if target.is_file():
+        profile = RuntimeProfile.load(target)
+        logger.info("runtime profile of %s from %s (%s)", model, target, profile.created or "no date")
+        return profile, f"loaded {target}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".profile-{model}-{workers}-", dir=target.parent))
+    try:
+        profile = measure(model, workers, out_dir=scratch / "job", progress=logger.info)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    profile.to_json(target)
+    logger.info("measured the runtime profile of %s on %d processes; cached in %s", model, workers, target)
+    return profile, f"measured now, cached in {target}"
+
+
+# ------------------------------------------------------------------------------------------------ planner
+
+
+@dataclass
+class ForecastSource:
+    """The forecasts a `LiveputPlanner` plans a replayed trace with, from a fitted forecaster (the champion).
+
+    The first of the K intervals is the change the job observed at this boundary (as
+    `trainer.planning.persistence_forecast`: the planner prices the migration it forces); the K-1 after it are
+    ``forecaster.predict`` on the trace's past up to the boundary's interval (scaled to the job's instances, as the
+    replay is). The boundary's interval comes from the request (`IntervalAware` sets ``interval``). When the
+    trace's past does not end at the alive count the job sees (the replay keeps one instance where the trace has
+    none) or the forecaster refuses the history, that decision uses persistence and says so in ``last``.
+    """
+
+    forecaster: Forecaster
+    table: Any  # the scaled trace (pandas DataFrame)
+    start_interval: int
+    interval: int = 0
+    last: str = ""
+
+    def __call__(self, history: Sequence[int], k: int) -> list[Any]:
+        from liveput.scenarios import IntervalForecast
+        from trainer.planning import persistence_forecast
+
+        now = int(history[-1])
+        before = int(history[-2]) if len(history) > 1 else now
+        first = IntervalForecast.point(before, max(0, now - before), max(0, before - now))
+        if k == 1:
+            self.last = "observed change only (look-ahead 1)"
+            return [first]
+        past = self.table.iloc[: self.start_interval + self.interval]
+        if past.empty or int(past["available"].iloc[-1]) != now:
+            seen = "nothing" if past.empty else int(past["available"].iloc[-1])
+            self.last = f"persistence: the trace's past ends at {seen}, the job has {now} alive"
+            return persistence_forecast(history, k)
+        try:
+            forecast = self.forecaster.predict(past, k - 1)
+        except ValueError as exc:  # e.g. a history shorter than the forecaster's window
+            self.last = f"persistence: {getattr(self.forecaster, 'name', 'the forecaster')} refused the history ({exc})"
+            return persistence_forecast(history, k)
+        self.last = forecast.model
+        return [first, *IntervalForecast.from_forecast(forecast)]
+
+
+class IntervalAware:
+    """A planner that tells its `ForecastSource` which interval it plans before delegating; adds ``forecast``
+    (which forecasts this decision used) to the details."""
+
+    def __init__(self, planner: Any, source: ForecastSource) -> None:
+        self.planner, self.source = planner, source
+        self.name = planner.name
+
+    def __call__(self, req: Any) -> tuple[tuple[int, int], Mapping[str, Any]]:
+        self.source.interval = req.interval
+        decision, details = self.planner(req)
+        return decision, {**details, "forecast": self.source.last}
+
+
+@task(name="training-planner", persist_result=False)
+def training_planner(
+    kind: str,
+    profile: Any,
+    forecaster: Forecaster | None,
+    *,
+    trace: str,
+    workers: int,
+    start_interval: int,
+    look_ahead: int,
+    interval_s: float,
+    forecaster_run: str | None = None,
+) -> tuple[Any, str]:
+    """The job's live planner and the forecasts it plans with (a sentence for the run's tags and the report).
+
+    ``rule``: `RulePlanner` (no profile, no forecast). ``handed``: `HandedPlanner` (plans handed in by the
+    ``plan-interval`` flow; the current strategy until one arrives). ``liveput``: `LiveputPlanner` on the runtime
+    ``profile`` over ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` through
+    `ForecastSource` — the champion (``forecaster_run`` is the MLflow run that trained it) or, without one, the
+    registry's fallback, persistence (`forecasting.registry.load_champion`; None here means the same).
+    """
+    from forecasting.baselines import PersistenceForecaster
+    from forecasting.traces import load_trace, scale_trace
+    from trainer.planning import HandedPlanner, LiveputPlanner, RulePlanner
+
+    if kind == "rule":
+        return RulePlanner(), "none (the rule planner: two stages, as many replicas as fit)"
+    if kind == "handed":
+        return HandedPlanner(), "none in the job (plans are handed in by plan-interval flow runs)"
+    if kind != "liveput":
+        raise ValueError(f"planner must be one of {', '.join(PLANNERS)}, got {kind!r}")
+    forecaster = forecaster if forecaster is not None else PersistenceForecaster()
+    name = str(getattr(forecaster, "name", type(forecaster).__name__))
+    if forecaster_run:
+        what = f"{name} (the champion forecaster, trained in MLflow run {forecaster_run})"
+    else:
+        what = f"{name} (no champion forecaster in the MLflow registry; persistence is the fallback)"
+    source = ForecastSource(forecaster, scale_trace(load_trace(trace), workers), start_interval)
+    planner = LiveputPlanner(profile.throughput, profile.cost_model(), look_ahead=look_ahead, interval_s=interval_s,
+                             forecast=source)  # fmt: skip
+    get_run_logger().info("liveput planner: look-ahead %d x %g s; forecasts: %s", look_ahead, interval_s, what)
+    return IntervalAware(planner, source), what
+
+
+# ------------------------------------------------------------------------------------------------ MLflow run file
+
+
+def previous_run(out_dir: str | Path) -> dict[str, Any] | None:
+    """What ``<out_dir>/mlflow-run.json`` says about the job that ran there (run_id, tracking_uri, status), or None."""
+    path = Path(out_dir) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: unreadable ({exc}); delete it to start the job's tracking afresh") from None
+    if not isinstance(data, dict) or not isinstance(data.get("run_id"), str):
+        raise ValueError(f"{path}: expected {{\"run_id\": ..., \"tracking_uri\": ...}}; delete it or fix it")
+    return data
+
+
+def _write_run_file(out_dir: Path, run_id: str, uri: str, status: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / f".{RUN_FILE}.tmp"
+    tmp.write_text(json.dumps({"run_id": run_id, "tracking_uri": uri, "status": status}, indent=2) + "\n")
+    tmp.replace(out_dir / RUN_FILE)
+
+
+# ------------------------------------------------------------------------------------------------ Prefect side
+
+
+class PrefectJobObserver(JobObserver):
+    """The Prefect side of a running job: the MLflow run's id written next to the checkpoints and linked from a
+    markdown artifact as soon as the run exists, a progress artifact (updated every 5% of the steps), and one
+    markdown artifact per plan (key ``plan-<job>``, one version per decision).
+
+    The hooks run on the driver's thread, which is the task's, so Prefect's run context is there. Each artifact is
+    one API call (a few ms) and happens at most ~20 + (one per interval) times per job.
+    """
+
+    def __init__(self, mlflow: Any, out_dir: Path, key: str, steps: int) -> None:
+        self.mlflow, self.out_dir, self.key, self.steps = mlflow, out_dir, key, steps
+        self.run_id: str | None = None
+        self._progress: Any = None
+        self._shown = -1.0
+
+    def _run_known(self) -> None:
+        run_id = getattr(self.mlflow, "run_id", None)
+        if run_id is None or run_id == self.run_id:
+            return
+        self.run_id = run_id
+        _write_run_file(self.out_dir, run_id, self.mlflow.uri, "RUNNING")
+        create_markdown_artifact(
+            markdown=f"## Training run\n\n{run_markdown(self.mlflow.uri, run_id)}\n\nCheckpoints: `{self.out_dir}`",
+            key=f"training-run-{self.key}",
+            description="The MLflow run of the training job",
+        )
+
+    def on_start(self, info: Mapping[str, Any]) -> None:
+        self._run_known()
+        resumed = info.get("resumed_from")
+        self._progress = create_progress_artifact(
+            progress=100.0 * (resumed or 0) / max(1, self.steps),
+            key=f"training-progress-{self.key}",
+            description=f"steps trained of {self.steps}",
+        )
+        get_run_logger().info(
+            "job %s started: %s workers on %s, coordinator %s:%s (hand plans there with the plan-interval flow's "
+            "`coordinator`)%s", info.get("job"), info.get("workers"), info.get("strategy"), info.get("host"),
+            info.get("port"), f"; resumed from step {resumed}" if resumed else "",
+        )  # fmt: skip
+
+    def on_step(self, step: StepInfo) -> None:
+        self._run_known()
+        done = 100.0 * (step.step + 1) / max(1, self.steps)
+        if self._progress is not None and done - self._shown >= 5.0:
+            self._shown = done
+            update_progress_artifact(self._progress, min(done, 100.0))
+
+    def on_plan(self, plan: PlanInfo) -> None:
+        d = plan.details
+        forecast = d.get("forecast")
+        lines = [
+            f"## Interval {plan.interval} (step {plan.step}): {plan.decision[0]}x{plan.decision[1]}",
+            "",
+            f"Planner `{plan.planner}`, {plan.alive} instances alive, from {plan.current[0]}x{plan.current[1]}; "
+            f"decided in {1000 * plan.decision_s:.1f} ms.",
+        ]
+        if d.get("expected_samples") is not None:
+            lines.append(f"Expected samples over the look-ahead: {float(d['expected_samples']):,.0f}.")
+        if forecast:
+            lines.append(f"Forecast: {forecast}.")
+        if self.run_id:
+            lines += ["", run_markdown(self.mlflow.uri, self.run_id)]
+        create_markdown_artifact(markdown="\n".join(lines), key=f"plan-{self.key}",
+                                 description="The training job's latest live plan")  # fmt: skip
+
+    def on_checkpoint(self, step: int, directory: Path) -> None:
+        self._run_known()
+
+    def on_end(self, result: Mapping[str, Any]) -> None:
+        if self._progress is not None:
+            update_progress_artifact(self._progress, 100.0)
+
+
+# ------------------------------------------------------------------------------------------------ the job
+
+
+@dataclass(frozen=True)
+class TrainedRun:
+    """What `train_job` returns: the trainer's report and where the job's records are."""
+
+    report: dict[str, Any]
+    run_id: str | None
+    tracking_uri: str
+    out_dir: str
+    resumed_run: bool  # the MLflow run was reopened (a resumed job)
+
+
+@task(name="train-job", persist_result=False)
+def train_job(
+    *,
+    model: str,
+    workers: int,
+    steps: int,
+    trace: str,
+    interval_seconds: float,
+    step_seconds: float,
+    start_interval: int,
+    checkpoint_every: int,
+    out_dir: str,
+    resume: bool,
+    planner: Any,
+    seed: int,
+    timeout_s: float,
+    tags: Mapping[str, Any],
+    experiment: str = tracking.TRAINING_EXPERIMENT,
+) -> TrainedRun:
+    """Run the job (`trainer.run.train`) with the MLflow observer and the Prefect one; returns its `TrainedRun`.
+
+    With ``resume`` the job continues from the latest checkpoint in ``out_dir`` (if any) and the MLflow run named in
+    ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
+    """
+    from trainer.run import train
+    from trainer.tracking import MlflowJobObserver
+
+    out = Path(out_dir)
+    uri = tracking.tracking_uri()
+    before = previous_run(out) if resume else None
+    reopen = before["run_id"] if before else None
+    run_name = f"train-{model}-{trace}-{time.strftime('%Y%m%d-%H%M%S')}"
+    mlflow_obs = MlflowJobObserver(experiment=experiment, run_name=run_name, tags=tags, run_id=reopen, tracking=uri)
+    prefect_obs = PrefectJobObserver(mlflow_obs, out, _key(f"{model}-{trace}"), steps)
+    observers = ObserverList([mlflow_obs, prefect_obs])
+    report = train(
+        workers, model=model, steps=steps, trace=trace, interval_seconds=interval_seconds, step_seconds=step_seconds,
+        seed=seed, out_dir=out, checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_interval=start_interval,
+        observer=observers, planner=planner, resume=resume,
+    )  # fmt: skip
+    run_id = mlflow_obs.run_id  # on_end (in train) has ended the run and stopped its logging thread
+    if run_id is not None:
+        _write_run_file(out, run_id, uri, "FINISHED")
+    return TrainedRun(report, run_id, uri, str(out.resolve()), reopen is not None)

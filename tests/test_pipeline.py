@@ -1,0 +1,294 @@
+"""Tests for the `train` flow (and the fail-fast settings of the flows): a real job, a real MLflow store.
+
+One Prefect test server for the module (`prefect_test_harness`, its home under a temporary folder, telemetry off)
+and one temporary MLflow SQLite store. The flow runs a real elastic job (worker processes, gloo) replaying p3 on 3
+processes, planned by the liveput planner on a runtime profile file written by the test (an input, so the plans
+are known: 2x1 whenever two instances are alive). Resume is checked across a SIGKILL: the flow runs in a
+subprocess against the same Prefect server and MLflow store, is killed after its first checkpoint, and is run again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+
+_PREFECT_HOME = tempfile.mkdtemp(prefix="parcae-prefect-home-")
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
+os.environ.update(
+    DO_NOT_TRACK="true",  # MLflow accepts only the literal "true"
+    PREFECT_SERVER_ANALYTICS_ENABLED="false",
+    MLFLOW_DISABLE_TELEMETRY="true",
+    PREFECT_HOME=_PREFECT_HOME,
+)
+
+import json  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import boto3  # noqa: E402
+import mlflow  # noqa: E402
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from moto import mock_aws  # noqa: E402
+from prefect.client.orchestration import get_client  # noqa: E402
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
+from prefect.settings import PREFECT_API_URL  # noqa: E402
+from prefect.testing.utilities import prefect_test_harness  # noqa: E402
+
+from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
+from flows.train import train  # noqa: E402
+from parcae import settings  # noqa: E402
+from tasks.training import RUN_FILE  # noqa: E402
+from trainer import checkpoint  # noqa: E402
+from trainer.config import model_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+#: p3 scaled to 3 processes from interval 49: 3 alive, 2 from interval 51, 1 at 59-60, 2 again from 61.
+JOB = dict(model="tiny-gpt", workers=3, trace="p3", start_interval=49, interval_seconds=0.2, step_seconds=0.1)
+STEPS, SPI, CHECKPOINT_EVERY = 30, 2, 10
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=90):
+        yield PREFECT_API_URL.value()
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("pipeline")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        yield root
+
+
+@pytest.fixture(scope="module")
+def profile(store: Path) -> Path:
+    return runtime_profile_file(store / "profile-tiny-gpt-3.json", fastest=(2, 1))
+
+
+@pytest.fixture(scope="module")
+def trained(store: Path, profile: Path):
+    """One run of the train flow: 30 steps, an interval every 2 steps, checkpoints every 10."""
+    out = store / "job"
+    state = train(**JOB, steps=STEPS, profile=str(profile), checkpoint_every=CHECKPOINT_EVERY, out_dir=str(out),
+                  return_state=True)  # fmt: skip
+    return state, out
+
+
+def _artifacts(flow_run_id) -> dict[str, object]:
+    with get_client(sync_client=True) as client:
+        found = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    return {a.key: a for a in found if a.key}
+
+
+def test_train_flow_logs_the_job_to_one_mlflow_run(trained, _no_orphans) -> None:
+    state, out = trained
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["steps"] == STEPS and summary["first_step"] == 0 and summary["resumed_from"] is None
+    assert summary["forecast"].startswith("persistence (no champion")  # said, never silent
+    assert summary["profile"].startswith("loaded ")
+    # the replay drops to one instance and comes back: every kind of live migration happens
+    assert {"pipeline", "intra-stage", "inter-stage"} <= set(summary["migrations"]), summary["migrations"]
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(summary["mlflow_run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["prefect.flow_run_id"] == str(state.state_details.flow_run_id)
+    assert run.data.tags["parcae.planner"] == "liveput" and run.data.tags["parcae.trace"] == "p3"
+    assert run.data.params["workers"] == "3" and run.data.params["steps"] == str(STEPS)
+    losses = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
+    assert [m.step for m in losses] == list(range(STEPS))
+    assert losses[0].value == pytest.approx(summary["loss_first"]) and losses[-1].value == pytest.approx(
+        summary["loss_last"]
+    )
+    assert run.data.metrics["final_loss"] == pytest.approx(summary["loss_last"])
+    for kind, n in summary["migrations"].items():
+        assert run.data.tags[f"parcae.migrations.{kind}"] == str(n)
+    records = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/migrations.json")
+    assert len(records) == sum(summary["migrations"].values())
+
+    # one plan run per interval boundary, tied to the training run and the flow run
+    boundaries = list(range(SPI, STEPS, SPI))
+    assert summary["plans"] == len(boundaries)
+    plans = client.search_runs([client.get_experiment_by_name("plans").experiment_id],
+                               f"tags.`parcae.training_run_id` = '{run.info.run_id}'")  # fmt: skip
+    assert sorted(int(p.data.params["step"]) for p in plans) == boundaries
+    assert {p.data.tags["prefect.flow_run_id"] for p in plans} == {str(state.state_details.flow_run_id)}
+    assert {p.data.tags["decision"] for p in plans} == set(summary["decisions"])
+
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"timeline.png", "migrations.json", "plans.json", "checkpoints"} <= artifacts
+    steps = {a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")}
+    assert steps == {f"checkpoints/step-{s}" for s in range(CHECKPOINT_EVERY, STEPS, CHECKPOINT_EVERY)}
+
+    # next to the checkpoints: which MLflow run the job is; in Prefect: the summary, the plans, the run's link
+    assert json.loads((out / RUN_FILE).read_text())["run_id"] == run.info.run_id
+    found = _artifacts(state.state_details.flow_run_id)
+    assert {"training-summary", "plan-tiny-gpt-p3", "training-run-tiny-gpt-p3", "training-progress-tiny-gpt-p3"} <= \
+        set(found)  # fmt: skip
+    assert run.info.run_id in found["training-summary"].data and "| intra-stage |" in found["training-summary"].data
+
+
+def test_a_finished_job_is_not_run_again(trained, profile: Path) -> None:
+    _, out = trained
+    state = train(**JOB, steps=STEPS, profile=str(profile), out_dir=str(out), return_state=True)
+    assert state.is_failed()
+    assert "out_dir" in state.message and "finished job" in state.message and "fresh out_dir" in state.message
+
+
+# ------------------------------------------------------------------------------------------------ resume
+
+
+def _complete_checkpoint(directory: Path) -> int | None:
+    """The step of a complete checkpoint of the flow's job in `directory`, if one is on disk yet."""
+    if not directory.is_dir():
+        return None
+    steps = sorted({int(p.name[4:12]) for p in directory.glob("step*.pt")}, reverse=True)
+    for s in steps:
+        try:
+            checkpoint.load(checkpoint.find_shards(directory, s), config=model_config("tiny-gpt"), job="job")
+            return s
+        except checkpoint.CheckpointError:
+            continue
+    return None
+
+
+def _logged_past(client: mlflow.MlflowClient, out: Path, step: int) -> bool:
+    """The job's MLflow run (named in its run file) has the loss of every step before `step`: the observer flushes
+    every second, and a kill loses what it has not flushed yet; the test kills once the run holds the steps up to
+    the checkpoint, so that what the resumed run must show is known."""
+    if not (out / RUN_FILE).exists():
+        return False
+    run_id = json.loads((out / RUN_FILE).read_text())["run_id"]
+    return max((m.step for m in client.get_metric_history(run_id, "loss")), default=-1) >= step - 1
+
+
+def test_a_killed_train_flow_resumes_from_its_checkpoint_into_the_same_mlflow_run(
+    prefect_server: str, store: Path, tmp_path: Path, _no_orphans
+) -> None:
+    out = tmp_path / "job"
+    args = dict(JOB, planner="rule", steps=120, interval_seconds=1.0, checkpoint_every=10, out_dir=str(out))
+    code = f"from flows.train import train; train(**{args!r})"
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+    client = mlflow.MlflowClient()
+    try:
+        deadline = time.monotonic() + 180
+        killed_at = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            killed_at = _complete_checkpoint(out / "checkpoints")
+            if killed_at is not None and _logged_past(client, out, killed_at):
+                os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers die at once, as a lost machine
+                break
+            time.sleep(0.02)
+        proc.wait(30)
+        assert killed_at is not None, f"no checkpoint before the flow ended: {proc.stderr.read().decode()[-3000:]}"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == -signal.SIGKILL
+    before = json.loads((out / RUN_FILE).read_text())
+    assert client.get_run(before["run_id"]).info.status == "RUNNING"  # SIGKILL: nobody ended it
+
+    state = train(**args, return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    restored = summary["resumed_from"]
+    assert restored is not None and restored >= killed_at and restored % 10 == 0
+    assert summary["first_step"] == restored and summary["steps"] == 120
+    assert summary["mlflow_run_id"] == before["run_id"] and summary["mlflow_resumed_run"]
+
+    run = client.get_run(before["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["parcae.resumed"] == "true" and run.data.tags["parcae.resumed_from_step"] == str(restored)
+    assert run.data.metrics["resumes"] == 1
+    assert int(run.data.tags["parcae.interrupted_at_step"]) >= restored - 1
+    losses = client.get_metric_history(run.info.run_id, "loss")
+    assert {m.step for m in losses} == set(range(120))  # both incarnations, in one run
+    assert json.loads((out / RUN_FILE).read_text())["status"] == "FINISHED"
+
+
+# ------------------------------------------------------------------------------------------------ bad settings
+
+
+def test_an_unknown_trace_and_model_fail_together_before_anything_starts(store: Path, tmp_path: Path) -> None:
+    state = train(**{**JOB, "trace": "p4", "model": "gpt-17"}, steps=STEPS, out_dir=str(tmp_path / "job"),
+                  return_state=True)  # fmt: skip
+    assert state.is_failed() and "2 configuration problems" in state.message  # every problem at once
+    assert "trace: unknown trace 'p4'" in state.message and "p3" in state.message  # with the known names
+    assert "model: unknown trainer model 'gpt-17'" in state.message and "tiny-gpt" in state.message
+    assert not (tmp_path / "job").exists()
+
+
+def test_an_unreachable_tracking_server_fails_fast(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    t0 = time.monotonic()
+    state = train(**JOB, steps=STEPS, out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed() and time.monotonic() - t0 < 60  # one request, no minutes of retries
+    assert "MLFLOW_TRACKING_URI" in state.message and "start the server" in state.message
+    assert not (tmp_path / "job").exists()
+
+
+AWS = dict(region="us-east-1", image_id="ami-0123456789abcdef0", job="parcae-job", coordinator_host="10.0.0.5",
+           coordinator_port=29500, token_parameter="/parcae/job-token", iam_instance_profile="parcae-worker")  # fmt: skip
+
+
+def test_the_aws_provider_needs_credentials_and_says_it_is_not_driven_yet(
+    store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    isolate_aws(monkeypatch, tmp_path)
+    state = train(**JOB, steps=STEPS, provider="aws", aws=AWS, out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed()
+    assert "provider='aws'" in state.message and "credentials" in state.message.lower()
+    assert "provider='local'" in state.message
+
+    fake_aws_account(monkeypatch, "us-east-1")
+    with mock_aws():
+        boto3.client("sts", region_name="us-east-1")  # moto answers sts:GetCallerIdentity
+        state = train(**JOB, steps=STEPS, provider="aws", aws=AWS, out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed()
+    assert "are valid" in state.message and "not driven end to end" in state.message
+    assert not (tmp_path / "job").exists()
+
+
+def test_an_earlier_jobs_checkpoints_are_not_overwritten(store: Path, tmp_path: Path) -> None:
+    (tmp_path / "job" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "job" / "checkpoints" / "step00000010.pt").write_bytes(b"")
+    state = train(**JOB, steps=STEPS, resume=False, out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed() and "resume=True" in state.message and "fresh out_dir" in state.message
+
+
+def test_bad_schedules_in_prefect_yaml_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
+    bad = {"hourly": {"cron": "0 * * *", "timezone": "UTC"}, "every-minute": {"interval": 0},
+           "every-10-minutes": {"interval": 600, "timezone": "Mars/Olympus"}}  # fmt: skip
+    for dep in doc["deployments"]:
+        if dep["name"] in bad:
+            dep["schedules"] = [bad[dep["name"]]]
+    path = tmp_path / "prefect.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    (tmp_path / "flows").symlink_to(ROOT / "flows")  # entrypoints resolve beside the file
+
+    with pytest.raises(settings.SettingError) as err:
+        settings.check_deployments(path)
+    problems = err.value.problems
+    assert len(problems) == 3, problems
+    assert any("'hourly'.schedules[0].cron" in p and "5 fields" in p for p in problems)
+    assert any("'every-minute'.schedules[0].interval" in p and "> 0" in p for p in problems)
+    assert any("'every-10-minutes'" in p and "Mars/Olympus" in p and "IANA" in p for p in problems)
+
+    assert settings.main([str(path)]) == 2  # the `make serve` pre-check
+    assert capsys.readouterr().err.count("error: ") == 3
