@@ -17,9 +17,9 @@ The instance profile therefore needs ssm:GetParameter on that parameter (and kms
 profile's role.
 
 Preemption on AWS comes from the cloud, with a two-minute notice that reaches us three ways:
-  * on the instance, IMDSv2 `spot/instance-action` (`InstanceActionWatcher`; the watcher SIGTERMs the worker —
-    which today installs no SIGTERM handler, so the process just ends and the job sees a death through its
-    heartbeat, not a notice: the two driver-side paths below are what can carry the notice to the coordinator);
+  * on the instance, IMDSv2 `spot/instance-action` (`InstanceActionWatcher`; the watcher SIGTERMs the worker,
+    whose handler reports the notice to the coordinator through the store, `ctl/notice/{id}`, and keeps training
+    until the driver decides its preemption; run AWS jobs with `notice_grace_s=120`);
   * at the driver, the spot request's status code (`describe_spot_instance_requests`: marked-for-termination, then
     instance-terminated-no-capacity, ...), polled by `AwsSpotProvider.interruptions()`;
   * at the driver, EventBridge events ("EC2 Spot Instance Interruption Warning", "EC2 Instance Rebalance

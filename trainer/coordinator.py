@@ -3,8 +3,9 @@ and the log of reconfigurations.
 
 Owns: a `torch.distributed.TCPStore` hosted here (stack.md §4b: `world_size=None, is_master=True,
 wait_for_workers=False`, so it outlives any worker), the job's published spec, the token check's public half,
-membership (worker ids that joined, minus those preempted or dead), failure detection (heartbeats), the current
-`Epoch`, the decision per step boundary, the latest complete checkpoint and the records of reconfigurations.
+membership (worker ids that joined, minus those preempted or dead), failure detection (heartbeats), the preemption
+notices workers report, the current `Epoch` and whether its migration committed, the decision per step boundary, the
+latest complete checkpoint and the records of reconfigurations.
 Must not touch: tensors, process groups, training — workers do that; processes — the driver (`trainer.run`) and
 its `trainer.instances` provider start and stop them; which assignment and transfers an epoch has is
 `trainer.migration`'s pure planning, which the coordinator only calls.
@@ -32,13 +33,23 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            already reached is stale (the boundary is being passed again after a recovery) and means
                            "train". Every member of an epoch therefore sees the same decision.
   ctl/preempt/{id}         the last epoch number a preempted worker takes part in (standby workers exit after it)
+  ctl/notice/{id}, ctl/notices
+                           a preemption notice the worker received (SIGTERM, `trainer.worker`): its deadline (wall
+                           clock: time of the signal + the job's `notice_grace_s`); then the id appended to the list
+                           the driver polls with the heartbeats
+  ctl/exit/{id}            when the worker's process ended normally (a notice's notice-to-exit time)
   ctl/restart/{id}         the worker's process must exit (EXIT_RESTART) for a checkpoint-restart
   ctl/e{n}/abort           epoch n is broken (a member died, or a worker saw a collective fail): members abandon
                            the step in flight (nothing applied) and report; set by the coordinator or a worker
-  ctl/e{n}/abandon/{id}    the step a survivor of broken epoch n abandoned (= the steps it applied); all agree
+  ctl/e{n}/abandon/{id}, ctl/e{n}/failed/{id}
+                           the step a survivor of broken epoch n abandoned (= the steps it applied; all agree), and
+                           when the work it lost started
+  ctl/e{n}/next            the number of the epoch that replaces broken epoch n (survivors wait for it)
   ctl/e{n}/commit/{s}, ctl/e{n}/decide/{s}
                            the once-only commit of step s in epoch n: "apply" iff every rank finished its
-                           collectives, "abort" if the epoch broke first (see `trainer.pipeline`)
+                           collectives, "abort" if the epoch broke first (see `trainer.pipeline`). The decision
+                           of a migrated epoch's first step is also the migration's: "apply" commits it, "abort"
+                           (which the coordinator writes itself when the hand-off breaks) rolls it back
   ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived
                            (counter), ready/{id} (new member about to run its first step), phases/{id} (its
                            migration's phase durations, JSON), bytes (sent or loaded, counter), sent/{id} (a
@@ -54,6 +65,14 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
   ctl/error/{id}, ctl/rejected/{id}, ctl/abort, ctl/done
+
+Migrations commit with their epoch's first step. Until then every holder of the epoch it migrates from (its
+`base`) keeps that state — old members keep their old layers, preempted and dropped ones wait before leaving — so a
+death during the hand-off (a sender, a receiver, a member forming the groups) is recovered: the coordinator flags
+both epochs broken (detection bounded by the heartbeat timeout, never the group timeout), seals the first step's
+decision to "abort", collects the survivors' reports and plans the replacement from the base epoch's holders
+(`recover`), or a checkpoint-restart when a layer lost its last holder. New epochs are only ever planned on top of
+a committed one (`committed`), so a rollback never goes back more than one epoch.
 
 Security: the token guards against mis-wiring (a worker of another job, a stray coordinator), not against an attacker
 who can reach the port — TCPStore has no authentication or encryption. Keep the port on a private network.
@@ -148,13 +167,16 @@ class JobSpec:
     checkpoint_dir: str = ""
     checkpoint_every: int = 0
     hb_interval_s: float = 0.1
+    # the grace a preemption notice gives (a worker's SIGTERM: deadline = signal + grace): GCP's 30 s by default,
+    # AWS gives 120 s. The worker reports it; the driver decides the hand-off before it and the provider enforces it
+    notice_grace_s: float = 30.0
 
     def to_json(self) -> str:
         return json.dumps({
             "model": self.model.to_dict(), "train": {**vars(self.train), "betas": list(self.train.betas)},
             "steps": self.steps, "job": self.job, "layers_dir": self.layers_dir, "pg_timeout_s": self.pg_timeout_s,
             "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
-            "hb_interval_s": self.hb_interval_s,
+            "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
         })  # fmt: skip
 
     @classmethod
@@ -162,7 +184,8 @@ class JobSpec:
         d = json.loads(text)
         train = {**d["train"], "betas": tuple(d["train"]["betas"])}
         return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
-                   d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"])  # fmt: skip
+                   d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
+                   d.get("notice_grace_s", 30.0))  # fmt: skip
 
 
 def check_schedule(
@@ -294,6 +317,7 @@ class Coordinator:
         store_timeout_s: float = 60.0,
         hb_interval_s: float = 0.1,
         hb_timeout_s: float = 1.0,
+        notice_grace_s: float = 30.0,
     ) -> None:
         require = not is_loopback(host) if require_token is None else require_token
         if require and not token:
@@ -305,8 +329,10 @@ class Coordinator:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         if hb_timeout_s <= 2 * hb_interval_s:
             raise ValueError(f"hb_timeout_s={hb_timeout_s} must exceed two heartbeat intervals ({hb_interval_s} s)")
+        if not notice_grace_s >= 0:
+            raise ValueError(f"notice_grace_s must be >= 0 seconds, got {notice_grace_s}")
         self.spec = JobSpec(model, train, steps, job, str(layers_dir), pg_timeout_s, str(checkpoint_dir),
-                            checkpoint_every, hb_interval_s)  # fmt: skip
+                            checkpoint_every, hb_interval_s, float(notice_grace_s))  # fmt: skip
         self.host = host
         self.hb_timeout_s = hb_timeout_s
         self.store = dist.TCPStore(
@@ -339,6 +365,12 @@ class Coordinator:
         self._restarts: list[tuple[int, int]] = []  # (restart epoch number, restore step)
         self.first_step = 0  # the step epoch 1 starts at (> 0: resumed from the checkpoint of that step)
         self._ckpt_reported: set[tuple[int, int]] = set()  # (step, epoch) of complete checkpoints handed out
+        self._committed: set[int] = set()  # epoch numbers whose first step was applied
+        self._replaced: set[int] = set()  # broken epochs a recovery (or a checkpoint-restart) replaced
+        self._by_number: dict[int, Epoch] = {}
+        self._sources: dict[int, str] = {}  # epoch number -> what made it: schedule, planner, sigterm, failure
+        self._noticed: dict[int, tuple[int, ...]] = {}  # epoch number -> its preempted workers that had a notice
+        self.notices: dict[int, float] = {}  # worker -> deadline (wall clock) of the notice it reported
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
@@ -383,6 +415,10 @@ class Coordinator:
             self._hb[w] = (self.store.add(f"hb/{w}", 0), now)
 
     # -- failure detection ---------------------------------------------------------------------------------
+    def ended(self, w: int) -> bool:
+        """The current process of `w` ended normally (done, preempted, or exited for a restart)."""
+        return self._ended(w)
+
     def _ended(self, w: int) -> bool:
         """The current process of `w` ended normally (done, preempted, or exited for a restart)."""
         key = f"ctl/final/{w}"
@@ -400,7 +436,7 @@ class Coordinator:
         self._hb_checked = now
         stale = set()
         for w, (last, seen) in list(self._hb.items()):
-            if w in self.dead or w in self.preempted:
+            if w in self.dead:  # (a preempted worker stays monitored until it ends: it may die during its hand-off)
                 self._hb.pop(w)
                 continue
             v = self.store.add(f"hb/{w}", 0)
@@ -435,33 +471,135 @@ class Coordinator:
         """Mark `ids` dead; if any was a member of the current epoch, flag the epoch broken (its members abandon the
         step in flight). Returns whether the epoch broke."""
         ids = set(ids) - self.dead
+        if not ids:
+            return False
         now = time.time()
         for w in ids:
             self._detected_at[w] = now
         self.dead |= ids
         self.stop_monitoring(ids)
-        broken = self.current is not None and bool(ids & set(self.current.members))
+        broken = self.current is not None and bool(ids & self.holders())
         if broken:
-            self.store.compare_set(f"ctl/e{self.current.number}/abort", "", f"{reason}: workers {sorted(ids)}")
+            # the epoch still training (an uncommitted migration's base) breaks only if one of its members died
+            cur = self.current
+            training = not self.committed(cur) and bool(ids & set(self.epoch(cur.base_number).members))
+            self.break_epoch(f"{reason}: workers {sorted(ids)}", base=training)
         self.log.append({"event": "dead", "workers": sorted(ids), "reason": reason, "epoch_broken": broken})
         return broken
 
+    def _broken_epochs(self) -> list[int]:
+        """The epochs a failure now breaks: the current one, and its base while its migration is uncommitted (its
+        members may still be training there, or waiting at the boundary) — unless the base broke already and the
+        current epoch is its replacement (the base's flag and reports are those of that earlier failure)."""
+        cur = self.current
+        if self.committed(cur) or cur.base_number in self._replaced:
+            return [cur.number]
+        return [cur.number, cur.base_number]
+
+    def holders(self) -> set[int]:
+        """The workers whose death breaks the job's current configuration: the current epoch's members and, while
+        its migration is uncommitted, every member of its base (old holders, senders, departing workers)."""
+        cur = self.current
+        if cur is None:
+            return set()
+        if self.committed(cur):
+            return set(cur.members)
+        return set(cur.members) | set(self.epoch(cur.base_number).members)
+
+    def break_epoch(self, reason: str, base: bool = False) -> None:
+        """Flag the current epoch broken: its members abandon the step, the transfer or the group formation in flight
+        within ~20 ms and report. With `base`, also the base of its uncommitted migration (members still training
+        there abandon their step; otherwise they finish it and find the migration broken at the boundary)."""
+        for n in self._broken_epochs()[: None if base else 1]:
+            self.store.compare_set(f"ctl/e{n}/abort", "", reason)
+
     def epoch_broken(self) -> str | None:
-        """Why the current epoch is broken (a member died, or a worker saw a collective fail), or None."""
+        """Why the current epoch (or the base of its uncommitted migration) is broken — a member died, or a worker
+        saw a collective or a transfer fail — or None."""
         if self.current is None:
             return None
-        key = f"ctl/e{self.current.number}/abort"
-        return self.store.get(key).decode() if self.store.check([key]) else None
+        for n in self._broken_epochs():
+            key = f"ctl/e{n}/abort"
+            if self.store.check([key]):
+                return self.store.get(key).decode()
+        return None
 
     def abandoned(self) -> dict[int, int]:
-        """Survivors of the broken current epoch that reported, -> the step they abandoned (= steps applied)."""
-        n = self.current.number
+        """Survivors of the broken configuration that reported (`reporters`), -> the step they abandoned (= steps
+        applied). A survivor reports in the epoch it trained in or the one it was migrating into."""
         out = {}
-        for w in self.current.members:
-            key = f"ctl/e{n}/abandon/{w}"
-            if w not in self.dead and self.store.check([key]):
-                out[w] = int(self.store.get(key))
+        epochs = self._broken_epochs()
+        for w in self.reporters():
+            for n in epochs:
+                key = f"ctl/e{n}/abandon/{w}"
+                if self.store.check([key]):
+                    out[w] = int(self.store.get(key))
+                    break
         return out
+
+    def reporters(self) -> set[int]:
+        """The live workers whose reports a recovery needs (after `seal`): the holders of the state it continues
+        from — the current epoch's members, or those of its base when its migration rolls back (a worker that was
+        joining holds nothing then)."""
+        cur = self.current
+        base = cur if self.committed(cur) else self.epoch(cur.base_number)
+        return set(base.members) - self.dead
+
+    # -- commits of migrations -----------------------------------------------------------------------------
+    def epoch(self, number: int) -> Epoch:
+        """Epoch `number` (published)."""
+        return self._by_number[number]
+
+    def committed(self, epoch: Epoch | None = None) -> bool:
+        """Whether `epoch` (default: the current one) is committed: its first step was applied. The first epoch and
+        checkpoint-restart epochs (every member loads its state afresh) always are."""
+        e = self.current if epoch is None else epoch
+        if e.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART) or e.number in self._committed:
+            return True
+        key = f"ctl/e{e.number}/decide/{e.start_step}"
+        if self.store.check([key]) and self.store.get(key).decode() == APPLY:
+            self._committed.add(e.number)
+            return True
+        return False
+
+    def seal(self) -> bool:
+        """After a failure: decide once whether the current epoch's migration committed. Its first step's decision
+        is written "abort" unless it already says "apply" — then nothing of it can be applied any more, and every
+        holder of its base rolls back. Returns whether it committed."""
+        e = self.current
+        if self.committed(e):
+            return True
+        got = self.store.compare_set(f"ctl/e{e.number}/decide/{e.start_step}", "", ABORT).decode()
+        if got == APPLY:
+            self._committed.add(e.number)
+            return True
+        return False
+
+    # -- preemption notices --------------------------------------------------------------------------------
+    def new_notices(self) -> dict[int, float]:
+        """Notices workers reported (SIGTERM) since the last call: worker -> deadline (wall clock). Two store calls
+        when there is none; poll it with the heartbeats."""
+        if not self.store.check(["ctl/notices"]):
+            return {}
+        out = {}
+        for item in self.store.get("ctl/notices").decode().split(","):
+            if item and int(item) not in self.notices:
+                w = int(item)
+                self.notices[w] = out[w] = float(self.store.get(f"ctl/notice/{w}"))
+        return out
+
+    def notice_at(self, w: int) -> float | None:
+        """When worker `w` received its notice (wall clock), if it reported one."""
+        d = self.notices.get(w)
+        return None if d is None else d - self.spec.notice_grace_s
+
+    def preempt_standby(self, ids: Iterable[int], source: str = "sigterm") -> None:
+        """Preempt standby instances (no role in the current epoch, nothing to hand off): they exit at once."""
+        ids = sorted(set(ids))
+        for w in ids:
+            self.store.set(f"ctl/preempt/{w}", str(self.current.number))
+        self.preempted |= set(ids)
+        self.log.append({"event": "preempt-standby", "workers": ids, "source": source})
 
     def ready(self) -> set[int]:
         """Members of the current epoch that have formed its groups and hold their layers."""
@@ -501,8 +639,10 @@ class Coordinator:
             self._resolve(step, TRAIN)
 
     # -- epochs ------------------------------------------------------------------------------------------
-    def _publish(self, epoch: Epoch) -> None:
+    def _publish(self, epoch: Epoch, source: str = "schedule") -> None:
         blob = epoch.to_json()
+        self._by_number[epoch.number] = epoch
+        self._sources[epoch.number] = source
         self.store.set(f"ctl/e{epoch.number}/decided", repr(time.time()))
         self.store.set(f"epoch/{epoch.number}", blob)
         self.store.set("epoch/current", blob)
@@ -537,45 +677,82 @@ class Coordinator:
         strategy: tuple[int, int] | None = None,
         preempt: Iterable[int] = (),
         added: Iterable[int] = (),
+        *,
+        noticed: Iterable[int] = (),
+        source: str = "schedule",
     ) -> Epoch | None:
         """Decide the boundary before `step` (held beforehand or claimed now): publish the next epoch, or let
-        training pass if nothing has to change. Preempted workers are told when their last epoch is."""
+        training pass if nothing has to change. Preempted workers are told when their last epoch is.
+
+        `noticed`: those of `preempt` whose preemption comes from a notice they reported (SIGTERM); the epoch's
+        `source` is then "sigterm" (else `source`: "schedule", "planner"). Preempted workers stay monitored until
+        they exit: a death during their hand-off breaks the migration (see `seal`)."""
         if self.current is None:
             raise RuntimeError("reconfigure before start")
         s = step if step in self._held else self.claim(step)
         preempt = tuple(sorted(preempt))
+        noticed = tuple(sorted(set(noticed) & set(preempt)))
+        if noticed:
+            source = "sigterm"
         self.admitted |= set(added)
         epoch = next_epoch(self.current, s, self.alive(), self.sizes, strategy, preempt, self.spec.train.global_batch)
         entry = {"step": s, "event": "reconfigure", "strategy": list(strategy) if strategy else None,
-                 "preempt": list(preempt), "added": sorted(added)}  # fmt: skip
+                 "preempt": list(preempt), "added": sorted(added), "source": source}  # fmt: skip
+        if noticed:
+            entry["noticed"] = list(noticed)
         if epoch is not None:
-            self._publish(epoch)
+            self._publish(epoch, source)
+            self._noticed[epoch.number] = noticed
         last_epoch = self.current.number
         for w in preempt:
             self.store.set(f"ctl/preempt/{w}", str(last_epoch))
         self.preempted |= set(preempt)
-        self.stop_monitoring(preempt)
         self._resolve(s, f"epoch:{epoch.number}" if epoch is not None else TRAIN)
         entry["kind"] = epoch.kind.value if epoch is not None else MigrationKind.NONE.value
         self.log.append(entry)
         return epoch
 
     def recover(self, step: int, strategy: tuple[int, int] | None = None) -> Epoch | None:
-        """After the current epoch broke: publish the live migration that continues from the survivors at `step`
-        (the step they abandoned), or return None when only a checkpoint-restart can continue (a layer lost its
-        last holder, or too few instances survive)."""
+        """After the current configuration broke (and `seal`): publish the live migration that continues from the
+        survivors at `step` (the step they abandoned), or return None when only a checkpoint-restart can continue
+        (a layer lost its last holder, or too few instances survive).
+
+        A committed current epoch is recovered from its own members. An uncommitted one is abandoned: the
+        replacement is planned from its base's holders — those it preempted still send what only they hold, its
+        strategy is kept if the survivors allow it — so a death during a hand-off loses nothing that survives."""
         cur = self.current
-        epoch = plan_recovery(cur, step, self.alive(), self.dead & set(cur.members), self.sizes,
-                              self.spec.train.global_batch, strategy)  # fmt: skip
+        gb = self.spec.train.global_batch
+        broken = self._broken_epochs()
+        if self.committed(cur):
+            epoch = plan_recovery(cur, step, self.alive(), self.dead & set(cur.members), self.sizes, gb, strategy)
+            noticed: tuple[int, ...] = ()
+        else:
+            base = self.epoch(cur.base_number)
+            departing = sorted(set(cur.preempted) - self.dead)
+            lost = self.dead & self.holders()
+            epoch = plan_recovery(base, step, self.alive(), lost, self.sizes, gb, strategy or (cur.D, cur.P),
+                                  departing=departing, number=cur.number + 1)  # fmt: skip
+            noticed = tuple(w for w in self._noticed.get(cur.number, ()) if w in departing)
         if epoch is not None:
-            self._publish(epoch)
-            self.log.append({"step": step, "event": "recover", "kind": epoch.kind.value, "lost": list(epoch.lost)})
+            self._publish(epoch, "failure")
+            self._noticed[epoch.number] = noticed
+            for n in broken:
+                self.store.set(f"ctl/e{n}/next", str(epoch.number))
+            self._replaced |= set(broken)
+            self.log.append({"step": step, "event": "recover", "kind": epoch.kind.value, "lost": list(epoch.lost),
+                             "rolled_back": cur.number if len(broken) > 1 else None})  # fmt: skip
         return epoch
 
     # -- checkpoint-restart ----------------------------------------------------------------------------------
     def restart_members(self) -> list[int]:
-        """The processes a checkpoint-restart stops: the live members of the current epoch."""
-        return sorted(set(self.current.members) - self.dead)
+        """The processes a checkpoint-restart stops and starts afresh: the live holders of state (the current epoch's
+        members; while its migration is uncommitted, its base's too), except those preempted (`leaving_members`)."""
+        return sorted(self.holders() - self.dead - self.preempted)
+
+    def leaving_members(self) -> list[int]:
+        """Holders of state under a preemption that a checkpoint-restart after a failure stops for good (their
+        migration was rolled back; their state is discarded with everyone else's)."""
+        return sorted((self.holders() & self.preempted) - self.dead)
 
     def order_restart(self, ids: Iterable[int], step: int | None = None) -> None:
         """Tell `ids` to exit for a checkpoint-restart; with `step`, resolve that held boundary so the members
@@ -624,15 +801,24 @@ class Coordinator:
         """Publish the checkpoint-restart epoch: the restarted processes (already joined) and any standby ones load
         checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first."""
         cur = self.current
-        lost = self.dead & set(cur.members)
+        lost = self.dead & self.holders()
+        broken = self._broken_epochs()
         epoch = restart_epoch(cur, restore_step, self.alive(), self.spec.model.n_layers_total, strategy,
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
+        for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
+            for n in broken:
+                key = f"ctl/e{n}/failed/{w}"
+                if self.store.check([key]):
+                    self.store.compare_set(f"ctl/e{epoch.number}/arrive/{w}", "", self.store.get(key).decode())
+                    break
         if self.spec.checkpoint_dir:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
         for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
             self.store.delete_key(f"loss/{s}")
         self._restarts.append((epoch.number, restore_step))
-        self._publish(epoch)
+        if self.epoch_broken():
+            self._replaced |= set(broken)
+        self._publish(epoch, "failure" if lost or steps_lost else "schedule")
         self.log.append({"step": restore_step, "event": "checkpoint-restart", "strategy": [epoch.D, epoch.P],
                          "lost": list(lost), "steps_lost": steps_lost})  # fmt: skip
         return epoch
@@ -684,6 +870,7 @@ class Coordinator:
         keys = [f"ctl/e{n}/ready/{w}" for w in epoch.members]
         keys += [f"ctl/e{n}/arrive/{w}" for w in epoch.previous if w not in self.dead]
         keys += [f"ctl/e{n}/sent/{w}" for w in {t.src for t in epoch.transfers} if w not in self.dead]
+        keys += [f"ctl/exit/{w}" for w in self._noticed.get(n, ()) if w not in self.dead]
         if self.store.check(keys):
             return True
         replaced = self.epochs[-1].number > n
@@ -701,6 +888,11 @@ class Coordinator:
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         pause_s is None for an epoch that broke before any member was ready.
+        source: what made the epoch — "schedule" (a scripted event), "planner" (an interval boundary's plan),
+        "sigterm" (a preemption notice a worker received as a signal), "failure" (a recovery). noticed: the
+        preempted workers whose notice it acts on; notice_to_exit_s: the longest time from such a notice (the signal)
+        to the worker's exit (None when none exited). abandoned: the migration was rolled back (a death during its
+        hand-off, before its first step was applied); the next epoch replaced it.
         """
         n = e.number
         arrive = self._times(n, "arrive", e.previous)
@@ -714,6 +906,16 @@ class Coordinator:
         keys = sorted({k for p in phases for k in p})
         detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
                   if w in self._detected_at and w in self._killed_at]  # fmt: skip
+        noticed = self._noticed.get(n, ())
+        to_exit = []
+        for w in noticed:
+            at = self.notice_at(w)
+            if at is not None and self.store.check([f"ctl/exit/{w}"]):
+                to_exit.append(float(self.store.get(f"ctl/exit/{w}")) - at)
+        decision = f"ctl/e{n}/decide/{e.start_step}"
+        abandoned = (e.kind not in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
+                     and self.store.check([decision]) and self.store.get(decision).decode() == ABORT
+                     and self.epochs[-1].number > n)  # fmt: skip
         return {
             "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
             "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
@@ -722,6 +924,8 @@ class Coordinator:
             "bytes_moved": self.store.add(f"ctl/e{n}/bytes", 0), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in keys},
+            "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
+            "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
         }  # fmt: skip
 
     def epoch_spans(self) -> list[dict[str, Any]]:

@@ -8,8 +8,9 @@ anything — the driver does), planning, training.
 
 How the pieces fit: the driver (`trainer.run`) asks the provider for processes and reports to the coordinator
 what the provider did; the coordinator tells the workers. A *preemption with notice* is `preempt(ids, notice_s)`:
-the job is told at once (by the driver), the workers hand off their layers and exit, and whatever is still running
-when the notice expires is killed — as a spot instance is reclaimed after its two-minute warning. A *kill* is a
+the provider sends SIGTERM (the cloud's warning), the worker reports the notice through the store, the driver decides
+the preemption at the next boundary, the workers hand off their layers and exit, and whatever is still running when
+the notice expires is killed — as a spot instance is reclaimed after its two-minute warning. A *kill* is a
 reclaim without warning (SIGKILL). `restart(ids)` is the per-instance agent's part, not the cloud's: a fresh worker
 process on the same instance after a checkpoint-restart (what torchelastic's agent does).
 
@@ -28,6 +29,7 @@ import abc
 import multiprocessing as mp
 import os
 import random
+import signal as _signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -69,6 +71,12 @@ class LocalProcessProvider(InstanceProvider):
 
     None outlives `stop()` (and each dies with its parent, see `trainer.worker._die_with_parent`). Exit codes of
     every process an instance ran are kept (`exit_history`), the current one is `exitcode(id)`.
+
+    It plays the cloud: `preempt(ids, notice_s)` gives notice as clouds do — SIGTERM now (the worker reports it to
+    the job, `trainer.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the driver
+    calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
+    notice the worker already received some other way (a signal from outside the job). `signal(ids, signum)`
+    sends any signal.
     """
 
     def __init__(self, host: str, port: int, token: str | None = None, start_method: str = "spawn") -> None:
@@ -85,6 +93,7 @@ class LocalProcessProvider(InstanceProvider):
         self.exit_history: dict[int, list[int]] = {}
         self._next_id = 0
         self._reclaim_at: dict[int, float] = {}
+        self.reclaimed: list[tuple[int, float]] = []  # (id, wall time) of processes killed at a notice's deadline
 
     def _spawn(self, w: int) -> None:
         old = os.environ.get("OMP_NUM_THREADS")
@@ -104,6 +113,31 @@ class LocalProcessProvider(InstanceProvider):
             self._spawn(w)
         return ids
 
+    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
+        """Start the instances `ids` (a resumed job starts those its schedule had alive, ids need not be
+        contiguous); later `start`s number on from `next_id` (or past the largest id given)."""
+        ids = list(ids)
+        running = sorted(w for w in ids if w in self.procs and self.procs[w].exitcode is None)
+        if running:
+            raise ValueError(f"instances {running} are already running")
+        for w in ids:
+            self._spawn(w)
+        self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
+        return ids
+
+    def signal(self, ids: Iterable[int], signum: int) -> list[int]:
+        """Send `signum` to the running processes of `ids`; returns the ids it reached."""
+        reached = []
+        for w in ids:
+            p = self.procs.get(w)
+            if p is not None and p.exitcode is None and p.pid is not None:
+                try:
+                    os.kill(p.pid, signum)
+                except ProcessLookupError:  # it ended meanwhile
+                    continue
+                reached.append(w)
+        return reached
+
     def restart(self, ids: Iterable[int]) -> None:
         """The agent's part of a checkpoint-restart: a fresh worker process for each of `ids` (theirs has ended)."""
         for w in ids:
@@ -114,10 +148,15 @@ class LocalProcessProvider(InstanceProvider):
             self.exit_history.setdefault(w, []).append(old.exitcode)
             self._spawn(w)
 
-    def preempt(self, ids: Iterable[int], notice_s: float) -> None:
+    def preempt(self, ids: Iterable[int], notice_s: float, *, notify: bool = True) -> None:
+        """Give `ids` notice (SIGTERM, unless `notify` is False: they already have it) and kill those still running
+        `notice_s` seconds from now (an earlier deadline already set stands)."""
+        ids = list(ids)
         deadline = time.monotonic() + notice_s
         for w in ids:
             self._reclaim_at[w] = min(self._reclaim_at.get(w, deadline), deadline)
+        if notify:
+            self.signal(ids, _signal.SIGTERM)
 
     def kill(self, ids: Iterable[int]) -> None:
         for w in ids:
@@ -130,13 +169,16 @@ class LocalProcessProvider(InstanceProvider):
                 p.join(timeout=5)
 
     def poll(self) -> None:
-        """Enforce expired notices."""
+        """Enforce expired notices (killed ones are appended to `reclaimed`)."""
         now = time.monotonic()
         due = [w for w, t in self._reclaim_at.items() if t <= now]
         for w in due:
             self._reclaim_at.pop(w)
-        if due:
-            self.kill(due)
+        running = [w for w in due if w in self.procs and self.procs[w].exitcode is None]
+        if running:
+            at = time.time()
+            self.kill(running)
+            self.reclaimed.extend((w, at) for w in running if self.procs[w].exitcode == -_signal.SIGKILL)
 
     def alive(self) -> set[int]:
         self.poll()

@@ -24,6 +24,11 @@ After a preemption *without* notice (a kill), `plan_recovery` plans the epoch th
 the survivors alone: the lost workers cannot send, so it is a live migration only if every layer still has a
 surviving holder; otherwise it returns None and the job falls back to a **checkpoint-restart** (`restart_epoch`:
 every process restarted, every layer loaded from the latest complete checkpoint, the steps since it recomputed).
+
+A migration is *committed* when the first step of its epoch is applied (`trainer.worker`): until then every old
+holder keeps the state of the epoch it migrates from (its `base`). A death during the hand-off therefore rolls the
+migration back — the broken epoch is abandoned, nothing of it installed — and `plan_recovery(base, ...,
+departing=..., number=...)` plans the replacement from the base epoch's holders (those under a notice still send).
 """
 
 from __future__ import annotations
@@ -68,7 +73,9 @@ class Epoch:
     (after sending what `transfers` asks of them); `previous` the members of the epoch it replaces that are still
     alive, who must all arrive at the boundary before the state moves; `lost` the members that died without notice
     (`notice` is then False). A `checkpoint-restart` epoch moves nothing between workers: its members are fresh
-    processes that load `restore_step`'s checkpoint.
+    processes that load `restore_step`'s checkpoint. `base` is the epoch whose layout the transfers are planned
+    from: the previous one, except after a migration that was rolled back (a death during its hand-off), when the
+    replacement is planned from the abandoned epoch's own base.
     """
 
     number: int
@@ -86,6 +93,7 @@ class Epoch:
     lost: tuple[int, ...] = ()  # members of the previous epoch that died without notice
     restore_step: int | None = None  # checkpoint-restart: the checkpoint every member loads (0: the initial weights)
     steps_lost: int = 0  # checkpoint-restart: committed steps thrown away and recomputed
+    base: int | None = None  # the epoch whose holders' state it is planned from (None: number - 1)
 
     def __post_init__(self) -> None:
         Strategy(self.D, self.P, tuple(self.bounds))  # validates the geometry
@@ -96,6 +104,11 @@ class Epoch:
     @property
     def strategy(self) -> Strategy:
         return Strategy(self.D, self.P, tuple(self.bounds))
+
+    @property
+    def base_number(self) -> int:
+        """The number of the epoch whose state this one is planned from."""
+        return self.number - 1 if self.base is None else self.base
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -126,7 +139,7 @@ class Epoch:
                 "kind": self.kind.value, "transfers": [list(t) for t in self.transfers],
                 "preempted": list(self.preempted), "previous": list(self.previous), "notice": self.notice,
                 "bytes_planned": self.bytes_planned, "lost": list(self.lost), "restore_step": self.restore_step,
-                "steps_lost": self.steps_lost,
+                "steps_lost": self.steps_lost, "base": self.base,
             }, sort_keys=True,
         )  # fmt: skip
 
@@ -139,7 +152,7 @@ class Epoch:
             kind=MigrationKind(d["kind"]), transfers=tuple(Transfer(*t) for t in d["transfers"]),
             preempted=tuple(d["preempted"]), previous=tuple(d["previous"]), notice=d["notice"],
             bytes_planned=d["bytes_planned"], lost=tuple(d.get("lost", ())), restore_step=d.get("restore_step"),
-            steps_lost=d.get("steps_lost", 0),
+            steps_lost=d.get("steps_lost", 0), base=d.get("base"),
         )  # fmt: skip
 
 
@@ -348,6 +361,7 @@ def next_epoch(
     global_batch: int | None = None,
     lost: Iterable[int] = (),
     force: bool = False,
+    number: int | None = None,
 ) -> Epoch | None:
     """The epoch that replaces `current` at the boundary before `step`, or None if nothing has to change.
 
@@ -355,7 +369,9 @@ def next_epoch(
     notice: they stay until they have handed off their layers). `lost` workers died without notice: they are
     neither survivors nor sources (the epoch has `notice=False`). Without a `strategy` the current D x P is kept
     if the survivors allow it, else D shrinks to what they allow (P is kept). With `force`, an unchanged
-    assignment still yields a new epoch (fresh groups after a broken one).
+    assignment still yields a new epoch (fresh groups after a broken one). `number`: the new epoch's number when it
+    is not `current.number + 1` (a replacement planned from the base of an abandoned epoch); its `base` is then
+    `current.number`.
     """
     preempted = set(preempt)
     dead = set(lost)
@@ -382,12 +398,13 @@ def next_epoch(
     bounds = partition(n_layers, p)
     layer_bytes = sizes.state_bytes(step)
     transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted, lost=dead)
+    n = current.number + 1 if number is None else number
     return Epoch(
-        number=current.number + 1, start_step=step, D=d, P=p, bounds=bounds, assignment=new,
+        number=n, start_step=step, D=d, P=p, bounds=bounds, assignment=new,
         kind=classify(current, d, p, survivors), transfers=tuple(transfers),
         preempted=tuple(sorted(preempted)), previous=tuple(w for w in current.members if w not in dead),
         notice=not dead, bytes_planned=bytes_moved(transfers, layer_bytes),
-        lost=tuple(sorted(dead & set(current.members))),
+        lost=tuple(sorted(dead & set(current.members))), base=None if n == current.number + 1 else current.number,
     )  # fmt: skip
 
 
@@ -412,18 +429,36 @@ def plan_recovery(
     sizes: LayerSizes,
     global_batch: int | None = None,
     strategy: tuple[int, int] | None = None,
+    *,
+    departing: Iterable[int] = (),
+    number: int | None = None,
 ) -> Epoch | None:
     """The live migration that replaces `current`, broken by the death of `lost`, before `step` (the abandoned
-    step, redone): from the survivors only, with `notice=False`. None if some layer has no surviving holder or
-    the survivors cannot form a strategy — then only a checkpoint-restart can continue the job."""
+    step, redone): from the survivors only, with `notice=False` when a member of `current` was lost. None if some
+    layer has no surviving holder or the survivors cannot form a strategy — then only a checkpoint-restart can
+    continue the job.
+
+    After a rolled-back migration `current` is the abandoned epoch's base and `number` the replacement's number;
+    `departing` are holders under a notice (the abandoned epoch's preempted workers, still alive): they send what
+    only they hold and get no role. `strategy` is tried first (the abandoned epoch's), then the default
+    (`recovery_strategy`)."""
     dead = set(lost)
-    survivors = sorted(set(alive) - dead)
+    gone = set(departing) - dead
+    alive_set = set(alive) | gone
+    survivors = sorted(alive_set - dead - gone)
     n_layers = len(sizes.params)
+    options = [strategy] if strategy is not None else []
     try:
-        d, p = strategy or recovery_strategy(current, len(survivors), n_layers, global_batch)
-        return next_epoch(current, step, survivors, sizes, (d, p), (), global_batch, lost=dead, force=True)
+        options.append(recovery_strategy(current, len(survivors), n_layers, global_batch))
     except PlanError:
-        return None
+        pass
+    for d, p in dict.fromkeys(options):
+        try:
+            return next_epoch(current, step, sorted(alive_set - dead), sizes, (d, p), sorted(gone), global_batch,
+                              lost=dead, force=True, number=number)  # fmt: skip
+        except PlanError:
+            continue
+    return None
 
 
 def restart_epoch(

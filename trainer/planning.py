@@ -4,10 +4,12 @@ boundary from what has happened so far — the runtime side of Parcae's receding
 Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protocol and three planners —
 `RulePlanner` (the trace replay's fixed rule, `trainer.instances.trace_strategy`), `LiveputPlanner` (the liveput
 optimizer, `liveput.optimizer.plan`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
-from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) — and the feasibility check every
+from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) —, the forecasts a liveput planner
+plans with (`persistence_forecast`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
+`make_planner` (a planner by kind, as `parcae train` and the train flow build one) and the feasibility check every
 decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.run`'s
 driver asks the planner and publishes the reconfiguration; `trainer.coordinator` owns the keys `hand_plan`
-writes), training.
+writes), training, fitting or choosing a forecaster (`forecasting`; the flows pick the champion).
 
 A planner is any callable `planner(request) -> ((D, P), details)` with a `name`; `details` is a JSON-able mapping
 that goes into the job's log and `PlanInfo.details` (the liveput plan's `to_dict()`, where a handed plan came from,
@@ -21,17 +23,25 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from trainer.migration import PlanError, check_strategy
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from liveput.scenarios import IntervalForecast
+    from trainer.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
 
 Strategy = tuple[int, int]
 
 __all__ = [
+    "PLANNERS",
+    "Forecast",
     "HandPlanError",
     "HandedPlan",
     "HandedPlanner",
@@ -40,13 +50,19 @@ __all__ = [
     "PlanRequest",
     "Planner",
     "RulePlanner",
+    "TraceForecast",
     "check_decision",
     "hand_plan",
     "infeasibility",
     "keep_strategy",
+    "make_planner",
+    "observed_change",
     "persistence_forecast",
     "plan_info_dict",
 ]
+
+#: The planner kinds `make_planner` builds (`parcae train --planner`, the train flow's ``planner``).
+PLANNERS: Final = ("rule", "liveput", "handed")
 
 
 @dataclass(frozen=True)
@@ -173,21 +189,104 @@ class RulePlanner:
         return trace_strategy(req.alive, req.n_layers, req.global_batch), {"rule": "trace_strategy"}
 
 
-Forecast = Callable[[Sequence[int], int], Sequence[Any]]
-"""(history of alive counts, this boundary's last, K) -> K `liveput.scenarios.IntervalForecast`s, the first for the
-coming interval (its `prev_available` and event lead from the last interval to this boundary)."""
+Forecast = Callable[[PlanRequest, int], "list[IntervalForecast]"]
+"""``forecast(req, k)``: the K = ``k`` `liveput.scenarios.IntervalForecast`s a `LiveputPlanner` plans over at the
+boundary `req` describes, the first for the coming interval (its `prev_available` and events: the change from the
+previous boundary's count to this one's, `observed_change`). A forecast may say where its latest forecasts came
+from — a model's name, or why persistence stood in — in a ``last`` attribute (str); the planner records it in the
+decision's details as ``"forecast"`` (a plain function is recorded by its name)."""
 
 
-def persistence_forecast(history: Sequence[int], k: int) -> list[Any]:
-    """Nothing will change (as `liveput.policies.persistence_forecast`), except that the change already observed at
-    this boundary — from the previous boundary's count to this one's (adds, preemptions, kills since) — is the
-    first interval's event, so the planner prices the migration it forces."""
+def observed_change(req: PlanRequest) -> IntervalForecast:
+    """The coming interval as the job sees it at this boundary: it starts from the previous boundary's count and
+    brings the change already observed (adds, preemptions, kills since), so the planner prices the migration that
+    change forces. The first interval of every forecast here."""
     from liveput.scenarios import IntervalForecast
 
-    now = history[-1]
-    before = history[-2] if len(history) > 1 else now
-    first = IntervalForecast.point(before, max(0, now - before), max(0, before - now))
-    return [first] + [IntervalForecast.point(now)] * (k - 1)
+    now = req.history[-1]
+    before = req.history[-2] if len(req.history) > 1 else now
+    return IntervalForecast.point(before, max(0, now - before), max(0, before - now))
+
+
+def persistence_forecast(req: PlanRequest, k: int) -> list[IntervalForecast]:
+    """Nothing will change (as `liveput.policies.persistence_forecast`), except the change observed at this boundary
+    (`observed_change`), which is the first interval's event."""
+    from liveput.scenarios import IntervalForecast
+
+    return [observed_change(req)] + [IntervalForecast.point(req.alive)] * (k - 1)
+
+
+@dataclass
+class TraceForecast:
+    """Parcae's availability predictor for a replayed trace (reference §A.3): a fitted forecasting model
+    (`forecasting.forecast.Forecaster`, e.g. the registry's champion) predicting from the trace's past.
+
+    The first of the K intervals is `observed_change`; the K-1 after it are ``forecaster.predict(past, K-1)``, where
+    ``past`` is `table` up to the interval whose change the job has just seen: the replay starts at trace interval
+    `start_interval` and applies interval ``start_interval + i``'s change at the boundary of interval ``i + 1``
+    (`trainer.instances.trace_schedule`), so the past of the boundary of ``req.interval`` is
+    ``table[: start_interval + req.interval]``. `table` is the trace scaled to the job's instances, as the replay
+    scales it (`of_trace`).
+
+    When the model cannot forecast the job's situation — the trace's past does not end at the alive count the job
+    sees (the replay keeps one instance where the trace has none; the trace has run out), or the forecaster refuses
+    the history (shorter than its window) — that decision is planned with `persistence_forecast` and `last` says
+    why, and the planner records it in the decision's details ("forecast"): never silently.
+    """
+
+    forecaster: Any
+    table: pd.DataFrame
+    start_interval: int = 0
+    last: str = field(default="", init=False)
+
+    @classmethod
+    def of_trace(
+        cls, forecaster: Any, trace: str | pd.DataFrame, workers: int, start_interval: int = 0
+    ) -> TraceForecast:
+        """The forecast of a replay of ``trace`` (a name or path for `forecasting.traces.load_trace`, or its table)
+        on ``workers`` instances from ``start_interval``, scaled as `trainer.instances.trace_schedule` scales it."""
+        from forecasting.traces import load_trace, scale_trace
+
+        table = load_trace(trace) if isinstance(trace, str) else trace
+        if not 0 <= start_interval < len(table):
+            raise ValueError(f"start_interval {start_interval} outside the trace's {len(table)} intervals")
+        return cls(forecaster, scale_trace(table, workers), start_interval)
+
+    @property
+    def model(self) -> str:
+        return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
+
+    def __call__(self, req: PlanRequest, k: int) -> list[IntervalForecast]:
+        from liveput.scenarios import IntervalForecast
+
+        first = observed_change(req)
+        if k == 1:
+            self.last = "observed change only (look-ahead 1)"
+            return [first]
+        past = self.table.iloc[: self.start_interval + req.interval]
+        seen = None if past.empty else int(past["available"].iloc[-1])
+        if seen != req.alive:
+            upto = self.start_interval + req.interval - 1
+            self.last = (f"persistence: the trace's past (to interval {upto}) ends at "
+                         f"{'nothing' if seen is None else seen}, the job has {req.alive} alive")  # fmt: skip
+            log.info("interval %d: %s", req.interval, self.last)
+            return persistence_forecast(req, k)
+        try:
+            forecast = self.forecaster.predict(past, k - 1)
+        except ValueError as exc:  # e.g. a history shorter than the forecaster's window
+            self.last = f"persistence: {self.model} refused the history ({exc})"
+            log.info("interval %d: %s", req.interval, self.last)
+            return persistence_forecast(req, k)
+        self.last = str(forecast.model)
+        return [first, *IntervalForecast.from_forecast(forecast)]
+
+
+def _forecast_name(forecast: Any) -> str:
+    """How a decision's details name the forecasts it planned with (`Forecast`'s ``last``)."""
+    if forecast is persistence_forecast:
+        return "persistence"
+    last = getattr(forecast, "last", None)
+    return str(last) if last else str(getattr(forecast, "__name__", type(forecast).__name__))
 
 
 class LiveputPlanner:
@@ -197,8 +296,10 @@ class LiveputPlanner:
 
     `profile` and `cost` describe the runtime's model (e.g. tiny-gpt as measured by `parcae profile`); the
     scenario tables (`liveput.scenarios.ScenarioStore`) are built once and cached across decisions. `forecast`
-    turns the request's history into the K interval forecasts (default `persistence_forecast`). Details: the plan's
-    `to_dict()` (decision, expected samples, the K steps, the alternatives, decision time).
+    (a `Forecast`) gives the K interval forecasts at each boundary (default `persistence_forecast`). Details: the
+    plan's `to_dict()` (decision, expected samples, the K steps, the alternatives, decision time), the ``model``,
+    ``look_ahead`` and ``interval_s`` it planned with, ``forecast`` (where the forecasts came from) and
+    ``intervals`` (the forecasts: per interval, the instances before it and its law over (n_in, n_out, prob)).
     """
 
     name = "liveput"
@@ -223,9 +324,18 @@ class LiveputPlanner:
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
         from liveput.optimizer import JobState, plan
 
-        forecast = list(self.forecast(req.history, self.config.look_ahead))
+        forecast = list(self.forecast(req, self.config.look_ahead))
         result = plan(self.store, forecast, JobState(strategy=tuple(req.current)), self.config)
-        return check_decision(self.name, result.decision, req), result.to_dict()
+        details = {
+            "model": getattr(self.profile, "model", None),
+            "look_ahead": self.config.look_ahead,
+            "interval_s": self.config.interval_s,
+            "forecast": _forecast_name(self.forecast),
+            "intervals": [{"prev_available": f.prev_available, "events": [list(e) for e in f.events]}
+                          for f in forecast],
+            **result.to_dict(),
+        }  # fmt: skip
+        return check_decision(self.name, result.decision, req), details
 
 
 class HandedPlanner:
@@ -259,6 +369,65 @@ class HandedPlanner:
             decision, more = self.fallback(req)
             return decision, {"source": self.fallback.name, "fallback": dict(more), **details}
         return keep_strategy(req), {"source": "keep", **details}
+
+
+# ------------------------------------------------------------------------------------------------ by kind
+
+
+def make_planner(
+    kind: str,
+    *,
+    profile: RuntimeProfile | None = None,
+    forecaster: Any = None,
+    trace: str | pd.DataFrame | None = None,
+    workers: int | None = None,
+    start_interval: int = 0,
+    look_ahead: int = 4,
+    interval_s: float = 60.0,
+    model: str | None = None,
+) -> tuple[Planner, str]:
+    """The live planner of kind ``kind`` (one of `PLANNERS`) and, in a sentence, the forecasts it plans with (for a
+    run's tags and the job's report) — how `parcae train` and the train flow build their planner.
+
+    ``rule``: `RulePlanner`. ``handed``: `HandedPlanner` (plans handed in with `hand_plan`, e.g. by plan-interval
+    flow runs; the current strategy until one arrives). ``liveput``: `LiveputPlanner` on the runtime ``profile``
+    (`trainer.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
+    ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` (a fitted
+    `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
+    ``start_interval`` (`TraceForecast`), or with `persistence_forecast` when no forecaster is given. The other
+    kinds ignore ``profile``, ``forecaster`` and ``trace``.
+
+    Raises ValueError naming the fix: an unknown kind, a liveput planner without a profile or with another model's,
+    a forecaster without the trace (and instances) it forecasts.
+    """
+    if kind == "rule":
+        return RulePlanner(), "none (the rule planner: two stages once two are alive, as many replicas as fit)"
+    if kind == "handed":
+        return HandedPlanner(), "none in the job (plans are handed in from outside, e.g. by plan-interval flow runs)"
+    if kind != "liveput":
+        raise ValueError(f"unknown planner {kind!r}; choose one of {', '.join(PLANNERS)}")
+    if profile is None:
+        raise ValueError("the liveput planner needs a runtime profile of the trainer: give --profile PATH (the flow's "
+                         "`profile`), a file written by `parcae profile`")  # fmt: skip
+    throughput = profile.throughput
+    if model is not None and throughput.model != model:
+        raise ValueError(f"the runtime profile is of model {throughput.model!r}, the job trains {model!r}: measure "
+                         f"one with `parcae profile --model {model}`")  # fmt: skip
+    if forecaster is None:
+        forecast: Forecast = persistence_forecast
+        what = "persistence (the alive count stays; the change seen at each boundary is priced)"
+    else:
+        if trace is None or workers is None:
+            raise ValueError("a forecaster forecasts from the replayed trace's past: give the trace and the job's "
+                             "instances (workers), or no forecaster (persistence)")  # fmt: skip
+        source = TraceForecast.of_trace(forecaster, trace, workers, start_interval)
+        name = trace if isinstance(trace, str) else str(trace.attrs.get("name", "the trace"))
+        forecast = source
+        what = (f"{source.model} on {name}'s past (persistence where it cannot forecast, said in each decision's "
+                "details)")  # fmt: skip
+    planner = LiveputPlanner(throughput, profile.cost_model(), look_ahead=look_ahead, interval_s=interval_s,
+                             forecast=forecast)  # fmt: skip
+    return planner, what
 
 
 # ------------------------------------------------------------------------------------------------ handing plans in

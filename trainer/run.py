@@ -3,17 +3,32 @@ optionally a live planner, observers and a resume from the job's last checkpoint
 
 Owns: `run_job` (used by the tests, the benchmarks, flows and the CLI: `train`), the driver loop that applies the
 schedule (`_Driver`), the calls to the live planner at interval boundaries, the calls to the job's observers, the
-reaction to failures (detection -> recovery or checkpoint-restart), the worker processes' lifetime through a
+decisions on the preemption notices workers report, the reaction to failures (detection -> recovery or
+checkpoint-restart), the worker processes' lifetime through a
 `trainer.instances.LocalProcessProvider` (none outlives the call), the resume point and the job's result. Must not
 touch: migration planning (`trainer.migration`), what a planner decides (`trainer.planning`), the control plane's
 store layout (`trainer.coordinator`), training (`trainer.worker`).
 
 How a schedule is driven: every event step's boundary is *held* before any worker starts (a scripted schedule is a
 perfect forecast), so workers reaching it wait for its decision and each reconfiguration lands exactly at its step.
-Events are then decided in order as soon as possible — a preemption with notice or a plan needs nothing from the
-workers; an `add` starts the new instances' processes when the schedule reaches it (i.e. right after the previous
-reconfiguration is published) and is decided once they have joined, so if they are slower to start than training
-is to reach the step, the hold shows up in that migration's pause (as a real scale-up's rendezvous would).
+Events are then decided in order, each just in time (`_Driver.await_boundary`): once training is live at the step
+before it and the current epoch is committed (its first step applied) — so that the epoch in force is the one
+training, a preemption notice received meanwhile can still get an earlier boundary, and no epoch is planned on top
+of a migration that may still roll back. An `add` starts the new instances' processes when the schedule reaches
+it (or earlier, `prestart`) and is decided once they have joined, so if they are slower to start than training is
+to reach the step, the hold shows up in that migration's pause (as a real scale-up's rendezvous would).
+
+Preemption notices (SIGTERM, as clouds give them; `trainer.worker.Notice`): a worker that receives one reports its
+deadline (`notice_grace_s` after the signal) and keeps training. The driver polls the reports with the heartbeats
+(`poll_notices`), has the provider enforce the deadline (it kills whatever still runs then: the cloud's part), and
+decides the preemption on top of the committed current epoch (`decide_notices`): a standby instance leaves at once;
+members are preempted at the next boundary training has not reached (`Coordinator.claim`) — the reconfiguration a
+scripted `preempt` gives — or, in a planned job, at the next interval boundary if it comes `NOTICE_MARGIN_S`
+before the deadline (the decision there then includes it), or at a scheduled event's boundary if the claim lands on
+it. Its record says `"source": "sigterm"`, which workers it noticed and the notice-to-exit time. A scripted
+`preempt` is decided by the driver and then signalled through the provider (SIGTERM, killed after `NOTICE_S`); the
+worker's report of that signal changes nothing. A worker still running at its deadline is killed and recovered from
+like any death; so is a process SIGKILLed from outside the job (found by its exit code).
 
 A `kill` at step s: the boundary before s+1 is held as well, the driver waits until the victim has *started* step s
 (its `ctl/at` key) and SIGKILLs it — mid-step, or at the latest while it waits at boundary s+1. Nothing tells the
@@ -54,8 +69,13 @@ loss list starts there (`first_step`). Worker processes of a killed driver do no
 it dies: `trainer.worker._die_with_parent`; with "forkserver", when the fork server, which exits with its parent,
 dies).
 
-Not recovered: a death *during* a migration's hand-off (the transfer group fails at its timeout and the job fails
-with `JobError`); scripted kills therefore land mid-step, once every member has formed the epoch's groups.
+A death during a migration's hand-off (a sender, a receiver, a member forming the new groups, a preempted worker
+waiting to leave) is recovered too: a migration commits only with its epoch's first step, so until then every holder
+of the epoch it started from still has that state. The coordinator flags the epochs broken as soon as the death is
+detected (heartbeat timeout, or the exit code), every wait of the hand-off gives up on that flag within a few ms,
+`Coordinator.seal` rolls the migration back and the replacement is planned from the old epoch's holders (live if
+every layer still has one, else a checkpoint-restart). Scripted kills still land mid-step, once every member has
+formed the epoch's groups, so that their detection time is measured alike.
 """
 
 from __future__ import annotations
@@ -77,6 +97,7 @@ from trainer.instances import LocalProcessProvider, LocalTraceProvider, trace_st
 from trainer.model import layer_names
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 from trainer.pipeline import parameters_checksum
+from trainer.migration import PlanError, recovery_strategy
 from trainer.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
 from trainer.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART
 
@@ -84,21 +105,14 @@ POLL_S = 0.005
 OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
 KILLED = -9  # exit code of a SIGKILLed process
 NOTICE_S = 120.0  # a preempted worker still running this long after its notice is killed (AWS: two minutes)
+NOTICE_MARGIN_S = 5.0  # a notice is folded into the next interval boundary only if it comes this long before the
+# deadline (time for the hand-off itself); else the preemption gets a boundary of its own at once
+NOTICE_POLL_S = 0.05  # notices are read from the store at most this often (with the heartbeats)
+GONE = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, 1, 3}  # exit codes a worker declared dead may show
 
 
 class JobError(RuntimeError):
     """A job that started but did not finish: a worker failed, exited unexpectedly or the job timed out."""
-
-
-class _Provider(LocalProcessProvider):
-    """A `LocalProcessProvider` that can also start instances with given ids: a resumed job starts the instances its
-    schedule had alive at the resume step (ids need not be contiguous), and later adds go on from `next_id`."""
-
-    def start_ids(self, ids: Sequence[int], next_id: int) -> list[int]:
-        for w in ids:
-            self._spawn(w)
-        self._next_id = max([next_id, *(w + 1 for w in ids)])
-        return list(ids)
 
 
 class _Driver:
@@ -106,7 +120,7 @@ class _Driver:
     asks the planner at interval boundaries and feeds the observers."""
 
     def __init__(
-        self, coord: Coordinator, provider: _Provider, groups: Sequence[EventGroup], steps: int,
+        self, coord: Coordinator, provider: LocalProcessProvider, groups: Sequence[EventGroup], steps: int,
         deadline: float, pg_timeout_s: float, max_processes: int, *, observer: ObserverList | None = None,
         planner: Planner | None = None, intervals: Iterable[int] = (), steps_per_interval: int = 0,
     ) -> None:  # fmt: skip
@@ -117,6 +131,17 @@ class _Driver:
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
         self._recovering = False
         self._no_death_recoveries = 0
+        self._killed_outside: set[int] = set()  # processes found SIGKILLed by someone else than the driver
+        self._unscheduled: set[int] = set()  # instances lost without the schedule saying so (notices, deaths)
+        self._scripted_kills: set[int] = set()
+        # preemption notices (SIGTERM): worker -> its deadline (monotonic clock); decided at a boundary
+        self._noticed: dict[int, float] = {}
+        self._notice_polled = 0.0
+        self._folding: set[int] = set()  # noticed workers waiting for the next interval boundary's decision
+        self._unplaceable: set[int] = set()  # noticed workers no one survives to take over from
+        self._deciding = False  # inside a boundary decision or a scripted kill: notices wait
+        self._stops_left: set[int] = set()  # scripted event steps and interval boundaries not decided yet
+        self._trained_from = (0.0, 0)  # (monotonic time, step) when training started: the step time estimate
         # live planning
         self.planner = planner
         self.intervals = sorted(intervals)
@@ -137,11 +162,15 @@ class _Driver:
 
     # -- waiting --------------------------------------------------------------------------------------------
     def check(self) -> None:
-        """Raise `JobError` if a process ended with a code it was not expected to."""
+        """Raise `JobError` if a process ended with a code it was not expected to. One SIGKILLed from outside the
+        job (an instance reclaimed without notice, the OOM killer) is a death: the next `tick` recovers from it."""
         self.provider.poll()
         for w, p in self.provider.procs.items():
             code = p.exitcode
-            if code is not None and code not in self.allowed.get(w, {EXIT_DONE}):
+            if code == KILLED and code not in self.allowed.get(w, {EXIT_DONE}):
+                self.allowed[w] = set(GONE)
+                self._killed_outside.add(w)
+            elif code is not None and code not in self.allowed.get(w, {EXIT_DONE}):
                 c = self.coord
                 msg = c.message("error", w) or c.message("rejected", w)
                 raise JobError(f"worker {w} exited with code {code}" + (f": {msg}" if msg else " (no message)"))
@@ -151,9 +180,32 @@ class _Driver:
         self.observe()
         if self._recovering:
             return
-        stale = self.coord.check_heartbeats()
+        self.poll_notices()
+        stale = self.coord.check_heartbeats() | self.vanished()
         if stale or self.coord.epoch_broken():
             self.recover(stale)
+            return
+        self.decide_notices()
+
+    def vanished(self) -> set[int]:
+        """Instances the provider killed at their notice's deadline (before they had left), and processes SIGKILLed
+        from outside the job: dead at once (declared), no need to wait for their heartbeat to stop."""
+        c = self.coord
+        out = set()
+        while self.provider.reclaimed:
+            w, at = self.provider.reclaimed.pop(0)
+            if w not in c.dead and not c.ended(w):
+                c.note_killed([w], at)
+                self.allowed[w] = set(GONE)
+                c.declare_dead([w], "killed at its notice's deadline")
+                out.add(w)
+        for w in sorted(self._killed_outside):
+            if w not in c.dead and not c.ended(w):
+                c.declare_dead([w], "its process was killed")
+                self._unscheduled.add(w)
+                out.add(w)
+        self._killed_outside.clear()
+        return out
 
     def wait(self, cond: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
         end = self.deadline if timeout_s is None else min(self.deadline, time.monotonic() + timeout_s)
@@ -187,6 +239,150 @@ class _Driver:
     def wait_joined(self, ids: Sequence[int]) -> None:
         self.coord.wait_joined(ids, self.deadline - time.monotonic(), self.check)
 
+    # -- preemption notices -----------------------------------------------------------------------------------
+    def poll_notices(self) -> None:
+        """Read the notices workers reported (SIGTERM) since the last poll. One for a worker the driver already
+        preempted (a scripted preemption's own SIGTERM) or declared dead changes nothing; any other is pending until
+        a boundary decides it, and the provider kills the worker at its deadline (what the cloud does)."""
+        now = time.monotonic()
+        c = self.coord
+        if now - self._notice_polled < NOTICE_POLL_S or c.current is None:
+            return
+        self._notice_polled = now
+        for w, deadline in c.new_notices().items():
+            if w in c.preempted or w in c.dead or w in self._noticed:
+                continue
+            left = deadline - time.time()
+            self._noticed[w] = now + left
+            self._unscheduled.add(w)
+            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+            self.provider.preempt([w], max(0.0, left), notify=False)
+            c.note({"event": "notice", "worker": w, "source": "sigterm", "deadline": deadline,
+                    "step": max((c.progress(m) for m in c.current.members), default=-1)})  # fmt: skip
+
+    def _pending_notices(self) -> dict[int, float]:
+        c = self.coord
+        self._noticed = {w: d for w, d in self._noticed.items() if w not in c.preempted and w not in c.dead}
+        self._folding &= self._noticed.keys()
+        return self._noticed
+
+    def _step_s(self, at_step: int) -> float:
+        """Seconds per step so far (for when a boundary will come)."""
+        t0, s0 = self._trained_from
+        return (time.monotonic() - t0) / max(1, at_step - s0)
+
+    def decide_notices(self) -> None:
+        """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves
+        at once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a
+        planned job folded into the next interval boundary's decision if it comes at least `NOTICE_MARGIN_S` before
+        the earliest deadline, into a scheduled event's decision if the claim lands on its boundary. The
+        reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed workers send the
+        layers whose last copy they hold, then exit)."""
+        pending = self._pending_notices()
+        c = self.coord
+        if not pending or self._deciding or self._recovering or c.current is None:
+            return
+        if not c.committed():
+            return  # new epochs are planned on top of a committed one: at most a step away
+        standby = sorted(w for w in pending if w not in c.current.members and w in c.alive())
+        if standby:
+            c.preempt_standby(standby)
+        members = sorted(w for w in pending if w in c.current.members and w not in self._unplaceable)
+        if not members:
+            return
+        p = max(c.progress(m) for m in c.current.members)
+        first = p + 1
+        if first >= self.steps:
+            return  # the job ends before any boundary: the noticed workers finish it
+        deadline = min(pending[w] for w in members)
+        if self.planner is not None:
+            upcoming = [b for b in self._stops_left if b in self.intervals and b >= first]
+            if upcoming:
+                b = min(upcoming)
+                eta = time.monotonic() + (b - p) * self._step_s(p)
+                if eta <= deadline - NOTICE_MARGIN_S:
+                    new = set(members) - self._folding
+                    if new:
+                        c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
+                    self._folding |= new
+                    return
+        s = c.claim(first)
+        if s in self._stops_left:
+            return  # the boundary of a decision the schedule makes anyway: the notices are folded into it
+        if s >= self.steps:
+            c.release(s)
+            return
+        silent = self.settle()
+        if silent:
+            self.release_after(s, silent)
+            return
+        self._deciding = True
+        try:
+            leaving = [w for w in members if w in c.alive()]
+            self.reconfigure(s, None, leaving, (), leaving)
+        finally:
+            self._deciding = False
+
+    def reconfigure(
+        self, s: int, strategy: tuple[int, int] | None, preempt: Sequence[int], added: Sequence[int],
+        noticed: Sequence[int], source: str = "schedule",
+    ) -> None:  # fmt: skip
+        """`Coordinator.reconfigure`, made to fit instances the schedule did not expect to lose (notices, deaths):
+        if the strategy no longer fits, keep P and as many replicas as survive (else one pipeline of as many stages);
+        if nobody survives to take over from the noticed workers, decide without them (they run to their deadline,
+        then die like any worker)."""
+        c = self.coord
+        try:
+            c.reconfigure(s, strategy, preempt, added, noticed=noticed, source=source)
+            return
+        except PlanError as e:
+            if not self._unscheduled:
+                raise  # (the schedule's dry run says this cannot happen)
+            error = e
+        left = len(c.alive() - set(preempt))
+        options: list[tuple[int, int] | None] = [None]
+        try:
+            options.append(recovery_strategy(c.current, left, c.spec.model.n_layers_total, c.spec.train.global_batch))
+        except PlanError:
+            pass
+        for option in options:
+            try:
+                c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
+                c.note({"event": "plan-dropped", "step": s, "strategy": list(strategy or ()), "reason": str(error),
+                        "instead": list(option) if option else None})  # fmt: skip
+                return
+            except PlanError:
+                continue
+        if not noticed:
+            raise error
+        c.note({"event": "notice-unplaceable", "step": s, "workers": list(noticed), "reason": str(error)})
+        self._unplaceable |= set(noticed)
+        self.reconfigure(s, strategy, [w for w in preempt if w not in noticed], added, (), source)
+
+    def release_after(self, s: int, silent: set[int]) -> None:
+        """A boundary claimed for a notice, when instances fell silent meanwhile: let training pass it and recover
+        (the notices are decided afterwards)."""
+        self.coord.release(s)
+        self.recover(silent)
+
+    def _departures(self, preempt: Iterable[int]) -> tuple[list[int], list[int]]:
+        """The preemptions a boundary decision makes: the scheduled ones still possible, plus every pending notice
+        (folded). Returns (all preempted, those from notices)."""
+        c = self.coord
+        alive = c.alive()
+        noticed = sorted(w for w in self._pending_notices() if w in alive)
+        scheduled = [w for w in preempt if w in alive and w not in noticed]
+        return sorted(set(scheduled) | set(noticed)), noticed
+
+    def await_boundary(self, s: int) -> None:
+        """Wait until training is live at step s-1 (decisions use only the past, and a notice can still be decided
+        before s) and the current epoch is committed (nothing is planned on top of a migration that may still roll
+        back)."""
+        c = self.coord
+        if s - 1 >= c.first_step:
+            self.wait(lambda: self.live_at(s - 1) and c.committed(),
+                      f"training to start step {s - 1} (before deciding step {s})")  # fmt: skip
+
     # -- the schedule -----------------------------------------------------------------------------------------
     def run(
         self,
@@ -206,9 +402,11 @@ class _Driver:
         holds = set(stops) | {g.step + 1 for g in self.groups if g.kill}
         for s in sorted(holds):
             c.claim(s)
+        self._stops_left = set(stops)
         ids = self.start_instances(workers, next_id)
         self.wait_joined(ids)
         c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
+        self._trained_from = (time.monotonic(), restore_step)
         self.history = [len(c.alive())]
         self._next_step = restore_step
         self.observer.on_start(start_info)
@@ -220,6 +418,7 @@ class _Driver:
                 self.plan_at(s, i, g)
             else:
                 self.apply(i, g)
+            self._stops_left.discard(s)
             if g is not None and g.kill and g.step + 1 not in stops:
                 c.release(g.step + 1)
         # the final epoch trains to the end and writes its shards
@@ -238,23 +437,33 @@ class _Driver:
             self._started[i] = self.start_instances(g.add)
 
     def apply(self, i: int, g: EventGroup) -> None:
+        """Decide scheduled group `g` at its held boundary, just in time: once training is live at the step before
+        (`await_boundary`), so that a notice received meanwhile can still get an earlier boundary of its own."""
         c = self.coord
         self.prestart(i)
         if g.add and i not in self._started:
             self._started[i] = self.start_instances(g.add)
         added = self._started.get(i, [])
-        self.wait_joined(added)
-        silent = self.settle()  # plan only with instances known to be alive
-        if silent:
-            self.recover(silent)
-        if g.restart:
-            c.admit(added)
-            self.checkpoint_restart(g.step, g.strategy, on_demand=True)
-        else:
-            c.reconfigure(g.step, g.strategy, g.preempt, added)
-            for w in g.preempt:
-                self.allowed[w] = {EXIT_PREEMPTED, KILLED}
-            self.provider.preempt(g.preempt, NOTICE_S)
+        self.await_boundary(g.step)
+        self._deciding = True
+        try:
+            self.wait_joined(added)
+            silent = self.settle()  # plan only with instances known to be alive
+            if silent:
+                self.recover(silent)
+            if g.restart:
+                c.admit(added)
+                self.checkpoint_restart(g.step, g.strategy, on_demand=True)
+            else:
+                preempt, noticed = self._departures(g.preempt)
+                self.reconfigure(g.step, g.strategy, preempt, added, noticed)
+                for w in preempt:
+                    self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+                # the schedule's own preemptions get their notice now (SIGTERM); the workers' reports of it change
+                # nothing (they are preempted already); noticed ones have theirs
+                self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
+        finally:
+            self._deciding = False
         if g.kill:
             self.kill(g.step, g.kill)
 
@@ -269,21 +478,32 @@ class _Driver:
         pass); then the group's kills, as `apply` does."""
         c = self.coord
         assert self.planner is not None
-        if s - 1 >= c.first_step:  # the decision uses only the past: wait for the interval's last step
-            self.wait(lambda: self.live_at(s - 1), f"training to start step {s - 1} (before planning step {s})")
+        self.await_boundary(s)  # the decision uses only the past: wait for the interval's last step
+        self._deciding = True
+        try:
+            self._plan_at(s, i, g)
+        finally:
+            self._deciding = False
+        if g is not None and g.kill:
+            self.kill(s, g.kill)
+
+    def _plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
+        c = self.coord
+        assert self.planner is not None
         self.prestart(0)
         added: list[int] = []
-        preempt: tuple[int, ...] = ()
+        scheduled: tuple[int, ...] = ()
         if g is not None and i is not None:
             if g.add and i not in self._started:
                 self._started[i] = self.start_instances(g.add)
             added = self._started.get(i, [])
             self.wait_joined(added)
-            preempt = g.preempt
+            scheduled = g.preempt
         silent = self.settle()  # plan only with instances known to be alive
         if silent:
             self.recover(silent)
         c.admit(added)
+        preempt, noticed = self._departures(scheduled)
         alive = len(c.alive() - set(preempt))
         self.history.append(alive)
         self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
@@ -300,12 +520,10 @@ class _Driver:
         self.plans.append(info)
         c.note({"event": "plan", **plan_info_dict(info)})
         self.observer.on_plan(info)
-        c.reconfigure(s, decision, preempt, added)
+        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")
         for w in preempt:
-            self.allowed[w] = {EXIT_PREEMPTED, KILLED}
-        self.provider.preempt(preempt, NOTICE_S)
-        if g is not None and g.kill:
-            self.kill(s, g.kill)
+            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+        self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
 
     # -- observers ----------------------------------------------------------------------------------------------
     def observe(self, force: bool = False, final: bool = False) -> None:
@@ -367,6 +585,17 @@ class _Driver:
         """SIGKILL `victims` once they have started `step` (standby victims: once training has), then wait until the
         coordinator has noticed and the job has recovered."""
         c = self.coord
+        victims = [v for v in victims if v not in c.dead and v not in c.preempted]  # (gone after a notice)
+        if not victims:
+            return
+        was, self._deciding = self._deciding, True
+        try:
+            self._kill(step, victims)
+        finally:
+            self._deciding = was
+
+    def _kill(self, step: int, victims: Sequence[int]) -> None:
+        c = self.coord
         members = set(c.current.members)
         in_epoch = [v for v in victims if v in members]
 
@@ -382,6 +611,7 @@ class _Driver:
         self.wait(started, f"workers {sorted(victims)} to start step {step}")
         for v in victims:
             self.allowed[v] = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART}
+        self._scripted_kills |= set(victims)
         at = time.time()
         self.provider.kill(victims)
         c.note_killed(victims, at)
@@ -389,8 +619,10 @@ class _Driver:
 
     # -- failures ---------------------------------------------------------------------------------------------
     def recover(self, stale: Iterable[int]) -> None:
-        """The current epoch broke, or heartbeats stopped: declare the dead, collect the survivors' reports, then
-        continue with a live migration or, failing that, a checkpoint-restart."""
+        """The current epoch broke, or heartbeats stopped, or the provider reclaimed a noticed instance: declare the
+        dead, fix whether the current migration committed (`Coordinator.seal`), collect the survivors' reports,
+        then continue with a live migration or, failing that, a checkpoint-restart. A death during a migration's
+        hand-off is detected like any other (heartbeat timeout) and rolls the migration back."""
         c = self.coord
         self._recovering = True
         try:
@@ -399,16 +631,19 @@ class _Driver:
             while True:
                 if dead:
                     for w in dead:
-                        self.allowed[w] = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, 1, 3}
+                        self.allowed[w] = set(GONE)
+                    self._unscheduled |= set(dead) - self._scripted_kills
                     c.declare_dead(dead)
                     self.provider.kill(dead)  # fence: a hung worker must not come back into the job
                 if not c.epoch_broken():
-                    return  # a standby instance died: nothing to redo
-                survivors = set(c.current.members) - c.dead
+                    return  # a standby instance (or a preempted one that had handed off) died: nothing to redo
+                c.break_epoch(c.epoch_broken() or "")  # a worker's own flag: every party of the migration sees it
+                c.seal()
+                survivors = c.reporters()
                 if not survivors:
                     reports: dict[int, int] = {}
                     break
-                dead = c.check_heartbeats()
+                dead = c.check_heartbeats(every_s=0.02) | self.vanished()
                 if dead:
                     continue
                 self.check()
@@ -424,20 +659,20 @@ class _Driver:
                 c.declare_dead(more)
                 self.provider.kill(more)
                 for w in more:
-                    self.allowed[w] = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, 1, 3}
+                    self.allowed[w] = set(GONE)
                 survivors -= more
-            if not (c.dead & set(c.current.members)):
+            if not (c.dead & c.holders()):
                 self._no_death_recoveries += 1
                 if self._no_death_recoveries > 3:
                     raise JobError(f"epoch {c.current.number} keeps breaking with every worker alive: "
                                    f"{c.epoch_broken()}")  # fmt: skip
-            redo = set(reports.values())
+            redo = {reports[w] for w in survivors if w in reports}
             if len(redo) > 1:
                 raise JobError(f"survivors disagree on the step to redo: {reports}")
             if redo:
                 r = redo.pop()
             else:  # nobody survived: the step is the one the dead started last
-                r = max(c.progress(w) for w in c.current.members)
+                r = max(c.progress(w) for w in c.holders())
             if c.recover(r) is None:
                 self.checkpoint_restart(r, None, on_demand=False, survivors=sorted(survivors))
         finally:
@@ -453,10 +688,14 @@ class _Driver:
         was, self._recovering = self._recovering, True
         try:
             ids = c.restart_members()
+            # holders under a notice whose hand-off was rolled back: their state is discarded too, and they leave
+            leaving = [] if on_demand else c.leaving_members()
             for w in ids:
                 self.allowed[w] = {EXIT_RESTART}
-            c.order_restart(ids if not on_demand else (), step=step if on_demand else None)
-            self.wait(lambda: all(self.provider.exitcode(w) is not None for w in ids),
+            for w in leaving:
+                self.allowed[w] = {EXIT_RESTART, EXIT_PREEMPTED, KILLED}
+            c.order_restart([*ids, *leaving] if not on_demand else (), step=step if on_demand else None)
+            self.wait(lambda: all(self.provider.exitcode(w) is not None for w in [*ids, *leaving]),
                       f"workers {ids} to exit for a checkpoint-restart", self.pg_timeout_s + 30)  # fmt: skip
             self.check()
             restore = c.latest_checkpoint()
@@ -511,6 +750,7 @@ def run_job(
     planner: Planner | None = None,
     steps_per_interval: int = 0,
     resume: bool = False,
+    notice_grace_s: float = 30.0,
 ) -> dict[str, Any]:
     """Train `steps` steps on `workers` initial instances starting at `strategy` = (D, P), applying `events`.
 
@@ -531,6 +771,12 @@ def run_job(
     `events` must then be availability events only (add, preempt, kill). With `resume`, the job starts from the
     latest complete checkpoint of the same job in `checkpoint_dir` if there is one (see the module docstring), else
     from scratch; the files a killed run left in `out_dir` do not block it.
+
+    A worker process that receives SIGTERM takes it as a preemption notice with `notice_grace_s` seconds of grace
+    (GCP gives 30 s, the default; AWS 120 s): the job hands its layers off at the next boundary (in a planned job,
+    at the next interval boundary if that comes `NOTICE_MARGIN_S` before the deadline) and the worker exits; one
+    still running at the deadline is killed and recovered from like any death. Its reconfiguration record says
+    `"source": "sigterm"`.
     Returns (JSON-serialisable)::
 
         {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
@@ -597,10 +843,11 @@ def run_job(
         model, train_cfg, steps, layers_dir=str(layers_dir), checkpoint_dir=str(ckpt_dir),
         checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token, require_token=require_token,
         pg_timeout_s=pg_timeout_s, hb_interval_s=hb_interval_s, hb_timeout_s=hb_timeout_s,
+        notice_grace_s=notice_grace_s,
     )  # fmt: skip
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
-    provider = _Provider(coord.host, coord.port, token, start_method)
+    provider = LocalProcessProvider(coord.host, coord.port, token, start_method)
     obs = ObserverList([observer])
     driver = _Driver(coord, provider, groups, steps, t0 + timeout_s, pg_timeout_s, max_processes, observer=obs,
                      planner=planner, intervals=intervals, steps_per_interval=steps_per_interval)  # fmt: skip
@@ -608,7 +855,7 @@ def run_job(
         "job": job, "model": model.name, "workers": len(ids), "strategy": start, "steps": steps,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "planner": planner.name if planner is not None else None,
-        "steps_per_interval": steps_per_interval,
+        "steps_per_interval": steps_per_interval, "notice_grace_s": notice_grace_s,
     }  # fmt: skip
     try:
         driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
@@ -719,6 +966,8 @@ def train(
     observer: JobObserver | None = None,
     planner: Planner | None = None,
     resume: bool = False,
+    notice_grace_s: float = 30.0,
+    job: str = "job",
 ) -> dict[str, Any]:
     """What `parcae train` runs: a local elastic job on `workers` processes, from an events file, a trace
     (`trace_schedule` via `LocalTraceProvider`: one interval lasts `interval_seconds`, i.e.
@@ -727,7 +976,9 @@ def train(
 
     With a `planner` the strategy is decided live every interval (`interval_seconds / step_seconds` steps; a
     trace's schedule then carries its availability changes only). With `resume`, the job continues from the
-    latest checkpoint in `out_dir` (the same arguments give the same schedule, which restarts there)."""
+    latest checkpoint in `out_dir` (the same arguments give the same schedule, which restarts there).
+    `notice_grace_s`: the grace of a preemption notice (a worker's SIGTERM), see `run_job`. `job` names the job
+    (workers, handed plans and checkpoints must carry the same name)."""
     if events_file is not None and trace is not None:
         raise ValueError("give an events file or a trace, not both")
     events: list[Any] = []
@@ -748,7 +999,8 @@ def train(
         strategy = trace_strategy(n, mcfg.n_layers_total)
     result = run_job(mcfg, train_cfg or TrainConfig(steps=steps), n, strategy, steps, events, out_dir,
                      checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method,
-                     observer=observer, planner=planner, steps_per_interval=spi, resume=resume)  # fmt: skip
+                     observer=observer, planner=planner, steps_per_interval=spi, resume=resume,
+                     notice_grace_s=notice_grace_s, job=job)  # fmt: skip
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
@@ -760,8 +1012,8 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON a CLI writes: the loss per step (from `first_step`: a resumed job's first), throughput, each
     reconfiguration (kind, notice, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
     final parameter checksum."""
-    keep = ("epoch", "kind", "notice", "step", "strategy", "preempted", "lost", "pause_s", "hold_s", "detect_s",
-            "bytes_moved", "steps_lost", "restore_step")  # fmt: skip
+    keep = ("epoch", "kind", "notice", "source", "step", "strategy", "preempted", "lost", "pause_s", "hold_s",
+            "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned")  # fmt: skip
     return {
         "loss": list(result["loss"]),
         "first_step": result.get("first_step", 0),

@@ -1,9 +1,10 @@
 """One worker process per instance: joins the job, trains its stage, live-migrates at step boundaries, survives the
 death of its peers.
 
-Owns: the worker's state machine, the per-step boundary check, the per-step commit, the heartbeat thread, periodic
-checkpoint shards, the state hand-off of a migration (transfer group, sends/receives, install), the abandon-and-
-report of a broken epoch, and its own measurements in the store. Must not touch: planning (it follows the `Epoch`
+Owns: the worker's state machine, the per-step boundary check, the per-step commit, the heartbeat thread (which
+also reports preemption notices: SIGTERM), periodic checkpoint shards, the state hand-off of a migration (transfer
+group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch, and its own
+measurements in the store. Must not touch: planning (it follows the `Epoch`
 the coordinator published; `trainer.migration`), the training maths (`trainer.pipeline.train_step`), other
 workers' processes.
 
@@ -14,11 +15,15 @@ State machine (`WorkerState`):
                             STANDBY --a checkpoint-restart epoch gives a role--> TRAINING (loads the checkpoint)
     TRAINING --boundary decided "epoch:n"--> MIGRATING
     TRAINING --a peer died / the epoch was declared broken--> RECOVERING (the step in flight is abandoned, nothing
-                                                              of it applied; reports the step, waits)
+                                                              of it applied; reports the step, waits; before the
+                                                              epoch's first step was applied: back to the state it
+                                                              migrated from)
     RECOVERING --the coordinator's recovery epoch--> MIGRATING (a live migration without notice; redoes the step)
     MIGRATING --role in epoch n--> TRAINING          (same step: no committed step is lost or repeated)
-    MIGRATING --no role--> STANDBY                   (drops its layers)
-    MIGRATING --listed as preempted--> PREEMPTED     (after sending what the plan asks; exit 13)
+    MIGRATING --no role--> STANDBY                   (drops its layers once the migration committed)
+    MIGRATING --listed as preempted--> PREEMPTED     (after sending what the plan asks and the migration committed;
+                                                      exit 13)
+    MIGRATING --the hand-off broke--> RECOVERING     (the migration is rolled back: nothing of it installed)
     TRAINING --boundary decided "restart:n"--> RESTARTING (replica 0 writes its stage's checkpoint shard; exit 125)
     RECOVERING --the coordinator orders a checkpoint-restart--> RESTARTING (exit 125: state discarded)
     STANDBY --preempted--> PREEMPTED;  STANDBY --job done--> DONE;  TRAINING --last step--> DONE (exit 0)
@@ -43,11 +48,30 @@ A step's optimiser updates are applied only if the store's once-only commit deci
 
 State hand-off: the layers of the epoch's `transfers` move in a separate gloo group of just the senders and
 receivers (`PrefixStore(f"xfer{n}")`, rank = position in id order), so a worker under a preemption notice can send
-without being part of the new epoch's training group. Each (src, dst) pair sends one `send_object_list` message with
-a dict {layer name: `pipeline.layer_state`} — shapes, dtypes and optimiser keys travel with the data, and for
-these CPU models (MBs) pickling costs little next to group formation (stack.md §4d: 335 MB/s vs 1.1 GB/s for flat
-tensors). Pairs are processed in one global order, so blocking sends cannot deadlock. A death *during* a hand-off
-is not recovered (the transfer group fails at its timeout and the job fails): kills land mid-step.
+without being part of the new epoch's training group. It is a standalone gloo group like an epoch's (never the
+default group, which could not be given up while an op is pending), and its sends and receives are waited on as a
+step's are (`pipeline.EpochGroups`: the abort flag is checked every 20 ms). Each (src, dst) pair sends one message:
+a dict {layer name: `pipeline.layer_state`} as `torch.save` bytes (loaded back with `weights_only=True`), preceded
+by its length — shapes, dtypes and optimiser keys travel with the data, and for these CPU models (MBs) serialising
+costs little next to group formation (stack.md §4d: 335 MB/s vs 1.1 GB/s for flat tensors). Pairs are processed in
+one global order, so blocking sends cannot deadlock.
+
+Commit and rollback of a migration: the migration into epoch n commits with n's first step (its once-only commit
+decision, `ctl/e{n}/decide/{start}`, also taken in a one-rank epoch). Until then an old member keeps its old stage
+(`_base`), and old members without a role in n (preempted or dropped) wait for the decision before leaving. A
+death during the hand-off — of a sender, a receiver or a member forming n's groups — makes the coordinator flag the
+epochs broken and seal the decision "abort"; every wait of the hand-off (arrivals, group formation, which runs in a
+helper thread on a store client of its own, each send and receive) checks that flag every few ms, so survivors give
+up within the heartbeat timeout, not the group timeout. They report (`ctl/e{n}/abandon/{id}`) holding the old
+state and wait for the epoch the coordinator plans from it (`ctl/e{n}/next`).
+
+Preemption notices: `process_main` installs a SIGTERM handler (what a cloud sends: AWS's spot interruption
+watcher, GCP's preemption, `LocalProcessProvider.preempt`) that only notes the time; the C-level handler also
+writes the signal number to a self-pipe (`signal.set_wakeup_fd`), which wakes the heartbeat thread even while the
+main thread is blocked in a gloo call. That thread writes `ctl/notice/{id}` = signal time + the job's
+`notice_grace_s` and keeps beating; training goes on until the driver decides the preemption at a boundary (the
+worker then hands off the layers whose last copy it holds and exits 13) — or the deadline passes and the provider
+kills it (a death like any other).
 """
 
 from __future__ import annotations
@@ -55,14 +79,16 @@ from __future__ import annotations
 import argparse
 import enum
 import hmac
+import io
 import json
 import os
+import select
 import signal
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -112,7 +138,8 @@ _NEXT = {
                           WorkerState.RESTARTING},
     WorkerState.TRAINING: {WorkerState.MIGRATING, WorkerState.DONE, WorkerState.RECOVERING, WorkerState.RESTARTING},
     WorkerState.RECOVERING: {WorkerState.MIGRATING, WorkerState.RESTARTING},
-    WorkerState.MIGRATING: {WorkerState.TRAINING, WorkerState.STANDBY, WorkerState.PREEMPTED, WorkerState.RESTARTING},
+    WorkerState.MIGRATING: {WorkerState.TRAINING, WorkerState.STANDBY, WorkerState.PREEMPTED, WorkerState.RESTARTING,
+                            WorkerState.RECOVERING},
 }  # fmt: skip
 
 
@@ -128,15 +155,82 @@ class Restart(Exception):
     """The coordinator ordered this process to exit so that a fresh one takes its place (checkpoint-restart)."""
 
 
-def _heartbeat(host: str, port: int, key: str, interval_s: float, timeout_s: float) -> None:
-    """Bump `key` every `interval_s` on a TCPStore client of this thread's own, until the process ends."""
+class MigrationAbandoned(RuntimeError):
+    """The hand-off into an epoch broke (a party died, or the coordinator flagged the epoch): nothing of it was
+    installed; the worker still holds the state of the epoch it migrated from."""
+
+
+class Notice:
+    """SIGTERM as a preemption notice, without I/O in the handler.
+
+    `install()` (main thread) sets a handler that only notes the time of the first signal, and makes the interpreter's
+    C-level handler write each signal's number to a non-blocking self-pipe (`signal.set_wakeup_fd`), so `wait()` —
+    called by the heartbeat thread — returns within its timeout even while the main thread is blocked in C code.
+    """
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe()
+        os.set_blocking(self.read_fd, False)
+        os.set_blocking(self.write_fd, False)
+        self.signalled_at: float | None = None
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.set_wakeup_fd(self.write_fd, warn_on_full_buffer=False)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.signalled_at is None:
+            self.signalled_at = time.time()
+
+    def wait(self, timeout_s: float) -> float | None:
+        """The time of a SIGTERM that arrived (within `timeout_s`), or None."""
+        ready, _, _ = select.select([self.read_fd], [], [], timeout_s)
+        if not ready:
+            return None
+        try:
+            data = os.read(self.read_fd, 256)
+        except BlockingIOError:
+            return None
+        if int(signal.SIGTERM) not in data:
+            return None  # another signal with a Python handler (SIGINT)
+        now = time.time()
+        return min(now, self.signalled_at) if self.signalled_at is not None else now
+
+
+_NOTICE: Notice | None = None  # installed by `process_main`; None in a worker run inside another process (tests)
+
+
+def _heartbeat(
+    host: str, port: int, worker: int, interval_s: float, timeout_s: float, notice: Notice | None = None,
+    grace_s: float = 0.0,
+) -> None:  # fmt: skip
+    """Bump `hb/{worker}` every `interval_s` on a TCPStore client of this thread's own, until the process ends; when
+    `notice` reports a SIGTERM, publish the notice's deadline (`ctl/notice/{worker}`, then `ctl/notices`)."""
     try:
         store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        key = f"hb/{worker}"
         while True:
             store.add(key, 1)
-            time.sleep(interval_s)
+            if notice is None:
+                time.sleep(interval_s)
+                continue
+            at = notice.wait(interval_s)
+            if at is not None:
+                store.set(f"ctl/notice/{worker}", repr(at + grace_s))
+                store.append("ctl/notices", f"{worker},")
+                notice = None  # one notice per process: the instance is going away
     except Exception:  # noqa: BLE001 — the coordinator is gone; the main thread finds out by itself
         return
+
+
+def _pack(bundle: Mapping[str, LayerState]) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save(dict(bundle), buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _unpack(data: torch.Tensor) -> dict[str, LayerState]:
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
 
 
 @dataclass(frozen=True)
@@ -171,6 +265,12 @@ class Worker:
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
         self._parent = os.getppid()
+        # a migration is committed with its epoch's first step; until then the state it started from is kept
+        self._uncommitted = False
+        self._base: tuple[Epoch, StageContext] | None = None  # (epoch migrated from, its stage) while uncommitted
+        self._reported: int | None = None  # the broken epoch this worker reported in (it waits for ctl/e{n}/next)
+        self._failed_at: float | None = None  # when the work lost to a failure started (the next arrival's time)
+        self._form_store: dist.TCPStore | None = None  # the store client group formation uses (its own thread)
 
     # -- plumbing ----------------------------------------------------------------------------------------
     def _to(self, new: WorkerState) -> None:
@@ -203,8 +303,8 @@ class Worker:
         declared broken they try to write "abort" — whichever was written first is what every rank does.
         """
         n, world = self.epoch.number, self.epoch.strategy.world_size
-        if world == 1:
-            return True
+        if world == 1 and not (self._uncommitted and step == self.epoch.start_step):
+            return True  # (a migration's first step is decided in the store even on one rank: it commits it)
         key = f"ctl/e{n}/decide/{step}"
         if self.store.add(f"ctl/e{n}/commit/{step}", 1) >= world:
             return self.store.compare_set(key, "", APPLY).decode() == APPLY
@@ -253,9 +353,11 @@ class Worker:
             self.watch = Epoch.from_json(self.store.get("epoch/current")).number + 1
         # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
         threading.Thread(
-            target=_heartbeat, args=(s.host, s.port, f"hb/{self.id}", self.job.hb_interval_s, s.store_timeout_s),
+            target=_heartbeat, args=(s.host, s.port, self.id, self.job.hb_interval_s, s.store_timeout_s, _NOTICE,
+                                     self.job.notice_grace_s),
             name="parcae-heartbeat", daemon=True,
         ).start()  # fmt: skip
+        self._form_client()  # connect now rather than inside the first migration's pause
         self.store.set(f"ctl/worker/{self.id}", str(os.getpid()))
         self.store.append("ctl/joined", f"{self.id},")
         self.incarnation = self.store.add(f"ctl/joins/{self.id}", 1)
@@ -357,6 +459,8 @@ class Worker:
                 self.store.set(f"ctl/at/{self.id}", str(step))
                 loss = train_step(ctx, step, commit=lambda: self._commit(step))
                 self.last_step_end = time.time()
+                if self._uncommitted:  # the migration into this epoch is committed: its old state can go
+                    self._uncommitted, self._base = False, None
                 if reporter:
                     self.store.set(f"loss/{step}", repr(loss))
                 self.step += 1
@@ -376,21 +480,33 @@ class Worker:
 
     # -- RECOVERING --------------------------------------------------------------------------------------
     def _abandon(self, reason: str) -> None:
-        """Give up the broken epoch's groups and step; report the step to redo (= the steps we applied)."""
+        """Give up the broken epoch's groups and step; report the step to redo (= the steps we applied). A worker
+        whose epoch's migration is not committed yet goes back to the state it migrated from."""
         n = self.epoch.number
         self.ctx.groups.abandon()
         # flag the epoch ourselves: a peer waiting on a live-but-abandoned rank would otherwise wait for the heartbeat
         self.store.compare_set(f"ctl/e{n}/abort", "", f"worker {self.id}: {reason}")
         # the pause of a failure starts when the abandoned step started: its partial work is lost too
-        self._arrive(n + 1, max(self.last_step_end, self.step_started))
-        self.store.set(f"ctl/e{n}/abandon/{self.id}", str(self.step))
+        at = max(self.last_step_end, self.step_started)
+        if self._uncommitted:  # nothing of the epoch was applied: roll back (a joiner holds nothing)
+            self.epoch, self.ctx = self._base if self._base is not None else (None, None)
+            self._base, self._uncommitted = None, False
+        self._report(n, at)
         self._to(WorkerState.RECOVERING)
 
+    def _report(self, number: int, at: float) -> None:
+        """Tell the coordinator we survived the break of epoch `number` holding the state after `self.step` steps."""
+        self._failed_at = at
+        self._reported = number
+        self.store.set(f"ctl/e{number}/failed/{self.id}", repr(at))
+        self.store.set(f"ctl/e{number}/abandon/{self.id}", str(self.step))
+
     def _recover(self) -> None:
-        """Wait for the coordinator's next epoch (a live migration from the survivors) or a restart order."""
-        key = f"epoch/{self.epoch.number + 1}"
+        """Wait for the epoch the coordinator plans from the survivors (a live migration) or a restart order."""
+        key = f"ctl/e{self._reported}/next"
         self._poll(lambda: self.store.check([key]))
-        self.next = Epoch.from_json(self.store.get(key))
+        self.next = Epoch.from_json(self.store.get(f"epoch/{int(self.store.get(key))}"))
+        self._reported = None
         self._to(WorkerState.MIGRATING)
 
     # -- MIGRATING ---------------------------------------------------------------------------------------
@@ -398,37 +514,104 @@ class Worker:
         new, old = self.next, self.epoch
         assert new is not None
         n = new.number
-        if old is not None:  # an old member: at the boundary with no op pending, or recovering (groups abandoned)
-            if new.number != old.number + 1:
-                raise RuntimeError(f"worker {self.id}: epoch {old.number} followed by epoch {new.number}")
-            self._arrive(n)
-            close_epoch(self.ctx.groups)
-        else:  # joining from standby: the old members must be at the boundary before groups can form
-            self._poll(lambda: self.store.add(f"ctl/e{n}/arrived", 0) >= len(new.previous))
-        self.step = new.start_step
-        self.watch = max(self.watch, n + 1)
-        t0 = time.perf_counter()
-        received = self._transfer(new) if self.id in new.transfer_parties else {}
-        self._phases = {"transfer_s": time.perf_counter() - t0}
-        if self.id in new.preempted:
-            self._drop()
-            self._to(WorkerState.PREEMPTED)
-        elif self.id not in new.assignment:
-            self._drop()
-            self._to(WorkerState.STANDBY)
-        elif self._enter(new, received):
-            self._to(WorkerState.TRAINING)
+        try:
+            self._check_epoch(n)
+            if old is not None:  # an old member: at the boundary with no op pending, or recovering (groups abandoned)
+                if new.base_number != old.number:
+                    raise RuntimeError(f"worker {self.id}: epoch {n} is planned from epoch {new.base_number}, "
+                                       f"this worker holds epoch {old.number}'s state")  # fmt: skip
+                self._arrive(n, self._failed_at)
+                self._failed_at = None
+                close_epoch(self.ctx.groups)
+            else:  # joining from standby: the old members must be at the boundary before groups can form
+                self._failed_at = None
+                self._poll(lambda: self._check_epoch(n) or self.store.add(f"ctl/e{n}/arrived", 0) >= len(new.previous))
+            self.step = new.start_step
+            self.watch = max(self.watch, n + 1)
+            t0 = time.perf_counter()
+            received = self._transfer(new) if self.id in new.transfer_parties else {}
+            self._phases = {"transfer_s": time.perf_counter() - t0}
+            if self.id in new.assignment:
+                if self._enter(new, received):
+                    self._to(WorkerState.TRAINING)
+                return
+            self._await_commit(new)  # leaving: our old state stays needed until the new epoch committed
+        except MigrationAbandoned as e:
+            self._phases = {}
+            self.store.compare_set(f"ctl/e{n}/abort", "", f"worker {self.id}: {e}")
+            self.step = new.start_step  # nothing was applied since the boundary
+            self._report(n, self.last_step_end)
+            self._to(WorkerState.RECOVERING)
+            return
+        self._drop()
+        self._to(WorkerState.PREEMPTED if self.id in new.preempted else WorkerState.STANDBY)
+
+    def _check_epoch(self, number: int) -> bool:
+        """Raise `MigrationAbandoned` if epoch `number` was flagged broken (else False, for `_poll` conditions)."""
+        reason = self._epoch_abort(number)
+        if reason:
+            raise MigrationAbandoned(f"epoch {number} broke during the hand-off: {reason}")
+        return False
+
+    def _await_commit(self, epoch: Epoch) -> None:
+        """An old member without a role in `epoch`: wait until its first step's decision — "apply" (the migration
+        committed: leave) or "abort" (rolled back: `MigrationAbandoned`, we hold our old state again)."""
+        key = f"ctl/e{epoch.number}/decide/{epoch.start_step}"
+        self._poll(lambda: self.store.check([key]))
+        if self.store.get(key).decode() != APPLY:
+            raise MigrationAbandoned(f"epoch {epoch.number}'s migration was rolled back")
 
     def _drop(self) -> None:
         self.ctx, self.epoch, self.next = None, None, None
 
+    def _form_client(self) -> dist.TCPStore:
+        """The store client group formation uses: its own, as formation blocks in store waits in another thread."""
+        if self._form_store is None:
+            s = self.spec
+            self._form_store = dist.TCPStore(s.host, s.port, is_master=False,
+                                             timeout=timedelta(seconds=s.store_timeout_s))  # fmt: skip
+        return self._form_store
+
+    def _form(self, make: Callable[[dist.Store], object], number: int) -> object:
+        """Form process groups (`make(store)`) in a helper thread, checking epoch `number`'s abort flag every few ms:
+        gloo's rendezvous cannot be interrupted, so a dead peer would hold us until the group timeout.
+        `MigrationAbandoned` if the epoch is flagged or formation fails."""
+        store = self._form_client()
+        box: dict[str, object] = {}
+
+        def run() -> None:
+            try:
+                box["groups"] = make(store)
+            except BaseException as e:  # noqa: BLE001 — handed to the main thread
+                box["error"] = e
+
+        t = threading.Thread(target=run, name="parcae-form", daemon=True)
+        t.start()
+        delay = POLL_MIN_S
+        while True:
+            t.join(delay)
+            if not t.is_alive():
+                break
+            reason = self._epoch_abort(number)
+            if reason:
+                # the thread may stay blocked in its store client until the group timeout: use a new one from now on
+                self._form_store = None
+                raise MigrationAbandoned(f"epoch {number} broke while forming its groups: {reason}")
+            self._control()
+            delay = min(2 * delay, 0.01)
+        if "error" in box:
+            raise MigrationAbandoned(f"forming the groups of epoch {number} failed: {box['error']}")
+        return box["groups"]
+
     def _transfer(self, epoch: Epoch) -> dict[str, LayerState]:
-        """Send and receive this worker's share of `epoch.transfers`; returns what it received, by layer name."""
+        """Send and receive this worker's share of `epoch.transfers`; returns what it received, by layer name.
+        `MigrationAbandoned` (nothing received is kept) if a party dies or the epoch is flagged meanwhile."""
         parties = epoch.transfer_parties
-        dist.init_process_group(
-            "gloo", store=dist.PrefixStore(f"xfer{epoch.number}", self.store), rank=parties.index(self.id),
-            world_size=len(parties), timeout=self._pg_timeout(),
-        )  # fmt: skip
+        n = epoch.number
+        rank = parties.index(self.id)
+        world = self._form(lambda store: dist.ProcessGroupGloo(dist.PrefixStore(f"xfer{n}", store), rank,
+                                                               len(parties), self._pg_timeout()), n)  # fmt: skip
+        groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         names = layer_names(self.job.model)
         pairs: dict[tuple[int, int], list[int]] = {}
         for t in epoch.transfers:
@@ -440,52 +623,67 @@ class Worker:
                 if src == self.id:
                     ctx = self.ctx
                     bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i]) for i in layers}
-                    dist.send_object_list([bundle], dst=parties.index(dst))
+                    data = _pack(bundle)
+                    size = torch.tensor([data.numel()], dtype=torch.int64)
+                    groups.wait(groups.send(size, parties.index(dst)))
+                    groups.wait(groups.send(data, parties.index(dst)))
                     sent += state_bytes(bundle)
                 elif dst == self.id:
-                    buf: list = [None]
-                    dist.recv_object_list(buf, src=parties.index(src))
-                    if set(buf[0]) != {names[i] for i in layers}:
-                        got = sorted(buf[0])
-                        raise RuntimeError(f"worker {self.id}: expected layers {layers} from {src}, got {got}")
-                    received.update(buf[0])
-        finally:
-            dist.destroy_process_group()
-        self.store.add(f"ctl/e{epoch.number}/bytes", sent)
+                    size = torch.zeros(1, dtype=torch.int64)
+                    groups.recv(size, parties.index(src))
+                    data = torch.empty(int(size.item()), dtype=torch.uint8)
+                    groups.recv(data, parties.index(src))
+                    got = _unpack(data)
+                    if set(got) != {names[i] for i in layers}:
+                        raise RuntimeError(f"worker {self.id}: expected layers {layers} from {src}, got {sorted(got)}")
+                    received.update(got)
+        except StepAbandoned as e:
+            groups.abandon()
+            raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
+        close_epoch(groups)
+        self.store.add(f"ctl/e{n}/bytes", sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
-            self.store.set(f"ctl/e{epoch.number}/sent/{self.id}", str(sent))
+            self.store.set(f"ctl/e{n}/sent/{self.id}", str(sent))
         return received
 
     def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> bool:
         """Join `epoch`'s process groups and hold its layers: kept ones in place, the rest installed (or loaded from
-        the checkpoint of a checkpoint-restart epoch). False if the groups could not be formed (a peer died during
-        group formation): the worker then holds the epoch's layers, flags the epoch broken and is RECOVERING."""
+        the checkpoint of a checkpoint-restart epoch). A migration that cannot form its groups (a peer died, or the
+        epoch was flagged) raises `MigrationAbandoned` with nothing installed; a first or checkpoint-restart epoch
+        returns False instead: the worker then holds the epoch's layers, flags it broken and is RECOVERING."""
         job, old = self.job, self.ctx
         t0 = time.perf_counter()
         number = epoch.number
+        fresh = epoch.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
+        rank = epoch.rank(self.id)
         failure: Exception | None = None
         try:
-            groups = init_epoch(self.store, number, epoch.strategy, epoch.rank(self.id), self._pg_timeout(),
-                                abort=lambda: self._epoch_abort(number))  # fmt: skip
-        except RuntimeError as e:  # gloo's connectFullMesh: a peer died or never came
+            groups = self._form(lambda store: init_epoch(store, number, epoch.strategy, rank, self._pg_timeout(),
+                                                         abort=lambda: self._epoch_abort(number)), number)  # fmt: skip
+        except MigrationAbandoned as e:
+            if not fresh:
+                raise
             failure = e
-            groups = EpochGroups(epoch=number, rank=epoch.rank(self.id), world=None, dp=None, abandoned=True)
+            groups = EpochGroups(epoch=number, rank=rank, world=None, dp=None, abandoned=True)
         t1 = time.perf_counter()
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
         if old is not None and old.module.indices == want:
             ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups)
         else:
-            ctx = build_context(job.model, job.train, epoch.strategy, epoch.rank(self.id), groups)
+            ctx = build_context(job.model, job.train, epoch.strategy, rank, groups)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 shards = checkpoint.find_shards(job.checkpoint_dir, epoch.restore_step)
                 ckpt = checkpoint.load(shards, config=job.model, job=job.job)
                 mine = {name: ckpt.layers[name] for name in ctx.names}
                 ctx.load_layer_states(mine)
                 self.store.add(f"ctl/e{number}/bytes", state_bytes(mine))
-            elif epoch.kind not in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART):
+            elif not fresh:
                 kept = old.layer_states() if old is not None else {}
                 ctx.load_layer_states({**kept, **received})  # KeyError if a layer were lost
+        # until the first step is applied, keep what we migrated from (a shared module is unchanged until then)
+        self._uncommitted = not fresh
+        self._base = (self.epoch, old) if not fresh and old is not None else None
         self.ctx, self.epoch, self.next = ctx, epoch, None
         self.step = epoch.start_step
         self.watch = max(self.watch, epoch.number + 1)
@@ -537,6 +735,7 @@ class Worker:
 
     def _end(self, code: int) -> int:
         """Tell the coordinator this process ends normally (its heartbeat is about to stop)."""
+        self.store.set(f"ctl/exit/{self.id}", repr(time.time()))
         self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
         return code
 
@@ -566,7 +765,10 @@ def _die_with_parent() -> None:
 
 
 def process_main(spec: WorkerSpec) -> None:
-    """Entry point of a spawned worker process."""
+    """Entry point of a spawned worker process. SIGTERM is a preemption notice from here on (`Notice`)."""
+    global _NOTICE
+    _NOTICE = Notice()
+    _NOTICE.install()
     _die_with_parent()
     torch.set_num_threads(1)
     code = Worker(spec).run()

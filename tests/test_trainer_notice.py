@@ -1,0 +1,330 @@
+"""Tests of preemption notices delivered the way clouds deliver them — a SIGTERM to the worker's process, with a grace
+period — and of recovery from a death during a migration's hand-off.
+
+A `Cloud` observer plays the cloud from outside the job: once the job has started it watches the coordinator's store
+(as any client may) and signals a worker's process (its pid is in the store) when training reaches a given point, as
+AWS's spot interruption watcher or GCP's preemption would. Nothing in the schedule announces these signals: the job
+learns of them only from the workers. The jobs use "forkserver" workers (fast starts) and float64 (equivalence).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from liveput.migration import MigrationKind
+from trainer import checkpoint
+from trainer.config import TrainConfig, model_config
+from trainer.coordinator import Coordinator
+from trainer.instances import LocalProcessProvider
+from trainer.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
+from trainer.model import layer_names
+from trainer.observer import JobObserver
+from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step
+from trainer.planning import RulePlanner
+from trainer.run import run_job
+from trainer.worker import EXIT_PREEMPTED, Notice
+
+CFG = model_config("tiny-gpt", dtype="float64")
+TRAIN = TrainConfig()
+STEPS = 10
+
+
+@pytest.fixture(autouse=True)
+def _no_orphans_here(_no_orphans):
+    yield
+
+
+_REF: dict[int, tuple[list[float], dict, str]] = {}
+
+
+def reference(steps: int) -> tuple[list[float], dict, str]:
+    """Losses, final layer states and parameter checksum of one uninterrupted process."""
+    if steps not in _REF:
+        ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+        losses = [train_step(ctx, s) for s in range(steps)]
+        layers = ctx.layer_states()
+        _REF[steps] = (losses, layers, parameters_checksum(layers, layer_names(CFG)))
+    return _REF[steps]
+
+
+def assert_same_run(result: dict, steps: int = STEPS) -> None:
+    """Every step once, the loss curve and final parameters and optimiser state of one uninterrupted process."""
+    losses, layers, _ = reference(steps)
+    assert result["loss"] == pytest.approx(losses, rel=1e-5)
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=CFG, job="job")
+    for name, want in layers.items():
+        for key in want:
+            assert torch.allclose(final.layers[name][key], want[key], rtol=1e-5, atol=1e-9), f"{name} {key}"
+
+
+# ---------------------------------------------------------------------------------------------------- the cloud
+
+Condition = Callable[[dist.Store], bool]
+Action = Callable[[dist.Store], None]
+
+
+def started(worker: int, step: int) -> Condition:
+    """Worker `worker` has started step `step`."""
+    key = f"ctl/at/{worker}"
+    return lambda st: st.check([key]) and int(st.get(key)) >= step
+
+
+def in_state(worker: int, state: str) -> Condition:
+    """Worker `worker` has entered `state` (e.g. "MIGRATING@3")."""
+    key = f"ctl/states/{worker}"
+    return lambda st: st.check([key]) and f"{state};" in st.get(key).decode()
+
+
+def noticed(worker: int) -> Condition:
+    """Worker `worker` has reported its notice to the coordinator."""
+    return lambda st: st.check([f"ctl/notice/{worker}"])
+
+
+def send(worker: int, signum: int) -> Action:
+    def act(st: dist.Store) -> None:
+        os.kill(int(st.get(f"ctl/worker/{worker}")), signum)
+
+    return act
+
+
+class Cloud(JobObserver):
+    """Runs `script` — (condition, action) pairs, in order — on a thread with its own store client, from the job's
+    start; `done` lists the actions taken."""
+
+    def __init__(self, *script: tuple[Condition, Action]) -> None:
+        self.script = list(script)
+        self.done: list[int] = []
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
+        self.thread.start()
+
+    def _run(self, host: str, port: int) -> None:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+            for i, (when, act) in enumerate(self.script):
+                end = time.monotonic() + 60
+                while not when(store):
+                    if time.monotonic() > end:
+                        raise TimeoutError(f"cloud: condition {i} never came")
+                    time.sleep(0.002)
+                act(store)
+                self.done.append(i)
+        except BaseException as e:  # noqa: BLE001 — reported by `finish`
+            self.error = e
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        assert self.error is None, f"the cloud script failed: {self.error!r}"
+        assert self.done == list(range(len(self.script))), f"cloud actions taken: {self.done}"
+
+
+def job(tmp_path, workers: int, strategy: tuple[int, int], events: list, cloud: Cloud, **kw: Any) -> dict:
+    kw.setdefault("timeout_s", 60)
+    result = run_job(CFG, TRAIN, workers, strategy, STEPS, events, tmp_path / "job", start_method="forkserver",
+                     observer=cloud, **kw)  # fmt: skip
+    cloud.finish()
+    return result
+
+
+# ------------------------------------------------------------------------------------ the parts, one by one
+
+
+def test_a_sigterm_is_noted_without_io_and_wakes_the_waiting_thread():
+    old_handler = signal.getsignal(signal.SIGTERM)
+    notice = Notice()
+    notice.install()
+    try:
+        assert notice.wait(0.01) is None  # nothing yet
+        seen: list[float | None] = []
+        t = threading.Thread(target=lambda: seen.append(notice.wait(5.0)))
+        t.start()
+        before = time.time()
+        os.kill(os.getpid(), signal.SIGTERM)  # the process survives: the handler only notes the time
+        t.join(timeout=10)
+        assert seen and seen[0] is not None and before <= seen[0] <= time.time()
+        assert notice.signalled_at is not None
+    finally:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGTERM, old_handler)
+        os.close(notice.read_fd)
+        os.close(notice.write_fd)
+
+
+def test_the_local_provider_gives_notice_by_sigterm_and_reclaims_at_the_deadline(tmp_path):
+    c = Coordinator(CFG, TRAIN, 5, layers_dir=str(tmp_path), notice_grace_s=120.0)
+    provider = LocalProcessProvider(c.host, c.port, start_method="forkserver")
+    try:
+        assert provider.start_ids([3], next_id=1) == [3] and provider.start(1) == [4]  # ids go on after 3
+        c.expect([3, 4])
+        c.wait_joined([3, 4], 60)
+        sent = time.time()
+        provider.preempt([3], notice_s=30.0)  # the cloud's notice: SIGTERM now, SIGKILL in 30 s
+        notices: dict[int, float] = {}
+        end = time.monotonic() + 10
+        while not notices and time.monotonic() < end:
+            notices = c.new_notices()
+            time.sleep(0.01)
+        assert notices.keys() == {3}  # the worker reported it; its deadline is its signal time + the job's grace
+        assert sent + 119.0 <= notices[3] <= time.time() + 120.0 and c.notice_at(3) >= sent - 1.0
+        assert provider.alive() == {3, 4} and c.new_notices() == {}  # it keeps running; each notice is new once
+        provider.preempt([4], notice_s=0.0, notify=False)  # a deadline alone (the notice came another way)
+        provider.poll()
+        assert provider.exitcode(4) == -signal.SIGKILL and [w for w, _ in provider.reclaimed] == [4]
+        assert provider.signal([4], signal.SIGTERM) == []  # nothing left to signal
+    finally:
+        provider.stop()
+
+
+def test_a_rolled_back_migration_is_replanned_from_its_base(tmp_path):
+    """The coordinator's side of a death during a hand-off, without processes: worker 1 (the only holder of stage 1)
+    is preempted with notice, worker 2 is to receive stage 1 and dies first. The migration is sealed uncommitted and
+    the replacement is planned from epoch 1: worker 1 still sends its last copy, to the only survivor."""
+    sizes = layer_sizes(CFG)
+    c = Coordinator(CFG, TRAIN, STEPS, layers_dir=str(tmp_path))
+    c.store.append("ctl/joined", "0,1,2,")
+    base = c.start((1, 2), [0, 1, 2])  # 0: stage 0, 1: stage 1, 2 stands by
+    e = c.reconfigure(4, None, preempt=[1], noticed=[1])
+    assert e.transfers == tuple(Transfer(i, 1, 2) for i in base.layers(1)) and e.base_number == 1
+    assert not c.committed(e) and c.holders() == {0, 1, 2}
+    assert c.declare_dead([2]) and c.epoch_broken()  # a receiver died: the migration is broken
+    # ... but not epoch 1, where 0 and 1 may still be training: they find out at the boundary
+    assert c.store.check(["ctl/e2/abort"]) and not c.store.check(["ctl/e1/abort"])
+    assert not c.seal() and c.store.get("ctl/e2/decide/4") == b"abort"  # its first step can no longer apply
+    assert c.reporters() == {0, 1}  # the holders of epoch 1's state
+    c.store.set("ctl/e1/abandon/0", "4")  # worker 0 was still in epoch 1 at the boundary
+    c.store.set("ctl/e2/abandon/1", "4")  # worker 1 was in the hand-off
+    assert c.abandoned() == {0: 4, 1: 4}
+    r = c.recover(4)
+    assert (r.number, r.base_number, r.start_step, r.kind) == (3, 1, 4, MigrationKind.PIPELINE)
+    assert (r.D, r.P, dict(r.assignment), r.preempted, r.previous) == (1, 1, {0: (0, 0)}, (1,), (0, 1))
+    assert {t.src for t in r.transfers} == {1} and {t.layer for t in r.transfers} == set(base.layers(1))
+    assert c.store.get("ctl/e1/next") == c.store.get("ctl/e2/next") == b"3"
+    assert Epoch.from_json(r.to_json()) == r
+    records = c.records()
+    assert records[0]["abandoned"] and records[0]["source"] == "sigterm" and records[0]["noticed"] == [1]
+    assert records[1]["source"] == "failure" and not records[1]["abandoned"] and not records[1]["notice"]
+    # had the departing holder died too, stage 1 would have no live holder: only a checkpoint-restart can continue
+    assert plan_recovery(base, 4, [0], [1, 2], sizes, number=3) is None
+    # a migration that is not rolled back is numbered and based as before
+    assert next_epoch(base, 4, [0, 1, 2], sizes, preempt=[1]).base is None
+    assert first_epoch(1, 2, [0, 1], CFG.n_layers_total).base_number == 0
+
+
+# ------------------------------------------------------------------------------------------------- notices
+
+
+def test_sigterm_to_the_last_holder_of_a_stage_hands_it_off_and_loses_nothing(tmp_path):
+    # 1x2 on workers 0 (stage 0) and 1 (stage 1), worker 2 stands by; worker 1 gets a SIGTERM during step 3
+    cloud = Cloud((started(0, 3), send(1, signal.SIGTERM)))
+    result = job(tmp_path, 3, (1, 2), [], cloud)
+    (r,) = result["reconfigurations"]
+    assert (r["kind"], r["notice"], r["source"], r["preempted"], r["noticed"]) == (
+        "inter-stage", True, "sigterm", [1], [1])
+    assert r["step"] >= 4 and r["steps_lost"] == 0 and not r["abandoned"]
+    assert r["bytes_moved"] == r["bytes_planned"] > 0  # worker 1 sent stage 1, its last copy, to worker 2
+    assert r["notice_to_exit_s"] > 0
+    assert result["exit_codes"] == {0: 0, 1: EXIT_PREEMPTED, 2: 0}
+    assert result["states"][1][-2:] == [f"MIGRATING@{r['step']}", "PREEMPTED@-"]
+    assert result["replicas"].keys() == {0, 2}
+    assert [e["worker"] for e in result["events"] if e["event"] == "notice"] == [1]
+    assert_same_run(result)
+    assert result["final_checksum"] == reference(STEPS)[2]  # D = 1 throughout: bit for bit the same parameters
+
+
+def test_a_scheduled_preemption_signals_the_worker_and_is_not_handled_twice(tmp_path):
+    # the driver decides the schedule's preemption of worker 1 at step 3, then the provider gives it notice (SIGTERM):
+    # the worker reports that notice like any other, and the driver knows it is already handled
+    nothing: Action = lambda st: None  # noqa: E731
+    cloud = Cloud((noticed(1), nothing))
+    events = [{"step": 3, "kind": "preempt", "instances": [1]}]
+    result = job(tmp_path, 3, (1, 2), events, cloud)
+    (r,) = result["reconfigurations"]
+    assert (r["step"], r["kind"], r["source"], r["preempted"], r["noticed"]) == (3, "inter-stage", "schedule", [1], [])
+    assert [e for e in result["events"] if e["event"] in ("notice", "preempt-standby")] == []
+    assert result["exit_codes"] == {0: 0, 1: EXIT_PREEMPTED, 2: 0}
+    assert result["final_checksum"] == reference(STEPS)[2]
+
+
+def test_sigterm_to_a_standby_instance_lets_it_leave_at_once(tmp_path):
+    cloud = Cloud((started(0, 2), send(2, signal.SIGTERM)))
+    result = job(tmp_path, 3, (1, 2), [], cloud)
+    assert result["reconfigurations"] == []  # nothing to hand off, no boundary needed
+    assert result["exit_codes"] == {0: 0, 1: 0, 2: EXIT_PREEMPTED}
+    assert result["states"][2] == ["JOINING@-", "STANDBY@-", "PREEMPTED@-"]
+    (left,) = [e for e in result["events"] if e["event"] == "preempt-standby"]
+    assert left["workers"] == [2] and left["source"] == "sigterm"
+    assert result["final_checksum"] == reference(STEPS)[2]
+
+
+def test_sigterm_in_a_planned_job_is_folded_into_the_next_interval_boundary(tmp_path):
+    # 2x2 on 0-3, the rule planner decides every 4 steps; worker 3 gets a SIGTERM during step 1 with 30 s of grace:
+    # the boundary before step 4 comes long before its deadline, so its preemption is part of that decision
+    cloud = Cloud((started(0, 1), send(3, signal.SIGTERM)))
+    result = job(tmp_path, 4, (2, 2), [], cloud, planner=RulePlanner(), steps_per_interval=4, notice_grace_s=30)
+    first = result["plans"][0]
+    assert (first["step"], first["alive"], first["decision"]) == (4, 3, [1, 2])
+    r = result["reconfigurations"][0]
+    assert (r["step"], r["source"], r["preempted"], r["noticed"], r["strategy"]) == (4, "sigterm", [3], [3], [1, 2])
+    assert all(x["step"] != 4 or x is r for x in result["reconfigurations"])
+    assert any(e["event"] == "notice-folded" and e["boundary"] == 4 for e in result["events"])
+    assert result["exit_codes"][3] == EXIT_PREEMPTED
+    assert all(x["steps_lost"] == 0 for x in result["reconfigurations"])
+    assert_same_run(result)
+
+
+def test_a_worker_that_overruns_its_deadline_is_killed_and_the_job_recovers(tmp_path):
+    # worker 1 (the only holder of stage 1) gets a notice with 0.5 s of grace, then hangs (SIGSTOP) before it can
+    # hand off: the provider kills it at the deadline — well before its heartbeat would time out (3 s) — and the job
+    # restarts from the latest checkpoint (its layers had no other holder)
+    cloud = Cloud((started(0, 4), send(1, signal.SIGTERM)), (noticed(1), send(1, signal.SIGSTOP)))
+    result = job(tmp_path, 3, (1, 2), [], cloud, notice_grace_s=0.5, hb_timeout_s=3.0, checkpoint_every=2)
+    assert result["exit_codes"][1] == -signal.SIGKILL
+    (dead,) = [e for e in result["events"] if e["event"] == "dead"]
+    assert dead["workers"] == [1] and "deadline" in dead["reason"]
+    restart = result["reconfigurations"][-1]
+    assert (restart["kind"], restart["notice"], restart["lost"]) == ("checkpoint-restart", False, [1])
+    # any migration decided for the notice was rolled back: worker 1 never sent its layers
+    assert all(r["abandoned"] for r in result["reconfigurations"][:-1])
+    assert_same_run(result)
+
+
+# ------------------------------------------------------------------------------------- death during a hand-off
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
+def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tmp_path, signum):
+    # 1x2 on 0 and 1, workers 2 and 3 stand by; a plan at step 3 to 2x2 makes 2 and 3 fetch a stage each. Worker 3 is
+    # killed (its exit is seen at once) or hangs (only its heartbeat tells, after 1 s) as soon as it starts migrating:
+    # the transfer group cannot form. Survivors give up when the coordinator flags the epoch — the job's 45 s timeout
+    # is shorter than the group timeout (60 s) — and nothing of the migration is installed
+    cloud = Cloud((in_state(3, "MIGRATING@3"), send(3, signum)))
+    events = [{"step": 3, "kind": "plan", "strategy": [2, 2]}]
+    result = job(tmp_path, 4, (1, 2), events, cloud, pg_timeout_s=60, timeout_s=45)
+    rolled, recovery = result["reconfigurations"]
+    assert (rolled["step"], rolled["strategy"], rolled["abandoned"]) == (3, [2, 2], True)
+    assert rolled["bytes_moved"] == 0  # no transfer completed
+    # planned from the state before the hand-off: 1x2 on 0 and 1 again (2x2 no longer fits), nothing to move
+    assert (recovery["step"], recovery["kind"], recovery["source"]) == (3, "intra-stage", "failure")
+    assert (recovery["strategy"], recovery["notice"], recovery["steps_lost"]) == ([1, 2], False, 0)
+    (dead,) = [e for e in result["events"] if e["event"] == "dead"]
+    assert dead["workers"] == [3] and dead["reason"] == ("its process was killed" if signum == signal.SIGKILL
+                                                         else "heartbeat lost")  # fmt: skip
+    assert result["exit_codes"] == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}  # (a hung one is fenced: killed)
+    assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
+    assert_same_run(result)
+    assert result["final_checksum"] == reference(STEPS)[2]
