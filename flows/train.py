@@ -115,7 +115,7 @@ def train(
     # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
     plan_with, forecast = training_planner(
         planner, runtime_prof, forecaster, trace=trace, workers=workers, start_interval=start_interval,
-        look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S, forecaster_run=forecaster_run,
+        look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S, forecaster_run=forecaster_run, model=model,
     )  # fmt: skip
     logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
     tags = {

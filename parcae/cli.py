@@ -1114,24 +1114,69 @@ def train_cmd(
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
     model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
-    out_dir: Annotated[Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers.")] = Path(
-        "runs/train"
-    ),
+    out_dir: Annotated[
+        Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers (or the one to --resume).")
+    ] = Path("runs/train"),
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the loss, throughput and migrations here.")
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = 0,
+    planner: Annotated[
+        str,
+        typer.Option(
+            metavar="rule|liveput|handed",
+            help="Who decides D x P at every interval boundary: rule (two stages once two instances are alive, as "
+            "many replicas as fit; with --events, the file's own plan events decide), liveput (the liveput "
+            "optimizer on --profile, persistence forecasts) or handed (plans handed in from outside; the current "
+            "strategy until one comes).",
+        ),
+    ] = "rule",
+    profile: Annotated[
+        Path | None,
+        typer.Option(metavar="PROFILE.json", help="A runtime profile written by `parcae profile` (for liveput)."),
+    ] = None,
+    look_ahead: Annotated[
+        int,
+        typer.Option(min=1, metavar="K", help="Intervals the liveput planner plans over (a trace's each priced at "
+                     "its own 60 s: the replay compresses time, the plans do not)."),
+    ] = 4,
+    start_interval: Annotated[int, typer.Option(min=0, metavar="N", help="Trace interval the replay starts at.")] = 0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
+    ] = False,
 ) -> None:
     """Train on local worker processes that live-migrate as instances come and go."""
+    from forecasting.traces import DEFAULT_INTERVAL_S
     from trainer.config import UnknownModelError
     from trainer.coordinator import ScheduleError
     from trainer.events import EventError
+    from trainer.planning import PLANNERS, make_planner
+    from trainer.profile import ProfileFormatError, RuntimeProfile
     from trainer.run import JobError, train
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
     if events is not None and not events.is_file():
         raise UserError(f"--events: no such file {str(events)!r}")
+    if planner not in PLANNERS:
+        raise UserError(f"--planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
+    runtime = None
+    if profile is not None and planner != "liveput":
+        warn(f"--profile is used by --planner liveput only; {str(profile)!r} is ignored")
+    elif profile is not None:
+        try:
+            runtime = RuntimeProfile.load(profile)
+        except ProfileFormatError as exc:
+            raise UserError(f"--profile: {exc}") from None
+    live, forecasts = None, "none"
+    if planner != "rule" or events is None:  # an events file with the rule planner keeps its scripted plans
+        try:
+            live, forecasts = make_planner(
+                planner, profile=runtime, model=model, look_ahead=look_ahead,
+                interval_s=DEFAULT_INTERVAL_S if trace is not None else interval_seconds,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress
 
     try:
@@ -1140,7 +1185,8 @@ def train_cmd(
             report = train(
                 workers, model=model, steps=steps, events_file=events, trace=trace,
                 interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
-                checkpoint_every=checkpoint_every, observer=progress,
+                checkpoint_every=checkpoint_every, observer=progress, planner=live, resume=resume,
+                start_interval=start_interval,
             )  # fmt: skip
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
@@ -1162,6 +1208,10 @@ def train_cmd(
         table.add_row(str(r.get("step")), r["kind"], str(r["notice"]).lower(), strategy, f"{r['pause_s']:.3f}",
                       f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
     out.print(table)
+    if live is not None:
+        decisions = ", ".join(f"{p['decision'][0]}x{p['decision'][1]}" for p in report["plans"]) or "none"
+        out.print(f"{len(report['plans'])} plans by {live.name} ({decisions}); forecasts: {forecasts}",
+                  soft_wrap=True)  # fmt: skip
     if json_out:
         out.print(f"wrote {json_out}")
 

@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 PROVIDERS = ("local", "aws")
-#: The live planners a training job can run with (`trainer.planning`).
+#: The live planners a training job can run with: `trainer.planning.PLANNERS` (a test keeps them equal; importing
+#: it here would load torch for every settings check).
 PLANNERS = ("liveput", "rule", "handed")
 #: Deployment parameters that name a trace (checked against the known traces).
 TRACE_PARAMETERS = ("trace", "eval_trace")

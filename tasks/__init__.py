@@ -1,7 +1,8 @@
 """Prefect tasks: thin wrappers over the domain packages, one module per thing they produce.
 
 ``traces`` (collected spot data, training corpora, trace histories), ``forecaster`` (trained and champion
-forecasters), ``plan`` (forecasts and plans), ``tracking`` (MLflow runs and Prefect artifacts). A task calls
+forecasters), ``plan`` (forecasts and plans), ``training`` (runtime profiles, the job's live planner, training
+jobs), ``tracking`` (MLflow runs and Prefect artifacts). A task calls
 one domain function and returns data (or an MLflow run id); the domain packages never import Prefect.
 
 Every task sets ``persist_result=False`` (which also turns caching off): their outputs are in-memory objects

@@ -3,15 +3,14 @@ trainings, training jobs).
 
 MLflow is reached through `parcae.tracking` (the one place that decides the store), with an explicit
 `MlflowClient` rather than MLflow's global active run, so nothing here depends on what else runs in the
-process. One plan is one run of the ``plans`` experiment: parameters and metrics in one ``log_batch`` call,
-the forecast and the plan as JSON artifacts, and tags that tie it to the Prefect flow run and to the
-training run of the forecaster that made the forecast.
+process. One plan is one run of the ``plans`` experiment, logged in one go by `parcae.tracking.log_run`
+(parameters, the metrics of `parcae.tracking.plan_metrics`, the forecast and the plan as JSON artifacts), with
+tags that tie it to the Prefect flow run and to the training run of the forecaster that made the forecast.
 """
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
@@ -23,7 +22,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from forecasting.forecast import Forecast
 from parcae import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
 
-from mlflow.entities import Metric, Param  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 __all__ = [
@@ -37,7 +35,7 @@ __all__ = [
     "train_summary",
 ]
 
-PLANS_EXPERIMENT: Final = "plans"
+PLANS_EXPERIMENT: Final = tracking.PLANS_EXPERIMENT
 #: Tag holding the Prefect flow run that produced an MLflow run.
 FLOW_RUN_TAG: Final = "prefect.flow_run_id"
 #: Tag holding the MLflow run that trained the forecaster behind a plan.
@@ -52,11 +50,6 @@ def store_unavailable(exc: BaseException) -> bool:
     if isinstance(exc, tracking.TrackingError):
         return True
     return isinstance(exc, MlflowException) and exc.error_code in _TRANSIENT_CODES
-
-
-def _strategy(s: Any) -> str:
-    d, p = s
-    return f"{d}x{p}"
 
 
 def _key(text: str) -> str:
@@ -97,8 +90,7 @@ def log_plan_run(
     client = tracking.connect()
     exp_id = tracking.experiment_id(experiment)
     trace, origin = str(history.attrs.get("name", "")), int(history["interval"].iloc[-1])
-    first = plan["steps"][0]
-    tags = {"trace": trace, "decision": _strategy(plan["decision"])}
+    tags = {"trace": trace, "decision": tracking.strategy_label(plan["decision"])}
     for key, value in (
         (FLOW_RUN_TAG, runtime.flow_run.id),
         ("prefect.flow_run_name", runtime.flow_run.name),
@@ -113,46 +105,30 @@ def log_plan_run(
         "interval": origin,
         "interval_s": plan["interval_s"],
         "trace": trace,
-        "current_strategy": _strategy(plan["state"]["strategy"]),
+        "current_strategy": tracking.strategy_label(plan["state"]["strategy"]),
         "current_migrating": plan["state"]["migrating"],
         "forecaster": forecast.model,
     }
-    metrics = {
-        "expected_samples": plan["expected_samples"],
-        "decision_ms": plan["decision_ms"],
-        "reach": first["reach"],
-        "expected_cost_ms": first["expected_cost_ms"],
-    }
-    run_id = client.create_run(exp_id, run_name=f"plan-{plan['model']}-{trace}-i{origin}", tags=tags).info.run_id
-    try:
-        now = int(time.time() * 1000)
-        client.log_batch(
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-            params=[Param(k, str(v)) for k, v in params.items()],
-        )
-        client.log_dict(run_id, forecast.to_dict(), "forecast.json")
-        client.log_dict(run_id, dict(plan), "plan.json")
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
+    return tracking.log_run(
+        client, exp_id, run_name=f"plan-{plan['model']}-{trace}-i{origin}", tags=tags, params=params,
+        metrics=tracking.plan_metrics(plan), dicts={"forecast.json": forecast.to_dict(), "plan.json": dict(plan)},
+    )  # fmt: skip
 
 
 @task(name="publish-plan-report", persist_result=False)
 def publish_plan_report(plan: Mapping[str, Any], run_id: str) -> str:
     """A Prefect markdown artifact (key ``plan-<model>``): the decision, the K steps, the MLflow run."""
     rows = [
-        f"| {j} | {_strategy(s['strategy'])} | {'yes' if s['migrating'] else 'no'} | {s['expected_samples']:,.0f} "
+        f"| {j} | {tracking.strategy_label(s['strategy'])} | {'yes' if s['migrating'] else 'no'} "
+        f"| {s['expected_samples']:,.0f} "
         f"| {s['expected_cost_ms']:,.0f} | {s['reach']:.3f} |"
         for j, s in enumerate(plan["steps"], start=1)
     ]
     markdown = "\n".join(
         [
-            f"## Plan for {plan['model']}: run {_strategy(plan['decision'])} next",
+            f"## Plan for {plan['model']}: run {tracking.strategy_label(plan['decision'])} next",
             "",
-            f"From {_strategy(plan['state']['strategy'])}"
+            f"From {tracking.strategy_label(plan['state']['strategy'])}"
             f"{' (migrating)' if plan['state']['migrating'] else ''}; "
             f"{plan['expected_samples']:,.0f} expected samples over {plan['look_ahead']} intervals of "
             f"{plan['interval_s']:g} s; decided in {plan['decision_ms']:.1f} ms.",
@@ -222,7 +198,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "pause_s": pauses,
         "steps_lost": sum(int(r.get("steps_lost") or 0) for r in report["reconfigurations"]),
         "plans": len(report.get("plans") or []),
-        "decisions": ["x".join(str(v) for v in p["decision"]) for p in report.get("plans") or []],
+        "decisions": [tracking.strategy_label(p["decision"]) for p in report.get("plans") or []],
         "planner": planner,
         "forecast": forecast,
         "profile": profile,

@@ -1,9 +1,10 @@
 """Tasks that produce training: the runtime profile a planner plans with, the job's live planner, the job itself.
 
 Wrappers over `trainer.profile` (measure or load the runtime's throughput per D x P and its migration costs),
-`trainer.planning` (rule, liveput, handed planners) and `trainer.run.train` (a local elastic job replaying a trace,
-logged to MLflow by `trainer.tracking.MlflowJobObserver`). The Prefect side of a running job — a progress artifact,
-one markdown artifact per plan, a link to the MLflow run — is `PrefectJobObserver`, an observer like any other.
+`trainer.planning.make_planner` (rule, liveput, handed planners) and `trainer.run.train` (a local elastic job
+replaying a trace, logged to MLflow by `trainer.tracking.MlflowJobObserver`). The Prefect side of a running job — a
+progress artifact, one markdown artifact per plan, a link to the MLflow run — is `PrefectJobObserver`, an observer
+like any other; the MLflow run file (``<out_dir>/mlflow-run.json``) is how a re-run of the flow finds its run.
 
 No retries and no task timeout on `train_job`: a training job is long, restarting one blindly would throw its work
 away, and the trainer has its own deadline (``timeout_s``) after which it stops every worker process. A job killed
@@ -15,10 +16,8 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -27,24 +26,20 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from forecasting.forecast import Forecaster
-from parcae import settings, tracking
+from parcae import tracking
 from tasks.tracking import run_markdown
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 
 __all__ = [
-    "PLANNERS",
     "RUN_FILE",
-    "ForecastSource",
     "PrefectJobObserver",
     "TrainedRun",
     "previous_run",
-    "profile_path",
     "runtime_profile",
     "train_job",
     "training_planner",
 ]
 
-PLANNERS: Final = settings.PLANNERS
 #: Where a job's MLflow run is recorded, next to its checkpoints, so that a resumed job reopens the same run.
 RUN_FILE: Final = "mlflow-run.json"
 
@@ -57,95 +52,19 @@ def _key(text: str) -> str:
 # ------------------------------------------------------------------------------------------------ profile
 
 
-def profile_path(model: str, workers: int, runs: str | Path = "runs") -> Path:
-    """The cached runtime profile of ``model`` on ``workers`` processes: ``runs/profile-<model>-<workers>.json``."""
-    return Path(runs) / f"profile-{model}-{workers}.json"
-
-
 @task(name="runtime-profile", persist_result=False)
 def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
-    """The runtime profile (`trainer.profile.RuntimeProfile`) and where it came from.
-
-    Read from ``path`` (default `profile_path`) when the file exists; otherwise measured now with one job of
-    ``workers`` processes (about a minute for tiny-gpt on 4 processes, 2 cores) and written there, so the next
-    flow run reuses it. A file that is not a profile raises `trainer.profile.ProfileFormatError` naming it.
-    """
-    from trainer.profile import RuntimeProfile, measure
+    """The runtime profile (`trainer.profile.RuntimeProfile`) and where it came from: loaded from ``path`` (default
+    ``runs/profile-<model>-<workers>.json``), or measured now and cached there (`trainer.profile.cached_profile`)."""
+    from trainer.profile import cached_profile
 
     logger = get_run_logger()
-    target = Path(path) if path else profile_path(model, workers)
-    if target.is_file():
-        profile = RuntimeProfile.load(target)
-        logger.info("runtime profile of %s from %s (%s)", model, target, profile.created or "no date")
-        return profile, f"loaded {target}"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".profile-{model}-{workers}-", dir=target.parent))
-    try:
-        profile = measure(model, workers, out_dir=scratch / "job", progress=logger.info)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    profile.to_json(target)
-    logger.info("measured the runtime profile of %s on %d processes; cached in %s", model, workers, target)
-    return profile, f"measured now, cached in {target}"
+    profile, origin = cached_profile(model, workers, path, progress=logger.info)
+    logger.info("runtime profile of %s on %d processes: %s", model, workers, origin)
+    return profile, origin
 
 
 # ------------------------------------------------------------------------------------------------ planner
-
-
-@dataclass
-class ForecastSource:
-    """The forecasts a `LiveputPlanner` plans a replayed trace with, from a fitted forecaster (the champion).
-
-    The first of the K intervals is the change the job observed at this boundary (as
-    `trainer.planning.persistence_forecast`: the planner prices the migration it forces); the K-1 after it are
-    ``forecaster.predict`` on the trace's past up to the boundary's interval (scaled to the job's instances, as the
-    replay is). The boundary's interval comes from the request (`IntervalAware` sets ``interval``). When the
-    trace's past does not end at the alive count the job sees (the replay keeps one instance where the trace has
-    none) or the forecaster refuses the history, that decision uses persistence and says so in ``last``.
-    """
-
-    forecaster: Forecaster
-    table: Any  # the scaled trace (pandas DataFrame)
-    start_interval: int
-    interval: int = 0
-    last: str = ""
-
-    def __call__(self, history: Sequence[int], k: int) -> list[Any]:
-        from liveput.scenarios import IntervalForecast
-        from trainer.planning import persistence_forecast
-
-        now = int(history[-1])
-        before = int(history[-2]) if len(history) > 1 else now
-        first = IntervalForecast.point(before, max(0, now - before), max(0, before - now))
-        if k == 1:
-            self.last = "observed change only (look-ahead 1)"
-            return [first]
-        past = self.table.iloc[: self.start_interval + self.interval]
-        if past.empty or int(past["available"].iloc[-1]) != now:
-            seen = "nothing" if past.empty else int(past["available"].iloc[-1])
-            self.last = f"persistence: the trace's past ends at {seen}, the job has {now} alive"
-            return persistence_forecast(history, k)
-        try:
-            forecast = self.forecaster.predict(past, k - 1)
-        except ValueError as exc:  # e.g. a history shorter than the forecaster's window
-            self.last = f"persistence: {getattr(self.forecaster, 'name', 'the forecaster')} refused the history ({exc})"
-            return persistence_forecast(history, k)
-        self.last = forecast.model
-        return [first, *IntervalForecast.from_forecast(forecast)]
-
-
-class IntervalAware:
-    """A planner that tells its `ForecastSource` which interval it plans before delegating; adds ``forecast``
-    (which forecasts this decision used) to the details."""
-
-    def __init__(self, planner: Any, source: ForecastSource) -> None:
-        self.planner, self.source = planner, source
-        self.name = planner.name
-
-    def __call__(self, req: Any) -> tuple[tuple[int, int], Mapping[str, Any]]:
-        self.source.interval = req.interval
-        decision, details = self.planner(req)
-        return decision, {**details, "forecast": self.source.last}
 
 
 @task(name="training-planner", persist_result=False)
@@ -160,36 +79,31 @@ def training_planner(
     look_ahead: int,
     interval_s: float,
     forecaster_run: str | None = None,
+    model: str | None = None,
 ) -> tuple[Any, str]:
-    """The job's live planner and the forecasts it plans with (a sentence for the run's tags and the report).
+    """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
+    (`trainer.planning.make_planner`).
 
-    ``rule``: `RulePlanner` (no profile, no forecast). ``handed``: `HandedPlanner` (plans handed in by the
-    ``plan-interval`` flow; the current strategy until one arrives). ``liveput``: `LiveputPlanner` on the runtime
-    ``profile`` over ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` through
-    `ForecastSource` — the champion (``forecaster_run`` is the MLflow run that trained it) or, without one, the
-    registry's fallback, persistence (`forecasting.registry.load_champion`; None here means the same).
+    For ``liveput`` the sentence says where ``forecaster`` came from: the champion (``forecaster_run`` is the MLflow
+    run that trained it) or, without one, the registry's fallback, persistence (`forecasting.registry.load_champion`).
     """
-    from forecasting.baselines import PersistenceForecaster
-    from forecasting.traces import load_trace, scale_trace
-    from trainer.planning import HandedPlanner, LiveputPlanner, RulePlanner
+    from trainer.planning import make_planner
 
-    if kind == "rule":
-        return RulePlanner(), "none (the rule planner: two stages, as many replicas as fit)"
-    if kind == "handed":
-        return HandedPlanner(), "none in the job (plans are handed in by plan-interval flow runs)"
-    if kind != "liveput":
-        raise ValueError(f"planner must be one of {', '.join(PLANNERS)}, got {kind!r}")
-    forecaster = forecaster if forecaster is not None else PersistenceForecaster()
-    name = str(getattr(forecaster, "name", type(forecaster).__name__))
-    if forecaster_run:
-        what = f"{name} (the champion forecaster, trained in MLflow run {forecaster_run})"
-    else:
-        what = f"{name} (no champion forecaster in the MLflow registry; persistence is the fallback)"
-    source = ForecastSource(forecaster, scale_trace(load_trace(trace), workers), start_interval)
-    planner = LiveputPlanner(profile.throughput, profile.cost_model(), look_ahead=look_ahead, interval_s=interval_s,
-                             forecast=source)  # fmt: skip
-    get_run_logger().info("liveput planner: look-ahead %d x %g s; forecasts: %s", look_ahead, interval_s, what)
-    return IntervalAware(planner, source), what
+    planner, what = make_planner(
+        kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
+        look_ahead=look_ahead, interval_s=interval_s, model=model,
+    )  # fmt: skip
+    if kind == "liveput" and forecaster is not None:
+        name = str(getattr(forecaster, "name", type(forecaster).__name__))
+        if forecaster_run:
+            origin = f"the champion forecaster, trained in MLflow run {forecaster_run}"
+        else:
+            origin = "no champion forecaster in the MLflow registry; persistence is the fallback"
+        what = (f"{name} ({origin}) on {trace}'s past; persistence where it cannot forecast (said in each "
+                "decision's details)")  # fmt: skip
+    horizon = f"; look-ahead {look_ahead} x {interval_s:g} s" if kind == "liveput" else ""
+    get_run_logger().info("%s planner%s; forecasts: %s", kind, horizon, what)
+    return planner, what
 
 
 # ------------------------------------------------------------------------------------------------ MLflow run file

@@ -1,4 +1,5 @@
-"""`parcae train`: a short real job on local processes, and the errors a user can make."""
+"""`parcae train`: short real jobs on local processes (scripted, a trace replay planned live by the liveput planner
+on a runtime profile file, a resumed job), and the errors a user can make."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import json
 
 from typer.testing import CliRunner
 
+from _flow_fixtures import runtime_profile_file
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from parcae.cli import app
 
 
@@ -38,3 +41,55 @@ def test_train_names_a_bad_event(tmp_path):
 def test_train_unknown_model(tmp_path):
     res = CliRunner().invoke(app, ["train", "--model", "gpt-17", "--out-dir", str(tmp_path / "run")])
     assert res.exit_code == 2 and "gpt-17" in res.output
+
+
+def test_train_replays_a_trace_planned_by_liveput_on_a_profile(tmp_path, _no_orphans):
+    """p3 scaled to 3 instances from interval 49 (3, 3, then 2 alive), one interval every 2 steps: liveput decides at
+    each of the 3 boundaries, on a profile where 2x1 is by far the fastest (the rule would run two stages)."""
+    profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1), max_instances=3)
+    out = tmp_path / "report.json"
+    res = CliRunner().invoke(app, ["train", "--workers", "3", "--steps", "8", "--trace", "p3", "--start-interval", "49",
+                                   "--interval-seconds", "0.2", "--planner", "liveput", "--profile", str(profile),
+                                   "--look-ahead", "3", "--out-dir", str(tmp_path / "run"), "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    plans = report["plans"]
+    assert [(p["interval"], p["step"], p["alive"]) for p in plans] == [(1, 2, 3), (2, 4, 3), (3, 6, 2)]
+    assert all(p["planner"] == "liveput" and p["decision"] == [2, 1] for p in plans), plans
+    assert all(p["details"]["look_ahead"] == 3 and p["details"]["interval_s"] == 60.0 for p in plans)
+    assert all(p["details"]["forecast"] == "persistence" for p in plans)
+    assert "3 plans by liveput (2x1, 2x1, 2x1); forecasts: persistence" in res.output
+
+
+def test_train_resumes_from_the_latest_checkpoint(tmp_path, _no_orphans):
+    run = tmp_path / "run"
+    args = ["train", "--workers", "2", "--checkpoint-every", "2", "--out-dir", str(run)]
+    first = CliRunner().invoke(app, [*args, "--steps", "3"])
+    assert first.exit_code == 0, first.output
+    again = CliRunner().invoke(app, [*args, "--steps", "5"])  # without --resume the folder is not reused
+    assert again.exit_code == 2 and "resume" in again.output, again.output
+    out = tmp_path / "report.json"
+    res = CliRunner().invoke(app, [*args, "--steps", "5", "--resume", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    assert report["resumed_from"] == 2 and report["first_step"] == 2 and len(report["loss"]) == 3
+
+
+def test_train_planner_errors_name_the_fix(tmp_path):
+    run = ["--trace", "p3", "--out-dir", str(tmp_path / "run")]
+    res = CliRunner().invoke(app, ["train", "--planner", "oracle", *run])
+    assert res.exit_code == 2 and "--planner must be one of rule, liveput, handed, got 'oracle'" in res.output
+    res = CliRunner().invoke(app, ["train", "--planner", "liveput", *run])
+    assert res.exit_code == 2 and "--profile PATH" in res.output and "`parcae profile`" in res.output, res.output
+    bad = tmp_path / "not-a-profile.json"
+    bad.write_text(json.dumps({"format": "something else"}))
+    res = CliRunner().invoke(app, ["train", "--planner", "liveput", "--profile", str(bad), *run])
+    assert res.exit_code == 2 and "--profile" in res.output and "not-a-profile.json" in res.output, res.output
+    assert "Traceback" not in res.output
+    missing = tmp_path / "missing.json"
+    res = CliRunner().invoke(app, ["train", "--planner", "liveput", "--profile", str(missing), *run])
+    assert res.exit_code == 2 and "missing.json" in res.output and "cannot read" in res.output, res.output
+    profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1))
+    res = CliRunner().invoke(app, ["train", "--planner", "liveput", "--profile", str(profile), "--model", "small-gpt",
+                                   *run])  # fmt: skip
+    assert res.exit_code == 2 and "'tiny-gpt', the job trains 'small-gpt'" in res.output, res.output

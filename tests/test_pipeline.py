@@ -66,6 +66,9 @@ def store(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("pipeline")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
+        # create the schema now, in this process: two processes opening a fresh SQLite store at once race in
+        # MLflow's migrations ("no such column: spans.dimension_attributes")
+        mlflow.MlflowClient().search_experiments()
         yield root
 
 

@@ -1,7 +1,9 @@
-"""Tests of the live planning hook: the planners (rule, liveput, handed) and the feasibility check as plain functions,
-handing plans to a coordinator (authentication, job, feasibility), and two real jobs — a trace replay whose strategy
-the liveput optimizer decides at every interval boundary (it must still train exactly the uninterrupted run), and a
-job that changes its strategy when a plan is handed to it from outside.
+"""Tests of the live planning hook: the planners (rule, liveput, handed), the forecasts a liveput planner plans with
+(persistence, a fitted forecaster on the replayed trace's past) and `make_planner` as plain functions, the
+feasibility check, handing plans to a coordinator (authentication, job, feasibility), and two real jobs — a trace
+replay whose strategy the liveput optimizer decides at every interval boundary from a fitted LightGBM forecaster's
+forecasts (it must still train exactly the uninterrupted run), and a job that changes its strategy when a plan is
+handed to it from outside.
 
 The liveput planner is given a small hand-made profile of tiny-gpt (iteration times per D x P, up to 5 instances)
 and a cost model built from tiny-gpt's real per-layer parameter counts, as `parcae profile` would measure them.
@@ -12,11 +14,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from _flow_fixtures import runtime_profile_file
+from _tables import canonical_table
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from forecasting.baselines import PersistenceForecaster
+from forecasting.lgbm import LightGbmForecaster
+from forecasting.traces import load_trace, scale_trace
 from liveput.migration import CostConstants, CostModel
 from liveput.model_spec import Layer, ModelSpec
 from liveput.scenarios import IntervalForecast
 from liveput.throughput import ThroughputProfile
+from parcae.tracking import plan_metrics
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import Coordinator, ScheduleError
@@ -26,6 +34,7 @@ from trainer.model import layer_names
 from trainer.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
 from trainer.pipeline import Strategy, build_context, train_step
 from trainer.planning import (
+    PLANNERS,
     HandedPlan,
     HandedPlanner,
     HandPlanError,
@@ -33,11 +42,15 @@ from trainer.planning import (
     PlanError,
     PlanRequest,
     RulePlanner,
+    TraceForecast,
     check_decision,
     hand_plan,
     keep_strategy,
+    make_planner,
+    observed_change,
     persistence_forecast,
 )
+from trainer.profile import RuntimeProfile
 from trainer.run import run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -65,9 +78,24 @@ def tiny_cost() -> CostModel:
     return CostModel(spec, constants)
 
 
-def request(history: tuple[int, ...], current: tuple[int, int], **kw) -> PlanRequest:
-    return PlanRequest(interval=len(history) - 1, step=4 * (len(history) - 1), alive=history[-1], current=current,
-                       history=history, n_layers=N, global_batch=TRAIN.global_batch, **kw)  # fmt: skip
+def tiny_runtime_profile() -> RuntimeProfile:
+    """`tiny_profile` and `tiny_cost` as the runtime profile `parcae profile` writes."""
+    cost = tiny_cost()
+    return RuntimeProfile(tiny_profile(), cost.constants, cost.spec, {}, "", "test input")
+
+
+def request(history: tuple[int, ...], current: tuple[int, int], interval: int | None = None, **kw) -> PlanRequest:
+    interval = len(history) - 1 if interval is None else interval
+    return PlanRequest(interval=interval, step=4 * interval, alive=history[-1], current=current, history=history,
+                       n_layers=N, global_batch=TRAIN.global_batch, **kw)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def lightgbm() -> LightGbmForecaster:
+    """A LightGBM forecaster fitted (small and seeded) on gcp-v100, for up to 3 intervals ahead."""
+    return LightGbmForecaster(horizon_max=3, n_estimators=20, min_child_samples=20, max_rows=2000, seed=0).fit(
+        [load_trace("gcp-v100")]
+    )
 
 
 # ------------------------------------------------------------------------------------------------ planners
@@ -106,10 +134,11 @@ def test_rule_and_keep():
 
 
 def test_persistence_forecast_prices_the_change_just_observed():
-    assert persistence_forecast((4, 3), 3) == [IntervalForecast.point(4, 0, 1), IntervalForecast.point(3),
-                                               IntervalForecast.point(3)]  # fmt: skip
-    assert persistence_forecast((2,), 2) == [IntervalForecast.point(2)] * 2
-    assert persistence_forecast((2, 5), 1) == [IntervalForecast.point(2, 3, 0)]
+    assert persistence_forecast(request((4, 3), (1, 2)), 3) == [IntervalForecast.point(4, 0, 1),
+                                                               IntervalForecast.point(3), IntervalForecast.point(3)]
+    assert persistence_forecast(request((2,), (1, 2)), 2) == [IntervalForecast.point(2)] * 2
+    assert persistence_forecast(request((2, 5), (1, 2)), 1) == [IntervalForecast.point(2, 3, 0)]
+    assert observed_change(request((4, 4, 1), (1, 2))) == IntervalForecast.point(4, 0, 3)
 
 
 def test_liveput_planner_decides_feasible_strategies_from_the_history():
@@ -121,23 +150,94 @@ def test_liveput_planner_decides_feasible_strategies_from_the_history():
         assert details["decision"] == list(decision) and len(details["steps"]) == 4
         assert planner(req)[0] == decision  # deterministic
     # more replicas are faster in this profile, and 4 instances stay: all of them train
-    assert planner(request((4, 4), (2, 2)))[0] == (4, 1)
-    # the forecast comes from the request's history
+    decision, details = planner(request((4, 4), (2, 2)))
+    assert decision == (4, 1)
+    # what it planned with is in the details: enough for MLflow to compute the expected liveput
+    assert details["model"] == "tiny-gpt" and details["look_ahead"] == 4 and details["interval_s"] == 2.0
+    assert details["forecast"] == "persistence" and len(details["intervals"]) == 4
+    assert details["intervals"][0] == {"prev_available": 4, "events": [[0, 0, 1.0]]}
+    metrics = plan_metrics(details)
+    assert metrics["expected_liveput"] == pytest.approx(details["expected_samples"] / (4 * 2.0))
+    # the forecast is asked with the request
     seen = []
 
-    def forecast(history, k):
-        seen.append((tuple(history), k))
-        return persistence_forecast(history, k)
+    def forecast(req, k):
+        seen.append((req.interval, req.history, k))
+        return persistence_forecast(req, k)
 
-    LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=3, forecast=forecast)(request((4, 3), (2, 2)))
-    assert seen == [((4, 3), 3)]
+    _, details = LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=3, forecast=forecast)(request((4, 3), (2, 2)))
+    assert seen == [(1, (4, 3), 3)] and details["forecast"] == "forecast"  # a plain function: its name
 
     # a forecast that promises instances the job does not have: the decision cannot run, and says so
-    def optimistic(history, k):
+    def optimistic(req, k):
         return [IntervalForecast.point(5)] * k
 
     with pytest.raises(PlanError, match=r"planner 'liveput' decided \(\d, \d\) .* 2 instances alive\): .* only 2"):
         LiveputPlanner(tiny_profile(), tiny_cost(), forecast=optimistic)(request((2, 2), (1, 2)))
+
+
+def test_trace_forecast_predicts_from_the_replayed_trace_s_past(lightgbm):
+    """p3 scaled to 4 instances, replayed from interval 51: the boundary of interval i has seen interval 50+i's
+    change, so the fitted forecaster predicts from the trace's intervals before 51+i."""
+    table = scale_trace(load_trace("p3"), 4)
+    source = TraceForecast.of_trace(lightgbm, "p3", 4, start_interval=51)
+    assert source.table["available"].tolist() == table["available"].tolist() and source.model == "lightgbm"
+    assert table["available"].iloc[50:62].tolist() == [4, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 3]
+    req = request((4, 3, 3, 3, 3, 3, 3, 2), (1, 3))  # interval 7: trace interval 57's drop to 2 has just been seen
+    got = source(req, 4)
+    want = lightgbm.predict(table.iloc[:58], 3)
+    assert got == [IntervalForecast.point(3, 0, 1), *IntervalForecast.from_forecast(want)]
+    assert source.last == "lightgbm"
+    assert source(req, 1) == [IntervalForecast.point(3, 0, 1)] and "look-ahead 1" in source.last
+
+    # the job's count is not the trace's (a kill without notice is still alive when the boundary plans): persistence,
+    # and why
+    alive = request((4, 3, 3, 3, 3, 3, 3, 3), (1, 3))
+    assert source(alive, 3) == persistence_forecast(alive, 3)
+    assert source.last == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive"
+    # the forecaster refuses the history (a look-ahead beyond what it was trained for): persistence, and why
+    assert source(req, 5) == persistence_forecast(req, 5)
+    assert source.last.startswith("persistence: lightgbm refused the history (lightgbm: horizon must be in 1..3")
+    # a replay that keeps one instance where the trace has none
+    empty = TraceForecast(PersistenceForecaster(), canonical_table([2, 1, 0, 0], 2), start_interval=0)
+    assert empty(request((2, 1, 1), (1, 1), interval=3), 2) == persistence_forecast(request((2, 1, 1), (1, 1)), 2)
+    assert empty.last == "persistence: the trace's past (to interval 2) ends at 0, the job has 1 alive"
+    with pytest.raises(ValueError, match="start_interval 700 outside the trace's 683 intervals"):
+        TraceForecast.of_trace(lightgbm, "p3", 4, start_interval=700)
+
+
+def test_a_liveput_decision_records_its_forecast_source(lightgbm):
+    planner, what = make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, trace="p3",
+                                 workers=4, start_interval=51, look_ahead=3)  # fmt: skip
+    assert what.startswith("lightgbm on p3's past")
+    _, details = planner(request((4, 3, 3, 3, 3, 3, 3, 2), (1, 3)))
+    assert details["forecast"] == "lightgbm" and details["look_ahead"] == 3 and details["interval_s"] == 60.0
+    assert details["intervals"][0] == {"prev_available": 3, "events": [[0, 1, 1.0]]}
+    _, details = planner(request((4, 3, 3, 3, 3, 3, 3, 3), (1, 3)))
+    assert details["forecast"] == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive"
+
+
+def test_make_planner_builds_each_kind_and_names_the_fix(tmp_path, lightgbm):
+    assert PLANNERS == ("rule", "liveput", "handed")
+    rule, what = make_planner("rule")
+    assert isinstance(rule, RulePlanner) and what.startswith("none")
+    handed, what = make_planner("handed", profile=None)
+    assert isinstance(handed, HandedPlanner) and handed.name == "handed" and "handed in" in what
+    profile = RuntimeProfile.load(runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1)))
+    liveput, what = make_planner("liveput", profile=profile, model="tiny-gpt", look_ahead=2, interval_s=30.0)
+    assert isinstance(liveput, LiveputPlanner) and what.startswith("persistence")
+    assert liveput.config.look_ahead == 2 and liveput.config.interval_s == 30.0
+    assert liveput(request((4, 4), (1, 2)))[0] == (2, 1)  # the profile's fastest strategy
+    with pytest.raises(ValueError, match=r"unknown planner 'oracle'; choose one of rule, liveput, handed"):
+        make_planner("oracle")
+    with pytest.raises(ValueError, match=r"needs a runtime profile.*--profile PATH.*`parcae profile`"):
+        make_planner("liveput", profile=None)
+    with pytest.raises(ValueError, match=r"profile is of model 'tiny-gpt', the job trains 'small-gpt'.*--model small"):
+        make_planner("liveput", profile=profile, model="small-gpt")
+    with pytest.raises(ValueError, match="forecasts from the replayed trace's past: give the trace"):
+        make_planner("liveput", profile=profile, forecaster=lightgbm)
+    with pytest.raises(ValueError, match="look_ahead must be >= 1"):
+        make_planner("liveput", profile=profile, look_ahead=0)
 
 
 def test_handed_planner_applies_the_latest_feasible_plan():
@@ -213,16 +313,24 @@ def reference(steps: int) -> tuple[list[float], dict]:
 
 def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
     """p3 from interval 51, 4 instances, 2 steps per interval: a preemption with notice at step 2, a kill at 14, an
-    added instance at 22; liveput decides at each of the 11 boundaries."""
+    added instance at 22; liveput decides at each of the 11 boundaries, forecasting with a fitted LightGBM model."""
     steps = 24
     rec = RecordingObserver()
-    planner = LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=4, interval_s=60.0)
+    lgbm = LightGbmForecaster(horizon_max=3, n_estimators=20, min_child_samples=20, max_rows=2000, seed=0).fit(
+        [load_trace("gcp-v100")]
+    )
+    planner, _ = make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lgbm, trace="p3", workers=4,
+                              start_interval=51, look_ahead=4)  # fmt: skip
     report = train(4, model=CFG, steps=steps, trace="p3", interval_seconds=0.2, step_seconds=0.1, seed=0,
                    start_interval=51, out_dir=tmp_path / "job", checkpoint_every=6, planner=planner, observer=rec,
                    start_method="forkserver", timeout_s=100)  # fmt: skip
     plans: list[PlanInfo] = rec.of("plan")
     assert [p.step for p in plans] == list(range(2, steps, 2)) and [p.interval for p in plans] == list(range(1, 12))
     assert all(p.planner == "liveput" and len(p.details["steps"]) == 4 for p in plans)
+    # forecasts by the fitted model from the trace's past, except at the kill's boundary (the victim still counts)
+    sources = [p.details["forecast"] for p in plans]
+    assert sources[6] == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive", sources
+    assert sources[:6] + sources[7:] == ["lightgbm"] * 10, sources
     assert all(p.decision[0] * p.decision[1] <= p.alive for p in plans)
     # 4 instances, one preempted at 2, one killed during 14 (still alive when 14 is planned), one added at 22
     assert [p.alive for p in plans] == [3] * 7 + [2] * 3 + [3]
@@ -286,3 +394,11 @@ def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
     assert [e["source"] for e in log if e["event"] == "handed-plan"] == ["too-big", "shrink"]
     assert [e["details"].get("rejected", {}).get("source") for e in log if e["event"] == "plan"] == ["too-big", None]
     assert result["plans"][1]["details"]["handed"]["strategy"] == [1, 2]
+
+
+def test_the_settings_check_knows_the_same_planners_as_make_planner():
+    # parcae.settings keeps its own copy (importing trainer.planning would pull torch into every settings check)
+    from parcae import settings
+    from trainer import planning
+
+    assert set(settings.PLANNERS) == set(planning.PLANNERS)

@@ -194,7 +194,7 @@ Forecast = Callable[[PlanRequest, int], "list[IntervalForecast]"]
 boundary `req` describes, the first for the coming interval (its `prev_available` and events: the change from the
 previous boundary's count to this one's, `observed_change`). A forecast may say where its latest forecasts came
 from — a model's name, or why persistence stood in — in a ``last`` attribute (str); the planner records it in the
-decision's details as ``"forecast"`` (a plain function is recorded by its name)."""
+decision's details as ``"forecast"`` (`persistence_forecast` as "persistence", another function by its name)."""
 
 
 def observed_change(req: PlanRequest) -> IntervalForecast:
@@ -407,8 +407,8 @@ def make_planner(
     if kind != "liveput":
         raise ValueError(f"unknown planner {kind!r}; choose one of {', '.join(PLANNERS)}")
     if profile is None:
-        raise ValueError("the liveput planner needs a runtime profile of the trainer: give --profile PATH (the flow's "
-                         "`profile`), a file written by `parcae profile`")  # fmt: skip
+        raise ValueError("the liveput planner needs a runtime profile of the trainer (--profile PATH; the train "
+                         "flow's `profile`): measure one with `parcae profile`")  # fmt: skip
     throughput = profile.throughput
     if model is not None and throughput.model != model:
         raise ValueError(f"the runtime profile is of model {throughput.model!r}, the job trains {model!r}: measure "

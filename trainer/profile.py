@@ -55,7 +55,9 @@ import json
 import math
 import os
 import platform
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -758,3 +760,28 @@ def measure(
     return RuntimeProfile(throughput, constants, spec, measured, created,
                           command or f"trainer.profile.measure({model!r}, {workers}, steps_per_strategy="
                                      f"{steps_per_strategy}, seed={seed}, start_method={start_method!r})")  # fmt: skip
+
+
+def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs") -> Path:
+    """Where a measured profile of ``model`` on ``workers`` processes is cached: ``runs/profile-<model>-<workers>.json``."""
+    return Path(runs) / f"profile-{model}-{workers}.json"
+
+
+def cached_profile(
+    model: str, workers: int, path: str | os.PathLike[str] | None = None, *,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[RuntimeProfile, str]:  # fmt: skip
+    """The runtime profile at ``path`` (default `profile_path`) and where it came from; measured now (one job of
+    ``workers`` processes, under a minute for tiny-gpt) and written there when the file does not exist, so the next
+    job reuses it. A file that is not a profile raises `ProfileFormatError` naming it."""
+    target = Path(path) if path else profile_path(model, workers)
+    if target.is_file():
+        return RuntimeProfile.load(target), f"loaded {target}"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".profile-{model}-{workers}-", dir=target.parent))
+    try:
+        profile = measure(model, workers, out_dir=scratch / "job", progress=progress)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    profile.to_json(target)
+    return profile, f"measured now, cached in {target}"
