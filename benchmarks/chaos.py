@@ -106,9 +106,12 @@ def label(record: dict[str, Any]) -> str:
 
 
 def pauses(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """Pause statistics per kind, over the reconfigurations that completed; an epoch that broke before any member
+    was ready (a migration rolled back by a death during its hand-off) has no pause and is counted apart."""
     by: dict[str, list[float]] = {}
     for r in records:
-        by.setdefault(label(r), []).append(r["pause_s"])
+        if r["pause_s"] is not None:
+            by.setdefault(label(r), []).append(r["pause_s"])
     return {k: {"n": len(v), "median_s": statistics.median(v), "p90_s": float(np.percentile(v, 90)),
                 "max_s": max(v)} for k, v in sorted(by.items())}  # fmt: skip
 
@@ -123,6 +126,7 @@ def report(a: argparse.Namespace, sched: TraceSchedule, steps: int, result: dict
         "reconfigurations": len(recs),
         "reconfigurations_by_kind": dict(sorted(Counter(label(r) for r in recs).items())),
         "pause_by_kind": pauses(recs),
+        "rolled_back": sum(r["pause_s"] is None for r in recs),
         "detect_s_median": statistics.median(d) if (d := [r["detect_s"] for r in recs if r.get("detect_s")]) else None,
         "steps_lost": sum(r["steps_lost"] for r in recs),
         "processes": len(result["exit_codes"]),
@@ -152,6 +156,7 @@ def print_report(r: dict[str, Any]) -> None:
         print(f"kill detection (median): {r['detect_s_median'] * 1e3:.0f} ms")
     eq = r["equivalence"]
     print(f"steps lost (recomputed): {r['steps_lost']}")
+    print(f"reconfigurations rolled back (a death during the hand-off): {r['rolled_back']}")
     print(f"final checksum {eq['checksum'][:16]} vs uninterrupted run {eq['reference_checksum'][:16]}: "
           f"{'equal' if eq['checksum_equal'] else 'not bit-identical'}; parameters max rel diff "
           f"{eq['params_max_rel_diff']:.1e}, loss max rel diff {eq['loss_max_rel_diff']:.1e} -> "
