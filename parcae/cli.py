@@ -4,6 +4,9 @@ Commands
 --------
 ``parcae simulate``
     Replay a spot-availability trace and compare policies (samples, dollars, migrations).
+``parcae simulations [--comparison ID]``
+    Show a comparison logged by ``parcae simulate --mlflow``, rebuilt from MLflow with ``mlflow.search_runs``
+    (``parcae.simulations``); without an id, list the latest.
 ``parcae plan [INPUT.json|-]``
     Run the liveput planner once on a forecast and print the plan as JSON.
 ``parcae traces``
@@ -320,6 +323,7 @@ def _check_outputs(json_out: Path | None, plot: Path | None) -> None:
 
 @command(help="Replay a spot trace and compare policies: samples, dollars, migrations.")
 def simulate(
+    ctx: typer.Context,
     trace: Annotated[
         str, typer.Option(metavar="NAME|PATH", help="Trace name (see `parcae traces`) or path to a trace file.")
     ] = "p3",
@@ -352,6 +356,14 @@ def simulate(
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(metavar="OUT.png", help="Write a timeline plot (PNG) here.")] = None,
+    mlflow: Annotated[
+        bool,
+        typer.Option(
+            "--mlflow",
+            help="Also log the comparison to MLflow (experiment 'simulations', one run per policy, the plot as an "
+            "artifact); the store is $MLFLOW_TRACKING_URI, else ./mlruns. Show it with `parcae simulations`.",
+        ),
+    ] = False,
 ) -> None:
     from liveput.policies import BambooConstants
     from liveput.prices import instance_price
@@ -359,6 +371,7 @@ def simulate(
 
     policies = _check_policies(policy)
     _check_outputs(json_out, plot)
+    store = _check_store() if mlflow else None  # fail fast, before minutes of simulation
     if not 0.0 <= bamboo_overhead < 1.0:
         raise UserError(f"--bamboo-overhead must be in [0, 1), got {bamboo_overhead:g}")
     profile, cost = _load_model(model, global_batch)
@@ -436,6 +449,96 @@ def simulate(
         title = f"{trace_name} intervals {first}-{last}, {model}, K={look_ahead}"
         _write_file(plot, "plot", lambda p: plot_timeline(results, p, title=title, interval_s=interval_seconds))
         _stderr().print(f"wrote {plot}", soft_wrap=True)
+    if store is not None:
+        from parcae.simulations import SIMULATIONS_EXPERIMENT, log_comparison
+        from parcae.tracking import TrackingError
+
+        try:
+            comparison = log_comparison(
+                results, trace=trace_name, model=model, window=(h0, h1), look_ahead=look_ahead, interval_s=iv,
+                forecaster=forecaster, ideal_samples=ideal_samples, plot=plot, tracking=store,
+                tags={"parcae.command": _command_line(ctx)},
+            )  # fmt: skip
+        except TrackingError as exc:
+            raise UserError(str(exc)) from None
+        out.print(f"logged comparison {comparison} to MLflow experiment {SIMULATIONS_EXPERIMENT!r} ({store}); "
+                  f"show it with: parcae simulations --comparison {comparison}", soft_wrap=True)  # fmt: skip
+
+
+def _check_store() -> str:
+    """The tracking URI, checked to answer (one request, no retries); a UserError naming the fix if not."""
+    from parcae.tracking import TrackingError, check_reachable, tracking_uri
+
+    try:
+        uri = tracking_uri()
+        check_reachable(uri)
+    except TrackingError as exc:
+        raise UserError(f"--mlflow: {exc}") from None
+    except OSError as exc:  # the local store's folder cannot be created
+        raise UserError(f"--mlflow: cannot create the MLflow store ({exc.strerror or exc}); set MLFLOW_TRACKING_URI "
+                        f"or PARCAE_MLRUNS to a writable place") from None  # fmt: skip
+    return uri
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The running command with every option spelled out (defaults included), so a logged run can be re-run."""
+    import shlex
+
+    words = ctx.command_path.split()
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if param.param_type_name != "option" or value is None or value is False:
+            continue
+        if param.is_flag:
+            words.append(param.opts[0])
+        elif param.multiple:
+            for item in value:
+                words += [param.opts[0], str(item)]
+        else:
+            words += [param.opts[0], str(value)]
+    return shlex.join(words)
+
+
+@command(help="Show a comparison logged by `parcae simulate --mlflow`, rebuilt from MLflow; without --comparison, "
+         "list the latest ones.")
+def simulations(
+    comparison: Annotated[
+        str | None, typer.Option(metavar="ID", help="The comparison id `parcae simulate --mlflow` printed.")
+    ] = None,
+) -> None:
+    from parcae.simulations import ComparisonNotFound, list_comparisons, load_comparison
+    from parcae.tracking import TrackingError
+
+    store = _check_store()
+    out = _stdout()
+    try:
+        if comparison is None:
+            latest = list_comparisons(store)
+            if latest.empty:
+                out.print(f"no comparisons in {store}; log one with `parcae simulate --mlflow`", soft_wrap=True)
+                return
+            table = Table(box=box.SIMPLE_HEAD, show_edge=False)
+            for col in latest.columns:
+                table.add_column(col, no_wrap=col != "policies")
+            for row in latest.itertuples(index=False):
+                table.add_row(*(str(v) for v in row))
+            out.print(table)
+            return
+        logged = load_comparison(comparison, store)
+    except (TrackingError, ComparisonNotFound) as exc:
+        raise UserError(str(exc)) from None
+    p = logged.params
+    if p:
+        out.print(
+            f"trace {p.get('trace')}: intervals {p.get('first_interval')}-{p.get('last_interval')}, hours "
+            f"{float(p['start_hour']):.2f}-{float(p['end_hour']):.2f}, model {p.get('model')}, "
+            f"K={p.get('look_ahead')}, T={p.get('interval_s')} s (comparison {logged.comparison_id})",
+            soft_wrap=True,
+        )
+    for i, table in enumerate(results_tables(logged.policies, logged.ideal_samples, out.width)):
+        if i:
+            out.print()
+        out.print(table)
 
 
 # --------------------------------------------------------------------------------------------------- plan
