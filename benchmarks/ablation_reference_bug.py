@@ -22,30 +22,21 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import liveput.scenarios as scenarios  # noqa: E402
 from forecasting.traces import load_trace  # noqa: E402
-from liveput.migration import stage_overlap  # noqa: E402
 from liveput.simulator import SimulationConfig, simulate  # noqa: E402
+from oracle_gap import greedy_missing  # noqa: E402  (the reference's repartition, shared with the full ablation)
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149, 0.933), "hh 5.5-6.5": (330, 389, 0.938), "lh 8-9": (480, 539, 0.925),
             "ll 10-11": (600, 659, 0.982)}
 
 
 def _last_stage_missing(layer_params, old_cuts, new_cuts, replicas):
-    """The reference's value: what the last new stage lacks under its stage-by-stage greedy."""
-    so = stage_overlap(layer_params, old_cuts, new_cuts)
-    left = {s: replicas for s in so.demand}
-    last = 0
-    for j, ov in enumerate(so.overlap):
-        best, gain = -1, 0
-        for s, o in ov.items():
-            if left[s] > 0 and o > gain:
-                best, gain = s, o
-        if best >= 0:
-            left[best] -= 1
-        last = so.size[j] - gain
-    return last
+    """The reference's value: what the last new stage lacks under its stage-by-stage greedy, every old stage
+    healthy (`replicas` copies each)."""
+    return greedy_missing(layer_params, old_cuts, new_cuts, [replicas] * (len(old_cuts) - 1), overwrite=True)
 
 
 @contextmanager

@@ -35,10 +35,10 @@ import pandas as pd
 
 from parcae import tracking as _tracking  # log_comparison's ``tracking`` parameter is the store, not this
 
+from liveput.simulator import PolicyResult
+
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-
-    from liveput.simulator import PolicyResult
 
 #: Experiment of the comparisons (``parcae simulate --mlflow``).
 SIMULATIONS_EXPERIMENT: Final = "simulations"
@@ -63,28 +63,13 @@ class ComparisonNotFound(LookupError):
 
 
 @dataclass(frozen=True)
-class LoggedPolicy:
-    """One policy's numbers as read back from its run: the fields of ``PolicyResult`` the tables print."""
-
-    policy: str
-    samples: float
-    throughput: float
-    instance_hours: float
-    cost_usd: float
-    cost_per_million_samples: float | None
-    migration_s: float
-    decision_ms_median: float | None
-    migrations: dict[str, float]
-    run_id: str
-
-
-@dataclass(frozen=True)
 class LoggedComparison:
     """A comparison read back: the parent run's params and the policies in table order."""
 
     comparison_id: str
     params: dict[str, str]
-    policies: dict[str, LoggedPolicy] = field(repr=False)
+    policies: dict[str, PolicyResult] = field(repr=False)  # read back; timelines stay in the runs' artifacts
+    run_ids: dict[str, str] = field(default_factory=dict)  # policy -> its MLflow run
     ideal_samples: float | None = None
 
 
@@ -253,7 +238,8 @@ def load_comparison(comparison_id: str, tracking: str | os.PathLike[str] | None 
     children = runs[runs[f"tags.{ROLE_TAG}"] == "policy"].copy()
     children["_order"] = children[f"tags.{ORDER_TAG}"].astype(int)
     children = children.sort_values("_order")
-    policies: dict[str, LoggedPolicy] = {}
+    policies: dict[str, PolicyResult] = {}
+    run_ids: dict[str, str] = {}
     ideal = None
     for _, row in children.iterrows():
         kinds = sorted(c for c in runs.columns if c.startswith(f"metrics.{MIGRATION_PREFIX}"))
@@ -261,7 +247,8 @@ def load_comparison(comparison_id: str, tracking: str | os.PathLike[str] | None 
             c[len(f"metrics.{MIGRATION_PREFIX}"):]: v for c in kinds if (v := _value(row, c)) is not None
         }  # fmt: skip
         name = row["params.policy"]
-        policies[name] = LoggedPolicy(
+        run_ids[name] = row["run_id"]
+        policies[name] = PolicyResult(
             policy=name,
             samples=_value(row, "metrics.samples") or 0.0,
             throughput=_value(row, "metrics.throughput") or 0.0,
@@ -271,10 +258,11 @@ def load_comparison(comparison_id: str, tracking: str | os.PathLike[str] | None 
             migration_s=_value(row, "metrics.migration_s") or 0.0,
             decision_ms_median=_value(row, "metrics.planner_ms"),
             migrations=migrations,
-            run_id=row["run_id"],
+            timeline=pd.DataFrame(),
         )
         ideal = ideal if ideal is not None else _value(row, "metrics.ideal_samples")
-    return LoggedComparison(comparison_id=comparison_id, params=params, policies=policies, ideal_samples=ideal)
+    return LoggedComparison(comparison_id=comparison_id, params=params, policies=policies, run_ids=run_ids,
+                            ideal_samples=ideal)
 
 
 def comparison_from_mlflow(
@@ -284,7 +272,7 @@ def comparison_from_mlflow(
     from liveput.simulator import comparison_table
 
     logged = load_comparison(comparison_id, tracking)
-    return comparison_table(logged.policies, reference)  # type: ignore[arg-type]  # duck-typed PolicyResult
+    return comparison_table(logged.policies, reference)
 
 
 def list_comparisons(tracking: str | os.PathLike[str] | None = None, max_results: int = 20) -> pd.DataFrame:
@@ -318,7 +306,6 @@ __all__ = [
     "COMPARISON_TAG",
     "ComparisonNotFound",
     "LoggedComparison",
-    "LoggedPolicy",
     "SIMULATIONS_EXPERIMENT",
     "comparison_from_mlflow",
     "list_comparisons",

@@ -3,7 +3,7 @@
 Everything is local and temporary: one Prefect test server for the session (`prefect_test_harness`, its
 home under a temporary folder, telemetry off), one MLflow SQLite store for the module (named only through
 ``MLFLOW_TRACKING_URI``), tiny synthetic traces (``PARCAE_SHARED_TRACES``) and moto for EC2. The
-environment is set here, before Prefect is first imported, because Prefect reads its settings on import.
+environment is set by `_prefect_home`, imported before Prefect because Prefect reads its settings on import.
 Flows are called directly (one process); `prefect.yaml` is checked by loading every entrypoint and
 validating its schedules and parameters with Prefect's own models. The plan hand-over is checked against a real
 running job (coordinator and worker processes, a `HandedPlanner`) in a thread of the test.
@@ -11,19 +11,8 @@ running job (coordinator and worker processes, a `HandedPlanner`) in a thread of
 
 from __future__ import annotations
 
-import atexit
-import os
-import shutil
-import tempfile
 
-_PREFECT_HOME = tempfile.mkdtemp(prefix="parcae-prefect-home-")
-atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
-os.environ.update(
-    DO_NOT_TRACK="true",  # MLflow accepts only the literal "true"
-    PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    MLFLOW_DISABLE_TELEMETRY="true",
-    PREFECT_HOME=_PREFECT_HOME,
-)
+import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 
 import threading  # noqa: E402
 from datetime import timedelta  # noqa: E402

@@ -9,19 +9,9 @@ subprocess against the same Prefect server and MLflow store, is killed after its
 
 from __future__ import annotations
 
-import atexit
 import os
-import shutil
-import tempfile
 
-_PREFECT_HOME = tempfile.mkdtemp(prefix="parcae-prefect-home-")
-atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
-os.environ.update(
-    DO_NOT_TRACK="true",  # MLflow accepts only the literal "true"
-    PREFECT_SERVER_ANALYTICS_ENABLED="false",
-    MLFLOW_DISABLE_TELEMETRY="true",
-    PREFECT_HOME=_PREFECT_HOME,
-)
+import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 
 import json  # noqa: E402
 import signal  # noqa: E402
