@@ -13,9 +13,13 @@ import pytest
 
 from _tables import canonical_table
 from forecasting.features import (
+    ANCHOR_MARGIN,
+    ANCHOR_SKILL_HORIZON,
+    ANCHOR_WINDOW,
     FEATURE_NAMES,
     SINCE_CAP,
     STEP_FEATURE_NAMES,
+    anchor_levels,
     features_at,
     stack_steps,
     targets,
@@ -153,6 +157,53 @@ def test_bad_inputs_are_reported(hand: pd.DataFrame) -> None:
         features_at(hand.drop(columns=["n_out"]))
     with pytest.raises(ValueError, match="horizon"):
         targets(hand, [0], horizon=0)
+
+
+# ----------------------------------------------------------------------------------- anchor
+
+
+def dips(n: int, capacity: int = 10, period: int = 20, low: int = 7, length: int = 3) -> np.ndarray:
+    """Full cluster with a dip to ``low`` for ``length`` intervals every ``period``."""
+    counts = np.full(n, capacity)
+    for start in range(12, n, period):
+        counts[start : start + length] = low
+    return counts
+
+
+def test_anchor_follows_the_recent_maximum_where_dips_have_been_short() -> None:
+    table = canonical_table(dips(400), 10)
+    t = 12 + 15 * 20  # first interval of a dip, long after the anchor's window has filled
+    f = features_at(table, [t]).iloc[0]
+    assert table["available"].iloc[t] == 7
+    assert anchor_levels(table, [t]).tolist() == [10.0]  # back to the recent maximum, not the dip
+    assert f["anchor_gap"] == pytest.approx(0.3)
+    assert f["anchor_window"] > 0 and f["revert_skill"] > ANCHOR_MARGIN
+
+
+def test_anchor_is_persistence_when_losses_last() -> None:
+    counts = np.concatenate([np.full(60, 10), np.full(80, 7), np.full(60, 10), np.full(100, 6)])
+    table = canonical_table(counts, 10)
+    levels = anchor_levels(table)
+    np.testing.assert_array_equal(levels, counts)  # reverting never beat persistence by the margin here
+    assert (features_at(table)["anchor_window"] == 0).all()
+
+
+def test_anchor_is_persistence_before_any_forecast_has_been_scored() -> None:
+    table = canonical_table(dips(ANCHOR_SKILL_HORIZON + 5), 10)
+    first = slice(0, ANCHOR_SKILL_HORIZON)
+    np.testing.assert_array_equal(anchor_levels(table)[first], table["available"].iloc[first])
+
+
+def test_the_last_since_cap_rows_give_the_features_of_the_whole_past() -> None:
+    """``forecasting.registry.history_window`` hands LightGBM only SINCE_CAP + 1 rows in backtests."""
+    assert ANCHOR_WINDOW + ANCHOR_SKILL_HORIZON + 12 <= SINCE_CAP
+    df = random_table(900, 16, seed=5, start="2023-05-06 23:30")
+    full = features_at(df)
+    for t in (SINCE_CAP + 1, 500, 899):
+        window = df.iloc[t - SINCE_CAP : t + 1].reset_index(drop=True)
+        window.attrs = df.attrs
+        got = features_at(window, [SINCE_CAP]).reset_index(drop=True)
+        pd.testing.assert_frame_equal(got, full.loc[[t]].reset_index(drop=True), check_exact=True)
 
 
 # ----------------------------------------------------------------------------------- leakage guard

@@ -15,7 +15,15 @@ from forecasting import traces as T
 from forecasting.corpus import DUPLICATES, training_corpus
 from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES
 from forecasting.forecast import Forecast, Forecaster
-from forecasting.lgbm import LightGbmForecaster, _sample_budget
+from forecasting.lgbm import (
+    ACTIVITY_EDGES,
+    LightGbmForecaster,
+    _best_shift,
+    _sample_budget,
+    activity_bins,
+    decode_change,
+    encode_change,
+)
 
 SHARED_PRESENT = T.shared_traces_dir().is_dir()
 needs_shared = pytest.mark.skipif(not SHARED_PRESENT, reason="shared traces not present")
@@ -76,6 +84,105 @@ def test_periodic_drop_is_predicted_at_the_right_step() -> None:
         assert np.all(others < 0.2), f"lead {lead}: {f.preemption_prob}"
 
 
+def test_recovering_dips_are_forecast_back_at_the_recent_maximum() -> None:
+    """A trace whose dips always end after 3 intervals: the anchor follows the recent maximum, so the
+    median forecasts the recovery (persistence would keep the dip for the whole horizon)."""
+    model = LightGbmForecaster(horizon_max=8, **{**FAST, "n_estimators": 150}).fit([periodic(40)])
+    test = periodic(15)  # > ANCHOR_WINDOW intervals of past, so the anchor has scored its experts
+    origin = 12 * PERIOD + DROP_AT + 1  # second interval of a dip: N = 7, back to 10 two intervals later
+    f = model.predict(test.iloc[: origin + 1], 8)
+    assert f.last_available == 7
+    np.testing.assert_allclose(f.point[2:], 10.0, atol=0.5)
+
+
+# ----------------------------------------------------------------------------------- target encoding
+
+
+def test_dead_zone_encoding_round_trips_and_keeps_the_order() -> None:
+    rng = np.random.default_rng(0)
+    for capacity in (4, 16, 80):
+        k = np.arange(-capacity, capacity + 1, dtype=float)
+        for u in (np.zeros_like(k), np.full_like(k, 0.999), rng.uniform(0, 1, len(k))):
+            enc = encode_change(k, capacity, u)
+            np.testing.assert_array_equal(decode_change(enc, capacity), k)
+            assert np.all(np.diff(enc) > 0)  # monotone: decoded quantiles are the integer quantiles
+
+
+def test_the_no_change_cell_has_the_same_width_at_every_capacity() -> None:
+    """A leaf mixing capacities must not turn "mostly no change" into a loss on a large cluster."""
+    for capacity in (4, 16, 80):
+        assert decode_change(np.array([0.0249, -0.0249]), capacity).tolist() == [0.0, 0.0]
+        assert decode_change(np.array([0.026, -0.026]), capacity).tolist() == [1.0, -1.0]
+
+
+def test_activity_bins_follow_the_edges() -> None:
+    counts = np.arange(0, 9)
+    bins = activity_bins(counts, np.zeros_like(counts))
+    assert bins.tolist() == [int(np.searchsorted(ACTIVITY_EDGES, c, side="right")) for c in counts]
+    assert bins[0] == 0 and bins[-1] == len(ACTIVITY_EDGES)
+
+
+# ----------------------------------------------------------------------------------- calibration
+
+
+def noisy_walks(n_traces: int, n: int, capacity: int, seed: int) -> list[pd.DataFrame]:
+    """Busy traces: every interval moves by -2..2 around the middle of the cluster (clipped)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n_traces):
+        level = capacity // 2 + np.clip(np.cumsum(rng.integers(-2, 3, n)), -capacity // 2 + 1, capacity // 2 - 1)
+        out.append(table_from_counts(level, capacity))
+    return out
+
+
+def test_calibrated_interval_covers_about_80_percent_of_a_held_out_busy_trace() -> None:
+    train = noisy_walks(4, 700, 40, seed=1)
+    test = noisy_walks(1, 700, 40, seed=2)[0]
+    model = LightGbmForecaster(horizon_max=6, seed=1, **FAST).fit(train)
+    assert model.calibrated
+    assert set(model.shifts) == {"q0.1", "q0.9"} and model.shifts["q0.1"].shape == (6, len(ACTIVITY_EDGES) + 1)
+    fcs = model.predict_many(test, range(30, 690), 6)
+    truth = np.stack([test["available"].to_numpy()[t + 1 : t + 7] for t in range(30, 690)])
+    lo = np.stack([f.quantiles[0.1] for f in fcs])
+    hi = np.stack([f.quantiles[0.9] for f in fcs])
+    below, above = np.mean(truth < lo), np.mean(truth > hi)
+    assert 0.72 <= 1 - below - above <= 0.88, (below, above)
+    assert 0.04 <= below <= 0.16 and 0.04 <= above <= 0.16, (below, above)
+
+
+def test_tail_shift_hits_the_target_rate_with_the_smallest_move() -> None:
+    # change -2 (10%), -1 (20%), 0 (50%), +1 (20%); the boosters say "0" everywhere (encoded 0.0)
+    change = np.repeat([-2.0, -1.0, 0.0, 1.0], [10, 20, 50, 20])
+    raw, cap = np.zeros(100), np.full(100, 10.0)
+    lo = _best_shift(change, raw, cap, 0.1, dead_zone=0.05)
+    assert decode_change(np.array([lo]), 10.0).tolist() == [-1.0]  # P(change < -1) = 10%
+    assert lo == pytest.approx(-0.03)  # the smallest shift that decodes to -1
+    # above: 0 leaves 20% over, +1 leaves 0%: equally far from 10%, so the smaller move (none) wins
+    assert _best_shift(change, raw, cap, 0.9, dead_zone=0.05) == 0.0
+
+
+def test_shifts_move_the_tails_but_never_the_point(walk_model: LightGbmForecaster) -> None:
+    table = random_walk(200, 16, seed=3)
+    before = walk_model.predict_many(table, [150, 199], 6)
+    saved = {k: v.copy() for k, v in walk_model.shifts.items()}
+    try:
+        walk_model.shifts["q0.1"][:] = -0.2  # 3.2 instances lower at every step and bin
+        walk_model.shifts["q0.9"][:] = -1.0  # would cross the median: clamped to it
+        after = walk_model.predict_many(table, [150, 199], 6)
+    finally:
+        walk_model.shifts = saved
+    for b, a in zip(before, after):
+        np.testing.assert_array_equal(a.point, b.point)
+        np.testing.assert_array_equal(a.quantiles[0.9], a.quantiles[0.5])
+        assert np.all(a.quantiles[0.1] <= b.quantiles[0.1]) and np.any(a.quantiles[0.1] < b.quantiles[0.1])
+
+
+def test_one_training_trace_is_left_uncalibrated() -> None:
+    model = LightGbmForecaster(horizon_max=3, **FAST).fit([random_walk(300, 16, seed=1)])
+    assert not model.calibrated
+    assert all(np.all(v == 0) for v in model.shifts.values())
+
+
 # ----------------------------------------------------------------------------------- contract
 
 
@@ -125,6 +232,9 @@ def test_bytes_and_directory_round_trips_predict_identically(walk_model: LightGb
     assert blob.lstrip().startswith(b"{")  # JSON, not a pickle
     for loaded in (LightGbmForecaster.from_bytes(blob), LightGbmForecaster.load(walk_model.save(tmp_path / "m"))):
         assert loaded.get_params() == walk_model.get_params()
+        assert loaded.calibrated == walk_model.calibrated
+        for key, shift in walk_model.shifts.items():
+            np.testing.assert_array_equal(loaded.shifts[key], shift)
         got = loaded.predict_many(table, origins, 6)
         for a, b in zip(want, got):
             for q in a.quantiles:
@@ -143,6 +253,10 @@ def test_errors_a_user_can_act_on(walk_model: LightGbmForecaster) -> None:
         LightGbmForecaster(quantiles=(0.1, 0.9))
     with pytest.raises(ValueError, match="not a saved"):
         LightGbmForecaster.from_bytes(b'{"format": "other"}')
+    with pytest.raises(ValueError, match="retrain"):  # a version-1 model (no anchor, no calibration)
+        LightGbmForecaster.from_bytes(b'{"format": "parcae-lightgbm-forecaster", "version": 1}')
+    with pytest.raises(ValueError, match="dead_zone"):
+        LightGbmForecaster(dead_zone=0.0)
 
 
 def test_sample_budget_water_fills() -> None:
