@@ -299,17 +299,21 @@ def _write_file(path: Path, what: str, write: Callable[[Path], Any]) -> None:
         raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
 
 
+def _check_writable(path: Path, what: str) -> None:
+    """`path` is not a directory and its folder exists or can be created (else a `UserError` naming it)."""
+    if path.is_dir():
+        raise UserError(f"cannot write {what} {str(path)!r}: it is a directory")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
+
+
 def _check_outputs(json_out: Path | None, plot: Path | None) -> None:
     """Fail before simulating, not after: output folders must be creatable, the plot format known."""
     for path, what in ((json_out, "JSON"), (plot, "plot")):
-        if path is None:
-            continue
-        if path.is_dir():
-            raise UserError(f"cannot write {what} {str(path)!r}: it is a directory")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
+        if path is not None:
+            _check_writable(path, what)
     if plot is not None and plot.suffix:
         from matplotlib.backend_bases import FigureCanvasBase
 
@@ -1352,12 +1356,7 @@ def profile_cmd(
         raise UserError(f"--model: unknown model {model!r}; known models: {', '.join(sorted(MODELS))}")
     if start_method not in START_METHODS:
         raise UserError(f"--start-method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
-    if out.is_dir():
-        raise UserError(f"cannot write profile {str(out)!r}: it is a directory")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UserError(f"cannot write profile {str(out)!r}: {exc.strerror or exc}") from None
+    _check_writable(out, "profile")
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UserError(f"cannot write profile {str(out)!r}: permission denied")
     command_line = (f"parcae profile --workers {workers} --model {model} --steps-per-strategy {steps_per_strategy} "
