@@ -26,6 +26,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 
 __all__ = [
     "PLANS_EXPERIMENT",
+    "artifact_key",
     "log_plan_run",
     "publish_plan_report",
     "publish_train_report",
@@ -52,9 +53,10 @@ def store_unavailable(exc: BaseException) -> bool:
     return isinstance(exc, MlflowException) and exc.error_code in _TRANSIENT_CODES
 
 
-def _key(text: str) -> str:
-    """An artifact key (lowercase letters, digits, dashes) from a model or trace name."""
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")
+def artifact_key(text: str, empty: str = "") -> str:
+    """A Prefect artifact key (lowercase letters, digits, dashes) from a model or trace name; ``empty`` when
+    nothing is left."""
+    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or empty
 
 
 def run_markdown(uri: str, run_id: str, experiment_id: str | None = None) -> str:
@@ -141,7 +143,7 @@ def publish_plan_report(plan: Mapping[str, Any], run_id: str) -> str:
         ]
     )
     artifact = create_markdown_artifact(
-        markdown=markdown, key=f"plan-{_key(plan['model'])}", description="The latest liveput plan"
+        markdown=markdown, key=f"plan-{artifact_key(plan['model'])}", description="The latest liveput plan"
     )
     return str(artifact)
 

@@ -15,7 +15,6 @@ run: its id is kept in ``<out_dir>/mlflow-run.json``, next to the checkpoints).
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 
 from forecasting.forecast import Forecaster
 from parcae import tracking
-from tasks.tracking import run_markdown
+from tasks.tracking import artifact_key, run_markdown
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 
 __all__ = [
@@ -42,11 +41,6 @@ __all__ = [
 
 #: Where a job's MLflow run is recorded, next to its checkpoints, so that a resumed job reopens the same run.
 RUN_FILE: Final = "mlflow-run.json"
-
-
-def _key(text: str) -> str:
-    """A Prefect artifact key (lowercase letters, digits, dashes)."""
-    return re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-") or "job"
 
 
 # ------------------------------------------------------------------------------------------------ profile
@@ -254,7 +248,7 @@ def train_job(
     reopen = before["run_id"] if before else None
     run_name = f"train-{model}-{trace}-{time.strftime('%Y%m%d-%H%M%S')}"
     mlflow_obs = MlflowJobObserver(experiment=experiment, run_name=run_name, tags=tags, run_id=reopen, tracking=uri)
-    prefect_obs = PrefectJobObserver(mlflow_obs, out, _key(f"{model}-{trace}"), steps)
+    prefect_obs = PrefectJobObserver(mlflow_obs, out, artifact_key(f"{model}-{trace}", empty="job"), steps)
     observers = ObserverList([mlflow_obs, prefect_obs])
     report = train(
         workers, model=model, steps=steps, trace=trace, interval_seconds=interval_seconds, step_seconds=step_seconds,

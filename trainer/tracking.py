@@ -410,8 +410,7 @@ class MlflowJobObserver(JobObserver):
         self._restore_sigterm()
         self._thread.join(self.close_timeout_s + 5.0)
         if self._thread.is_alive():
-            with self._lock:
-                pending, ops = len(self._metrics) + len(self._overflow), len(self._ops)
+            pending, ops = self._unsent()
             log.error(
                 "MLflow run %s in %s: a store call did not return within %.0f s; %d metric points and %d operations "
                 "(plan runs, checkpoint uploads) may not be logged, and the run may stay RUNNING",
@@ -762,9 +761,13 @@ class MlflowJobObserver(JobObserver):
         log.info("MLflow run %s ended %s", run_id, status)
         return True
 
-    def _give_up(self) -> None:
+    def _unsent(self) -> tuple[int, int]:
+        """Metric points and operations (plan runs, checkpoint uploads) still queued."""
         with self._lock:
-            pending, ops = len(self._metrics) + len(self._overflow), len(self._ops)
+            return len(self._metrics) + len(self._overflow), len(self._ops)
+
+    def _give_up(self) -> None:
+        pending, ops = self._unsent()
         log.error(
             "MLflow run %s in %s: gave up after %.0f s of store failures; %d metric points and %d operations (plan "
             "runs, checkpoint uploads) were not logged and the run was not ended",
