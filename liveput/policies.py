@@ -139,8 +139,11 @@ class ParcaePolicy(Policy):
     """The liveput planner, fed by ``forecaster``; only the first planned interval is applied.
 
     When the true event leaves too few instances for the planned strategy (a misprediction), the job
-    re-plans one interval against the true event, as the runtime would on a preemption notice, and
-    pays that migration's true expected cost (§B.3).
+    re-plans against the true event, as the runtime would on a preemption notice, and pays that
+    migration's true expected cost (§B.3). The re-plan keeps the full look-ahead: the true event for
+    this interval, then a fresh forecast from the history that now includes it. Re-planning one interval
+    only picked the cheapest reaction (say 4x8 -> 3x8 after losing 3 of 32) and paid a second, pipeline
+    migration an interval later to reach the shape the look-ahead wanted.
     """
 
     def __init__(self, profile: ThroughputProfile, cost: CostModel, forecaster: Forecaster = persistence_forecast,
@@ -164,11 +167,19 @@ class ParcaePolicy(Policy):
         spent = p.decision_s
         target = p.decision
         if target[0] * target[1] > event.available:  # misprediction: react to the true event
-            truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
-            replan = plan(self.store, truth, self.state, PlannerConfig(self.T, 1))
+            replan = plan(self.store, self._truth_first(event, history, future), self.state, self.config)
             target, spent = replan.decision, spent + replan.decision_s
         self.decision_s.append(spent)
         return self._apply(target, event)
+
+    def _truth_first(self, event: IntervalEvent, history: Sequence[IntervalEvent],
+                     future: Sequence[IntervalEvent]) -> list[IntervalForecast]:
+        """The K intervals a re-plan sees: this interval's true event, then a forecast made after it."""
+        truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
+        k = self.config.look_ahead
+        if k == 1:
+            return truth
+        return truth + list(self.forecaster([*history, event], future[1:], k - 1))
 
     def _apply(self, target: Strategy, event: IntervalEvent) -> StepResult:
         st = self.state
