@@ -15,8 +15,11 @@ which records the interruption. A finished job is not re-run. Long-running: no f
 the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
 from scratch; resuming is a decision, taken by running the flow again).
 
-``provider="aws"`` checks the AWS credentials and the `trainer.aws.AwsSpotConfig` (``aws``: its fields), then
-stops: the trainer's driver runs local worker processes only, so an AWS job cannot be driven end to end yet.
+``provider="aws"`` (``aws``: `trainer.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
+the same job on EC2 spot instances: each runs its worker under the instance agent (`trainer.agent`), the trace's
+changes are applied to the fleet (instances launched and terminated as the replay says: a drill), and the cloud's
+own interruption notices are handled as they come (two minutes of grace). The credentials and the configuration
+are checked before anything is launched; every instance is terminated when the job ends, fails or is killed.
 """
 
 from __future__ import annotations
@@ -38,8 +41,7 @@ def check_train_settings(
     *, model: str, trace: str, provider: str, aws: Mapping[str, Any] | None, planner: str, out_dir: str,
     resume: bool,
 ) -> None:
-    """Every fail-fast check of the train flow at once (one `SettingError` listing all problems).
-    ``provider="aws"`` with usable credentials still raises: see the module docstring."""
+    """Every fail-fast check of the train flow at once (one `SettingError` listing all problems)."""
     uri = tracking.tracking_uri()
 
     def resume_ok() -> None:
@@ -66,14 +68,9 @@ def _check_aws(aws: Mapping[str, Any]) -> None:
 
     settings.check_aws(aws.get("region"))
     try:
-        config = AwsSpotConfig.from_mapping(aws)
+        AwsSpotConfig.from_mapping(aws)
     except AwsConfigError as exc:
         raise settings.SettingError(f"aws: {exc}; fix the aws parameter (AwsSpotConfig's fields)") from None
-    raise settings.SettingError(
-        f"provider='aws': the credentials and the spot configuration (region {config.region}, "
-        f"{config.instance_type}) are valid, but the trainer's driver (trainer.run.run_job) runs local worker "
-        "processes only: AWS spot instances are not driven end to end yet; use provider='local'"
-    )
 
 
 @flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
@@ -96,8 +93,9 @@ def train(
     seed: int = 0,
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
-    """Train ``model`` for ``steps`` steps on ``workers`` local processes replaying ``trace`` from
-    ``start_interval`` (one trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval.
+    """Train ``model`` for ``steps`` steps on ``workers`` instances replaying ``trace`` from ``start_interval`` (one
+    trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval. ``provider``: ``local``
+    (worker processes on this machine) or ``aws`` (EC2 spot instances of ``aws``, see the module docstring).
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
     the trace's 60 s, forecasting with the champion forecaster, else persistence), ``rule`` or ``handed`` (plans
@@ -135,6 +133,6 @@ def train(
         model=model, workers=workers, steps=steps, trace=trace, interval_seconds=interval_seconds,
         step_seconds=step_seconds, start_interval=start_interval, checkpoint_every=checkpoint_every,
         out_dir=str(Path(out_dir)), resume=resume, planner=plan_with, seed=seed, timeout_s=timeout_s,
-        tags={k: v for k, v in tags.items() if v not in (None, "")},
+        tags={k: v for k, v in tags.items() if v not in (None, "")}, aws=dict(aws or {}) if provider == "aws" else None,
     )  # fmt: skip
     return publish_train_report(trained, planner=planner, forecast=forecast, profile=profile_source)

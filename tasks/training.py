@@ -233,8 +233,13 @@ def train_job(
     timeout_s: float,
     tags: Mapping[str, Any],
     experiment: str = tracking.TRAINING_EXPERIMENT,
+    aws: Mapping[str, Any] | None = None,
 ) -> TrainedRun:
     """Run the job (`trainer.run.train`) with the MLflow observer and the Prefect one; returns its `TrainedRun`.
+
+    With ``aws`` (`trainer.aws.AwsSpotConfig`'s fields) the instances are EC2 spot instances (`trainer.aws.aws_job`:
+    a fresh job token in SSM, each worker run by the instance agent) with AWS's two-minute notices; else local
+    processes. The job token is made here, inside the task, so that it is never a task result or parameter.
 
     With ``resume`` the job continues from the latest checkpoint in ``out_dir`` (if any) and the MLflow run named in
     ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
@@ -242,6 +247,12 @@ def train_job(
     from trainer.run import train
     from trainer.tracking import MlflowJobObserver
 
+    remote, grace = None, 30.0
+    if aws is not None:
+        from trainer.aws import AwsSpotConfig, aws_job
+
+        config = AwsSpotConfig.from_mapping(aws)
+        remote, grace = aws_job(config), config.notice_s
     out = Path(out_dir)
     uri = tracking.tracking_uri()
     before = previous_run(out) if resume else None
@@ -253,7 +264,7 @@ def train_job(
     report = train(
         workers, model=model, steps=steps, trace=trace, interval_seconds=interval_seconds, step_seconds=step_seconds,
         seed=seed, out_dir=out, checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_interval=start_interval,
-        observer=observers, planner=planner, resume=resume,
+        observer=observers, planner=planner, resume=resume, remote=remote, notice_grace_s=grace,
     )  # fmt: skip
     run_id = mlflow_obs.run_id  # on_end (in train) has ended the run and stopped its logging thread
     if run_id is not None:

@@ -31,6 +31,7 @@ from prefect.settings import PREFECT_API_URL  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
 from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env  # noqa: E402
 from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from flows.train import train  # noqa: E402
@@ -239,7 +240,7 @@ AWS = dict(region="us-east-1", image_id="ami-0123456789abcdef0", job="parcae-job
            coordinator_port=29500, token_parameter="/parcae/job-token", iam_instance_profile="parcae-worker")  # fmt: skip
 
 
-def test_the_aws_provider_needs_credentials_and_says_it_is_not_driven_yet(
+def test_the_aws_provider_needs_credentials_and_a_valid_configuration(
     store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     isolate_aws(monkeypatch, tmp_path)
@@ -251,10 +252,38 @@ def test_the_aws_provider_needs_credentials_and_says_it_is_not_driven_yet(
     fake_aws_account(monkeypatch, "us-east-1")
     with mock_aws():
         boto3.client("sts", region_name="us-east-1")  # moto answers sts:GetCallerIdentity
-        state = train(**JOB, steps=STEPS, provider="aws", aws=AWS, out_dir=str(tmp_path / "job"), return_state=True)
+        state = train(**JOB, steps=STEPS, provider="aws", aws={**AWS, "coordinator_host": "127.0.0.1"},
+                      out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
     assert state.is_failed()
-    assert "are valid" in state.message and "not driven end to end" in state.message
+    assert "aws: AwsSpotConfig.coordinator_host" in state.message and "is the instance itself" in state.message
     assert not (tmp_path / "job").exists()
+
+
+def test_the_train_flow_runs_its_job_on_spot_instances(
+    store: Path, profile: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """provider='aws' end to end: boto3 against a moto_server on 127.0.0.1, each instance a local process group
+    running its real boot script (`_ec2_standin`): the token from SSM, the instance agent, the worker."""
+    job = "flow-e2e"
+    with moto_server_env(monkeypatch, tmp_path, "us-east-1") as session:
+        aws = {**AWS, "job": job, "image_id": "ami-12c6146b", "coordinator_host": coordinator_host(),
+               "coordinator_port": free_port(), "python": sys.executable, "workdir": str(ROOT)}  # fmt: skip
+        ec2 = session.client("ec2")
+        env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
+        with Ec2StandIn(ec2, job, env, tmp_path) as standin:
+            state = train(**JOB, steps=STEPS, profile=str(profile), checkpoint_every=CHECKPOINT_EVERY,
+                          provider="aws", aws=aws, out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
+        states = [i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
+    assert standin.error is None, standin.error
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["steps"] == STEPS
+    # the replay's drops terminated instances that were running, its rises launched new ones
+    assert standin.reclaimed and len(states) > JOB["workers"]
+    assert {"pipeline", "intra-stage", "inter-stage"} <= set(summary["migrations"]), summary["migrations"]
+    assert set(states) == {"terminated"}  # nothing left running, and paid for, after the job
+    run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
+    assert run.data.tags["parcae.provider"] == "aws"
 
 
 def test_an_earlier_jobs_checkpoints_are_not_overwritten(store: Path, tmp_path: Path) -> None:

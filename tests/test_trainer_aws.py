@@ -179,7 +179,7 @@ def test_our_job_tag_is_the_one_the_collector_records() -> None:
 # ----------------------------------------------------------------------------------------------- boot script
 
 
-def test_boot_script_reads_the_token_from_ssm_and_execs_the_worker(tmp_path: Path) -> None:
+def test_boot_script_reads_the_token_from_ssm_and_execs_the_agent(tmp_path: Path) -> None:
     """Run the generated user data with bash and a stand-in interpreter that records every command it is given."""
     fake = tmp_path / "bin dir" / "python"  # a space: paths must be quoted
     fake.parent.mkdir()
@@ -189,8 +189,7 @@ def test_boot_script_reads_the_token_from_ssm_and_execs_the_worker(tmp_path: Pat
         f"log={log}\n"
         'case "$*" in\n'
         f'  "-m trainer.aws token"*) echo "token $* env=${{PARCAE_TOKEN-unset}}" >> "$log"; echo {TOKEN} ;;\n'
-        '  "-m trainer.aws watch"*) echo "watch $* env=${PARCAE_TOKEN-unset}" >> "$log" ;;\n'
-        '  "-m trainer.worker"*) echo "worker $* pid=$$ env=${PARCAE_TOKEN-unset} cwd=$PWD" >> "$log" ;;\n'
+        '  "-m trainer.agent"*) echo "agent $* pid=$$ env=${PARCAE_TOKEN-unset} cwd=$PWD" >> "$log" ;;\n'
         '  *) echo "unexpected $*" >> "$log"; exit 9 ;;\n'
         "esac\n"
     )
@@ -198,27 +197,25 @@ def test_boot_script_reads_the_token_from_ssm_and_execs_the_worker(tmp_path: Pat
     c = config(python=str(fake), workdir=str(tmp_path))
     script = user_data(c, 7)
     assert TOKEN not in script and script.startswith("#!/bin/bash\n")
-    subprocess.run(["bash", "-c", script], check=True, timeout=30, cwd="/")
-    until(lambda: log.exists() and "watch" in log.read_text(), "the watcher to start")
+    shell = subprocess.Popen(["bash", "-c", script], cwd="/")
+    assert shell.wait(timeout=30) == 0
     calls = {line.split(" ", 1)[0]: line for line in log.read_text().splitlines()}
-    assert set(calls) == {"token", "watch", "worker"}
+    assert set(calls) == {"token", "agent"}
     assert calls["token"] == f"token -m trainer.aws token --parameter {PARAM} --region {REGION} env=unset"
-    worker_pid = calls["worker"].split("pid=")[1].split()[0]
-    # the watcher watches the PID the exec turns into the worker's, and never sees the token
-    assert calls["watch"] == f"watch -m trainer.aws watch --pid {worker_pid} env=unset"
-    assert calls["worker"] == (f"worker -m trainer.worker --id 7 --host 10.0.1.10 --port 29500 pid={worker_pid} "
-                               f"env={TOKEN} cwd={tmp_path}")  # fmt: skip
+    # exec: the agent is the boot shell's process (what cloud-init waits on), with the token in its environment
+    assert calls["agent"] == (f"agent -m trainer.agent --id 7 --host 10.0.1.10 --port 29500 --imds pid={shell.pid} "
+                              f"env={TOKEN} cwd={tmp_path}")  # fmt: skip
 
 
 def test_boot_script_stops_when_the_token_cannot_be_read(tmp_path: Path) -> None:
     fake = tmp_path / "python"
     fake.write_text('#!/bin/bash\ncase "$*" in *token*) echo "no such parameter" >&2; exit 1 ;; '
-                    f'*worker*) touch {tmp_path}/worker-ran ;; esac\n')  # fmt: skip
+                    f'*agent*) touch {tmp_path}/agent-ran ;; esac\n')  # fmt: skip
     fake.chmod(0o755)
     r = subprocess.run(["bash", "-c", user_data(config(python=str(fake), workdir=str(tmp_path)), 0)],
                        capture_output=True, text=True, timeout=30)  # fmt: skip
     assert r.returncode != 0 and "no such parameter" in r.stderr
-    assert not (tmp_path / "worker-ran").exists()
+    assert not (tmp_path / "agent-ran").exists()
 
 
 def test_token_command_prints_the_ssm_parameter(aws: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> None:
@@ -250,9 +247,9 @@ def test_start_tags_spot_instances_and_alive_follows_kill_and_stop(aws: dict[str
         raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
         script = base64.b64decode(raw).decode()
         assert TOKEN not in script
-        assert f"exec /opt/parcae/.venv/bin/python -m trainer.worker --id {w} --host 10.0.1.10 --port 29500" in script
+        assert (f"exec /opt/parcae/.venv/bin/python -m trainer.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
+                in script)
         assert f"trainer.aws token --parameter {PARAM} --region {REGION}" in script
-        assert "trainer.aws watch --pid $$ &" in script
     params = p.launch_params(0)
     assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
         "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "2.5"}}
@@ -570,8 +567,8 @@ def test_watch_command_sends_sigterm_to_the_worker(imds: Any) -> None:
         )  # fmt: skip
         assert watch.returncode == 0, watch.stderr
         assert victim.wait(timeout=20) == -signal.SIGTERM
-        assert f"spot interruption notice (terminate at 2026-03-01 12:02:00+00:00): sending SIGTERM to {victim.pid}" \
-            in watch.stderr
+        assert "parcae watch: spot interruption notice (terminate at 2026-03-01 12:02:00+00:00)" in watch.stderr
+        assert f"parcae watch: sending SIGTERM to {victim.pid}" in watch.stderr
     finally:
         if victim.poll() is None:
             victim.kill()

@@ -28,10 +28,12 @@ Modules (each a component with a narrow interface; none imports Prefect):
   coordinator  the control plane: store layout, membership, heartbeats, boundary decisions, checkpoints, records
   worker       one process per instance: the worker state machine, heartbeat, commit, hand-off, recovery
   instances    InstanceProvider, LocalProcessProvider, trace- and chaos-driven schedules (LocalTraceProvider)
+  agent        InstanceAgent (runs an instance's worker for a driver elsewhere), AgentInstances (the driver's side)
   run          run_job (the driver) and train / job_report (what a `parcae train` command wires)
   observer     JobObserver: the hooks through which MLflow tracking and progress bars watch a job
   planning     the live planning hook: PlanRequest, RulePlanner, LiveputPlanner, plans handed in from outside
   profile      measure iteration time per D x P and migration costs; calibrate liveput's CostConstants
   tracking     MlflowJobObserver: a training job's MLflow run (metrics, migrations, plans, checkpoints, timeline)
-  aws          AwsSpotProvider (EC2 spot through boto3), interruption notices, the on-instance IMDS watcher
+  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices, the
+               on-instance IMDS watcher
 """

@@ -2,26 +2,31 @@
 
 Owns: `AwsSpotConfig` (what a job's spot instances look like), `AwsSpotProvider` (the `InstanceProvider` that
 launches, lists and terminates them, and gathers their interruption notices), `check_credentials` (fail fast before
-anything is launched), the instances' boot script (`user_data`), and the two commands that script runs on the
-instance: `python -m trainer.aws token` (the job token from SSM) and `python -m trainer.aws watch --pid PID` (the
-IMDSv2 interruption watcher, `InstanceActionWatcher`). Must not touch: the job's control plane (`trainer.coordinator`
+anything is launched), the job token in SSM (`publish_token`, and `python -m trainer.aws token`, which the boot
+script runs), the instances' boot script (`user_data`), and the IMDSv2 interruption watcher (`InstanceActionWatcher`,
+which the instance agent runs; standalone: `python -m trainer.aws watch --pid PID`). Must not touch: the job's control plane (`trainer.coordinator`
 — a provider never tells workers anything, the driver does), planning, training, the trace store
 (`forecasting.collect` records the same fleet through the same `parcae:job` tag).
 
-How the pieces fit. `start(n)` launches n one-time spot instances, one `run_instances` call each (each has its own
-worker id, in a tag and in its boot script). The boot script (cloud-init user data) holds no secret: it reads the
-job token from an SSM SecureString parameter with the instance profile's credentials, starts the watcher, and
-`exec`s `python -m trainer.worker --id N --host H --port P` with the token in PARCAE_TOKEN (not in argv: `ps`).
-The instance profile therefore needs ssm:GetParameter on that parameter (and kms:Decrypt on its key); the caller of
-`start` needs ec2:RunInstances, ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole on the
-profile's role.
+How the pieces fit. `aws_job(config)` is what `trainer.run.run_job` needs to drive a job on spot instances: a
+fresh job token published to SSM (`publish_token`) and `trainer.agent.AgentInstances` over this provider.
+`start(n)` launches n one-time spot instances, one `run_instances` call each (each has its own worker id, in a tag
+and in its boot script). The boot script (cloud-init user data) holds no secret: it reads the job token from an
+SSM SecureString parameter with the instance profile's credentials and `exec`s the instance agent
+(`python -m trainer.agent --id N --host H --port P --imds`, the token in PARCAE_TOKEN, not in argv: `ps`), which
+runs the worker, reports its exit codes through the job's store, restarts it when the driver asks (a
+checkpoint-restart) and watches IMDSv2 for the spot notice. The instance profile therefore needs ssm:GetParameter
+on that parameter (and kms:Decrypt on its key); the driver needs ssm:PutParameter on it, ec2:RunInstances,
+ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole on the profile's role.
 
 Preemption on AWS comes from the cloud, with a two-minute notice that reaches us three ways:
-  * on the instance, IMDSv2 `spot/instance-action` (`InstanceActionWatcher`; the watcher SIGTERMs the worker,
-    whose handler reports the notice to the coordinator through the store, `ctl/notice/{id}`, and keeps training
-    until the driver decides its preemption; run AWS jobs with `notice_grace_s=120`);
+  * on the instance, IMDSv2 `spot/instance-action` (`InstanceActionWatcher`, run by the agent, which passes the
+    notice on to the worker as SIGTERM; the worker's handler reports it to the coordinator through the store,
+    `ctl/notice/{id}`, and keeps training until the driver decides its preemption; AWS jobs run with
+    `notice_grace_s=120`);
   * at the driver, the spot request's status code (`describe_spot_instance_requests`: marked-for-termination, then
-    instance-terminated-no-capacity, ...), polled by `AwsSpotProvider.interruptions()`;
+    instance-terminated-no-capacity, ...), polled by `AwsSpotProvider.interruptions()` (`AgentInstances.poll`
+    passes them to the workers through their agents);
   * at the driver, EventBridge events ("EC2 Spot Instance Interruption Warning", "EC2 Instance Rebalance
     Recommendation") that whoever consumes the event bus (an SQS queue, a Lambda) hands to `feed_event`.
 `preempt(ids, notice_s)` is not how AWS preempts: it is a reclaim we imitate (terminate after `notice_s`, a timer)
@@ -60,6 +65,9 @@ __all__ = [
     "JOB_TAG_KEY",
     "WORKER_TAG_KEY",
     "NOTICE_S",
+    "aws_job",
+    "imds_watcher",
+    "publish_token",
     "AwsConfigError",
     "AwsCredentialsError",
     "AwsProviderError",
@@ -294,9 +302,11 @@ class AwsSpotConfig:
 def user_data(config: AwsSpotConfig, worker: int) -> str:
     """The boot script of worker `worker`'s instance (cloud-init runs it as root at first boot).
 
-    It holds no secret. The watcher starts first (so it never sees the token) and watches `$$`: the shell's PID,
-    which the final `exec` makes the worker's. `set -e`: a token that cannot be read stops the boot, with the
-    `token` command's message in /var/log/cloud-init-output.log.
+    It holds no secret: it reads the token from SSM, then `exec`s the instance agent (`trainer.agent`), which runs
+    the worker process (restarting it when the driver asks for a checkpoint-restart), reports how it ended through
+    the job's store, and watches IMDSv2 for a spot interruption notice (`--imds`), which it passes on to the worker
+    as SIGTERM. `set -e`: a token that cannot be read stops the boot, with the `token` command's message in
+    /var/log/cloud-init-output.log.
     """
     q = shlex.quote
     py = q(config.python)
@@ -305,14 +315,43 @@ def user_data(config: AwsSpotConfig, worker: int) -> str:
         f"# parcae worker {int(worker)}: written by trainer.aws.user_data; no secret here (the token is in SSM)\n"
         "set -euo pipefail\n"
         f"cd {q(config.workdir)}\n"
-        "# a spot interruption notice (IMDSv2) -> SIGTERM to this PID, which the exec below makes the worker's\n"
-        f"{py} -m trainer.aws watch --pid $$ &\n"
         f'PARCAE_TOKEN="$({py} -m trainer.aws token --parameter {q(config.token_parameter)} '
         f'--region {q(config.region)})"\n'
         "export PARCAE_TOKEN\n"
-        f"exec {py} -m trainer.worker --id {int(worker)} --host {q(config.coordinator_host)} "
-        f"--port {int(config.coordinator_port)}\n"
+        "# the agent runs the worker, reports its exit through the job's store, passes a spot notice (IMDSv2) on\n"
+        f"exec {py} -m trainer.agent --id {int(worker)} --host {q(config.coordinator_host)} "
+        f"--port {int(config.coordinator_port)} --imds\n"
     )
+
+
+def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session | None = None) -> None:
+    """Store the job token in the SSM SecureString parameter `config.token_parameter` (overwriting the previous
+    job's), where the instances' boot script reads it. Needs ssm:PutParameter (and the key's kms:Encrypt)."""
+    if not token:
+        raise ValueError("the job token must not be empty")
+    session = session if session is not None else boto3.Session(region_name=config.region)
+    ssm = session.client("ssm", region_name=config.region, config=_client_config())
+    _call(f"ssm:PutParameter {config.token_parameter}", ssm.put_parameter, Name=config.token_parameter,
+          Value=token, Type="SecureString", Overwrite=True)  # fmt: skip
+
+
+def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> Any:
+    """What `trainer.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.agent.RemoteJob`):
+    the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
+    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.agent`.
+    Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
+    import secrets
+
+    from trainer.agent import AgentInstances, RemoteJob
+
+    check_credentials(session, config.region)
+    token = secrets.token_urlsafe(32)
+    publish_token(config, token, session=session)
+
+    def instances(store: Any) -> AgentInstances:
+        return AgentInstances(AwsSpotProvider(config, session=session), store)
+
+    return RemoteJob(host=config.coordinator_host, port=config.coordinator_port, token=token, instances=instances)
 
 
 # ----------------------------------------------------------------------------------------------- credentials
@@ -464,6 +503,26 @@ class AwsSpotProvider(InstanceProvider):
             self._instances.update(launched)
             self._next_id = first + n
             return list(launched)
+
+    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
+        """Launch the instances of worker ids `ids` (a resumed job starts those its schedule had alive); later
+        `start`s number on from `next_id` (or past the largest id). All or nothing, as `start`."""
+        ids = sorted(set(ids))
+        with self._lock:
+            taken = sorted(w for w in ids if w in self._instances)
+            if taken:
+                raise ValueError(f"worker ids {taken} already have an instance")
+            launched: dict[int, str] = {}
+            for w in ids:
+                try:
+                    resp = _call(f"run_instances (worker {w})", self.ec2.run_instances, **self.launch_params(w))
+                except AwsProviderError as exc:
+                    self._roll_back(launched, exc)
+                    raise
+                launched[w] = resp["Instances"][0]["InstanceId"]
+            self._instances.update(launched)
+            self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
+            return ids
 
     def _roll_back(self, launched: dict[int, str], cause: AwsProviderError) -> None:
         if not launched:
@@ -796,30 +855,46 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def imds_endpoint() -> str:
+    """The instance metadata service: `AWS_EC2_METADATA_SERVICE_ENDPOINT` (botocore's own setting) if set, else
+    AWS's link-local address."""
+    return os.environ.get("AWS_EC2_METADATA_SERVICE_ENDPOINT") or IMDS_ENDPOINT
+
+
+def imds_watcher(
+    on_notice: Callable[[], None], *, poll_s: float = 5.0, endpoint: str | None = None, who: str = "parcae watch"
+) -> InstanceActionWatcher:
+    """An `InstanceActionWatcher` (not started) that calls `on_notice()` on a spot interruption notice and prints
+    each distinct error once to stderr (a dead IMDS must not flood the log), prefixed with `who`."""
+    url = endpoint or imds_endpoint()
+    seen: set[str] = set()
+
+    def report(exc: Exception) -> None:
+        text = f"{type(exc).__name__}: {exc}"
+        if text not in seen:
+            seen.add(text)
+            print(f"{who}: cannot ask IMDS at {url} (still trying): {text}", file=sys.stderr, flush=True)
+
+    def notice(action: InstanceAction) -> None:
+        print(f"{who}: spot interruption notice ({action.action} at {action.time})", file=sys.stderr, flush=True)
+        on_notice()
+
+    return InstanceActionWatcher(notice, endpoint=url, poll_s=poll_s, on_error=report)
+
+
 def _watch(a: argparse.Namespace) -> int:
     sig = signal.Signals["SIG" + a.signal.upper().removeprefix("SIG")]
     if not _pid_alive(a.pid):
         print(f"parcae watch: no process {a.pid} to watch", file=sys.stderr)
         return 1
-    seen: set[str] = set()
-
-    def report(exc: Exception) -> None:  # each distinct error once, so a dead IMDS does not flood the log
-        text = f"{type(exc).__name__}: {exc}"
-        if text not in seen:
-            seen.add(text)
-            print(f"parcae watch: cannot ask IMDS at {a.endpoint} (still trying): {text}", file=sys.stderr, flush=True)
-
     fired = threading.Event()
-    watcher = InstanceActionWatcher(lambda _: fired.set(), endpoint=a.endpoint, poll_s=a.poll_s, on_error=report)
+    watcher = imds_watcher(fired.set, poll_s=a.poll_s, endpoint=a.endpoint)
     watcher.start()
     while not fired.wait(min(a.poll_s, 1.0)):
         if not _pid_alive(a.pid):  # the worker ended first: nothing to do
             watcher.stop()
             return 0
-    notice = watcher.notice
-    assert notice is not None
-    print(f"parcae watch: spot interruption notice ({notice.action} at {notice.time}): sending {sig.name} to "
-          f"{a.pid}", file=sys.stderr, flush=True)  # fmt: skip
+    print(f"parcae watch: sending {sig.name} to {a.pid}", file=sys.stderr, flush=True)
     try:
         os.kill(a.pid, sig)
     except ProcessLookupError:
@@ -850,7 +925,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     w = sub.add_parser("watch", help="signal a process when IMDS posts a spot interruption notice")
     w.add_argument("--pid", type=int, required=True, help="the process to signal (the worker)")
     w.add_argument("--signal", default="TERM", choices=["TERM", "INT", "USR1", "USR2"], help="default: TERM")
-    w.add_argument("--endpoint", default=IMDS_ENDPOINT, help="the instance metadata service (default: %(default)s)")
+    w.add_argument("--endpoint", default=None,
+                   help=f"the instance metadata service (default: $AWS_EC2_METADATA_SERVICE_ENDPOINT, else {IMDS_ENDPOINT})")
     w.add_argument("--poll-s", type=float, default=5.0, help="seconds between polls (AWS advises 5)")
     t = sub.add_parser("token", help="print the job token held in an SSM SecureString parameter")
     t.add_argument("--parameter", required=True)

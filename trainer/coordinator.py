@@ -65,6 +65,8 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
   ctl/error/{id}, ctl/rejected/{id}, ctl/abort, ctl/done
+  agent/{id}/...           instances whose workers an agent runs (not the driver's children): exit codes, restart
+                           requests, signals — see `trainer.agent`
 
 Migrations commit with their epoch's first step. Until then every holder of the epoch it migrates from (its
 `base`) keeps that state — old members keep their old layers, preempted and dropped ones wait before leaving — so a

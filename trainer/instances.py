@@ -187,6 +187,10 @@ class LocalProcessProvider(InstanceProvider):
     def exitcode(self, w: int) -> int | None:
         return self.procs[w].exitcode
 
+    def exitcodes(self) -> dict[int, int | None]:
+        """Every instance's current process's exit code (None: running)."""
+        return {w: p.exitcode for w, p in self.procs.items()}
+
     def pid(self, w: int) -> int | None:
         return self.procs[w].pid
 

@@ -90,6 +90,7 @@ from typing import Any
 
 
 from trainer import checkpoint
+from trainer.agent import AgentInstances, RemoteJob
 from trainer.config import ModelConfig, TrainConfig, model_config
 from trainer.coordinator import Coordinator, ScheduleError, check_schedule, schedule_state
 from trainer.events import Event, EventGroup, group_events, load_events, parse_events
@@ -120,7 +121,7 @@ class _Driver:
     asks the planner at interval boundaries and feeds the observers."""
 
     def __init__(
-        self, coord: Coordinator, provider: LocalProcessProvider, groups: Sequence[EventGroup], steps: int,
+        self, coord: Coordinator, provider: LocalProcessProvider | AgentInstances, groups: Sequence[EventGroup], steps: int,
         deadline: float, pg_timeout_s: float, max_processes: int, *, observer: ObserverList | None = None,
         planner: Planner | None = None, intervals: Iterable[int] = (), steps_per_interval: int = 0,
     ) -> None:  # fmt: skip
@@ -165,8 +166,7 @@ class _Driver:
         """Raise `JobError` if a process ended with a code it was not expected to. One SIGKILLed from outside the
         job (an instance reclaimed without notice, the OOM killer) is a death: the next `tick` recovers from it."""
         self.provider.poll()
-        for w, p in self.provider.procs.items():
-            code = p.exitcode
+        for w, code in self.provider.exitcodes().items():
             if code == KILLED and code not in self.allowed.get(w, {EXIT_DONE}):
                 self.allowed[w] = set(GONE)
                 self._killed_outside.add(w)
@@ -751,6 +751,7 @@ def run_job(
     steps_per_interval: int = 0,
     resume: bool = False,
     notice_grace_s: float = 30.0,
+    remote: RemoteJob | None = None,
 ) -> dict[str, Any]:
     """Train `steps` steps on `workers` initial instances starting at `strategy` = (D, P), applying `events`.
 
@@ -777,6 +778,10 @@ def run_job(
     at the next interval boundary if that comes `NOTICE_MARGIN_S` before the deadline) and the worker exits; one
     still running at the deadline is killed and recovered from like any death. Its reconfiguration record says
     `"source": "sigterm"`.
+
+    Instances are local worker processes, or, with `remote` (`trainer.agent.RemoteJob`: EC2 spot instances from
+    `trainer.aws.aws_job`), instances elsewhere whose workers an agent runs; the coordinator then listens on
+    `remote.port` and requires `remote.token` (`host`, `port`, `token` and `start_method` do not apply).
     Returns (JSON-serialisable)::
 
         {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
@@ -839,6 +844,8 @@ def run_job(
         intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
     if max_processes is None:
         max_processes = max(len(ids), peak_instances(len(ids), groups))
+    if remote is not None:
+        host, port, token, require_token = remote.host, remote.port, remote.token, True
     coord = Coordinator(
         model, train_cfg, steps, layers_dir=str(layers_dir), checkpoint_dir=str(ckpt_dir),
         checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token, require_token=require_token,
@@ -847,7 +854,11 @@ def run_job(
     )  # fmt: skip
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
-    provider = LocalProcessProvider(coord.host, coord.port, token, start_method)
+    provider: LocalProcessProvider | AgentInstances
+    if remote is not None:
+        provider = remote.instances(coord.store)
+    else:
+        provider = LocalProcessProvider(coord.host, coord.port, token, start_method)
     obs = ObserverList([observer])
     driver = _Driver(coord, provider, groups, steps, t0 + timeout_s, pg_timeout_s, max_processes, observer=obs,
                      planner=planner, intervals=intervals, steps_per_interval=steps_per_interval)  # fmt: skip
@@ -861,7 +872,7 @@ def run_job(
         driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
         t_train = time.time() - float(coord.store.get("ctl/e1/decided"))
         coord.finish()
-        driver.wait(lambda: all(p.exitcode is not None for p in provider.procs.values()), "every process to end")
+        driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
         driver.observe(final=True)
         shards = checkpoint.find_shards(layers_dir, steps)
         final = checkpoint.load(shards, config=model, job=job)
@@ -882,8 +893,8 @@ def run_job(
             "throughput": {"steps_per_s": trained / t_train, "samples_per_s": samples / t_train,
                            "tokens_per_s": samples * model.block_size / t_train, "train_s": t_train},
             "events": coord.log,
-            "states": {w: coord.states(w) for w in sorted(provider.procs)},
-            "exit_codes": {w: p.exitcode for w, p in sorted(provider.procs.items())},
+            "states": {w: coord.states(w) for w in sorted(provider.exitcodes())},
+            "exit_codes": dict(sorted(provider.exitcodes().items())),
             "wall_s": time.monotonic() - t0,
         }
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
@@ -968,6 +979,7 @@ def train(
     resume: bool = False,
     notice_grace_s: float = 30.0,
     job: str = "job",
+    remote: RemoteJob | None = None,
 ) -> dict[str, Any]:
     """What `parcae train` runs: a local elastic job on `workers` processes, from an events file, a trace
     (`trace_schedule` via `LocalTraceProvider`: one interval lasts `interval_seconds`, i.e.
@@ -978,7 +990,8 @@ def train(
     trace's schedule then carries its availability changes only). With `resume`, the job continues from the
     latest checkpoint in `out_dir` (the same arguments give the same schedule, which restarts there).
     `notice_grace_s`: the grace of a preemption notice (a worker's SIGTERM), see `run_job`. `job` names the job
-    (workers, handed plans and checkpoints must carry the same name)."""
+    (workers, handed plans and checkpoints must carry the same name). `remote`: run on instances elsewhere
+    instead of local processes (`trainer.agent.RemoteJob`, e.g. `trainer.aws.aws_job`; see `run_job`)."""
     if events_file is not None and trace is not None:
         raise ValueError("give an events file or a trace, not both")
     events: list[Any] = []
@@ -1000,7 +1013,7 @@ def train(
     result = run_job(mcfg, train_cfg or TrainConfig(steps=steps), n, strategy, steps, events, out_dir,
                      checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method,
                      observer=observer, planner=planner, steps_per_interval=spi, resume=resume,
-                     notice_grace_s=notice_grace_s, job=job)  # fmt: skip
+                     notice_grace_s=notice_grace_s, job=job, remote=remote)  # fmt: skip
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,205 @@
+"""Local processes standing in for EC2 instances that moto launches: what cloud-init and the hypervisor would do.
+
+moto (a `moto_server` on 127.0.0.1) answers the EC2 API — run_instances, describe, terminate — but boots nothing.
+`Ec2StandIn` watches moto's instances of one job and does what EC2 would: a new instance runs its user data (the
+real boot script of `trainer.aws.user_data`, with bash, in a process group of its own), a terminated one has its
+whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 (`Imds`) whose spot
+notice a test switches on, as AWS posts one two minutes before a reclaim.
+
+Imported as a top-level module (``from _ec2_standin import ...``): ``tests/`` is on ``sys.path`` under pytest.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from _aws import fake_aws_account, isolate_aws
+
+from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY
+
+NOTICE = '{"action": "terminate", "time": "2026-03-01T12:02:00Z"}'
+
+
+@contextmanager
+def moto_server_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, region: str) -> Iterator[boto3.Session]:
+    """A moto_server on 127.0.0.1 that every boto3 client of this process and of its children talks to (through
+    boto3's own AWS_ENDPOINT_URL), moto's fake account, an instance profile `parcae-worker`; a session on it."""
+    from moto.server import ThreadedMotoServer
+
+    isolate_aws(monkeypatch, tmp_path)
+    fake_aws_account(monkeypatch, region)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per API call otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        _, port = server.get_host_and_port()
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        session = boto3.Session(region_name=region)
+        session.client("iam").create_instance_profile(InstanceProfileName="parcae-worker")
+        yield session
+    finally:
+        server.stop()
+
+
+def coordinator_host() -> str:
+    """This machine's name: the address the stand-in instances reach the coordinator at (AwsSpotConfig refuses
+    loopback addresses, as real instances could not use them). Skips the test if there is no such name."""
+    import socket
+
+    host = socket.gethostname()
+    if host in ("", "localhost"):
+        pytest.skip("this machine has no host name other than localhost for the instances to reach")
+    return host
+
+
+class Imds:
+    """IMDSv2 on 127.0.0.1 for one instance: a token PUT, then `spot/instance-action` 404 until `notice()`."""
+
+    def __init__(self) -> None:
+        self.noticed = threading.Event()
+        imds = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *_: Any) -> None:
+                pass
+
+            def reply(self, code: int, body: str = "") -> None:
+                data = body.encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_PUT(self) -> None:  # noqa: N802
+                ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
+                self.reply(200, "imds-token") if ok else self.reply(400)
+
+            def do_GET(self) -> None:  # noqa: N802
+                if self.headers.get("X-aws-ec2-metadata-token") != "imds-token":
+                    return self.reply(401)
+                if self.path == "/latest/meta-data/spot/instance-action" and imds.noticed.is_set():
+                    return self.reply(200, NOTICE)
+                self.reply(404)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def notice(self) -> None:
+        self.noticed.set()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class Ec2StandIn:
+    """Boots and reclaims moto's instances tagged `parcae:job` = `job` as local process groups (see module doc).
+
+    `env`: the boot scripts' environment (moto's endpoint and fake keys); `notice_at_boot`: worker ids whose
+    IMDS has a spot notice from the start. `logs` holds each boot's output file."""
+
+    def __init__(self, ec2: Any, job: str, env: dict[str, str], log_dir: Path, *, poll_s: float = 0.1,
+                 notice_at_boot: tuple[int, ...] = ()) -> None:  # fmt: skip
+        self.ec2, self.job, self.env, self.log_dir, self.poll_s = ec2, job, env, log_dir, poll_s
+        self.notice_at_boot = set(notice_at_boot)
+        self.booted: dict[str, subprocess.Popen[bytes]] = {}  # instance id -> its boot shell (a process group)
+        self.worker: dict[str, int] = {}  # instance id -> worker id
+        self.imds: dict[int, Imds] = {}
+        self.reclaimed: list[int] = []  # workers whose instance was terminated while its processes ran
+        self._gone: set[str] = set()
+        self.logs: dict[int, Path] = {}
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ec2-standin", daemon=True)
+
+    def __enter__(self) -> Ec2StandIn:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.step()
+                self._stop.wait(self.poll_s)
+        except BaseException as e:  # noqa: BLE001 — reported by close()
+            self.error = e
+
+    def step(self) -> None:
+        pages = self.ec2.get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.job]}])  # fmt: skip
+        for page in pages:
+            for r in page["Reservations"]:
+                for inst in r["Instances"]:
+                    iid, state = inst["InstanceId"], inst["State"]["Name"]
+                    if state in ("pending", "running") and iid not in self.booted:
+                        tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
+                        self._boot(iid, int(tags[WORKER_TAG_KEY]))
+                    elif state in ("shutting-down", "terminated") and iid in self.booted and iid not in self._gone:
+                        self._reclaim(iid)
+
+    def _boot(self, iid: str, worker: int) -> None:
+        raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        script = self.log_dir / f"user-data-{worker}.sh"
+        script.write_text(base64.b64decode(raw).decode())
+        imds = self.imds[worker] = Imds()
+        if worker in self.notice_at_boot:
+            imds.notice()
+        log = self.logs[worker] = self.log_dir / f"boot-{worker}.log"
+        env = {**self.env, "AWS_EC2_METADATA_SERVICE_ENDPOINT": imds.url}
+        with log.open("wb") as out:
+            self.booted[iid] = subprocess.Popen(["bash", str(script)], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                                start_new_session=True)  # fmt: skip
+        self.worker[iid] = worker
+
+    def _reclaim(self, iid: str) -> None:
+        shell = self.booted[iid]
+        if shell.poll() is None or _group_alive(shell.pid):
+            try:
+                os.killpg(shell.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.reclaimed.append(self.worker[iid])
+        shell.wait()
+        self._gone.add(iid)  # terminated instances stay listed: they must not boot or be reclaimed again
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        for shell in self.booted.values():
+            try:
+                os.killpg(shell.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            shell.wait()
+        for imds in self.imds.values():
+            imds.close()
+
+    def log(self, worker: int) -> str:
+        return self.logs[worker].read_text(errors="replace") if worker in self.logs else ""
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True

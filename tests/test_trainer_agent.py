@@ -1,0 +1,276 @@
+"""Tests of trainer.agent: the instance agent and the driver's view of instances it runs — and a whole job on "EC2
+spot instances": boto3 against a moto_server on 127.0.0.1, each instance a local process group running its real
+boot script (`_ec2_standin`), with a spot notice through IMDSv2 and a reclaim without notice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+import torch
+import torch.distributed as dist
+
+from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
+from _flow_fixtures import free_port
+from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
+from trainer import checkpoint
+from trainer.agent import (
+    KILLED,
+    AgentInstances,
+    InstanceAgent,
+    RemoteJob,
+    exit_key,
+    signal_key,
+    signals_key,
+    start_key,
+    up_key,
+)
+from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
+from trainer.config import TrainConfig, model_config
+from trainer.instances import InstanceProvider
+from trainer.observer import JobObserver
+from trainer.pipeline import Strategy, build_context, train_step
+from trainer.run import JobError, run_job
+from trainer.worker import EXIT_PREEMPTED
+
+REPO = Path(__file__).resolve().parents[1]
+REGION = "us-east-1"
+AMI = "ami-12c6146b"
+PARAM = "/parcae/agent-e2e/token"
+CFG = model_config("tiny-gpt", dtype="float64")
+TRAIN = TrainConfig()
+
+
+def until(predicate: Any, what: str, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+@pytest.fixture
+def store() -> Iterator[dist.TCPStore]:
+    yield dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, wait_for_workers=False,
+                        timeout=timedelta(seconds=10))  # fmt: skip
+
+
+def fake_worker(code_file: Path) -> Any:
+    """A worker command for the agent: bumps its heartbeat once it has a SIGTERM handler, writes the signals it
+    gets to `code_file`, and exits with the code the test puts in `code_file`.exit."""
+    script = (
+        "import os, signal, sys, time, datetime\n"
+        "import torch.distributed as dist\n"
+        "w, host, port = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])\n"
+        f"log = {str(code_file)!r}\n"
+        "signal.signal(signal.SIGTERM, lambda s, f: open(log, 'a').write(f'TERM {os.getpid()}\\n'))\n"
+        "st = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))\n"
+        "st.add(f'hb/{w}', 1)\n"
+        "while not os.path.exists(log + '.exit'):\n"
+        "    time.sleep(0.02)\n"
+        "code = int(open(log + '.exit').read())\n"
+        "os.remove(log + '.exit')\n"
+        "sys.exit(code)\n"
+    )
+    return lambda w, host, port: [sys.executable, "-c", script, str(w), host, str(port)]
+
+
+def run_agent(agent: InstanceAgent) -> tuple[threading.Thread, list[int]]:
+    out: list[int] = []
+    t = threading.Thread(target=lambda: out.append(agent.run()), daemon=True)
+    t.start()
+    return t, out
+
+
+# ---------------------------------------------------------------------------------------------- the agent
+
+
+def test_the_agent_reports_exits_restarts_on_request_and_passes_signals_on(store, tmp_path):
+    log = tmp_path / "worker.log"
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+    agent = InstanceAgent(4, "127.0.0.1", store.port, store=client, poll_s=0.02, command=fake_worker(log))
+    agent.notify(signal.SIGTERM)  # a notice before the worker can take it: held, not lost, not fatal
+    thread, code = run_agent(agent)
+    until(lambda: log.exists() and "TERM" in log.read_text(), "the held notice to reach the worker")
+    first = int(store.get(up_key(4, 0)))
+    assert log.read_text() == f"TERM {first}\n"
+    # the driver asks for a signal through the store
+    n = store.add(signals_key(4), 1)
+    store.set(signal_key(4, n), str(int(signal.SIGTERM)))
+    until(lambda: log.read_text().count("TERM") == 2, "the driver's signal")
+    # a checkpoint-restart: exit 125, wait for the driver's go, a fresh process
+    Path(str(log) + ".exit").write_text("125")
+    until(lambda: store.check([exit_key(4, 0)]), "the exit report")
+    assert int(store.get(exit_key(4, 0))) == 125 and thread.is_alive() and not store.check([up_key(4, 1)])
+    store.set(start_key(4, 1), "1")
+    until(lambda: store.check([up_key(4, 1)]), "the second process")
+    assert int(store.get(up_key(4, 1))) != first
+    Path(str(log) + ".exit").write_text("13")  # preempted: the agent ends with its worker
+    thread.join(timeout=20)
+    assert code == [13] and int(store.get(exit_key(4, 1))) == 13
+
+
+def test_the_agent_leaves_when_the_job_ends_instead_of_a_restart(store, tmp_path):
+    log = tmp_path / "worker.log"
+    client = dist.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
+    agent = InstanceAgent(0, "127.0.0.1", store.port, store=client, poll_s=0.02, command=fake_worker(log))
+    thread, code = run_agent(agent)
+    until(lambda: store.check([up_key(0, 0)]), "the worker")
+    Path(str(log) + ".exit").write_text("125")
+    until(lambda: store.check([exit_key(0, 0)]), "the exit report")
+    store.set("ctl/done", "1")
+    thread.join(timeout=20)
+    assert code == [125] and not store.check([up_key(0, 1)])
+
+
+class FakeCloud(InstanceProvider):
+    """Instances that are only ids; `gone` ones are no longer listed (reclaimed behind the driver's back)."""
+
+    def __init__(self) -> None:
+        self.next, self.running, self.killed = 0, set(), []
+
+    def start(self, n):
+        ids = list(range(self.next, self.next + n))
+        self.next += n
+        self.running |= set(ids)
+        return ids
+
+    def preempt(self, ids, notice_s):
+        raise AssertionError("AgentInstances enforces notices itself")
+
+    def kill(self, ids):
+        self.killed.append(sorted(ids))
+        self.running -= set(ids)
+
+    def alive(self):
+        return set(self.running)
+
+
+def test_the_driver_reads_exits_from_the_store_and_the_cloud(store):
+    cloud = FakeCloud()
+    inst = AgentInstances(cloud, store, alive_every_s=0, refresh_s=0)
+    assert inst.start(3) == [0, 1, 2]
+    assert inst.exitcodes() == {0: None, 1: None, 2: None} and inst.alive() == {0, 1, 2}
+    store.set(exit_key(0, 0), "125")  # a checkpoint-restart: the instance stays
+    store.set(exit_key(1, 0), str(EXIT_PREEMPTED))  # preempted: the instance is handed back at once
+    cloud.running.discard(2)  # reclaimed without notice: the agent could not report
+    inst.poll()
+    assert inst.exitcodes() == {0: 125, 1: EXIT_PREEMPTED, 2: KILLED}
+    assert cloud.killed == [[1]]
+    inst.restart([0])
+    assert store.check([start_key(0, 1)]) and inst.exitcode(0) is None and inst.exit_history == {0: [125]}
+    with pytest.raises(RuntimeError, match="instance 1: its process has not ended for a restart"):
+        inst.restart([1])
+    # a notice through the store, then a reclaim at its deadline
+    inst.preempt([0], 0.0)
+    assert store.get(signal_key(0, 1)) == str(int(signal.SIGTERM)).encode()
+    inst.poll()
+    assert inst.exitcode(0) == KILLED and [w for w, _ in inst.reclaimed] == [0] and cloud.killed[-1] == [0]
+    inst.stop()
+    with pytest.raises(KeyError, match="instance 7 was not started"):
+        inst.exitcode(7)
+
+
+# ------------------------------------------------------------------------------ a job on "EC2 spot instances"
+
+
+@pytest.fixture
+def moto_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[boto3.Session]:
+    with moto_server_env(monkeypatch, tmp_path, REGION) as session:
+        yield session
+
+
+class SpotCloud(JobObserver):
+    """The cloud's part of the scenario, from outside the job: once worker 1 (noticed at boot) has left and the
+    added worker 3 has joined, reclaim the instances of workers 2 and 3 without notice (terminate_instances)."""
+
+    def __init__(self, ec2: Any, job: str) -> None:
+        self.ec2, self.job = ec2, job
+        self.error: BaseException | None = None
+        self.done = False
+        self.thread: threading.Thread | None = None
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
+        self.thread.start()
+
+    def _run(self, host: str, port: int) -> None:
+        try:
+            st = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+            # (the coordinator creates ctl/joins/3 = 0 when it starts waiting for 3: registered means >= 1)
+            joined = lambda: st.check(["ctl/joins/3"]) and int(st.get("ctl/joins/3")) >= 1  # noqa: E731
+            until(lambda: st.check([exit_key(1, 0)]) and joined(), "worker 1 to leave and worker 3 to join", 90)
+            res = self.ec2.describe_instances(Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.job]},
+                                                       {"Name": f"tag:{WORKER_TAG_KEY}", "Values": ["2", "3"]}])
+            ids = [i["InstanceId"] for r in res["Reservations"] for i in r["Instances"]]
+            assert len(ids) == 2
+            self.ec2.terminate_instances(InstanceIds=ids)
+            self.done = True
+        except BaseException as e:  # noqa: BLE001 — reported by the test
+            self.error = e
+
+
+def reference(steps: int) -> tuple[list[float], dict[str, Any]]:
+    """Losses and final layer states of one uninterrupted process."""
+    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    losses = [train_step(ctx, s) for s in range(steps)]
+    return losses, ctx.layer_states()
+
+
+def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(moto_server, tmp_path):
+    host = coordinator_host()
+    job, steps = "agent-e2e", 60
+    config = AwsSpotConfig(region=REGION, image_id=AMI, job=job, coordinator_host=host,
+                           coordinator_port=free_port(), token_parameter=PARAM, iam_instance_profile="parcae-worker",
+                           python=sys.executable, workdir=str(REPO))  # fmt: skip
+    remote = aws_job(config, session=moto_server)
+    assert isinstance(remote, RemoteJob) and remote.port == config.coordinator_port
+    ssm = moto_server.client("ssm")
+    assert ssm.get_parameter(Name=PARAM, WithDecryption=True)["Parameter"]["Value"] == remote.token
+    ec2 = moto_server.client("ec2")
+    cloud = SpotCloud(ec2, job)
+    env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
+    with Ec2StandIn(ec2, job, env, tmp_path, notice_at_boot=(1,)) as standin:
+        # 1x2 on workers 0 and 1, worker 2 stands by, worker 3 is added at step 2. Worker 1's instance has a spot
+        # notice from boot: its agent passes it on, the worker hands stage 1 off and leaves. Then the cloud
+        # reclaims 2 and 3 without notice: stage 1 has no holder left, so worker 0's agent restarts it from the
+        # latest checkpoint.
+        try:
+            result = run_job(CFG, TRAIN, 3, (1, 2), steps, [{"step": 2, "kind": "add", "workers": 1}],
+                             tmp_path / "job", remote=remote, checkpoint_every=4, timeout_s=180, notice_grace_s=120,
+                             observer=cloud)  # fmt: skip
+        except JobError as e:
+            boots = "\n".join(f"--- instance of worker {w}:\n{standin.log(w)[-2000:]}" for w in sorted(standin.logs))
+            raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
+        until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
+              "every boot script to end")  # fmt: skip
+    assert cloud.error is None and cloud.done, cloud.error
+    assert standin.error is None, standin.error
+    logs = {w: standin.log(w) for w in range(4)}
+    assert "spot interruption notice" in logs[1], logs[1]
+    losses, layers = reference(steps)
+    assert result["loss"] == pytest.approx(losses, rel=1e-5)  # every step once: the run of one process
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=CFG, job="job")
+    for name, want in layers.items():
+        for key in want:
+            assert torch.allclose(final.layers[name][key], want[key], rtol=1e-5, atol=1e-9), f"{name} {key}"
+    recs = result["reconfigurations"]
+    notice = next(r for r in recs if r["source"] == "sigterm")
+    assert notice["preempted"] == [1] and notice["kind"] == "inter-stage" and notice["steps_lost"] == 0
+    assert any(r["kind"] == "checkpoint-restart" for r in recs), [r["kind"] for r in recs]
+    assert result["exit_codes"] == {0: 0, 1: EXIT_PREEMPTED, 2: KILLED, 3: KILLED}
+    assert {2, 3} <= set(standin.reclaimed)
+    # every instance handed back: nothing left running (and paid for) after the job
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
+              for i in r["Instances"]}  # fmt: skip
+    assert len(states) == 4 and set(states.values()) == {"terminated"}
