@@ -17,7 +17,8 @@ Commands
 ``parcae collect``
     Record the job's spot fleet, spot prices and placement scores from EC2 (``forecasting.collect``).
 ``parcae train``
-    Run the elastic CPU trainer on local worker processes, from a trace or scripted events (``trainer.run``).
+    Run the elastic CPU trainer on local worker processes (or instance agents on other hosts over ssh), from a
+    trace or scripted events (``trainer.run``, ``trainer.hosts``).
 ``parcae profile``
     Measure the trainer's iteration time per D x P and its migration pauses; calibrate the cost model
     (``trainer.profile``).
@@ -1251,8 +1252,26 @@ def train_cmd(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
     ] = False,
+    hosts: Annotated[
+        str | None,
+        typer.Option(metavar="HOST,HOST,...", help="Run the instances on these machines (ssh destinations; OpenSSH "
+                     "in BatchMode) instead of local processes: each runs `python -m trainer.agent`."),
+    ] = None,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(metavar="ADDRESS:PORT", help="With --hosts: this machine's address and a free port, as the "
+                     "hosts reach them."),
+    ] = None,
+    slots: Annotated[int, typer.Option(min=1, help="With --hosts: instances per host at most.")] = 1,
+    remote_python: Annotated[
+        str, typer.Option(metavar="PATH", help="With --hosts: the interpreter with this project on the hosts.")
+    ] = "python3",
+    remote_workdir: Annotated[
+        str, typer.Option(metavar="DIR", help="With --hosts: the project's folder on the hosts.")
+    ] = ".",
 ) -> None:
-    """Train on local worker processes that live-migrate as instances come and go."""
+    """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
+    on other hosts (--hosts)."""
     from forecasting.traces import DEFAULT_INTERVAL_S
     from trainer.config import UnknownModelError
     from trainer.coordinator import ScheduleError
@@ -1263,6 +1282,9 @@ def train_cmd(
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
+    remote = None
+    if hosts is not None or coordinator is not None:
+        remote = _hosts_job(hosts, coordinator, slots=slots, python=remote_python, workdir=remote_workdir)
     if events is not None and not events.is_file():
         raise UserError(f"--events: no such file {str(events)!r}")
     if planner not in PLANNERS:
@@ -1293,7 +1315,7 @@ def train_cmd(
                 workers, model=model, steps=steps, events_file=events, trace=trace,
                 interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
                 checkpoint_every=checkpoint_every, observer=progress, planner=live, resume=resume,
-                start_interval=start_interval,
+                start_interval=start_interval, remote=remote,
             )  # fmt: skip
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
@@ -1321,6 +1343,27 @@ def train_cmd(
                   soft_wrap=True)  # fmt: skip
     if json_out:
         out.print(f"wrote {json_out}")
+
+
+def _hosts_job(hosts: str | None, coordinator: str | None, **kw: Any) -> Any:
+    """`trainer.hosts.hosts_job` from the --hosts and --coordinator options, or a UserError naming the option."""
+    from trainer.hosts import hosts_job
+
+    if hosts is None or coordinator is None:
+        raise UserError("--hosts and --coordinator go together: the hosts to run on, and ADDRESS:PORT of this "
+                        "machine as they reach it")  # fmt: skip
+    address, _, port = coordinator.rpartition(":")
+    if not address or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise UserError(f"--coordinator: expected ADDRESS:PORT (e.g. 10.0.0.5:29500), got {coordinator!r}")
+    from trainer.coordinator import is_loopback
+
+    if is_loopback(address):
+        raise UserError(f"--coordinator: {address!r} is a loopback address, which other hosts cannot reach; give "
+                        "this machine's address on their network")  # fmt: skip
+    try:
+        return hosts_job(hosts.split(","), address, int(port), **kw)
+    except ValueError as exc:
+        raise UserError(f"--hosts: {exc}") from None
 
 
 @command("profile")

@@ -29,6 +29,7 @@ Modules (each a component with a narrow interface; none imports Prefect):
   worker       one process per instance: the worker state machine, heartbeat, commit, hand-off, recovery
   instances    InstanceProvider, LocalProcessProvider, trace- and chaos-driven schedules (LocalTraceProvider)
   agent        InstanceAgent (runs an instance's worker for a driver elsewhere), AgentInstances (the driver's side)
+  hosts        SshHosts: instances as agents on machines you have, started over ssh; hosts_job
   run          run_job (the driver) and train / job_report (what a `parcae train` command wires)
   observer     JobObserver: the hooks through which MLflow tracking and progress bars watch a job
   planning     the live planning hook: PlanRequest, RulePlanner, LiveputPlanner, plans handed in from outside
