@@ -1321,6 +1321,12 @@ def train_cmd(
         raise UserError(str(exc)) from None
     except JobError as exc:
         raise UserError(f"the job failed: {exc}") from None
+    except RuntimeError as exc:
+        from trainer.hosts import HostsError
+
+        if not isinstance(exc, HostsError):
+            raise
+        raise UserError(f"--hosts: {exc}") from None
     out = _stdout()
     loss = report["loss"]
     thr = report["throughput"]
