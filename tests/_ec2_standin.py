@@ -3,8 +3,8 @@
 moto (a `moto_server` on 127.0.0.1) answers the EC2 API — run_instances, describe, terminate — but boots nothing.
 `Ec2StandIn` watches moto's instances of one job and does what EC2 would: a new instance runs its user data (the
 real boot script of `trainer.aws.user_data`, with bash, in a process group of its own), a terminated one has its
-whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 (`Imds`) whose spot
-notice a test switches on, as AWS posts one two minutes before a reclaim.
+whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 whose spot
+notice a test switches on (`FakeImds`), as AWS posts one two minutes before a reclaim.
 
 Imported as a top-level module (``from _ec2_standin import ...``): ``tests/`` is on ``sys.path`` under pytest.
 """
@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -47,6 +48,9 @@ def moto_server_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, region: str
     server.start()
     try:
         _, port = server.get_host_and_port()
+        # the server shares moto's in-process state with every earlier mock_aws of this pytest process: start clean
+        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/moto-api/reset", method="POST"),
+                               timeout=30).close()  # fmt: skip
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
         session = boto3.Session(region_name=region)
         session.client("iam").create_instance_profile(InstanceProfileName="parcae-worker")
@@ -66,11 +70,17 @@ def coordinator_host() -> str:
     return host
 
 
-class Imds:
-    """IMDSv2 on 127.0.0.1 for one instance: a token PUT, then `spot/instance-action` 404 until `notice()`."""
+class FakeImds:
+    """IMDSv2 on 127.0.0.1: PUT a token (TTL header required), GET instance-action with it: 404 for the first
+    `quiet` polls (default: until `notice()`), then the notice. A token is good for `token_uses` GETs (then 401,
+    as an expired one)."""
 
-    def __init__(self) -> None:
-        self.noticed = threading.Event()
+    def __init__(self, quiet: int = 2**62, body: str = NOTICE, token_uses: int = 1000) -> None:
+        self.quiet, self.body, self.token_uses = quiet, body, token_uses
+        self.puts = 0
+        self.gets = 0
+        self.unauthorized = 0
+        self.uses: dict[str, int] = {}
         imds = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -85,22 +95,31 @@ class Imds:
                 self.wfile.write(data)
 
             def do_PUT(self) -> None:  # noqa: N802
-                ok = self.path == "/latest/api/token" and self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
-                self.reply(200, "imds-token") if ok else self.reply(400)
+                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                    return self.reply(400)
+                imds.puts += 1
+                token = f"token-{imds.puts}"
+                imds.uses[token] = 0
+                self.reply(200, token)
 
             def do_GET(self) -> None:  # noqa: N802
-                if self.headers.get("X-aws-ec2-metadata-token") != "imds-token":
+                token = self.headers.get("X-aws-ec2-metadata-token", "")
+                if token not in imds.uses or imds.uses[token] >= imds.token_uses:
+                    imds.unauthorized += 1
                     return self.reply(401)
-                if self.path == "/latest/meta-data/spot/instance-action" and imds.noticed.is_set():
-                    return self.reply(200, NOTICE)
-                self.reply(404)
+                imds.uses[token] += 1
+                if self.path != "/latest/meta-data/spot/instance-action":
+                    return self.reply(404)
+                imds.gets += 1
+                self.reply(404 if imds.gets <= imds.quiet else 200, "" if imds.gets <= imds.quiet else imds.body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def notice(self) -> None:
-        self.noticed.set()
+        """Post the notice now (the next poll gets it)."""
+        self.quiet = self.gets
 
     def close(self) -> None:
         self.server.shutdown()
@@ -119,7 +138,7 @@ class Ec2StandIn:
         self.notice_at_boot = set(notice_at_boot)
         self.booted: dict[str, subprocess.Popen[bytes]] = {}  # instance id -> its boot shell (a process group)
         self.worker: dict[str, int] = {}  # instance id -> worker id
-        self.imds: dict[int, Imds] = {}
+        self.imds: dict[int, FakeImds] = {}
         self.reclaimed: list[int] = []  # workers whose instance was terminated while its processes ran
         self._gone: set[str] = set()
         self.logs: dict[int, Path] = {}
@@ -159,7 +178,7 @@ class Ec2StandIn:
         raw = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
         script = self.log_dir / f"user-data-{worker}.sh"
         script.write_text(base64.b64decode(raw).decode())
-        imds = self.imds[worker] = Imds()
+        imds = self.imds[worker] = FakeImds()
         if worker in self.notice_at_boot:
             imds.notice()
         log = self.logs[worker] = self.log_dir / f"boot-{worker}.log"

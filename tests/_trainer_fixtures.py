@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+
+from trainer.observer import JobObserver
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -22,3 +30,44 @@ def _no_orphans():
     yield
     alive = [p for p in mp.active_children() if p.name.startswith("parcae-worker")]
     assert not alive, f"worker processes left running: {alive}"
+
+
+# ---------------------------------------------------------------------------------------------------- the cloud
+
+Condition = Callable[[dist.Store], bool]
+Action = Callable[[dist.Store], None]
+
+
+class Cloud(JobObserver):
+    """Runs `script` — (condition, action) pairs, in order — on a thread with its own store client, from the job's
+    start; `done` lists the actions taken."""
+
+    def __init__(self, *script: tuple[Condition, Action]) -> None:
+        self.script = list(script)
+        self.done: list[int] = []
+        self.error: BaseException | None = None
+        self.thread: threading.Thread | None = None
+
+    def on_start(self, info: dict[str, Any]) -> None:
+        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
+        self.thread.start()
+
+    def _run(self, host: str, port: int) -> None:
+        try:
+            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+            for i, (when, act) in enumerate(self.script):
+                end = time.monotonic() + 60
+                while not when(store):
+                    if time.monotonic() > end:
+                        raise TimeoutError(f"cloud: condition {i} never came")
+                    time.sleep(0.002)
+                act(store)
+                self.done.append(i)
+        except BaseException as e:  # noqa: BLE001 — reported by `finish`
+            self.error = e
+
+    def finish(self) -> None:
+        if self.thread is not None:
+            self.thread.join(timeout=10)
+        assert self.error is None, f"the cloud script failed: {self.error!r}"
+        assert self.done == list(range(len(self.script))), f"cloud actions taken: {self.done}"

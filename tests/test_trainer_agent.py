@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
-from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
+from _trainer_fixtures import Action, Cloud, Condition, _one_thread  # noqa: F401  (autouse fixture)
 from trainer import checkpoint
 from trainer.agent import (
     KILLED,
@@ -38,7 +38,6 @@ from trainer.agent import (
 from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.config import TrainConfig, model_config
 from trainer.instances import InstanceProvider
-from trainer.observer import JobObserver
 from trainer.pipeline import Strategy, build_context, train_step
 from trainer.run import JobError, run_job
 from trainer.worker import EXIT_PREEMPTED
@@ -190,34 +189,24 @@ def moto_server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[bot
         yield session
 
 
-class SpotCloud(JobObserver):
-    """The cloud's part of the scenario, from outside the job: once worker 1 (noticed at boot) has left and the
-    added worker 3 has joined, reclaim the instances of workers 2 and 3 without notice (terminate_instances)."""
+def reclaim(ec2: Any, job: str, workers: list[str]) -> Action:
+    """The cloud reclaims the instances of `workers` without notice (terminate_instances)."""
 
-    def __init__(self, ec2: Any, job: str) -> None:
-        self.ec2, self.job = ec2, job
-        self.error: BaseException | None = None
-        self.done = False
-        self.thread: threading.Thread | None = None
+    def act(_: dist.Store) -> None:
+        res = ec2.describe_instances(Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": [job]},
+                                              {"Name": f"tag:{WORKER_TAG_KEY}", "Values": workers}])  # fmt: skip
+        ids = [i["InstanceId"] for r in res["Reservations"] for i in r["Instances"]]
+        assert len(ids) == len(workers)
+        ec2.terminate_instances(InstanceIds=ids)
 
-    def on_start(self, info: dict[str, Any]) -> None:
-        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
-        self.thread.start()
+    return act
 
-    def _run(self, host: str, port: int) -> None:
-        try:
-            st = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
-            # (the coordinator creates ctl/joins/3 = 0 when it starts waiting for 3: registered means >= 1)
-            joined = lambda: st.check(["ctl/joins/3"]) and int(st.get("ctl/joins/3")) >= 1  # noqa: E731
-            until(lambda: st.check([exit_key(1, 0)]) and joined(), "worker 1 to leave and worker 3 to join", 90)
-            res = self.ec2.describe_instances(Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.job]},
-                                                       {"Name": f"tag:{WORKER_TAG_KEY}", "Values": ["2", "3"]}])
-            ids = [i["InstanceId"] for r in res["Reservations"] for i in r["Instances"]]
-            assert len(ids) == 2
-            self.ec2.terminate_instances(InstanceIds=ids)
-            self.done = True
-        except BaseException as e:  # noqa: BLE001 — reported by the test
-            self.error = e
+
+def left_and_joined(left: int, joined: int) -> Condition:
+    """Worker `left`'s first process has ended and worker `joined` registered (the coordinator creates
+    ctl/joins/{id} = 0 when it starts waiting for it: registered means >= 1)."""
+    key = f"ctl/joins/{joined}"
+    return lambda st: st.check([exit_key(left, 0), key]) and int(st.get(key)) >= 1
 
 
 def reference(steps: int) -> tuple[list[float], dict[str, Any]]:
@@ -238,7 +227,7 @@ def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(mo
     ssm = moto_server.client("ssm")
     assert ssm.get_parameter(Name=PARAM, WithDecryption=True)["Parameter"]["Value"] == remote.token
     ec2 = moto_server.client("ec2")
-    cloud = SpotCloud(ec2, job)
+    cloud = Cloud((left_and_joined(1, 3), reclaim(ec2, job, ["2", "3"])))
     env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
     with Ec2StandIn(ec2, job, env, tmp_path, notice_at_boot=(1,)) as standin:
         # 1x2 on workers 0 and 1, worker 2 stands by, worker 3 is added at step 2. Worker 1's instance has a spot
@@ -254,7 +243,7 @@ def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(mo
             raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
         until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
               "every boot script to end")  # fmt: skip
-    assert cloud.error is None and cloud.done, cloud.error
+    cloud.finish()
     assert standin.error is None, standin.error
     logs = {w: standin.log(w) for w in range(4)}
     assert "spot interruption notice" in logs[1], logs[1]

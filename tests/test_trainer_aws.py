@@ -15,11 +15,9 @@ import json
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 from _aws import fake_aws_account, isolate_aws
+from _ec2_standin import NOTICE, FakeImds
 from trainer.aws import (
     JOB_TAG_KEY,
     WORKER_TAG_KEY,
@@ -467,62 +466,11 @@ def test_credentials_pass_under_moto(aws: dict[str, Any]) -> None:
 # ---------------------------------------------------------------------------------------- on the instance: IMDS
 
 
-class FakeImds:
-    """IMDSv2 on 127.0.0.1: PUT a token (TTL header required), GET instance-action with it: 404 for the first
-    `quiet` polls, then the notice. A token is good for `token_uses` GETs (then 401, as an expired one)."""
-
-    def __init__(self, quiet: int, body: str, token_uses: int = 1000) -> None:
-        self.quiet, self.body, self.token_uses = quiet, body, token_uses
-        self.puts = 0
-        self.gets = 0
-        self.unauthorized = 0
-        self.uses: dict[str, int] = {}
-        imds = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *_: Any) -> None:
-                pass
-
-            def reply(self, code: int, body: str = "") -> None:
-                data = body.encode()
-                self.send_response(code)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_PUT(self) -> None:  # noqa: N802
-                if self.path != "/latest/api/token" or not self.headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
-                    return self.reply(400)
-                imds.puts += 1
-                token = f"token-{imds.puts}"
-                imds.uses[token] = 0
-                self.reply(200, token)
-
-            def do_GET(self) -> None:  # noqa: N802
-                token = self.headers.get("X-aws-ec2-metadata-token", "")
-                if token not in imds.uses or imds.uses[token] >= imds.token_uses:
-                    imds.unauthorized += 1
-                    return self.reply(401)
-                imds.uses[token] += 1
-                if self.path != "/latest/meta-data/spot/instance-action":
-                    return self.reply(404)
-                imds.gets += 1
-                self.reply(404 if imds.gets <= imds.quiet else 200, "" if imds.gets <= imds.quiet else imds.body)
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def imds() -> Iterator[Any]:
     servers: list[FakeImds] = []
 
-    def make(quiet: int, body: str = '{"action": "terminate", "time": "2026-03-01T12:02:00Z"}', **kw: Any) -> FakeImds:
+    def make(quiet: int, body: str = NOTICE, **kw: Any) -> FakeImds:
         servers.append(FakeImds(quiet, body, **kw))
         return servers[-1]
 

@@ -13,15 +13,13 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from liveput.migration import MigrationKind
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
@@ -29,7 +27,6 @@ from trainer.coordinator import Coordinator
 from trainer.instances import LocalProcessProvider
 from trainer.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
 from trainer.model import layer_names
-from trainer.observer import JobObserver
 from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step
 from trainer.planning import RulePlanner
 from trainer.run import run_job
@@ -70,9 +67,6 @@ def assert_same_run(result: dict, steps: int = STEPS) -> None:
 
 # ---------------------------------------------------------------------------------------------------- the cloud
 
-Condition = Callable[[dist.Store], bool]
-Action = Callable[[dist.Store], None]
-
 
 def started(worker: int, step: int) -> Condition:
     """Worker `worker` has started step `step`."""
@@ -96,41 +90,6 @@ def send(worker: int, signum: int) -> Action:
         os.kill(int(st.get(f"ctl/worker/{worker}")), signum)
 
     return act
-
-
-class Cloud(JobObserver):
-    """Runs `script` — (condition, action) pairs, in order — on a thread with its own store client, from the job's
-    start; `done` lists the actions taken."""
-
-    def __init__(self, *script: tuple[Condition, Action]) -> None:
-        self.script = list(script)
-        self.done: list[int] = []
-        self.error: BaseException | None = None
-        self.thread: threading.Thread | None = None
-
-    def on_start(self, info: dict[str, Any]) -> None:
-        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
-        self.thread.start()
-
-    def _run(self, host: str, port: int) -> None:
-        try:
-            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
-            for i, (when, act) in enumerate(self.script):
-                end = time.monotonic() + 60
-                while not when(store):
-                    if time.monotonic() > end:
-                        raise TimeoutError(f"cloud: condition {i} never came")
-                    time.sleep(0.002)
-                act(store)
-                self.done.append(i)
-        except BaseException as e:  # noqa: BLE001 — reported by `finish`
-            self.error = e
-
-    def finish(self) -> None:
-        if self.thread is not None:
-            self.thread.join(timeout=10)
-        assert self.error is None, f"the cloud script failed: {self.error!r}"
-        assert self.done == list(range(len(self.script))), f"cloud actions taken: {self.done}"
 
 
 def job(tmp_path, workers: int, strategy: tuple[int, int], events: list, cloud: Cloud, **kw: Any) -> dict:

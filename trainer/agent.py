@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from trainer.instances import InstanceProvider
+from trainer.instances import InstanceProvider, NoticeDeadlines
 
 KILLED = -9  # exit code the driver reads for an instance reclaimed without its agent reporting (SIGKILL)
 EXIT_RESTART = 125  # = trainer.worker.EXIT_RESTART (not imported: the agent must not import torch's model code)
@@ -199,7 +199,7 @@ class RemoteJob:
 
 
 
-class AgentInstances:
+class AgentInstances(NoticeDeadlines):
     """The driver's view (`trainer.run`) of instances whose worker processes agents run: the same calls as
     `trainer.instances.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`: `trainer.aws`'s spot
     instances) starting and reclaiming instances and the store (`store`, the coordinator's) telling how their
@@ -268,14 +268,6 @@ class AgentInstances:
                 reached.append(w)
         return reached
 
-    def preempt(self, ids: Iterable[int], notice_s: float, *, notify: bool = True) -> None:
-        ids = list(ids)
-        deadline = time.monotonic() + notice_s
-        for w in ids:
-            self._reclaim_at[w] = min(self._reclaim_at.get(w, deadline), deadline)
-        if notify:
-            self.signal(ids, _signal.SIGTERM)
-
     def kill(self, ids: Iterable[int]) -> None:
         ids = [w for w in ids if w in self.incarnation and w not in self._released]
         if not ids:
@@ -309,14 +301,7 @@ class AgentInstances:
         instances whose workers ended for good."""
         self.refresh()
         now = time.monotonic()
-        due = [w for w, t in self._reclaim_at.items() if t <= now]
-        for w in due:
-            self._reclaim_at.pop(w)
-        running = [w for w in due if self.exitcode(w) is None]
-        if running:
-            at = time.time()
-            self.kill(running)
-            self.reclaimed.extend((w, at) for w in running if self._codes.get(w) == KILLED)
+        self._reclaim_due()
         done = [w for w, c in self._codes.items() if c != EXIT_RESTART and w not in self._released]
         if done:
             self.cloud.kill(done)

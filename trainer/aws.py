@@ -491,18 +491,10 @@ class AwsSpotProvider(InstanceProvider):
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"n must be an integer >= 0, got {n!r}")
         with self._lock:
-            first = self._next_id
-            launched: dict[int, str] = {}
-            for w in range(first, first + n):
-                try:
-                    resp = _call(f"run_instances (worker {w})", self.ec2.run_instances, **self.launch_params(w))
-                except AwsProviderError as exc:
-                    self._roll_back(launched, exc)
-                    raise
-                launched[w] = resp["Instances"][0]["InstanceId"]
-            self._instances.update(launched)
-            self._next_id = first + n
-            return list(launched)
+            ids = list(range(self._next_id, self._next_id + n))
+            self._launch(ids)
+            self._next_id += n
+            return ids
 
     def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
         """Launch the instances of worker ids `ids` (a resumed job starts those its schedule had alive); later
@@ -512,17 +504,21 @@ class AwsSpotProvider(InstanceProvider):
             taken = sorted(w for w in ids if w in self._instances)
             if taken:
                 raise ValueError(f"worker ids {taken} already have an instance")
-            launched: dict[int, str] = {}
-            for w in ids:
-                try:
-                    resp = _call(f"run_instances (worker {w})", self.ec2.run_instances, **self.launch_params(w))
-                except AwsProviderError as exc:
-                    self._roll_back(launched, exc)
-                    raise
-                launched[w] = resp["Instances"][0]["InstanceId"]
-            self._instances.update(launched)
+            self._launch(ids)
             self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
             return ids
+
+    def _launch(self, ids: Sequence[int]) -> None:
+        """One `run_instances` per worker id; all or nothing (see `start`). Call with the lock held."""
+        launched: dict[int, str] = {}
+        for w in ids:
+            try:
+                resp = _call(f"run_instances (worker {w})", self.ec2.run_instances, **self.launch_params(w))
+            except AwsProviderError as exc:
+                self._roll_back(launched, exc)
+                raise
+            launched[w] = resp["Instances"][0]["InstanceId"]
+        self._instances.update(launched)
 
     def _roll_back(self, launched: dict[int, str], cause: AwsProviderError) -> None:
         if not launched:

@@ -60,12 +60,45 @@ class InstanceProvider(abc.ABC):
         """Ids of the instances running now."""
 
 
+class NoticeDeadlines:
+    """A preemption with notice as clouds give it, for the driver's view of instances (`LocalProcessProvider`,
+    `trainer.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they have
+    their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
+    `reclaimed`. The class using it provides `signal`, `kill`, `exitcodes` and the two attributes."""
+
+    _reclaim_at: dict[int, float]
+    reclaimed: list[tuple[int, float]]  # (id, wall time) of instances killed at a notice's deadline
+
+    def preempt(self, ids: Iterable[int], notice_s: float, *, notify: bool = True) -> None:
+        """Give `ids` notice (SIGTERM, unless `notify` is False: they already have it) and kill those still running
+        `notice_s` seconds from now (an earlier deadline already set stands)."""
+        ids = list(ids)
+        deadline = time.monotonic() + notice_s
+        for w in ids:
+            self._reclaim_at[w] = min(self._reclaim_at.get(w, deadline), deadline)
+        if notify:
+            self.signal(ids, _signal.SIGTERM)  # type: ignore[attr-defined]
+
+    def _reclaim_due(self) -> None:
+        now = time.monotonic()
+        due = [w for w, t in self._reclaim_at.items() if t <= now]
+        for w in due:
+            self._reclaim_at.pop(w)
+        codes = self.exitcodes()  # type: ignore[attr-defined]
+        running = [w for w in due if w in codes and codes[w] is None]
+        if running:
+            at = time.time()
+            self.kill(running)  # type: ignore[attr-defined]
+            codes = self.exitcodes()  # type: ignore[attr-defined]
+            self.reclaimed.extend((w, at) for w in running if codes.get(w) == -_signal.SIGKILL)
+
+
 # "spawn": every worker process starts cold (imports torch, ~2.5 s of CPU) — a restart costs what a real one does.
 # "forkserver": workers are forked from a server that imported torch once — a warm pool, for fast tests.
 START_METHODS = ("spawn", "forkserver")
 
 
-class LocalProcessProvider(InstanceProvider):
+class LocalProcessProvider(NoticeDeadlines, InstanceProvider):
     """Instances are local worker processes (`trainer.worker.process_main`) of the job at `host:port`, started
     with `start_method` (see START_METHODS).
 
@@ -148,16 +181,6 @@ class LocalProcessProvider(InstanceProvider):
             self.exit_history.setdefault(w, []).append(old.exitcode)
             self._spawn(w)
 
-    def preempt(self, ids: Iterable[int], notice_s: float, *, notify: bool = True) -> None:
-        """Give `ids` notice (SIGTERM, unless `notify` is False: they already have it) and kill those still running
-        `notice_s` seconds from now (an earlier deadline already set stands)."""
-        ids = list(ids)
-        deadline = time.monotonic() + notice_s
-        for w in ids:
-            self._reclaim_at[w] = min(self._reclaim_at.get(w, deadline), deadline)
-        if notify:
-            self.signal(ids, _signal.SIGTERM)
-
     def kill(self, ids: Iterable[int]) -> None:
         for w in ids:
             p = self.procs.get(w)
@@ -170,15 +193,7 @@ class LocalProcessProvider(InstanceProvider):
 
     def poll(self) -> None:
         """Enforce expired notices (killed ones are appended to `reclaimed`)."""
-        now = time.monotonic()
-        due = [w for w, t in self._reclaim_at.items() if t <= now]
-        for w in due:
-            self._reclaim_at.pop(w)
-        running = [w for w in due if w in self.procs and self.procs[w].exitcode is None]
-        if running:
-            at = time.time()
-            self.kill(running)
-            self.reclaimed.extend((w, at) for w in running if self.procs[w].exitcode == -_signal.SIGKILL)
+        self._reclaim_due()
 
     def alive(self) -> set[int]:
         self.poll()
