@@ -529,3 +529,24 @@ def test_watch_command_refuses_a_pid_that_is_not_there(capsys: pytest.CaptureFix
     ended.wait()
     assert main(["watch", "--pid", str(ended.pid), "--endpoint", "http://127.0.0.1:9"]) == 1
     assert f"no process {ended.pid} to watch" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------------ aws_job
+
+
+def test_aws_job_publishes_a_fresh_token_and_clears_a_killed_runs_instances(aws: dict[str, Any]) -> None:
+    from trainer.agent import AgentInstances, RemoteJob
+    from trainer.aws import aws_job
+
+    c = config(subnet_id=aws["subnet"], security_group_ids=[aws["sg"]])
+    left = AwsSpotProvider(c, session=aws["session"])  # an earlier run of the job, whose driver was killed
+    left.start(2)
+    first = aws_job(c, session=aws["session"])
+    second = aws_job(c, session=aws["session"])
+    assert isinstance(first, RemoteJob) and (first.host, first.port) == ("10.0.1.10", 29500)
+    assert first.token != second.token and len(second.token) >= 32
+    ssm = aws["session"].client("ssm")
+    assert ssm.get_parameter(Name=PARAM, WithDecryption=True)["Parameter"]["Value"] == second.token
+    instances = second.instances(None)  # the driver builds it on its store when the job starts
+    assert isinstance(instances, AgentInstances)
+    assert left.alive() == set()  # the killed run's instances were terminated before anything was launched

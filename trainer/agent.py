@@ -95,7 +95,7 @@ class InstanceAgent:
         self._pending: list[int] = []  # signals to pass on once the worker can take them
         self._hb_at_start = 0
         self._forwarded = 0  # driver signals handled (agent/{id}/signals)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: the signal handler runs on the thread that may hold it
 
     # -- signals from the instance (the cloud's notice) ----------------------------------------------------
     def notify(self, signum: int) -> None:

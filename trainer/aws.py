@@ -338,7 +338,8 @@ def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session |
 def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> Any:
     """What `trainer.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.agent.RemoteJob`):
     the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
-    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.agent`.
+    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.agent`. Instances
+    of the same job still running (left by a driver that was killed) are terminated when the job starts.
     Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
     import secrets
 
@@ -349,7 +350,9 @@ def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> A
     publish_token(config, token, session=session)
 
     def instances(store: Any) -> AgentInstances:
-        return AgentInstances(AwsSpotProvider(config, session=session), store)
+        cloud = AwsSpotProvider(config, session=session)
+        cloud.stop()  # what a killed earlier run of this job left running (by its tag): no longer this job's
+        return AgentInstances(cloud, store)
 
     return RemoteJob(host=config.coordinator_host, port=config.coordinator_port, token=token, instances=instances)
 

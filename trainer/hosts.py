@@ -6,7 +6,8 @@ Owns: `SshHosts` (the `InstanceProvider` that starts an instance agent on a host
 
 Each instance is one `python -m trainer.agent --id N --host H --port P` on a host, started by the `ssh` client
 (BatchMode: keys or an agent, never a password prompt). The remote shell prints its PID, reads the job token from
-stdin (never argv: `ps` on the host) and `exec`s the agent, so that PID is the agent's. A host takes up to `slots`
+stdin (never argv: `ps` on the host) and `exec`s the agent, so that PID is the agent's; the agent's and its
+worker's output go to ssh's stderr, which is ours (stdout is a pipe nobody reads after the PID). A host takes up to `slots`
 instances at once; `start` fills the least busy host first. `kill` SIGKILLs the agent's children (the worker) and
 the agent on the host (`pkill -P`, `kill`), then the local ssh client. An instance is alive while its ssh client
 runs (the client ends when the agent does). The hosts need this project installed at `workdir` with `python`, and
@@ -65,7 +66,7 @@ class SshHosts(InstanceProvider):
         q = shlex.quote
         return (f"cd {q(self.workdir)} && echo $$ && IFS= read -r PARCAE_TOKEN && export PARCAE_TOKEN && "
                 f"exec {q(self.python)} -m trainer.agent --id {int(worker)} --host {q(self.coordinator_host)} "
-                f"--port {self.coordinator_port}")  # fmt: skip
+                f"--port {self.coordinator_port} 1>&2")  # fmt: skip
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
     def start(self, n: int) -> list[int]:
