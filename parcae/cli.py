@@ -1276,6 +1276,7 @@ def train_cmd(
     from trainer.config import UnknownModelError
     from trainer.coordinator import ScheduleError
     from trainer.events import EventError
+    from trainer.hosts import HostsError
     from trainer.planning import PLANNERS, make_planner
     from trainer.profile import ProfileFormatError, RuntimeProfile
     from trainer.run import JobError, train
@@ -1321,11 +1322,7 @@ def train_cmd(
         raise UserError(str(exc)) from None
     except JobError as exc:
         raise UserError(f"the job failed: {exc}") from None
-    except RuntimeError as exc:
-        from trainer.hosts import HostsError
-
-        if not isinstance(exc, HostsError):
-            raise
+    except HostsError as exc:
         raise UserError(f"--hosts: {exc}") from None
     out = _stdout()
     loss = report["loss"]

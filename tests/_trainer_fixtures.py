@@ -32,6 +32,15 @@ def _no_orphans():
     assert not alive, f"worker processes left running: {alive}"
 
 
+def until(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> None:
+    """Wait until `predicate()` holds; AssertionError naming `what` after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
 # ---------------------------------------------------------------------------------------------------- the cloud
 
 Condition = Callable[[dist.Store], bool]

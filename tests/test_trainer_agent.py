@@ -9,7 +9,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -22,7 +21,7 @@ import torch.distributed as dist
 
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
-from _trainer_fixtures import Action, Cloud, Condition, _one_thread  # noqa: F401  (autouse fixture)
+from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
 from trainer import checkpoint
 from trainer.agent import (
     KILLED,
@@ -48,14 +47,6 @@ AMI = "ami-12c6146b"
 PARAM = "/parcae/agent-e2e/token"
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
-
-
-def until(predicate: Any, what: str, timeout: float = 30.0) -> None:
-    end = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 @pytest.fixture

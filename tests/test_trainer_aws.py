@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
@@ -28,6 +27,7 @@ from moto import mock_aws
 
 from _aws import fake_aws_account, isolate_aws
 from _ec2_standin import NOTICE, FakeImds
+from _trainer_fixtures import until
 from trainer.aws import (
     JOB_TAG_KEY,
     WORKER_TAG_KEY,
@@ -115,14 +115,6 @@ def answer(events: Any, operation: str, responses: list[Any]) -> list[dict[str, 
 
 def instance(ec2: Any, instance_id: str) -> dict[str, Any]:
     return ec2.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
-
-
-def until(predicate: Any, what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.02)
 
 
 # ----------------------------------------------------------------------------------------------------- config
@@ -278,7 +270,7 @@ def test_preempt_terminates_when_the_notice_expires(aws: dict[str, Any]) -> None
         p.preempt([0], notice_s=600)
         assert p.alive() == {0, 1, 2}  # still running during its notice
         p.preempt([0, 1], notice_s=0.05)  # an earlier deadline replaces the later one
-        until(lambda: p.alive() == {2}, "the preempted instances to be terminated")
+        until(lambda: p.alive() == {2}, "the preempted instances to be terminated", timeout=20)
         p.preempt([2], notice_s=600)
         p.kill([2])  # a kill cancels the pending reclaim
         assert p.alive() == set()
@@ -495,7 +487,7 @@ def test_watcher_survives_imds_errors_and_takes_any_200_as_a_notice(imds: Any) -
     notices = []
     dead = InstanceActionWatcher(notices.append, endpoint="http://127.0.0.1:9", poll_s=0.01, timeout_s=1,
                                  on_error=errors.append).start()  # fmt: skip
-    until(lambda: len(errors) >= 2, "two failed polls")
+    until(lambda: len(errors) >= 2, "two failed polls", timeout=20)
     dead.stop()
     assert notices == [] and dead.errors >= 2 and isinstance(dead.last_error, OSError)
     server = imds(quiet=0, body="not json")

@@ -43,6 +43,7 @@ import json
 import math
 import os
 import re
+import secrets
 import shlex
 import signal
 import sys
@@ -59,7 +60,8 @@ import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
-from trainer.instances import InstanceProvider
+from trainer.agent import AgentInstances, RemoteJob
+from trainer.instances import NumberedInstances
 
 __all__ = [
     "JOB_TAG_KEY",
@@ -335,16 +337,12 @@ def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session |
           Value=token, Type="SecureString", Overwrite=True)  # fmt: skip
 
 
-def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> Any:
+def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> RemoteJob:
     """What `trainer.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.agent.RemoteJob`):
     the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
     fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.agent`. Instances
     of the same job still running (left by a driver that was killed) are terminated when the job starts.
     Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
-    import secrets
-
-    from trainer.agent import AgentInstances, RemoteJob
-
     check_credentials(session, config.region)
     token = secrets.token_urlsafe(32)
     publish_token(config, token, session=session)
@@ -455,7 +453,7 @@ def _parse_time(text: str) -> datetime | None:
 # ---------------------------------------------------------------------------------------------------- provider
 
 
-class AwsSpotProvider(InstanceProvider):
+class AwsSpotProvider(NumberedInstances):
     """A job's instances are one-time EC2 spot instances of `config`; instance i runs worker i.
 
     `session`: a boto3.Session (default: the standard credential chain); `endpoint_url`: send EC2 calls there (a
@@ -473,9 +471,8 @@ class AwsSpotProvider(InstanceProvider):
         self.session = session if session is not None else boto3.Session(region_name=config.region)
         self.ec2 = self.session.client("ec2", region_name=config.region, endpoint_url=endpoint_url,
                                        config=_client_config())  # fmt: skip
-        self._lock = threading.RLock()
+        super().__init__()
         self._instances: dict[int, str] = {}
-        self._next_id = 0
         self._timers: dict[int, tuple[float, threading.Timer]] = {}
         self._deferred: list[AwsProviderError] = []
         self._reported: set[tuple[str, str]] = set()
@@ -488,31 +485,15 @@ class AwsSpotProvider(InstanceProvider):
         self.stop()
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
-    def start(self, n: int) -> list[int]:
-        """Launch `n` instances, one `run_instances` each; all or nothing: if one fails, those this call launched
-        are terminated and AwsProviderError says why (their ids are not handed out)."""
-        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise ValueError(f"n must be an integer >= 0, got {n!r}")
-        with self._lock:
-            ids = list(range(self._next_id, self._next_id + n))
-            self._launch(ids)
-            self._next_id += n
-            return ids
+    # start(n), start_ids(ids, next_id): `NumberedInstances`, over `_launch` -- one `run_instances` per instance,
+    # all or nothing: if one fails, those this call launched are terminated and AwsProviderError says why
 
-    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
-        """Launch the instances of worker ids `ids` (a resumed job starts those its schedule had alive); later
-        `start`s number on from `next_id` (or past the largest id). All or nothing, as `start`."""
-        ids = sorted(set(ids))
-        with self._lock:
-            taken = sorted(w for w in ids if w in self._instances)
-            if taken:
-                raise ValueError(f"worker ids {taken} already have an instance")
-            self._launch(ids)
-            self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
-            return ids
+    def _taken(self, ids: list[int]) -> str | None:
+        taken = sorted(w for w in ids if w in self._instances)
+        return f"worker ids {taken} already have an instance" if taken else None
 
-    def _launch(self, ids: Sequence[int]) -> None:
-        """One `run_instances` per worker id; all or nothing (see `start`). Call with the lock held."""
+    def _launch(self, ids: list[int]) -> None:
+        """One `run_instances` per worker id; all or nothing. Called with the lock held."""
         launched: dict[int, str] = {}
         for w in ids:
             try:

@@ -16,13 +16,15 @@ the coordinator's port reachable (the token guards against mis-wiring; keep the 
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import subprocess
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trainer.instances import InstanceProvider
+from trainer.agent import AgentInstances, RemoteJob
+from trainer.instances import NumberedInstances
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 
@@ -31,7 +33,7 @@ class HostsError(RuntimeError):
     """A host could not be reached, or refused the agent."""
 
 
-class SshHosts(InstanceProvider):
+class SshHosts(NumberedInstances):
     """Instances are instance agents on `hosts` (ssh destinations, `user@name` allowed), `slots` per host.
 
     `coordinator_host`/`coordinator_port`: the coordinator as the hosts reach it; `token`: the job's; `python`,
@@ -58,8 +60,7 @@ class SshHosts(InstanceProvider):
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.host_of: dict[int, str] = {}
         self.pid_of: dict[int, int] = {}  # the agent's PID on its host
-        self._next_id = 0
-        self._lock = threading.Lock()
+        super().__init__()
 
     def remote_command(self, worker: int) -> str:
         """The shell command run on the host for instance `worker`."""
@@ -69,22 +70,11 @@ class SshHosts(InstanceProvider):
                 f"--port {self.coordinator_port} 1>&2")  # fmt: skip
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
-    def start(self, n: int) -> list[int]:
-        with self._lock:
-            ids = list(range(self._next_id, self._next_id + n))
-            self._launch(ids)
-            self._next_id += n
-            return ids
+    # start(n), start_ids(ids, next_id): `NumberedInstances`, over `_launch`
 
-    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
-        ids = sorted(set(ids))
-        with self._lock:
-            running = [w for w in ids if w in self.procs and self.procs[w].poll() is None]
-            if running:
-                raise ValueError(f"instances {running} are already running")
-            self._launch(ids)
-            self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
-            return ids
+    def _taken(self, ids: list[int]) -> str | None:
+        running = [w for w in ids if w in self.procs and self.procs[w].poll() is None]
+        return f"instances {running} are already running" if running else None
 
     def _launch(self, ids: list[int]) -> None:
         started: list[int] = []
@@ -150,19 +140,10 @@ class SshHosts(InstanceProvider):
         self.kill(list(self.procs))
 
 
-def hosts_job(
-    hosts: Sequence[str], coordinator_host: str, coordinator_port: int, **kw: Any
-) -> Any:
-    """A `trainer.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`) with a fresh token."""
-    import secrets
-
-    from trainer.agent import AgentInstances, RemoteJob
-
+def hosts_job(hosts: Sequence[str], coordinator_host: str, coordinator_port: int, **kw: Any) -> RemoteJob:
+    """A `trainer.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`, checked now, before any coordinator starts) with a
+    fresh token."""
     token = secrets.token_urlsafe(32)
-    # validate now, before the coordinator starts
-    SshHosts(hosts, coordinator_host, coordinator_port, token, **kw)
-
-    def instances(store: Any) -> AgentInstances:
-        return AgentInstances(SshHosts(hosts, coordinator_host, coordinator_port, token, **kw), store)
-
-    return RemoteJob(host=coordinator_host, port=int(coordinator_port), token=token, instances=instances)
+    cloud = SshHosts(hosts, coordinator_host, coordinator_port, token, **kw)
+    return RemoteJob(host=coordinator_host, port=int(coordinator_port), token=token,
+                     instances=lambda store: AgentInstances(cloud, store))  # fmt: skip

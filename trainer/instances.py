@@ -30,6 +30,7 @@ import multiprocessing as mp
 import os
 import random
 import signal as _signal
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -58,6 +59,44 @@ class InstanceProvider(abc.ABC):
     @abc.abstractmethod
     def alive(self) -> set[int]:
         """Ids of the instances running now."""
+
+
+class NumberedInstances(InstanceProvider):
+    """The id bookkeeping every provider shares: `start(n)` hands out the next n ids (0, 1, ... in start order),
+    `start_ids(ids, next_id)` starts given ids (a resumed job starts those its schedule had alive; ids need not be
+    contiguous) and later `start`s number on past them. Subclasses launch (`_launch`, all or nothing: ids whose
+    launch failed are not handed out) and say why some ids cannot start again (`_taken`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._next_id = 0
+        self._lock = threading.RLock()
+
+    @abc.abstractmethod
+    def _launch(self, ids: list[int]) -> None:
+        """Start an instance for each of `ids` (called with the lock held)."""
+
+    def _taken(self, ids: list[int]) -> str | None:
+        """Why some of `ids` cannot be started now (e.g. they are running), or None."""
+        return None
+
+    def start(self, n: int) -> list[int]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        with self._lock:
+            ids = list(range(self._next_id, self._next_id + n))
+            self._launch(ids)
+            self._next_id += n
+            return ids
+
+    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
+        ids = list(dict.fromkeys(ids))
+        with self._lock:
+            why = self._taken(ids)
+            if why is not None:
+                raise ValueError(why)
+            self._launch(ids)
+            self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
+            return ids
 
 
 class NoticeDeadlines:
@@ -98,7 +137,7 @@ class NoticeDeadlines:
 START_METHODS = ("spawn", "forkserver")
 
 
-class LocalProcessProvider(NoticeDeadlines, InstanceProvider):
+class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
     """Instances are local worker processes (`trainer.worker.process_main`) of the job at `host:port`, started
     with `start_method` (see START_METHODS).
 
@@ -122,9 +161,9 @@ class LocalProcessProvider(NoticeDeadlines, InstanceProvider):
             # the server imports these once; every worker is forked from it with torch (and dynamo, which the first
             # optimiser imports) already loaded: ~0.1 s to start instead of ~2.5 s of CPU
             self.ctx.set_forkserver_preload(["torch", "torch._dynamo", "trainer.worker"])
+        super().__init__()
         self.procs: dict[int, Any] = {}
         self.exit_history: dict[int, list[int]] = {}
-        self._next_id = 0
         self._reclaim_at: dict[int, float] = {}
         self.reclaimed: list[tuple[int, float]] = []  # (id, wall time) of processes killed at a notice's deadline
 
@@ -139,24 +178,13 @@ class LocalProcessProvider(NoticeDeadlines, InstanceProvider):
         finally:
             os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
 
-    def start(self, n: int) -> list[int]:
-        ids = list(range(self._next_id, self._next_id + n))
-        self._next_id += n
+    def _launch(self, ids: list[int]) -> None:
         for w in ids:
             self._spawn(w)
-        return ids
 
-    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
-        """Start the instances `ids` (a resumed job starts those its schedule had alive, ids need not be
-        contiguous); later `start`s number on from `next_id` (or past the largest id given)."""
-        ids = list(ids)
+    def _taken(self, ids: list[int]) -> str | None:
         running = sorted(w for w in ids if w in self.procs and self.procs[w].exitcode is None)
-        if running:
-            raise ValueError(f"instances {running} are already running")
-        for w in ids:
-            self._spawn(w)
-        self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
-        return ids
+        return f"instances {running} are already running" if running else None
 
     def signal(self, ids: Iterable[int], signum: int) -> list[int]:
         """Send `signum` to the running processes of `ids`; returns the ids it reached."""
