@@ -1374,6 +1374,9 @@ def profile_cmd(
     workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
     model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
     steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
+    rounds: Annotated[
+        int, typer.Option(help="Visits of every strategy; its iteration time is the fastest visit's.")
+    ] = 2,
     out: Annotated[Path, typer.Option("--out", metavar="OUT.json", help="Where to write the profile.")] = Path(
         "profile.json"
     ),
@@ -1398,6 +1401,8 @@ def profile_cmd(
                         f"{workers}")
     if steps_per_strategy < 1:
         raise UserError(f"--steps-per-strategy must be >= 1, got {steps_per_strategy}")
+    if rounds < 1:
+        raise UserError(f"--rounds must be >= 1, got {rounds}")
     if model not in MODELS:
         raise UserError(f"--model: unknown model {model!r}; known models: {', '.join(sorted(MODELS))}")
     if start_method not in START_METHODS:
@@ -1406,11 +1411,12 @@ def profile_cmd(
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UserError(f"cannot write profile {str(out)!r}: permission denied")
     command_line = (f"parcae profile --workers {workers} --model {model} --steps-per-strategy {steps_per_strategy} "
-                    f"--seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
+                    f"--rounds {rounds} --seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(prefix="parcae-profile-") as tmp, _stderr().status("profiling") as status:
-            prof = measure(model, workers, steps_per_strategy=steps_per_strategy, seed=seed, out_dir=Path(tmp) / "job",
-                           progress=status.update, start_method=start_method, command=command_line)  # fmt: skip
+            prof = measure(model, workers, steps_per_strategy=steps_per_strategy, rounds=rounds, seed=seed,
+                           out_dir=Path(tmp) / "job", progress=status.update, start_method=start_method,
+                           command=command_line)  # fmt: skip
     except (ProfileError, ScheduleError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:

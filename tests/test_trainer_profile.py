@@ -35,6 +35,7 @@ from trainer.profile import (
     profile_schedule,
     runtime_spec,
     visit_order,
+    visit_rounds,
 )
 
 SPEC = runtime_spec("tiny-gpt")
@@ -63,6 +64,23 @@ def test_the_schedule_visits_every_strategy_and_every_migration_kind(workers):
     assert {e.P for e in main if e.kind.value == "pipeline"} == {p for _, p in strategies}
     if workers >= 3:  # two distinct group counts among the intra-stage migrations
         assert len({e.D + e.P + 1 + e.D * e.P for e in main if e.kind.value == "intra-stage"}) >= 2
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_rounds_visit_every_strategy_again_without_a_plan_that_changes_nothing(workers):
+    order = visit_order(feasible_strategies(workers, 6, 16))
+    twice = visit_rounds(order, 2)
+    assert visit_rounds(order, 1) == order and twice[: len(order)] == order
+    for s in set(order):
+        assert twice.count(s) >= 2 * order.count(s) - (s == order[0])  # the shared first/last strategy counts once
+    assert all(a != b for a, b in zip(twice, twice[1:]))
+    sched = profile_schedule(workers, twice, 2, 16)
+    epochs = check_schedule(model_config("tiny-gpt"), TrainConfig(), workers, sched.initial, sched.steps,
+                            group_events(parse_events(list(sched.events))))  # fmt: skip
+    visited = [(e.D, e.P) for e in epochs if sched.main_start <= e.start_step < sched.restart_step]
+    assert all(visited.count(s) >= 2 for s in set(order))
+    with pytest.raises(ProfileError, match="rounds must be >= 1"):
+        visit_rounds(order, 0)
 
 
 def test_schedule_needs_two_workers():
@@ -258,8 +276,8 @@ def test_a_missing_profile_file_is_named(tmp_path):
 
 
 def test_measure_profiles_every_strategy_and_migration_and_feeds_the_planner(tmp_path):
-    prof = measure("tiny-gpt", 3, steps_per_strategy=2, out_dir=tmp_path / "job", start_method="forkserver",
-                   timeout_s=120)  # fmt: skip
+    prof = measure("tiny-gpt", 3, steps_per_strategy=2, rounds=1, out_dir=tmp_path / "job",
+                   start_method="forkserver", timeout_s=120)  # fmt: skip
     thr = prof.throughput
     feasible = feasible_strategies(3, 6, 16)
     assert set(thr.strategies()) == set(feasible)
@@ -294,12 +312,16 @@ def test_measure_profiles_every_strategy_and_migration_and_feeds_the_planner(tmp
 
 def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
     out = tmp_path / "sub" / "profile.json"
-    res = CliRunner().invoke(app, ["profile", "--workers", "2", "--steps-per-strategy", "1", "--start-method",
-                                   "forkserver", "--out", str(out)])  # fmt: skip
+    res = CliRunner().invoke(app, ["profile", "--workers", "2", "--steps-per-strategy", "1", "--rounds", "2",
+                                   "--start-method", "forkserver", "--out", str(out)])  # fmt: skip
     assert res.exit_code == 0, res.output
     prof = RuntimeProfile.load(out)
     assert set(prof.throughput.strategies()) == {(1, 1), (2, 1), (1, 2)}
-    assert "parcae profile --workers 2" in prof.command
+    assert "parcae profile --workers 2" in prof.command and "--rounds 2" in prof.command
+    # every strategy measured in two epochs (two rounds); its iteration time is the fastest one's
+    step_ms = prof.measured["step_ms"]
+    for (d, p), ms in prof.throughput.iteration_ms.items():
+        assert len(step_ms[f"{d}x{p}"]) >= 2 and ms == min(step_ms[f"{d}x{p}"])
     for text in ("iteration time per strategy", "measured pause vs the calibrated model", "checkpoint-restart",
                  "rendezvous_ms", "1x2"):  # fmt: skip
         assert text in res.output
@@ -311,6 +333,7 @@ def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
         (["--workers", "0"], "--workers must be >= 2"),
         (["--model", "gpt-17"], "gpt-17"),
         (["--steps-per-strategy", "0"], "--steps-per-strategy"),
+        (["--rounds", "0"], "--rounds must be >= 1"),
         (["--start-method", "fork"], "--start-method"),
     ],
 )

@@ -22,8 +22,12 @@ One job, `workers` processes, three parts:
   and a last pipeline migration returns to the first strategy so that every P is entered by a pipeline migration.
 * a checkpoint-restart at the end (every process exits and a fresh one loads the checkpoint), then one step.
 
-Iteration time of a strategy: the median over its visit epochs of `train_s / steps` (`Coordinator.epoch_spans`:
-last member ready to first member arriving at the next boundary, so no migration pause is in it). The first step
+The visit runs `rounds` times (default 2; `visit_rounds`), so every strategy is measured in as many epochs.
+Iteration time of a strategy: the least over its visit epochs of `train_s / steps` (`Coordinator.epoch_spans`:
+last member ready to first member arriving at the next boundary, so no migration pause is in it). The least, not
+the median: on a shared machine interference (another job, the Prefect or MLflow process beside the profile) only
+ever adds time, and one slowed epoch out of two would otherwise decide near-ties between strategies, which then
+decide the planner's choices; every strategy gets at least `rounds` epochs, so none is left to one draw. The first step
 after a migration stays in: the store keeps only an epoch's bounds, not per-step times. A check with per-step
 timestamps (polling the workers' `ctl/at` keys) found that step within the step-to-step noise on tiny-gpt, except
 the job's very first step (~2-3x slower), which falls in the prologue and is never used.
@@ -163,6 +167,17 @@ def visit_order(strategies: Iterable[Strategy]) -> list[Strategy]:
     if len(ps) > 1 and order[-1] != order[0]:
         order.append(order[0])
     return order
+
+
+def visit_rounds(order: Sequence[Strategy], rounds: int) -> list[Strategy]:
+    """`order` visited `rounds` times in a row; a round that would start where the previous one ended (a visit that
+    returns to its first strategy) starts one strategy later, so no plan repeats the strategy in force."""
+    if rounds < 1:
+        raise ProfileError(f"rounds must be >= 1, got {rounds}")
+    out = list(order)
+    for _ in range(rounds - 1):
+        out += list(order[1:]) if out[-1] == order[0] else list(order)
+    return out
 
 
 @dataclass(frozen=True)
@@ -679,6 +694,7 @@ def measure(
     workers: int = 4,
     *,
     steps_per_strategy: int = 6,
+    rounds: int = 2,
     strategies: Iterable[Strategy] | None = None,
     seed: int = 0,
     out_dir: str | os.PathLike[str],
@@ -689,7 +705,7 @@ def measure(
 ) -> RuntimeProfile:
     """Measure the runtime profile of `model` on `workers` local processes in one job (see the module docstring).
 
-    `strategies`: the (D, P) to visit (default: every feasible one); `out_dir`: a fresh folder for the job's files;
+    `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a fresh folder for the job's files;
     `progress(message)` is told what is happening; `start_method`: how worker processes start ("spawn" is cold, as
     a real new instance or restart; "forkserver" is a warm pool and makes rendezvous and restarts cheap).
     """
@@ -714,7 +730,7 @@ def measure(
             d, p = bad[0]
             raise ProfileError(f"strategy {d}x{p} is not feasible on {workers} workers with {n_layers} layers "
                                f"(feasible: {', '.join(f'{a}x{b}' for a, b in feasible)})")  # fmt: skip
-    order = visit_order(chosen)
+    order = visit_rounds(visit_order(chosen), rounds)
     tcfg = TrainConfig(seed=seed)
     sched = profile_schedule(workers, order, steps_per_strategy, tcfg.global_batch)
     tcfg = TrainConfig(seed=seed, steps=sched.steps)
@@ -738,14 +754,15 @@ def measure(
     label = f"parcae profile {created}: {model}, {workers} workers, {machine['usable_cores']} cores, {start_method}"
     throughput = ThroughputProfile(
         model=model, global_batch=tcfg.global_batch, micro_batch=tcfg.micro_batch,
-        iteration_ms={s: statistics.median(v) for s, v in step_ms.items()}, min_p=1,
-        source=f"{label}: median over the strategy's epochs of ms per step ({steps_per_strategy} steps each)",
+        iteration_ms={s: min(v) for s, v in step_ms.items()}, min_p=1,
+        source=f"{label}: least over the strategy's {rounds} epoch(s) of ms per step ({steps_per_strategy} steps "
+               "each)",
     )  # fmt: skip
     constants, fit = calibrate(spec, migrations, {p for _, p in throughput.iteration_ms}, label)
     measured = {
         "machine": machine,
         "job": {"model": model, "workers": workers, "steps": sched.steps, "steps_per_strategy": steps_per_strategy,
-                "seed": seed, "global_batch": tcfg.global_batch, "micro_batch": tcfg.micro_batch,
+                "rounds": rounds, "seed": seed, "global_batch": tcfg.global_batch, "micro_batch": tcfg.micro_batch,
                 "visit": [list(s) for s in order], "events": list(sched.events), "wall_s": wall,
                 "loss_first_last": [result["loss"][0], result["loss"][-1]]},  # fmt: skip
         "step_ms": {f"{d}x{p}": v for (d, p), v in sorted(step_ms.items(), key=lambda kv: (kv[0][1], kv[0][0]))},
@@ -759,7 +776,8 @@ def measure(
     measured = json.loads(json.dumps(measured))  # plain JSON data, as `load` gives it back
     return RuntimeProfile(throughput, constants, spec, measured, created,
                           command or f"trainer.profile.measure({model!r}, {workers}, steps_per_strategy="
-                                     f"{steps_per_strategy}, seed={seed}, start_method={start_method!r})")  # fmt: skip
+                                     f"{steps_per_strategy}, rounds={rounds}, seed={seed}, "
+                                     f"start_method={start_method!r})")  # fmt: skip
 
 
 def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs") -> Path:
