@@ -271,3 +271,29 @@ def test_chaos_thirty_random_events_end_in_the_uninterrupted_model(tmp_path, cap
         lost = sum(r["steps_lost"] for r in result["reconfigurations"])
         print(f"\nchaos job (seed {seed}): {counts} -> {len(result['reconfigurations'])} reconfigurations, "
               f"{lost} steps recomputed, {wall:.1f} s wall")
+
+
+def test_an_instance_reclaimed_before_it_joins_is_left_out(tmp_path, monkeypatch):
+    """An added instance whose process is killed from outside before its worker registers (a spot instance taken
+    back while it boots) is dropped at its add: the job goes on without it instead of waiting until its timeout."""
+    import trainer.run
+
+    class ReclaimedWhileBooting(trainer.run.LocalProcessProvider):
+        def _spawn(self, w: int) -> None:
+            super()._spawn(w)
+            if w == 2:
+                self.procs[w].kill()  # long before the new process has imported torch and registered
+
+    monkeypatch.setattr(trainer.run, "LocalProcessProvider", ReclaimedWhileBooting)
+    steps = 6
+    events = [{"step": 3, "kind": "add", "workers": 1}, {"step": 3, "kind": "plan", "strategy": [3, 1]}]
+    # (a job that waited for it to join would fail at its timeout)
+    result = run_job(CFG, TRAIN, 2, (2, 1), steps, events, tmp_path / "job", start_method="forkserver",
+                     timeout_s=120)  # fmt: skip
+    log = result["events"]
+    assert {"event": "lost-before-join", "workers": [2]} in log
+    dropped = [e for e in log if e["event"] == "plan-dropped"]
+    assert len(dropped) == 1 and dropped[0]["strategy"] == [3, 1] and "only 2 are alive" in dropped[0]["reason"]
+    assert result["exit_codes"] == {0: 0, 1: 0, 2: -9}
+    assert dropped[0]["instead"] is None and result["reconfigurations"] == []  # 2x1 goes on as it was
+    assert_same_run(result, steps)

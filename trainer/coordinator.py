@@ -399,13 +399,19 @@ class Coordinator:
     def _joins(self, w: int) -> int:
         return self.store.add(f"ctl/joins/{w}", 0)
 
-    def wait_joined(self, ids: Iterable[int], timeout_s: float, check: Any = None) -> None:
-        """Block until the expected process of every id in `ids` registered; `check()` is called while waiting."""
+    def wait_joined(
+        self, ids: Iterable[int], timeout_s: float, check: Any = None, gone: Callable[[], Iterable[int]] | None = None
+    ) -> list[int]:
+        """Block until the expected process of every id in `ids` registered, or is among `gone()` (ids whose process
+        ended before it could); returns the ids that registered. `check()` is called while waiting."""
         want = set(ids)
         deadline = time.monotonic() + timeout_s
+        lost: set[int] = set()
         while True:
             missing = sorted(w for w in want if self._joins(w) < self._expected.get(w, 1))
-            if not missing:
+            if gone is not None and missing:
+                lost = set(missing) & set(gone())
+            if not set(missing) - lost:
                 break
             if check is not None:
                 check()
@@ -413,8 +419,9 @@ class Coordinator:
                 raise TimeoutError(f"workers {missing} did not join within {timeout_s:.0f} s")
             time.sleep(0.01)
         now = time.monotonic()
-        for w in want:
+        for w in want - lost:
             self._hb[w] = (self.store.add(f"hb/{w}", 0), now)
+        return sorted(want - lost)
 
     # -- failure detection ---------------------------------------------------------------------------------
     def ended(self, w: int) -> bool:

@@ -236,8 +236,29 @@ class _Driver:
             self.allowed[w] = {EXIT_DONE}
         return ids
 
-    def wait_joined(self, ids: Sequence[int]) -> None:
-        self.coord.wait_joined(ids, self.deadline - time.monotonic(), self.check)
+    def wait_joined(self, ids: Sequence[int], what: str = "") -> list[int]:
+        """Wait until the new process of each of `ids` registered; returns those that did. An instance reclaimed
+        before its worker registered (its process killed from outside: a spot instance taken back while it boots)
+        never joined the job: it is declared dead and left out, instead of holding the job until its timeout.
+        `what`: if given, losing one is a `JobError` saying that it is needed for `what`."""
+        c = self.coord
+
+        def gone() -> set[int]:
+            codes = self.provider.exitcodes()
+            return {w for w in ids if codes.get(w) == KILLED}
+
+        joined = c.wait_joined(ids, self.deadline - time.monotonic(), self.check, gone)
+        lost = sorted(set(ids) - set(joined))
+        if lost:
+            if what:
+                raise JobError(f"instances {lost} were reclaimed before their workers joined; {what} needs them")
+            for w in lost:
+                self.allowed[w] = set(GONE)
+            self._unscheduled |= set(lost)
+            self._killed_outside -= set(lost)
+            c.note({"event": "lost-before-join", "workers": lost})
+            c.declare_dead(lost, "reclaimed before its worker joined")
+        return joined
 
     # -- preemption notices -----------------------------------------------------------------------------------
     def poll_notices(self) -> None:
@@ -404,7 +425,7 @@ class _Driver:
             c.claim(s)
         self._stops_left = set(stops)
         ids = self.start_instances(workers, next_id)
-        self.wait_joined(ids)
+        self.wait_joined(ids, f"the job's start on {strategy[0]}x{strategy[1]}")
         c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
         self._trained_from = (time.monotonic(), restore_step)
         self.history = [len(c.alive())]
@@ -447,7 +468,7 @@ class _Driver:
         self.await_boundary(g.step)
         self._deciding = True
         try:
-            self.wait_joined(added)
+            added = self.wait_joined(added)
             silent = self.settle()  # plan only with instances known to be alive
             if silent:
                 self.recover(silent)
@@ -496,8 +517,7 @@ class _Driver:
         if g is not None and i is not None:
             if g.add and i not in self._started:
                 self._started[i] = self.start_instances(g.add)
-            added = self._started.get(i, [])
-            self.wait_joined(added)
+            added = self.wait_joined(self._started.get(i, []))
             scheduled = g.preempt
         silent = self.settle()  # plan only with instances known to be alive
         if silent:
@@ -706,7 +726,7 @@ class _Driver:
             self.provider.restart(ids)
             for w in ids:
                 self.allowed[w] = {EXIT_DONE}
-            self.wait_joined(ids)
+            self.wait_joined(ids, "the checkpoint-restart")
             self.observe(force=True)  # the old processes are gone: report every step they committed first
             c.publish_restart(restore, strategy, ids if on_demand else survivors, steps_lost=step - restore)
             self._next_step = min(self._next_step, restore)  # the recomputed steps are reported again
