@@ -27,8 +27,8 @@ Iteration time of a strategy: the least over its visit epochs of `train_s / step
 last member ready to first member arriving at the next boundary, so no migration pause is in it). The least, not
 the median: on a shared machine interference (another job, the Prefect or MLflow process beside the profile) only
 ever adds time, and one slowed epoch out of two would otherwise decide near-ties between strategies, which then
-decide the planner's choices; every strategy gets at least `rounds` epochs, so none is left to one draw. The first step
-after a migration stays in: the store keeps only an epoch's bounds, not per-step times. A check with per-step
+decide the planner's choices; every strategy gets at least `rounds` epochs, so none is left to one draw. The first
+step after a migration stays in: the store keeps only an epoch's bounds, not per-step times. A check with per-step
 timestamps (polling the workers' `ctl/at` keys) found that step within the step-to-step noise on tiny-gpt, except
 the job's very first step (~2-3x slower), which falls in the prologue and is never used.
 
@@ -705,9 +705,10 @@ def measure(
 ) -> RuntimeProfile:
     """Measure the runtime profile of `model` on `workers` local processes in one job (see the module docstring).
 
-    `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a fresh folder for the job's files;
-    `progress(message)` is told what is happening; `start_method`: how worker processes start ("spawn" is cold, as
-    a real new instance or restart; "forkserver" is a warm pool and makes rendezvous and restarts cheap).
+    `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a
+    fresh folder for the job's files; `progress(message)` is told what is happening; `start_method`: how worker
+    processes start ("spawn" is cold, as a real new instance or restart; "forkserver" is a warm pool and makes
+    rendezvous and restarts cheap).
     """
     from trainer.config import TrainConfig, model_config
     from trainer.coordinator import check_schedule
@@ -755,8 +756,8 @@ def measure(
     throughput = ThroughputProfile(
         model=model, global_batch=tcfg.global_batch, micro_batch=tcfg.micro_batch,
         iteration_ms={s: min(v) for s, v in step_ms.items()}, min_p=1,
-        source=f"{label}: least over the strategy's {rounds} epoch(s) of ms per step ({steps_per_strategy} steps "
-               "each)",
+        source=f"{label}: least over the strategy's epochs of ms per step ({rounds} round(s) of the visit, "
+               f"{steps_per_strategy} steps each)",
     )  # fmt: skip
     constants, fit = calibrate(spec, migrations, {p for _, p in throughput.iteration_ms}, label)
     measured = {
