@@ -31,8 +31,10 @@ from trainer.profile import RuntimeProfile, p2p_table, runtime_spec  # noqa: E40
 
 DEMO = {k: p.default for k, p in inspect.signature(pipeline.fn).parameters.items()}
 
-#: Iteration ms per D x P of small-gpt on 3 processes, as `make demo` measured them here (`runs/profile-small-gpt-
-#: 3.json` of fresh clones): the fastest of two visits per strategy. In the second, 3x1 is a hair ahead of 2x1.
+#: Iteration ms per D x P of small-gpt on 3 processes, from `make demo` runs here (`runs/profile-small-gpt-3.json`
+#: of fresh clones), each strategy's fastest visit. The first is a profile of two rounds. The second is the earlier
+#: one-round profile whose median put 1x2 ahead of 2x1 (so the job never changed D at a fixed P), read with the
+#: fastest visit instead: 3x1 is then a hair ahead of 2x1, and 2x1 ahead of 1x2.
 MEASURED = {
     "2x1 fastest": {(1, 1): 199.6, (2, 1): 122.1, (3, 1): 136.5, (1, 2): 140.0, (1, 3): 158.0},
     "3x1 fastest": {(1, 1): 220.7, (2, 1): 135.9, (3, 1): 135.1, (1, 2): 145.3, (1, 3): 159.4},
