@@ -159,6 +159,7 @@ class _Driver:
         self._next_step = 0  # the next committed step to report
         self._next_record = 1  # index in coord.epochs of the next reconfiguration to report
         self._timeline: list[tuple[int, Any]] = []  # (start step, epoch): which epoch trains each step
+        self._alive_steps: list[tuple[int, int]] = []  # (step, alive instances from that step on), by step
         self._timeline_n = 0
 
     # -- waiting --------------------------------------------------------------------------------------------
@@ -308,6 +309,7 @@ class _Driver:
         standby = sorted(w for w in pending if w not in c.current.members and w in c.alive())
         if standby:
             c.preempt_standby(standby)
+            self.alive_from(max(c.progress(m) for m in c.current.members))
         members = sorted(w for w in pending if w in c.current.members and w not in self._unplaceable)
         if not members:
             return
@@ -354,7 +356,8 @@ class _Driver:
         then die like any worker)."""
         c = self.coord
         try:
-            c.reconfigure(s, strategy, preempt, added, noticed=noticed, source=source)
+            epoch = c.reconfigure(s, strategy, preempt, added, noticed=noticed, source=source)
+            self.alive_from(epoch.start_step if epoch is not None else s)
             return
         except PlanError as e:
             if not self._unscheduled:
@@ -368,7 +371,8 @@ class _Driver:
             pass
         for option in options:
             try:
-                c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
+                epoch = c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
+                self.alive_from(epoch.start_step if epoch is not None else s)
                 c.note({"event": "plan-dropped", "step": s, "strategy": list(strategy or ()), "reason": str(error),
                         "instead": list(option) if option else None})  # fmt: skip
                 return
@@ -427,6 +431,7 @@ class _Driver:
         ids = self.start_instances(workers, next_id)
         self.wait_joined(ids, f"the job's start on {strategy[0]}x{strategy[1]}")
         c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
+        self.alive_from(restore_step)
         self._trained_from = (time.monotonic(), restore_step)
         self.history = [len(c.alive())]
         self._next_step = restore_step
@@ -540,7 +545,8 @@ class _Driver:
         self.plans.append(info)
         c.note({"event": "plan", **plan_info_dict(info)})
         self.observer.on_plan(info)
-        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")
+        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")  # s is held: it starts there
+        self.alive_from(s)
         for w in preempt:
             self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
         self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
@@ -560,11 +566,11 @@ class _Driver:
         if self._accepts_handed:
             self._read_handed()
         new = c.committed_losses(self._next_step)
-        alive = len(c.alive()) if new else 0
         for s, loss in new:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
-            self.observer.on_step(StepInfo(step=s, loss=loss, strategy=(e.D, e.P), alive=alive, time=time.time()))
+            self.observer.on_step(StepInfo(step=s, loss=loss, strategy=(e.D, e.P), alive=self.alive_at(s),
+                                           time=time.time()))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
         for s in c.new_checkpoints():
@@ -579,6 +585,19 @@ class _Driver:
                 return
             self.observer.on_reconfiguration(c.record(e))
             self._next_record += 1
+
+    def alive_from(self, step: int) -> None:
+        """Record that the instances alive now (`Coordinator.alive`) train from `step` on: each step's
+        ``alive`` then says who was there when it trained, not when it was reported. A record at a step already
+        passed (a recovery redoing it, a checkpoint-restart rewinding) replaces the later ones."""
+        self._alive_steps = [(s, n) for s, n in self._alive_steps if s < step] + [(step, len(self.coord.alive()))]
+
+    def alive_at(self, step: int) -> int:
+        """The instances alive while `step` trained (`alive_from`)."""
+        for s, n in reversed(self._alive_steps):
+            if s <= step:
+                return n
+        return len(self.coord.alive())
 
     def _epoch_of(self, step: int) -> Any:
         """The epoch that trained committed `step`: the latest one starting at or before it, where an epoch starting
@@ -656,7 +675,9 @@ class _Driver:
                     c.declare_dead(dead)
                     self.provider.kill(dead)  # fence: a hung worker must not come back into the job
                 if not c.epoch_broken():
-                    return  # a standby instance (or a preempted one that had handed off) died: nothing to redo
+                    # a standby instance (or a preempted one that had handed off) died: nothing to redo
+                    self.alive_from(max(c.progress(m) for m in c.current.members))
+                    return
                 c.break_epoch(c.epoch_broken() or "")  # a worker's own flag: every party of the migration sees it
                 c.seal()
                 survivors = c.reporters()
@@ -695,6 +716,8 @@ class _Driver:
                 r = max(c.progress(w) for w in c.holders())
             if c.recover(r) is None:
                 self.checkpoint_restart(r, None, on_demand=False, survivors=sorted(survivors))
+            else:
+                self.alive_from(r)
         finally:
             self._recovering = False
 
@@ -729,6 +752,7 @@ class _Driver:
             self.wait_joined(ids, "the checkpoint-restart")
             self.observe(force=True)  # the old processes are gone: report every step they committed first
             c.publish_restart(restore, strategy, ids if on_demand else survivors, steps_lost=step - restore)
+            self.alive_from(restore)
             self._next_step = min(self._next_step, restore)  # the recomputed steps are reported again
         finally:
             self._recovering = was
