@@ -280,7 +280,7 @@ class _Driver:
             self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
             self.provider.preempt([w], max(0.0, left), notify=False)
             c.note({"event": "notice", "worker": w, "source": "sigterm", "deadline": deadline,
-                    "step": max((c.progress(m) for m in c.current.members), default=-1)})  # fmt: skip
+                    "step": self.step_in_flight()})  # fmt: skip
 
     def _pending_notices(self) -> dict[int, float]:
         c = self.coord
@@ -309,11 +309,11 @@ class _Driver:
         standby = sorted(w for w in pending if w not in c.current.members and w in c.alive())
         if standby:
             c.preempt_standby(standby)
-            self.alive_from(max(c.progress(m) for m in c.current.members))
+            self.alive_from(self.step_in_flight())
         members = sorted(w for w in pending if w in c.current.members and w not in self._unplaceable)
         if not members:
             return
-        p = max(c.progress(m) for m in c.current.members)
+        p = self.step_in_flight()
         first = p + 1
         if first >= self.steps:
             return  # the job ends before any boundary: the noticed workers finish it
@@ -492,6 +492,11 @@ class _Driver:
             self._deciding = False
         if g.kill:
             self.kill(g.step, g.kill)
+
+    def step_in_flight(self) -> int:
+        """The latest step a member of the current epoch has started (-1 before any)."""
+        c = self.coord
+        return max((c.progress(m) for m in c.current.members), default=-1)
 
     def live_at(self, step: int) -> bool:
         """Some member of the current epoch has started `step`."""
@@ -676,7 +681,7 @@ class _Driver:
                     self.provider.kill(dead)  # fence: a hung worker must not come back into the job
                 if not c.epoch_broken():
                     # a standby instance (or a preempted one that had handed off) died: nothing to redo
-                    self.alive_from(max(c.progress(m) for m in c.current.members))
+                    self.alive_from(self.step_in_flight())
                     return
                 c.break_epoch(c.epoch_broken() or "")  # a worker's own flag: every party of the migration sees it
                 c.seal()
