@@ -7,11 +7,12 @@ itself) and returns ``Forecast`` objects; evaluation code scores it like any oth
 Design (every choice below was made by leave-one-trace-out on the corpus *without* p3, the test trace;
 p3 numbers are reported, never used to choose):
 
-* **Around an anchor.** The target is the change in whole instances from the anchor
-  (``features.anchor_levels``: N_t, or the recent maximum on a trace whose dips have recently been
-  short), not from N_t. Learnt from the corpus alone, the median shrinks to "no change" on every held-out
-  trace (most traces are calm); the anchor carries the one transferable regularity, which regime *this*
-  trace is in, and the boosters learn corrections, the spread and the preemption odds around it.
+* **Around an anchor.** The target is the change in whole instances from the anchor of its step
+  (``features.anchor_levels``: N_t, or nearer the recent maximum on a trace whose dips have recently been
+  short, chosen per step ahead), not from N_t. Learnt from the corpus alone, the median shrinks to "no
+  change" on every held-out trace (most traces are calm); the anchor carries the one transferable
+  regularity, which regime *this* trace is in, and the boosters learn corrections, the spread and the
+  preemption odds around it.
 * **One model per quantile, horizon as a feature.** Training rows are the pairs (origin t, step h) with
   the origin's features plus the step columns of ``features.stack_steps``. Per-horizon ("direct")
   models would need ``H x (Q + 1)`` boosters, each fitted on 1/H of the rows, for a target whose law
@@ -58,7 +59,7 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES, features_at, stack_steps, targets
+from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES, anchor_gaps, features_at, stack_steps, targets
 from forecasting.forecast import QUANTILES, Forecast, recent_preemption_size
 
 __all__ = [
@@ -72,7 +73,7 @@ __all__ = [
 ]
 
 _FORMAT: Final = "parcae-lightgbm-forecaster"
-_VERSION: Final = 2
+_VERSION: Final = 3
 _PREEMPT: Final = "preempt"
 
 #: Width of the "no change" cell of the encoded target, as a fraction of capacity (see the module docstring).
@@ -89,7 +90,7 @@ _MIN_CELL_ROWS: Final = 200
 class TrainingRows(NamedTuple):
     """Stacked (origin, step) training rows: features and exact targets.
 
-    ``change`` is ``N_{t+h} - anchor_t`` in whole instances (the quantile target before encoding);
+    ``change`` is ``N_{t+h} - anchor_{t,h}`` in whole instances (the quantile target before encoding);
     ``trace`` is the index of the history each row came from (the calibration splits by it).
     """
 
@@ -281,7 +282,7 @@ class LightGbmForecaster:
             feats = features_at(table, origins)
             delta, preempt = targets(table, origins, H)
             c = float(table["capacity"].iloc[-1])
-            gap = feats["anchor_gap"].to_numpy()[:, None]  # (anchor - N_t) / c
+            gap = anchor_gaps(feats, H)  # (anchor - N_t) / c, per step
             xs.append(self._stack(feats, H))
             ks.append(np.rint(c * (delta.to_numpy() - gap)).reshape(-1))
             ps.append(preempt.to_numpy().reshape(-1))
@@ -383,7 +384,7 @@ class LightGbmForecaster:
         X = self._stack(feats, horizon)
         c = float(table["capacity"].iloc[-1])
         last = table["available"].to_numpy(dtype=np.int64)[idx]
-        anchor = np.rint(last + c * feats["anchor_gap"].to_numpy())
+        anchor = np.rint(last[:, None] + c * anchor_gaps(feats, horizon))
         bins = activity_bins(feats["in_count_60"].to_numpy(), feats["out_count_60"].to_numpy())
         steps = np.arange(horizon)
         levels = []
@@ -392,7 +393,7 @@ class LightGbmForecaster:
             shift = self.shifts.get(_quantile_key(q))
             if shift is not None:
                 raw = raw + shift[steps[None, :], bins[:, None]]
-            levels.append(anchor[:, None] + decode_change(raw, c, self.dead_zone))
+            levels.append(anchor + decode_change(raw, c, self.dead_zone))
         levels = np.stack(levels)
         median = self.quantiles.index(0.5)
         # No crossing, outward from the median: a calibrated tail shifted past the median is clamped to

@@ -13,8 +13,7 @@ import pytest
 
 from _tables import canonical_table
 from forecasting.features import (
-    ANCHOR_MARGIN,
-    ANCHOR_SKILL_HORIZON,
+    ANCHOR_STEPS,
     ANCHOR_WINDOW,
     FEATURE_NAMES,
     SINCE_CAP,
@@ -171,32 +170,51 @@ def dips(n: int, capacity: int = 10, period: int = 20, low: int = 7, length: int
 
 
 def test_anchor_follows_the_recent_maximum_where_dips_have_been_short() -> None:
+    """Dips last 3 intervals: from a dip's first interval the anchor keeps the dip one step ahead (it still
+    holds) and is back at the recent maximum from the third step on, when the dip has always ended."""
     table = canonical_table(dips(400), 10)
     t = 12 + 15 * 20  # first interval of a dip, long after the anchor's window has filled
     f = features_at(table, [t]).iloc[0]
     assert table["available"].iloc[t] == 7
-    assert anchor_levels(table, [t]).tolist() == [10.0]  # back to the recent maximum, not the dip
-    assert f["anchor_gap"] == pytest.approx(0.3)
-    assert f["anchor_window"] > 0 and f["revert_skill"] > ANCHOR_MARGIN
+    levels = anchor_levels(table, [t])[0]
+    assert levels.shape == (ANCHOR_STEPS,)
+    assert levels[0] == 7.0
+    np.testing.assert_array_equal(levels[2:], 10.0)
+    assert f["anchor_gap_1"] == 0.0 and f["anchor_gap_12"] == pytest.approx(0.3)
+    # 12 steps ahead persistence misses 6 origins of each 20 by 3 (dip under way or due), the 12-interval
+    # maximum only the 3 whose target lies in the next dip: half the loss
+    assert f["revert_skill"] == pytest.approx(0.5)
+
+
+def test_anchor_gap_at_step_is_the_anchor_of_that_step() -> None:
+    table = canonical_table(dips(400), 10)
+    t = 12 + 15 * 20
+    stacked = stack_steps(features_at(table, [t]), ANCHOR_STEPS + 2)
+    gaps = stacked["anchor_gap_at_step"].to_numpy()
+    expected = (anchor_levels(table, [t])[0] - 7) / 10
+    np.testing.assert_array_equal(gaps[:ANCHOR_STEPS], expected)
+    np.testing.assert_array_equal(gaps[ANCHOR_STEPS:], expected[-1])  # later steps keep the last anchor
 
 
 def test_anchor_is_persistence_when_losses_last() -> None:
     counts = np.concatenate([np.full(60, 10), np.full(80, 7), np.full(60, 10), np.full(100, 6)])
     table = canonical_table(counts, 10)
     levels = anchor_levels(table)
-    np.testing.assert_array_equal(levels, counts)  # reverting never beat persistence by the margin here
-    assert (features_at(table)["anchor_window"] == 0).all()
+    # reverting never beat persistence here, so persistence keeps most of the weight at every step
+    np.testing.assert_array_equal(levels, np.repeat(counts[:, None], ANCHOR_STEPS, axis=1))
 
 
 def test_anchor_is_persistence_before_any_forecast_has_been_scored() -> None:
-    table = canonical_table(dips(ANCHOR_SKILL_HORIZON + 5), 10)
-    first = slice(0, ANCHOR_SKILL_HORIZON)
-    np.testing.assert_array_equal(anchor_levels(table)[first], table["available"].iloc[first])
+    table = canonical_table(dips(ANCHOR_STEPS + 5), 10)
+    levels = anchor_levels(table)
+    counts = table["available"].to_numpy()
+    for h in range(1, ANCHOR_STEPS + 1):  # no h-step forecast is scored before row h: all tie, persistence wins
+        np.testing.assert_array_equal(levels[:h, h - 1], counts[:h])
 
 
 def test_the_last_since_cap_rows_give_the_features_of_the_whole_past() -> None:
     """``forecasting.registry.history_window`` hands LightGBM only SINCE_CAP + 1 rows in backtests."""
-    assert ANCHOR_WINDOW + ANCHOR_SKILL_HORIZON + 12 <= SINCE_CAP
+    assert ANCHOR_WINDOW + ANCHOR_STEPS + 12 <= SINCE_CAP
     df = random_table(900, 16, seed=5, start="2023-05-06 23:30")
     full = features_at(df)
     for t in (SINCE_CAP + 1, 500, 899):
