@@ -27,10 +27,10 @@ the other traces). Every constant was chosen by leave-one-trace-out on the corpu
 test trace). On those 11 traces the anchor alone has a mean MAE ratio to persistence of 0.991 (0.90 on
 gcp-v100, at most 1.003 elsewhere, 1.000 at h = 1); the single hard choice it replaces had 0.994 (at most
 1.022, 1.04 at h = 1), and a hard choice per step 0.992 (0.92 on gcp-v100). A weighted mean of the experts
-instead of the median reached 0.82 on gcp-v100 but 1.11-1.19 on the worst calm trace, where its fractions
-miss the unchanged truth. Without the margin the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with
+instead of the median reached 0.83 on gcp-v100 but 1.14 on the worst calm trace, where its fractions miss
+the unchanged truth. Without the margin the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with
 a prior of 1 (same rate), at 1.15 (aws2020-p2-us-east-1e: experts that tie on a calm past split the
-weight, and the median went to a recovery).
+weight, and the median went to a recovery). ``benchmarks/forecast_anchor.py`` prints these side by side.
 
 All functions are pure and vectorised: each feature is computed once for every row of the table with
 cumulative sums or rolling windows, then the requested origins are selected. No Python loop runs over
