@@ -25,7 +25,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -34,63 +33,42 @@ from forecasting.backtest import DEFAULT_START  # noqa: E402
 from forecasting.corpus import training_corpus  # noqa: E402
 
 H = features.ANCHOR_STEPS
-W = features.ANCHOR_WINDOW
-
-
-def experts_of(n: np.ndarray) -> np.ndarray:
-    maxima = [pd.Series(n).rolling(w, min_periods=1).max().to_numpy() for w in features.ANCHOR_MAX_WINDOWS]
-    return np.stack([n.astype(np.float64), *maxima])
-
-
-def window_losses(n: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
-    """Mean |error| of each expert's h-step forecasts over the last W origins known at each row."""
-    rows = len(n)
-    lag = h if lag is None else lag
-    err = np.zeros_like(experts)
-    err[:, : rows - h] = np.abs(n[None, h:] - experts[:, : rows - h])
-    csum = np.concatenate([np.zeros((len(experts), 1)), np.cumsum(err, axis=1)], axis=1)
-    pos = np.arange(rows)
-    hi, lo = np.maximum(pos - lag + 1, 0), np.maximum(pos - lag - W + 1, 0)
-    return (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
 
 
 def hard(loss: np.ndarray, margin: float = 0.3) -> np.ndarray:
+    """The least-loss expert, a reverting one only if it beat persistence by ``margin``."""
     scaled = loss.copy()
     scaled[1:] /= 1.0 - margin
     return np.argmin(scaled, axis=0)
 
 
 def one_choice(n: np.ndarray) -> np.ndarray:
-    experts = experts_of(n)
-    total = sum(window_losses(n, experts, h, lag=H) for h in range(1, H + 1))
+    experts = features._anchor_experts(n)
+    total = sum(features._step_losses(n, experts, h, lag=H) for h in range(1, H + 1))
     return np.repeat(experts[hard(total), np.arange(len(n))][:, None], H, axis=1)
 
 
 def per_step(n: np.ndarray, pick: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    experts = experts_of(n)
-    return np.stack([pick(window_losses(n, experts, h), experts) for h in range(1, H + 1)], axis=1)
+    experts = features._anchor_experts(n)
+    return np.stack([pick(features._step_losses(n, experts, h), experts) for h in range(1, H + 1)], axis=1)
 
 
-def hedge(loss: np.ndarray, experts: np.ndarray, margin: float, prior: float, median: bool) -> np.ndarray:
-    scale = np.maximum(loss[0], 1e-3)
-    loss = loss.copy()
-    loss[0] *= 1.0 - margin
-    weight = np.array([prior] + [1.0] * (len(experts) - 1))[:, None] * np.exp(
-        -features.ANCHOR_RATE * (loss - loss.min(axis=0)) / scale)  # fmt: skip
-    pos = np.arange(experts.shape[1])
-    if not median:
-        return (weight * experts).sum(axis=0) / weight.sum(axis=0)
-    cum = np.cumsum(weight, axis=0)
-    return experts[np.argmax(2.0 * cum >= cum[-1], axis=0), pos]
+def weighted_mean(loss: np.ndarray, experts: np.ndarray) -> np.ndarray:
+    weight = features._hedge_weights(loss, margin=0.0, prior=1.0)
+    return (weight * experts).sum(axis=0) / weight.sum(axis=0)
+
+
+def median_with(**hedge: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+    return lambda loss, experts: features._weighted_median(features._hedge_weights(loss, **hedge), experts)
 
 
 RULES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "shipped": lambda n: features._anchor(n)[0].astype(np.float64),
     "one choice for all steps": one_choice,
     "hard choice per step": lambda n: per_step(n, lambda loss, e: e[hard(loss), np.arange(e.shape[1])]),
-    "weighted mean": lambda n: per_step(n, lambda loss, e: hedge(loss, e, 0.0, 1.0, median=False)),
-    "no margin": lambda n: per_step(n, lambda loss, e: hedge(loss, e, 0.0, features.ANCHOR_PRIOR, median=True)),
-    "prior 1": lambda n: per_step(n, lambda loss, e: hedge(loss, e, features.ANCHOR_MARGIN, 1.0, median=True)),
+    "weighted mean": lambda n: per_step(n, weighted_mean),
+    "no margin": lambda n: per_step(n, median_with(margin=0.0)),
+    "prior 1": lambda n: per_step(n, median_with(prior=1.0)),
 }
 
 

@@ -179,36 +179,63 @@ def _rolling_max(n_avail: np.ndarray, w: int) -> np.ndarray:
     return pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
 
 
+def _anchor_experts(n_avail: np.ndarray) -> np.ndarray:
+    """The anchor's candidates per row, nested and ascending: N_t <= max of the last w intervals (w ascending)."""
+    return np.stack([n_avail] + [_rolling_max(n_avail, w) for w in ANCHOR_MAX_WINDOWS])
+
+
+def _step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
+    """Mean |error| of each expert's h-step forecasts (experts x rows) over the last ANCHOR_WINDOW origins known
+    at each row: origins s <= t - ``lag`` (default h, the latest whose step-h truth is in).
+
+    The window sums are integer, so a truncated history gives bit-identical losses (no float round-off from
+    the rows that were cut).
+    """
+    n = len(n_avail)
+    lag = h if lag is None else lag
+    scored = max(n - h, 0)  # origins whose step-h truth is inside the table
+    err = np.zeros(experts.shape, dtype=np.int64)
+    err[:, :scored] = np.abs(n_avail[None, h : h + scored] - experts[:, :scored])
+    csum = np.concatenate([np.zeros((len(experts), 1), dtype=np.int64), np.cumsum(err, axis=1)], axis=1)
+    pos = np.arange(n)
+    hi = np.maximum(pos - lag + 1, 0)
+    lo = np.maximum(pos - lag - ANCHOR_WINDOW + 1, 0)
+    return (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
+
+
+def _hedge_weights(
+    loss: np.ndarray, margin: float = ANCHOR_MARGIN, prior: float = ANCHOR_PRIOR, rate: float = ANCHOR_RATE
+) -> np.ndarray:
+    """Hedge weights of the experts (rows of ``loss``; the first is persistence): exponential in the losses
+    relative to persistence's, persistence's loss discounted by ``margin`` and its weight multiplied by ``prior``."""
+    scale = np.maximum(loss[0], _LOSS_FLOOR)
+    scored = loss.copy()
+    scored[0] *= 1.0 - margin
+    boost = np.array([prior] + [1.0] * (len(loss) - 1))[:, None]
+    return boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
+
+
+def _weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
+    """Per row, the first of the ascending ``experts`` whose cumulative weight reaches half the total."""
+    cum = np.cumsum(weight, axis=0)
+    return experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
+
+
 def _anchor(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(anchor levels, rows x ANCHOR_STEPS; relative skill of the best reverting expert at the last step).
 
-    Window losses are integer sums, and every later operation is elementwise on them, so a truncated
-    history gives bit-identical anchors (no float round-off from the rows that were cut).
+    Every operation after the integer window sums of `_step_losses` is elementwise, so a truncated history
+    gives bit-identical anchors.
     """
-    n = len(n_avail)
-    W = ANCHOR_WINDOW
-    experts = np.stack([n_avail] + [_rolling_max(n_avail, w) for w in ANCHOR_MAX_WINDOWS])  # nested, ascending
-    prior = np.array([ANCHOR_PRIOR] + [1.0] * len(ANCHOR_MAX_WINDOWS))[:, None]
-    pos = np.arange(n)
-    levels = np.empty((n, ANCHOR_STEPS), dtype=np.int64)
-    skill = np.zeros(n)
+    experts = _anchor_experts(n_avail)
+    levels = np.empty((len(n_avail), ANCHOR_STEPS), dtype=np.int64)
     for h in range(1, ANCHOR_STEPS + 1):
-        scored = max(n - h, 0)  # origins whose step-h truth is inside the table
-        err = np.zeros((len(experts), n), dtype=np.int64)
-        err[:, :scored] = np.abs(n_avail[None, h : h + scored] - experts[:, :scored])
-        csum = np.concatenate([np.zeros((len(experts), 1), dtype=np.int64), np.cumsum(err, axis=1)], axis=1)
-        hi = np.maximum(pos - h + 1, 0)  # origins s <= t - h are known at t
-        lo = np.maximum(pos - h - W + 1, 0)
-        loss = (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)  # mean |error| per expert
-        scale = np.maximum(loss[0], _LOSS_FLOOR)
-        loss[0] *= 1.0 - ANCHOR_MARGIN
-        weight = prior * np.exp(-ANCHOR_RATE * (loss - loss.min(axis=0)) / scale)
-        cum = np.cumsum(weight, axis=0)
-        first = np.argmax(2.0 * cum >= cum[-1], axis=0)  # weighted median of the ascending experts
-        levels[:, h - 1] = experts[first, pos]
-        if h == ANCHOR_STEPS:
-            base = loss[0] / (1.0 - ANCHOR_MARGIN)
-            skill = np.where(base > 0, (base - loss[1:].min(axis=0)) / np.maximum(base, _LOSS_FLOOR), 0.0)
+        loss = _step_losses(n_avail, experts, h)
+        levels[:, h - 1] = _weighted_median(_hedge_weights(loss), experts)
+    # persistence's loss at the last step, through the margin and back as v3 models were trained on it: the
+    # round trip moves the last bit of 13% of values, which is enough to move some trees' splits
+    base = loss[0] * (1.0 - ANCHOR_MARGIN) / (1.0 - ANCHOR_MARGIN)
+    skill = np.where(base > 0, (base - loss[1:].min(axis=0)) / np.maximum(base, _LOSS_FLOOR), 0.0)
     return levels, skill
 
 
