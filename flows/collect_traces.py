@@ -13,6 +13,7 @@ from typing import Any
 
 from prefect import flow
 
+from parcae import settings
 from tasks.traces import collect_spot_traces
 
 
@@ -27,4 +28,5 @@ def collect_traces(
     target_capacity: int = 32,
 ) -> dict[str, Any]:
     """One collection round; returns rows written per table and the calls the endpoint does not support."""
+    settings.check_all(*settings.flow_checks("collect-traces", locals()))  # locals(): the flow's arguments
     return collect_spot_traces(store, regions, instance_types, job_tag, endpoint_url, price_hours, target_capacity)

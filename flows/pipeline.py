@@ -79,8 +79,9 @@ def pipeline(
     """Collect (load the traces but ``trace``), retrain the forecaster (``forecaster_params``, default
     `SMALL_FORECASTER`, backtested on ``trace`` at ``horizon``), then run the ``train`` flow on ``trace`` with the
     liveput planner (look-ahead ``horizon``). ``out_dir``: the job's folder (default ``runs/pipeline-<time>``)."""
+    arguments = dict(locals())  # the flow's arguments: nothing else is bound yet
     uri = tracking.tracking_uri()
-    settings.check_all(lambda: settings.check_trace(trace), lambda: settings.check_tracking(uri))
+    settings.check_all(*settings.flow_checks("pipeline", arguments), lambda: settings.check_tracking(uri))
     logger = get_run_logger()
     corpus = load_training_corpus(train_traces, exclude=[trace], interval_s=DEFAULT_INTERVAL_S)
     logger.info("collected %d traces: %s", len(corpus), ", ".join(corpus))

@@ -50,15 +50,18 @@ def plan_interval(
     job: str = "job",
     profile: str | None = None,
     capacity: int | None = None,
+    token_file: str | None = None,
 ) -> dict[str, Any]:
     """Plan the ``look_ahead`` intervals after ``at_interval`` (default: the trace's last) from ``state``; with
-    ``coordinator`` (HOST:PORT of job ``job``'s coordinator), hand the decision to that running job."""
-    settings.check_all(lambda: settings.check_trace(trace), settings.check_tracking)  # fail fast, all at once
+    ``coordinator`` (HOST:PORT of job ``job``'s coordinator), hand the decision to that running job, with the
+    job's token read from ``token_file`` (its ``OUT_DIR/token``; default ``$PARCAE_TOKEN``)."""
+    # fail fast, all at once; locals(): the flow's arguments, nothing else is bound yet
+    settings.check_all(*settings.flow_checks("plan-interval", locals()), settings.check_tracking)
     forecaster, training_run_id = champion_forecaster()
     history = load_availability_trace(trace, at_interval, interval_s)
     forecast = forecast_next_intervals(forecaster, history, look_ahead, capacity)
     plan = plan_next_interval(model, forecast, state, interval_s, profile)
     run_id = log_plan_run(plan, forecast, history, training_run_id)
     publish_plan_report(plan, run_id)
-    handed = hand_plan_to_coordinator(plan, coordinator, job) if coordinator is not None else None
+    handed = hand_plan_to_coordinator(plan, coordinator, job, token_file=token_file) if coordinator else None
     return {**plan, "mlflow_run_id": run_id, "handed": handed}

@@ -16,6 +16,7 @@ from typing import Any
 from prefect import flow
 
 from forecasting.traces import DEFAULT_INTERVAL_S
+from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.tracking import publish_training_report
 from tasks.traces import load_availability_trace, load_training_corpus
@@ -39,6 +40,7 @@ def retrain_forecaster(
 
     ``forecaster_params``: `LightGbmForecaster` arguments (e.g. a small ``n_estimators``).
     """
+    settings.check_all(*settings.flow_checks("retrain-forecaster", locals()))  # locals(): the flow's arguments
     corpus = load_training_corpus(train_traces, exclude=[eval_trace], interval_s=interval_s)
     evaluation = load_availability_trace(eval_trace, interval_s=interval_s)
     outcome = train_forecaster(corpus, (eval_trace, evaluation), horizon, forecaster_params, plots).to_dict()

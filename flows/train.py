@@ -37,12 +37,12 @@ from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner
 
 
-def check_train_settings(
-    *, model: str, trace: str, provider: str, aws: Mapping[str, Any] | None, planner: str, out_dir: str,
-    resume: bool,
-) -> None:
-    """Every fail-fast check of the train flow at once (one `SettingError` listing all problems)."""
+def check_train_settings(arguments: Mapping[str, Any]) -> None:
+    """Every fail-fast check of the train flow's ``arguments`` at once (one `SettingError` listing all problems):
+    its parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's), the
+    tracking store, the job folder and, for AWS, the credentials and configuration."""
     uri = tracking.tracking_uri()
+    out_dir, resume, provider = arguments["out_dir"], arguments["resume"], arguments["provider"]
 
     def resume_ok() -> None:
         try:
@@ -51,16 +51,9 @@ def check_train_settings(
             raise settings.SettingError(f"out_dir: {exc}") from None
         settings.check_resume(out_dir, resume, previous, uri)
 
-    settings.check_all(
-        lambda: settings.check_model(model),
-        lambda: settings.check_trace(trace),
-        lambda: settings.check_tracking(uri),
-        lambda: settings.check_provider(provider),
-        lambda: settings.check_planner(planner),
-        resume_ok,
-    )
+    settings.check_all(*settings.flow_checks("train", arguments), lambda: settings.check_tracking(uri), resume_ok)
     if provider == "aws":
-        _check_aws(aws or {})
+        _check_aws(arguments.get("aws") or {})
 
 
 def _check_aws(aws: Mapping[str, Any]) -> None:
@@ -103,8 +96,7 @@ def train(
     runtime profile JSON (default ``runs/profile-<model>-<workers>.json``, measured and written when absent).
     Returns the summary (`tasks.tracking.train_summary`).
     """
-    check_train_settings(model=model, trace=trace, provider=provider, aws=aws, planner=planner, out_dir=out_dir,
-                         resume=resume)  # fmt: skip
+    check_train_settings(dict(locals()))  # the flow's arguments: nothing else is bound yet
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
     if planner == "liveput":

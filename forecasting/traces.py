@@ -28,7 +28,6 @@ The canonical table has the columns :data:`COLUMNS`, one row per interval, and
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -42,9 +41,14 @@ from typing import Final, Literal
 import numpy as np
 import pandas as pd
 
+from forecasting import jsonio
+
 __all__ = [
     "COLUMNS",
     "FORMATS",
+    "INTERVAL_S_RANGE",
+    "MAX_INSTANCES",
+    "MAX_INTERVALS",
     "AvailabilityEvents",
     "TraceFormatError",
     "UnknownTraceError",
@@ -107,6 +111,24 @@ _CAPACITY_BY_STEM: Final[dict[str, int]] = {
 }
 
 _SNIFF_BYTES: Final = 4096  # enough for the first line of every text format and the JSON header
+
+# Bounds on what a trace may hold, checked while reading, so that a hostile or mistaken file fails with a
+# message instead of an OverflowError, a MemoryError or hours of work.
+#: Instances alive at once: far above any spot fleet (the largest trace we know has 80), far below int64 overflow.
+MAX_INSTANCES: Final = 1_000_000
+#: Rows of the canonical table (640 MB in its eight columns): 19 years of 60 s intervals, 115 days of 1 s ones.
+MAX_INTERVALS: Final = 10_000_000
+#: Bytes of one trace file: room for a count CSV of MAX_INTERVALS rows (about 20 bytes each); ours are under 1 MB.
+MAX_TRACE_BYTES: Final = 256 * 2**20
+#: Characters of one line of a line-based format (the longest real one has under 60).
+MAX_LINE_CHARS: Final = 4096
+#: Largest time value (ms, s or h) a field may hold: 2**53 is where float64 stops counting exactly.
+MAX_TIME_VALUE: Final = 2**53
+#: Absolute times (UTC) a trace may carry: the canonical table stores them as datetime64[ns], which ends in 2262.
+TIME_RANGE: Final = (datetime(1900, 1, 1, tzinfo=timezone.utc), datetime(2200, 1, 1, tzinfo=timezone.utc))
+#: Interval lengths T (seconds) the command line and the flows accept: a second (shorter than any migration) to
+#: a day. `to_intervals` itself takes any T > 0 within MAX_INTERVALS (the trainer's replays compress time).
+INTERVAL_S_RANGE: Final = (1.0, 86_400.0)
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -293,8 +315,20 @@ def _first_bad_byte(path: Path, data: bytes, expected: str) -> None:
         raise TraceFormatError(path, expected, line=line, reason="binary data (not UTF-8 text)") from None
 
 
+def _read_bytes(path: Path, expected: str) -> bytes:
+    """The file's bytes, never more than MAX_TRACE_BYTES of them (a FIFO or /dev/zero would not end)."""
+    with path.open("rb") as fh:
+        data = jsonio.read_bounded(fh, MAX_TRACE_BYTES)
+    if data is None:
+        raise TraceFormatError(
+            path, expected, reason=f"larger than {MAX_TRACE_BYTES:,} bytes, the most a trace file may hold; "
+            "cut it into shorter traces or write it at a coarser interval"
+        )
+    return data
+
+
 def _read_text(path: Path, expected: str) -> str:
-    data = path.read_bytes()
+    data = _read_bytes(path, expected)
     _first_bad_byte(path, data, expected)
     text = data.decode("utf-8-sig")  # tolerate a BOM from spreadsheet exports
     if not text.strip():
@@ -308,12 +342,18 @@ def _lines(path: Path, expected: str) -> Iterator[tuple[int, str]]:
     # split("\n") rather than splitlines(): splitlines also breaks on \x0b, \x1c, ... and would shift numbers
     for number, raw in enumerate(text.split("\n"), start=1):
         line = raw.rstrip("\r")
+        if len(line) > MAX_LINE_CHARS:
+            raise TraceFormatError(
+                path, expected, line=number, got=line,
+                reason=f"a line of {len(line):,} characters, more than the {MAX_LINE_CHARS:,} a trace line may have",
+            )  # fmt: skip
         if line.strip():
             yield number, line
 
 
 _INT_RE: Final = re.compile(r"[+-]?\d+")
-_NUM_RE: Final = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+# "\d+(\.\d*)?" rather than "\d+\.?\d*": the latter backtracks quadratically on a long run of digits
+_NUM_RE: Final = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
 
 
 def _bad(path: Path, fmt: str, number: int, line: str, reason: str) -> TraceFormatError:
@@ -328,23 +368,48 @@ def _fields(path: Path, fmt: str, number: int, line: str, n: int, sep: str = ","
     return fields
 
 
-def _int(path: Path, fmt: str, number: int, line: str, text: str, what: str) -> int:
-    """Parse a non-negative integer field, naming the field in the error."""
+def _short(value: object) -> str:
+    """A value as an error message shows it: its repr, at most 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _int(path: Path, fmt: str, number: int, line: str, text: str, what: str, maximum: int = MAX_TIME_VALUE) -> int:
+    """Parse an integer field in ``[0, maximum]``, naming the field and the bound in the error."""
     if not _INT_RE.fullmatch(text):
-        raise _bad(path, fmt, number, line, f"{what} {text!r} is not an integer")
-    value = int(text)
-    if value < 0:
-        raise _bad(path, fmt, number, line, f"negative {what} {value}")
-    return value
+        raise _bad(path, fmt, number, line, f"{what} {_short(text)} is not an integer")
+    digits = text.lstrip("+-").lstrip("0")
+    if text.startswith("-") and digits:
+        raise _bad(path, fmt, number, line, f"negative {what} {_short(text)}")
+    # compare lengths first: int() refuses more than 4300 digits, and we need no more than 16
+    if len(digits) > len(str(maximum)) or int(digits or "0") > maximum:
+        raise _bad(path, fmt, number, line, f"{what} {_short(text)} is above the largest allowed, {maximum:,}")
+    return int(digits or "0")
 
 
 def _number(path: Path, fmt: str, number: int, line: str, text: str, what: str) -> float:
+    """Parse a number field in ``[0, MAX_TIME_VALUE]``."""
     if not _NUM_RE.fullmatch(text):
-        raise _bad(path, fmt, number, line, f"{what} {text!r} is not a number")
+        raise _bad(path, fmt, number, line, f"{what} {_short(text)} is not a number")
     value = float(text)
     if value < 0:
-        raise _bad(path, fmt, number, line, f"negative {what} {text}")
+        raise _bad(path, fmt, number, line, f"negative {what} {_short(text)}")
+    if value > MAX_TIME_VALUE:  # inf included
+        raise _bad(path, fmt, number, line, f"{what} {_short(text)} is above the largest allowed, {MAX_TIME_VALUE:,}")
     return value
+
+
+def _outside_years(path: Path, fmt: str, number: int, line: str, shown: str) -> TraceFormatError:
+    earliest, latest = TIME_RANGE
+    reason = f"time {shown} is outside the years {earliest.year}-{latest.year - 1} (UTC) a trace may cover"
+    return _bad(path, fmt, number, line, reason)
+
+
+def _check_when(path: Path, fmt: str, number: int, line: str, when: datetime) -> datetime:
+    """An absolute time within TIME_RANGE."""
+    if not TIME_RANGE[0] <= when < TIME_RANGE[1]:
+        raise _outside_years(path, fmt, number, line, when.isoformat())
+    return when
 
 
 def _known_capacity(path: Path, fmt: str, observed_max: int) -> int | None:
@@ -423,16 +488,18 @@ def read_event_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
                 raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
             prev_ms = ts_ms
             if op not in ("add", "remove"):
-                raise _bad(p, fmt, number, line, f"unknown op {op!r}")
+                raise _bad(p, fmt, number, line, f"unknown op {_short(op)}")
             if not node:
                 raise _bad(p, fmt, number, line, "empty node name")
             if op == "add":
                 if node in alive:
-                    raise _bad(p, fmt, number, line, f"add of {node!r}, which is already alive")
+                    raise _bad(p, fmt, number, line, f"add of {_short(node)}, which is already alive")
+                if len(alive) == MAX_INSTANCES:
+                    raise _bad(p, fmt, number, line, f"more than {MAX_INSTANCES:,} instances alive at once")
                 alive.add(node)
             else:
                 if node not in alive:
-                    raise _bad(p, fmt, number, line, f"remove of {node!r}, which is not alive")
+                    raise _bad(p, fmt, number, line, f"remove of {_short(node)}, which is not alive")
                 alive.remove(node)
             yield ts_ms, op
 
@@ -455,7 +522,7 @@ def read_count_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
     for number, line in _lines(p, FORMATS[fmt]):
         ts_text, count_text = _fields(p, fmt, number, line, 2)
         ts_ms = _int(p, fmt, number, line, ts_text, "timestamp")
-        count = _int(p, fmt, number, line, count_text, "count")
+        count = _int(p, fmt, number, line, count_text, "count", MAX_INSTANCES)
         if prev_ms is not None and ts_ms < prev_ms:
             raise _bad(p, fmt, number, line, f"timestamp {ts_ms} is before the previous {prev_ms}")
         prev_ms = ts_ms
@@ -506,11 +573,12 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
             n = len(line.split(","))
             reason = f"{n} fields instead of 3" if n != 3 else "not a date, time and count"
             raise _bad(p, fmt, number, line, reason)
-        count = _int(p, fmt, number, line, m.group(7), "count")
+        count = _int(p, fmt, number, line, m.group(7), "count", MAX_INSTANCES)
         try:
             when = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
         except ValueError as exc:
             raise _bad(p, fmt, number, line, str(exc)) from None
+        _check_when(p, fmt, number, line, when)
         latest = when if latest is None else max(latest, when)
         if (when, count) in seen:
             continue  # exact duplicate: no new information
@@ -538,6 +606,13 @@ def _json_line(text: str, needle: str | None) -> int:
     return text.count("\n", 0, max(at, 0)) + 1
 
 
+def _is_time_value(v: object) -> bool:
+    """A JSON number in [0, MAX_TIME_VALUE] (``math.isfinite`` would overflow on a huge integer)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return 0 <= v <= MAX_TIME_VALUE  # False for nan; an int compares exactly
+
+
 def read_skypilot_json(path: str | os.PathLike[str]) -> AvailabilityEvents:
     """Read a SkyPilot "Can't Be Late" array ``{"metadata": {"gap_seconds": G}, "data": [...]}``.
 
@@ -550,30 +625,31 @@ def read_skypilot_json(path: str | os.PathLike[str]) -> AvailabilityEvents:
     expected = FORMATS[fmt]
     text = _read_text(p, expected)
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise TraceFormatError(p, expected, line=exc.lineno, reason=f"invalid JSON: {exc.msg}") from None
+        doc = jsonio.loads(text)
+    except jsonio.JsonSyntaxError as exc:
+        raise TraceFormatError(p, expected, line=exc.line, reason=f"invalid JSON: {exc.reason}") from None
+    except jsonio.JsonInputError as exc:
+        raise TraceFormatError(p, expected, line=exc.line, reason=exc.reason) from None
     if not isinstance(doc, dict):
         reason = f"top level is a JSON {type(doc).__name__}, not an object"
         raise TraceFormatError(p, expected, line=_json_line(text, None), reason=reason)
     meta = doc.get("metadata")
     gap = meta.get("gap_seconds") if isinstance(meta, dict) else None
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not math.isfinite(gap) or gap <= 0:
+    if not _is_time_value(gap) or gap <= 0:
         line = _json_line(text, '"gap_seconds"' if isinstance(meta, dict) and "gap_seconds" in meta else '"metadata"')
         reason = "missing metadata.gap_seconds"
         if gap is not None:
-            reason = f"metadata.gap_seconds={gap!r} is not a positive number"
+            reason = f"metadata.gap_seconds={_short(gap)} is not a positive number up to {MAX_TIME_VALUE:,}"
         raise TraceFormatError(p, expected, line=line, reason=reason)
     data = doc.get("data")
     line = _json_line(text, '"data"')
     if not isinstance(data, list) or not data:
         reason = "missing 'data'" if data is None else "'data' is not a non-empty list"
         raise TraceFormatError(p, expected, line=line, reason=reason)
-    bad = next((i for i, v in enumerate(data) if type(v) is not int or v < 0), None)
+    bad = next((i for i, v in enumerate(data) if type(v) is not int or not 0 <= v <= MAX_INSTANCES), None)
     if bad is not None:
-        raise TraceFormatError(
-            p, expected, line=line, reason=f"data[{bad}] = {data[bad]!r} is not a non-negative integer"
-        )
+        reason = f"data[{bad}] = {_short(data[bad])} is not an instance count (an integer from 0 to {MAX_INSTANCES:,})"
+        raise TraceFormatError(p, expected, line=line, reason=reason)
     times = np.arange(len(data), dtype=np.float64) * float(gap)
     events = _from_count_series(times, data, hold_s=float(gap), name=p.stem, source=str(p), fmt=fmt)
     return _finish(events, p)
@@ -599,13 +675,16 @@ def read_skypilot_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
         prev_tick = tick
         try:
             when = datetime.fromisoformat(when_text)
+            when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
         except ValueError:
-            raise _bad(p, fmt, number, line, f"{when_text!r} is not an ISO 8601 time") from None
-        when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+            raise _bad(p, fmt, number, line, f"{_short(when_text)} is not an ISO 8601 time") from None
+        except OverflowError:  # an offset that moves the time past year 1 or 9999
+            raise _outside_years(p, fmt, number, line, _short(when_text)) from None
+        _check_when(p, fmt, number, line, when)
         if times and when < times[-1]:
             raise _bad(p, fmt, number, line, "time goes backwards")
         if fail_text not in ("0", "1"):
-            raise _bad(p, fmt, number, line, f"fail must be 0 or 1, not {fail_text!r}")
+            raise _bad(p, fmt, number, line, f"fail must be 0 or 1, not {_short(fail_text)}")
         if times and when == times[-1]:  # same instant twice: the later probe wins
             counts[-1] = 1 - int(fail_text)
             continue
@@ -639,7 +718,7 @@ def read_aws_step_csv(
     for number, line in _lines(p, FORMATS[fmt]):
         t_text, count_text = _fields(p, fmt, number, line, 2)
         t = _number(p, fmt, number, line, t_text, "time")
-        count = _int(p, fmt, number, line, count_text, "count")
+        count = _int(p, fmt, number, line, count_text, "count", MAX_INSTANCES)
         if raw and t < raw[-1][2]:
             raise _bad(p, fmt, number, line, f"time {t_text} is before the previous {raw[-1][2]:g}")
         raw.append((number, line, t, count))
@@ -792,6 +871,26 @@ def _table(
     return df
 
 
+def _interval_count(events: AvailabilityEvents, interval_s: float) -> int:
+    """Rows of the table of ``events`` at ``interval_s``; a TraceFormatError (before any allocation) past
+    MAX_INTERVALS."""
+    end_s = events.last_s + events.hold_s
+    ratio = end_s / interval_s  # inf for a tiny interval: compare before any int() or ceil() of it
+    # round first: float noise such as 16235.0000001 must not add an interval
+    n = max(int(events.last_s // interval_s) + 1, math.ceil(round(ratio, 9))) if ratio <= MAX_INTERVALS else None
+    if n is None or n > MAX_INTERVALS:
+        raise TraceFormatError(
+            events.source or events.name or "<trace>",
+            FORMATS.get(events.fmt, "a trace"),
+            reason=(
+                f"the trace spans {end_s:,.0f} s, which is {ratio:,.0f} intervals of {interval_s:g} s, more than "
+                f"the {MAX_INTERVALS:,} a trace may have; choose a longer interval, or write the times relative "
+                "to the trace's start"
+            ),
+        )
+    return n
+
+
 def to_intervals(events: AvailabilityEvents, interval_s: float = DEFAULT_INTERVAL_S) -> pd.DataFrame:
     """Bin events onto a grid of ``interval_s`` seconds: the canonical per-interval table.
 
@@ -801,12 +900,8 @@ def to_intervals(events: AvailabilityEvents, interval_s: float = DEFAULT_INTERVA
     series). Capacity: ``events.capacity`` if set, else the largest count (at least 1).
     """
     interval_s = _check_interval(interval_s)
+    n = _interval_count(events, interval_s)
     idx = np.floor(events.times_s / interval_s).astype(np.int64)
-    n = max(
-        int(events.last_s // interval_s) + 1,
-        # round first: float noise such as 16235.0000001 must not add an interval
-        math.ceil(round((events.last_s + events.hold_s) / interval_s, 9)),
-    )
     n_in = np.zeros(n, dtype=np.int64)
     n_out = np.zeros(n, dtype=np.int64)
     np.add.at(n_in, idx, events.adds)

@@ -32,6 +32,7 @@ __all__ = [
     "ThroughputProfile",
     "estimate_profile",
     "load_profile",
+    "max_global_batch",
     "profile_names",
     "simulate_1f1b",
 ]
@@ -40,6 +41,10 @@ Strategy = tuple[int, int]
 
 #: Relative tolerance under which two throughputs count as a tie in :meth:`ThroughputProfile.best`.
 TIE_RTOL = 1e-9
+
+#: Most micro-batches per replica and iteration that :func:`estimate_profile` simulates: the 1F1B simulation is
+#: linear in them (about 7 s for gpt-1.5b's 4096 on 2 cores) and unbounded they exhaust the memory.
+MAX_MICRO_BATCHES = 4096
 
 
 class InfeasibleStrategy(ValueError):
@@ -302,6 +307,12 @@ def _bundled(model: str) -> ThroughputProfile:
     return ThroughputProfile.from_dict(json.loads(_table_dir().joinpath(f"{model}.json").read_text(encoding="utf-8")))
 
 
+def max_global_batch(model: str) -> int:
+    """The largest global batch :func:`load_profile` takes for ``model``: MAX_MICRO_BATCHES micro-batches (the
+    bundled table's own global batch is always allowed: it is read, not estimated)."""
+    return max(MAX_MICRO_BATCHES * load_model_spec(model).micro_batch, _bundled(model).global_batch)
+
+
 @lru_cache(maxsize=64)
 def load_profile(model: str, global_batch: int | None = None, *, max_instances: int = 32) -> ThroughputProfile:
     """The bundled profiled table of ``model``.
@@ -479,6 +490,11 @@ def estimate_profile(
     """
     if global_batch < 1 or max_instances < 1:
         raise ValueError("global_batch and max_instances must be >= 1")
+    if global_batch > MAX_MICRO_BATCHES * spec.micro_batch:
+        raise ValueError(
+            f"{spec.name}: global_batch {global_batch} is more than the {MAX_MICRO_BATCHES} micro-batches of "
+            f"{spec.micro_batch} the estimate simulates; use a global batch <= {MAX_MICRO_BATCHES * spec.micro_batch}"
+        )
     if not any(layer.fwd_ms or layer.bwd_ms for layer in spec.layers):
         raise ValueError(f"{spec.name}: the layer spec has no forward/backward times; profile them first")
     micro = spec.micro_batch

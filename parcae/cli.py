@@ -45,7 +45,12 @@ Plan input
 
 The output is ``Plan.to_dict()`` (decision, expected samples, the K steps, the alternatives the decision
 beat) plus ``"model"`` and ``"look_ahead"``. It is deterministic: the same input gives the same bytes
-(the planner's wall time, ``decision_ms``, is only added with ``--timing``).
+(the planner's wall time, ``decision_ms``, is only added with ``--timing``). Every JSON the command line
+writes is strict JSON (``forecasting.jsonio.dumps_strict``): a non-finite number becomes ``null``, with a warning.
+
+The input is bounded before the planner runs: ``forecasting.jsonio.MAX_JSON_BYTES`` and ``MAX_JSON_DEPTH``,
+K <= ``liveput.optimizer.MAX_LOOK_AHEAD``, ``interval_s`` in ``forecasting.traces.INTERVAL_S_RANGE``, counts
+<= ``forecasting.traces.MAX_INSTANCES``, ``MAX_EVENTS_PER_INTERVAL`` events per interval.
 
 Errors
 ------
@@ -64,11 +69,12 @@ import functools
 import json
 import math
 import os
+import shlex
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich import box
@@ -154,11 +160,67 @@ def _load_model(model: str, global_batch: int | None = None):
     from liveput.throughput import load_profile
 
     try:
-        profile = load_profile(model, global_batch)
+        profile = load_profile(model)  # the bundled table: an unknown model fails here, naming the known ones
+        if global_batch is not None and global_batch != profile.global_batch:
+            _check_global_batch(model, global_batch)
+            profile = load_profile(model, global_batch)
         cost = CostModel.reference(model)
     except KeyError as exc:
         raise UserError(_key_error_message(exc)) from None
     return profile, cost
+
+
+def _check_global_batch(model: str, global_batch: int) -> None:
+    """--global-batch within what the throughput estimate simulates (beyond it, minutes and then a MemoryError)."""
+    from liveput.throughput import MAX_MICRO_BATCHES, max_global_batch
+
+    most = max_global_batch(model)
+    if not 1 <= global_batch <= most:
+        raise UserError(
+            f"--global-batch must be in [1, {most}] for {model} (its throughput is estimated by simulating at most "
+            f"{MAX_MICRO_BATCHES} micro-batches per iteration), got {global_batch}; give a smaller global batch"
+        )
+
+
+def _check_look_ahead(look_ahead: int, what: str = "--look-ahead") -> None:
+    """K within what the planner takes (`liveput.optimizer.MAX_LOOK_AHEAD`)."""
+    from liveput.optimizer import MAX_LOOK_AHEAD
+
+    if not 1 <= look_ahead <= MAX_LOOK_AHEAD:
+        raise UserError(f"{what} must be in [1, {MAX_LOOK_AHEAD}] intervals, got {look_ahead}; plan over fewer "
+                        "intervals")  # fmt: skip
+
+
+def _check_interval(interval_s: float, what: str) -> float:
+    """An interval T in `forecasting.traces.INTERVAL_S_RANGE` (a finer grid multiplies the work, a coarser one
+    plans a day at a time)."""
+    from forecasting.traces import INTERVAL_S_RANGE
+
+    low, high = INTERVAL_S_RANGE
+    if not (math.isfinite(interval_s) and low <= interval_s <= high):
+        raise UserError(f"{what} must be a number of seconds in [{low:g}, {high:g}], got {_shown(interval_s)}")
+    return interval_s
+
+
+def _shown(value: Any) -> str:
+    """A value as a message shows it: its JSON, at most 60 characters (a hostile input can be megabytes)."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _strict_json(doc: Any, what: str) -> str:
+    """``doc`` as strict JSON, which every parser reads: a non-finite number (an overflow) is written as null, with
+    a warning naming where."""
+    from forecasting.jsonio import dumps_strict, non_finite
+
+    bad = non_finite(doc)
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        warn(f"{what}: {', '.join(bad[:3])}{more} not finite; written as null")
+    return dumps_strict(doc, indent=2)
 
 
 # ----------------------------------------------------------------------------------------------- simulate
@@ -181,8 +243,7 @@ def _load_window(trace: str, interval_s: float, start_hour: float | None, end_ho
     """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
     from forecasting.traces import TraceFormatError, UnknownTraceError, load_trace, slice_hours
 
-    if not (math.isfinite(interval_s) and interval_s > 0):
-        raise UserError(f"--interval-seconds must be a positive number of seconds, got {interval_s:g}")
+    _check_interval(interval_s, "--interval-seconds")
     try:
         df = load_trace(trace, interval_s)
     except UnknownTraceError as exc:
@@ -196,10 +257,16 @@ def _load_window(trace: str, interval_s: float, start_hour: float | None, end_ho
     iv = float(df.attrs["interval_s"])
     lo = float(df["start_s"].iloc[0]) / 3600.0
     hi = (float(df["start_s"].iloc[-1]) + iv) / 3600.0
+    for name, hour in (("--start-hour", start_hour), ("--end-hour", end_hour)):
+        if hour is not None and not math.isfinite(hour):
+            raise UserError(f"{name} must be a number of hours, got {hour:g}")
+    if start_hour is not None and end_hour is not None and not start_hour < end_hour:
+        raise UserError(f"--start-hour ({start_hour:g}) must come before --end-hour ({end_hour:g}); the trace "
+                        f"covers hours {lo:.3f}-{hi:.3f}")  # fmt: skip
     try:
         window = slice_hours(df, lo if start_hour is None else start_hour, hi if end_hour is None else end_hour)
     except ValueError as exc:
-        raise UserError(str(exc)) from None
+        raise UserError(f"--start-hour/--end-hour: {exc}") from None
     return df, window
 
 
@@ -308,6 +375,20 @@ def _check_writable(path: Path, what: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise UserError(f"cannot write {what} {str(path)!r}: {exc.strerror or exc}") from None
+    if not os.access(path.parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise UserError(f"cannot write {what} {str(path)!r}: permission denied; choose a writable place")
+
+
+def _check_writable_dir(path: Path, what: str) -> None:
+    """`path` is a folder that exists or can be created, and is writable (else a `UserError` naming it)."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"{what}: {str(path)!r} is a file, not a folder; give a folder")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{what}: cannot create the folder {str(path)!r}: {exc.strerror or exc}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{what}: the folder {str(path)!r} is not writable; choose a writable place")
 
 
 def _check_outputs(json_out: Path | None, plot: Path | None) -> None:
@@ -375,6 +456,7 @@ def simulate(
     from liveput.simulator import SimulationConfig, plot_timeline, simulate as run_simulation
 
     policies = _check_policies(policy)
+    _check_look_ahead(look_ahead)
     _check_outputs(json_out, plot)
     store = _check_store() if mlflow else None  # fail fast, before minutes of simulation
     if not 0.0 <= bamboo_overhead < 1.0:
@@ -448,7 +530,8 @@ def simulate(
             "look_ahead": look_ahead,
             "policies": {name: _summary(r) for name, r in results.items()},
         }
-        _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+        text = _strict_json(doc, f"--json {json_out}")
+        _write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
         _stderr().print(f"wrote {json_out}", soft_wrap=True)
     if plot is not None:
         title = f"{trace_name} intervals {first}-{last}, {model}, K={look_ahead}"
@@ -551,6 +634,8 @@ def simulations(
 _TOP_FIELDS = ("model", "interval_s", "state", "forecast")
 _STATE_FIELDS = ("strategy", "migrating", "leftover_ms")
 _FORECAST_FIELDS = ("prev_available", "events")
+#: Events of one forecast interval: the planner's time grows with them (1000 cost about 1 s per interval on 2 cores).
+MAX_EVENTS_PER_INTERVAL = 1000
 
 
 def _is_int(v: Any) -> bool:
@@ -558,7 +643,12 @@ def _is_int(v: Any) -> bool:
 
 
 def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an integer too large for a float
+        return False
 
 
 def _type_name(v: Any) -> str:
@@ -571,13 +661,16 @@ def _unknown_fields(obj: Mapping, allowed: Sequence[str], where: str) -> None:
     extra = [k for k in obj if k not in allowed]
     if extra:
         raise UserError(
-            f"plan input: unknown field {extra[0]!r} in {where}; expected only {', '.join(allowed)}"
+            f"plan input: unknown field {extra[0][:40]!r} in {where}; expected only {', '.join(allowed)}"
         )
 
 
 def _int_field(v: Any, path: str, minimum: int = 0) -> int:
-    if not _is_int(v) or v < minimum:
-        raise UserError(f"plan input: {path} must be an integer >= {minimum}, got {json.dumps(v)}")
+    """An instance count: an integer in [minimum, `forecasting.traces.MAX_INSTANCES`]."""
+    from forecasting.traces import MAX_INSTANCES
+
+    if not _is_int(v) or not minimum <= v <= MAX_INSTANCES:
+        raise UserError(f"plan input: {path} must be an integer from {minimum} to {MAX_INSTANCES:,}, got {_shown(v)}")
     return v
 
 
@@ -593,7 +686,7 @@ def _parse_state(raw: Any, profile: Any):
     if not (isinstance(strategy, list) and len(strategy) == 2 and all(_is_int(x) and x >= 0 for x in strategy)):
         raise UserError(
             f"plan input: state.strategy must be [D, P] with integers >= 0 ([0, 0] = not running), "
-            f"got {json.dumps(strategy)}"
+            f"got {_shown(strategy)}"
         )
     s = (strategy[0], strategy[1])
     if s != IDLE and not profile.is_feasible(*s):
@@ -603,10 +696,10 @@ def _parse_state(raw: Any, profile: Any):
         )
     migrating = raw.get("migrating", False)
     if not isinstance(migrating, bool):
-        raise UserError(f"plan input: state.migrating must be true or false, got {json.dumps(migrating)}")
+        raise UserError(f"plan input: state.migrating must be true or false, got {_shown(migrating)}")
     leftover = raw.get("leftover_ms", 0)
     if not _is_number(leftover) or leftover < 0:
-        raise UserError(f"plan input: state.leftover_ms must be a number >= 0, got {json.dumps(leftover)}")
+        raise UserError(f"plan input: state.leftover_ms must be a number >= 0, got {_shown(leftover)}")
     return JobState(s, migrating, float(leftover))
 
 
@@ -626,17 +719,20 @@ def _parse_interval(raw: Any, i: int):
         return IntervalForecast.point(n)
     if not isinstance(events, list) or not events:
         raise UserError(f"plan input: {where}.events must be a non-empty array of [n_in, n_out, prob], "
-                        f"got {json.dumps(events)}")
+                        f"got {_shown(events)}")
+    if len(events) > MAX_EVENTS_PER_INTERVAL:
+        raise UserError(f"plan input: {where}.events has {len(events):,} entries, more than the "
+                        f"{MAX_EVENTS_PER_INTERVAL} an interval may have; merge the unlikely ones")  # fmt: skip
     parsed = []
     for j, ev in enumerate(events):
         at = f"{where}.events[{j}]"
         if not (isinstance(ev, list) and len(ev) == 3):
-            raise UserError(f"plan input: {at} must be [n_in, n_out, prob], got {json.dumps(ev)}")
+            raise UserError(f"plan input: {at} must be [n_in, n_out, prob], got {_shown(ev)}")
         n_in = _int_field(ev[0], f"{at}[0] (n_in)")
         n_out = _int_field(ev[1], f"{at}[1] (n_out)")
         prob = ev[2]
         if not _is_number(prob) or not 0.0 <= prob <= 1.0:
-            raise UserError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {json.dumps(prob)}")
+            raise UserError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {_shown(prob)}")
         if n_out > n:
             raise UserError(
                 f"plan input: {at} is infeasible: n_out={n_out} preemptions but only prev_available={n} "
@@ -653,21 +749,28 @@ def _parse_interval(raw: Any, i: int):
 
 
 def _read_plan_input(source: str) -> Any:
-    if source == "-":
-        text, name = sys.stdin.read(), "<stdin>"
-    else:
-        try:
-            text, name = Path(source).read_text(encoding="utf-8"), source
-        except FileNotFoundError:
-            raise UserError(f"plan input {source!r}: no such file") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError(f"cannot read plan input {source!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    """The decoded plan input, within `forecasting.jsonio`'s bounds on size and nesting."""
+    from forecasting import jsonio
+
+    name = "<stdin>" if source == "-" else source
+    try:
+        if source == "-":
+            stdin = getattr(sys.stdin, "buffer", None)  # a text-only stdin (some IDEs): its text, re-encoded
+            text = jsonio.read_stream(stdin if stdin else sys.stdin)
+        else:
+            text = jsonio.read(source)
+    except FileNotFoundError:
+        raise UserError(f"plan input {source!r}: no such file") from None
+    except OSError as exc:
+        raise UserError(f"cannot read plan input {source!r}: {exc.strerror or exc}") from None
+    except jsonio.JsonInputError as exc:
+        raise UserError(exc.at(f"plan input {name}")) from None
     if not text.strip():
         raise UserError(f"plan input {name}: empty; expected a JSON object (see `parcae plan --help`)")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"plan input {name} line {exc.lineno} column {exc.colno}: invalid JSON: {exc.msg}") from None
+        return jsonio.loads(text)
+    except jsonio.JsonInputError as exc:
+        raise UserError(exc.at(f"plan input {name}")) from None
 
 
 def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
@@ -682,14 +785,18 @@ def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
     if model is None:
         raise UserError("plan input: model is missing (a bundled model name, e.g. \"gpt-1.5b\")")
     if not isinstance(model, str):
-        raise UserError(f"plan input: model must be a string, got {json.dumps(model)}")
+        raise UserError(f"plan input: model must be a string, got {_shown(model)}")
+    if len(model) > 100:
+        raise UserError(f"plan input: model {_shown(model)} is not a bundled model name (e.g. \"gpt-1.5b\")")
     interval_s = doc.get("interval_s", 60)
     if not _is_number(interval_s) or interval_s <= 0:
-        raise UserError(f"plan input: interval_s must be a number of seconds > 0, got {json.dumps(interval_s)}")
+        raise UserError(f"plan input: interval_s must be a number of seconds > 0, got {_shown(interval_s)}")
+    _check_interval(interval_s, "plan input: interval_s")
     forecast = doc.get("forecast")
     if not isinstance(forecast, list) or not forecast:
-        got = "missing" if forecast is None else json.dumps(forecast) if forecast == [] else _type_name(forecast)
+        got = "missing" if forecast is None else _shown(forecast) if forecast == [] else _type_name(forecast)
         raise UserError(f"plan input: forecast must be a non-empty array of intervals, got {got}")
+    _check_look_ahead(len(forecast), "plan input: the forecast's length K")
     profile, cost = _load_model(model)
     state = _parse_state(doc.get("state"), profile)
     forecasts = [_parse_interval(f, i) for i, f in enumerate(forecast)]
@@ -736,7 +843,10 @@ def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
         '      "events": [[n_in, n_out, prob], ...]},   optional, default no events;\n'
         "     ...]}                                      probabilities sum to 1\n\n"
         "The output is the plan (decision, expected samples, the K steps, the alternatives) plus "
-        '"model" and "look_ahead"; the same input always gives the same output.'
+        '"model" and "look_ahead"; the same input always gives the same output. It is strict JSON: a number '
+        "that is not finite (an overflow) is written as null, with a warning on stderr naming the field.\n\n"
+        "The input's size and nesting, K, interval_s, the instance counts and the events per interval are "
+        "bounded; a value outside its bound is an error that states the allowed range."
     )
 )
 def plan(
@@ -746,7 +856,7 @@ def plan(
     ] = False,
 ) -> None:
     doc = _read_plan_input(input)
-    typer.echo(json.dumps(plan_from_input(doc, timing=timing), indent=2))
+    typer.echo(_strict_json(plan_from_input(doc, timing=timing), "the plan"))
 
 
 # ------------------------------------------------------------------------------------------------- traces
@@ -1013,8 +1123,8 @@ def forecast_train(
     out.print(f"version {outcome.version} of {DEFAULT_REGISTERED_NAME}; run {outcome.run_id}; store {tracking_uri()}",
               soft_wrap=True)
     if json_out is not None:
-        doc = outcome.to_dict()
-        _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+        text = _strict_json(outcome.to_dict(), f"--json {json_out}")
+        _write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
         _stderr().print(f"wrote {json_out}", soft_wrap=True)
 
 
@@ -1072,7 +1182,8 @@ def forecast_evaluate(
             for k, r in results.items()
         }
     }
-    _write_file(json_out, "JSON", lambda p: p.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8"))
+    text = _strict_json(doc, f"--json {json_out}")
+    _write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
     _stderr().print(f"wrote {json_out}", soft_wrap=True)
 
 
@@ -1111,7 +1222,7 @@ def forecast_predict(
     history.attrs = dict(table.attrs)
     forecast = forecaster.predict(history, horizon)
     _stderr().print(f"{forecast.model} forecast of {name} after interval {int(intervals[row])}", soft_wrap=True)
-    typer.echo(json.dumps(forecast.to_dict(), indent=2))
+    typer.echo(_strict_json(forecast.to_dict(), "the forecast"))
 
 
 # ------------------------------------------------------------------------------------------------ collect
@@ -1269,9 +1380,22 @@ def train_cmd(
     remote_workdir: Annotated[
         str, typer.Option(metavar="DIR", help="With --hosts: the project's folder on the hosts.")
     ] = ".",
+    timeout: Annotated[
+        float | None,
+        typer.Option(metavar="SECONDS", min=1, help="Stop the job if it has not finished after this long "
+                     "(default: no deadline; a job runs until it has trained its steps, is cancelled or fails)."),
+    ] = None,
+    keep_checkpoints: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
+    ] = 0,
+    heartbeat_timeout: Annotated[
+        float | None, typer.Option(min=0.5, metavar="SECONDS", help="A worker whose heartbeat is silent this long "
+                                   "is declared dead (one whose process exits is seen at once; default: "
+                                   "trainer.coordinator.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.")
+    ] = None,
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
-    on other hosts (--hosts)."""
+    on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
     from forecasting.traces import DEFAULT_INTERVAL_S
     from trainer.config import UnknownModelError
     from trainer.coordinator import ScheduleError
@@ -1309,6 +1433,12 @@ def train_cmd(
             raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress
 
+    if not (math.isfinite(interval_seconds) and 0 < interval_seconds <= 86_400):
+        raise UserError(f"--interval-seconds must be a positive number of seconds (at most a day), got "
+                        f"{interval_seconds:g}")  # fmt: skip
+    _check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
+    if json_out is not None:
+        _check_writable(json_out, "--json report")
     try:
         # a live bar on a terminal; piped, one line per reconfiguration (parcae.progress)
         with TrainProgress(_stderr()) as progress:
@@ -1316,8 +1446,11 @@ def train_cmd(
                 workers, model=model, steps=steps, events_file=events, trace=trace,
                 interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
                 checkpoint_every=checkpoint_every, observer=progress, planner=live, resume=resume,
-                start_interval=start_interval, remote=remote,
+                start_interval=start_interval, remote=remote, timeout_s=timeout, keep_checkpoints=keep_checkpoints,
+                **({} if heartbeat_timeout is None else {"hb_timeout_s": heartbeat_timeout}),
             )  # fmt: skip
+    except KeyboardInterrupt:
+        _interrupted(out_dir, model, seed)
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
@@ -1346,6 +1479,30 @@ def train_cmd(
                   soft_wrap=True)  # fmt: skip
     if json_out:
         out.print(f"wrote {json_out}")
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+def _interrupted(out_dir: Path, model: str, seed: int) -> NoReturn:
+    """Ctrl-C: the workers are stopped (`run_job` lets none outlive it); say in one line where the job stands and
+    how to continue it, then exit 130."""
+    from trainer import checkpoint
+    from trainer.config import model_config
+    from trainer.model import layer_names
+
+    try:
+        names = layer_names(model_config(model, seed=seed))
+        point = checkpoint.latest_intact(out_dir / "checkpoints", names, job="job")
+        where = (f"the last complete checkpoint is step {point.step} in {out_dir / 'checkpoints'}"
+                 if point.step is not None else "no checkpoint was written yet")  # fmt: skip
+    except Exception:  # noqa: BLE001 — the one line must come out whatever the folder holds
+        where = f"checkpoints are in {out_dir / 'checkpoints'}"
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    again = shlex.join(["parcae", *args, "--resume"])
+    _stderr().print(Text(f"interrupted: the workers are stopped; {where}. Continue with: {again}",
+                         style="yellow"), soft_wrap=True)  # fmt: skip
+    raise typer.Exit(EXIT_INTERRUPTED)
 
 
 def _hosts_job(hosts: str | None, coordinator: str | None, **kw: Any) -> Any:

@@ -114,6 +114,12 @@ class TrainProgress(JobObserver):
         self.strategy = (int(strategy[0]), int(strategy[1])) if strategy else None
         workers = info.get("workers")
         self.alive = len(workers) if isinstance(workers, Sequence) else workers
+        if info.get("resume_note"):  # where a resumed job continues from (and what it skipped)
+            self.console.print(str(info["resume_note"]), highlight=False, soft_wrap=True)
+        if str(info.get("planner") or "").startswith("handed"):  # where plans can be handed in (trainer.planning.hand_plan)
+            self.console.print(f"handed plans: coordinator {info.get('host')}:{info.get('port')}, job "
+                               f"{info.get('job')!r}, token in {info.get('token_file')}", highlight=False,
+                               soft_wrap=True)  # fmt: skip
         if not self.live or self._progress is not None:
             return
         # e.g. "━━━━━━━━━━━╸━━━━━━━━ 12/30 steps loss 3.0963 2x2 4 alive last: pipeline 0:00:03": fits 80 columns

@@ -15,7 +15,10 @@ What is checked, and why here rather than where it would fail:
 - the schedules of ``prefect.yaml``, with Prefect's own schedule models, before `prefect deploy` (which would read
   a zero interval as "Unknown schedule type") and with every problem of the file in one message;
 - names with a fixed set of values (``model``, ``planner``, ``provider``) and a job folder that does not fit the
-  request (``out_dir``: a finished job run again, an earlier job overwritten, a resume logging to another store).
+  request (``out_dir``: a finished job run again, an earlier job overwritten, a resume logging to another store);
+- every flow's parameters (`FLOW_PARAMETERS`: names, counts and ranges): each flow checks its arguments with
+  `flow_checks` at its start, and `check_deployments` checks each deployment's ``parameters`` with the same table,
+  so a deployment that could not run is refused before `prefect deploy`, not at its first run.
 
 `check_all` runs several checks and raises one `SettingError` listing every problem, so a user fixes them in one
 go. Prefect is imported only by the ``prefect.yaml`` checks (this package is not a domain package, but the
@@ -24,6 +27,9 @@ trainer's command line should not pay Prefect's import for a trace check).
 
 from __future__ import annotations
 
+import functools
+import inspect
+import math
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -32,19 +38,26 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "FLOW_PARAMETERS",
     "PLANNERS",
     "PROVIDERS",
     "SettingError",
     "check_all",
     "check_aws",
+    "check_count",
     "check_deployments",
+    "check_interval",
+    "check_look_ahead",
     "check_model",
+    "check_plan_model",
     "check_planner",
     "check_provider",
+    "check_seconds",
     "check_resume",
     "check_schedule",
     "check_trace",
     "check_tracking",
+    "flow_checks",
     "main",
 ]
 
@@ -148,6 +161,137 @@ def check_planner(planner: str, *, setting: str = "planner") -> str:
     if planner not in PLANNERS:
         raise _fail(setting, f"unknown planner {planner!r}", f"choose one of {', '.join(PLANNERS)}")
     return planner
+
+
+def check_plan_model(model: str, *, setting: str = "model") -> str:
+    """A model the liveput planner has a bundled throughput table of (`liveput.throughput.profile_names`)."""
+    from liveput.throughput import profile_names
+
+    if model not in profile_names():
+        raise _fail(setting, f"unknown planning model {model!r}", f"choose one of {', '.join(profile_names())}, "
+                    "or give a runtime profile (`parcae profile`) of the job's model")  # fmt: skip
+    return model
+
+
+# ------------------------------------------------------------------------------------------------ numbers
+
+
+def check_count(value: Any, *, setting: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer in ``[minimum, maximum]`` (a bool is not one)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+    if not ok or (maximum is not None and value > maximum):
+        want = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
+        raise _fail(setting, f"expected {want}, got {_shown(value)}", f"set it to {want}")
+    return value
+
+
+def check_seconds(value: Any, *, setting: str, low: float = 0.0, high: float = math.inf) -> float:
+    """A finite number of seconds in ``(low, high]`` (``[low, high]`` when ``low`` > 0)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        ok = number and math.isfinite(value) and (value >= low if low > 0 else value > 0) and value <= high
+    except OverflowError:  # an integer too large for a float
+        ok = False
+    if not ok:
+        bounded = low > 0 or high < math.inf
+        want = f"a number of seconds in [{low:g}, {high:g}]" if bounded else "a number of seconds > 0"
+        raise _fail(setting, f"expected {want}, got {_shown(value)}", f"set it to {want}")
+    return float(value)
+
+
+def check_look_ahead(value: Any, *, setting: str = "look_ahead") -> int:
+    """A look-ahead K the planner takes: 1 to `liveput.optimizer.MAX_LOOK_AHEAD` intervals."""
+    from liveput.optimizer import MAX_LOOK_AHEAD
+
+    return check_count(value, setting=setting, maximum=MAX_LOOK_AHEAD)
+
+
+def check_interval(value: Any, *, setting: str = "interval_s") -> float:
+    """An interval T (seconds) in `forecasting.traces.INTERVAL_S_RANGE`."""
+    from forecasting.traces import INTERVAL_S_RANGE
+
+    return check_seconds(value, setting=setting, low=INTERVAL_S_RANGE[0], high=INTERVAL_S_RANGE[1])
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _optional(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check``, letting None (the flow's "default") through."""
+
+    @functools.wraps(check)
+    def optional(value: Any, *, setting: str) -> Any:
+        return None if value is None else check(value, setting=setting)
+
+    return optional
+
+
+def _each(check: Callable[..., Any]) -> Callable[..., Any]:
+    """``check`` on every item of a list (None: the flow's default)."""
+
+    def each(values: Any, *, setting: str) -> Any:
+        if values is None:
+            return None
+        if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+            raise _fail(setting, f"expected a list, got {_shown(values)}", "give a list, or null for the default")
+        check_all(*(functools.partial(check, v, setting=f"{setting}[{i}]") for i, v in enumerate(values)))
+        return values
+
+    return each
+
+
+def _instances(value: Any, *, setting: str) -> int:
+    from forecasting.traces import MAX_INSTANCES
+
+    return check_count(value, setting=setting, maximum=MAX_INSTANCES)
+
+
+_positive = functools.partial(check_count, minimum=1)
+_non_negative = functools.partial(check_count, minimum=0)
+
+#: What each flow's parameters must be, by Prefect flow name: the checks that need nothing running (names, counts,
+#: ranges). A flow runs them on its arguments at its start (`flow_checks`); `check_deployments` runs them on each
+#: deployment's ``parameters`` (over the flow's defaults) before `prefect deploy`. Checks that need the world (the
+#: tracking store, AWS credentials, the job folder) stay in the flows.
+FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
+    "train": {
+        "model": check_model, "trace": check_trace, "planner": check_planner, "provider": check_provider,
+        "workers": _positive, "steps": _positive, "interval_seconds": check_seconds, "step_seconds": check_seconds,
+        "start_interval": _non_negative, "look_ahead": check_look_ahead, "checkpoint_every": _positive,
+        "timeout_s": _optional(check_seconds),
+    },
+    "pipeline": {
+        "trace": check_trace, "train_traces": _each(check_trace), "horizon": check_look_ahead, "model": check_model,
+        "workers": _positive, "steps": _positive, "interval_seconds": check_seconds, "step_seconds": check_seconds,
+        "start_interval": _non_negative, "checkpoint_every": _positive,
+    },
+    "plan-interval": {
+        "model": check_plan_model, "trace": check_trace, "at_interval": _optional(_non_negative),
+        "look_ahead": check_look_ahead, "interval_s": check_interval, "capacity": _optional(_instances),
+    },
+    "retrain-forecaster": {
+        "eval_trace": check_trace, "train_traces": _each(check_trace), "horizon": check_look_ahead,
+        "interval_s": check_interval,
+    },
+    "collect-traces": {"price_hours": check_seconds, "target_capacity": _instances},
+}  # fmt: skip
+
+
+def flow_checks(flow: str, parameters: Mapping[str, Any], *, where: str = "") -> list[Callable[[], Any]]:
+    """The zero-argument checks (for `check_all`) of the ``parameters`` of Prefect flow ``flow`` that
+    `FLOW_PARAMETERS` knows; ``where`` prefixes each setting's name (``"prefect.yaml: deployment 'x'.parameters."``).
+
+    plan-interval's ``model`` is left to the flow when it has a runtime ``profile``: the profile names its model.
+    """
+    table = FLOW_PARAMETERS[flow]
+    skip = {"model"} if flow == "plan-interval" and parameters.get("profile") is not None else set()
+    return [
+        functools.partial(check, parameters[name], setting=f"{where}{name}")
+        for name, check in table.items()
+        if name in parameters and name not in skip
+    ]
 
 
 def check_resume(
@@ -265,22 +409,40 @@ def check_schedule(spec: Any, *, where: str) -> None:
         ) from None
 
 
+def _read_yaml(file: Path) -> Any:
+    """The parsed YAML of ``file``; every way it can fail (unreadable, not UTF-8, not YAML, nested past the
+    parser's recursion) a SettingError naming the file."""
+    import yaml
+
+    try:
+        data = file.read_bytes()
+    except OSError as exc:
+        raise _fail(str(file), f"cannot read it ({exc.strerror or exc})", "run from the project root") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise _fail(str(file), f"is not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})",
+                    "save it as UTF-8 YAML (is it the right file?)") from None  # fmt: skip
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise _fail(str(file), f"is not valid YAML ({' '.join(str(exc).split())[:300]})", "fix the syntax") from None
+    except RecursionError:
+        fix = "flatten it (a prefect.yaml nests a few levels)"
+        raise _fail(str(file), "is nested too deeply to parse", fix) from None
+
+
 def check_deployments(path: str | os.PathLike[str] = "prefect.yaml", *, load_flows: bool = True) -> list[str]:
     """Check every deployment of a ``prefect.yaml``; returns their ``<flow file>:<name>`` labels.
 
-    Per deployment: the schedules parse (`check_schedule`), trace parameters name known traces and, with
-    ``load_flows``, the entrypoint loads and its ``parameters`` validate against the flow's signature.
+    Per deployment: the schedules parse (`check_schedule`) and, with ``load_flows``, the entrypoint loads, its
+    ``parameters`` validate against the flow's signature and pass the flow's own checks (`FLOW_PARAMETERS`, over
+    the flow's defaults); without ``load_flows``, trace parameters name known traces.
     Raises one SettingError listing every problem found.
     """
-    import yaml
-
     file = Path(path)
-    try:
-        doc = yaml.safe_load(file.read_text())
-    except OSError as exc:
-        raise _fail(str(file), f"cannot read it ({exc.strerror or exc})", "run from the project root") from None
-    except yaml.YAMLError as exc:
-        raise _fail(str(file), f"is not valid YAML ({' '.join(str(exc).split())})", "fix the syntax") from None
+    doc = _read_yaml(file)
     deployments = (doc or {}).get("deployments") if isinstance(doc, Mapping) else None
     if not isinstance(deployments, list) or not deployments:
         raise _fail(str(file), "has no `deployments:` list", "declare each deployment under `deployments:`")
@@ -304,7 +466,7 @@ def check_deployments(path: str | os.PathLike[str] = "prefect.yaml", *, load_flo
             except SettingError as exc:
                 problems.extend(exc.problems)
         params = dep.get("parameters") or {}
-        for key in TRACE_PARAMETERS:
+        for key in () if load_flows else TRACE_PARAMETERS:  # with the flows, FLOW_PARAMETERS checks the traces
             if isinstance(params, Mapping) and params.get(key) is not None:
                 try:
                     check_trace(params[key], setting=f"{where}.parameters.{key}")
@@ -328,9 +490,16 @@ def _check_entrypoint(root: Path, entrypoint: str, params: Any, where: str) -> l
     except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
         return [f"{where}.entrypoint: {entrypoint!r} does not load ({type(exc).__name__}: {exc}); fix the flow"]
     try:
-        flow.validate_parameters(dict(params or {}))
+        validated = flow.validate_parameters(dict(params or {}))
     except Exception as exc:  # noqa: BLE001 - ParameterTypeError / SignatureMismatchError
         return [f"{where}.parameters: {' '.join(str(exc).split())}; use the flow's parameter names and types"]
+    if flow.name not in FLOW_PARAMETERS:
+        return []
+    defaults = {k: p.default for k, p in inspect.signature(flow.fn).parameters.items() if p.default is not p.empty}
+    try:
+        check_all(*flow_checks(flow.name, {**defaults, **validated}, where=f"{where}.parameters."))
+    except SettingError as exc:
+        return exc.problems
     return []
 
 

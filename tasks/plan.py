@@ -79,17 +79,20 @@ def _address(coordinator: str) -> tuple[str, int]:
 
 @task(name="hand-plan-to-coordinator", persist_result=False)
 def hand_plan_to_coordinator(
-    plan: Mapping[str, Any], coordinator: str, job: str = "job", timeout_s: float = 10.0
+    plan: Mapping[str, Any], coordinator: str, job: str = "job", timeout_s: float = 10.0,
+    token_file: str | None = None,
 ) -> dict[str, Any]:
     """Hand the plan's decision to the running job ``job`` whose coordinator listens at ``coordinator`` (HOST:PORT);
-    the job's `trainer.planning.HandedPlanner` applies it from its next interval boundary. The job token, if the
-    coordinator wants one, comes from ``$PARCAE_TOKEN`` (never a flow parameter: those are shown in the UI).
+    the job's `trainer.planning.HandedPlanner` applies it from its next interval boundary. The job's token (every
+    coordinator wants one) is read from ``token_file`` (the job's ``OUT_DIR/token``), else ``$PARCAE_TOKEN`` —
+    never a flow parameter itself: those are shown in the UI.
 
     A refusal (unreachable, wrong job or token, a job that takes no handed plans or has ended, a strategy its model
     cannot run) raises `trainer.planning.HandPlanError` saying which; a (0, 0) decision (stop) is refused here:
     a handed plan never stops a job.
     """
     from trainer.planning import HandPlanError, hand_plan
+    from trainer.store import TOKEN_ENV, read_token_file
 
     host, port = _address(coordinator)
     d, p = (int(v) for v in plan["decision"])
@@ -98,5 +101,6 @@ def hand_plan_to_coordinator(
                             "it was not handed in")  # fmt: skip
     run_id = runtime.flow_run.id
     source = f"prefect flow run {runtime.flow_run.name} ({run_id})" if run_id else "outside a Prefect flow run"
-    hand_plan(host, port, (d, p), job=job, token=os.environ.get("PARCAE_TOKEN"), source=source, timeout_s=timeout_s)
+    token = read_token_file(token_file) if token_file else os.environ.get(TOKEN_ENV)
+    hand_plan(host, port, (d, p), job=job, token=token, source=source, timeout_s=timeout_s)
     return {"coordinator": f"{host}:{port}", "job": job, "strategy": [d, p], "source": source}

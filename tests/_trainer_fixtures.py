@@ -6,7 +6,6 @@ import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.observer import JobObserver
+from trainer.store import connect_store, read_token_file
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -58,12 +58,13 @@ class Cloud(JobObserver):
         self.thread: threading.Thread | None = None
 
     def on_start(self, info: dict[str, Any]) -> None:
-        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"]), daemon=True)
+        token = read_token_file(info["token_file"])
+        self.thread = threading.Thread(target=self._run, args=(info["host"], info["port"], token), daemon=True)
         self.thread.start()
 
-    def _run(self, host: str, port: int) -> None:
+    def _run(self, host: str, port: int, token: str) -> None:
         try:
-            store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=30))
+            store = connect_store(host, port, token, 30)
             for i, (when, act) in enumerate(self.script):
                 end = time.monotonic() + 60
                 while not when(store):

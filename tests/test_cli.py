@@ -240,7 +240,7 @@ def test_unknown_policy_is_rejected_before_simulating(runner):
 
 @pytest.mark.parametrize(
     ("hours", "needles"),
-    [(("100", "101"), ("[100.0, 101.0)", "outside")), (("5", "4"), ("[5.0, 4.0)", "empty"))],
+    [(("100", "101"), ("[100.0, 101.0)", "outside")), (("5", "4"), ("--start-hour (5)", "before --end-hour (4)"))],
 )
 def test_window_outside_trace(runner, hours, needles):
     result = invoke(runner, "simulate", "--start-hour", hours[0], "--end-hour", hours[1], "-p", "ideal")

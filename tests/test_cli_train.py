@@ -61,18 +61,21 @@ def test_train_replays_a_trace_planned_by_liveput_on_a_profile(tmp_path, _no_orp
     assert "3 plans by liveput (2x1, 2x1, 2x1); forecasts: persistence" in res.output
 
 
-def test_train_resumes_from_the_latest_checkpoint(tmp_path, _no_orphans):
+def test_train_resume_continues_a_finished_job_only_with_more_steps(tmp_path, _no_orphans):
     run = tmp_path / "run"
     args = ["train", "--workers", "2", "--checkpoint-every", "2", "--out-dir", str(run)]
     first = CliRunner().invoke(app, [*args, "--steps", "3"])
     assert first.exit_code == 0, first.output
     again = CliRunner().invoke(app, [*args, "--steps", "5"])  # without --resume the folder is not reused
     assert again.exit_code == 2 and "resume" in again.output, again.output
+    same = CliRunner().invoke(app, [*args, "--steps", "3", "--resume"])  # finished: nothing to retrain
+    assert same.exit_code == 2 and "has finished: it trained 3 steps" in same.output, same.output
     out = tmp_path / "report.json"
     res = CliRunner().invoke(app, [*args, "--steps", "5", "--resume", "--json", str(out)])
     assert res.exit_code == 0, res.output
-    report = json.loads(out.read_text())
-    assert report["resumed_from"] == 2 and report["first_step"] == 2 and len(report["loss"]) == 3
+    report = json.loads(out.read_text())  # on from the finished run's final parameters, not its step-2 checkpoint
+    assert report["resumed_from"] == 3 and report["first_step"] == 3 and len(report["loss"]) == 2
+    assert "resumed from the checkpoint of step 3" in res.output
 
 
 def test_train_planner_errors_name_the_fix(tmp_path):

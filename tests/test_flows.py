@@ -202,6 +202,7 @@ def test_plan_interval_hands_its_plan_to_a_running_job(trained, tmp_path: Path, 
         state = plan_interval(
             model="tiny-gpt", trace="p3", at_interval=20, look_ahead=LOOK_AHEAD, state=JobState((2, 2)),
             profile=str(profile), capacity=4, coordinator=f"{info['host']}:{info['port']}", job="handed-job",
+            token_file=info["token_file"],
             return_state=True,
         )  # fmt: skip
     finally:

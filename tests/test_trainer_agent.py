@@ -197,7 +197,7 @@ def left_and_joined(left: int, joined: int) -> Condition:
     """Worker `left`'s first process has ended and worker `joined` registered (the coordinator creates
     ctl/joins/{id} = 0 when it starts waiting for it: registered means >= 1)."""
     key = f"ctl/joins/{joined}"
-    return lambda st: st.check([exit_key(left, 0), key]) and int(st.get(key)) >= 1
+    return lambda st: st.check([exit_key(left, 0)]) and st.add(key, 0) >= 1  # (a counter: read with add)
 
 
 def reference(steps: int) -> tuple[list[float], dict[str, Any]]:

@@ -158,7 +158,8 @@ def test_a_crash_mid_write_leaves_the_previous_checkpoint_intact(trained, tmp_pa
     monkeypatch.undo()
 
     assert path.read_bytes() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # the temporary file is gone
+    # the temporary file is gone; the shard and its hash record are the old ones
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name, checkpoint.record_path(path).name]
     assert_states_equal(checkpoint.load(path, config=CFG, job=JOB).layers, trained)
 
 

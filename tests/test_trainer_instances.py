@@ -71,7 +71,7 @@ def test_trace_provider_compresses_time_into_steps():
 
 def test_local_provider_kill_preempt_and_heartbeat_detection(tmp_path):
     c = Coordinator(CFG, TRAIN, 5, layers_dir=str(tmp_path), hb_timeout_s=0.5)
-    provider = LocalProcessProvider(c.host, c.port, start_method="forkserver")
+    provider = LocalProcessProvider(c.host, c.port, c.token, start_method="forkserver")
     try:
         ids = provider.start(2)
         assert ids == [0, 1] and provider.start(0) == []

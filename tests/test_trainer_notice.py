@@ -126,7 +126,7 @@ def test_a_sigterm_is_noted_without_io_and_wakes_the_waiting_thread():
 
 def test_the_local_provider_gives_notice_by_sigterm_and_reclaims_at_the_deadline(tmp_path):
     c = Coordinator(CFG, TRAIN, 5, layers_dir=str(tmp_path), notice_grace_s=120.0)
-    provider = LocalProcessProvider(c.host, c.port, start_method="forkserver")
+    provider = LocalProcessProvider(c.host, c.port, c.token, start_method="forkserver")
     try:
         assert provider.start_ids([3], next_id=1) == [3] and provider.start(1) == [4]  # ids go on after 3
         c.expect([3, 4])
@@ -273,7 +273,7 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
     # is shorter than the group timeout (60 s) — and nothing of the migration is installed
     cloud = Cloud((in_state(3, "MIGRATING@3"), send(3, signum)))
     events = [{"step": 3, "kind": "plan", "strategy": [2, 2]}]
-    result = job(tmp_path, 4, (1, 2), events, cloud, pg_timeout_s=60, timeout_s=45)
+    result = job(tmp_path, 4, (1, 2), events, cloud, pg_timeout_s=60, timeout_s=45, hb_timeout_s=1.0)
     rolled, recovery = result["reconfigurations"]
     assert (rolled["step"], rolled["strategy"], rolled["abandoned"]) == (3, [2, 2], True)
     assert rolled["bytes_moved"] == 0  # no transfer completed
@@ -281,8 +281,8 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
     assert (recovery["step"], recovery["kind"], recovery["source"]) == (3, "intra-stage", "failure")
     assert (recovery["strategy"], recovery["notice"], recovery["steps_lost"]) == ([1, 2], False, 0)
     (dead,) = [e for e in result["events"] if e["event"] == "dead"]
-    assert dead["workers"] == [3] and dead["reason"] == ("its process was killed" if signum == signal.SIGKILL
-                                                         else "heartbeat lost")  # fmt: skip
+    assert dead["workers"] == [3] and dead["reason"].startswith("its process was killed" if signum == signal.SIGKILL
+                                                                else "heartbeat lost: silent for more than the 1 s")  # fmt: skip
     assert result["exit_codes"] == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}  # (a hung one is fenced: killed)
     assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
     assert_same_run(result)

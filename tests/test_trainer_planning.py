@@ -258,7 +258,7 @@ def test_handed_planner_applies_the_latest_feasible_plan():
 
 
 def test_hand_plan_authenticates_and_checks_the_job(tmp_path):
-    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path), job="job-a", token="s3cret", require_token=True)
+    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path), job="job-a", token="s3cret")
     where = rf"coordinator at 127\.0\.0\.1:{c.port}"
     with pytest.raises(HandPlanError, match=rf"job 'job-a' at the {where} takes no handed plans"):
         hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="s3cret")
@@ -377,7 +377,7 @@ class HandingObserver(JobObserver):
 def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
     rec, hander = RecordingObserver(), HandingObserver("tok")
     result = run_job(CFG, TRAIN, 4, (2, 2), 9, [], tmp_path / "job", job="handed-job", token="tok",
-                     require_token=True, planner=HandedPlanner(), steps_per_interval=3,
+                     planner=HandedPlanner(), steps_per_interval=3,
                      observer=ObserverList([hander, rec]), start_method="forkserver", timeout_s=80)  # fmt: skip
     first, second = rec.of("plan")
     assert hander.handed_after == first.step == 3

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,13 +131,39 @@ def test_a_killed_driver_leaves_no_worker_and_the_job_resumes_where_it_was(tmp_p
     assert result["loss"] == ref["loss"][r:]
 
 
-def test_resuming_a_finished_job_recomputes_from_its_last_checkpoint(uninterrupted):
-    """Its final shards (layers/) do not block the resumed run, which redoes the steps after the last checkpoint."""
+def test_resuming_a_finished_job_refuses_or_trains_on_from_its_final_parameters(uninterrupted, tmp_path):
+    """A finished job is not retrained: with the same steps resume refuses (its final weights stay); with more
+    steps it trains on from the final parameters, never replacing them with an earlier checkpoint's."""
     out, ref = uninterrupted
-    assert checkpoint.find_shards(out / "layers", STEPS)
-    result = _job(out, resume=True)
-    assert result["resumed_from"] == 9 and len(result["loss"]) == STEPS - 9
-    assert result["final_checksum"] == ref["final_checksum"] and result["loss"] == ref["loss"][9:]
+    job = tmp_path / "job"
+    shutil.copytree(out, job)
+    final = {p.name: p.read_bytes() for p in checkpoint.find_shards(job / "layers", STEPS)}
+    with pytest.raises(ScheduleError, match=rf"job 'job' has finished: it trained {STEPS} steps .*more steps than"):
+        _job(job, resume=True)
+    assert {p.name: p.read_bytes() for p in checkpoint.find_shards(job / "layers", STEPS)} == final
+    longer = run_job(CFG, TRAIN, 4, (2, 2), STEPS + 2, EVENTS, job, checkpoint_every=3, start_method="forkserver",
+                     timeout_s=90, resume=True)  # fmt: skip
+    assert longer["resumed_from"] == STEPS and len(longer["loss"]) == 2
+    # the finished run's final parameters are now the checkpoint the longer run started from
+    assert {p.name: p.read_bytes() for p in checkpoint.find_shards(job / "checkpoints", STEPS)} == final
+
+
+def test_resume_skips_a_corrupt_latest_checkpoint_for_the_newest_intact_one(uninterrupted, tmp_path):
+    """Sixteen bytes of the latest checkpoint overwritten with 0xFF: refused, named, and the job resumes from the
+    checkpoint before it, ending with the uninterrupted run's parameters."""
+    out, ref = uninterrupted
+    job = tmp_path / "job"
+    shutil.copytree(out, job)
+    shutil.rmtree(job / "layers")  # as if the job had been killed after its last checkpoint
+    latest = max(checkpoint.checkpoint_steps(job / "checkpoints"))
+    shard = checkpoint.find_shards(job / "checkpoints", latest)[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 16] = b"\xff" * 16
+    shard.write_bytes(bytes(data))
+    result = _job(job, resume=True)
+    assert result["resumed_from"] == latest - 3
+    assert f"skipped step {latest} ({shard.name}: " in result["resume_note"] and "sha256" in result["resume_note"]
+    assert result["final_checksum"] == ref["final_checksum"] and result["loss"] == ref["loss"][latest - 3 :]
 
 
 def _layers(names=None) -> dict:
@@ -147,15 +174,15 @@ def _layers(names=None) -> dict:
 def test_resume_refuses_checkpoints_of_another_job_or_model_and_corrupt_files(tmp_path):
     ckdir = tmp_path / "job" / "checkpoints"
     foreign = checkpoint.save(checkpoint.shard_path(ckdir, 6), _layers(), step=6, config=CFG, job="other-job")
-    with pytest.raises(ScheduleError, match=rf"cannot resume from .*: {foreign}: checkpoint of job 'other-job'"):
+    with pytest.raises(ScheduleError, match=rf"cannot resume from .*: {foreign.name} \(step 6\) is not this job's checkpoint \(of job 'other-job'"):
         _job(tmp_path / "job", resume=True)
     foreign.unlink()
     other = model_config("tiny-gpt", dtype="float64", seed=3)
     path = checkpoint.save(checkpoint.shard_path(ckdir, 6), _layers(), step=6, config=other, job="job")
     with pytest.raises(ScheduleError, match=rf"{path}: checkpoint of another model config \(seed: file has 3"):
         _job(tmp_path / "job", resume=True)
-    path.write_bytes(b"not a checkpoint")
-    with pytest.raises(ScheduleError, match=rf"{path}: not a readable checkpoint"):
+    path.write_bytes(b"not a checkpoint")  # the only checkpoint, damaged: refused rather than restarted silently
+    with pytest.raises(ScheduleError, match=rf"no intact checkpoint; skipped step 6 \({path.name}: 16 bytes, its hash record says"):
         _job(tmp_path / "job", resume=True)
     path.unlink()
     (ckdir / "notes.txt").write_text("mine")

@@ -41,7 +41,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from trainer.instances import InstanceProvider, NoticeDeadlines
@@ -111,10 +110,9 @@ class InstanceAgent:
     # -- the loop -------------------------------------------------------------------------------------------
     def connect(self) -> Any:
         if self.store is None:
-            import torch.distributed as dist  # here, not at import: `--help` must not need torch
+            from trainer.store import connect_store  # here, not at import: `--help` must not need torch
 
-            self.store = dist.TCPStore(self.host, self.port, is_master=False,
-                                       timeout=timedelta(seconds=self.store_timeout_s))  # fmt: skip
+            self.store = connect_store(self.host, self.port, self.token, self.store_timeout_s)
         return self.store
 
     def run(self) -> int:
@@ -144,6 +142,9 @@ class InstanceAgent:
         env = dict(os.environ)
         if self.token:
             env["PARCAE_TOKEN"] = self.token
+        driver = getattr(store, "driver_key", None)  # the key the agent pinned when it connected
+        if driver:
+            env["PARCAE_DRIVER_KEY"] = driver
         self.proc = subprocess.Popen(self.command(self.worker, self.host, self.port), env=env)
         self.incarnation = k
         store.set(up_key(self.worker, k), str(self.proc.pid))

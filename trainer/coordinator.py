@@ -13,9 +13,9 @@ its `trainer.instances` provider start and stop them; which assignment and trans
 One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in the store:
 
   job/spec                 JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
-  auth/mode, auth/salt, auth/digest
-                           "none", or "token" with sha256(salt + token): a worker proves it was given the job's
-                           token and refuses to join otherwise (it exits with EXIT_TOKEN and writes ctl/rejected/{id})
+  auth/salt, auth/check     the salt the job's key is derived with (plain), and a sealed check value: a client
+                           whose token does not open it is refused (a worker exits with EXIT_TOKEN); see
+                           `trainer.store`. Every other value is sealed with the job's key, counters (add) aside
   epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
   ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
   ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
@@ -76,25 +76,23 @@ decision to "abort", collects the survivors' reports and plans the replacement f
 (`recover`), or a checkpoint-restart when a layer lost its last holder. New epochs are only ever planned on top of
 a committed one (`committed`), so a rollback never goes back more than one epoch.
 
-Security: the token guards against mis-wiring (a worker of another job, a stray coordinator), not against an attacker
-who can reach the port — TCPStore has no authentication or encryption. Keep the port on a private network.
+Security (`trainer.store`): the store listens only on the requested host (loopback by default), and every value is
+sealed with the job's token (generated per job when none is given), so a client without it reads ciphertext only and
+what it writes is ignored. Values written by token holders are still untrusted input: the coordinator skips and
+logs a malformed notice or handed plan rather than crash on it.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import json
-import secrets
+import logging
+import math
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
-
-import torch.distributed as dist
 
 from liveput.migration import MigrationKind
 from trainer import checkpoint
@@ -109,15 +107,58 @@ from trainer.migration import (
     plan_recovery,
     restart_epoch,
 )
+from trainer.store import host_store, new_token
+
+log = logging.getLogger(__name__)
 
 HOLD, TRAIN = "hold", "train"
 APPLY, ABORT = "apply", "abort"
 ACCEPTS_KEY, HANDED_SEQ = "plan/accepts", "plan/seq"
+# A worker whose heartbeat stays silent this long is declared dead (a process that exits is seen at once). Long
+# enough that a living worker on a loaded machine is not (1 s was: a job died at load 80); a hung one costs this
+# long to detect.
+DEFAULT_HB_TIMEOUT_S = 10.0
+# A silent worker whose process the provider sees running (schedulable: starved on a loaded machine, not hung) is
+# declared dead only this many bounds past its last heartbeat: evidence, not a guess.
+HB_RUNNING_FACTOR = 3.0
+HANDED_GAP_S = 5.0  # a handed-plan number taken but not written this long is passed over (its client died)
 
 
 def handed_key(i: int) -> str:
     """The store key of the `i`-th plan handed in from outside (`trainer.planning.hand_plan`)."""
     return f"plan/handed/{i}"
+
+
+def _as_int(text: str) -> int | None:
+    """`text` as a non-negative int of at most 18 digits, or None (store values are untrusted input)."""
+    text = text.strip()
+    return int(text) if text.isdigit() and len(text) <= 18 else None
+
+
+def _as_float(text: str) -> float | None:
+    """`text` as a finite float, or None."""
+    try:
+        v = float(text)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _handed_record(raw: bytes) -> dict[str, Any] | None:
+    """A handed plan as `trainer.planning.hand_plan` writes it — {"strategy": [D, P], "source", "sent_at"} — or
+    None if `raw` is not one."""
+    try:
+        plan = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(plan, dict):
+        return None
+    st, sent = plan.get("strategy"), plan.get("sent_at", 0.0)
+    if not (isinstance(st, list) and len(st) == 2 and all(type(v) is int and 1 <= v <= 1 << 20 for v in st)):
+        return None
+    if not isinstance(sent, (int, float)) or not math.isfinite(sent) or not isinstance(plan.get("source", ""), str):
+        return None
+    return {"strategy": st, "source": plan.get("source", ""), "sent_at": float(sent)}
 
 
 class ScheduleError(ValueError):
@@ -134,22 +175,6 @@ def is_loopback(host: str) -> bool:
             return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
         except (OSError, ValueError):
             return False
-
-
-def token_digest(salt: str, token: str) -> str:
-    return hashlib.sha256(f"{salt}:{token}".encode()).hexdigest()
-
-
-def token_refusal(store: dist.Store, token: str | None, where: str) -> str | None:
-    """Why a client presenting `token` to the job whose store this is must be refused, or None: the check a worker
-    makes when it joins (`trainer.worker.Worker.join`), for other clients of the store (`trainer.planning`)."""
-    if store.get("auth/mode").decode() != "token":
-        return None
-    if not token:
-        return f"the {where} requires a token and none was given"
-    if not hmac.compare_digest(token_digest(store.get("auth/salt").decode(), token), store.get("auth/digest").decode()):
-        return f"wrong token for the {where}"
-    return None
 
 
 @dataclass(frozen=True)
@@ -314,19 +339,12 @@ class Coordinator:
         host: str = "127.0.0.1",
         port: int = 0,
         token: str | None = None,
-        require_token: bool | None = None,
         pg_timeout_s: float = 30.0,
         store_timeout_s: float = 60.0,
         hb_interval_s: float = 0.1,
-        hb_timeout_s: float = 1.0,
+        hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
         notice_grace_s: float = 30.0,
     ) -> None:
-        require = not is_loopback(host) if require_token is None else require_token
-        if require and not token:
-            raise ValueError(
-                f"the coordinator listens on {host!r}, reachable from other hosts: a shared token is required "
-                "(workers must present it)"
-            )
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
         if hb_timeout_s <= 2 * hb_interval_s:
@@ -337,19 +355,10 @@ class Coordinator:
                             checkpoint_every, hb_interval_s, float(notice_grace_s))  # fmt: skip
         self.host = host
         self.hb_timeout_s = hb_timeout_s
-        self.store = dist.TCPStore(
-            host, port, world_size=None, is_master=True, wait_for_workers=False,
-            timeout=timedelta(seconds=store_timeout_s),
-        )  # fmt: skip
+        # every client authenticates, loopback included: without a token given, the job makes one (`token`)
+        self.token = token or new_token()
+        self.store = host_store(host, port, self.token, store_timeout_s)
         self.port = self.store.port
-        if require:
-            salt = secrets.token_hex(16)
-            assert token is not None
-            self.store.set("auth/salt", salt)
-            self.store.set("auth/digest", token_digest(salt, token))
-            self.store.set("auth/mode", "token")
-        else:
-            self.store.set("auth/mode", "none")
         self.store.set("job/spec", self.spec.to_json())
         self.sizes = layer_sizes(model)
         self.current: Epoch | None = None
@@ -373,6 +382,8 @@ class Coordinator:
         self._sources: dict[int, str] = {}  # epoch number -> what made it: schedule, planner, sigterm, failure
         self._noticed: dict[int, tuple[int, ...]] = {}  # epoch number -> its preempted workers that had a notice
         self.notices: dict[int, float] = {}  # worker -> deadline (wall clock) of the notice it reported
+        self._rejected: set[tuple[str, str]] = set()  # malformed store values already logged
+        self._handed_gap: dict[int, float] = {}  # handed-plan numbers taken but not written -> first seen missing
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
@@ -457,6 +468,10 @@ class Coordinator:
                 else:
                     stale.add(w)
         return stale
+
+    def silent_for(self, w: int) -> float:
+        """Seconds since worker `w`'s heartbeat last moved (0 when it is not monitored)."""
+        return time.monotonic() - self._hb[w][1] if w in self._hb else 0.0
 
     def unsettled(self, within_s: float | None = None) -> set[int]:
         """Alive, monitored workers whose heartbeat has not moved within `within_s` (default 3 intervals): possibly
@@ -587,15 +602,35 @@ class Coordinator:
     # -- preemption notices --------------------------------------------------------------------------------
     def new_notices(self) -> dict[int, float]:
         """Notices workers reported (SIGTERM) since the last call: worker -> deadline (wall clock). Two store calls
-        when there is none; poll it with the heartbeats."""
+        when there is none; poll it with the heartbeats. A malformed entry (not a known worker's id, a deadline
+        that is not a finite number) is logged once and ignored: store values are untrusted input."""
         if not self.store.check(["ctl/notices"]):
             return {}
         out = {}
-        for item in self.store.get("ctl/notices").decode().split(","):
-            if item and int(item) not in self.notices:
-                w = int(item)
-                self.notices[w] = out[w] = float(self.store.get(f"ctl/notice/{w}"))
+        for item in self.store.get("ctl/notices").decode(errors="replace").split(","):
+            if not item:  # (each entry ends with a comma)
+                continue
+            w = _as_int(item)
+            if w is None or w not in self._expected:
+                self._malformed("ctl/notices", item)
+                continue
+            if w in self.notices:
+                continue
+            key = f"ctl/notice/{w}"
+            deadline = _as_float(self.store.get(key).decode(errors="replace")) if self.store.check([key]) else None
+            if deadline is None:
+                self._malformed(key, "missing or not a finite number")
+                continue
+            self.notices[w] = out[w] = deadline
         return out
+
+    def _malformed(self, key: str, value: str) -> None:
+        """Log a malformed store value once (the driver goes on without it)."""
+        if (key, value) in self._rejected:
+            return
+        self._rejected.add((key, value))
+        self.log.append({"event": "malformed", "key": key, "value": value[:80]})
+        log.warning("ignored a malformed value of store key %r: %r", key, value[:80])
 
     def notice_at(self, w: int) -> float | None:
         """When worker `w` received its notice (wall clock), if it reported one."""
@@ -780,10 +815,14 @@ class Coordinator:
         """(step, epoch) -> the stages whose shard was written."""
         out: dict[tuple[int, int], set[int]] = {}
         if self.store.check(["ckpt/written"]):
-            for item in self.store.get("ckpt/written").decode().split(";"):
-                if item:
-                    s, n, k = (int(v) for v in item.split(":"))
-                    out.setdefault((s, n), set()).add(k)
+            for item in self.store.get("ckpt/written").decode(errors="replace").split(";"):
+                parts = [_as_int(v) for v in item.split(":")] if item else []
+                if len(parts) != 3 or None in parts:
+                    if item:
+                        self._malformed("ckpt/written", item)
+                    continue
+                s, n, k = parts
+                out.setdefault((s, n), set()).add(k)
         return out
 
     def latest_checkpoint(self) -> int:
@@ -983,16 +1022,29 @@ class Coordinator:
         """Let `trainer.planning.hand_plan` clients hand plans to this job (its planner reads them)."""
         self.store.set(ACCEPTS_KEY, planner)
 
-    def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any]]]:
-        """Plans handed in after the `after`-th, as (sequence number, {"strategy", "source", "sent_at"}), in order;
-        stops at one whose number was taken but which is not written yet (it comes with the next call)."""
+    def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any] | None]]:
+        """Plans handed in after the `after`-th, as (sequence number, {"strategy", "source", "sent_at"}), in order
+        (None for a number passed over);
+        stops at one whose number was taken but which is not written yet (it comes with the next call), unless it
+        stays missing for `HANDED_GAP_S` (its client died, or the counter was bumped by someone else): then it is
+        passed over. A plan that is not such a record is logged and passed over too."""
         out = []
         last = self.store.add(HANDED_SEQ, 0)
+        now = time.monotonic()
         for i in range(after + 1, last + 1):
             key = handed_key(i)
             if not self.store.check([key]):
-                break
-            out.append((i, json.loads(self.store.get(key))))
+                since = self._handed_gap.setdefault(i, now)
+                if now - since < HANDED_GAP_S:
+                    break
+                self._malformed(key, "never written")
+                out.append((i, None))
+                continue
+            raw = self.store.get(key)
+            plan = _handed_record(raw)
+            if plan is None:
+                self._malformed(key, raw.decode(errors="replace"))
+            out.append((i, plan))
         return out
 
     def note(self, entry: dict[str, Any]) -> None:

@@ -34,12 +34,13 @@ events only — add, preempt, kill — and rejects plans and checkpoint-restarts
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from forecasting import jsonio
 
 KINDS = ("plan", "add", "preempt", "kill", "checkpoint-restart")
 _FIELDS = {
@@ -94,25 +95,32 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+def _shown(value: Any) -> str:
+    """A value as an error message shows it: its repr, at most 60 characters (a file can hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _parse_one(raw: Any, where: str) -> Event:
     def fail(field: str, msg: str) -> EventError:
-        return EventError(f"{where}: field {field!r}: {msg}")
+        return EventError(f"{where}: field {_shown(field)}: {msg}")
 
     if not isinstance(raw, Mapping):
-        raise EventError(f"{where}: expected an object like {{\"step\": 3, \"kind\": \"plan\", ...}}, got {raw!r}")
+        raise EventError(f"{where}: expected an object like {{\"step\": 3, \"kind\": \"plan\", ...}}, "
+                         f"got {_shown(raw)}")
     kind = raw.get("kind")
     if kind is None:
         raise fail("kind", f"missing; expected one of {', '.join(KINDS)}")
     if kind not in KINDS:
-        raise fail("kind", f"expected one of {', '.join(KINDS)}, got {kind!r}")
+        raise fail("kind", f"expected one of {', '.join(KINDS)}, got {_shown(kind)}")
     unknown = sorted(set(raw) - _FIELDS[kind])
     if unknown:
-        raise fail(unknown[0], f"not a field of a {kind!r} event (fields: {', '.join(sorted(_FIELDS[kind]))})")
+        raise fail(unknown[0], f"not a field of a {_shown(kind)} event (fields: {', '.join(sorted(_FIELDS[kind]))})")
     step = raw.get("step")
     if step is None:
         raise fail("step", "missing")
     if not _is_int(step) or step < 1:
-        raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {step!r}")
+        raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {_shown(step)}")
     if kind in ("plan", "checkpoint-restart"):
         s = raw.get("strategy")
         if s is None:
@@ -121,25 +129,25 @@ def _parse_one(raw: Any, where: str) -> Event:
             raise fail("strategy", "missing; a plan needs \"strategy\": [D, P]")
         pair = isinstance(s, Sequence) and not isinstance(s, str) and len(s) == 2
         if not pair or not all(_is_int(v) and v >= 1 for v in s):
-            raise fail("strategy", f"expected [D, P] with two integers >= 1, got {s!r}")
+            raise fail("strategy", f"expected [D, P] with two integers >= 1, got {_shown(s)}")
         return Event(step, kind, strategy=(int(s[0]), int(s[1])))
     if kind == "add":
         n = raw.get("workers")
         if n is None:
             raise fail("workers", "missing; an add needs \"workers\": n")
         if not _is_int(n) or n < 1:
-            raise fail("workers", f"expected an integer >= 1, got {n!r}")
+            raise fail("workers", f"expected an integer >= 1, got {_shown(n)}")
         return Event(step, kind, workers=n)
     ids = raw.get("instances")
     if ids is None:
         raise fail("instances", f"missing; a {kind} needs \"instances\": [worker ids]")
     if not isinstance(ids, Sequence) or isinstance(ids, str) or not ids or not all(_is_int(v) and v >= 0 for v in ids):
-        raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {ids!r}")
+        raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {_shown(ids)}")
     if len(set(ids)) != len(ids):
-        raise fail("instances", f"worker ids repeat: {list(ids)!r}")
+        raise fail("instances", f"worker ids repeat: {_shown(list(ids))}")
     notice = raw.get("notice", kind == "preempt")
     if not isinstance(notice, bool):
-        raise fail("notice", f"expected true or false, got {notice!r}")
+        raise fail("notice", f"expected true or false, got {_shown(notice)}")
     if kind == "kill" and notice:
         raise fail("notice", "a kill has no notice; use {\"kind\": \"preempt\"} for a preemption with notice")
     ids_t = tuple(int(v) for v in ids)
@@ -162,13 +170,13 @@ def load_events(path: str | os.PathLike[str]) -> list[Event]:
     """Read and parse a schedule file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        raw = jsonio.loads(jsonio.read(path))  # bounded: size, nesting, UTF-8
     except OSError as e:
-        raise EventError(f"{path}: cannot read the schedule ({e.strerror})") from None
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise EventError(f"{path}: not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        raise EventError(f"{path}: cannot read the schedule ({e.strerror or e})") from None
+    except jsonio.JsonSyntaxError as e:
+        raise EventError(f"{path}: not valid JSON: {e.reason} at line {e.line} column {e.column}") from None
+    except jsonio.JsonInputError as e:  # too large, too deep, not UTF-8
+        raise EventError(f"{e.at(str(path))}; expected a JSON list of events (see trainer.events)") from None
     return parse_events(raw, str(path))
 
 

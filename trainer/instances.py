@@ -32,6 +32,7 @@ import random
 import signal as _signal
 import threading
 import time
+from pathlib import Path
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,10 +152,13 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
     sends any signal.
     """
 
-    def __init__(self, host: str, port: int, token: str | None = None, start_method: str = "spawn") -> None:
+    def __init__(
+        self, host: str, port: int, token: str | None = None, start_method: str = "spawn",
+        driver_key: str | None = None,
+    ) -> None:  # fmt: skip
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
-        self.host, self.port, self.token = host, port, token
+        self.host, self.port, self.token, self.driver_key = host, port, token, driver_key
         self.start_method = start_method
         self.ctx = mp.get_context(start_method)
         if start_method == "forkserver":
@@ -171,9 +175,16 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
         old = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # read when the child imports torch
         try:
-            spec = WorkerSpec(w, self.host, self.port, self.token)
+            # the token travels pickled, never in argv; the driver's key too, so a worker never trusts the store for it
+            spec = WorkerSpec(w, self.host, self.port, self.token, driver_key=self.driver_key)
             p = self.ctx.Process(target=process_main, args=(spec,), name=f"parcae-worker-{w}", daemon=True)
-            p.start()
+            # a Ctrl-C meant for the driver must not hit a child still importing torch: it starts with SIGINT
+            # blocked (the mask survives fork and exec) and ignores it from `process_main` on
+            mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+            try:
+                p.start()
+            finally:
+                _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
             self.procs[w] = p
         finally:
             os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
@@ -236,6 +247,19 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
 
     def pid(self, w: int) -> int | None:
         return self.procs[w].pid
+
+    def running(self, w: int) -> bool | None:
+        """Whether instance `w`'s process is running and schedulable (not ended, not stopped): the evidence that a
+        silent heartbeat means a starved process on a loaded machine, not a dead or hung one. None if unknown
+        (no /proc)."""
+        p = self.procs.get(w)
+        if p is None or p.exitcode is not None or p.pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        return state in ("R", "S", "D")  # T/t: stopped (hung, as a partitioned host), Z: exited
 
     def stop(self) -> None:
         """Reap every process; kill those still running (the job failed or timed out)."""

@@ -24,7 +24,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
 from trainer.migration import PlanError, check_strategy
@@ -451,27 +450,24 @@ def hand_plan(
     """Hand `strategy` = (D, P) to the job `job` whose coordinator listens at `host:port`; its `HandedPlanner`
     applies it from the next interval boundary on (if the instances alive then allow it).
 
-    The client authenticates as a worker does (`token` against the job's salted digest) and checks the job's name,
+    The client authenticates as a worker does (`token` must open the job's sealed store, `trainer.store`; a job
+    started by `run_job` keeps it in `out_dir/token`) and checks the job's name,
     that the job takes handed plans and that P and D fit the model and batch; any refusal raises `HandPlanError`
     saying which. `source` names the sender in the job's log (e.g. the flow run).
     """
-    import torch.distributed as dist
-
-    from trainer.coordinator import ACCEPTS_KEY, HANDED_SEQ, JobSpec, handed_key, token_refusal
+    from trainer.coordinator import ACCEPTS_KEY, HANDED_SEQ, JobSpec, handed_key
+    from trainer.store import StoreAuthError, connect_store
 
     s = _as_strategy(strategy)
     if s is None or min(s) < 1:
         raise HandPlanError(f"a plan is a strategy [D, P] of two integers >= 1, got {strategy!r}")
     where = f"coordinator at {host}:{port}"
     try:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store = connect_store(host, port, token, timeout_s)
+    except StoreAuthError as e:
+        raise HandPlanError(f"{e}; the plan was not handed in") from None
     except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         raise HandPlanError(f"cannot reach the {where} within {timeout_s:g} s: {e}") from None
-    if not store.check(["auth/mode", "job/spec"]):
-        raise HandPlanError(f"{host}:{port} is not a parcae job's coordinator (no job spec in its store)")
-    why = token_refusal(store, token, where)
-    if why is not None:
-        raise HandPlanError(f"{why}; the plan was not handed in")
     spec = JobSpec.from_json(store.get("job/spec"))
     if spec.job != job:
         raise HandPlanError(f"the {where} runs job {spec.job!r}, not {job!r}; the plan was not handed in")

@@ -73,6 +73,7 @@ from liveput.migration import CostConstants, CostModel, MigrationKind, healthy_m
 from liveput.model_spec import Layer, ModelSpec
 from liveput.network import MiB, P2PTable
 from liveput.throughput import ThroughputProfile
+from forecasting import jsonio
 
 Strategy = tuple[int, int]
 
@@ -543,7 +544,7 @@ class RuntimeProfile:
         }  # fmt: skip
 
     def to_json(self, path: str | os.PathLike[str] | None = None) -> str:
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
+        text = jsonio.dumps_strict(self.to_dict(), indent=2) + "\n"
         if path is not None:
             Path(path).write_text(text, encoding="utf-8")
         return text
@@ -577,13 +578,14 @@ class RuntimeProfile:
         naming the file and the field."""
         p = Path(path)
         try:
-            text = p.read_text(encoding="utf-8")
+            data = jsonio.loads(jsonio.read(p))  # bounded: size, nesting, UTF-8
         except OSError as e:
             raise ProfileFormatError(f"{p}: cannot read the profile ({e.strerror or e})") from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ProfileFormatError(f"{p}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+        except jsonio.JsonSyntaxError as e:
+            raise ProfileFormatError(f"{p}: not JSON ({e.reason} at line {e.line} column {e.column})") from None
+        except jsonio.JsonInputError as e:  # too large, too deep, not UTF-8
+            fix = "expected a runtime profile written by `parcae profile`"
+            raise ProfileFormatError(f"{e.at(str(p))}; {fix}") from None
         return cls.from_dict(data, str(p))
 
 

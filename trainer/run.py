@@ -81,18 +81,26 @@ formed the epoch's groups, so that their detection time is measured alike.
 from __future__ import annotations
 
 import json
+import math
 import os
-import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 
+from forecasting import jsonio
 from trainer import checkpoint
 from trainer.agent import AgentInstances, RemoteJob
 from trainer.config import ModelConfig, TrainConfig, model_config
-from trainer.coordinator import Coordinator, ScheduleError, check_schedule, schedule_state
+from trainer.coordinator import (
+    DEFAULT_HB_TIMEOUT_S,
+    HB_RUNNING_FACTOR,
+    Coordinator,
+    ScheduleError,
+    check_schedule,
+    schedule_state,
+)
 from trainer.events import Event, EventGroup, group_events, load_events, parse_events
 from trainer.instances import LocalProcessProvider, LocalTraceProvider, trace_strategy
 from trainer.model import layer_names
@@ -100,7 +108,8 @@ from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 from trainer.pipeline import parameters_checksum
 from trainer.migration import PlanError, recovery_strategy
 from trainer.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
-from trainer.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART
+from trainer.store import TOKEN_FILE, new_token, write_token_file
+from trainer.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
 POLL_S = 0.005
 OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
@@ -124,11 +133,13 @@ class _Driver:
         self, coord: Coordinator, provider: LocalProcessProvider | AgentInstances, groups: Sequence[EventGroup], steps: int,
         deadline: float, pg_timeout_s: float, max_processes: int, *, observer: ObserverList | None = None,
         planner: Planner | None = None, intervals: Iterable[int] = (), steps_per_interval: int = 0,
+        keep_checkpoints: int = 0,
     ) -> None:  # fmt: skip
         self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), steps
         self.deadline, self.pg_timeout_s = deadline, pg_timeout_s
         self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
         self.max_processes = max_processes
+        self.keep_checkpoints = keep_checkpoints  # complete checkpoints kept on disk (0: all)
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
         self._recovering = False
         self._no_death_recoveries = 0
@@ -174,6 +185,8 @@ class _Driver:
             elif code is not None and code not in self.allowed.get(w, {EXIT_DONE}):
                 c = self.coord
                 msg = c.message("error", w) or c.message("rejected", w)
+                if not msg and code == EXIT_TOKEN:  # it could not write to the sealed store: it had no valid token
+                    msg = "the coordinator refused its token (see the worker's stderr)"
                 raise JobError(f"worker {w} exited with code {code}" + (f": {msg}" if msg else " (no message)"))
 
     def tick(self) -> None:
@@ -182,15 +195,26 @@ class _Driver:
         if self._recovering:
             return
         self.poll_notices()
-        stale = self.coord.check_heartbeats() | self.vanished()
+        stale = self._silent_and_dead(self.coord.check_heartbeats()) | self.vanished()
         if stale or self.coord.epoch_broken():
             self.recover(stale)
             return
         self.decide_notices()
 
+    def _silent_and_dead(self, silent: set[int]) -> set[int]:
+        """Of the workers whose heartbeat is silent past the bound, those to declare dead: all of them, except those
+        whose process the provider sees running (a starved process on a loaded machine keeps its place until
+        `HB_RUNNING_FACTOR` bounds have passed)."""
+        running = getattr(self.provider, "running", None)
+        if running is None or not silent:
+            return silent
+        c = self.coord
+        return {w for w in silent if running(w) is not True or c.silent_for(w) > HB_RUNNING_FACTOR * c.hb_timeout_s}
+
     def vanished(self) -> set[int]:
-        """Instances the provider killed at their notice's deadline (before they had left), and processes SIGKILLed
-        from outside the job: dead at once (declared), no need to wait for their heartbeat to stop."""
+        """Instances the provider killed at their notice's deadline (before they had left), the schedule's kills, and
+        processes SIGKILLed from outside the job: dead at once (declared), no need to wait for their heartbeat to
+        stop."""
         c = self.coord
         out = set()
         while self.provider.reclaimed:
@@ -206,6 +230,12 @@ class _Driver:
                 self._unscheduled.add(w)
                 out.add(w)
         self._killed_outside.clear()
+        if self._scripted_kills - c.dead:  # the schedule's kills: their exit is the evidence, not a silent heartbeat
+            codes = self.provider.exitcodes()
+            for w in sorted(self._scripted_kills - c.dead):
+                if codes.get(w) == KILLED and not c.ended(w):
+                    c.declare_dead([w], "its process was killed")
+                    out.add(w)
         return out
 
     def wait(self, cond: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
@@ -223,7 +253,7 @@ class _Driver:
         silent: set[int] = set()
         end = time.monotonic() + c.hb_timeout_s + 1.0
         while True:
-            silent |= c.check_heartbeats(every_s=0)
+            silent |= self._silent_and_dead(c.check_heartbeats(every_s=0))
             if not (c.unsettled() - silent) or time.monotonic() > end:
                 return silent
             self.check()
@@ -578,8 +608,12 @@ class _Driver:
                                            time=time.time()))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
-        for s in c.new_checkpoints():
+        fresh = c.new_checkpoints()
+        for s in fresh:
             self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
+        if fresh and self.keep_checkpoints:
+            checkpoint.prune(c.spec.checkpoint_dir, self.keep_checkpoints, layers=layer_names(c.spec.model),
+                             job=c.spec.job)  # fmt: skip
 
     def _deliver_records(self, upto: int, final: bool = False) -> None:
         """Report, in order, the reconfigurations that start at a step <= `upto` and are complete."""
@@ -620,6 +654,8 @@ class _Driver:
     def _read_handed(self) -> None:
         for seq, raw in self.coord.handed_plans(self._handed_seen):
             self._handed_seen = seq
+            if raw is None:  # malformed, or never written: the coordinator logged it
+                continue
             d, p = raw["strategy"]
             self._handed = HandedPlan(strategy=(int(d), int(p)), source=str(raw.get("source", "")), seq=seq,
                                       sent_at=float(raw.get("sent_at", 0.0)), received_at=time.time())  # fmt: skip
@@ -677,7 +713,8 @@ class _Driver:
                     for w in dead:
                         self.allowed[w] = set(GONE)
                     self._unscheduled |= set(dead) - self._scripted_kills
-                    c.declare_dead(dead)
+                    c.declare_dead(dead, f"heartbeat lost: silent for more than the {c.hb_timeout_s:g} s bound "
+                                         "(hb_timeout_s, parcae train --heartbeat-timeout)")  # fmt: skip
                     self.provider.kill(dead)  # fence: a hung worker must not come back into the job
                 if not c.epoch_broken():
                     # a standby instance (or a preempted one that had handed off) died: nothing to redo
@@ -689,7 +726,7 @@ class _Driver:
                 if not survivors:
                     reports: dict[int, int] = {}
                     break
-                dead = c.check_heartbeats(every_s=0.02) | self.vanished()
+                dead = self._silent_and_dead(c.check_heartbeats(every_s=0.02)) | self.vanished()
                 if dead:
                     continue
                 self.check()
@@ -763,6 +800,25 @@ class _Driver:
             self._recovering = was
 
 
+WORKERS_PER_CORE = 4  # local worker processes a core can hold usefully (one torch thread each; beyond, they thrash)
+
+
+def local_capacity() -> int:
+    """The most local worker processes a job may have alive at once on this machine."""
+    return max(2 * WORKERS_PER_CORE, WORKERS_PER_CORE * (os.cpu_count() or 1))
+
+
+def _check_local_capacity(peak: int) -> None:
+    """Refuse a schedule that would put more worker processes on this machine than it can hold (`ScheduleError`)
+    before anything starts: a hundred workers on two cores is a mistake, not a job."""
+    most = local_capacity()
+    if peak > most:
+        raise ScheduleError(f"the schedule has up to {peak} worker processes alive at once; this machine has "
+                            f"{os.cpu_count()} cores and holds at most {most} ({WORKERS_PER_CORE} per core): "
+                            "scale the workers or the trace down, or run the instances elsewhere "
+                            "(--hosts)")  # fmt: skip
+
+
 def peak_instances(workers: int, groups: Sequence[EventGroup]) -> int:
     """The most instances alive at once under the schedule (adds before the same step's departures)."""
     alive = peak = workers
@@ -786,13 +842,12 @@ def run_job(
     host: str = "127.0.0.1",
     port: int = 0,
     token: str | None = None,
-    require_token: bool | None = None,
     pg_timeout_s: float = 30.0,
-    timeout_s: float = 180.0,
+    timeout_s: float | None = None,
     checkpoint_every: int = 0,
     checkpoint_dir: str | os.PathLike[str] | None = None,
     hb_interval_s: float = 0.1,
-    hb_timeout_s: float = 1.0,
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
     max_processes: int | None = None,
     start_method: str = "spawn",
     observer: JobObserver | None = None,
@@ -801,6 +856,7 @@ def run_job(
     resume: bool = False,
     notice_grace_s: float = 30.0,
     remote: RemoteJob | None = None,
+    keep_checkpoints: int = 0,
 ) -> dict[str, Any]:
     """Train `steps` steps on `workers` initial instances starting at `strategy` = (D, P), applying `events`.
 
@@ -865,17 +921,21 @@ def run_job(
     check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
     if checkpoint_every < 0:
         raise ScheduleError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
+    if keep_checkpoints < 0:
+        raise ScheduleError(f"keep_checkpoints must be >= 0 (0: keep all), got {keep_checkpoints}")
     out = Path(out_dir)
     layers_dir = out / "layers"
     ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out / "checkpoints"
     restore, note = 0, None
     if resume:
-        found = _resume_point(ckpt_dir, model, job, steps)
+        found = _resume_point(ckpt_dir, layers_dir, model, job, steps)
         restore = found[0] if found else 0
         _clear_for_resume(layers_dir, ckpt_dir, restore)
         note = (f"resumed from the checkpoint of step {restore} in {ckpt_dir} ({len(found[1])} files); "
                 f"steps 0..{restore - 1} were trained by an earlier run" if found else
                 f"resume: {ckpt_dir} holds no complete checkpoint of job {job!r}; started from step 0")  # fmt: skip
+        if found and found[2]:
+            note += f" (skipped {'; '.join(found[2])})"
     else:
         for d in (layers_dir, ckpt_dir):
             if d.exists() and any(d.iterdir()):
@@ -893,11 +953,15 @@ def run_job(
         intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
     if max_processes is None:
         max_processes = max(len(ids), peak_instances(len(ids), groups))
+    if remote is None:
+        _check_local_capacity(max(len(ids), peak_instances(len(ids), groups)))
     if remote is not None:
-        host, port, token, require_token = remote.host, remote.port, remote.token, True
+        host, port, token = remote.host, remote.port, remote.token
+    token = token or new_token()
+    token_file = write_token_file(out / TOKEN_FILE, token)  # for clients that hand plans in (`hand_plan`)
     coord = Coordinator(
         model, train_cfg, steps, layers_dir=str(layers_dir), checkpoint_dir=str(ckpt_dir),
-        checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token, require_token=require_token,
+        checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token,
         pg_timeout_s=pg_timeout_s, hb_interval_s=hb_interval_s, hb_timeout_s=hb_timeout_s,
         notice_grace_s=notice_grace_s,
     )  # fmt: skip
@@ -907,14 +971,18 @@ def run_job(
     if remote is not None:
         provider = remote.instances(coord.store)
     else:
-        provider = LocalProcessProvider(coord.host, coord.port, token, start_method)
+        provider = LocalProcessProvider(coord.host, coord.port, coord.token, start_method,
+                                        driver_key=coord.store.driver_key)  # fmt: skip
     obs = ObserverList([observer])
-    driver = _Driver(coord, provider, groups, steps, t0 + timeout_s, pg_timeout_s, max_processes, observer=obs,
-                     planner=planner, intervals=intervals, steps_per_interval=steps_per_interval)  # fmt: skip
+    deadline = math.inf if timeout_s is None else t0 + timeout_s  # no hidden deadline: a job runs until it is done
+    driver = _Driver(coord, provider, groups, steps, deadline, pg_timeout_s, max_processes, observer=obs,
+                     planner=planner, intervals=intervals, steps_per_interval=steps_per_interval,
+                     keep_checkpoints=keep_checkpoints)  # fmt: skip
     info = {
         "job": job, "model": model.name, "workers": len(ids), "strategy": start, "steps": steps,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
-        "host": coord.host, "port": coord.port, "planner": planner.name if planner is not None else None,
+        "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
+        "planner": planner.name if planner is not None else None,
         "steps_per_interval": steps_per_interval, "notice_grace_s": notice_grace_s,
     }  # fmt: skip
     try:
@@ -947,7 +1015,8 @@ def run_job(
             "wall_s": time.monotonic() - t0,
         }
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
-        coord.abort(f"run_job failed: {type(e).__name__}")
+        why = "the job was interrupted" if isinstance(e, KeyboardInterrupt) else f"run_job failed: {type(e).__name__}"
+        coord.abort(why)
         err = JobError(str(e)) if isinstance(e, TimeoutError) else e
         obs.on_error(err)
         if err is e:
@@ -959,30 +1028,64 @@ def run_job(
     return result
 
 
-_CKPT_FILE = re.compile(r"step(\d{8})(\.stage\d+)?\.pt")
+def _resume_point(
+    ckpt_dir: Path, layers_dir: Path, model: ModelConfig, job: str, steps: int
+) -> tuple[int, list[Path], list[str]] | None:
+    """Where a resumed job of `steps` steps starts: (step, files, why each newer checkpoint was skipped), or None.
 
-
-def _resume_point(ckpt_dir: Path, model: ModelConfig, job: str, steps: int) -> tuple[int, list[Path]] | None:
-    """The latest complete checkpoint of job `job` (same model config) in `ckpt_dir`: (step, files), or None.
-
-    Checkpoints missing a layer (a killed run's last, partly written one) are passed over; one of another job or
-    model, or a file that does not read as a checkpoint, is an error naming the file (`ScheduleError`)."""
-    if not ckpt_dir.is_dir():
-        return None
-    found = sorted({int(m.group(1)) for p in ckpt_dir.iterdir() if (m := _CKPT_FILE.fullmatch(p.name))}, reverse=True)
-    names = set(layer_names(model))
-    for s in found:
-        files = checkpoint.find_shards(ckpt_dir, s)
+    The newest intact checkpoint of job `job` in `ckpt_dir` (hash records verified, then loaded: same model config,
+    finite values). A corrupt, incomplete or unverified newer one is skipped, and said why; with none intact but
+    some corrupt, resuming is refused (`ScheduleError` naming them) rather than silently restarted from scratch.
+    A finished job (final parameters in `layers_dir`) is refused unless `steps` is larger: then it trains on from
+    its final parameters, which become the checkpoint of its last step — later weights are never replaced by
+    earlier ones. A checkpoint of another job or model is an error naming the file."""
+    names = layer_names(model)
+    done = _finished_step(layers_dir, names, job)
+    if done is not None:
+        if done >= steps:
+            raise ScheduleError(f"job {job!r} has finished: it trained {done} steps (its final parameters are in "
+                                f"{layers_dir}); nothing to resume. Ask for more steps than {done} to train on from "
+                                "there, or give a fresh out_dir for a new job")  # fmt: skip
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint.remove_after(ckpt_dir, done - 1)  # (a partial checkpoint of that same step)
+        for f in checkpoint.step_files(layers_dir, done):
+            os.replace(f, ckpt_dir / f.name)
+    skipped: list[str] = []
+    damaged = False
+    for s in checkpoint.checkpoint_steps(ckpt_dir):
+        v = checkpoint.verify_step(ckpt_dir, s, names, job=job)
+        if v.status == "foreign":
+            raise ScheduleError(f"cannot resume from {ckpt_dir}: {', '.join(f.name for f in v.files)} (step {s}) "
+                                f"is not this job's checkpoint ({'; '.join(v.problems)}); move it away or give "
+                                "another checkpoint_dir")  # fmt: skip
+        if not v.intact:
+            skipped.append(str(v))
+            damaged |= v.status != "incomplete"  # (a killed run's last, partly written one is no damage)
+            continue
         try:
-            ckpt = checkpoint.load(files, config=model, job=job, complete=False)
+            checkpoint.load(list(v.files), config=model, job=job)
         except checkpoint.CheckpointError as e:
-            raise ScheduleError(f"cannot resume from {ckpt_dir}: {e}; move the file away or give another "
-                                "checkpoint_dir") from None  # fmt: skip
-        if set(ckpt.layers) == names:
-            if s >= steps:
-                raise ScheduleError(f"cannot resume from {ckpt_dir}: its latest checkpoint is of step {s}, not "
-                                    f"before this job's last step ({steps} steps); was it a longer job?")  # fmt: skip
-            return s, files
+            if "of another model config" in str(e) or "checkpoint of job" in str(e):
+                raise ScheduleError(f"cannot resume from {ckpt_dir}: {e}; move the file away or give another "
+                                    "checkpoint_dir") from None  # fmt: skip
+            skipped.append(f"step {s} ({e})")
+            damaged = True
+            continue
+        if s >= steps:
+            raise ScheduleError(f"cannot resume from {ckpt_dir}: its latest checkpoint is of step {s}, not "
+                                f"before this job's last step ({steps} steps); was it a longer job?")  # fmt: skip
+        return s, list(v.files), skipped
+    if damaged:
+        raise ScheduleError(f"cannot resume from {ckpt_dir}: no intact checkpoint; skipped {'; '.join(skipped)}. "
+                            "Move the damaged files away to start from scratch")  # fmt: skip
+    return None
+
+
+def _finished_step(layers_dir: Path, names: Sequence[str], job: str) -> int | None:
+    """The step count of a job that finished here: its final shards in `layers_dir`, complete and intact."""
+    for s in checkpoint.checkpoint_steps(layers_dir):
+        if checkpoint.verify_step(layers_dir, s, names, job=job).intact:
+            return s
     return None
 
 
@@ -995,10 +1098,8 @@ def _clear_for_resume(layers_dir: Path, ckpt_dir: Path, restore: int) -> None:
     for d in (layers_dir, ckpt_dir):
         if not d.is_dir():
             continue
-        for p in d.iterdir():
-            if p.name.startswith(".step") and ".pt.tmp-" in p.name:
-                p.unlink(missing_ok=True)
-        others = sorted(p.name for p in d.iterdir() if not _CKPT_FILE.fullmatch(p.name))
+        checkpoint.remove_temporary(d)
+        others = sorted(p.name for p in d.iterdir() if not checkpoint.is_checkpoint_file(p.name))
         if others:
             raise ScheduleError(f"{d} holds files that are not this job's checkpoints ({', '.join(others[:3])}); "
                                 "move them away to resume")  # fmt: skip
@@ -1019,7 +1120,7 @@ def train(
     json_out: str | os.PathLike[str] | None = None,
     checkpoint_every: int = 10,
     train_cfg: TrainConfig | None = None,
-    timeout_s: float = 600.0,
+    timeout_s: float | None = None,
     start_interval: int = 0,
     kill_fraction: float = 0.5,
     start_method: str = "spawn",
@@ -1029,6 +1130,8 @@ def train(
     notice_grace_s: float = 30.0,
     job: str = "job",
     remote: RemoteJob | None = None,
+    keep_checkpoints: int = 0,
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
 ) -> dict[str, Any]:
     """What `parcae train` runs: a local elastic job on `workers` processes, from an events file, a trace
     (`trace_schedule` via `LocalTraceProvider`: one interval lasts `interval_seconds`, i.e.
@@ -1056,17 +1159,19 @@ def train(
             spi = sched.steps_per_interval
     elif events_file is not None:
         events = load_events(events_file)
-    mcfg = model_config(model) if isinstance(model, str) else model
+    # `seed` seeds the model's initial weights and the data order too, not only the replay
+    mcfg = model_config(model, seed=seed) if isinstance(model, str) else model
     if strategy is None:
         strategy = trace_strategy(n, mcfg.n_layers_total)
-    result = run_job(mcfg, train_cfg or TrainConfig(steps=steps), n, strategy, steps, events, out_dir,
+    result = run_job(mcfg, train_cfg or TrainConfig(steps=steps, seed=seed), n, strategy, steps, events, out_dir,
                      checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method,
                      observer=observer, planner=planner, steps_per_interval=spi, resume=resume,
-                     notice_grace_s=notice_grace_s, job=job, remote=remote)  # fmt: skip
+                     notice_grace_s=notice_grace_s, job=job, remote=remote,
+                     keep_checkpoints=keep_checkpoints, hb_timeout_s=hb_timeout_s)  # fmt: skip
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(report, indent=2))
+        Path(json_out).write_text(jsonio.dumps_strict(report, indent=2))  # strict JSON: no Infinity or NaN
     return report
 
 

@@ -78,9 +78,9 @@ from __future__ import annotations
 
 import argparse
 import enum
-import hmac
 import io
 import json
+import math
 import os
 import select
 import signal
@@ -98,9 +98,10 @@ import torch.distributed as dist
 from liveput.migration import MigrationKind
 from trainer import checkpoint
 from trainer.data import corpus
-from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec, token_digest
+from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.migration import Epoch, state_bytes
 from trainer.model import layer_names
+from trainer.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
 from trainer.pipeline import (
     EpochGroups,
     LayerState,
@@ -145,6 +146,10 @@ _NEXT = {
 
 class TokenError(RuntimeError):
     """The worker was not given the token the coordinator requires."""
+
+
+class Diverged(RuntimeError):
+    """A non-finite loss: the job stops rather than train (and checkpoint) garbage."""
 
 
 class Aborted(RuntimeError):
@@ -201,13 +206,13 @@ _NOTICE: Notice | None = None  # installed by `process_main`; None in a worker r
 
 
 def _heartbeat(
-    host: str, port: int, worker: int, interval_s: float, timeout_s: float, notice: Notice | None = None,
-    grace_s: float = 0.0,
+    host: str, port: int, token: str | None, worker: int, interval_s: float, timeout_s: float,
+    notice: Notice | None = None, grace_s: float = 0.0,
 ) -> None:  # fmt: skip
     """Bump `hb/{worker}` every `interval_s` on a TCPStore client of this thread's own, until the process ends; when
     `notice` reports a SIGTERM, publish the notice's deadline (`ctl/notice/{worker}`, then `ctl/notices`)."""
     try:
-        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+        store = connect_store(host, port, token, timeout_s)
         key = f"hb/{worker}"
         while True:
             store.add(key, 1)
@@ -242,6 +247,7 @@ class WorkerSpec:
     port: int
     token: str | None = None
     store_timeout_s: float = 60.0
+    driver_key: str | None = None  # the driver's public key (hex): what verifies its orders (`trainer.store`)
 
 
 class Worker:
@@ -251,7 +257,7 @@ class Worker:
         self.spec = spec
         self.id = spec.worker_id
         self.state = WorkerState.JOINING
-        self.store: dist.TCPStore | None = None
+        self.store: dist.Store | None = None
         self.job: JobSpec | None = None
         self.epoch: Epoch | None = None  # the epoch this worker trains in (None when standby)
         self.next: Epoch | None = None  # the epoch it is migrating into
@@ -270,7 +276,7 @@ class Worker:
         self._base: tuple[Epoch, StageContext] | None = None  # (epoch migrated from, its stage) while uncommitted
         self._reported: int | None = None  # the broken epoch this worker reported in (it waits for ctl/e{n}/next)
         self._failed_at: float | None = None  # when the work lost to a failure started (the next arrival's time)
-        self._form_store: dist.TCPStore | None = None  # the store client group formation uses (its own thread)
+        self._form_store: dist.Store | None = None  # the store client group formation uses (its own thread)
 
     # -- plumbing ----------------------------------------------------------------------------------------
     def _to(self, new: WorkerState) -> None:
@@ -333,16 +339,11 @@ class Worker:
     def join(self) -> None:
         """Connect, check the token, read the job, register. -> STANDBY"""
         s = self.spec
-        self.store = dist.TCPStore(s.host, s.port, is_master=False, timeout=timedelta(seconds=s.store_timeout_s))
+        try:
+            self.store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+        except StoreAuthError as e:
+            raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
         self.store.append(f"ctl/states/{self.id}", "JOINING@-;")
-        mode = self.store.get("auth/mode").decode()
-        if mode == "token":
-            where = f"coordinator at {s.host}:{s.port}"
-            if not s.token:
-                raise TokenError(f"worker {self.id}: the {where} requires a token and none was given")
-            salt = self.store.get("auth/salt").decode()
-            if not hmac.compare_digest(token_digest(salt, s.token), self.store.get("auth/digest").decode()):
-                raise TokenError(f"worker {self.id}: wrong token for the {where}; refusing to join")
         self.job = JobSpec.from_json(self.store.get("job/spec"))
         # Pay one-off costs while joining rather than inside a migration's pause: the first optimiser built in a
         # process imports torch._dynamo (~1 s), and the corpus is loaded on first use.
@@ -353,8 +354,8 @@ class Worker:
             self.watch = Epoch.from_json(self.store.get("epoch/current")).number + 1
         # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
         threading.Thread(
-            target=_heartbeat, args=(s.host, s.port, self.id, self.job.hb_interval_s, s.store_timeout_s, _NOTICE,
-                                     self.job.notice_grace_s),
+            target=_heartbeat, args=(s.host, s.port, s.token, self.id, self.job.hb_interval_s, s.store_timeout_s,
+                                     _NOTICE, self.job.notice_grace_s),
             name="parcae-heartbeat", daemon=True,
         ).start()  # fmt: skip
         self._form_client()  # connect now rather than inside the first migration's pause
@@ -462,6 +463,10 @@ class Worker:
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
                     self._uncommitted, self._base = False, None
                 if reporter:
+                    if not math.isfinite(loss):  # diverged (or loaded bad state): stop before it is checkpointed
+                        raise Diverged(f"the loss of step {step} is {loss!r}: training diverged; no checkpoint of "
+                                       "it is written (the last good one stays the newest); lower the learning "
+                                       "rate or resume from an earlier checkpoint")  # fmt: skip
                     self.store.set(f"loss/{step}", repr(loss))
                 self.step += 1
                 every = job.checkpoint_every
@@ -564,12 +569,11 @@ class Worker:
     def _drop(self) -> None:
         self.ctx, self.epoch, self.next = None, None, None
 
-    def _form_client(self) -> dist.TCPStore:
+    def _form_client(self) -> dist.Store:
         """The store client group formation uses: its own, as formation blocks in store waits in another thread."""
         if self._form_store is None:
             s = self.spec
-            self._form_store = dist.TCPStore(s.host, s.port, is_master=False,
-                                             timeout=timedelta(seconds=s.store_timeout_s))  # fmt: skip
+            self._form_store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
         return self._form_store
 
     def _form(self, make: Callable[[dist.Store], object], number: int) -> object:
@@ -725,9 +729,12 @@ class Worker:
         except TokenError as e:
             self._fail("rejected", str(e))
             return EXIT_TOKEN
-        except Aborted as e:
-            self._fail("error", str(e))
+        except Aborted as e:  # the driver knows why (it says so itself): nothing to print here
+            self._fail("error", str(e), quiet=True)
             return EXIT_ABORTED
+        except (Diverged, checkpoint.CheckpointError) as e:  # a user's problem: one clear line, no traceback
+            self._fail("error", f"worker {self.id} at step {self.step}: {e}")
+            return EXIT_FAILED
         except BaseException as e:  # noqa: BLE001 — reported to the coordinator, then the process exits
             self._fail("error", f"worker {self.id} in {self.state.name} at step {self.step}: "
                                 f"{type(e).__name__}: {e}\n{traceback.format_exc()}")  # fmt: skip
@@ -739,8 +746,9 @@ class Worker:
         self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
         return code
 
-    def _fail(self, kind: str, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+    def _fail(self, kind: str, message: str, quiet: bool = False) -> None:
+        if not quiet:
+            print(message, file=sys.stderr, flush=True)
         try:
             self._to(WorkerState.FAILED)
             if self.store is not None:
@@ -767,6 +775,10 @@ def _die_with_parent() -> None:
 def process_main(spec: WorkerSpec) -> None:
     """Entry point of a spawned worker process. SIGTERM is a preemption notice from here on (`Notice`)."""
     global _NOTICE
+    # Ctrl-C in a terminal reaches the whole process group: the driver stops the job, a worker does not print a
+    # KeyboardInterrupt of its own (the provider starts us with SIGINT blocked: see LocalProcessProvider._spawn)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _NOTICE = Notice()
     _NOTICE.install()
     _die_with_parent()
@@ -785,7 +797,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, required=True, help="the coordinator's store port")
     a = p.parse_args(argv)
     # the token comes from the environment, not argv (visible to every user in `ps`)
-    process_main(WorkerSpec(a.id, a.host, a.port, os.environ.get("PARCAE_TOKEN")))
+    process_main(WorkerSpec(a.id, a.host, a.port, os.environ.get(TOKEN_ENV),
+                            driver_key=os.environ.get(DRIVER_KEY_ENV)))  # fmt: skip
 
 
 if __name__ == "__main__":
