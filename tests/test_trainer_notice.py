@@ -287,3 +287,21 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
     assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
     assert_same_run(result)
     assert result["final_checksum"] == reference(STEPS)[2]
+
+
+# ------------------------------------------------------------------------------------ the last instance goes silent
+
+
+def test_the_last_instance_declared_dead_checkpoint_restarts_instead_of_failing(tmp_path):
+    # one instance; its worker hangs (SIGSTOP: a stopped process is no evidence of life) at step 4: declared dead
+    # at the heartbeat bound and fenced. No instance is left, but this one still exists: the job starts a fresh
+    # worker on it from the latest checkpoint (step 4) instead of failing with "no instance survives"
+    cloud = Cloud((started(0, 4), send(0, signal.SIGSTOP)))
+    result = job(tmp_path, 1, (1, 1), [], cloud, hb_timeout_s=1.0, checkpoint_every=2)
+    (dead,) = [e for e in result["events"] if e["event"] == "dead"]
+    assert dead["workers"] == [0] and dead["reason"].startswith("heartbeat lost")
+    assert [e["workers"] for e in result["events"] if e["event"] == "revive"] == [[0]]
+    (restart,) = result["reconfigurations"]
+    assert restart["kind"] == "checkpoint-restart" and restart["restore_step"] == 4
+    assert result["exit_codes"] == {0: 0}
+    assert_same_run(result)

@@ -11,10 +11,10 @@ uninterrupted process.
 How the pieces fit: `run.run_job` is the driver — it starts a `coordinator.Coordinator` (the TCPStore, the plan
 and the failure detector) and worker processes through an `instances` provider, then applies an `events` schedule
 (scripted, from a trace, or random). Each `worker.Worker` trains its stage with `pipeline.train_step` and, at the
-step boundaries the coordinator decided, moves layers as the `migration.Epoch` says. When a worker dies, its
-heartbeat stops, the coordinator flags the epoch broken, survivors abandon the step in flight and the coordinator
-either plans a live migration from them (`migration.plan_recovery`) or the driver runs a checkpoint-restart from
-the latest complete periodic `checkpoint`.
+step boundaries the coordinator decided, moves layers as the `migration.Epoch` says. When a worker dies (its
+process exits, or its heartbeat stops), the coordinator flags the epoch broken, survivors abandon the step in
+flight and the coordinator either plans a live migration from them (`migration.plan_recovery`) or the driver runs
+a checkpoint-restart from the latest complete periodic `checkpoint`.
 
 Modules (each a component with a narrow interface; none imports Prefect):
   config       frozen dataclasses: ModelConfig, TrainConfig, the model registry
@@ -22,7 +22,8 @@ Modules (each a component with a narrow interface; none imports Prefect):
   model        a small GPT as an ordered list of named layers; Stage runs a contiguous slice (no distribution)
   pipeline     Strategy (D x P geometry), per-epoch gloo groups with abortable waits, StageContext, train_step
                (GPipe + DP all-reduce, all-or-nothing commit), StepAbandoned
-  checkpoint   layer-keyed checkpoints (any cut), atomic writes, safe loads, shards, CheckpointError
+  checkpoint   layer-keyed checkpoints (any cut), atomic writes, hash records, verified loads, retention
+  store        the control plane's store: bound where asked, every client authenticated, values sealed
   events       the schedule format: plan, add, preempt (notice), kill (no notice), checkpoint-restart
   migration    Epoch, the pure planning of migrations, recoveries after a kill, and checkpoint-restart epochs
   coordinator  the control plane: store layout, membership, heartbeats, boundary decisions, checkpoints, records

@@ -511,6 +511,15 @@ class Coordinator:
         self.log.append({"event": "dead", "workers": sorted(ids), "reason": reason, "epoch_broken": broken})
         return broken
 
+    def revive(self, ids: Iterable[int]) -> None:
+        """Undo `declare_dead` for `ids`: their instances live (only their workers fell silent and were fenced), and
+        a checkpoint-restart starts fresh workers on them. Used when no instance is left alive otherwise."""
+        ids = set(ids) & self.dead
+        self.dead -= ids
+        for w in ids:
+            self._hb.pop(w, None)
+        self.log.append({"event": "revive", "workers": sorted(ids)})
+
     def _broken_epochs(self) -> list[int]:
         """The epochs a failure now breaks: the current one, and its base while its migration is uncommitted (its
         members may still be training there, or waiting at the boundary) — unless the base broke already and the

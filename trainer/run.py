@@ -146,6 +146,7 @@ class _Driver:
         self._killed_outside: set[int] = set()  # processes found SIGKILLed by someone else than the driver
         self._unscheduled: set[int] = set()  # instances lost without the schedule saying so (notices, deaths)
         self._scripted_kills: set[int] = set()
+        self._fenced: set[int] = set()  # declared dead on a silent heartbeat alone (then killed): the instance lives
         # preemption notices (SIGTERM): worker -> its deadline (monotonic clock); decided at a boundary
         self._noticed: dict[int, float] = {}
         self._notice_polled = 0.0
@@ -713,6 +714,7 @@ class _Driver:
                     for w in dead:
                         self.allowed[w] = set(GONE)
                     self._unscheduled |= set(dead) - self._scripted_kills
+                    self._fenced |= dead - c.dead  # (those `vanished` found dead are declared already)
                     c.declare_dead(dead, f"heartbeat lost: silent for more than the {c.hb_timeout_s:g} s bound "
                                          "(hb_timeout_s, parcae train --heartbeat-timeout)")  # fmt: skip
                     self.provider.kill(dead)  # fence: a hung worker must not come back into the job
@@ -739,6 +741,7 @@ class _Driver:
                 time.sleep(POLL_S)
             more = self.settle()  # a standby killed with the member must not be planned in
             if more:
+                self._fenced |= more - c.dead
                 c.declare_dead(more)
                 self.provider.kill(more)
                 for w in more:
@@ -763,6 +766,18 @@ class _Driver:
         finally:
             self._recovering = False
 
+    def _revive(self) -> list[int]:
+        """No instance is left alive: those whose workers were declared dead on a silent heartbeat alone (fenced:
+        hung, or starved past every bound) still exist, so the checkpoint-restart starts fresh workers on them
+        instead of failing the job. Instances the schedule killed or the cloud reclaimed are not among them."""
+        c = self.coord
+        ids = sorted((self._fenced & c.dead) - c.preempted - self._scripted_kills)
+        if ids:
+            c.revive(ids)
+            self._fenced -= set(ids)
+            self._unscheduled -= set(ids)
+        return ids
+
     def checkpoint_restart(
         self, step: int, strategy: tuple[int, int] | None, *, on_demand: bool, survivors: Sequence[int] = ()
     ) -> None:
@@ -772,11 +787,12 @@ class _Driver:
         c = self.coord
         was, self._recovering = self._recovering, True
         try:
+            revived = self._revive() if not on_demand and not c.alive() else []
             ids = c.restart_members()
             # holders under a notice whose hand-off was rolled back: their state is discarded too, and they leave
             leaving = [] if on_demand else c.leaving_members()
             for w in ids:
-                self.allowed[w] = {EXIT_RESTART}
+                self.allowed[w] = {EXIT_RESTART, KILLED} if w in revived else {EXIT_RESTART}
             for w in leaving:
                 self.allowed[w] = {EXIT_RESTART, EXIT_PREEMPTED, KILLED}
             c.order_restart([*ids, *leaving] if not on_demand else (), step=step if on_demand else None)
