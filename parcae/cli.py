@@ -187,7 +187,7 @@ def _check_look_ahead(look_ahead: int, what: str = "--look-ahead") -> None:
     from liveput.optimizer import MAX_LOOK_AHEAD
 
     if not 1 <= look_ahead <= MAX_LOOK_AHEAD:
-        raise UserError(f"{what} must be in [1, {MAX_LOOK_AHEAD}] intervals, got {look_ahead}; plan over fewer "
+        raise UserError(f"{what} must be in [1, {MAX_LOOK_AHEAD}] intervals, got {look_ahead}; ask for fewer "
                         "intervals")  # fmt: skip
 
 
@@ -1081,6 +1081,7 @@ def forecast_train(
     from parcae.tracking import TrackingError, tracking_uri
 
     _check_outputs(json_out, None)
+    _check_look_ahead(horizon, "--horizon")  # a forecast past what the planner takes is never used
     name, table = _forecast_trace(eval_trace)
     _check_horizon(horizon, table, name)
     corpus = _corpus_without(name, table, trace, exclude or ())
@@ -1150,6 +1151,7 @@ def forecast_evaluate(
 
     kinds = _parse_models(models)
     _check_outputs(json_out, None)
+    _check_look_ahead(horizon, "--horizon")
     name, table = _forecast_trace(trace)
     n_origins = _check_horizon(horizon, table, name)
     corpus = _corpus_without(name, table) if set(kinds) - {"champion"} else {}
@@ -1204,6 +1206,7 @@ def forecast_predict(
     kind = _parse_models(model)
     if len(kind) != 1:
         raise UserError(f"--model takes one model, got {model!r}")
+    _check_look_ahead(horizon, "--horizon")
     name, table = _forecast_trace(trace)
     intervals = table["interval"].to_numpy()
     if at is None:

@@ -116,6 +116,22 @@ def test_a_numeric_option_out_of_range_fails_before_work_starts(args, needles) -
     assert_clear(cli_error("simulate", "-p", "ideal", *args), *needles)
 
 
+@pytest.mark.parametrize("command", [("predict",), ("evaluate", "--trace", "p3", "--json", "out.json"), ("train",)])
+def test_a_forecast_horizon_past_the_planners_look_ahead_is_refused(command) -> None:
+    assert_clear(cli_error("forecast", *command, "--horizon", "100000"), "--horizon", "in [1, 1024]", "fewer")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (("--interval-seconds", "nan"), ("--interval-seconds", "positive number of seconds", "got nan")),
+        (("--interval-seconds", "0"), ("--interval-seconds", "positive number of seconds")),
+    ],
+)
+def test_train_numeric_options_fail_before_work_starts(args, needles, tmp_path) -> None:
+    assert_clear(cli_error("train", "--trace", "p3", "--out-dir", str(tmp_path / "run"), *args), *needles)
+
+
 # ------------------------------------------------------------------------------------------ 3. plan input
 
 
