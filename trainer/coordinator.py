@@ -45,9 +45,10 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            the step a survivor of broken epoch n abandoned (= the steps it applied; all agree), and
                            when the work it lost started
   ctl/e{n}/next            the number of the epoch that replaces broken epoch n (survivors wait for it)
-  ctl/e{n}/commit/{s}, ctl/e{n}/decide/{s}
-                           the once-only commit of step s in epoch n: "apply" iff every rank finished its
-                           collectives, "abort" if the epoch broke first (see `trainer.pipeline`). The decision
+  ctl/e{n}/commit/{s}/{id}, ctl/e{n}/decide/{s}
+                           the once-only commit of step s in epoch n (each member marks itself done): "apply" iff
+                           every rank finished its collectives, "abort" if the epoch broke first (see
+                           `trainer.pipeline`). The decision
                            of a migrated epoch's first step is also the migration's: "apply" commits it, "abort"
                            (which the coordinator writes itself when the hand-off breaks) rolls it back
   ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived

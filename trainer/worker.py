@@ -305,14 +305,18 @@ class Worker:
     def _commit(self, step: int) -> bool:
         """Every collective of `step` completed here: take part in the once-only decision to apply it.
 
-        The rank that completes the count writes "apply"; the others wait for the decision, and once the epoch is
-        declared broken they try to write "abort" — whichever was written first is what every rank does.
+        Each rank marks itself done (a sealed key of its own, not a counter: a client without the job's token could
+        bump a counter into a premature "apply"); the rank that finds every mark writes "apply"; the others wait
+        for the decision, and once the epoch is declared broken they try to write "abort" — whichever was written
+        first is what every rank does.
         """
         n, world = self.epoch.number, self.epoch.strategy.world_size
         if world == 1 and not (self._uncommitted and step == self.epoch.start_step):
             return True  # (a migration's first step is decided in the store even on one rank: it commits it)
         key = f"ctl/e{n}/decide/{step}"
-        if self.store.add(f"ctl/e{n}/commit/{step}", 1) >= world:
+        marks = [f"ctl/e{n}/commit/{step}/{w}" for w in self.epoch.members]
+        self.store.set(f"ctl/e{n}/commit/{step}/{self.id}", "1")
+        if self.store.check(marks):
             return self.store.compare_set(key, "", APPLY).decode() == APPLY
         delay, waited = 0.0001, 0.0
         while not self.store.check([key]):
