@@ -164,8 +164,9 @@ class PrefectJobObserver(JobObserver):
         )
         get_run_logger().info(
             "job %s started: %s workers on %s, coordinator %s:%s (hand plans there with the plan-interval flow's "
-            "`coordinator`)%s", info.get("job"), info.get("workers"), info.get("strategy"), info.get("host"),
-            info.get("port"), f"; resumed from step {resumed}" if resumed else "",
+            "`coordinator` and `token_file` %s)%s", info.get("job"), info.get("workers"), info.get("strategy"),
+            info.get("host"), info.get("port"), info.get("token_file"),
+            f"; resumed from step {resumed}" if resumed else "",
         )  # fmt: skip
 
     def on_step(self, step: StepInfo) -> None:
