@@ -769,8 +769,11 @@ class _Driver:
     def _revive(self) -> list[int]:
         """No instance is left alive: those whose workers were declared dead on a silent heartbeat alone (fenced:
         hung, or starved past every bound) still exist, so the checkpoint-restart starts fresh workers on them
-        instead of failing the job. Instances the schedule killed or the cloud reclaimed are not among them."""
+        instead of failing the job. Instances the schedule killed or the cloud reclaimed are not among them, nor
+        instances elsewhere (only local processes: fencing an agent's instance may have handed it back)."""
         c = self.coord
+        if getattr(self.provider, "running", None) is None:  # fencing an instance elsewhere may have ended it
+            return []
         ids = sorted((self._fenced & c.dead) - c.preempted - self._scripted_kills)
         if ids:
             c.revive(ids)
