@@ -188,7 +188,7 @@ def test_resume_refuses_checkpoints_of_another_job_or_model_and_corrupt_files(tm
     (ckdir / "notes.txt").write_text("mine")
     with pytest.raises(ScheduleError, match=r"holds files that are not this job's checkpoints \(notes\.txt\)"):
         _job(tmp_path / "job", resume=True)
-    with pytest.raises(ScheduleError, match=r"already holds files .* or resume=True"):
+    with pytest.raises(ScheduleError, match=r"already holds files .* or resume \(--resume\)"):
         _job(tmp_path / "job")
 
 

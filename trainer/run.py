@@ -958,8 +958,9 @@ def run_job(
     else:
         for d in (layers_dir, ckpt_dir):
             if d.exists() and any(d.iterdir()):
-                raise ScheduleError(f"{d} already holds files (of an earlier job?); give run_job a fresh out_dir, "
-                                    "or resume=True to continue that job from its last checkpoint")  # fmt: skip
+                raise ScheduleError(f"{d} already holds files (of an earlier job?); give a fresh output folder "
+                                    "(--out-dir), or resume (--resume) to continue that job from its last "
+                                    "checkpoint")  # fmt: skip
     ids: Sequence[int] = range(workers)
     next_id, start, assignment = workers, strategy, None
     if restore:  # start where the schedule was at the resume step, and drop the events before it
@@ -1064,7 +1065,7 @@ def _resume_point(
         if done >= steps:
             raise ScheduleError(f"job {job!r} has finished: it trained {done} steps (its final parameters are in "
                                 f"{layers_dir}); nothing to resume. Ask for more steps than {done} to train on from "
-                                "there, or give a fresh out_dir for a new job")  # fmt: skip
+                                "there, or give a fresh output folder (--out-dir) for a new job")  # fmt: skip
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         checkpoint.remove_after(ckpt_dir, done - 1)  # (a partial checkpoint of that same step)
         for f in checkpoint.step_files(layers_dir, done):
