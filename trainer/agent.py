@@ -140,11 +140,13 @@ class InstanceAgent:
         hb = f"hb/{self.worker}"
         self._hb_at_start = int(store.add(hb, 0))
         env = dict(os.environ)
+        from trainer.store import DRIVER_KEY_ENV, TOKEN_ENV  # (torch is loaded by now: `connect` came first)
+
         if self.token:
-            env["PARCAE_TOKEN"] = self.token
+            env[TOKEN_ENV] = self.token
         driver = getattr(store, "driver_key", None)  # the key the agent pinned when it connected
         if driver:
-            env["PARCAE_DRIVER_KEY"] = driver
+            env[DRIVER_KEY_ENV] = driver
         self.proc = subprocess.Popen(self.command(self.worker, self.host, self.port), env=env)
         self.incarnation = k
         store.set(up_key(self.worker, k), str(self.proc.pid))

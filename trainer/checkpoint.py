@@ -76,6 +76,10 @@ class CheckpointError(Exception):
     incomplete or inconsistent. The message names the file."""
 
 
+class ForeignCheckpointError(CheckpointError):
+    """An intact checkpoint of another job or another model config: not damage to skip, a folder mix-up."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A loaded (possibly merged) checkpoint: every layer's state by name, at the start of step `step`."""
@@ -490,7 +494,7 @@ def load(
     for path in paths:
         data = _read(path, allow_unverified=allow_unverified)
         if data["job"] != job:
-            raise CheckpointError(f"{path}: checkpoint of job {data['job']!r}, expected job {job!r}")
+            raise ForeignCheckpointError(f"{path}: checkpoint of job {data['job']!r}, expected job {job!r}")
         if data["config"] != expected:
             diff = {
                 k: (data["config"].get(k), expected.get(k))
@@ -498,7 +502,7 @@ def load(
                 if data["config"].get(k) != expected.get(k)
             }
             detail = ", ".join(f"{k}: file has {a!r}, expected {b!r}" for k, (a, b) in diff.items())
-            raise CheckpointError(f"{path}: checkpoint of another model config ({detail})")
+            raise ForeignCheckpointError(f"{path}: checkpoint of another model config ({detail})")
         if step is None:
             step = data["step"]
         elif data["step"] != step:

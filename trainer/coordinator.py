@@ -65,7 +65,7 @@ One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in t
                            plans handed in by `trainer.planning.hand_plan` clients: the counter, then plan i as JSON
                            {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
-  ctl/error/{id}, ctl/rejected/{id}, ctl/abort, ctl/done
+  ctl/error/{id}, ctl/abort, ctl/done
   agent/{id}/...           instances whose workers an agent runs (not the driver's children): exit codes, restart
                            requests, signals — see `trainer.agent`
 
@@ -1023,7 +1023,7 @@ class Coordinator:
         return [s for s in self.store.get(key).decode().split(";") if s]
 
     def message(self, kind: str, worker: int) -> str | None:
-        """A worker's `error` or `rejected` message, if it wrote one."""
+        """A worker's `error` message (or another `kind` of message), if it wrote one."""
         key = f"ctl/{kind}/{worker}"
         return self.store.get(key).decode() if self.store.check([key]) else None
 
@@ -1034,8 +1034,8 @@ class Coordinator:
 
     def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any] | None]]:
         """Plans handed in after the `after`-th, as (sequence number, {"strategy", "source", "sent_at"}), in order
-        (None for a number passed over);
-        stops at one whose number was taken but which is not written yet (it comes with the next call), unless it
+        (None for a number passed over); stops at one whose number was taken but which is not written yet (it comes
+        with the next call), unless it
         stays missing for `HANDED_GAP_S` (its client died, or the counter was bumped by someone else): then it is
         passed over. A plan that is not such a record is logged and passed over too."""
         out = []

@@ -185,7 +185,7 @@ class _Driver:
                 self._killed_outside.add(w)
             elif code is not None and code not in self.allowed.get(w, {EXIT_DONE}):
                 c = self.coord
-                msg = c.message("error", w) or c.message("rejected", w)
+                msg = c.message("error", w)
                 if not msg and code == EXIT_TOKEN:  # it could not write to the sealed store: it had no valid token
                     msg = "the coordinator refused its token (see the worker's stderr)"
                 raise JobError(f"worker {w} exited with code {code}" + (f": {msg}" if msg else " (no message)"))
@@ -971,10 +971,11 @@ def run_job(
     intervals: list[int] = []
     if planner is not None:
         intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
+    peak = max(len(ids), peak_instances(len(ids), groups))
     if max_processes is None:
-        max_processes = max(len(ids), peak_instances(len(ids), groups))
+        max_processes = peak
     if remote is None:
-        _check_local_capacity(max(len(ids), peak_instances(len(ids), groups)))
+        _check_local_capacity(peak)
     if remote is not None:
         host, port, token = remote.host, remote.port, remote.token
     token = token or new_token()
@@ -1084,10 +1085,10 @@ def _resume_point(
             continue
         try:
             checkpoint.load(list(v.files), config=model, job=job)
+        except checkpoint.ForeignCheckpointError as e:
+            raise ScheduleError(f"cannot resume from {ckpt_dir}: {e}; move the file away or give another "
+                                "checkpoint_dir") from None  # fmt: skip
         except checkpoint.CheckpointError as e:
-            if "of another model config" in str(e) or "checkpoint of job" in str(e):
-                raise ScheduleError(f"cannot resume from {ckpt_dir}: {e}; move the file away or give another "
-                                    "checkpoint_dir") from None  # fmt: skip
             skipped.append(f"step {s} ({e})")
             damaged = True
             continue
