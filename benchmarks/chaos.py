@@ -27,6 +27,7 @@ added or restarted process); `--start-method spawn` makes every start cold.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -44,16 +45,18 @@ import torch  # noqa: E402
 
 from trainer import checkpoint  # noqa: E402
 from trainer.config import ModelConfig, TrainConfig, model_config  # noqa: E402
-from trainer.instances import START_METHODS, TraceSchedule, chaos_schedule  # noqa: E402
+from trainer.events import Schedule  # noqa: E402
+from trainer.instances import START_METHODS, chaos_schedule  # noqa: E402
 from trainer.model import layer_names  # noqa: E402
 from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step  # noqa: E402
+from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig  # noqa: E402
 from trainer.run import run_job  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-9  # the equivalence tests' tolerance
 
 
 def place(workers: int, n_events: int, seed: int, steps: int | None, max_workers: int, model: ModelConfig,
-          train: TrainConfig) -> tuple[TraceSchedule, int]:  # fmt: skip
+          train: TrainConfig) -> tuple[Schedule, int]:  # fmt: skip
     """The schedule and the job length: `steps` if given, else the first length (from ~n_events / 1.6, growing by
     ~15 %) on which every event can be placed."""
     if steps is not None:
@@ -116,7 +119,7 @@ def pauses(records: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
                 "max_s": max(v)} for k, v in sorted(by.items())}  # fmt: skip
 
 
-def report(a: argparse.Namespace, sched: TraceSchedule, steps: int, result: dict[str, Any], eq: dict[str, Any],
+def report(a: argparse.Namespace, sched: Schedule, steps: int, result: dict[str, Any], eq: dict[str, Any],
            wall: float) -> dict[str, Any]:  # fmt: skip
     recs = result["reconfigurations"]
     return {
@@ -192,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"placed {a.events} events in {steps} steps ({place_s:.1f} s); running the job ...", file=sys.stderr,
           flush=True)  # fmt: skip
     with tempfile.TemporaryDirectory() as tmp:
-        result = run_job(model, train, sched.workers, sched.strategy, steps, sched.events, Path(tmp) / "job",
-                         checkpoint_every=a.checkpoint_every, start_method=a.start_method,
-                         timeout_s=a.timeout)  # fmt: skip
+        job = JobConfig(out_dir=str(Path(tmp) / "job"), model=model, train=dataclasses.replace(train, steps=steps),
+                        checkpoint=CheckpointConfig(every=a.checkpoint_every),
+                        control=ControlPlaneConfig(timeout_s=a.timeout),
+                        provider=ProviderConfig(start_method=a.start_method))  # fmt: skip
+        result = run_job(job, sched)
         eq = compare(result, model, train, steps)
         wall = time.monotonic() - t0
     r = report(a, sched, steps, result, eq, wall)

@@ -4,7 +4,7 @@ Issue requirement: "with D x 1 and no events, samples/s >= 0.9 x plain Distribut
 and batch". For each D (`--d`, default 1 2 4) and each repeat, both sides run in turn (the order alternates between
 repeats, so drift on a shared machine hits both), and the table shows medians over `--repeats`:
 
-  ours  `trainer.run.run_job(model, TrainConfig(), workers=D, strategy=(D, 1), steps=S, events=[])`: D spawned
+  ours  `trainer.run.run_job(JobConfig(...), Schedule(workers=D, strategy=(D, 1)))`: D spawned
         worker processes, the coordinator, heartbeats, per-step boundary and commit decisions in the store, the
         GPipe step with one flat gradient all-reduce per stage and the loss all-reduce.
   DDP   D spawned processes, gloo `init_process_group` (explicit timeout) on a TCPStore the parent hosts, the same
@@ -37,6 +37,7 @@ What is timed (both sides, the same span):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import multiprocessing as mp
 import os
@@ -63,6 +64,8 @@ from trainer.data import corpus, global_batch, shard  # noqa: E402
 from trainer.model import build_layers  # noqa: E402
 from trainer.observer import JobObserver  # noqa: E402
 from trainer.pipeline import micro_loss  # noqa: E402
+from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig  # noqa: E402
+from trainer.events import Schedule  # noqa: E402
 from trainer.run import run_job  # noqa: E402
 
 GOAL = 0.9
@@ -112,8 +115,9 @@ class StepClock(JobObserver):
 
 def run_ours(model: ModelConfig, train: TrainConfig, d: int, steps: int, warmup: int, out: Path) -> dict[str, Any]:
     clock = StepClock(warmup - 1, steps - 1)
-    result = run_job(model, train, d, (d, 1), steps, [], out, checkpoint_every=0, timeout_s=600,
-                     pg_timeout_s=PG_TIMEOUT_S, observer=clock)  # fmt: skip
+    job = JobConfig(out_dir=str(out), model=model, train=dataclasses.replace(train, steps=steps),
+                    checkpoint=CheckpointConfig(every=0), control=ControlPlaneConfig(timeout_s=600, pg_timeout_s=PG_TIMEOUT_S))
+    result = run_job(job, Schedule(workers=d, strategy=(d, 1)), observer=clock)
     return {
         "steady_samples_per_s": (steps - warmup) * train.global_batch / clock.span(),
         "whole_samples_per_s": result["throughput"]["samples_per_s"],
@@ -145,7 +149,7 @@ def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: Train
             micro = shard(x, y, rank, world, train.micro_batch)
             opt.zero_grad(set_to_none=True)
             for i, (xm, ym) in enumerate(micro):
-                loss = micro_loss(net(xm), ym, train.global_batch)
+                loss = micro_loss(model, net(xm), ym, train.global_batch)
                 losses[step] += float(loss.detach())
                 if i < len(micro) - 1:
                     with net.no_sync():  # accumulate locally; all-reduce only with the last micro-batch

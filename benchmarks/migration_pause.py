@@ -35,6 +35,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trainer.config import TrainConfig, model_config  # noqa: E402
+from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig  # noqa: E402
+from trainer.events import Schedule  # noqa: E402
 from trainer.run import run_job  # noqa: E402
 
 KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restart")
@@ -62,10 +64,10 @@ def schedule(cycles: int, kill: bool, warmup: int = 3) -> tuple[list[dict], int]
 def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path) -> dict:
     events, steps = schedule(cycles, kill)
     t0 = time.monotonic()
-    result = run_job(
-        model_config(model), TrainConfig(), 4, (2, 2), steps, events, out, start_method=start_method,
-        checkpoint_every=0, timeout_s=900, pg_timeout_s=60,
-    )  # fmt: skip
+    job = JobConfig(out_dir=str(out), model=model_config(model), train=TrainConfig(steps=steps),
+                    checkpoint=CheckpointConfig(every=0), control=ControlPlaneConfig(timeout_s=900, pg_timeout_s=60),
+                    provider=ProviderConfig(start_method=start_method))  # fmt: skip
+    result = run_job(job, Schedule(workers=4, strategy=(2, 2), events=events))
     wall = time.monotonic() - t0
     samples: dict[str, list[float]] = {k: [] for k in (*KINDS, "kill-recovery")}
     for r in result["reconfigurations"]:

@@ -15,7 +15,7 @@ which records the interruption. A finished job is not re-run. Long-running: no f
 the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
 from scratch; resuming is a decision, taken by running the flow again).
 
-``provider="aws"`` (``aws``: `trainer.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
+``provider="aws"`` (``provider_options``: `trainer.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
 the same job on EC2 spot instances: each runs its worker under the instance agent (`trainer.agent`), the trace's
 changes are applied to the fleet (instances launched and terminated as the replay says: a drill), and the cloud's
 own interruption notices are handled as they come (two minutes of grace). The credentials and the configuration
@@ -35,6 +35,17 @@ from parcae import settings, tracking
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner
+from trainer.providers import provider
+from trainer.config import (
+    AvailabilityConfig,
+    CheckpointConfig,
+    ControlPlaneConfig,
+    JobConfig,
+    PlanningConfig,
+    ProviderConfig,
+    TrainConfig,
+    model_config,
+)
 
 
 def check_train_settings(arguments: Mapping[str, Any]) -> None:
@@ -42,7 +53,7 @@ def check_train_settings(arguments: Mapping[str, Any]) -> None:
     its parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's), the
     tracking store, the job folder and, for AWS, the credentials and configuration."""
     uri = tracking.tracking_uri()
-    out_dir, resume, provider = arguments["out_dir"], arguments["resume"], arguments["provider"]
+    out_dir, resume = arguments["out_dir"], arguments["resume"]
 
     def resume_ok() -> None:
         try:
@@ -51,19 +62,37 @@ def check_train_settings(arguments: Mapping[str, Any]) -> None:
             raise settings.SettingError(f"out_dir: {exc}") from None
         settings.check_resume(out_dir, resume, previous, uri)
 
+    def config_ok() -> None:
+        try:
+            job_config(arguments)
+        except ValueError as exc:  # trainer.config.ConfigError: "section.field: problem; fix"
+            field_name, _, rest = str(exc).partition(": ")
+            where = arguments["provider"] if field_name == "provider.options" else field_name
+            raise settings.SettingError(f"{where}: {rest}") from None
+
     settings.check_all(*settings.flow_checks("train", arguments), lambda: settings.check_tracking(uri), resume_ok)
-    if provider == "aws":
-        _check_aws(arguments.get("aws") or {})
+    settings.check_all(config_ok)  # the provider's options too (`trainer.providers`)
+    if arguments["provider"] == "aws":
+        settings.check_aws((arguments.get("provider_options") or {}).get("region"))
 
 
-def _check_aws(aws: Mapping[str, Any]) -> None:
-    from trainer.aws import AwsConfigError, AwsSpotConfig
-
-    settings.check_aws(aws.get("region"))
-    try:
-        AwsSpotConfig.from_mapping(aws)
-    except AwsConfigError as exc:
-        raise settings.SettingError(f"aws: {exc}; fix the aws parameter (AwsSpotConfig's fields)") from None
+def job_config(arguments: Mapping[str, Any]) -> JobConfig:
+    """The `JobConfig` of the train flow's (checked) ``arguments``: built once, passed down unchanged. The notice
+    grace is the provider's (AWS: two minutes; else GCP's 30 s)."""
+    a = arguments
+    instances = ProviderConfig(name=a["provider"], options=dict(a.get("provider_options") or {}))  # checked first
+    return JobConfig(
+        out_dir=str(Path(a["out_dir"])),
+        model=model_config(a["model"], seed=a["seed"]),
+        train=TrainConfig(steps=a["steps"], seed=a["seed"]),
+        availability=AvailabilityConfig(workers=a["workers"], trace=a["trace"], interval_seconds=a["interval_seconds"],
+                                        step_seconds=a["step_seconds"], start_interval=a["start_interval"]),
+        checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"]),
+        control=ControlPlaneConfig(timeout_s=a["timeout_s"],
+                                   notice_grace_s=provider(instances.name).notice_grace_s(instances.options)),
+        provider=instances,
+        planning=PlanningConfig(planner=a["planner"], look_ahead=a["look_ahead"], profile=a["profile"]),
+    )  # fmt: skip
 
 
 @flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
@@ -79,7 +108,7 @@ def train(
     profile: str | None = None,
     look_ahead: int = 4,
     provider: str = "local",
-    aws: dict[str, Any] | None = None,
+    provider_options: dict[str, Any] | None = None,
     checkpoint_every: int = 20,
     out_dir: str = "runs/train",
     resume: bool = True,
@@ -87,8 +116,9 @@ def train(
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
     """Train ``model`` for ``steps`` steps on ``workers`` instances replaying ``trace`` from ``start_interval`` (one
-    trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval. ``provider``: ``local``
-    (worker processes on this machine) or ``aws`` (EC2 spot instances of ``aws``, see the module docstring).
+    trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval. ``provider``: a
+    `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts`` (machines over ssh)
+    or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``.
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
     the trace's 60 s, forecasting with the champion forecaster, else persistence), ``rule`` or ``handed`` (plans
@@ -96,7 +126,9 @@ def train(
     runtime profile JSON (default ``runs/profile-<model>-<workers>.json``, measured and written when absent).
     Returns the summary (`tasks.tracking.train_summary`).
     """
-    check_train_settings(dict(locals()))  # the flow's arguments: nothing else is bound yet
+    arguments = dict(locals())  # the flow's arguments: nothing else is bound yet
+    check_train_settings(arguments)
+    config = job_config(arguments)  # built once, checked above, passed down unchanged
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
     if planner == "liveput":
@@ -122,9 +154,6 @@ def train(
         "parcae.provider": provider,
     }
     trained = train_job(
-        model=model, workers=workers, steps=steps, trace=trace, interval_seconds=interval_seconds,
-        step_seconds=step_seconds, start_interval=start_interval, checkpoint_every=checkpoint_every,
-        out_dir=str(Path(out_dir)), resume=resume, planner=plan_with, seed=seed, timeout_s=timeout_s,
-        tags={k: v for k, v in tags.items() if v not in (None, "")}, aws=dict(aws or {}) if provider == "aws" else None,
+        config, planner=plan_with, tags={k: v for k, v in tags.items() if v not in (None, "")},
     )  # fmt: skip
     return publish_train_report(trained, planner=planner, forecast=forecast, profile=profile_source)

@@ -1377,6 +1377,16 @@ def train_cmd(
                      "hosts reach them."),
     ] = None,
     slots: Annotated[int, typer.Option(min=1, help="With --hosts: instances per host at most.")] = 1,
+    provider: Annotated[
+        str | None,
+        typer.Option(metavar="NAME", help="Where instances come from (trainer.providers): local (worker processes "
+                     "here, the default), hosts (machines over ssh; --hosts sets it) or aws (EC2 spot instances)."),
+    ] = None,
+    provider_options: Annotated[
+        str | None,
+        typer.Option(metavar="JSON|@FILE", help="The provider's options as a JSON object, e.g. aws: "
+                     '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.aws.AwsSpotConfig\'s fields).'),
+    ] = None,
     remote_python: Annotated[
         str, typer.Option(metavar="PATH", help="With --hosts: the interpreter with this project on the hosts.")
     ] = "python3",
@@ -1394,25 +1404,35 @@ def train_cmd(
     heartbeat_timeout: Annotated[
         float | None, typer.Option(min=0.5, metavar="SECONDS", help="A worker whose heartbeat is silent this long "
                                    "is declared dead (one whose process exits is seen at once; default: "
-                                   "trainer.coordinator.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.")
+                                   "trainer.config.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.")
     ] = None,
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
     from forecasting.traces import DEFAULT_INTERVAL_S
-    from trainer.config import UnknownModelError
+    from trainer.config import (
+        AvailabilityConfig,
+        CheckpointConfig,
+        ControlPlaneConfig,
+        JobConfig,
+        PlanningConfig,
+        ProviderConfig,
+        TrainConfig,
+        UnknownModelError,
+        model_config,
+    )
     from trainer.coordinator import ScheduleError
     from trainer.events import EventError
     from trainer.hosts import HostsError
     from trainer.planning import PLANNERS, make_planner
     from trainer.profile import ProfileFormatError, RuntimeProfile
+    from trainer.providers import PROVIDERS as providers
     from trainer.run import JobError, train
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
-    remote = None
-    if hosts is not None or coordinator is not None:
-        remote = _hosts_job(hosts, coordinator, slots=slots, python=remote_python, workdir=remote_workdir)
+    provider_name, options = _provider_options(provider, provider_options, hosts=hosts, coordinator=coordinator,
+                                               slots=slots, python=remote_python, workdir=remote_workdir)  # fmt: skip
     if events is not None and not events.is_file():
         raise UserError(f"--events: no such file {str(events)!r}")
     if planner not in PLANNERS:
@@ -1436,24 +1456,39 @@ def train_cmd(
             raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress
 
-    if not (math.isfinite(interval_seconds) and 0 < interval_seconds <= 86_400):
-        raise UserError(f"--interval-seconds must be a positive number of seconds (at most a day), got "
-                        f"{interval_seconds:g}")  # fmt: skip
+    try:
+        config = JobConfig(
+            out_dir=str(out_dir),
+            model=model_config(model, seed=seed),  # `seed` seeds the initial weights and the data order too
+            train=TrainConfig(steps=steps, seed=seed),
+            availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
+                                            events_file=None if events is None else str(events),
+                                            start_interval=start_interval),
+            checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume),
+            control=ControlPlaneConfig(timeout_s=timeout, notice_grace_s=providers[provider_name].notice_grace_s(options),
+                                       **({} if heartbeat_timeout is None else {"hb_timeout_s": heartbeat_timeout})),
+            provider=ProviderConfig(name=provider_name, options=options),
+            planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
+                                    profile=None if profile is None else str(profile)),
+        )  # fmt: skip
+    except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
+        raise UserError(_config_message(exc)) from None
+    if provider_name == "aws":  # boto3 would look for credentials only at the first call, after the job started
+        from parcae import settings
+
+        try:
+            settings.check_aws(options.get("region"), setting="--provider aws")
+        except settings.SettingError as exc:
+            raise UserError(str(exc)) from None
     _check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
     if json_out is not None:
         _check_writable(json_out, "--json report")
     try:
         # a live bar on a terminal; piped, one line per reconfiguration (parcae.progress)
         with TrainProgress(_stderr()) as progress:
-            report = train(
-                workers, model=model, steps=steps, events_file=events, trace=trace,
-                interval_seconds=interval_seconds, seed=seed, out_dir=out_dir, json_out=json_out,
-                checkpoint_every=checkpoint_every, observer=progress, planner=live, resume=resume,
-                start_interval=start_interval, remote=remote, timeout_s=timeout, keep_checkpoints=keep_checkpoints,
-                **({} if heartbeat_timeout is None else {"hb_timeout_s": heartbeat_timeout}),
-            )  # fmt: skip
+            report = train(config, observer=progress, planner=live, json_out=json_out)
     except KeyboardInterrupt:
-        _interrupted(out_dir, model, seed)
+        _interrupted(config)
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
@@ -1484,23 +1519,45 @@ def train_cmd(
         out.print(f"wrote {json_out}")
 
 
+#: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.
+TRAIN_OPTIONS = {
+    "availability.workers": "--workers", "availability.trace": "--trace", "availability.events_file": "--events",
+    "availability.interval_seconds": "--interval-seconds", "availability.start_interval": "--start-interval",
+    "availability": "--events/--trace", "train.steps": "--steps", "checkpoint.every": "--checkpoint-every",
+    "checkpoint.keep": "--keep-checkpoints", "control.timeout_s": "--timeout",
+    "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
+}  # fmt: skip
+
+
+def _config_message(exc: Exception) -> str:
+    """A `trainer.ConfigError` ("section.field: problem; fix") with the field named as its command-line option."""
+    text = str(exc)
+    field_name, sep, rest = text.partition(": ")
+    if field_name == "provider.options":  # the hosts provider's options are options of the command: --hosts, ...
+        if rest.startswith("hosts and coordinator "):
+            return "--hosts and --coordinator " + rest.removeprefix("hosts and coordinator ")
+        if rest.startswith(("hosts:", "coordinator:", "slots ")):
+            return "--" + rest
+        return f"--provider-options: {rest}"
+    return f"{TRAIN_OPTIONS[field_name]}: {rest}" if sep and field_name in TRAIN_OPTIONS else text
+
+
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 
-def _interrupted(out_dir: Path, model: str, seed: int) -> NoReturn:
+def _interrupted(config: Any) -> NoReturn:
     """Ctrl-C: the workers are stopped (`run_job` lets none outlive it); say in one line where the job stands and
     how to continue it, then exit 130."""
     from trainer import checkpoint
-    from trainer.config import model_config
     from trainer.model import layer_names
 
+    ckpt = config.checkpoint_dir
     try:
-        names = layer_names(model_config(model, seed=seed))
-        point = checkpoint.latest_intact(out_dir / "checkpoints", names, job="job")
-        where = (f"the last complete checkpoint is step {point.step} in {out_dir / 'checkpoints'}"
+        point = checkpoint.latest_intact(Path(ckpt), layer_names(config.model), job=config.job)
+        where = (f"the last complete checkpoint is step {point.step} in {ckpt}"
                  if point.step is not None else "no checkpoint was written yet")  # fmt: skip
     except Exception:  # noqa: BLE001 — the one line must come out whatever the folder holds
-        where = f"checkpoints are in {out_dir / 'checkpoints'}"
+        where = f"checkpoints are in {ckpt}"
     args = [a for a in sys.argv[1:] if a != "--resume"]
     again = shlex.join(["parcae", *args, "--resume"])
     _stderr().print(Text(f"interrupted: the workers are stopped; {where}. Continue with: {again}",
@@ -1508,25 +1565,36 @@ def _interrupted(out_dir: Path, model: str, seed: int) -> NoReturn:
     raise typer.Exit(EXIT_INTERRUPTED)
 
 
-def _hosts_job(hosts: str | None, coordinator: str | None, **kw: Any) -> Any:
-    """`trainer.hosts.hosts_job` from the --hosts and --coordinator options, or a UserError naming the option."""
-    from trainer.hosts import hosts_job
+def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[str, dict[str, Any]]:
+    """The provider (`trainer.providers`) and its options from --provider and --provider-options (a JSON object,
+    or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
+    from trainer.providers import PROVIDERS
 
-    if hosts is None or coordinator is None:
-        raise UserError("--hosts and --coordinator go together: the hosts to run on, and ADDRESS:PORT of this "
-                        "machine as they reach it")  # fmt: skip
-    address, _, port = coordinator.rpartition(":")
-    if not address or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise UserError(f"--coordinator: expected ADDRESS:PORT (e.g. 10.0.0.5:29500), got {coordinator!r}")
-    from trainer.coordinator import is_loopback
-
-    if is_loopback(address):
-        raise UserError(f"--coordinator: {address!r} is a loopback address, which other hosts cannot reach; give "
-                        "this machine's address on their network")  # fmt: skip
-    try:
-        return hosts_job(hosts.split(","), address, int(port), **kw)
-    except ValueError as exc:
-        raise UserError(f"--hosts: {exc}") from None
+    shortcut = {k: v for k, v in hosts.items() if v is not None}
+    given = hosts.get("hosts") is not None or hosts.get("coordinator") is not None
+    name = name or ("hosts" if given else "local")
+    if name not in PROVIDERS:
+        raise UserError(f"--provider: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
+    options: dict[str, Any] = {}
+    if raw is not None:
+        text = raw
+        if raw.startswith("@"):
+            try:
+                text = Path(raw[1:]).read_text()
+            except OSError as exc:
+                raise UserError(f"--provider-options: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+        try:
+            options = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--provider-options: not JSON ({exc}); give an object such as "
+                            "'{\"region\": \"us-east-1\"}' or @FILE.json") from None  # fmt: skip
+        if not isinstance(options, dict):
+            raise UserError(f"--provider-options: expected a JSON object, got {_shown(options)}")
+    if given:
+        if name != "hosts":
+            raise UserError(f"--hosts and --coordinator are the hosts provider's options, not {name!r}'s")
+        options = {**options, **shortcut}
+    return name, options
 
 
 @command("profile")

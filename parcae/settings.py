@@ -40,7 +40,6 @@ from typing import Any
 __all__ = [
     "FLOW_PARAMETERS",
     "PLANNERS",
-    "PROVIDERS",
     "SettingError",
     "check_all",
     "check_aws",
@@ -61,7 +60,6 @@ __all__ = [
     "main",
 ]
 
-PROVIDERS = ("local", "aws")
 #: The live planners a training job can run with: `trainer.planning.PLANNERS` (a test keeps them equal; importing
 #: it here would load torch for every settings check).
 PLANNERS = ("liveput", "rule", "handed")
@@ -143,6 +141,9 @@ def check_tracking(uri: str | None = None, *, setting: str = "MLFLOW_TRACKING_UR
 
 
 def check_provider(provider: str, *, setting: str = "provider") -> str:
+    """A provider name of the registry (`trainer.providers.PROVIDERS`)."""
+    from trainer.providers import PROVIDERS
+
     if provider not in PROVIDERS:
         raise _fail(setting, f"unknown provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
     return provider

@@ -27,6 +27,7 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from forecasting.forecast import Forecaster
 from parcae import tracking
 from tasks.tracking import artifact_key, run_markdown
+from trainer.config import JobConfig
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 
 __all__ = [
@@ -218,55 +219,34 @@ class TrainedRun:
 
 @task(name="train-job", persist_result=False)
 def train_job(
+    config: JobConfig,
     *,
-    model: str,
-    workers: int,
-    steps: int,
-    trace: str,
-    interval_seconds: float,
-    step_seconds: float,
-    start_interval: int,
-    checkpoint_every: int,
-    out_dir: str,
-    resume: bool,
     planner: Any,
-    seed: int,
-    timeout_s: float,
     tags: Mapping[str, Any],
     experiment: str = tracking.TRAINING_EXPERIMENT,
-    aws: Mapping[str, Any] | None = None,
 ) -> TrainedRun:
     """Run the job (`trainer.run.train`) with the MLflow observer and the Prefect one; returns its `TrainedRun`.
 
-    With ``aws`` (`trainer.aws.AwsSpotConfig`'s fields) the instances are EC2 spot instances (`trainer.aws.aws_job`:
-    a fresh job token in SSM, each worker run by the instance agent) with AWS's two-minute notices; else local
-    processes. The job token is made here, inside the task, so that it is never a task result or parameter.
+    The instances are those of ``config.provider`` (`trainer.providers`: on AWS, EC2 spot instances with a fresh
+    job token in SSM, each worker run by the instance agent). The job token is made inside the task, so that it is
+    never a task result or parameter.
 
-    With ``resume`` the job continues from the latest checkpoint in ``out_dir`` (if any) and the MLflow run named in
-    ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
+    With ``config.checkpoint.resume`` the job continues from the latest checkpoint in its out_dir (if any) and the
+    MLflow run named in ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
     """
     from trainer.run import train
     from trainer.tracking import MlflowJobObserver
 
-    remote, grace = None, 30.0
-    if aws is not None:
-        from trainer.aws import AwsSpotConfig, aws_job
-
-        config = AwsSpotConfig.from_mapping(aws)
-        remote, grace = aws_job(config), config.notice_s
-    out = Path(out_dir)
+    out = Path(config.out_dir)
     uri = tracking.tracking_uri()
-    before = previous_run(out) if resume else None
+    before = previous_run(out) if config.checkpoint.resume else None
     reopen = before["run_id"] if before else None
+    model, trace = config.model.name, config.availability.trace
     run_name = f"train-{model}-{trace}-{time.strftime('%Y%m%d-%H%M%S')}"
     mlflow_obs = MlflowJobObserver(experiment=experiment, run_name=run_name, tags=tags, run_id=reopen, tracking=uri)
-    prefect_obs = PrefectJobObserver(mlflow_obs, out, artifact_key(f"{model}-{trace}", empty="job"), steps)
+    prefect_obs = PrefectJobObserver(mlflow_obs, out, artifact_key(f"{model}-{trace}", empty="job"), config.steps)
     observers = ObserverList([mlflow_obs, prefect_obs])
-    report = train(
-        workers, model=model, steps=steps, trace=trace, interval_seconds=interval_seconds, step_seconds=step_seconds,
-        seed=seed, out_dir=out, checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_interval=start_interval,
-        observer=observers, planner=planner, resume=resume, remote=remote, notice_grace_s=grace,
-    )  # fmt: skip
+    report = train(config, observer=observers, planner=planner)
     run_id = mlflow_obs.run_id  # on_end (in train) has ended the run and stopped its logging thread
     if run_id is not None:
         _write_run_file(out, run_id, uri, "FINISHED")

@@ -20,9 +20,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from trainer import coordinator
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import HANDED_SEQ, Coordinator, handed_key
+from trainer.coordinator import HANDED_SEQ, handed_key
 from trainer.observer import JobObserver
-from trainer.run import run_job
+from _jobs import coordinator as make_coordinator, run_job
 from trainer.store import SealedStore, StoreAuthError, connect_store, read_token_file, write_token_file
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -50,7 +50,7 @@ def raw_client(port: int) -> dist.TCPStore:
 
 @pytest.fixture
 def coord(tmp_path):
-    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path / "layers"), job="job-a", token="s3cret")
+    c = make_coordinator(CFG, TRAIN, 10, str(tmp_path / "layers"), job="job-a", token="s3cret")
     c.expect([0, 1])
     return c
 

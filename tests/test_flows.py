@@ -51,7 +51,7 @@ from tasks.tracking import FLOW_RUN_TAG, TRAINING_RUN_TAG, store_unavailable  # 
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.observer import JobObserver  # noqa: E402
 from trainer.planning import HandedPlanner, HandPlanError  # noqa: E402
-from trainer.run import run_job  # noqa: E402
+from _jobs import run_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"

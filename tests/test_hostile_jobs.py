@@ -25,7 +25,8 @@ from trainer import run as run_module
 from trainer.config import TrainConfig, model_config
 from trainer.data import global_batch
 from trainer.pipeline import Strategy, build_context
-from trainer.run import JobError, run_job
+from trainer.run import JobError
+from _jobs import run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
 
@@ -40,12 +41,12 @@ def test_a_job_has_no_hidden_deadline(tmp_path, monkeypatch):
         return time.monotonic() + offset[0]
 
     monkeypatch.setattr(run_module, "time", types.SimpleNamespace(**{**vars(time), "monotonic": monotonic}))
-    report = run_module.train(1, model=CFG, steps=4, out_dir=tmp_path / "job", checkpoint_every=0,
+    report = train(1, model=CFG, steps=4, out_dir=tmp_path / "job", checkpoint_every=0,
                               start_method="forkserver")  # fmt: skip
     assert len(report["loss"]) == 4 and offset[0] > 600
     # who wants a deadline still has one
     with pytest.raises(JobError, match="timed out waiting for"):
-        run_module.train(1, model=CFG, steps=4, out_dir=tmp_path / "job2", checkpoint_every=0,
+        train(1, model=CFG, steps=4, out_dir=tmp_path / "job2", checkpoint_every=0,
                          start_method="forkserver", timeout_s=100)  # fmt: skip
 
 

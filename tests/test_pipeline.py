@@ -244,7 +244,7 @@ def test_the_aws_provider_needs_credentials_and_a_valid_configuration(
     store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     isolate_aws(monkeypatch, tmp_path)
-    state = train(**JOB, steps=STEPS, provider="aws", aws=AWS, out_dir=str(tmp_path / "job"), return_state=True)
+    state = train(**JOB, steps=STEPS, provider="aws", provider_options=AWS, out_dir=str(tmp_path / "job"), return_state=True)
     assert state.is_failed()
     assert "provider='aws'" in state.message and "credentials" in state.message.lower()
     assert "provider='local'" in state.message
@@ -252,7 +252,7 @@ def test_the_aws_provider_needs_credentials_and_a_valid_configuration(
     fake_aws_account(monkeypatch, "us-east-1")
     with mock_aws():
         boto3.client("sts", region_name="us-east-1")  # moto answers sts:GetCallerIdentity
-        state = train(**JOB, steps=STEPS, provider="aws", aws={**AWS, "coordinator_host": "127.0.0.1"},
+        state = train(**JOB, steps=STEPS, provider="aws", provider_options={**AWS, "coordinator_host": "127.0.0.1"},
                       out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
     assert state.is_failed()
     assert "aws: AwsSpotConfig.coordinator_host" in state.message and "is the instance itself" in state.message
@@ -272,7 +272,7 @@ def test_the_train_flow_runs_its_job_on_spot_instances(
         env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
         with Ec2StandIn(ec2, job, env, tmp_path) as standin:
             state = train(**JOB, steps=STEPS, profile=str(profile), checkpoint_every=CHECKPOINT_EVERY,
-                          provider="aws", aws=aws, out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
+                          provider="aws", provider_options=aws, out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
         states = [i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
     assert standin.error is None, standin.error
     assert state.is_completed(), state.message

@@ -38,7 +38,8 @@ from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.config import TrainConfig, model_config
 from trainer.instances import InstanceProvider
 from trainer.pipeline import Strategy, build_context, train_step
-from trainer.run import JobError, run_job
+from trainer.run import JobError
+from _jobs import run_job
 from trainer.worker import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,12 +21,12 @@ from liveput.migration import MigrationKind
 from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import Coordinator, ScheduleError, check_schedule
+from trainer.coordinator import ScheduleError, check_schedule
 from trainer.events import EventError, EventGroup, group_events, parse_events
 from trainer.instances import chaos_schedule
 from trainer.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
 from trainer.pipeline import EpochGroups, StepAbandoned, Strategy, build_context, train_step
-from trainer.run import run_job
+from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -165,7 +165,7 @@ def test_check_schedule_plans_kills_like_the_coordinator():
 
 def test_latest_checkpoint_needs_every_stage_and_survives_restarts(tmp_path):
     ckdir = tmp_path / "c"
-    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path / "l"), checkpoint_dir=str(ckdir))
+    c = coordinator(CFG, TRAIN, 10, str(tmp_path / "l"), checkpoint_dir=str(ckdir))
     c.store.append("ctl/joined", "0,1,")
     c.start((1, 2), [0, 1])  # epoch 1: P = 2
     assert c.latest_checkpoint() == 0  # nothing written: the initial weights
@@ -186,7 +186,7 @@ def test_latest_checkpoint_needs_every_stage_and_survives_restarts(tmp_path):
 
 
 def test_heartbeats_tell_a_dead_worker_from_one_that_ended(tmp_path):
-    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path), hb_timeout_s=0.3)
+    c = coordinator(CFG, TRAIN, 10, str(tmp_path), hb_timeout_s=0.3)
     c.expect([0, 1])
     for w in (0, 1):  # two registered workers, as `Worker.join` does
         c.store.add(f"hb/{w}", 1)

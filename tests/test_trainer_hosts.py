@@ -23,7 +23,7 @@ from trainer.agent import KILLED, RemoteJob
 from trainer.config import TrainConfig, model_config
 from trainer.hosts import HostsError, SshHosts, hosts_job
 from trainer.pipeline import Strategy, build_context, train_step
-from trainer.run import run_job
+from _jobs import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")

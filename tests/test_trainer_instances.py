@@ -13,7 +13,7 @@ import pytest
 
 from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import Coordinator, check_schedule
+from trainer.coordinator import check_schedule
 from trainer.events import group_events, parse_events
 from trainer.instances import (
     LocalProcessProvider,
@@ -23,7 +23,8 @@ from trainer.instances import (
     trace_strategy,
 )
 from trainer.pipeline import Strategy, build_context, train_step
-from trainer.run import peak_instances, train
+from trainer.run import peak_instances
+from _jobs import coordinator, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -70,7 +71,7 @@ def test_trace_provider_compresses_time_into_steps():
 
 
 def test_local_provider_kill_preempt_and_heartbeat_detection(tmp_path):
-    c = Coordinator(CFG, TRAIN, 5, layers_dir=str(tmp_path), hb_timeout_s=0.5)
+    c = coordinator(CFG, TRAIN, 5, str(tmp_path), hb_timeout_s=0.5)
     provider = LocalProcessProvider(c.host, c.port, c.token, start_method="forkserver")
     try:
         ids = provider.start(2)

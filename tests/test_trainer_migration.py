@@ -37,7 +37,8 @@ from trainer.migration import (
 )
 from trainer.model import layer_names
 from trainer.pipeline import Strategy, build_context, train_step
-from trainer.run import JobError, parameters_checksum, run_job
+from trainer.run import JobError, parameters_checksum
+from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -278,7 +279,7 @@ def test_run_job_rejects_an_unknown_model(tmp_path):
 
 
 def _coordinator(tmp_path: Path, **kw) -> Coordinator:
-    return Coordinator(CFG, TRAIN, STEPS, layers_dir=str(tmp_path), **kw)
+    return coordinator(CFG, TRAIN, STEPS, str(tmp_path), **kw)
 
 
 def test_a_coordinator_without_a_given_token_makes_one(tmp_path):

@@ -8,7 +8,8 @@ import torch
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
 from trainer.data import corpus, global_batch, micro_sizes, replica_rows, shard
-from trainer.model import Block, Embedding, Head, Stage, build_layer, build_layers, layer_names
+from trainer.gpt import Block, Embedding, Head
+from trainer.model import Stage, build_layer, build_layers, layer_names
 from trainer.pipeline import Strategy, build_context, train_step
 
 

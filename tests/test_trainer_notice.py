@@ -23,13 +23,12 @@ from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread
 from liveput.migration import MigrationKind
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import Coordinator
 from trainer.instances import LocalProcessProvider
 from trainer.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
 from trainer.model import layer_names
 from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step
 from trainer.planning import RulePlanner
-from trainer.run import run_job
+from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED, Notice
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -125,7 +124,7 @@ def test_a_sigterm_is_noted_without_io_and_wakes_the_waiting_thread():
 
 
 def test_the_local_provider_gives_notice_by_sigterm_and_reclaims_at_the_deadline(tmp_path):
-    c = Coordinator(CFG, TRAIN, 5, layers_dir=str(tmp_path), notice_grace_s=120.0)
+    c = coordinator(CFG, TRAIN, 5, str(tmp_path), notice_grace_s=120.0)
     provider = LocalProcessProvider(c.host, c.port, c.token, start_method="forkserver")
     try:
         assert provider.start_ids([3], next_id=1) == [3] and provider.start(1) == [4]  # ids go on after 3
@@ -154,7 +153,7 @@ def test_a_rolled_back_migration_is_replanned_from_its_base(tmp_path):
     is preempted with notice, worker 2 is to receive stage 1 and dies first. The migration is sealed uncommitted and
     the replacement is planned from epoch 1: worker 1 still sends its last copy, to the only survivor."""
     sizes = layer_sizes(CFG)
-    c = Coordinator(CFG, TRAIN, STEPS, layers_dir=str(tmp_path))
+    c = coordinator(CFG, TRAIN, STEPS, str(tmp_path))
     c.store.append("ctl/joined", "0,1,2,")
     base = c.start((1, 2), [0, 1, 2])  # 0: stage 0, 1: stage 1, 2 stands by
     e = c.reconfigure(4, None, preempt=[1], noticed=[1])

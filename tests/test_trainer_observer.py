@@ -12,7 +12,8 @@ import pytest
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import TrainConfig, model_config
 from trainer.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
-from trainer.run import JobError, run_job
+from trainer.run import JobError
+from _jobs import run_job
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()

@@ -27,7 +27,7 @@ from liveput.throughput import ThroughputProfile
 from parcae.tracking import plan_metrics
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import Coordinator, ScheduleError
+from trainer.coordinator import ScheduleError
 from trainer.instances import trace_schedule, trace_strategy
 from trainer.migration import layer_sizes
 from trainer.model import layer_names
@@ -51,7 +51,8 @@ from trainer.planning import (
     persistence_forecast,
 )
 from trainer.profile import RuntimeProfile
-from trainer.run import run_job, train
+from trainer.store import read_token_file
+from _jobs import coordinator, run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -258,7 +259,7 @@ def test_handed_planner_applies_the_latest_feasible_plan():
 
 
 def test_hand_plan_authenticates_and_checks_the_job(tmp_path):
-    c = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path), job="job-a", token="s3cret")
+    c = coordinator(CFG, TRAIN, 10, str(tmp_path), job="job-a", token="s3cret")
     where = rf"coordinator at 127\.0\.0\.1:{c.port}"
     with pytest.raises(HandPlanError, match=rf"job 'job-a' at the {where} takes no handed plans"):
         hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="s3cret")
@@ -282,7 +283,7 @@ def test_hand_plan_authenticates_and_checks_the_job(tmp_path):
     c.finish()
     with pytest.raises(HandPlanError, match="has ended"):
         hand_plan("127.0.0.1", c.port, (1, 2), job="job-a", token="s3cret")
-    free = Coordinator(CFG, TRAIN, 10, layers_dir=str(tmp_path))  # a port nobody will listen on once it is gone
+    free = coordinator(CFG, TRAIN, 10, str(tmp_path))  # a port nobody will listen on once it is gone
     port = free.port
     del free
     with pytest.raises(HandPlanError, match=rf"cannot reach the coordinator at 127\.0\.0\.1:{port} within 1 s"):
@@ -359,13 +360,14 @@ class HandingObserver(JobObserver):
     """Hands plans to the job it watches: one too big for the instances before the first boundary, then, once the
     first boundary has decided, a feasible one."""
 
-    def __init__(self, token: str) -> None:
-        self.token = token
+    def __init__(self) -> None:
+        self.token: str | None = None
         self.where: tuple[str, int] | None = None
         self.handed_after: int | None = None
 
     def on_start(self, info):
         self.where = (info["host"], info["port"])
+        self.token = read_token_file(info["token_file"])  # as a client of the job would find it
         hand_plan(*self.where, (3, 2), job=info["job"], token=self.token, source="too-big")
 
     def on_plan(self, plan):
@@ -375,8 +377,8 @@ class HandingObserver(JobObserver):
 
 
 def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
-    rec, hander = RecordingObserver(), HandingObserver("tok")
-    result = run_job(CFG, TRAIN, 4, (2, 2), 9, [], tmp_path / "job", job="handed-job", token="tok",
+    rec, hander = RecordingObserver(), HandingObserver()
+    result = run_job(CFG, TRAIN, 4, (2, 2), 9, [], tmp_path / "job", job="handed-job",
                      planner=HandedPlanner(), steps_per_interval=3,
                      observer=ObserverList([hander, rec]), start_method="forkserver", timeout_s=80)  # fmt: skip
     first, second = rec.of("plan")

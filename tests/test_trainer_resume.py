@@ -25,7 +25,7 @@ from trainer.coordinator import ScheduleError
 from trainer.model import layer_names
 from trainer.observer import RecordingObserver
 from trainer.pipeline import Strategy, build_context
-from trainer.run import run_job
+from _jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -44,7 +44,7 @@ DRIVER = r"""
 import json, os, signal, sys
 from trainer.config import TrainConfig, model_config
 from trainer.observer import JobObserver
-from trainer.run import run_job
+from _jobs import run_job
 
 def descendants(pid):
     children = {}
@@ -103,7 +103,7 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc to find the worker processes")
 def test_a_killed_driver_leaves_no_worker_and_the_job_resumes_where_it_was(tmp_path, uninterrupted):
     out, marker = tmp_path / "job", tmp_path / "killed.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(out), str(marker), str(STEPS), json.dumps(EVENTS),
                            "forkserver"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]

@@ -27,7 +27,7 @@ from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.observer import PlanInfo, StepInfo
 from trainer.planning import RulePlanner
-from trainer.run import run_job
+from _jobs import run_job
 from trainer.tracking import MlflowJobObserver, training_runs
 
 from mlflow import MlflowClient  # noqa: E402  (after parcae.tracking: telemetry off)

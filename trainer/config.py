@@ -1,17 +1,24 @@
-"""Configuration of the elastic trainer: one frozen dataclass per component, defaults in one place.
+"""Configuration of a training job: one frozen dataclass per component, defaults in one place.
 
-Owns: `ModelConfig` (what network is trained), `TrainConfig` (how: batch, optimiser, seed) and the registry of
-known model names. Must not touch: torch, processes, files — configs cross process boundaries (they are
-pickled to spawned workers and stored in checkpoints as plain dicts), so they stay plain data.
+Owns: `JobConfig` — the one object that carries a job's settings end to end (built once by the command line or a
+flow, validated on construction, passed down unchanged to the driver and the coordinator, written as `job.json`
+and recorded by MLflow) — and its sections: `ModelConfig` (what network is trained), `TrainConfig` (how: batch,
+optimiser, seed, steps), `AvailabilityConfig`, `CheckpointConfig`, `ControlPlaneConfig`, `ProviderConfig`,
+`PlanningConfig`; the registry of known model shapes. Must not touch: torch, processes, files — configs cross
+process boundaries (pickled to spawned workers, stored in checkpoints as plain dicts), so they stay plain data.
 
-Neither config changes at a migration: the global batch, micro-batch size and seed are fixed for the whole
-job, which is what makes every D x P strategy compute the same training run (see `trainer.pipeline`).
+Neither the model nor the training config changes at a migration: the global batch, micro-batch size and seed are
+fixed for the whole job, which is what makes every D x P strategy compute the same training run
+(`trainer.pipeline`). A bad value raises `ConfigError` naming the field (`section.field`) and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -19,20 +26,37 @@ class UnknownModelError(ValueError):
     """A model name that is not in `MODELS`."""
 
 
-# Known model shapes. "tiny-gpt" is the CPU demo network (~0.2 M parameters, 6 layers in all);
-# "small-gpt" is a larger one for benchmarks that want stages with visible compute.
-MODELS: dict[str, dict[str, int]] = {
-    "tiny-gpt": {"n_layer": 4, "n_embd": 64, "n_head": 4, "block_size": 32},
-    "small-gpt": {"n_layer": 8, "n_embd": 128, "n_head": 4, "block_size": 64},
-}
+@dataclass(frozen=True)
+class ModelEntry:
+    """A registered model: the module of its family (the `trainer.model.ModelFamily` protocol: layer names, layer
+    builder, loss) and the shape its `ModelConfig` starts from."""
+
+    family: str
+    shape: Mapping[str, int]
+
+
+#: The registry of models, by name. "tiny-gpt" is the CPU demo network (~0.2 M parameters, 6 layers in all);
+#: "small-gpt" is a larger one for benchmarks that want stages with visible compute.
+MODELS: dict[str, ModelEntry] = {}
+
+
+def register_model(name: str, family: str, **shape: int) -> ModelEntry:
+    """Register model `name`: its family's module (imported when a job uses it) and its shape fields."""
+    if name in MODELS:
+        raise ValueError(f"model {name!r} is registered already")
+    MODELS[name] = ModelEntry(family, dict(shape))
+    return MODELS[name]
+
+
+register_model("tiny-gpt", "trainer.gpt", n_layer=4, n_embd=64, n_head=4, block_size=32)
+register_model("small-gpt", "trainer.gpt", n_layer=8, n_embd=128, n_head=4, block_size=64)
 
 
 DTYPES = ("float32", "float64")
 
 
 def _corpus_vocab_size() -> int:
-    # Imported lazily: data imports config for the TrainConfig type.
-    from trainer.data import corpus
+    from trainer.corpus import corpus  # lazily: building the corpus costs ~0.1 s, and a config may not need it
 
     return corpus().vocab_size
 
@@ -85,7 +109,7 @@ def model_config(name: str = "tiny-gpt", **overrides: Any) -> ModelConfig:
     """The registered shape of `name`, with `overrides` (e.g. seed=3) applied."""
     if name not in MODELS:
         raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
-    return ModelConfig(name=name, **{**MODELS[name], **overrides})
+    return ModelConfig(name=name, **{**MODELS[name].shape, **overrides})
 
 
 @dataclass(frozen=True)
@@ -109,3 +133,209 @@ class TrainConfig:
             raise ValueError(f"global_batch and micro_batch must be >= 1, got {self.global_batch}, {self.micro_batch}")
         if self.lr <= 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
+
+
+# ------------------------------------------------------------------------------------------------ the job
+
+# A worker whose heartbeat stays silent this long is declared dead (a process that exits is seen at once). Long
+# enough that a living worker on a loaded machine is not (1 s was: a job died at load 80); a hung one costs this
+# long to detect.
+DEFAULT_HB_TIMEOUT_S = 10.0
+#: How worker processes start: "spawn" (cold, like a real restart) or "forkserver" (a warm pool).
+START_METHODS = ("spawn", "forkserver")
+
+
+class ConfigError(ValueError):
+    """A `JobConfig` field that cannot work: the message names the field (`section.field`) and the fix."""
+
+
+def _need(ok: bool, where: str, problem: str, fix: str) -> None:
+    if not ok:
+        raise ConfigError(f"{where}: {problem}; {fix}")
+
+
+def _finite_positive(x: float | None) -> bool:
+    return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Periodic checkpoints: every `every` steps (0: never) into `dir` (default: `<out_dir>/checkpoints`), the
+    newest `keep` complete ones kept (0: all); `resume` continues the job from its latest intact one."""
+
+    every: int = 10
+    dir: str | None = None
+    keep: int = 0
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        _need(self.every >= 0, "checkpoint.every", f"must be >= 0 (0: never), got {self.every}", "give a step count")
+        _need(self.keep >= 0, "checkpoint.keep", f"must be >= 0 (0: keep all), got {self.keep}", "give a count")
+
+
+@dataclass(frozen=True)
+class ControlPlaneConfig:
+    """The coordinator's store and failure detector: where it listens (loopback unless told otherwise; port 0: a
+    free one), how long collectives and store reads wait, the heartbeat, the grace of a preemption notice (GCP's
+    30 s; AWS gives 120 s) and the job's deadline (None: none — a job runs until it is done)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    pg_timeout_s: float = 30.0
+    store_timeout_s: float = 60.0
+    hb_interval_s: float = 0.1
+    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S
+    notice_grace_s: float = 30.0
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        _need(0 <= self.port <= 65535, "control.port", f"must be 0..65535, got {self.port}", "give a free port or 0")
+        for name in ("pg_timeout_s", "store_timeout_s", "hb_interval_s", "hb_timeout_s"):
+            v = getattr(self, name)
+            _need(_finite_positive(v), f"control.{name}", f"must be a positive number of seconds, got {v!r}",
+                  "give seconds > 0")  # fmt: skip
+        _need(self.hb_timeout_s > 2 * self.hb_interval_s, "control.hb_timeout_s",
+              f"{self.hb_timeout_s} must exceed two heartbeat intervals ({self.hb_interval_s} s)",
+              "raise the heartbeat timeout")  # fmt: skip
+        _need(isinstance(self.notice_grace_s, (int, float)) and math.isfinite(self.notice_grace_s)
+              and self.notice_grace_s >= 0, "control.notice_grace_s",
+              f"must be >= 0 seconds, got {self.notice_grace_s!r}", "give seconds")  # fmt: skip
+        _need(self.timeout_s is None or _finite_positive(self.timeout_s), "control.timeout_s",
+              f"must be a positive number of seconds or None (no deadline), got {self.timeout_s!r}",
+              "give seconds > 0")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    """Where instances come from: `name` is a `trainer.providers.PROVIDERS` entry and `options` its settings (hosts:
+    hosts, coordinator, ...; aws: `trainer.aws.AwsSpotConfig`'s fields); local worker processes start with
+    `start_method`, ahead of their event while fewer than `max_processes` run (None: the most the schedule has
+    alive at once)."""
+
+    name: str = "local"
+    options: Mapping[str, Any] = field(default_factory=dict)
+    start_method: str = "spawn"
+    max_processes: int | None = None
+
+    def __post_init__(self) -> None:
+        from trainer.providers import PROVIDERS, ProviderError, provider  # a registry of names: imports nothing
+
+        _need(self.name in PROVIDERS, "provider.name", f"unknown provider {self.name!r}",
+              f"choose one of {', '.join(PROVIDERS)}")  # fmt: skip
+        _need(isinstance(self.options, Mapping), "provider.options", f"must be a mapping, got {self.options!r}",
+              "give the provider's options as a JSON object")  # fmt: skip
+        try:
+            provider(self.name).check(self.options)
+        except ProviderError as exc:
+            raise ConfigError(f"provider.options: {exc}") from None
+        _need(self.start_method in START_METHODS, "provider.start_method",
+              f"must be one of {', '.join(START_METHODS)}, got {self.start_method!r}", "choose one")  # fmt: skip
+        _need(self.max_processes is None or self.max_processes >= 1, "provider.max_processes",
+              f"must be >= 1 or None, got {self.max_processes}", "give a count")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class AvailabilityConfig:
+    """Which instances exist when: `workers` at the start, then a replayed spot `trace` (from interval
+    `start_interval`; one interval lasts `interval_seconds` of wall time, i.e. `interval_seconds / step_seconds`
+    steps; a `kill_fraction` of its drops come without notice) or a scripted `events_file`, or neither. `strategy`
+    is the first D x P (None: the rule's, for the instances alive at the start)."""
+
+    workers: int = 4
+    strategy: tuple[int, int] | None = None
+    trace: str | None = None
+    events_file: str | None = None
+    interval_seconds: float = 2.0
+    step_seconds: float = 0.1
+    start_interval: int = 0
+    kill_fraction: float = 0.5
+
+    def __post_init__(self) -> None:
+        _need(self.workers >= 1, "availability.workers", f"must be >= 1, got {self.workers}", "give a count")
+        _need(self.trace is None or self.events_file is None, "availability",
+              "give an events file or a trace, not both", "drop one")  # fmt: skip
+        _need(_finite_positive(self.interval_seconds) and self.interval_seconds <= 86_400,
+              "availability.interval_seconds", f"must be a positive number of seconds (at most a day), got "
+              f"{self.interval_seconds!r}", "give seconds")  # fmt: skip
+        _need(_finite_positive(self.step_seconds), "availability.step_seconds",
+              f"must be a positive number of seconds, got {self.step_seconds!r}", "give seconds")  # fmt: skip
+        _need(self.start_interval >= 0, "availability.start_interval", f"must be >= 0, got {self.start_interval}",
+              "give an interval index")  # fmt: skip
+        _need(0.0 <= self.kill_fraction <= 1.0, "availability.kill_fraction",
+              f"must be in [0, 1], got {self.kill_fraction}", "give a fraction")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PlanningConfig:
+    """Who decides D x P at each interval boundary (`planner`: a `trainer.planning.PLANNERS` name; None: the
+    schedule's own plan events), over `look_ahead` intervals, with the runtime profile at `profile` (liveput)."""
+
+    planner: str | None = None
+    look_ahead: int = 4
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        _need(self.look_ahead >= 1, "planning.look_ahead", f"must be >= 1, got {self.look_ahead}", "give K >= 1")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """Every setting of one training job, built once (by the command line or a flow), validated on construction,
+    and passed down unchanged to the driver, the coordinator and the observers; `to_dict` is the form the job's
+    folder (`job.json`) and its MLflow run record."""
+
+    job: str = "job"
+    out_dir: str = "runs/train"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    availability: AvailabilityConfig = field(default_factory=AvailabilityConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    control: ControlPlaneConfig = field(default_factory=ControlPlaneConfig)
+    provider: ProviderConfig = field(default_factory=ProviderConfig)
+    planning: PlanningConfig = field(default_factory=PlanningConfig)
+
+    def __post_init__(self) -> None:
+        _need(bool(self.job) and isinstance(self.job, str), "job", f"must be a non-empty name, got {self.job!r}",
+              "name the job")  # fmt: skip
+        _need(bool(str(self.out_dir)), "out_dir", "must be a folder", "give the job's output folder")
+
+    @property
+    def steps(self) -> int:
+        return self.train.steps
+
+    @property
+    def layers_dir(self) -> str:
+        """Where the final parameters go (one shard per final stage)."""
+        return str(Path(self.out_dir) / "layers")
+
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.checkpoint.dir if self.checkpoint.dir is not None else str(Path(self.out_dir) / "checkpoints")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobConfig:
+        """The inverse of `to_dict` (JSON lists become the tuples the fields hold); unknown fields are errors."""
+        sections = {"model": ModelConfig, "train": TrainConfig, "availability": AvailabilityConfig,
+                    "checkpoint": CheckpointConfig, "control": ControlPlaneConfig, "provider": ProviderConfig,
+                    "planning": PlanningConfig}  # fmt: skip
+        unknown = sorted(set(d) - {"job", "out_dir", *sections})
+        _need(not unknown, "JobConfig", f"unknown fields {unknown}", f"use {['job', 'out_dir', *sections]}")
+        kw: dict[str, Any] = {k: d[k] for k in ("job", "out_dir") if k in d}
+        for name, kind in sections.items():
+            if name in d:
+                fields = {f.name for f in dataclasses.fields(kind)}
+                extra = sorted(set(d[name]) - fields)
+                _need(not extra, name, f"unknown fields {extra}", f"use {sorted(fields)}")
+                kw[name] = kind(**{k: tuple(v) if isinstance(v, list) and k != "options" else v
+                                   for k, v in d[name].items()})  # fmt: skip
+        return cls(**kw)
+
+    def replace(self, **sections: Any) -> JobConfig:
+        """A copy with some sections' fields changed: `cfg.replace(checkpoint={"resume": True})`."""
+        kw: dict[str, Any] = {}
+        for name, change in sections.items():
+            kw[name] = dataclasses.replace(getattr(self, name), **change) if isinstance(change, Mapping) else change
+        return dataclasses.replace(self, **kw)

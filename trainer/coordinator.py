@@ -97,7 +97,7 @@ from typing import Any
 
 from liveput.migration import MigrationKind
 from trainer import checkpoint
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import JobConfig, ModelConfig, TrainConfig
 from trainer.events import EventGroup
 from trainer.migration import (
     Epoch,
@@ -115,10 +115,6 @@ log = logging.getLogger(__name__)
 HOLD, TRAIN = "hold", "train"
 APPLY, ABORT = "apply", "abort"
 ACCEPTS_KEY, HANDED_SEQ = "plan/accepts", "plan/seq"
-# A worker whose heartbeat stays silent this long is declared dead (a process that exits is seen at once). Long
-# enough that a living worker on a loaded machine is not (1 s was: a job died at load 80); a hung one costs this
-# long to detect.
-DEFAULT_HB_TIMEOUT_S = 10.0
 # A silent worker whose process the provider sees running (schedulable: starved on a loaded machine, not hung) is
 # declared dead only this many bounds past its last heartbeat: evidence, not a guess.
 HB_RUNNING_FACTOR = 3.0
@@ -239,7 +235,7 @@ def check_schedule(
 @dataclass(frozen=True)
 class ScheduleState:
     """Where a schedule's dry run stands before a boundary: the epoch in force, the instances alive (ids) and the id
-    the next added instance gets. A resumed job starts from it (`trainer.run.run_job(resume=True)`)."""
+    the next added instance gets. A resumed job starts from it (`trainer.run.run_job` with `checkpoint.resume`)."""
 
     epochs: list[Epoch]
     alive: tuple[int, ...]
@@ -327,33 +323,16 @@ class Coordinator:
     `new_checkpoints`, and plans handed in from outside are read with `handed_plans`.
     """
 
-    def __init__(
-        self,
-        model: ModelConfig,
-        train: TrainConfig,
-        steps: int,
-        *,
-        layers_dir: str,
-        checkpoint_dir: str = "",
-        checkpoint_every: int = 0,
-        job: str = "job",
-        host: str = "127.0.0.1",
-        port: int = 0,
-        token: str | None = None,
-        pg_timeout_s: float = 30.0,
-        store_timeout_s: float = 60.0,
-        hb_interval_s: float = 0.1,
-        hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
-        notice_grace_s: float = 30.0,
-    ) -> None:
-        if checkpoint_every < 0:
-            raise ValueError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-        if hb_timeout_s <= 2 * hb_interval_s:
-            raise ValueError(f"hb_timeout_s={hb_timeout_s} must exceed two heartbeat intervals ({hb_interval_s} s)")
-        if not notice_grace_s >= 0:
-            raise ValueError(f"notice_grace_s must be >= 0 seconds, got {notice_grace_s}")
-        self.spec = JobSpec(model, train, steps, job, str(layers_dir), pg_timeout_s, str(checkpoint_dir),
-                            checkpoint_every, hb_interval_s, float(notice_grace_s))  # fmt: skip
+    def __init__(self, config: JobConfig, *, token: str | None = None, bind: tuple[str, int] | None = None) -> None:
+        """Bind the store (on `bind` = (host, port), else the config's control plane address) and publish the
+        job's spec. Every client authenticates, loopback included: without a `token` the job makes one."""
+        ctl = config.control
+        host, port = bind if bind is not None else (ctl.host, ctl.port)
+        self.config = config
+        self.spec = JobSpec(config.model, config.train, config.steps, config.job, config.layers_dir, ctl.pg_timeout_s,
+                            config.checkpoint_dir, config.checkpoint.every, ctl.hb_interval_s,
+                            float(ctl.notice_grace_s))  # fmt: skip
+        hb_timeout_s, store_timeout_s, model = ctl.hb_timeout_s, ctl.store_timeout_s, config.model
         self.host = host
         self.hb_timeout_s = hb_timeout_s
         # every client authenticates, loopback included: without a token given, the job makes one (`token`)

@@ -1,7 +1,6 @@
-"""Training data: a character-level corpus that ships with Python, and the per-step global batch.
+"""Training data: the per-step global batch over the bundled corpus (`trainer.corpus`), and its split.
 
-Owns: the corpus (`pydoc_data.topics.topics`, joined in sorted key order; vocabulary = its sorted set of
-characters), `global_batch(step, cfg)` and the split of a global batch into replicas and micro-batches.
+Owns: `global_batch(step, cfg)` and the split of a global batch into replicas and micro-batches.
 Must not touch: models, processes, torch.distributed.
 
 The invariant the elastic trainer rests on: **the global batch of a step depends only on (seed, step)**, never on
@@ -11,44 +10,12 @@ Hence any D x P strategy â€” and any sequence of strategies across migrations â€
 
 from __future__ import annotations
 
-import functools
 import hashlib
-from dataclasses import dataclass
 
 import torch
 
 from trainer.config import TrainConfig
-
-
-@dataclass(frozen=True)
-class Corpus:
-    """The encoded text (int64 token ids) and its vocabulary."""
-
-    tokens: torch.Tensor
-    chars: str
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.chars)
-
-    def encode(self, text: str) -> torch.Tensor:
-        index = {c: i for i, c in enumerate(self.chars)}
-        return torch.tensor([index[c] for c in text], dtype=torch.long)
-
-    def decode(self, ids: torch.Tensor) -> str:
-        return "".join(self.chars[int(i)] for i in ids)
-
-
-@functools.lru_cache(maxsize=1)
-def corpus() -> Corpus:
-    """The bundled corpus (~465 k characters, ~100 distinct), built once per process."""
-    from pydoc_data.topics import topics
-
-    text = "".join(topics[k] for k in sorted(topics))
-    chars = "".join(sorted(set(text)))
-    index = {c: i for i, c in enumerate(chars)}
-    tokens = torch.tensor([index[c] for c in text], dtype=torch.long)
-    return Corpus(tokens=tokens, chars=chars)
+from trainer.corpus import corpus
 
 
 def step_seed(seed: int, step: int) -> int:

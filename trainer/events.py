@@ -208,3 +208,23 @@ def group_events(events: Iterable[Event], source: str = "<events>") -> list[Even
                        kill=tuple(kill), restart=bool(restarts))  # fmt: skip
         )
     return groups
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What `run_job` applies: start `workers` instances on `strategy` = (D, P), then apply `events` (this module's
+    format, or `Event`s); a trace's schedule (`trainer.instances.trace_schedule`) also says how many intervals it
+    covers and how many steps one lasts (a live planner decides at each interval boundary)."""
+
+    workers: int
+    strategy: tuple[int, int]
+    events: Sequence[Event | Mapping[str, Any]] = ()
+    intervals: int = 0  # trace intervals covered
+    steps_per_interval: int = 0  # steps of one trace interval (a live planner decides at each interval boundary)
+
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for e in self.events:
+            k = e.kind if isinstance(e, Event) else e["kind"]
+            out[k] = out.get(k, 0) + 1
+        return out

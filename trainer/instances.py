@@ -34,11 +34,12 @@ import threading
 import time
 from pathlib import Path
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 import pandas as pd
 
+from trainer.config import START_METHODS
+from trainer.events import Schedule
 from trainer.worker import WorkerSpec, process_main
 
 
@@ -135,7 +136,6 @@ class NoticeDeadlines:
 
 # "spawn": every worker process starts cold (imports torch, ~2.5 s of CPU) — a restart costs what a real one does.
 # "forkserver": workers are forked from a server that imported torch once — a warm pool, for fast tests.
-START_METHODS = ("spawn", "forkserver")
 
 
 class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
@@ -291,23 +291,6 @@ def trace_strategy(n: int, n_layers: int = 6, global_batch: int = 16) -> tuple[i
     return max(1, min(n // p, global_batch)), p
 
 
-@dataclass(frozen=True)
-class TraceSchedule:
-    """A job driven by a trace: start `workers` instances on `strategy`, then apply `events` (trainer.events format)."""
-
-    workers: int
-    strategy: tuple[int, int]
-    events: list[dict[str, Any]] = field(default_factory=list)
-    intervals: int = 0  # trace intervals covered
-    steps_per_interval: int = 0  # steps of one trace interval (a live planner decides at each interval boundary)
-
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for e in self.events:
-            out[e["kind"]] = out.get(e["kind"], 0) + 1
-        return out
-
-
 def _trace_table(trace: str | pd.DataFrame, workers: int) -> pd.DataFrame:
     from forecasting.traces import load_trace, scale_trace
 
@@ -326,7 +309,7 @@ def trace_schedule(
     start_interval: int = 0,
     strategy_for: Callable[[int], tuple[int, int]] | None = None,
     plans: bool = True,
-) -> TraceSchedule:
+) -> Schedule:
     """Turn `trace` (a name for `forecasting.traces.load_trace`, or its table) into a local job's schedule.
 
     The trace is scaled to `workers` instances; interval `start_interval + i`'s change takes effect at the boundary
@@ -383,7 +366,7 @@ def trace_schedule(
             if fits:
                 events.append({"step": step, "kind": "plan", "strategy": list(new)})
             strategy = new
-    return TraceSchedule(workers=n0, strategy=pick(n0), events=events, intervals=covered,
+    return Schedule(workers=n0, strategy=pick(n0), events=events, intervals=covered,
                          steps_per_interval=steps_per_interval)
 
 
@@ -398,7 +381,7 @@ class LocalTraceProvider:
     """A trace replayed on local processes, compressed in time: one trace interval lasts `interval_seconds`.
 
     `schedule(steps, step_seconds)` converts the wall-clock compression into steps (`steps_per_interval =
-    round(interval_seconds / step_seconds)`, at least 1) and returns the `TraceSchedule` for `run_job`, which runs
+    round(interval_seconds / step_seconds)`, at least 1) and returns the `Schedule` for `run_job`, which runs
     it on a `LocalProcessProvider`.
     """
 
@@ -414,7 +397,7 @@ class LocalTraceProvider:
     def steps_per_interval(self, step_seconds: float) -> int:
         return max(1, round(self.interval_seconds / step_seconds))
 
-    def schedule(self, steps: int, step_seconds: float = 0.1, *, plans: bool = True) -> TraceSchedule:
+    def schedule(self, steps: int, step_seconds: float = 0.1, *, plans: bool = True) -> Schedule:
         """The schedule (`trace_schedule`); `plans=False` for a job with a live planner (availability only)."""
         return trace_schedule(
             self.trace, self.workers, steps, self.steps_per_interval(step_seconds), self.seed,
@@ -433,7 +416,7 @@ def chaos_schedule(
     max_workers: int = 5,
     max_restarts: int = 1,
     kinds: tuple[str, ...] = ("plan", "preempt", "kill", "add"),
-) -> TraceSchedule:
+) -> Schedule:
     """A seeded random schedule of `n_events` events (plans, preemptions with notice, kills, additions) that the
     coordinator can carry out: every prefix passes `check_schedule`, at most `max_workers` instances are alive at
     once and at most `max_restarts` kills lose a layer's last holder (a checkpoint-restart, seconds each).
@@ -504,4 +487,4 @@ def chaos_schedule(
                     break
     if len(events) < n_events:
         raise ValueError(f"placed only {len(events)} of {n_events} events in {steps} steps; give more steps")
-    return TraceSchedule(workers=workers, strategy=strategy, events=events)
+    return Schedule(workers=workers, strategy=strategy, events=events)

@@ -55,11 +55,11 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.data import global_batch, micro_sizes, shard
 from trainer.model import Stage, build_layer, layer_names, param_dtype
+from trainer.model import loss as model_loss
 
 LayerState = dict[str, torch.Tensor]
 
@@ -412,10 +412,9 @@ def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names:
     return h.hexdigest()
 
 
-def micro_loss(logits: torch.Tensor, targets: torch.Tensor, global_batch_size: int) -> torch.Tensor:
-    """This micro-batch's share of the global mean loss: sum of token cross-entropies / (global_batch * T)."""
-    total = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum")
-    return total / (global_batch_size * targets.shape[1])
+def micro_loss(cfg: ModelConfig, outputs: torch.Tensor, targets: torch.Tensor, global_batch_size: int) -> torch.Tensor:
+    """This micro-batch's share of the global mean loss (the model family's `loss`)."""
+    return model_loss(cfg, outputs, targets, global_batch_size)
 
 
 def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
@@ -461,7 +460,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             inp.requires_grad_()
         out = ctx.module(inp)
         if ctx.is_last:
-            out = micro_loss(out, ym, B)
+            out = micro_loss(ctx.model, out, ym, B)
             loss += out.detach()
         else:
             act = out.detach()

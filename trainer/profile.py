@@ -716,6 +716,8 @@ def measure(
     from trainer.coordinator import check_schedule
     from trainer.events import group_events, parse_events
     from trainer.migration import layer_sizes
+    from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig
+    from trainer.events import Schedule
     from trainer.run import run_job
 
     if workers < 2:
@@ -739,9 +741,10 @@ def measure(
     tcfg = TrainConfig(seed=seed, steps=sched.steps)
     say(f"profiling {model} on {workers} workers: {len(set(order))} strategies, {sched.steps} steps")
     t0 = time.monotonic()
-    result = run_job(mcfg, tcfg, workers, sched.initial, sched.steps, list(sched.events), out_dir,
-                     start_method=start_method, max_processes=workers, timeout_s=timeout_s,
-                     checkpoint_every=0)  # fmt: skip
+    job = JobConfig(out_dir=str(out_dir), model=mcfg, train=tcfg, checkpoint=CheckpointConfig(every=0),
+                    control=ControlPlaneConfig(timeout_s=timeout_s),
+                    provider=ProviderConfig(start_method=start_method, max_processes=workers))  # fmt: skip
+    result = run_job(job, Schedule(workers=workers, strategy=sched.initial, events=list(sched.events)))
     wall = time.monotonic() - t0
     say("fitting the cost model")
     planned = check_schedule(mcfg, tcfg, workers, sched.initial, sched.steps, group_events(parse_events(sched.events)))

@@ -80,32 +80,33 @@ formed the epoch's groups, so that their detection time is measured alike.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
-
 
 from forecasting import jsonio
 from trainer import checkpoint
 from trainer.agent import AgentInstances, RemoteJob
-from trainer.config import ModelConfig, TrainConfig, model_config
+from trainer.config import JobConfig, ModelConfig
 from trainer.coordinator import (
-    DEFAULT_HB_TIMEOUT_S,
     HB_RUNNING_FACTOR,
     Coordinator,
     ScheduleError,
     check_schedule,
     schedule_state,
 )
-from trainer.events import Event, EventGroup, group_events, load_events, parse_events
+from trainer.events import EventGroup, Schedule, group_events, load_events, parse_events
 from trainer.instances import LocalProcessProvider, LocalTraceProvider, trace_strategy
 from trainer.model import layer_names
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 from trainer.pipeline import parameters_checksum
+from trainer.providers import provider
 from trainer.migration import PlanError, recovery_strategy
 from trainer.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
 from trainer.store import TOKEN_FILE, new_token, write_token_file
@@ -130,16 +131,16 @@ class _Driver:
     asks the planner at interval boundaries and feeds the observers."""
 
     def __init__(
-        self, coord: Coordinator, provider: LocalProcessProvider | AgentInstances, groups: Sequence[EventGroup], steps: int,
-        deadline: float, pg_timeout_s: float, max_processes: int, *, observer: ObserverList | None = None,
-        planner: Planner | None = None, intervals: Iterable[int] = (), steps_per_interval: int = 0,
-        keep_checkpoints: int = 0,
+        self, coord: Coordinator, provider: LocalProcessProvider | AgentInstances, groups: Sequence[EventGroup],
+        live: LivePlanning, *, deadline: float, max_processes: int, observer: ObserverList | None = None,
     ) -> None:  # fmt: skip
-        self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), steps
-        self.deadline, self.pg_timeout_s = deadline, pg_timeout_s
-        self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
+        cfg = coord.config
+        self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), cfg.steps
+        self.deadline, self.pg_timeout_s = deadline, cfg.control.pg_timeout_s
         self.max_processes = max_processes
-        self.keep_checkpoints = keep_checkpoints  # complete checkpoints kept on disk (0: all)
+        self.keep_checkpoints = cfg.checkpoint.keep  # complete checkpoints kept on disk (0: all)
+        planner, intervals, steps_per_interval = live.planner, live.intervals, live.steps_per_interval
+        self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
         self._recovering = False
         self._no_death_recoveries = 0
@@ -848,65 +849,46 @@ def peak_instances(workers: int, groups: Sequence[EventGroup]) -> int:
     return peak
 
 
+@dataclass(frozen=True)
+class LivePlanning:
+    """A job's live planner: asked at each of the `intervals` boundaries (every `steps_per_interval` steps)."""
+
+    planner: Planner | None = None
+    intervals: Sequence[int] = ()
+    steps_per_interval: int = 0
+
+
 def run_job(
-    model_cfg: ModelConfig | str,
-    train_cfg: TrainConfig,
-    workers: int,
-    strategy: tuple[int, int],
-    steps: int,
-    events: Sequence[Event | Mapping[str, Any]],
-    out_dir: str | os.PathLike[str],
+    config: JobConfig,
+    schedule: Schedule,
     *,
-    job: str = "job",
-    host: str = "127.0.0.1",
-    port: int = 0,
-    token: str | None = None,
-    pg_timeout_s: float = 30.0,
-    timeout_s: float | None = None,
-    checkpoint_every: int = 0,
-    checkpoint_dir: str | os.PathLike[str] | None = None,
-    hb_interval_s: float = 0.1,
-    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
-    max_processes: int | None = None,
-    start_method: str = "spawn",
     observer: JobObserver | None = None,
     planner: Planner | None = None,
-    steps_per_interval: int = 0,
-    resume: bool = False,
-    notice_grace_s: float = 30.0,
     remote: RemoteJob | None = None,
-    keep_checkpoints: int = 0,
 ) -> dict[str, Any]:
-    """Train `steps` steps on `workers` initial instances starting at `strategy` = (D, P), applying `events`.
+    """Train `config` (its steps, model, checkpoints, control plane, ...) on `schedule`: its `workers` initial
+    instances starting at its `strategy` = (D, P), then its `events`.
 
-    Everything is validated before a process starts (unknown model, impossible strategies, bad events, an
-    `out_dir` holding an earlier job's files, a foreign or corrupt checkpoint to resume from: `UnknownModelError`,
-    `ScheduleError`, `EventError`); a job that starts but fails raises `JobError` with the failing worker's message
-    (or the planner's `PlanError`), and no worker outlives the call.
-    `events` are dicts in the `trainer.events` format or `Event`s. Every `checkpoint_every` steps (0: never) the
-    replica 0 of each stage writes its shard to `checkpoint_dir` (default `out_dir/checkpoints`); a
-    checkpoint-restart loads the latest complete one. Added instances are started ahead of their event while fewer
-    than `max_processes` worker processes run (default: the most instances the schedule has alive at once).
-    `start_method` is how worker processes start (`trainer.instances.START_METHODS`: "spawn", cold like a real
-    restart, or "forkserver", a warm pool). The coordinator listens on `host:port` (0: a free port; the observers'
-    `on_start` info says which).
+    Everything is validated before a process starts (impossible strategies, bad events, an out_dir holding an
+    earlier job's files, a foreign or corrupt checkpoint to resume from: `ScheduleError`, `EventError`); a job that
+    starts but fails raises `JobError` with the failing worker's message (or the planner's `PlanError`), and no
+    worker outlives the call. `events` are dicts in the `trainer.events` format or `Event`s; a checkpoint-restart
+    loads the latest complete periodic checkpoint. Added instances are started ahead of their event while fewer
+    than `config.provider.max_processes` worker processes run (default: the most the schedule has alive at once).
 
     `observer` is told about the job as it runs (`trainer.observer`; one that raises is dropped). With a `planner`
-    (`trainer.planning`), the strategy is decided live at every interval boundary, each `steps_per_interval` steps;
-    `events` must then be availability events only (add, preempt, kill). With `resume`, the job starts from the
-    latest complete checkpoint of the same job in `checkpoint_dir` if there is one (see the module docstring), else
-    from scratch; the files a killed run left in `out_dir` do not block it.
+    (`trainer.planning`), the strategy is decided live at every interval boundary, each
+    `schedule.steps_per_interval` steps; `events` must then be availability events only (add, preempt, kill). With
+    `config.checkpoint.resume`, the job starts from the latest complete checkpoint of the same job if there is one
+    (see the module docstring), else from scratch.
 
-    A worker process that receives SIGTERM takes it as a preemption notice with `notice_grace_s` seconds of grace
-    (GCP gives 30 s, the default; AWS 120 s): the job hands its layers off at the next boundary (in a planned job,
-    at the next interval boundary if that comes `NOTICE_MARGIN_S` before the deadline) and the worker exits; one
-    still running at the deadline is killed and recovered from like any death. Its reconfiguration record says
-    `"source": "sigterm"`.
+    A worker process that receives SIGTERM takes it as a preemption notice with `config.control.notice_grace_s`
+    seconds of grace: the job hands its layers off at the next boundary and the worker exits; one still running
+    at the deadline is killed and recovered from like any death (its record says `"source": "sigterm"`).
 
     Instances are local worker processes, or, with `remote` (`trainer.agent.RemoteJob`: EC2 spot instances from
-    `trainer.aws.aws_job`), instances elsewhere whose workers an agent runs; the coordinator then listens on
-    `remote.port` and requires `remote.token` (`host`, `port`, `token` and `start_method` do not apply).
-    Returns (JSON-serialisable)::
+    `trainer.aws.aws_job`, hosts over ssh), instances elsewhere whose workers an agent runs; the coordinator then
+    listens on `remote.port` and requires `remote.token`. Returns (JSON-serialisable)::
 
         {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
          "resumed_from": that step or None, "resume_note": what resume found (None without resume),
@@ -919,10 +901,11 @@ def run_job(
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
     """
     t0 = time.monotonic()
-    model = model_config(model_cfg) if isinstance(model_cfg, str) else model_cfg
-    evs = parse_events(list(events))
+    model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
+    workers, steps_per_interval = schedule.workers, schedule.steps_per_interval
+    evs = parse_events(list(schedule.events))
     groups = group_events(evs)
-    strategy = (int(strategy[0]), int(strategy[1]))
+    strategy = (int(schedule.strategy[0]), int(schedule.strategy[1]))
     rule = None
     if planner is not None:
         if steps_per_interval < 1:
@@ -938,15 +921,10 @@ def run_job(
     elif steps_per_interval:
         raise ScheduleError(f"steps_per_interval={steps_per_interval} needs a planner (planner=...)")
     check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
-    if checkpoint_every < 0:
-        raise ScheduleError(f"checkpoint_every must be >= 0, got {checkpoint_every}")
-    if keep_checkpoints < 0:
-        raise ScheduleError(f"keep_checkpoints must be >= 0 (0: keep all), got {keep_checkpoints}")
-    out = Path(out_dir)
-    layers_dir = out / "layers"
-    ckpt_dir = Path(checkpoint_dir) if checkpoint_dir is not None else out / "checkpoints"
+    out = Path(config.out_dir)
+    layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
     restore, note = 0, None
-    if resume:
+    if config.checkpoint.resume:
         found = _resume_point(ckpt_dir, layers_dir, model, job, steps)
         restore = found[0] if found else 0
         _clear_for_resume(layers_dir, ckpt_dir, restore)
@@ -972,39 +950,33 @@ def run_job(
     if planner is not None:
         intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
     peak = max(len(ids), peak_instances(len(ids), groups))
-    if max_processes is None:
-        max_processes = peak
+    max_processes = config.provider.max_processes or peak
     if remote is None:
         _check_local_capacity(peak)
-    if remote is not None:
-        host, port, token = remote.host, remote.port, remote.token
-    token = token or new_token()
+    bind, token = ((remote.host, remote.port), remote.token) if remote is not None else (None, new_token())
     token_file = write_token_file(out / TOKEN_FILE, token)  # for clients that hand plans in (`hand_plan`)
-    coord = Coordinator(
-        model, train_cfg, steps, layers_dir=str(layers_dir), checkpoint_dir=str(ckpt_dir),
-        checkpoint_every=checkpoint_every, job=job, host=host, port=port, token=token,
-        pg_timeout_s=pg_timeout_s, hb_interval_s=hb_interval_s, hb_timeout_s=hb_timeout_s,
-        notice_grace_s=notice_grace_s,
-    )  # fmt: skip
+    _write_job_file(out, config)
+    coord = Coordinator(config, token=token, bind=bind)
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
     if remote is not None:
         provider = remote.instances(coord.store)
     else:
-        provider = LocalProcessProvider(coord.host, coord.port, coord.token, start_method,
+        provider = LocalProcessProvider(coord.host, coord.port, coord.token, config.provider.start_method,
                                         driver_key=coord.store.driver_key)  # fmt: skip
     obs = ObserverList([observer])
+    timeout_s = config.control.timeout_s
     deadline = math.inf if timeout_s is None else t0 + timeout_s  # no hidden deadline: a job runs until it is done
-    driver = _Driver(coord, provider, groups, steps, deadline, pg_timeout_s, max_processes, observer=obs,
-                     planner=planner, intervals=intervals, steps_per_interval=steps_per_interval,
-                     keep_checkpoints=keep_checkpoints)  # fmt: skip
+    driver = _Driver(coord, provider, groups, LivePlanning(planner, intervals, steps_per_interval),
+                     deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     info = {
         "job": job, "model": model.name, "workers": len(ids), "strategy": start, "steps": steps,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
         "planner": planner.name if planner is not None else None,
-        "steps_per_interval": steps_per_interval, "notice_grace_s": notice_grace_s,
+        "steps_per_interval": steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
+        "config": config.to_dict(),
     }  # fmt: skip
     try:
         driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
@@ -1126,74 +1098,55 @@ def _clear_for_resume(layers_dir: Path, ckpt_dir: Path, restore: int) -> None:
                                 "move them away to resume")  # fmt: skip
 
 
+def job_schedule(config: JobConfig, *, planned: bool) -> Schedule:
+    """The schedule `config.availability` describes: a replayed trace (`LocalTraceProvider`: one interval lasts
+    `interval_seconds`, i.e. `interval_seconds / step_seconds` steps; with a live planner (`planned`) its
+    availability changes only), an events file, or no events. The first strategy is the config's, else the
+    trace's, else the rule's for the workers."""
+    av, steps = config.availability, config.steps
+    spi = max(1, round(av.interval_seconds / av.step_seconds)) if planned else 0
+    if av.trace is not None:
+        provider = LocalTraceProvider(av.trace, av.workers, av.interval_seconds, config.train.seed,
+                                      kill_fraction=av.kill_fraction, start_interval=av.start_interval)  # fmt: skip
+        sched = provider.schedule(steps, av.step_seconds, plans=not planned)
+        return dataclasses.replace(sched, strategy=av.strategy or sched.strategy,
+                                   steps_per_interval=sched.steps_per_interval if planned else 0)  # fmt: skip
+    events = load_events(av.events_file) if av.events_file is not None else []
+    strategy = av.strategy or trace_strategy(av.workers, config.model.n_layers_total)
+    return Schedule(workers=av.workers, strategy=strategy, events=events, steps_per_interval=spi)
+
+
 def train(
-    workers: int = 4,
+    config: JobConfig,
     *,
-    model: str | ModelConfig = "tiny-gpt",
-    steps: int = 40,
-    strategy: tuple[int, int] | None = None,
-    events_file: str | os.PathLike[str] | None = None,
-    trace: str | None = None,
-    interval_seconds: float = 2.0,
-    step_seconds: float = 0.1,
-    seed: int = 0,
-    out_dir: str | os.PathLike[str] = "runs/train",
-    json_out: str | os.PathLike[str] | None = None,
-    checkpoint_every: int = 10,
-    train_cfg: TrainConfig | None = None,
-    timeout_s: float | None = None,
-    start_interval: int = 0,
-    kill_fraction: float = 0.5,
-    start_method: str = "spawn",
     observer: JobObserver | None = None,
     planner: Planner | None = None,
-    resume: bool = False,
-    notice_grace_s: float = 30.0,
-    job: str = "job",
-    remote: RemoteJob | None = None,
-    keep_checkpoints: int = 0,
-    hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S,
+    json_out: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """What `parcae train` runs: a local elastic job on `workers` processes, from an events file, a trace
-    (`trace_schedule` via `LocalTraceProvider`: one interval lasts `interval_seconds`, i.e.
-    `interval_seconds / step_seconds` steps) or no events; the report is `job_report(result)` (also written to
-    `json_out`).
-
-    With a `planner` the strategy is decided live every interval (`interval_seconds / step_seconds` steps; a
-    trace's schedule then carries its availability changes only). With `resume`, the job continues from the
-    latest checkpoint in `out_dir` (the same arguments give the same schedule, which restarts there).
-    `notice_grace_s`: the grace of a preemption notice (a worker's SIGTERM), see `run_job`. `job` names the job
-    (workers, handed plans and checkpoints must carry the same name). `remote`: run on instances elsewhere
-    instead of local processes (`trainer.agent.RemoteJob`, e.g. `trainer.aws.aws_job`; see `run_job`)."""
-    if events_file is not None and trace is not None:
-        raise ValueError("give an events file or a trace, not both")
-    events: list[Any] = []
-    n = workers
-    spi = max(1, round(interval_seconds / step_seconds)) if planner is not None else 0
-    if trace is not None:
-        provider = LocalTraceProvider(trace, workers, interval_seconds, seed, kill_fraction=kill_fraction,
-                                      start_interval=start_interval)  # fmt: skip
-        sched = provider.schedule(steps, step_seconds, plans=planner is None)
-        n, events = sched.workers, sched.events
-        strategy = strategy or sched.strategy
-        if planner is not None:
-            spi = sched.steps_per_interval
-    elif events_file is not None:
-        events = load_events(events_file)
-    # `seed` seeds the model's initial weights and the data order too, not only the replay
-    mcfg = model_config(model, seed=seed) if isinstance(model, str) else model
-    if strategy is None:
-        strategy = trace_strategy(n, mcfg.n_layers_total)
-    result = run_job(mcfg, train_cfg or TrainConfig(steps=steps, seed=seed), n, strategy, steps, events, out_dir,
-                     checkpoint_every=checkpoint_every, timeout_s=timeout_s, start_method=start_method,
-                     observer=observer, planner=planner, steps_per_interval=spi, resume=resume,
-                     notice_grace_s=notice_grace_s, job=job, remote=remote,
-                     keep_checkpoints=keep_checkpoints, hb_timeout_s=hb_timeout_s)  # fmt: skip
+    """What `parcae train` and the train flow run: `config`'s job on its schedule (`job_schedule`), on the
+    instances of its provider (`trainer.providers`: local processes, hosts over ssh, EC2 spot), decided live by
+    `planner` every interval if one is given; the report is `job_report(result)` (also written to `json_out`).
+    With `config.checkpoint.resume` the job continues from the latest checkpoint in its out_dir (the same config
+    gives the same schedule, which restarts there)."""
+    remote = provider(config.provider.name).job(config.provider.options)  # None: local worker processes
+    result = run_job(config, job_schedule(config, planned=planner is not None), observer=observer, planner=planner,
+                     remote=remote)  # fmt: skip
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(json_out).write_text(jsonio.dumps_strict(report, indent=2))  # strict JSON: no Infinity or NaN
     return report
+
+
+JOB_FILE = "job.json"  # the job's settings (`JobConfig.to_dict`) in its out_dir
+
+
+def _write_job_file(out: Path, config: JobConfig) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / JOB_FILE
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(jsonio.dumps_strict(config.to_dict(), indent=2))
+    os.replace(tmp, path)
 
 
 def job_report(result: Mapping[str, Any]) -> dict[str, Any]:

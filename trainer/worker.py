@@ -97,7 +97,7 @@ import torch.distributed as dist
 
 from liveput.migration import MigrationKind
 from trainer import checkpoint
-from trainer.data import corpus
+from trainer.corpus import corpus
 from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.migration import Epoch, state_bytes
 from trainer.model import layer_names

@@ -1,0 +1,104 @@
+"""One `JobConfig` carries a job's settings end to end; providers come from one registry (`trainer.providers`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trainer.config import (
+    AvailabilityConfig,
+    CheckpointConfig,
+    ConfigError,
+    ControlPlaneConfig,
+    JobConfig,
+    ProviderConfig,
+)
+from trainer.providers import PROVIDERS, ProviderError, provider
+
+
+def test_a_job_config_round_trips_through_json():
+    cfg = JobConfig(
+        job="j", out_dir="runs/x", availability=AvailabilityConfig(workers=3, trace="p3", strategy=(1, 3)),
+        checkpoint=CheckpointConfig(every=5, keep=2), control=ControlPlaneConfig(timeout_s=60.0),
+        provider=ProviderConfig("hosts", {"hosts": ["a", "b"], "coordinator": "10.0.0.5:29500", "slots": 2}),
+    )  # fmt: skip
+    back = JobConfig.from_dict(json.loads(json.dumps(cfg.to_dict())))
+    assert back == cfg and back.availability.strategy == (1, 3)
+    assert cfg.layers_dir.endswith("runs/x/layers") and cfg.checkpoint_dir.endswith("runs/x/checkpoints")
+    assert cfg.replace(checkpoint={"resume": True}).checkpoint == CheckpointConfig(every=5, keep=2, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("build", "names"),
+    [
+        (lambda: CheckpointConfig(every=-1), "checkpoint.every"),
+        (lambda: ControlPlaneConfig(hb_timeout_s=0.1, hb_interval_s=0.1), "control.hb_timeout_s"),
+        (lambda: ControlPlaneConfig(timeout_s=float("nan")), "control.timeout_s"),
+        (lambda: AvailabilityConfig(trace="p3", events_file="e.json"), "not both"),
+        (lambda: AvailabilityConfig(interval_seconds=0), "availability.interval_seconds"),
+        (lambda: ProviderConfig("gcp"), "choose one of local, hosts, aws"),
+        (lambda: ProviderConfig("local", {"region": "x"}), "no option 'region'"),
+        (lambda: ProviderConfig("hosts", {"hosts": "a"}), "hosts and coordinator go together"),
+        (lambda: ProviderConfig("hosts", {"hosts": "a", "coordinator": "127.0.0.1:29500"}), "loopback"),
+        (lambda: ProviderConfig("aws", {"regon": "us-east-1"}), "unknown field(s) regon"),
+        (lambda: JobConfig.from_dict({"modle": {}}), "unknown fields ['modle']"),
+    ],
+)
+def test_a_bad_setting_is_refused_naming_the_field(build, names):
+    with pytest.raises(ConfigError, match=".") as e:
+        build()
+    assert names in str(e.value)
+
+
+def test_every_provider_is_in_one_registry():
+    assert list(PROVIDERS) == ["local", "hosts", "aws"]
+    assert provider("local").job({}) is None  # local worker processes
+    assert provider("local").notice_grace_s({}) == 30.0
+    aws = {"region": "us-east-1", "image_id": "ami-0123456789abcdef0", "coordinator_host": "10.0.0.5", "coordinator_port": 29500,
+           "token_parameter": "/parcae/t", "job": "j", "iam_instance_profile": "parcae-worker"}  # fmt: skip
+    provider("aws").check(aws)
+    assert provider("aws").notice_grace_s(aws) == 120.0  # AWS's two minutes
+    with pytest.raises(ProviderError, match="unknown provider 'gcp'"):
+        provider("gcp")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--provider", "gcp"], "--provider: unknown provider 'gcp'; choose one of local, hosts, aws"),
+        (["--provider", "aws", "--provider-options", "{not json"], "--provider-options: not JSON"),
+        (["--provider", "aws", "--provider-options", "[1]"], "--provider-options: expected a JSON object"),
+        (["--provider", "aws", "--provider-options", '{"regon": "us-east-1"}'], "unknown field(s) regon"),
+        (["--provider", "aws", "--provider-options", "@/nonexistent/aws.json"], "cannot read"),
+        (["--provider", "local", "--hosts", "a", "--coordinator", "10.0.0.5:1"], "the hosts provider's options"),
+    ],
+)
+def test_the_cli_takes_any_registered_provider_and_names_what_is_wrong(args, says, tmp_path):
+    from typer.testing import CliRunner
+
+    from parcae.cli import app
+
+    r = CliRunner().invoke(app, ["train", "--out-dir", str(tmp_path / "job"), *args])
+    assert r.exit_code == 2 and says in r.stderr, r.output
+    assert "Traceback" not in r.output and not (tmp_path / "job").exists()
+
+
+def test_the_cli_checks_aws_credentials_before_any_job_starts(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from parcae.cli import app
+
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    spot = tmp_path / "spot.json"
+    spot.write_text(json.dumps({"region": "us-east-1", "image_id": "ami-0123456789abcdef0", "job": "j",
+                                "coordinator_host": "10.0.0.5", "coordinator_port": 29500,
+                                "token_parameter": "/parcae/t", "iam_instance_profile": "parcae-worker"}))  # fmt: skip
+    r = CliRunner().invoke(app, ["train", "--out-dir", str(tmp_path / "job"), "--provider", "aws",
+                                 "--provider-options", f"@{spot}"])  # fmt: skip
+    assert r.exit_code == 2 and "--provider aws" in r.stderr and "credentials" in r.stderr.lower(), r.output
+    assert not (tmp_path / "job").exists()

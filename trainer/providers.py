@@ -1,0 +1,144 @@
+"""The registry of instance providers: where a job's instances come from, in one place.
+
+Owns: `Provider` (a name, its options' check, how it builds the job's instances, the grace of its preemption
+notices) and `PROVIDERS` — `local` (worker processes on this machine), `hosts` (instance agents on machines you
+have, over ssh: `trainer.hosts`), `aws` (EC2 spot instances through boto3: `trainer.aws`). The command line, the
+flows, the tasks and the settings checks all look providers up here, so each supports every provider it holds.
+Must not touch: the providers' own machinery (imported only when a provider is used, so that looking a name up
+costs nothing), training, the coordinator.
+
+A new provider: write its `RemoteJob` builder (see `trainer.agent.RemoteJob`), then `register_provider(Provider(
+name, summary, check, job, notice_grace_s))`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.agent import RemoteJob
+
+#: A preemption notice's grace when the provider has none of its own: GCP's 30 s (AWS gives two minutes).
+DEFAULT_NOTICE_GRACE_S = 30.0
+
+
+class ProviderError(ValueError):
+    """A provider's options that cannot work: the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class Provider:
+    """One place instances come from. `check(options)` raises `ProviderError` for options that cannot work (before
+    any instance starts); `job(options)` builds the job's instances elsewhere (None: local worker processes);
+    `notice_grace_s(options)` is how long its preemption notices come before the instance goes."""
+
+    name: str
+    summary: str
+    check: Callable[[Mapping[str, Any]], None]
+    job: Callable[[Mapping[str, Any]], RemoteJob | None]
+    notice_grace_s: Callable[[Mapping[str, Any]], float] = lambda _options: DEFAULT_NOTICE_GRACE_S
+
+
+PROVIDERS: dict[str, Provider] = {}
+
+
+def register_provider(provider: Provider) -> Provider:
+    if provider.name in PROVIDERS:
+        raise ValueError(f"provider {provider.name!r} is registered already")
+    PROVIDERS[provider.name] = provider
+    return provider
+
+
+def provider(name: str) -> Provider:
+    """The registered provider `name`, or `ProviderError` listing the known ones."""
+    try:
+        return PROVIDERS[name]
+    except KeyError:
+        raise ProviderError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}") from None
+
+
+def _only(options: Mapping[str, Any], allowed: set[str], name: str) -> None:
+    extra = sorted(set(options) - allowed)
+    if extra:
+        known = ", ".join(sorted(allowed)) or "none"
+        raise ProviderError(f"provider {name!r} has no option {extra[0]!r}; its options: {known}")
+
+
+# ------------------------------------------------------------------------------------------------ local
+
+
+def _check_local(options: Mapping[str, Any]) -> None:
+    _only(options, set(), "local")
+
+
+register_provider(Provider("local", "worker processes on this machine", _check_local, lambda _options: None))
+
+
+# ------------------------------------------------------------------------------------------------ hosts
+
+HOSTS_OPTIONS = {"hosts", "coordinator", "slots", "python", "workdir"}
+
+
+def _hosts_args(options: Mapping[str, Any]) -> tuple[list[str], str, int, dict[str, Any]]:
+    """(hosts, coordinator address, port, SshHosts keywords) from the hosts provider's options."""
+    from trainer.coordinator import is_loopback
+
+    _only(options, HOSTS_OPTIONS, "hosts")
+    hosts, where = options.get("hosts"), options.get("coordinator")
+    if not hosts or not where:
+        raise ProviderError("hosts and coordinator go together: the hosts to run on, and ADDRESS:PORT of this "
+                            "machine as they reach it")  # fmt: skip
+    names = hosts.split(",") if isinstance(hosts, str) else [str(h) for h in hosts]
+    address, _, port = str(where).rpartition(":")
+    if not address or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ProviderError(f"coordinator: expected ADDRESS:PORT (e.g. 10.0.0.5:29500), got {where!r}")
+    if is_loopback(address):
+        raise ProviderError(f"coordinator: {address!r} is a loopback address, which other hosts cannot reach; give "
+                            "this machine's address on their network")  # fmt: skip
+    kw = {k: options[k] for k in ("slots", "python", "workdir") if k in options}
+    return names, address, int(port), kw
+
+
+def _check_hosts(options: Mapping[str, Any]) -> None:
+    from trainer.hosts import SshHosts
+
+    names, address, port, kw = _hosts_args(options)
+    try:
+        SshHosts(names, address, port, "-", **kw)  # validates the destinations and slots; starts nothing
+    except ValueError as exc:
+        raise ProviderError(str(exc)) from None
+
+
+def _hosts_job(options: Mapping[str, Any]) -> RemoteJob:
+    from trainer.hosts import hosts_job
+
+    names, address, port, kw = _hosts_args(options)
+    return hosts_job(names, address, port, **kw)
+
+
+register_provider(Provider("hosts", "instance agents on machines you have, started over ssh", _check_hosts,
+                           _hosts_job))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ aws
+
+
+def _aws_config(options: Mapping[str, Any]) -> Any:
+    from trainer.aws import AwsConfigError, AwsSpotConfig
+
+    try:
+        return AwsSpotConfig.from_mapping(options)
+    except AwsConfigError as exc:
+        raise ProviderError(f"{exc}; fix the provider's options (AwsSpotConfig's fields)") from None
+
+
+def _aws_job(options: Mapping[str, Any]) -> RemoteJob:
+    from trainer.aws import aws_job
+
+    return aws_job(_aws_config(options))
+
+
+register_provider(Provider("aws", "EC2 spot instances through boto3", _aws_config, _aws_job,
+                           lambda options: float(_aws_config(options).notice_s)))  # fmt: skip
