@@ -168,7 +168,7 @@ JOB_PATH: tuple[tuple[str, Callable[[Function], bool]], ...] = (
 
 def signatures(srcs: list[Source], n: int = 10) -> str:
     funcs = list(functions(srcs))
-    path_rows = []
+    path_rows: list[tuple[str, int | str, str]] = []
     for label, match in JOB_PATH:
         hits = [f for f in funcs if match(f)]
         path_rows += [(label, f.params, f.where) for f in hits] or [(label, "-", "not found")]
@@ -230,6 +230,22 @@ def shortest_cycles(graph: grimp.ImportGraph, modules: set[str]) -> list[list[st
     return sorted(found.values(), key=lambda c: (len(c), c))
 
 
+def cyclic_groups(graph: grimp.ImportGraph, modules: set[str]) -> list[list[str]]:
+    """The strongly connected groups (two modules or more) among `modules`: each is one knot to untie."""
+    edges = {m: graph.find_modules_directly_imported_by(m) & modules for m in modules}
+    reach: dict[str, set[str]] = {}
+    for m in modules:
+        seen: set[str] = set()
+        todo = [m]
+        while todo:
+            for t in edges[todo.pop()] - seen:
+                seen.add(t)
+                todo.append(t)
+        reach[m] = seen
+    groups = {frozenset({m, *(n for n in reach[m] if m in reach[n])}) for m in modules if m in reach[m]}
+    return sorted((sorted(g) for g in groups if len(g) > 1), key=lambda g: (-len(g), g))
+
+
 def _short(module: str, package: str) -> str:
     return module[len(package) + 1 :] if module.startswith(package + ".") else module
 
@@ -237,11 +253,13 @@ def _short(module: str, package: str) -> str:
 def imports(repo: Path, packages: list[str]) -> str:
     _on_path(repo, packages)
     graph = grimp.build_graph(*packages, include_external_packages=True, cache_dir=None)
-    cycle_rows = []
+    cycle_rows, group_rows = [], []
     for pkg in packages:
         mods = {m for m in graph.modules if m == pkg or m.startswith(pkg + ".")}
         for cycle in shortest_cycles(graph, mods):
             cycle_rows.append((pkg, len(cycle), " → ".join(_short(m, pkg) for m in [*cycle, cycle[0]])))
+        for group in cyclic_groups(graph, mods):
+            group_rows.append((pkg, len(group), ", ".join(_short(m, pkg) for m in group)))
     up_rows = []
     for pkg in packages:
         rank = LAYERS.get(pkg)
@@ -259,6 +277,11 @@ def imports(repo: Path, packages: list[str]) -> str:
                     )
     return "\n".join(
         [
+            table(
+                "Cyclic groups inside each package (modules that all reach each other)",
+                ["package", "modules", "group"],
+                group_rows,
+            ),
             table(
                 "Import cycles inside each package (one shortest cycle per module on one)",
                 ["package", "length", "cycle"],
