@@ -13,7 +13,7 @@ export PREFECT_LOGGING_EXTRA_LOGGERS := forecasting,liveput,parcae,trainer
 export PREFECT_WORKER_QUERY_SECONDS := 5
 export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW := ignore
 
-.PHONY: install test demo bench serve stop clean
+.PHONY: install test lint demo bench serve stop clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,13 +22,22 @@ $(BIN)/python:
 # torch first and explicitly: the CPU wheel on disk; an unpinned torch would download a CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# ruff (lint, then format), mypy (strict on liveput, forecasting, tracking), the import contracts of pyproject.toml
+# (lint-imports: no prefect in domain packages, imports down the floors, no cycles, faces only) and the private-name
+# rule they cannot state. Every check runs, so one failure does not hide the next; the target fails if any did.
+LINT_CHECKS := "ruff check ." "ruff format --check ." "mypy" "lint-imports --no-cache" "python .ci/check_private_imports.py"
+lint: $(STAMP)
+	@status=0; for check in $(LINT_CHECKS); do \
+		echo "== $$check"; $(BIN)/$$check || status=1; \
+	done; exit $$status
 
 # The end-to-end pipeline (flows/pipeline.py: collect the bundled traces, retrain the forecaster, train under the
 # replayed p3 trace with per-interval liveput plans) on an ephemeral Prefect API (no server; its database in
