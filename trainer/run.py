@@ -1,81 +1,14 @@
-"""Run one elastic job end to end on this machine: a coordinator, worker processes, an event schedule, and
-optionally a live planner, observers and a resume from the job's last checkpoint.
+"""Run one elastic job end to end: a coordinator, the instances of a provider, a schedule, and optionally a live
+planner, observers and a resume from the job's last checkpoint.
 
-Owns: `run_job` (used by the tests, the benchmarks, flows and the CLI: `train`), the driver loop that applies the
-schedule (`_Driver`), the calls to the live planner at interval boundaries, the calls to the job's observers, the
-decisions on the preemption notices workers report, the reaction to failures (detection -> recovery or
-checkpoint-restart), the worker processes' lifetime through a
-`trainer.instances.LocalProcessProvider` (none outlives the call), the resume point and the job's result. Must not
-touch: migration planning (`trainer.migration`), what a planner decides (`trainer.planning`), the control plane's
-store layout (`trainer.coordinator`), training (`trainer.worker`).
+Owns: `run_job(config, schedule)` and `train(config)` (what `parcae train` and the train flow run), the driver loop
+that applies the schedule (`_Driver`: boundaries held and decided in order, notices, deaths -> live recovery or
+checkpoint-restart, the planner at interval boundaries, the observers), the resume point and the job's result.
+Must not touch: migration planning (`trainer.migration`), what a planner decides (`trainer.planning`), the store
+layout (`trainer.coordinator`), training (`trainer.worker`), where instances come from (`trainer.providers`).
 
-How a schedule is driven: every event step's boundary is *held* before any worker starts (a scripted schedule is a
-perfect forecast), so workers reaching it wait for its decision and each reconfiguration lands exactly at its step.
-Events are then decided in order, each just in time (`_Driver.await_boundary`): once training is live at the step
-before it and the current epoch is committed (its first step applied) — so that the epoch in force is the one
-training, a preemption notice received meanwhile can still get an earlier boundary, and no epoch is planned on top
-of a migration that may still roll back. An `add` starts the new instances' processes when the schedule reaches
-it (or earlier, `prestart`) and is decided once they have joined, so if they are slower to start than training is
-to reach the step, the hold shows up in that migration's pause (as a real scale-up's rendezvous would).
-
-Preemption notices (SIGTERM, as clouds give them; `trainer.worker.Notice`): a worker that receives one reports its
-deadline (`notice_grace_s` after the signal) and keeps training. The driver polls the reports with the heartbeats
-(`poll_notices`), has the provider enforce the deadline (it kills whatever still runs then: the cloud's part), and
-decides the preemption on top of the committed current epoch (`decide_notices`): a standby instance leaves at once;
-members are preempted at the next boundary training has not reached (`Coordinator.claim`) — the reconfiguration a
-scripted `preempt` gives — or, in a planned job, at the next interval boundary if it comes `NOTICE_MARGIN_S`
-before the deadline (the decision there then includes it), or at a scheduled event's boundary if the claim lands on
-it. Its record says `"source": "sigterm"`, which workers it noticed and the notice-to-exit time. A scripted
-`preempt` is decided by the driver and then signalled through the provider (SIGTERM, killed after `NOTICE_S`); the
-worker's report of that signal changes nothing. A worker still running at its deadline is killed and recovered from
-like any death; so is a process SIGKILLed from outside the job (found by its exit code).
-
-A `kill` at step s: the boundary before s+1 is held as well, the driver waits until the victim has *started* step s
-(its `ctl/at` key) and SIGKILLs it — mid-step, or at the latest while it waits at boundary s+1. Nothing tells the
-survivors: the coordinator sees the victim's heartbeat stop (`hb_timeout_s`), flags the epoch broken, the survivors
-abandon the step in flight (nothing applied) and report the step to redo, and the coordinator publishes a live
-migration from the survivors if every layer still has a live holder, else the driver runs a checkpoint-restart from
-the latest complete checkpoint (the steps since it are recomputed: `steps_lost`). The same recovery runs for any
-worker whose heartbeat stops. A `checkpoint-restart` event does the same restart on demand at its boundary, after
-checkpointing there (no step lost). Before any plan the driver waits until every alive instance's heartbeat is
-fresh (`_Driver.settle`): two instances killed together are detected a moment apart, and the second must not be
-given a role or a transfer by the recovery from the first.
-
-Live planning (`planner`, every `steps_per_interval` steps): every interval boundary k*steps_per_interval is held
-too. At each, the driver waits until some member has started the interval's last step (the decision uses only the
-past), applies the boundary's availability events (adds join, preemptions leave), asks the planner
-(`trainer.planning.PlanRequest`: the instances alive for the coming interval, the current D x P, the alive count
-at every boundary so far), checks its decision (`trainer.planning.check_decision`: an infeasible one fails the
-job with `PlanError`, it is never replaced), tells the observers (`on_plan`) and publishes one reconfiguration for
-the availability change and the new strategy together, or lets training pass. Kills still land mid-step and are
-recovered from the survivors; the next boundary's plan adjusts. A planned job's schedule holds availability events
-only. Plans handed in from outside (`trainer.planning.hand_plan`) are read from the store while the job runs and
-given to the planner with the next request.
-
-Observers (`trainer.observer`): `on_start` once epoch 1 is published; committed steps (`Coordinator.committed_losses`),
-complete reconfiguration records and complete checkpoints are polled from the driver loop at most every
-`OBSERVE_S` and delivered in order — a reconfiguration after the steps before its boundary and before those from
-it; the steps a checkpoint-restart recomputes again, after its record; every remaining one before `on_end`.
-`on_error` when the job fails once processes have started (also on KeyboardInterrupt/SystemExit, re-raised);
-errors of validation raise before any hook. An observer that raises is dropped (`ObserverList`).
-
-Resume (`resume=True`): the job starts from the latest complete checkpoint of the same job in the checkpoint
-directory (what a driver killed mid-run left; `_resume_point`). The schedule is dry-run up to that step
-(`trainer.coordinator.schedule_state`): the resumed job starts the instances (same ids) and the D x P and
-assignment the schedule had there — for a planned job, as if the rule planner had decided at the events — loads
-the checkpoint into it (epoch 1 is a checkpoint-restart epoch) and drops the events before that step; a trace job's
-schedule thus restarts at the interval containing the step. The steps before it are not recomputed; the result's
-loss list starts there (`first_step`). Worker processes of a killed driver do not outlive it (they get SIGKILL when
-it dies: `trainer.worker._die_with_parent`; with "forkserver", when the fork server, which exits with its parent,
-dies).
-
-A death during a migration's hand-off (a sender, a receiver, a member forming the new groups, a preempted worker
-waiting to leave) is recovered too: a migration commits only with its epoch's first step, so until then every holder
-of the epoch it started from still has that state. The coordinator flags the epochs broken as soon as the death is
-detected (heartbeat timeout, or the exit code), every wait of the hand-off gives up on that flag within a few ms,
-`Coordinator.seal` rolls the migration back and the replacement is planned from the old epoch's holders (live if
-every layer still has one, else a checkpoint-restart). Scripted kills still land mid-step, once every member has
-formed the epoch's groups, so that their detection time is measured alike.
+Where to look next: `docs/driver.md` (how a schedule, notices, kills, live planning, observers and resume are
+driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.events` (the schedule format).
 """
 
 from __future__ import annotations
