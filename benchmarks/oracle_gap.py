@@ -43,12 +43,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forecasting.traces import load_trace  # noqa: E402
-from liveput.migration import CostModel, MigrationKind, assign_stages, stage_overlap  # noqa: E402
-from liveput.scenarios import KINDS, Outcome, ScenarioStore  # noqa: E402
-from liveput.policies import ParcaePolicy, oracle_forecast  # noqa: E402
-from liveput.prices import instance_price  # noqa: E402
-from liveput.simulator import SimulationConfig, events_of, run_policy, simulate  # noqa: E402
-from liveput.throughput import load_profile  # noqa: E402
+from liveput import (  # noqa: E402
+    KINDS, CostModel, MigrationKind, Outcome, ParcaePolicy, ScenarioStore, SimulationConfig, assign_stages,
+    events_of, instance_price, load_profile, oracle_forecast, run_policy, simulate, stage_overlap,
+)
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149, 0.933), "hh 5.5-6.5": (330, 389, 0.938), "lh 8-9": (480, 539, 0.925),
             "ll 10-11": (600, 659, 0.982)}  # reference truth / Ideal, parcae-reference §G.3

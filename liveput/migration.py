@@ -36,6 +36,15 @@ class MigrationKind(str, Enum):
     CHECKPOINT_RESTART = "checkpoint-restart"
 
 
+def migration_kind(old_p: int, new_p: int, short: bool) -> MigrationKind:
+    """The live-migration kind of moving a P = ``old_p`` pipeline to ``new_p`` stages (§D.1): a new P repartitions
+    the layers; the same P is inter-stage when some stage is ``short`` (keeps fewer surviving replicas than the
+    target's D), else intra-stage. The trainer's migrations and the scenario expectations both classify here."""
+    if new_p != old_p:
+        return MigrationKind.PIPELINE
+    return MigrationKind.INTER_STAGE if short else MigrationKind.INTRA_STAGE
+
+
 @dataclass(frozen=True)
 class CostConstants:
     """Every constant of the cost model, in milliseconds unless named otherwise.

@@ -23,21 +23,21 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from liveput.migration import MigrationKind
-from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, Strategy
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
+from liveput.migration import CostModel
+from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore
+from liveput.throughput import Strategy, ThroughputProfile
 
 IDLE: Strategy = (0, 0)
-#: Longest look-ahead K the planner takes: each step adds ~3 ms of DP to every decision (2 cores), so 1024 steps
-#: (17 hours of 60 s intervals) already cost seconds per decision and minutes per simulated hour.
-MAX_LOOK_AHEAD = 1024
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
     """Knobs of the planner. ``interval_s`` is T; ``look_ahead`` is K."""
 
-    interval_s: float = 60.0
-    look_ahead: int = 8
+    interval_s: float = DEFAULT_INTERVAL_S
+    look_ahead: int = DEFAULT_LOOK_AHEAD
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -263,6 +263,27 @@ def plan(
         )[:5]
     )
     return Plan(tuple(steps), total, alternatives, time.perf_counter() - t0)
+
+
+def plan_interval(
+    forecast: Sequence[IntervalForecast],
+    current: JobState,
+    profile: ThroughputProfile,
+    cost: CostModel,
+    *,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    store: ScenarioStore | None = None,
+) -> Plan:
+    """The planning step at one interval boundary: the plan over ``forecast`` (K = its length) from ``current``.
+
+    Every planner calls this one function (the plan task, `parcae plan`, the trainer's live planner, the simulated
+    Parcae policy). ``store`` caches the scenarios of ``profile`` and ``cost`` across decisions; it must be theirs.
+    """
+    if store is None:
+        store = ScenarioStore(profile, cost)
+    elif store.profile is not profile or store.cost is not cost:
+        raise ValueError("the scenario store caches another profile or cost model than the one planned with")
+    return plan(store, forecast, current, PlannerConfig(interval_s, len(forecast)))
 
 
 class _Rows:

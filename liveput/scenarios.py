@@ -26,10 +26,16 @@ from math import comb
 import numpy as np
 from scipy.stats import hypergeom
 
-from liveput.migration import CostModel, MigrationKind, advance_assignment, healthy_missing, stage_overlap
-from liveput.throughput import ThroughputProfile
+from liveput.migration import (
+    CostModel,
+    MigrationKind,
+    advance_assignment,
+    healthy_missing,
+    migration_kind,
+    stage_overlap,
+)
+from liveput.throughput import Strategy, ThroughputProfile
 
-Strategy = tuple[int, int]
 KINDS: tuple[MigrationKind, ...] = (
     MigrationKind.NONE,
     MigrationKind.INTRA_STAGE,
@@ -68,6 +74,14 @@ class IntervalForecast:
     @property
     def expected_available(self) -> float:
         return self.prev_available + sum((i - o) * w for i, o, w in self.events)
+
+
+def persistence_forecast(alive: int, k: int, first: IntervalForecast | None = None) -> list[IntervalForecast]:
+    """Nothing will change: ``alive`` instances and no events for K intervals — after ``first`` when it is given
+    (the coming interval, bringing the change a running job has just observed, so the planner prices it)."""
+    if first is None:
+        return [IntervalForecast.point(alive)] * k
+    return [first] + [IntervalForecast.point(alive)] * (k - 1)
 
 
 @dataclass(frozen=True)
@@ -407,14 +421,14 @@ class ScenarioStore:
         intra_ms = cm.intra_stage_ms(d, P)
         for (lost, par, ser), ways in states.items():
             w = ways / comb(D * P, lost)
-            if par == 0.0:  # nobody short
-                if lost == 0 and d == D:
-                    probs[lost, KINDS.index(MigrationKind.NONE)] += w
-                else:
-                    probs[lost, KINDS.index(MigrationKind.INTRA_STAGE)] += w
-                    costs[lost] += w * intra_ms
+            kind = migration_kind(P, P, short=par != 0.0)  # a short stage has a transfer time
+            if kind is MigrationKind.INTRA_STAGE and lost == 0 and d == D:
+                probs[lost, KINDS.index(MigrationKind.NONE)] += w
+            elif kind is MigrationKind.INTRA_STAGE:
+                probs[lost, KINDS.index(kind)] += w
+                costs[lost] += w * intra_ms
             else:
-                probs[lost, KINDS.index(MigrationKind.INTER_STAGE)] += w
+                probs[lost, KINDS.index(kind)] += w
                 costs[lost] += w * (max(par, ser) + self._restart_ms(d, P, self._add(D, P, d, P, lost)))
         return probs, costs
 
@@ -496,7 +510,7 @@ class ScenarioStore:
         law = self._missing_law(D, P, p, kmax)
         probs = np.zeros((kmax + 1, len(KINDS)))
         costs = np.zeros(kmax + 1)
-        probs[:, KINDS.index(MigrationKind.PIPELINE)] = 1.0
+        probs[:, KINDS.index(migration_kind(P, p, short=False))] = 1.0  # p != P: a pipeline migration
         for k in range(kmax + 1):
             total = comb(D * P, k)
             add = self._add(D, P, d, p, k)

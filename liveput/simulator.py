@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
 from liveput.prices import instance_price
@@ -29,8 +31,8 @@ class SimulationConfig:
     """What to simulate: the model, planner look-ahead K, interval T and the instance type for prices."""
 
     model: str = "gpt-1.5b"
-    look_ahead: int = 8
-    interval_s: float = 60.0
+    look_ahead: int = DEFAULT_LOOK_AHEAD
+    interval_s: float = DEFAULT_INTERVAL_S
     instance_type: str = "p3.2xlarge"
     global_batch: int | None = None
     bamboo: BambooConstants = BambooConstants()
@@ -189,7 +191,8 @@ def comparison_table(results: dict[str, PolicyResult], reference: str | None = "
     return pd.DataFrame(rows)
 
 
-def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "", interval_s: float = 60.0) -> Path:
+def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "",
+                  interval_s: float = DEFAULT_INTERVAL_S) -> Path:
     """Availability, throughput and pipeline depth per interval, one line per policy."""
     import matplotlib
 

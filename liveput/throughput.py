@@ -29,6 +29,7 @@ from liveput.network import GiB, P3_P2P, P2PTable
 
 __all__ = [
     "InfeasibleStrategy",
+    "Strategy",
     "ThroughputProfile",
     "estimate_profile",
     "load_profile",
@@ -37,6 +38,7 @@ __all__ = [
     "simulate_1f1b",
 ]
 
+#: A training strategy (D, P): D data-parallel replicas of a P-stage pipeline; (0, 0) is idle. The one definition.
 Strategy = tuple[int, int]
 
 #: Relative tolerance under which two throughputs count as a tie in :meth:`ThroughputProfile.best`.

@@ -40,7 +40,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from liveput.migration import MigrationKind, assign_stages, overlap_params
+from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
 from trainer.config import ModelConfig, TrainConfig
 from trainer.pipeline import Strategy, partition
 
@@ -244,12 +244,11 @@ def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: 
 
 
 def classify(current: Epoch, d: int, p: int, survivors: Iterable[int]) -> MigrationKind:
-    """The migration kind from `current` to d x p when `survivors` (old members and others) remain (§D.1)."""
-    if p != current.P:
-        return MigrationKind.PIPELINE
+    """The migration kind from `current` to d x p when `survivors` (old members and others) remain: the rule is
+    `liveput.migration_kind`'s."""
     alive = set(survivors)
-    per_stage = [sum(1 for w, (s, _) in current.assignment.items() if s == k and w in alive) for k in range(p)]
-    return MigrationKind.INTRA_STAGE if min(per_stage) >= d else MigrationKind.INTER_STAGE
+    per_stage = [sum(1 for w, (s, _) in current.assignment.items() if s == k and w in alive) for k in range(current.P)]
+    return migration_kind(current.P, p, short=min(per_stage) < d)
 
 
 def assign(
