@@ -29,7 +29,7 @@ from trainer.instances import trace_schedule, trace_strategy
 from trainer.migration import layer_sizes
 from trainer.model import layer_names
 from trainer.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from trainer.planning import (
     PLANNERS,
     HandedPlan,
@@ -303,7 +303,7 @@ def test_a_planned_job_takes_availability_events_only(tmp_path):
 
 
 def reference(steps: int) -> tuple[list[float], dict]:
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(steps)]
     return losses, ctx.layer_states()
 
