@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from enum import Enum
+from typing import Any
 
 from liveput.model_spec import ModelSpec, load_model_spec
 from liveput.network import P3_P2P, P2PTable
@@ -122,7 +123,7 @@ class CostModel:
     def reference(cls, model: str) -> CostModel:
         return cls(load_model_spec(model), reference_constants(model))
 
-    def with_constants(self, **changes: float) -> CostModel:
+    def with_constants(self, **changes: Any) -> CostModel:
         return replace(self, constants=replace(self.constants, **changes))
 
     # -- restart terms ---------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -68,7 +69,7 @@ class PlanStep:
     reach: float
     kinds: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": list(self.strategy),
             "migrating": self.migrating,
@@ -92,7 +93,7 @@ class Plan:
     def decision(self) -> Strategy:
         return self.steps[0].strategy
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "decision": list(self.decision),
             "expected_samples": self.expected_samples,
@@ -180,9 +181,9 @@ def plan(
         def useful(row: int, t: int) -> float:
             c = cost(int(st[row]), t)
             total = (c + rc[t] if c > 0 else left[row]) if mig[row] else c
-            return T * q[row, t] - total / 1000.0
+            return float(T * q[row, t] - total / 1000.0)
 
-        nxt = _Rows([], [], [], [], [])
+        nxt = _NextRows()
         for t in range(n):
             # normal state: the single best value
             best_val, best_row = -np.inf, -1
@@ -289,10 +290,24 @@ def plan_interval(
 class _Rows:
     """The labels of one DP step, as parallel arrays."""
 
-    def __init__(self, state, migrating, samples, leftover, back) -> None:
-        self.state, self.migrating, self.samples, self.leftover, self.back = state, migrating, samples, leftover, back
-        if isinstance(state, list) and state:
-            self.done()
+    def __init__(self, state: Sequence[int], migrating: Sequence[int], samples: Sequence[float],
+                 leftover: Sequence[float], back: Sequence[int]) -> None:
+        self.state = np.asarray(state, dtype=int)
+        self.migrating = np.asarray(migrating, dtype=int)
+        self.samples = np.asarray(samples, dtype=float)
+        self.leftover = np.asarray(leftover, dtype=float)
+        self.back = np.asarray(back, dtype=int)
+
+
+class _NextRows:
+    """The labels of the next DP step, collected as they are found; `done` freezes them into `_Rows`."""
+
+    def __init__(self) -> None:
+        self.state: list[int] = []
+        self.migrating: list[int] = []
+        self.samples: list[float] = []
+        self.leftover: list[float] = []
+        self.back: list[int] = []
 
     def add(self, state: int, migrating: int, samples: float, leftover: float, back: int) -> None:
         self.state.append(state)
@@ -302,9 +317,4 @@ class _Rows:
         self.back.append(back)
 
     def done(self) -> _Rows:
-        self.state = np.asarray(self.state, dtype=int)
-        self.migrating = np.asarray(self.migrating, dtype=int)
-        self.samples = np.asarray(self.samples, dtype=float)
-        self.leftover = np.asarray(self.leftover, dtype=float)
-        self.back = np.asarray(self.back, dtype=int)
-        return self
+        return _Rows(self.state, self.migrating, self.samples, self.leftover, self.back)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
 from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import hypergeom
@@ -31,6 +32,9 @@ from liveput.migration import CostModel, MigrationKind
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast
 from liveput.throughput import Strategy, ThroughputProfile
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def oracle_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalE
     return out + persistence_forecast(last, k - len(out))
 
 
-def trained_forecast(model, trace) -> Forecaster:
+def trained_forecast(model: Any, trace: pd.DataFrame) -> Forecaster:
     """Adapt a fitted `forecasting.forecast.Forecaster` to the simulator: it sees the trace's past only.
 
     At interval i the history is ``trace.iloc[:i]`` (the last row is the last observed interval), so
@@ -162,7 +166,8 @@ class ParcaePolicy(Policy):
         self.state = JobState()
         self.decision_s = []
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         p = self._plan(self.forecaster(history, future, self.config.look_ahead))
         spent = p.decision_s
         target = p.decision
@@ -217,11 +222,12 @@ class ReactivePolicy(Policy):
         self.acct = _RestartAccounting()
         self.strategy: Strategy = IDLE
 
-    def __init__(self, profile, cost, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         super().__init__(profile, cost, interval_s)
         self.reset()
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         cost_ms, kinds = 0.0, {}
         if first or event.n_in + event.n_out > 0:
             target = self.profile.best(event.available) or IDLE
@@ -241,7 +247,8 @@ class IdealPolicy(Policy):
 
     name = "ideal"
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         target = self.profile.best(event.available) or IDLE
         return StepResult(target, self._thr(target) * self.T, 0.0, 0.0, False, event.available)
 
@@ -252,7 +259,8 @@ class OnDemandPolicy(Policy):
     name = "on-demand"
     spot = False
 
-    def __init__(self, profile, cost, instances: int, interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, instances: int,
+                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
         super().__init__(profile, cost, interval_s)
         self.instances = instances
         self.reset()
@@ -260,7 +268,8 @@ class OnDemandPolicy(Policy):
     def reset(self) -> None:
         self.acct = _RestartAccounting()
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         target = self.profile.best(self.instances) or IDLE
         cost_ms = self.cost.checkpoint_restart_ms(*target, add=True, save=False) if first and target != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, 0.0, self.T * 1000.0)
@@ -294,7 +303,8 @@ class BambooPolicy(Policy):
 
     name = "bamboo"
 
-    def __init__(self, profile, cost, interval_s: float = DEFAULT_INTERVAL_S, constants: BambooConstants = BambooConstants()) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S,
+                 constants: BambooConstants = BambooConstants()) -> None:
         super().__init__(profile, cost, interval_s)
         self.k = constants
         self.allowed = tuple(s for s in profile.strategies() if s[1] >= constants.memory_factor * profile.min_p)
@@ -329,7 +339,8 @@ class BambooPolicy(Policy):
         good = poly[k] if k < len(poly) else 0
         return float(good) / comb(d * p, k)
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         cm = self.cost
         cost_ms, kinds = 0.0, {}
         cur = self.strategy

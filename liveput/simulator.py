@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -53,7 +54,7 @@ class PolicyResult:
     decision_ms_median: float | None
     timeline: pd.DataFrame = field(repr=False)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "samples": self.samples,
             "throughput": self.throughput,
@@ -142,7 +143,7 @@ def simulate(
     last_interval: int | None = None,
     profile: ThroughputProfile | None = None,
     cost: CostModel | None = None,
-    forecaster=None,
+    forecaster: Any = None,
     on_step: Callable[[], None] | None = None,
 ) -> dict[str, PolicyResult]:
     """Run each policy over the trace's intervals [first_interval, last_interval] (inclusive).

@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -124,6 +126,7 @@ class ThroughputProfile:
 
     def _violation(self, d: int, p: int) -> str | None:
         """Why (d, p) is infeasible, or None when it is feasible."""
+        assert self.max_p is not None  # __post_init__ set it
         if not self.min_p <= p <= self.max_p:
             return f"P={p} is outside [{self.min_p}, {self.max_p}]"
         if p in self.excluded_p:
@@ -180,7 +183,7 @@ class ThroughputProfile:
 
     # ------------------------------------------------------------------------------------ persistence
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form used by the bundled tables (``iteration_ms`` keys are ``"DxP"``)."""
         return {
             "model": self.model,
@@ -204,7 +207,7 @@ class ThroughputProfile:
         return text
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> ThroughputProfile:
+    def from_dict(cls, data: Mapping[str, Any]) -> ThroughputProfile:
         """Build from the JSON form; constraints are optional (no limits beyond the table)."""
         missing = [k for k in ("model", "global_batch", "micro_batch", "iteration_ms") if k not in data]
         if missing:
@@ -294,7 +297,7 @@ def _arrays(profile: ThroughputProfile, max_instances: int | None) -> tuple[np.n
 # ------------------------------------------------------------------------------------ bundled tables
 
 
-def _table_dir():
+def _table_dir() -> Traversable:
     return resources.files("liveput").joinpath("data/throughput")
 
 
