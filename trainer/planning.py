@@ -3,7 +3,7 @@ boundary from what has happened so far — the runtime side of Parcae's receding
 
 Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protocol and three planners —
 `RulePlanner` (the trace replay's fixed rule, `trainer.instances.trace_strategy`), `LiveputPlanner` (the liveput
-optimizer, `liveput.optimizer.plan`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
+optimizer, `liveput.plan_interval`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
 from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) —, the forecasts a liveput planner
 plans with (`observed_persistence`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
 `make_planner` (a planner by kind, as `parcae train` and the train flow build one) and the feasibility check every
@@ -289,7 +289,7 @@ def _forecast_name(forecast: Any) -> str:
 
 
 class LiveputPlanner:
-    """The liveput optimizer (`liveput.optimizer.plan`): the strategy that maximises the expected samples over the
+    """The liveput optimizer (`liveput.plan_interval`): the strategy that maximises the expected samples over the
     next `look_ahead` intervals of `interval_s` seconds, migration costs included; only the first decision is
     applied (receding horizon).
 
