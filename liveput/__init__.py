@@ -55,7 +55,13 @@ if TYPE_CHECKING:
         plan,
         plan_interval,
     )
-    from liveput.plan_input import MAX_EVENTS_PER_INTERVAL, PlanInput, PlanInputError, parse_plan_input, plan_of_input
+    from liveput.plan_input import (
+        MAX_EVENTS_PER_INTERVAL,
+        PlanInput,
+        PlanInputError,
+        parse_plan_input,
+        plan_of_input,
+    )
     from liveput.policies import (
         POLICIES,
         POLICY_NAMES,
@@ -79,7 +85,8 @@ if TYPE_CHECKING:
 
 #: The names of the planning modules, loaded on first use (scipy, pandas): name -> module.
 _LAZY: dict[str, str] = {
-    **dict.fromkeys(("IDLE", "JobState", "Plan", "PlannerConfig", "PlanStep", "plan", "plan_interval"), "liveput.optimizer"),
+    **dict.fromkeys(("IDLE", "JobState", "Plan", "PlannerConfig", "PlanStep", "plan", "plan_interval"),
+                    "liveput.optimizer"),
     **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input"),
                     "liveput.plan_input"),
     **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",

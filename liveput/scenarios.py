@@ -131,6 +131,8 @@ def loss_law(n: int, active: int, n_out: int) -> np.ndarray:
     return pk
 
 
+#: An assignment DP table as sorted items: (replicas of the boundary stage used, best overlap).
+_Table = tuple[tuple[int, int], ...]
 #: The static tables of one model: restart ms, stage transfers, pipeline ms, no-loss costs, cost upper bounds.
 _Tables = tuple[
     dict[tuple[int, int, bool], float],
@@ -478,7 +480,7 @@ class ScenarioStore:
             revealed = max(revealed, so.ranges[j][-1])
             nxt_carry = so.carry(j)
             combos = self._fresh_combos(D, tuple(so.demand[s] for s in fresh), kmax)
-            step: dict[tuple[int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple[int, tuple[tuple[int, int], ...]]] = {}
+            step: dict[tuple[int, tuple[int, ...], _Table], tuple[int, _Table]] = {}
             nxt: dict[tuple[int, int, tuple[tuple[int, int], ...]], int] = defaultdict(int)
             for (lost, cl, table), ways in states.items():
                 for cvec, lmap in combos:
