@@ -35,7 +35,7 @@ from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceFor
 from forecasting.corpus import training_corpus  # noqa: E402
 from forecasting.lgbm import LightGbmForecaster  # noqa: E402
 from forecasting.traces import load_trace  # noqa: E402
-from liveput.simulator import SimulationConfig, simulate  # noqa: E402
+from liveput import SimulationConfig, simulate  # noqa: E402
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659)}
 #: Non-p3 traces with enough instances for GPT-1.5B (N >= 6) and one-hour windows with events.

@@ -42,13 +42,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace  # noqa: E402
-from liveput.migration import CostModel, MigrationKind, assign_stages, stage_overlap  # noqa: E402
-from liveput.scenarios import KINDS, Outcome, ScenarioStore  # noqa: E402
-from liveput.policies import ParcaePolicy, oracle_forecast  # noqa: E402
-from liveput.prices import instance_price  # noqa: E402
-from liveput.simulator import SimulationConfig, events_of, run_policy, simulate  # noqa: E402
-from liveput.throughput import load_profile  # noqa: E402
+from forecasting.traces import DEFAULT_INTERVAL_S, load_trace  # noqa: E402
+from liveput import (  # noqa: E402
+    DEFAULT_LOOK_AHEAD, KINDS, CostModel, MigrationKind, Outcome, ParcaePolicy, ScenarioStore, SimulationConfig,
+    assign_stages, events_of, instance_price, load_profile, oracle_forecast, run_policy, simulate, stage_overlap,
+)
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149, 0.933), "hh 5.5-6.5": (330, 389, 0.938), "lh 8-9": (480, 539, 0.925),
             "ll 10-11": (600, 659, 0.982)}  # reference truth / Ideal, parcae-reference §G.3
@@ -188,8 +186,8 @@ def decompose(oracle, ideal, profile) -> dict[str, float]:
     prev_p = 0
     for (_, ro), (_, ri) in zip(o.iterrows(), i.iterrows()):
         thr_o = profile.throughput(int(ro.d), int(ro.p)) if ro.p else 0.0
-        parts["strategy"] += (float(ri.samples) - thr_o * 60.0) / total
-        lost = thr_o * 60.0 - float(ro.samples)
+        parts["strategy"] += (float(ri.samples) - thr_o * DEFAULT_INTERVAL_S) / total
+        lost = thr_o * DEFAULT_INTERVAL_S - float(ro.samples)
         if ro.cost_ms > 0:
             cause = "start" if prev_p == 0 else ("pipeline" if ro.p != prev_p else "same-depth")
         else:
@@ -218,7 +216,7 @@ def with_reference_cost(tl, events, ref_store):
 def run_oracle(trace, store, a, b, profile, cost):
     events = events_of(trace)
     index = {e.interval: k for k, e in enumerate(events)}
-    pol = ParcaePolicy(profile, cost, oracle_forecast, 8, 60.0, "parcae-oracle", store)
+    pol = ParcaePolicy(profile, cost, oracle_forecast, DEFAULT_LOOK_AHEAD, DEFAULT_INTERVAL_S, "parcae-oracle", store)
     return run_policy(pol, events, index[a], index[b] + 1, price_per_hour=instance_price("p3.2xlarge").spot_per_hour)
 
 

@@ -28,12 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forecasting.traces import load_trace, scale_trace  # noqa: E402
-from liveput.migration import CostModel  # noqa: E402
-from liveput.optimizer import JobState, PlannerConfig, plan  # noqa: E402
-from liveput.policies import oracle_forecast  # noqa: E402
-from liveput.scenarios import ScenarioStore  # noqa: E402
-from liveput.simulator import events_of  # noqa: E402
-from liveput.throughput import load_profile  # noqa: E402
+from liveput import (  # noqa: E402
+    CostModel, JobState, PlannerConfig, ScenarioStore, events_of, load_profile, oracle_forecast, plan,
+)
 
 
 def measure(model: str, n: int, k: int, first: int, last: int) -> dict:

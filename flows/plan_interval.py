@@ -24,7 +24,7 @@ from typing import Any
 from prefect import flow
 
 from forecasting.traces import DEFAULT_INTERVAL_S
-from liveput.optimizer import JobState
+from liveput import DEFAULT_LOOK_AHEAD, JobState
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.plan import forecast_next_intervals, hand_plan_to_coordinator, plan_next_interval
@@ -43,7 +43,7 @@ def plan_interval(
     model: str = "gpt-1.5b",
     trace: str = "p3",
     at_interval: int | None = None,
-    look_ahead: int = 8,
+    look_ahead: int = DEFAULT_LOOK_AHEAD,
     state: JobState = JobState(),
     interval_s: float = DEFAULT_INTERVAL_S,
     coordinator: str | None = None,

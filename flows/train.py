@@ -31,6 +31,7 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 
 from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_LOOK_AHEAD
 from parcae import settings, tracking
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
@@ -106,7 +107,7 @@ def train(
     start_interval: int = 49,
     planner: str = "liveput",
     profile: str | None = None,
-    look_ahead: int = 4,
+    look_ahead: int = DEFAULT_LOOK_AHEAD,
     provider: str = "local",
     provider_options: dict[str, Any] | None = None,
     checkpoint_every: int = 20,

@@ -1,1 +1,140 @@
-"""liveput."""
+"""liveput: plan the training strategy D x P of a job on spot instances by its liveput (parcae-reference §C).
+
+The package's public face: code outside liveput imports from here only. Map:
+
+- `throughput`  `Strategy`, `ThroughputProfile` (samples/s per D x P) and the bundled tables;
+- `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move) and
+                the stage matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
+- `scenarios`   `IntervalForecast`, `persistence_forecast` and the `ScenarioStore` of exact preemption outcomes;
+- `horizon`     the look-ahead K's bounds and default;
+- `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
+- `plan_input`  the JSON document `parcae plan` reads, validated;
+- `policies`, `simulator`, `prices`  the trace-driven comparison of `POLICIES` (a new policy plugs in there).
+
+Must not touch: processes, Prefect, MLflow. The light modules (costs, throughput) load eagerly, so the trainer's
+workers import them without scipy or pandas; the planning modules load on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
+from liveput.migration import (
+    CostConstants,
+    CostModel,
+    MigrationKind,
+    assign_stages,
+    healthy_missing,
+    migration_kind,
+    overlap_params,
+    stage_overlap,
+)
+from liveput.model_spec import Layer, ModelSpec, load_model_spec
+from liveput.network import P3_P2P, GiB, MiB, P2PTable, p2p_ms
+from liveput.prices import InstancePrice, instance_price
+from liveput.throughput import (
+    MAX_MICRO_BATCHES,
+    InfeasibleStrategy,
+    Strategy,
+    ThroughputProfile,
+    estimate_profile,
+    load_profile,
+    max_global_batch,
+    profile_names,
+)
+
+if TYPE_CHECKING:
+    from liveput.optimizer import (
+        IDLE,
+        JobState,
+        Plan,
+        PlannerConfig,
+        PlanStep,
+        plan,
+        plan_interval,
+    )
+    from liveput.plan_input import (
+        MAX_EVENTS_PER_INTERVAL,
+        PlanInput,
+        PlanInputError,
+        parse_plan_input,
+        plan_of_input,
+    )
+    from liveput.policies import (
+        POLICIES,
+        POLICY_NAMES,
+        BambooConstants,
+        ParcaePolicy,
+        Policy,
+        PolicySetup,
+        make_policy,
+        oracle_forecast,
+    )
+    from liveput.scenarios import KINDS, IntervalForecast, Outcome, ScenarioStore, persistence_forecast
+    from liveput.simulator import (
+        PolicyResult,
+        SimulationConfig,
+        comparison_table,
+        events_of,
+        plot_timeline,
+        run_policy,
+        simulate,
+    )
+
+#: The names of the planning modules, loaded on first use (scipy, pandas): name -> module.
+_LAZY: dict[str, str] = {
+    **dict.fromkeys(("IDLE", "JobState", "Plan", "PlannerConfig", "PlanStep", "plan", "plan_interval"),
+                    "liveput.optimizer"),
+    **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input"),
+                    "liveput.plan_input"),
+    **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",
+                     "make_policy", "oracle_forecast"), "liveput.policies"),
+    **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),
+                    "liveput.scenarios"),
+    **dict.fromkeys(("PolicyResult", "SimulationConfig", "comparison_table", "events_of", "plot_timeline",
+                     "run_policy", "simulate"), "liveput.simulator"),
+}  # fmt: skip
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'liveput' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "DEFAULT_LOOK_AHEAD",
+    "GiB",
+    "MAX_LOOK_AHEAD",
+    "MAX_MICRO_BATCHES",
+    "MiB",
+    "P3_P2P",
+    "CostConstants",
+    "CostModel",
+    "InfeasibleStrategy",
+    "InstancePrice",
+    "Layer",
+    "MigrationKind",
+    "ModelSpec",
+    "P2PTable",
+    "Strategy",
+    "ThroughputProfile",
+    "assign_stages",
+    "estimate_profile",
+    "healthy_missing",
+    "instance_price",
+    "load_model_spec",
+    "load_profile",
+    "max_global_batch",
+    "migration_kind",
+    "overlap_params",
+    "p2p_ms",
+    "profile_names",
+    "stage_overlap",
+    *_LAZY,
+]

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache
 from enum import Enum
+from typing import Any
 
 from liveput.model_spec import ModelSpec, load_model_spec
 from liveput.network import P3_P2P, P2PTable
@@ -34,6 +35,15 @@ class MigrationKind(str, Enum):
     PIPELINE = "pipeline"
     START = "start"  # from no running strategy: load every stage's state
     CHECKPOINT_RESTART = "checkpoint-restart"
+
+
+def migration_kind(old_p: int, new_p: int, short: bool) -> MigrationKind:
+    """The live-migration kind of moving a P = ``old_p`` pipeline to ``new_p`` stages (§D.1): a new P repartitions
+    the layers; the same P is inter-stage when some stage is ``short`` (keeps fewer surviving replicas than the
+    target's D), else intra-stage. The trainer's migrations and the scenario expectations both classify here."""
+    if new_p != old_p:
+        return MigrationKind.PIPELINE
+    return MigrationKind.INTER_STAGE if short else MigrationKind.INTRA_STAGE
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ class CostModel:
     def reference(cls, model: str) -> CostModel:
         return cls(load_model_spec(model), reference_constants(model))
 
-    def with_constants(self, **changes: float) -> CostModel:
+    def with_constants(self, **changes: Any) -> CostModel:
         return replace(self, constants=replace(self.constants, **changes))
 
     # -- restart terms ---------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ import json
 from dataclasses import dataclass
 from functools import cache, cached_property
 from importlib import resources
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def _stage_params(layer_params: tuple[int, ...], p: int) -> tuple[int, ...]:
     return tuple(sum(layer_params[cuts[s] : cuts[s + 1]]) for s in range(p))
 
 
-def _build(entry: dict) -> ModelSpec:
+def _build(entry: dict[str, Any]) -> ModelSpec:
     """Expand the compact JSON form: first layer, ``repeat`` x block, then the last layers."""
     layers: list[Layer] = []
     for item in entry["layers"]:

@@ -20,24 +20,25 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from liveput.migration import MigrationKind
-from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, Strategy
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
+from liveput.migration import CostModel
+from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore
+from liveput.throughput import Strategy, ThroughputProfile
 
 IDLE: Strategy = (0, 0)
-#: Longest look-ahead K the planner takes: each step adds ~3 ms of DP to every decision (2 cores), so 1024 steps
-#: (17 hours of 60 s intervals) already cost seconds per decision and minutes per simulated hour.
-MAX_LOOK_AHEAD = 1024
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
     """Knobs of the planner. ``interval_s`` is T; ``look_ahead`` is K."""
 
-    interval_s: float = 60.0
-    look_ahead: int = 8
+    interval_s: float = DEFAULT_INTERVAL_S
+    look_ahead: int = DEFAULT_LOOK_AHEAD
 
     def __post_init__(self) -> None:
         if self.interval_s <= 0:
@@ -68,7 +69,7 @@ class PlanStep:
     reach: float
     kinds: dict[str, float] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": list(self.strategy),
             "migrating": self.migrating,
@@ -92,7 +93,7 @@ class Plan:
     def decision(self) -> Strategy:
         return self.steps[0].strategy
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "decision": list(self.decision),
             "expected_samples": self.expected_samples,
@@ -180,9 +181,9 @@ def plan(
         def useful(row: int, t: int) -> float:
             c = cost(int(st[row]), t)
             total = (c + rc[t] if c > 0 else left[row]) if mig[row] else c
-            return T * q[row, t] - total / 1000.0
+            return float(T * q[row, t] - total / 1000.0)
 
-        nxt = _Rows([], [], [], [], [])
+        nxt = _NextRows()
         for t in range(n):
             # normal state: the single best value
             best_val, best_row = -np.inf, -1
@@ -265,13 +266,48 @@ def plan(
     return Plan(tuple(steps), total, alternatives, time.perf_counter() - t0)
 
 
+def plan_interval(
+    forecast: Sequence[IntervalForecast],
+    current: JobState,
+    profile: ThroughputProfile,
+    cost: CostModel,
+    *,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    store: ScenarioStore | None = None,
+) -> Plan:
+    """The planning step at one interval boundary: the plan over ``forecast`` (K = its length) from ``current``.
+
+    Every planner calls this one function (the plan task, `parcae plan`, the trainer's live planner, the simulated
+    Parcae policy). ``store`` caches the scenarios of ``profile`` and ``cost`` across decisions; it must be theirs.
+    """
+    if store is None:
+        store = ScenarioStore(profile, cost)
+    elif store.profile is not profile or store.cost is not cost:
+        raise ValueError("the scenario store caches another profile or cost model than the one planned with")
+    return plan(store, forecast, current, PlannerConfig(interval_s, len(forecast)))
+
+
 class _Rows:
     """The labels of one DP step, as parallel arrays."""
 
-    def __init__(self, state, migrating, samples, leftover, back) -> None:
-        self.state, self.migrating, self.samples, self.leftover, self.back = state, migrating, samples, leftover, back
-        if isinstance(state, list) and state:
-            self.done()
+    def __init__(self, state: Sequence[int], migrating: Sequence[int], samples: Sequence[float],
+                 leftover: Sequence[float], back: Sequence[int]) -> None:
+        self.state = np.asarray(state, dtype=int)
+        self.migrating = np.asarray(migrating, dtype=int)
+        self.samples = np.asarray(samples, dtype=float)
+        self.leftover = np.asarray(leftover, dtype=float)
+        self.back = np.asarray(back, dtype=int)
+
+
+class _NextRows:
+    """The labels of the next DP step, collected as they are found; `done` freezes them into `_Rows`."""
+
+    def __init__(self) -> None:
+        self.state: list[int] = []
+        self.migrating: list[int] = []
+        self.samples: list[float] = []
+        self.leftover: list[float] = []
+        self.back: list[int] = []
 
     def add(self, state: int, migrating: int, samples: float, leftover: float, back: int) -> None:
         self.state.append(state)
@@ -281,9 +317,4 @@ class _Rows:
         self.back.append(back)
 
     def done(self) -> _Rows:
-        self.state = np.asarray(self.state, dtype=int)
-        self.migrating = np.asarray(self.migrating, dtype=int)
-        self.samples = np.asarray(self.samples, dtype=float)
-        self.leftover = np.asarray(self.leftover, dtype=float)
-        self.back = np.asarray(self.back, dtype=int)
-        return self
+        return _Rows(self.state, self.migrating, self.samples, self.leftover, self.back)

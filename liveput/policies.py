@@ -17,17 +17,24 @@ one started before the old finished pays a concurrent restart on top.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from math import comb
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from scipy.stats import hypergeom
 
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel, MigrationKind
-from liveput.optimizer import IDLE, JobState, PlannerConfig, plan
-from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, Strategy
-from liveput.throughput import ThroughputProfile
+from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval
+from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast
+from liveput.throughput import Strategy, ThroughputProfile
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -63,21 +70,19 @@ Forecaster = Callable[[Sequence[IntervalEvent], Sequence[IntervalEvent], int], l
 Only the oracle may read the true future; every other forecaster must ignore it."""
 
 
-def persistence_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
-    """Assume nothing changes: the last observed N, no events, for K intervals."""
-    n = history[-1].available if history else 0
-    return [IntervalForecast.point(n)] * k
+def history_persistence(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+    """`liveput.scenarios.persistence_forecast` of the last observed N, as a simulator `Forecaster`."""
+    return persistence_forecast(history[-1].available if history else 0, k)
 
 
 def oracle_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
     """The true next K intervals (padded with persistence past the end of the trace)."""
     out = [IntervalForecast.point(e.prev_available, e.n_in, e.n_out) for e in future[:k]]
     last = future[min(k, len(future)) - 1].available if future else (history[-1].available if history else 0)
-    out += [IntervalForecast.point(last)] * (k - len(out))
-    return out
+    return out + persistence_forecast(last, k - len(out))
 
 
-def trained_forecast(model, trace) -> Forecaster:
+def trained_forecast(model: Any, trace: pd.DataFrame) -> Forecaster:
     """Adapt a fitted `forecasting.forecast.Forecaster` to the simulator: it sees the trace's past only.
 
     At interval i the history is ``trace.iloc[:i]`` (the last row is the last observed interval), so
@@ -86,7 +91,7 @@ def trained_forecast(model, trace) -> Forecaster:
 
     def forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
         if not history:
-            return [IntervalForecast.point(0)] * k
+            return persistence_forecast(0, k)
         return IntervalForecast.from_forecast(model.predict(trace.iloc[: len(history)], k))
 
     forecast.__name__ = f"forecast_{getattr(model, 'name', 'model')}"
@@ -99,7 +104,7 @@ class Policy:
     name = "policy"
     spot = True  # pays spot prices for every instance it holds
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = 60.0) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         self.profile = profile
         self.cost = cost
         self.T = interval_s
@@ -146,13 +151,13 @@ class ParcaePolicy(Policy):
     migration an interval later to reach the shape the look-ahead wanted.
     """
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, forecaster: Forecaster = persistence_forecast,
-                 look_ahead: int = 8, interval_s: float = 60.0, name: str = "parcae",
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, forecaster: Forecaster = history_persistence,
+                 look_ahead: int = DEFAULT_LOOK_AHEAD, interval_s: float = DEFAULT_INTERVAL_S, name: str = "parcae",
                  store: ScenarioStore | None = None) -> None:
         super().__init__(profile, cost, interval_s)
         self.name = name
         self.forecaster = forecaster
-        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
+        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)  # validated here, at construction
         self.store = store or ScenarioStore(profile, cost)
         self.decision_s: list[float] = []
         self.reset()
@@ -161,16 +166,20 @@ class ParcaePolicy(Policy):
         self.state = JobState()
         self.decision_s = []
 
-    def step(self, event, history, future, first):
-        fc = self.forecaster(history, future, self.config.look_ahead)
-        p = plan(self.store, fc, self.state, self.config)
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
+        p = self._plan(self.forecaster(history, future, self.config.look_ahead))
         spent = p.decision_s
         target = p.decision
         if target[0] * target[1] > event.available:  # misprediction: react to the true event
-            replan = plan(self.store, self._truth_first(event, history, future), self.state, self.config)
+            replan = self._plan(self._truth_first(event, history, future))
             target, spent = replan.decision, spent + replan.decision_s
         self.decision_s.append(spent)
         return self._apply(target, event)
+
+    def _plan(self, forecast: Sequence[IntervalForecast]) -> Plan:
+        return plan_interval(forecast, self.state, self.profile, self.cost, interval_s=self.config.interval_s,
+                             store=self.store)
 
     def _truth_first(self, event: IntervalEvent, history: Sequence[IntervalEvent],
                      future: Sequence[IntervalEvent]) -> list[IntervalForecast]:
@@ -213,11 +222,12 @@ class ReactivePolicy(Policy):
         self.acct = _RestartAccounting()
         self.strategy: Strategy = IDLE
 
-    def __init__(self, profile, cost, interval_s: float = 60.0) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S) -> None:
         super().__init__(profile, cost, interval_s)
         self.reset()
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         cost_ms, kinds = 0.0, {}
         if first or event.n_in + event.n_out > 0:
             target = self.profile.best(event.available) or IDLE
@@ -237,7 +247,8 @@ class IdealPolicy(Policy):
 
     name = "ideal"
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         target = self.profile.best(event.available) or IDLE
         return StepResult(target, self._thr(target) * self.T, 0.0, 0.0, False, event.available)
 
@@ -248,7 +259,8 @@ class OnDemandPolicy(Policy):
     name = "on-demand"
     spot = False
 
-    def __init__(self, profile, cost, instances: int, interval_s: float = 60.0) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, instances: int,
+                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
         super().__init__(profile, cost, interval_s)
         self.instances = instances
         self.reset()
@@ -256,7 +268,8 @@ class OnDemandPolicy(Policy):
     def reset(self) -> None:
         self.acct = _RestartAccounting()
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         target = self.profile.best(self.instances) or IDLE
         cost_ms = self.cost.checkpoint_restart_ms(*target, add=True, save=False) if first and target != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, 0.0, self.T * 1000.0)
@@ -290,7 +303,8 @@ class BambooPolicy(Policy):
 
     name = "bamboo"
 
-    def __init__(self, profile, cost, interval_s: float = 60.0, constants: BambooConstants = BambooConstants()) -> None:
+    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S,
+                 constants: BambooConstants = BambooConstants()) -> None:
         super().__init__(profile, cost, interval_s)
         self.k = constants
         self.allowed = tuple(s for s in profile.strategies() if s[1] >= constants.memory_factor * profile.min_p)
@@ -325,7 +339,8 @@ class BambooPolicy(Policy):
         good = poly[k] if k < len(poly) else 0
         return float(good) / comb(d * p, k)
 
-    def step(self, event, history, future, first):
+    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
+             first: bool) -> StepResult:
         cm = self.cost
         cost_ms, kinds = 0.0, {}
         cur = self.strategy
@@ -371,23 +386,43 @@ class BambooPolicy(Policy):
                           self.acct.busy, event.available, kinds)
 
 
-POLICY_NAMES = ("parcae", "parcae-oracle", "reactive", "bamboo", "ideal", "on-demand")
+@dataclass(frozen=True)
+class PolicySetup:
+    """What a policy is built from: the model (profile, cost model) and the knobs some policies read.
+
+    ``capacity``: the on-demand cluster's size; ``store``: a scenario store to share between the planning
+    policies; ``forecaster``: what feeds ``parcae`` (persistence when None).
+    """
+
+    profile: ThroughputProfile
+    cost: CostModel
+    look_ahead: int = DEFAULT_LOOK_AHEAD
+    interval_s: float = DEFAULT_INTERVAL_S
+    capacity: int = 32
+    store: ScenarioStore | None = None
+    forecaster: Forecaster | None = None
+    bamboo: BambooConstants = BambooConstants()
 
 
-def make_policy(name: str, profile: ThroughputProfile, cost: CostModel, *, look_ahead: int = 8,
-                interval_s: float = 60.0, capacity: int = 32, store: ScenarioStore | None = None,
+#: The policies the simulator compares, by CLI name -> factory; a new policy plugs in here.
+POLICIES: Mapping[str, Callable[[PolicySetup], Policy]] = MappingProxyType({
+    "parcae": lambda s: ParcaePolicy(s.profile, s.cost, s.forecaster or history_persistence, s.look_ahead,
+                                     s.interval_s, "parcae", s.store),
+    "parcae-oracle": lambda s: ParcaePolicy(s.profile, s.cost, oracle_forecast, s.look_ahead, s.interval_s,
+                                            "parcae-oracle", s.store),
+    "reactive": lambda s: ReactivePolicy(s.profile, s.cost, s.interval_s),
+    "bamboo": lambda s: BambooPolicy(s.profile, s.cost, s.interval_s, s.bamboo),
+    "ideal": lambda s: IdealPolicy(s.profile, s.cost, s.interval_s),
+    "on-demand": lambda s: OnDemandPolicy(s.profile, s.cost, s.capacity, s.interval_s),
+})  # fmt: skip
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+
+
+def make_policy(name: str, profile: ThroughputProfile, cost: CostModel, *, look_ahead: int = DEFAULT_LOOK_AHEAD,
+                interval_s: float = DEFAULT_INTERVAL_S, capacity: int = 32, store: ScenarioStore | None = None,
                 forecaster: Forecaster | None = None, bamboo: BambooConstants = BambooConstants()) -> Policy:
-    """Build a policy by its CLI name."""
-    if name == "parcae":
-        return ParcaePolicy(profile, cost, forecaster or persistence_forecast, look_ahead, interval_s, "parcae", store)
-    if name == "parcae-oracle":
-        return ParcaePolicy(profile, cost, oracle_forecast, look_ahead, interval_s, "parcae-oracle", store)
-    if name == "reactive":
-        return ReactivePolicy(profile, cost, interval_s)
-    if name == "bamboo":
-        return BambooPolicy(profile, cost, interval_s, bamboo)
-    if name == "ideal":
-        return IdealPolicy(profile, cost, interval_s)
-    if name == "on-demand":
-        return OnDemandPolicy(profile, cost, capacity, interval_s)
-    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    """Build the policy ``name`` of `POLICIES`."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICY_NAMES)}")
+    return factory(PolicySetup(profile, cost, look_ahead, interval_s, capacity, store, forecaster, bamboo))

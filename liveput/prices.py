@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
+from typing import Any
 from importlib import resources
 
 
@@ -19,8 +20,9 @@ class InstancePrice:
 
 
 @cache
-def _table() -> dict:
-    return json.loads(resources.files("liveput").joinpath("data/prices.json").read_text())
+def _table() -> dict[str, Any]:
+    table: dict[str, Any] = json.loads(resources.files("liveput").joinpath("data/prices.json").read_text())
+    return table
 
 
 def instance_price(instance_type: str = "p3.2xlarge") -> InstancePrice:

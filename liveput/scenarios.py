@@ -19,17 +19,24 @@ robustness.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from math import comb
+from typing import Protocol
 
 import numpy as np
 from scipy.stats import hypergeom
 
-from liveput.migration import CostModel, MigrationKind, advance_assignment, healthy_missing, stage_overlap
-from liveput.throughput import ThroughputProfile
+from liveput.migration import (
+    CostModel,
+    MigrationKind,
+    advance_assignment,
+    healthy_missing,
+    migration_kind,
+    stage_overlap,
+)
+from liveput.throughput import Strategy, ThroughputProfile
 
-Strategy = tuple[int, int]
 KINDS: tuple[MigrationKind, ...] = (
     MigrationKind.NONE,
     MigrationKind.INTRA_STAGE,
@@ -37,6 +44,12 @@ KINDS: tuple[MigrationKind, ...] = (
     MigrationKind.PIPELINE,
     MigrationKind.START,
 )
+
+
+class _Intervals(Protocol):
+    """A forecast that lists its intervals: `forecasting.forecast.Forecast` (not imported: duck-typed)."""
+
+    def intervals(self) -> Iterable[tuple[int, tuple[tuple[int, int, float], ...]]]: ...
 
 
 @dataclass(frozen=True)
@@ -61,13 +74,21 @@ class IntervalForecast:
         return cls(prev_available, ((n_in, n_out, 1.0),))
 
     @classmethod
-    def from_forecast(cls, forecast) -> list[IntervalForecast]:
+    def from_forecast(cls, forecast: _Intervals) -> list[IntervalForecast]:
         """Wrap a `forecasting.forecast.Forecast` (anything with ``intervals()``) for the planner."""
         return [cls(prev, law) for prev, law in forecast.intervals()]
 
     @property
     def expected_available(self) -> float:
         return self.prev_available + sum((i - o) * w for i, o, w in self.events)
+
+
+def persistence_forecast(alive: int, k: int, first: IntervalForecast | None = None) -> list[IntervalForecast]:
+    """Nothing will change: ``alive`` instances and no events for K intervals — after ``first`` when it is given
+    (the coming interval, bringing the change a running job has just observed, so the planner prices it)."""
+    if first is None:
+        return [IntervalForecast.point(alive)] * k
+    return [first] + [IntervalForecast.point(alive)] * (k - 1)
 
 
 @dataclass(frozen=True)
@@ -102,7 +123,7 @@ def loss_law(n: int, active: int, n_out: int) -> np.ndarray:
     kmax = min(active, n_out)
     if active == 0:
         return np.array([1.0])
-    pk = hypergeom.pmf(np.arange(kmax + 1), n, active, n_out)
+    pk: np.ndarray = hypergeom.pmf(np.arange(kmax + 1), n, active, n_out)
     mode = int(np.argmax(pk))
     tail = np.flatnonzero(pk[mode:] < TAIL)
     if len(tail):
@@ -110,10 +131,20 @@ def loss_law(n: int, active: int, n_out: int) -> np.ndarray:
     return pk
 
 
-_STATIC: dict[tuple[int, int], tuple] = {}
+#: An assignment DP table as sorted items: (replicas of the boundary stage used, best overlap).
+_Table = tuple[tuple[int, int], ...]
+#: The static tables of one model: restart ms, stage transfers, pipeline ms, no-loss costs, cost upper bounds.
+_Tables = tuple[
+    dict[tuple[int, int, bool], float],
+    dict[int, tuple[float, ...]],
+    dict[tuple[int, int, int, bool], float],
+    dict[tuple[Strategy, tuple[Strategy, ...]], np.ndarray],
+    dict[tuple[Strategy, tuple[Strategy, ...], int], np.ndarray],
+]
+_STATIC: dict[tuple[int, int], tuple[ThroughputProfile, CostModel, _Tables]] = {}
 
 
-def _static_tables(profile: ThroughputProfile, cost: CostModel) -> tuple[dict, ...]:
+def _static_tables(profile: ThroughputProfile, cost: CostModel) -> _Tables:
     """Per-process tables of one (profile, cost model) pair, keyed by identity (the objects are kept)."""
     key = (id(profile), id(cost))
     hit = _STATIC.get(key)
@@ -130,15 +161,15 @@ class ScenarioStore:
         self.cost = cost
         self._cond: dict[tuple[int, int, int, int], tuple[int, np.ndarray, np.ndarray]] = {}
         self._pipe: dict[tuple[int, int, int], tuple[int, list[dict[int, int]]]] = {}
-        self._keys: dict[tuple, Outcome] = {}
+        self._keys: dict[tuple[int, int, int, int, int, tuple[Strategy, ...]], Outcome] = {}
         self._targets: dict[int, tuple[Strategy, ...]] = {}
         # Static tables (no scenario in them: restart terms, transfers, no-preemption costs, cost upper
         # bounds) are shared by every store of the same profile and cost model in the process.
         static = _static_tables(profile, cost)
         self._restart, self._transfer, self._pipe_ms, self._base, self._uppers = static
         self._pks: dict[tuple[int, int, int], np.ndarray] = {}
-        self._pairs: dict[tuple, tuple[float, float, np.ndarray]] = {}
-        self._fallbacks: dict[tuple, np.ndarray] = {}
+        self._pairs: dict[tuple[IntervalForecast, Strategy, Strategy], tuple[float, float, np.ndarray]] = {}
+        self._fallbacks: dict[tuple[IntervalForecast, Strategy, tuple[Strategy, ...], float], np.ndarray] = {}
 
     def targets(self, max_instances: int) -> tuple[Strategy, ...]:
         """Feasible strategies using at most ``max_instances``, in the profile's order."""
@@ -269,9 +300,9 @@ class ScenarioStore:
     def _no_loss_cost(self, D: int, P: int, d: int, p: int) -> float:
         """Cost when no active instance is preempted: a function of the model and constants only."""
         if D * P == 0:
-            return self._start(d, p, 0)[1][0]
+            return float(self._start(d, p, 0)[1][0])
         if p == P:
-            return self._same_depth(D, P, d, 0)[1][0]
+            return float(self._same_depth(D, P, d, 0)[1][0])
         spec = self.cost.spec
         miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
         return self._pipeline_ms(d, p, miss0, self._add(D, P, d, p, 0))
@@ -407,14 +438,14 @@ class ScenarioStore:
         intra_ms = cm.intra_stage_ms(d, P)
         for (lost, par, ser), ways in states.items():
             w = ways / comb(D * P, lost)
-            if par == 0.0:  # nobody short
-                if lost == 0 and d == D:
-                    probs[lost, KINDS.index(MigrationKind.NONE)] += w
-                else:
-                    probs[lost, KINDS.index(MigrationKind.INTRA_STAGE)] += w
-                    costs[lost] += w * intra_ms
+            kind = migration_kind(P, P, short=par != 0.0)  # a short stage has a transfer time
+            if kind is MigrationKind.INTRA_STAGE and lost == 0 and d == D:
+                probs[lost, KINDS.index(MigrationKind.NONE)] += w
+            elif kind is MigrationKind.INTRA_STAGE:
+                probs[lost, KINDS.index(kind)] += w
+                costs[lost] += w * intra_ms
             else:
-                probs[lost, KINDS.index(MigrationKind.INTER_STAGE)] += w
+                probs[lost, KINDS.index(kind)] += w
                 costs[lost] += w * (max(par, ser) + self._restart_ms(d, P, self._add(D, P, d, P, lost)))
         return probs, costs
 
@@ -438,7 +469,7 @@ class ScenarioStore:
             # Too few losses to leave any old stage with fewer replicas than new stages could use:
             # every pattern gives the full-survivor optimum. (kmax = 0, the common case, lands here.)
             miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), min(D, max_demand))
-            law = [{miss0: comb(D * P, k)} for k in range(kmax + 1)]
+            law: list[dict[int, int]] = [{miss0: comb(D * P, k)} for k in range(kmax + 1)]
             self._pipe[key] = (kmax, law)
             return law
         # state: (losses, useful replicas of the boundary stage, assignment table as sorted items)
@@ -449,7 +480,7 @@ class ScenarioStore:
             revealed = max(revealed, so.ranges[j][-1])
             nxt_carry = so.carry(j)
             combos = self._fresh_combos(D, tuple(so.demand[s] for s in fresh), kmax)
-            step: dict[tuple[int, tuple[int, ...], tuple[tuple[int, int], ...]], tuple] = {}
+            step: dict[tuple[int, tuple[int, ...], _Table], tuple[int, _Table]] = {}
             nxt: dict[tuple[int, int, tuple[tuple[int, int], ...]], int] = defaultdict(int)
             for (lost, cl, table), ways in states.items():
                 for cvec, lmap in combos:
@@ -466,7 +497,7 @@ class ScenarioStore:
                         if lost + l <= kmax:
                             nxt[(lost + l, cl_out, t_out)] += ways * w
             states, carry = nxt, nxt_carry
-        law: list[dict[int, int]] = [defaultdict(int) for _ in range(kmax + 1)]
+        law = [defaultdict(int) for _ in range(kmax + 1)]
         for (lost, _, table), ways in states.items():
             law[lost][so.total - max(v for _, v in table)] += ways
         self._pipe[key] = (kmax, law)
@@ -496,7 +527,7 @@ class ScenarioStore:
         law = self._missing_law(D, P, p, kmax)
         probs = np.zeros((kmax + 1, len(KINDS)))
         costs = np.zeros(kmax + 1)
-        probs[:, KINDS.index(MigrationKind.PIPELINE)] = 1.0
+        probs[:, KINDS.index(migration_kind(P, p, short=False))] = 1.0  # p != P: a pipeline migration
         for k in range(kmax + 1):
             total = comb(D * P, k)
             add = self._add(D, P, d, p, k)

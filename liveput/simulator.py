@@ -14,9 +14,12 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
 from liveput.prices import instance_price
@@ -29,8 +32,8 @@ class SimulationConfig:
     """What to simulate: the model, planner look-ahead K, interval T and the instance type for prices."""
 
     model: str = "gpt-1.5b"
-    look_ahead: int = 8
-    interval_s: float = 60.0
+    look_ahead: int = DEFAULT_LOOK_AHEAD
+    interval_s: float = DEFAULT_INTERVAL_S
     instance_type: str = "p3.2xlarge"
     global_batch: int | None = None
     bamboo: BambooConstants = BambooConstants()
@@ -51,7 +54,7 @@ class PolicyResult:
     decision_ms_median: float | None
     timeline: pd.DataFrame = field(repr=False)
 
-    def summary(self) -> dict:
+    def summary(self) -> dict[str, Any]:
         return {
             "samples": self.samples,
             "throughput": self.throughput,
@@ -140,7 +143,7 @@ def simulate(
     last_interval: int | None = None,
     profile: ThroughputProfile | None = None,
     cost: CostModel | None = None,
-    forecaster=None,
+    forecaster: Any = None,
     on_step: Callable[[], None] | None = None,
 ) -> dict[str, PolicyResult]:
     """Run each policy over the trace's intervals [first_interval, last_interval] (inclusive).
@@ -189,7 +192,8 @@ def comparison_table(results: dict[str, PolicyResult], reference: str | None = "
     return pd.DataFrame(rows)
 
 
-def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "", interval_s: float = 60.0) -> Path:
+def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "",
+                  interval_s: float = DEFAULT_INTERVAL_S) -> Path:
     """Availability, throughput and pipeline depth per interval, one line per policy."""
     import matplotlib
 

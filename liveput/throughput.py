@@ -19,8 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cache, lru_cache
 from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +31,7 @@ from liveput.network import GiB, P3_P2P, P2PTable
 
 __all__ = [
     "InfeasibleStrategy",
+    "Strategy",
     "ThroughputProfile",
     "estimate_profile",
     "load_profile",
@@ -37,6 +40,7 @@ __all__ = [
     "simulate_1f1b",
 ]
 
+#: A training strategy (D, P): D data-parallel replicas of a P-stage pipeline; (0, 0) is idle. The one definition.
 Strategy = tuple[int, int]
 
 #: Relative tolerance under which two throughputs count as a tie in :meth:`ThroughputProfile.best`.
@@ -122,6 +126,7 @@ class ThroughputProfile:
 
     def _violation(self, d: int, p: int) -> str | None:
         """Why (d, p) is infeasible, or None when it is feasible."""
+        assert self.max_p is not None  # __post_init__ set it
         if not self.min_p <= p <= self.max_p:
             return f"P={p} is outside [{self.min_p}, {self.max_p}]"
         if p in self.excluded_p:
@@ -178,7 +183,7 @@ class ThroughputProfile:
 
     # ------------------------------------------------------------------------------------ persistence
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """The JSON form used by the bundled tables (``iteration_ms`` keys are ``"DxP"``)."""
         return {
             "model": self.model,
@@ -202,7 +207,7 @@ class ThroughputProfile:
         return text
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> ThroughputProfile:
+    def from_dict(cls, data: Mapping[str, Any]) -> ThroughputProfile:
         """Build from the JSON form; constraints are optional (no limits beyond the table)."""
         missing = [k for k in ("model", "global_batch", "micro_batch", "iteration_ms") if k not in data]
         if missing:
@@ -292,7 +297,7 @@ def _arrays(profile: ThroughputProfile, max_instances: int | None) -> tuple[np.n
 # ------------------------------------------------------------------------------------ bundled tables
 
 
-def _table_dir():
+def _table_dir() -> Traversable:
     return resources.files("liveput").joinpath("data/throughput")
 
 

@@ -49,8 +49,8 @@ beat) plus ``"model"`` and ``"look_ahead"``. It is deterministic: the same input
 writes is strict JSON (``forecasting.jsonio.dumps_strict``): a non-finite number becomes ``null``, with a warning.
 
 The input is bounded before the planner runs: ``forecasting.jsonio.MAX_JSON_BYTES`` and ``MAX_JSON_DEPTH``,
-K <= ``liveput.optimizer.MAX_LOOK_AHEAD``, ``interval_s`` in ``forecasting.traces.INTERVAL_S_RANGE``, counts
-<= ``forecasting.traces.MAX_INSTANCES``, ``MAX_EVENTS_PER_INTERVAL`` events per interval.
+K <= ``liveput.MAX_LOOK_AHEAD``, ``interval_s`` in ``forecasting.traces.INTERVAL_S_RANGE``, counts
+<= ``forecasting.traces.MAX_INSTANCES``, ``liveput.plan_input.MAX_EVENTS_PER_INTERVAL`` events per interval.
 
 Errors
 ------
@@ -82,6 +82,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
+
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_LOOK_AHEAD
 
 __all__ = ["UserError", "app", "command"]
 
@@ -156,8 +159,7 @@ def _key_error_message(exc: KeyError) -> str:
 
 def _load_model(model: str, global_batch: int | None = None):
     """Throughput profile and reference cost model of ``model``; an unknown model is a UserError."""
-    from liveput.migration import CostModel
-    from liveput.throughput import load_profile
+    from liveput import CostModel, load_profile
 
     try:
         profile = load_profile(model)  # the bundled table: an unknown model fails here, naming the known ones
@@ -172,7 +174,7 @@ def _load_model(model: str, global_batch: int | None = None):
 
 def _check_global_batch(model: str, global_batch: int) -> None:
     """--global-batch within what the throughput estimate simulates (beyond it, minutes and then a MemoryError)."""
-    from liveput.throughput import MAX_MICRO_BATCHES, max_global_batch
+    from liveput import MAX_MICRO_BATCHES, max_global_batch
 
     most = max_global_batch(model)
     if not 1 <= global_batch <= most:
@@ -183,8 +185,8 @@ def _check_global_batch(model: str, global_batch: int) -> None:
 
 
 def _check_look_ahead(look_ahead: int, what: str = "--look-ahead") -> None:
-    """K within what the planner takes (`liveput.optimizer.MAX_LOOK_AHEAD`)."""
-    from liveput.optimizer import MAX_LOOK_AHEAD
+    """K within what the planner takes (`liveput.MAX_LOOK_AHEAD`)."""
+    from liveput import MAX_LOOK_AHEAD
 
     if not 1 <= look_ahead <= MAX_LOOK_AHEAD:
         raise UserError(f"{what} must be in [1, {MAX_LOOK_AHEAD}] intervals, got {look_ahead}; ask for fewer "
@@ -271,7 +273,7 @@ def _load_window(trace: str, interval_s: float, start_hour: float | None, end_ho
 
 
 def _check_policies(policies: Sequence[str] | None) -> list[str]:
-    from liveput.policies import POLICY_NAMES
+    from liveput import POLICY_NAMES
 
     if not policies:
         return list(POLICY_NAMES)
@@ -418,8 +420,8 @@ def simulate(
         float | None, typer.Option(help="Window start, hours into the trace (default: trace start).")
     ] = None,
     end_hour: Annotated[float | None, typer.Option(help="Window end, exclusive (default: trace end).")] = None,
-    look_ahead: Annotated[int, typer.Option(min=1, help="Planner look-ahead K, in intervals.")] = 8,
-    interval_seconds: Annotated[float, typer.Option(help="Interval length T in seconds.")] = 60.0,
+    look_ahead: Annotated[int, typer.Option(min=1, help="Planner look-ahead K, in intervals.")] = DEFAULT_LOOK_AHEAD,
+    interval_seconds: Annotated[float, typer.Option(help="Interval length T in seconds.")] = DEFAULT_INTERVAL_S,
     policy: Annotated[
         list[str] | None,
         typer.Option("--policy", "-p", metavar="NAME", help="Policy to run; repeat for several (default: all)."),
@@ -451,9 +453,8 @@ def simulate(
         ),
     ] = False,
 ) -> None:
-    from liveput.policies import BambooConstants
-    from liveput.prices import instance_price
-    from liveput.simulator import SimulationConfig, plot_timeline, simulate as run_simulation
+    from liveput import BambooConstants, SimulationConfig, instance_price, plot_timeline
+    from liveput import simulate as run_simulation
 
     policies = _check_policies(policy)
     _check_look_ahead(look_ahead)
@@ -631,123 +632,6 @@ def simulations(
 
 # --------------------------------------------------------------------------------------------------- plan
 
-_TOP_FIELDS = ("model", "interval_s", "state", "forecast")
-_STATE_FIELDS = ("strategy", "migrating", "leftover_ms")
-_FORECAST_FIELDS = ("prev_available", "events")
-#: Events of one forecast interval: the planner's time grows with them (1000 cost about 1 s per interval on 2 cores).
-MAX_EVENTS_PER_INTERVAL = 1000
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_number(v: Any) -> bool:
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        return False
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an integer too large for a float
-        return False
-
-
-def _type_name(v: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}.get(
-        type(v), "a number" if _is_number(v) else type(v).__name__
-    )
-
-
-def _unknown_fields(obj: Mapping, allowed: Sequence[str], where: str) -> None:
-    extra = [k for k in obj if k not in allowed]
-    if extra:
-        raise UserError(
-            f"plan input: unknown field {extra[0][:40]!r} in {where}; expected only {', '.join(allowed)}"
-        )
-
-
-def _int_field(v: Any, path: str, minimum: int = 0) -> int:
-    """An instance count: an integer in [minimum, `forecasting.traces.MAX_INSTANCES`]."""
-    from forecasting.traces import MAX_INSTANCES
-
-    if not _is_int(v) or not minimum <= v <= MAX_INSTANCES:
-        raise UserError(f"plan input: {path} must be an integer from {minimum} to {MAX_INSTANCES:,}, got {_shown(v)}")
-    return v
-
-
-def _parse_state(raw: Any, profile: Any):
-    from liveput.optimizer import IDLE, JobState
-
-    if raw is None:
-        return JobState()
-    if not isinstance(raw, dict):
-        raise UserError(f"plan input: state must be an object, got {_type_name(raw)}")
-    _unknown_fields(raw, _STATE_FIELDS, "state")
-    strategy = raw.get("strategy", [0, 0])
-    if not (isinstance(strategy, list) and len(strategy) == 2 and all(_is_int(x) and x >= 0 for x in strategy)):
-        raise UserError(
-            f"plan input: state.strategy must be [D, P] with integers >= 0 ([0, 0] = not running), "
-            f"got {_shown(strategy)}"
-        )
-    s = (strategy[0], strategy[1])
-    if s != IDLE and not profile.is_feasible(*s):
-        raise UserError(
-            f"plan input: state.strategy {s[0]}x{s[1]} is not a feasible strategy of {profile.model}; "
-            f"feasible: {profile.describe_limits()}"
-        )
-    migrating = raw.get("migrating", False)
-    if not isinstance(migrating, bool):
-        raise UserError(f"plan input: state.migrating must be true or false, got {_shown(migrating)}")
-    leftover = raw.get("leftover_ms", 0)
-    if not _is_number(leftover) or leftover < 0:
-        raise UserError(f"plan input: state.leftover_ms must be a number >= 0, got {_shown(leftover)}")
-    return JobState(s, migrating, float(leftover))
-
-
-def _parse_interval(raw: Any, i: int):
-    from liveput.scenarios import IntervalForecast
-
-    where = f"forecast[{i}]"
-    if not isinstance(raw, dict):
-        raise UserError(f"plan input: {where} must be an object {{\"prev_available\": N, \"events\": [...]}}, "
-                        f"got {_type_name(raw)}")
-    _unknown_fields(raw, _FORECAST_FIELDS, where)
-    if "prev_available" not in raw:
-        raise UserError(f"plan input: {where}.prev_available is missing (instances alive before the interval)")
-    n = _int_field(raw["prev_available"], f"{where}.prev_available")
-    events = raw.get("events")
-    if events is None:
-        return IntervalForecast.point(n)
-    if not isinstance(events, list) or not events:
-        raise UserError(f"plan input: {where}.events must be a non-empty array of [n_in, n_out, prob], "
-                        f"got {_shown(events)}")
-    if len(events) > MAX_EVENTS_PER_INTERVAL:
-        raise UserError(f"plan input: {where}.events has {len(events):,} entries, more than the "
-                        f"{MAX_EVENTS_PER_INTERVAL} an interval may have; merge the unlikely ones")  # fmt: skip
-    parsed = []
-    for j, ev in enumerate(events):
-        at = f"{where}.events[{j}]"
-        if not (isinstance(ev, list) and len(ev) == 3):
-            raise UserError(f"plan input: {at} must be [n_in, n_out, prob], got {_shown(ev)}")
-        n_in = _int_field(ev[0], f"{at}[0] (n_in)")
-        n_out = _int_field(ev[1], f"{at}[1] (n_out)")
-        prob = ev[2]
-        if not _is_number(prob) or not 0.0 <= prob <= 1.0:
-            raise UserError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {_shown(prob)}")
-        if n_out > n:
-            raise UserError(
-                f"plan input: {at} is infeasible: n_out={n_out} preemptions but only prev_available={n} "
-                f"instances alive"
-            )
-        parsed.append((n_in, n_out, float(prob)))
-    total = math.fsum(w for _, _, w in parsed)
-    if abs(total - 1.0) > 1e-6:
-        raise UserError(f"plan input: {where}.events probabilities sum to {total:g}; expected 1")
-    try:
-        return IntervalForecast(n, tuple(parsed))
-    except ValueError as exc:  # anything the checks above missed, still pinned to the field
-        raise UserError(f"plan input: {where}: {exc}") from None
-
-
 def _read_plan_input(source: str) -> Any:
     """The decoded plan input, within `forecasting.jsonio`'s bounds on size and nesting."""
     from forecasting import jsonio
@@ -774,57 +658,16 @@ def _read_plan_input(source: str) -> Any:
 
 
 def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
-    """Validate a plan input document (see the module docstring), run the planner, return the output dict."""
-    from liveput.optimizer import PlannerConfig, plan
-    from liveput.scenarios import ScenarioStore
+    """The plan of a decoded plan input (`liveput.plan_input`); a bad input is a UserError, an idle plan a warning."""
+    from liveput import PlanInputError, parse_plan_input, plan_of_input
 
-    if not isinstance(doc, dict):
-        raise UserError(f"plan input must be a JSON object, got {_type_name(doc)}")
-    _unknown_fields(doc, _TOP_FIELDS, "the top level")
-    model = doc.get("model")
-    if model is None:
-        raise UserError("plan input: model is missing (a bundled model name, e.g. \"gpt-1.5b\")")
-    if not isinstance(model, str):
-        raise UserError(f"plan input: model must be a string, got {_shown(model)}")
-    if len(model) > 100:
-        raise UserError(f"plan input: model {_shown(model)} is not a bundled model name (e.g. \"gpt-1.5b\")")
-    interval_s = doc.get("interval_s", 60)
-    if not _is_number(interval_s) or interval_s <= 0:
-        raise UserError(f"plan input: interval_s must be a number of seconds > 0, got {_shown(interval_s)}")
-    _check_interval(interval_s, "plan input: interval_s")
-    forecast = doc.get("forecast")
-    if not isinstance(forecast, list) or not forecast:
-        got = "missing" if forecast is None else _shown(forecast) if forecast == [] else _type_name(forecast)
-        raise UserError(f"plan input: forecast must be a non-empty array of intervals, got {got}")
-    _check_look_ahead(len(forecast), "plan input: the forecast's length K")
-    profile, cost = _load_model(model)
-    state = _parse_state(doc.get("state"), profile)
-    forecasts = [_parse_interval(f, i) for i, f in enumerate(forecast)]
-    held = state.strategy[0] * state.strategy[1]
-    if held > forecasts[0].prev_available:
-        raise UserError(
-            f"plan input: infeasible forecast: state.strategy {state.strategy[0]}x{state.strategy[1]} runs on "
-            f"{held} instances but forecast[0].prev_available is {forecasts[0].prev_available}; the instances "
-            f"alive before the first interval include the running ones"
-        )
-    smallest = min((d * p for d, p in profile.strategies()), default=0)
-    most = max(f.prev_available + i - o for f in forecasts for i, o, _ in f.events)
-    if most < smallest and state.strategy[0] * state.strategy[1] < smallest:
-        warn(
-            f"no strategy of {model} fits the forecast (at most {most} instances alive; the smallest "
-            f"strategy needs {smallest}): the plan is to stay idle"
-        )
-    store = ScenarioStore(profile, cost)
     try:
-        result = plan(store, forecasts, state, PlannerConfig(float(interval_s), len(forecasts)))
-    except RuntimeError as exc:
-        if "no feasible plan" in str(exc):
-            raise UserError(f"plan input: infeasible forecast: {exc}") from None
-        raise
-    body = result.to_dict()
-    if not timing:
-        body.pop("decision_ms", None)
-    return {"model": model, "look_ahead": len(forecasts), **body}
+        inp = parse_plan_input(doc)
+        if inp.nothing_fits:
+            warn(inp.nothing_fits)
+        return plan_of_input(inp, timing=timing)
+    except PlanInputError as exc:
+        raise UserError(str(exc)) from None
 
 
 @command(
@@ -920,7 +763,7 @@ class _WarnHandler:
 
 def _forecast_trace(trace: str):
     """(name, canonical table at 60 s) of ``--trace``; unknown or malformed traces are UserErrors."""
-    df, _ = _load_window(trace, 60.0, None, None)
+    df, _ = _load_window(trace, DEFAULT_INTERVAL_S, None, None)
     return str(df.attrs.get("name") or trace), df
 
 
@@ -1361,7 +1204,7 @@ def train_cmd(
         int,
         typer.Option(min=1, metavar="K", help="Intervals the liveput planner plans over (a trace's each priced at "
                      "its own 60 s: the replay compresses time, the plans do not)."),
-    ] = 4,
+    ] = DEFAULT_LOOK_AHEAD,
     start_interval: Annotated[int, typer.Option(min=0, metavar="N", help="Trace interval the replay starts at.")] = 0,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
@@ -1409,7 +1252,6 @@ def train_cmd(
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
-    from forecasting.traces import DEFAULT_INTERVAL_S
     from trainer.config import (
         AvailabilityConfig,
         CheckpointConfig,

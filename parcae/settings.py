@@ -60,9 +60,6 @@ __all__ = [
     "main",
 ]
 
-#: The live planners a training job can run with: `trainer.planning.PLANNERS` (a test keeps them equal; importing
-#: it here would load torch for every settings check).
-PLANNERS = ("liveput", "rule", "handed")
 #: Deployment parameters that name a trace (checked against the known traces).
 TRACE_PARAMETERS = ("trace", "eval_trace")
 
@@ -158,15 +155,30 @@ def check_model(model: str, *, setting: str = "model") -> str:
     return model
 
 
+def _planners() -> tuple[str, ...]:
+    """The live planners a training job can run with: `trainer.planning.PLANNERS`, the train flow's default
+    (liveput) first. Read on first use (``settings.PLANNERS``), since importing the trainer loads torch."""
+    from trainer.planning import PLANNERS
+
+    return ("liveput", *(p for p in PLANNERS if p != "liveput"))
+
+
+def __getattr__(name: str) -> Any:
+    if name == "PLANNERS":
+        return _planners()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def check_planner(planner: str, *, setting: str = "planner") -> str:
-    if planner not in PLANNERS:
-        raise _fail(setting, f"unknown planner {planner!r}", f"choose one of {', '.join(PLANNERS)}")
+    planners = _planners()
+    if planner not in planners:
+        raise _fail(setting, f"unknown planner {planner!r}", f"choose one of {', '.join(planners)}")
     return planner
 
 
 def check_plan_model(model: str, *, setting: str = "model") -> str:
     """A model the liveput planner has a bundled throughput table of (`liveput.throughput.profile_names`)."""
-    from liveput.throughput import profile_names
+    from liveput import profile_names
 
     if model not in profile_names():
         raise _fail(setting, f"unknown planning model {model!r}", f"choose one of {', '.join(profile_names())}, "
@@ -201,8 +213,8 @@ def check_seconds(value: Any, *, setting: str, low: float = 0.0, high: float = m
 
 
 def check_look_ahead(value: Any, *, setting: str = "look_ahead") -> int:
-    """A look-ahead K the planner takes: 1 to `liveput.optimizer.MAX_LOOK_AHEAD` intervals."""
-    from liveput.optimizer import MAX_LOOK_AHEAD
+    """A look-ahead K the planner takes: 1 to `liveput.MAX_LOOK_AHEAD` intervals."""
+    from liveput import MAX_LOOK_AHEAD
 
     return check_count(value, setting=setting, maximum=MAX_LOOK_AHEAD)
 

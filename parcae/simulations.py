@@ -35,7 +35,7 @@ import pandas as pd
 
 from parcae import tracking as _tracking  # log_comparison's ``tracking`` parameter is the store, not this
 
-from liveput.simulator import PolicyResult
+from liveput import PolicyResult
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -269,7 +269,7 @@ def comparison_from_mlflow(
     comparison_id: str, tracking: str | os.PathLike[str] | None = None, reference: str | None = "ideal"
 ) -> pd.DataFrame:
     """``liveput.simulator.comparison_table`` rebuilt from the store: same rows, columns and order."""
-    from liveput.simulator import comparison_table
+    from liveput import comparison_table
 
     logged = load_comparison(comparison_id, tracking)
     return comparison_table(logged.policies, reference)

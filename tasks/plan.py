@@ -1,6 +1,6 @@
 """Tasks that produce forecasts of the next intervals, the liveput plan over them, and a plan handed to a job.
 
-Wrappers over a `forecasting.forecast.Forecaster`, `liveput.optimizer.plan` and `trainer.planning.hand_plan`. No
+Wrappers over a `forecasting.forecast.Forecaster`, `liveput.plan_interval` and `trainer.planning.hand_plan`. No
 retries: forecasting and planning are pure computations on local data, so a failure is a bug or a bad input; and a
 plan is for the coming interval, so handing it over again later would apply a stale one.
 """
@@ -16,10 +16,7 @@ import pandas as pd
 from prefect import runtime, task
 
 from forecasting.forecast import Forecast, Forecaster
-from liveput.migration import CostModel
-from liveput.optimizer import JobState, PlannerConfig, plan
-from liveput.scenarios import IntervalForecast, ScenarioStore
-from liveput.throughput import load_profile
+from liveput import CostModel, IntervalForecast, JobState, load_profile, plan_interval
 
 __all__ = ["forecast_next_intervals", "hand_plan_to_coordinator", "plan_next_interval"]
 
@@ -60,10 +57,10 @@ def plan_next_interval(
         if measured.throughput.model != model:
             raise ValueError(f"runtime profile {profile} is of model {measured.throughput.model!r}, not {model!r}; "
                              f"pass model={measured.throughput.model!r}")  # fmt: skip
-        store = ScenarioStore(measured.throughput, measured.cost_model())
+        throughput, cost = measured.throughput, measured.cost_model()
     else:
-        store = ScenarioStore(load_profile(model), CostModel.reference(model))
-    result = plan(store, IntervalForecast.from_forecast(forecast), state, PlannerConfig(interval_s, forecast.horizon))
+        throughput, cost = load_profile(model), CostModel.reference(model)
+    result = plan_interval(IntervalForecast.from_forecast(forecast), state, throughput, cost, interval_s=interval_s)
     current = {**asdict(state), "strategy": list(state.strategy)}
     return {"model": model, "look_ahead": forecast.horizon, "interval_s": interval_s, "state": current,
             **result.to_dict()}  # fmt: skip

@@ -39,8 +39,9 @@ __all__ = [
 PLANS_EXPERIMENT: Final = tracking.PLANS_EXPERIMENT
 #: Tag holding the Prefect flow run that produced an MLflow run.
 FLOW_RUN_TAG: Final = "prefect.flow_run_id"
-#: Tag holding the MLflow run that trained the forecaster behind a plan.
-TRAINING_RUN_TAG: Final = "training_run_id"
+#: Tag on a plan run of the plan-interval flow: the MLflow run that trained the forecaster behind the plan (not the
+#: training job's run, `trainer.tracking.TRAINING_RUN_TAG`, which tags the plans a running job makes).
+FORECASTER_RUN_TAG: Final = "parcae.forecaster_run_id"
 #: Where `mlflow ui` listens by default; used for links when the store is a local SQLite file.
 LOCAL_UI: Final = "http://127.0.0.1:5000"
 _TRANSIENT_CODES: Final = frozenset({"TEMPORARILY_UNAVAILABLE", "REQUEST_LIMIT_EXCEEDED", "RESOURCE_EXHAUSTED"})
@@ -97,7 +98,7 @@ def log_plan_run(
         (FLOW_RUN_TAG, runtime.flow_run.id),
         ("prefect.flow_run_name", runtime.flow_run.name),
         ("prefect.deployment", runtime.deployment.name),
-        (TRAINING_RUN_TAG, training_run_id),
+        (FORECASTER_RUN_TAG, training_run_id),
     ):
         if value:
             tags[key] = str(value)

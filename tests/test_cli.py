@@ -308,12 +308,12 @@ def test_plan_invalid_json_and_missing_file(runner, tmp_path):
 
 
 def test_real_bugs_still_raise(runner, monkeypatch):
-    import liveput.simulator
+    import liveput
 
     def boom(*args, **kwargs):
         raise ValueError("a bug, not a user mistake")
 
-    monkeypatch.setattr(liveput.simulator, "simulate", boom)
+    monkeypatch.setattr(liveput, "simulate", boom)  # where the command looks it up: the face
     result = invoke(runner, "simulate", "--start-hour", "10", "--end-hour", "10.25", "-p", "ideal")
     assert result.exit_code == 1
     assert isinstance(result.exception, ValueError)

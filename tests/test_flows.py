@@ -47,7 +47,7 @@ from parcae.settings import check_deployments  # noqa: E402
 from parcae.tracking import TrackingError  # noqa: E402
 from tasks import retry_on  # noqa: E402
 from tasks.plan import hand_plan_to_coordinator  # noqa: E402
-from tasks.tracking import FLOW_RUN_TAG, TRAINING_RUN_TAG, store_unavailable  # noqa: E402
+from tasks.tracking import FLOW_RUN_TAG, FORECASTER_RUN_TAG, store_unavailable  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.observer import JobObserver  # noqa: E402
 from trainer.planning import HandedPlanner, HandPlanError  # noqa: E402
@@ -143,7 +143,7 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     run = runs[0]
     assert run.info.status == "FINISHED"
     assert run.data.tags[FLOW_RUN_TAG] == str(state.state_details.flow_run_id)
-    assert run.data.tags[TRAINING_RUN_TAG] == trained.result()["run_id"]  # the champion's training run
+    assert run.data.tags[FORECASTER_RUN_TAG] == trained.result()["run_id"]  # the champion's training run
     assert run.data.params["model"] == "gpt-1.5b" and run.data.params["look_ahead"] == str(LOOK_AHEAD)
     assert run.data.params["interval"] == str(at) and run.data.params["current_strategy"] == "2x4"
     assert run.data.params["forecaster"] == "lightgbm"

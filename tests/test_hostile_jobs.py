@@ -24,7 +24,7 @@ from trainer import checkpoint
 from trainer import run as run_module
 from trainer.config import TrainConfig, model_config
 from trainer.data import global_batch
-from trainer.pipeline import Strategy, build_context
+from trainer.pipeline import StageLayout, build_context
 from trainer.run import JobError
 from _jobs import run_job, train
 
@@ -52,7 +52,7 @@ def test_a_job_has_no_hidden_deadline(tmp_path, monkeypatch):
 
 def test_the_seed_seeds_the_model_and_the_data_order(tmp_path):
     def initial(seed: int) -> torch.Tensor:
-        states = build_context(model_config("tiny-gpt", seed=seed), TrainConfig(), Strategy.even(1, 1, CFG))
+        states = build_context(model_config("tiny-gpt", seed=seed), TrainConfig(), StageLayout.even(1, 1, CFG))
         return torch.cat([t.flatten() for layer in states.layer_states().values() for t in layer.values()])
 
     assert not torch.equal(initial(1), initial(2)) and torch.equal(initial(1), initial(1))

@@ -244,3 +244,14 @@ def test_plan_errors():
         PlannerConfig(look_ahead=0)
     with pytest.raises(ValueError):
         PlannerConfig(interval_s=0)
+
+
+def test_the_liveput_face_names_resolve_to_their_modules():
+    import importlib
+
+    import liveput
+
+    for name in liveput.__all__:
+        value = getattr(liveput, name)
+        if name in liveput._LAZY:
+            assert value is getattr(importlib.import_module(liveput._LAZY[name]), name)

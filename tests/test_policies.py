@@ -9,20 +9,10 @@ from math import comb
 
 import pytest
 
-from liveput.migration import CostModel
-from liveput.optimizer import IDLE, JobState, plan
-from liveput.policies import (
-    POLICY_NAMES,
-    BambooPolicy,
-    IdealPolicy,
-    IntervalEvent,
-    IntervalForecast,
-    ParcaePolicy,
-    ReactivePolicy,
-    make_policy,
-    persistence_forecast,
+from liveput import (
+    IDLE, POLICY_NAMES, CostModel, IntervalForecast, JobState, ParcaePolicy, load_profile, make_policy, plan,
 )
-from liveput.throughput import load_profile
+from liveput.policies import BambooPolicy, IdealPolicy, IntervalEvent, ReactivePolicy, history_persistence
 
 GPT_COST = CostModel.reference("gpt-1.5b")
 GPT_PROFILE = load_profile("gpt-1.5b")
@@ -184,7 +174,7 @@ def test_parcae_misprediction_replans_with_the_full_look_ahead():
 
     def forecaster(hist, future, k):
         seen.append((len(hist), hist[-1], k))
-        return persistence_forecast(hist, future, k)
+        return history_persistence(hist, future, k)
 
     def run(cls):
         pol = cls(GPT_PROFILE, GPT_COST, forecaster, look_ahead=8)

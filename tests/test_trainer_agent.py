@@ -37,7 +37,7 @@ from trainer.agent import (
 from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.config import TrainConfig, model_config
 from trainer.instances import InstanceProvider
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from trainer.run import JobError
 from _jobs import run_job
 from trainer.worker import EXIT_PREEMPTED
@@ -203,7 +203,7 @@ def left_and_joined(left: int, joined: int) -> Condition:
 
 def reference(steps: int) -> tuple[list[float], dict[str, Any]]:
     """Losses and final layer states of one uninterrupted process."""
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(steps)]
     return losses, ctx.layer_states()
 

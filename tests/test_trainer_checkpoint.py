@@ -16,7 +16,7 @@ from trainer import checkpoint
 from trainer.checkpoint import CheckpointError
 from trainer.config import TrainConfig, model_config
 from trainer.model import Stage, build_layer, layer_names
-from trainer.pipeline import Strategy, build_context, layer_state, load_layer_state, make_optimizer, train_step
+from trainer.pipeline import StageLayout, build_context, layer_state, load_layer_state, make_optimizer, train_step
 
 CFG = model_config("tiny-gpt")
 TRAIN = TrainConfig()
@@ -26,7 +26,7 @@ JOB = "job-a"
 @pytest.fixture(scope="module")
 def trained() -> dict[str, dict[str, torch.Tensor]]:
     """Layer states after 2 single-process steps (parameters and Adam state)."""
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     for s in range(2):
         train_step(ctx, s)
     return ctx.layer_states()
@@ -47,7 +47,7 @@ def test_round_trip_into_another_cut(trained, tmp_path):
     assert_states_equal(ckpt.layers, trained)
 
     # install into a P=3 cut (layers built by each stage from scratch), then write one shard per stage
-    strategy = Strategy.even(1, 3, CFG)
+    strategy = StageLayout.even(1, 3, CFG)
     names = layer_names(CFG)
     for stage in range(3):
         idx = strategy.layers(stage)
@@ -64,9 +64,9 @@ def test_round_trip_into_another_cut(trained, tmp_path):
     assert_states_equal(merged.layers, trained)
 
     # and back into one process, where training continues exactly as without the detour
-    a = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    a = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     a.load_layer_states(trained)
-    b = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    b = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     b.load_layer_states(merged.layers)
     assert train_step(a, 2) == train_step(b, 2)
     assert_states_equal(a.layer_states(), b.layer_states())

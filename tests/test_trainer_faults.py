@@ -25,7 +25,7 @@ from trainer.coordinator import ScheduleError, check_schedule
 from trainer.events import EventError, EventGroup, group_events, parse_events
 from trainer.instances import chaos_schedule
 from trainer.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
-from trainer.pipeline import EpochGroups, StepAbandoned, Strategy, build_context, train_step
+from trainer.pipeline import EpochGroups, StepAbandoned, StageLayout, build_context, train_step
 from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED
 
@@ -41,7 +41,7 @@ def _no_orphans_here(_no_orphans):
 
 
 def reference(steps: int) -> tuple[list[float], dict]:
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(steps)]
     return losses, ctx.layer_states()
 
@@ -88,7 +88,7 @@ def test_kill_and_checkpoint_restart_events():
 
 
 def test_train_step_applies_nothing_unless_committed():
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     train_step(ctx, 0)
     before = ctx.layer_states()
     with pytest.raises(StepAbandoned, match="commit was refused"):
@@ -97,7 +97,7 @@ def test_train_step_applies_nothing_unless_committed():
     for name in before:
         assert all(torch.equal(before[name][k], after[name][k]) for k in before[name]), name
     # redoing the step with a commit gives exactly the uninterrupted step
-    ref = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ref = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     assert [train_step(ref, s) for s in range(2)][1] == train_step(ctx, 1, commit=lambda: True)
 
 

@@ -22,7 +22,7 @@ from parcae.cli import app
 from trainer.agent import KILLED, RemoteJob
 from trainer.config import TrainConfig, model_config
 from trainer.hosts import HostsError, SshHosts, hosts_job
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from _jobs import run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def test_a_job_runs_on_agents_started_over_ssh_and_survives_a_kill(tmp_path):
     # worker 0's replica
     events = [{"step": 4, "kind": "add", "workers": 1}, {"step": 8, "kind": "kill", "instances": [1]}]
     result = run_job(CFG, TrainConfig(), 2, (2, 1), steps, events, tmp_path / "job", remote=remote, timeout_s=120)
-    ctx = build_context(CFG, TrainConfig(), Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
     assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
     assert result["exit_codes"] == {0: 0, 1: KILLED, 2: 0}
     calls = log.read_text().splitlines()

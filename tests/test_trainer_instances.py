@@ -22,7 +22,7 @@ from trainer.instances import (
     trace_schedule,
     trace_strategy,
 )
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from trainer.run import peak_instances
 from _jobs import coordinator, train
 
@@ -111,7 +111,7 @@ def test_train_from_a_trace_writes_the_cli_report(tmp_path):
     assert set(report) == {"loss", "first_step", "resumed_from", "throughput", "reconfigurations", "plans",
                            "final_checksum", "wall_s"}  # fmt: skip
     assert report["first_step"] == 0 and report["resumed_from"] is None and report["plans"] == []
-    ref = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ref = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     assert report["loss"] == pytest.approx([train_step(ref, s) for s in range(steps)], rel=1e-5)
     kinds = [(r["kind"], r["notice"], r["step"]) for r in report["reconfigurations"]]
     # the plan at 5 left worker 1 standing by, so its kill at 9 changes nothing; the add at 17 stands by too

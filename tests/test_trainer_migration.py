@@ -36,7 +36,7 @@ from trainer.migration import (
     state_bytes,
 )
 from trainer.model import layer_names
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from trainer.run import JobError, parameters_checksum
 from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
@@ -135,11 +135,11 @@ BYTES = SIZES.trained_bytes
 
 
 def epoch_of(D: int, P: int, assignment: dict[int, tuple[int, int]], number: int = 1) -> Epoch:
-    return Epoch(number, 0, D, P, Strategy.even(D, P, CFG).bounds, assignment, MigrationKind.START)
+    return Epoch(number, 0, D, P, StageLayout.even(D, P, CFG).bounds, assignment, MigrationKind.START)
 
 
 def test_layer_sizes_match_real_layer_states():
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     fresh = ctx.layer_states()
     assert [state_bytes(fresh[n]) for n in layer_names(CFG)] == list(SIZES.fresh_bytes)
     train_step(ctx, 0)
@@ -323,7 +323,7 @@ def test_worker_with_a_wrong_or_missing_token_is_refused(tmp_path):
 
 
 def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path, capsys):
-    ref = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ref = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     ref_losses = [train_step(ref, s) for s in range(STEPS)]
     ref_layers = ref.layer_states()
 

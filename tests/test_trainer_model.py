@@ -10,7 +10,7 @@ from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, 
 from trainer.data import corpus, global_batch, micro_sizes, replica_rows, shard
 from trainer.gpt import Block, Embedding, Head
 from trainer.model import Stage, build_layer, build_layers, layer_names
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 
 
 CFG = model_config("tiny-gpt")
@@ -130,7 +130,7 @@ def test_stage_slices_compose_to_the_whole_model():
 
 
 def test_single_process_training_reduces_the_loss():
-    ctx = build_context(CFG, TrainConfig(), Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(20)]
     assert losses[0] == pytest.approx(torch.log(torch.tensor(float(CFG.vocab_size))).item(), rel=0.05)
     assert sum(losses[-5:]) / 5 < 0.8 * losses[0]

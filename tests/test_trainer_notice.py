@@ -26,7 +26,7 @@ from trainer.config import TrainConfig, model_config
 from trainer.instances import LocalProcessProvider
 from trainer.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
 from trainer.model import layer_names
-from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step
+from trainer.pipeline import StageLayout, build_context, parameters_checksum, train_step
 from trainer.planning import RulePlanner
 from _jobs import coordinator, run_job
 from trainer.worker import EXIT_PREEMPTED, Notice
@@ -47,7 +47,7 @@ _REF: dict[int, tuple[list[float], dict, str]] = {}
 def reference(steps: int) -> tuple[list[float], dict, str]:
     """Losses, final layer states and parameter checksum of one uninterrupted process."""
     if steps not in _REF:
-        ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+        ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
         losses = [train_step(ctx, s) for s in range(steps)]
         layers = ctx.layer_states()
         _REF[steps] = (losses, layers, parameters_checksum(layers, layer_names(CFG)))

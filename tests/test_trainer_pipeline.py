@@ -33,7 +33,7 @@ from trainer.config import ModelConfig, TrainConfig, model_config
 from trainer.data import global_batch
 from trainer.model import build_layers, layer_names
 from trainer.pipeline import (
-    Strategy,
+    StageLayout,
     build_context,
     load_layer_state,
     layer_state,
@@ -61,16 +61,16 @@ def test_partition_and_strategy():
     assert partition(6, 4) == (0, 1, 3, 4, 6)
     with pytest.raises(ValueError, match="P=7"):
         partition(6, 7)
-    s = Strategy.even(2, 3, CFG)
+    s = StageLayout.even(2, 3, CFG)
     assert s.world_size == 6 and s.bounds == (0, 2, 4, 6)
     assert [s.coords(r) for r in range(6)] == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
     assert s.stage_ranks(1) == [2, 3] and s.layers(2) == range(4, 6)
     with pytest.raises(ValueError, match="strictly increasing"):
-        Strategy(1, 2, (0, 3, 3))
+        StageLayout(1, 2, (0, 3, 3))
     with pytest.raises(ValueError, match="needs process groups"):
         build_context(CFG, TRAIN, s, 0)
     with pytest.raises(ValueError, match="last stage must end"):
-        build_context(CFG, TRAIN, Strategy(1, 1, (0, 5)))
+        build_context(CFG, TRAIN, StageLayout(1, 1, (0, 5)))
 
 
 # ------------------------------------------------------------------------------------- single-process reference
@@ -84,7 +84,7 @@ class Run:
 
 def reference_run(cfg: ModelConfig, steps: int = STEPS) -> Run:
     """D=1, P=1 with train_step (no torch.distributed)."""
-    ctx = build_context(cfg, TRAIN, Strategy.even(1, 1, cfg))
+    ctx = build_context(cfg, TRAIN, StageLayout.even(1, 1, cfg))
     losses = [train_step(ctx, s) for s in range(steps)]
     return Run(losses, ctx.layer_states())
 
@@ -136,7 +136,7 @@ def test_micro_batched_per_layer_step_equals_plain_full_batch_adamw(reference):
 
 
 def test_layer_state_round_trip_continues_the_same_run():
-    a = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    a = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     for s in range(2):
         train_step(a, s)
     states = a.layer_states()
@@ -144,7 +144,7 @@ def test_layer_state_round_trip_continues_the_same_run():
     assert {k.split("/")[0] for k in states["block.0"]} == {"param", "exp_avg", "exp_avg_sq", "step"}
     assert float(states["head"]["step/lm_head.weight"]) == 2.0
     # a freshly built context (other init seed) adopts the state and continues bit-identically
-    b = build_context(model_config(seed=9, dtype="float64"), TRAIN, Strategy.even(1, 1, CFG))
+    b = build_context(model_config(seed=9, dtype="float64"), TRAIN, StageLayout.even(1, 1, CFG))
     b.load_layer_states(states)
     assert train_step(a, 2) == train_step(b, 2)
     for name, sa in a.layer_states().items():
@@ -198,7 +198,7 @@ def _worker(worker_id: int, port: int, jobs: mp.Queue, results: mp.Queue) -> Non
             results.join_thread()
             os._exit(0)
         try:
-            strategy: Strategy = job["strategy"]
+            strategy: StageLayout = job["strategy"]
             groups = init_epoch(store, job["epoch"], strategy, worker_id, PG_TIMEOUT)
             ctx = build_context(job["model"], job["train"], strategy, worker_id, groups)
             if job["resume"]:
@@ -247,7 +247,7 @@ class Pool:
                 os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
     def run(
-        self, strategy: Strategy, out: Path, cfg: ModelConfig = CFG, start: int = 0, stop: int = STEPS, resume=None
+        self, strategy: StageLayout, out: Path, cfg: ModelConfig = CFG, start: int = 0, stop: int = STEPS, resume=None
     ) -> list[dict]:
         self.epoch += 1
         job = dict(epoch=self.epoch, strategy=strategy, model=cfg, train=TRAIN, start=start, stop=stop,
@@ -296,7 +296,7 @@ def pool():
 
 def assert_same_run(
     replies: list[dict],
-    strategy: Strategy,
+    strategy: StageLayout,
     run: Run,
     out: Path,
     cfg: ModelConfig = CFG,
@@ -325,27 +325,27 @@ def assert_same_run(
     ids=["D2xP1", "D1xP2", "D2xP2", "D3xP1-uneven-shards", "D1xP4"],
 )
 def test_every_strategy_trains_the_same_run_as_one_process(pool, reference, tmp_path, D, P):
-    strategy = Strategy.even(D, P, CFG)
+    strategy = StageLayout.even(D, P, CFG)
     replies = pool.run(strategy, tmp_path)
     assert [r["stage"] for r in replies] == [strategy.coords(w)[0] for w in range(D * P)]
     assert_same_run(replies, strategy, reference, tmp_path)
 
 
 def test_float32_pipeline_split_is_bit_identical_and_data_parallel_close(pool, reference32, tmp_path):
-    strategy = Strategy.even(1, 2, CFG32)
+    strategy = StageLayout.even(1, 2, CFG32)
     assert_same_run(pool.run(strategy, tmp_path / "p", CFG32), strategy, reference32, tmp_path / "p", CFG32,
                     rtol=0, atol=0)  # fmt: skip
-    strategy = Strategy.even(2, 2, CFG32)
+    strategy = StageLayout.even(2, 2, CFG32)
     assert_same_run(pool.run(strategy, tmp_path / "dp", CFG32), strategy, reference32, tmp_path / "dp", CFG32,
                     rtol=1e-3, atol=1e-4)  # fmt: skip
 
 
 def test_resume_from_a_single_process_checkpoint_in_another_cut(pool, reference, tmp_path):
     """Steps 0-1 in one process, checkpoint, steps 2-3 as 2x2 with an uneven cut == 4 uninterrupted steps."""
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     first = [train_step(ctx, s) for s in range(2)]
     assert first == pytest.approx(reference.losses[:2], rel=1e-6)
     saved = checkpoint.save(tmp_path / "in" / "whole.pt", ctx.layer_states(), step=2, config=CFG, job=JOB)
-    strategy = Strategy(2, 2, (0, 4, 6))
+    strategy = StageLayout(2, 2, (0, 4, 6))
     replies = pool.run(strategy, tmp_path / "out", start=2, stop=STEPS, resume=[saved])
     assert_same_run(replies, strategy, Run(reference.losses[2:], reference.layers), tmp_path / "out")

@@ -20,10 +20,7 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
 from forecasting.traces import load_trace, scale_trace
-from liveput.migration import CostConstants, CostModel
-from liveput.model_spec import Layer, ModelSpec
-from liveput.scenarios import IntervalForecast
-from liveput.throughput import ThroughputProfile
+from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
 from parcae.tracking import plan_metrics
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
@@ -32,7 +29,7 @@ from trainer.instances import trace_schedule, trace_strategy
 from trainer.migration import layer_sizes
 from trainer.model import layer_names
 from trainer.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
-from trainer.pipeline import Strategy, build_context, train_step
+from trainer.pipeline import StageLayout, build_context, train_step
 from trainer.planning import (
     PLANNERS,
     HandedPlan,
@@ -48,7 +45,7 @@ from trainer.planning import (
     keep_strategy,
     make_planner,
     observed_change,
-    persistence_forecast,
+    observed_persistence,
 )
 from trainer.profile import RuntimeProfile
 from trainer.store import read_token_file
@@ -135,10 +132,10 @@ def test_rule_and_keep():
 
 
 def test_persistence_forecast_prices_the_change_just_observed():
-    assert persistence_forecast(request((4, 3), (1, 2)), 3) == [IntervalForecast.point(4, 0, 1),
+    assert observed_persistence(request((4, 3), (1, 2)), 3) == [IntervalForecast.point(4, 0, 1),
                                                                IntervalForecast.point(3), IntervalForecast.point(3)]
-    assert persistence_forecast(request((2,), (1, 2)), 2) == [IntervalForecast.point(2)] * 2
-    assert persistence_forecast(request((2, 5), (1, 2)), 1) == [IntervalForecast.point(2, 3, 0)]
+    assert observed_persistence(request((2,), (1, 2)), 2) == [IntervalForecast.point(2)] * 2
+    assert observed_persistence(request((2, 5), (1, 2)), 1) == [IntervalForecast.point(2, 3, 0)]
     assert observed_change(request((4, 4, 1), (1, 2))) == IntervalForecast.point(4, 0, 3)
 
 
@@ -164,7 +161,7 @@ def test_liveput_planner_decides_feasible_strategies_from_the_history():
 
     def forecast(req, k):
         seen.append((req.interval, req.history, k))
-        return persistence_forecast(req, k)
+        return observed_persistence(req, k)
 
     _, details = LiveputPlanner(tiny_profile(), tiny_cost(), look_ahead=3, forecast=forecast)(request((4, 3), (2, 2)))
     assert seen == [(1, (4, 3), 3)] and details["forecast"] == "forecast"  # a plain function: its name
@@ -194,14 +191,14 @@ def test_trace_forecast_predicts_from_the_replayed_trace_s_past(lightgbm):
     # the job's count is not the trace's (a kill without notice is still alive when the boundary plans): persistence,
     # and why
     alive = request((4, 3, 3, 3, 3, 3, 3, 3), (1, 3))
-    assert source(alive, 3) == persistence_forecast(alive, 3)
+    assert source(alive, 3) == observed_persistence(alive, 3)
     assert source.last == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive"
     # the forecaster refuses the history (a look-ahead beyond what it was trained for): persistence, and why
-    assert source(req, 5) == persistence_forecast(req, 5)
+    assert source(req, 5) == observed_persistence(req, 5)
     assert source.last.startswith("persistence: lightgbm refused the history (lightgbm: horizon must be in 1..3")
     # a replay that keeps one instance where the trace has none
     empty = TraceForecast(PersistenceForecaster(), canonical_table([2, 1, 0, 0], 2), start_interval=0)
-    assert empty(request((2, 1, 1), (1, 1), interval=3), 2) == persistence_forecast(request((2, 1, 1), (1, 1)), 2)
+    assert empty(request((2, 1, 1), (1, 1), interval=3), 2) == observed_persistence(request((2, 1, 1), (1, 1)), 2)
     assert empty.last == "persistence: the trace's past (to interval 2) ends at 0, the job has 1 alive"
     with pytest.raises(ValueError, match="start_interval 700 outside the trace's 683 intervals"):
         TraceForecast.of_trace(lightgbm, "p3", 4, start_interval=700)
@@ -307,7 +304,7 @@ def test_a_planned_job_takes_availability_events_only(tmp_path):
 
 
 def reference(steps: int) -> tuple[list[float], dict]:
-    ctx = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG))
+    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(steps)]
     return losses, ctx.layer_states()
 

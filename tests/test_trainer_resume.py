@@ -24,7 +24,7 @@ from trainer.config import TrainConfig, model_config
 from trainer.coordinator import ScheduleError
 from trainer.model import layer_names
 from trainer.observer import RecordingObserver
-from trainer.pipeline import Strategy, build_context
+from trainer.pipeline import StageLayout, build_context
 from _jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,7 +167,7 @@ def test_resume_skips_a_corrupt_latest_checkpoint_for_the_newest_intact_one(unin
 
 
 def _layers(names=None) -> dict:
-    states = build_context(CFG, TRAIN, Strategy.even(1, 1, CFG)).layer_states()
+    states = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG)).layer_states()
     return {n: states[n] for n in (names or layer_names(CFG))}
 
 

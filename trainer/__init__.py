@@ -20,7 +20,7 @@ Modules (each a component with a narrow interface; none imports Prefect):
   config       frozen dataclasses: ModelConfig, TrainConfig, the model registry
   data         the bundled character corpus, global_batch(step), shard into replicas and micro-batches
   model        a small GPT as an ordered list of named layers; Stage runs a contiguous slice (no distribution)
-  pipeline     Strategy (D x P geometry), per-epoch gloo groups with abortable waits, StageContext, train_step
+  pipeline     StageLayout (D x P geometry), per-epoch gloo groups with abortable waits, StageContext, train_step
                (GPipe + DP all-reduce, all-or-nothing commit), StepAbandoned
   checkpoint   layer-keyed checkpoints (any cut), atomic writes, hash records, verified loads, retention
   store        the control plane's store: bound where asked, every client authenticated, values sealed

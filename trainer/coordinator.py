@@ -95,7 +95,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from liveput.migration import MigrationKind
+from liveput import MigrationKind
 from trainer import checkpoint
 from trainer.config import JobConfig, ModelConfig, TrainConfig
 from trainer.events import EventGroup

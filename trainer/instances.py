@@ -423,7 +423,7 @@ def chaos_schedule(
 
     Events fall on steps 1..steps-2, at most two per step. Raises ValueError if the steps are too few to place them.
     """
-    from liveput.migration import MigrationKind
+    from liveput import MigrationKind
     from trainer.config import TrainConfig, model_config
     from trainer.coordinator import ScheduleError, check_schedule
     from trainer.events import EventError, group_events, parse_events

@@ -40,9 +40,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from liveput.migration import MigrationKind, assign_stages, overlap_params
+from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
 from trainer.config import ModelConfig, TrainConfig
-from trainer.pipeline import Strategy, partition
+from trainer.pipeline import StageLayout, partition
 
 Role = tuple[int, int]  # (stage, replica)
 
@@ -96,14 +96,14 @@ class Epoch:
     base: int | None = None  # the epoch whose holders' state it is planned from (None: number - 1)
 
     def __post_init__(self) -> None:
-        Strategy(self.D, self.P, tuple(self.bounds))  # validates the geometry
+        StageLayout(self.D, self.P, tuple(self.bounds))  # validates the geometry
         roles = sorted(self.assignment.values())
         if roles != [(s, r) for s in range(self.P) for r in range(self.D)]:
             raise ValueError(f"epoch {self.number}: assignment {dict(self.assignment)} must fill {self.D}x{self.P}")
 
     @property
-    def strategy(self) -> Strategy:
-        return Strategy(self.D, self.P, tuple(self.bounds))
+    def strategy(self) -> StageLayout:
+        return StageLayout(self.D, self.P, tuple(self.bounds))
 
     @property
     def base_number(self) -> int:
@@ -220,7 +220,7 @@ def first_epoch(
     It starts at step 0 from the initial weights, or — a job resumed from its checkpoint of `restore_step` > 0 —
     at that step as a checkpoint-restart epoch (every member loads the checkpoint into this cut)."""
     check_strategy(D, P, len(workers), n_layers, global_batch)
-    strategy = Strategy(D, P, partition(n_layers, P))
+    strategy = StageLayout(D, P, partition(n_layers, P))
     if assignment is None:
         assignment = {w: strategy.coords(r) for r, w in enumerate(sorted(workers)[: D * P])}
     elif not set(assignment) <= set(workers):
@@ -244,12 +244,11 @@ def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: 
 
 
 def classify(current: Epoch, d: int, p: int, survivors: Iterable[int]) -> MigrationKind:
-    """The migration kind from `current` to d x p when `survivors` (old members and others) remain (§D.1)."""
-    if p != current.P:
-        return MigrationKind.PIPELINE
+    """The migration kind from `current` to d x p when `survivors` (old members and others) remain: the rule is
+    `liveput.migration_kind`'s."""
     alive = set(survivors)
-    per_stage = [sum(1 for w, (s, _) in current.assignment.items() if s == k and w in alive) for k in range(p)]
-    return MigrationKind.INTRA_STAGE if min(per_stage) >= d else MigrationKind.INTER_STAGE
+    per_stage = [sum(1 for w, (s, _) in current.assignment.items() if s == k and w in alive) for k in range(current.P)]
+    return migration_kind(current.P, p, short=min(per_stage) < d)
 
 
 def assign(
@@ -484,7 +483,7 @@ def restart_epoch(
             strategy = recovery_strategy(current, len(ws), n_layers, global_batch)
     D, P = strategy
     check_strategy(D, P, len(ws), n_layers, global_batch)
-    st = Strategy(D, P, partition(n_layers, P))
+    st = StageLayout(D, P, partition(n_layers, P))
     assignment = {w: st.coords(r) for r, w in enumerate(ws[: D * P])}
     dead = tuple(sorted(set(lost)))
     return Epoch(

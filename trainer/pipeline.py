@@ -1,6 +1,6 @@
 """Hybrid data x pipeline parallel execution (D x P) over torch.distributed (gloo), one training step at a time.
 
-Owns: the strategy's geometry (`Strategy`: which global rank runs which stage of which replica, and which layers a
+Owns: the strategy's geometry (`StageLayout`: which global rank runs which stage of which replica, and which layers a
 stage holds), process groups of a reconfiguration epoch (`init_epoch` / `close_epoch`), the per-rank training
 state (`StageContext`: the rank's `Stage`, one optimiser per layer), the training step (`train_step`) and the unit
 that migrations move (`layer_state` / `load_layer_state`).
@@ -72,8 +72,9 @@ def partition(n_layers: int, P: int) -> tuple[int, ...]:
 
 
 @dataclass(frozen=True)
-class Strategy:
-    """A D x P strategy for one epoch: D replicas of a P-stage pipeline; stage k holds layers [bounds[k], bounds[k+1]).
+class StageLayout:
+    """The geometry of a strategy (D, P) (`liveput.Strategy`) for one epoch: D replicas of a P-stage pipeline; stage k
+    holds layers [bounds[k], bounds[k+1]).
 
     Rank `stage * D + replica`; the data-parallel group of a stage is its D replicas, the pipeline of a replica
     is its P stages.
@@ -91,7 +92,7 @@ class Strategy:
             raise ValueError(f"bounds {b} must be P+1={self.P + 1} strictly increasing boundaries starting at 0")
 
     @classmethod
-    def even(cls, D: int, P: int, cfg: ModelConfig) -> Strategy:
+    def even(cls, D: int, P: int, cfg: ModelConfig) -> StageLayout:
         return cls(D, P, partition(cfg.n_layers_total, P))
 
     @property
@@ -245,7 +246,7 @@ class EpochGroups:
 def init_epoch(
     store: dist.Store,
     epoch: int,
-    strategy: Strategy,
+    strategy: StageLayout,
     rank: int,
     timeout: timedelta,
     abort: Callable[[], str | None] | None = None,
@@ -333,7 +334,7 @@ class StageContext:
 
     model: ModelConfig
     train: TrainConfig
-    strategy: Strategy
+    strategy: StageLayout
     stage: int
     replica: int
     module: Stage
@@ -384,7 +385,7 @@ class StageContext:
 def build_context(
     model: ModelConfig,
     train: TrainConfig,
-    strategy: Strategy,
+    strategy: StageLayout,
     rank: int = 0,
     groups: EpochGroups | None = None,
 ) -> StageContext:

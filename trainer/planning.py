@@ -3,9 +3,9 @@ boundary from what has happened so far — the runtime side of Parcae's receding
 
 Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protocol and three planners —
 `RulePlanner` (the trace replay's fixed rule, `trainer.instances.trace_strategy`), `LiveputPlanner` (the liveput
-optimizer, `liveput.optimizer.plan`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
+optimizer, `liveput.plan_interval`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
 from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) —, the forecasts a liveput planner
-plans with (`persistence_forecast`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
+plans with (`observed_persistence`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
 `make_planner` (a planner by kind, as `parcae train` and the train flow build one) and the feasibility check every
 decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.run`'s
 driver asks the planner and publishes the reconfiguration; `trainer.coordinator` owns the keys `hand_plan`
@@ -26,17 +26,17 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
+from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_LOOK_AHEAD
 from trainer.migration import PlanError, check_strategy
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from liveput.scenarios import IntervalForecast
+    from liveput import IntervalForecast, Strategy
     from trainer.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
-
-Strategy = tuple[int, int]
 
 __all__ = [
     "PLANNERS",
@@ -56,7 +56,7 @@ __all__ = [
     "keep_strategy",
     "make_planner",
     "observed_change",
-    "persistence_forecast",
+    "observed_persistence",
     "plan_info_dict",
 ]
 
@@ -193,26 +193,26 @@ Forecast = Callable[[PlanRequest, int], "list[IntervalForecast]"]
 boundary `req` describes, the first for the coming interval (its `prev_available` and events: the change from the
 previous boundary's count to this one's, `observed_change`). A forecast may say where its latest forecasts came
 from — a model's name, or why persistence stood in — in a ``last`` attribute (str); the planner records it in the
-decision's details as ``"forecast"`` (`persistence_forecast` as "persistence", another function by its name)."""
+decision's details as ``"forecast"`` (`observed_persistence` as "persistence", another function by its name)."""
 
 
 def observed_change(req: PlanRequest) -> IntervalForecast:
     """The coming interval as the job sees it at this boundary: it starts from the previous boundary's count and
     brings the change already observed (adds, preemptions, kills since), so the planner prices the migration that
     change forces. The first interval of every forecast here."""
-    from liveput.scenarios import IntervalForecast
+    from liveput import IntervalForecast
 
     now = req.history[-1]
     before = req.history[-2] if len(req.history) > 1 else now
     return IntervalForecast.point(before, max(0, now - before), max(0, before - now))
 
 
-def persistence_forecast(req: PlanRequest, k: int) -> list[IntervalForecast]:
-    """Nothing will change (as `liveput.policies.persistence_forecast`), except the change observed at this boundary
+def observed_persistence(req: PlanRequest, k: int) -> list[IntervalForecast]:
+    """`liveput.persistence_forecast` of the alive count, after the change observed at this boundary
     (`observed_change`), which is the first interval's event."""
-    from liveput.scenarios import IntervalForecast
+    from liveput import persistence_forecast
 
-    return [observed_change(req)] + [IntervalForecast.point(req.alive)] * (k - 1)
+    return persistence_forecast(req.alive, k, first=observed_change(req))
 
 
 @dataclass
@@ -229,7 +229,7 @@ class TraceForecast:
 
     When the model cannot forecast the job's situation — the trace's past does not end at the alive count the job
     sees (the replay keeps one instance where the trace has none; the trace has run out), or the forecaster refuses
-    the history (shorter than its window) — that decision is planned with `persistence_forecast` and `last` says
+    the history (shorter than its window) — that decision is planned with `observed_persistence` and `last` says
     why, and the planner records it in the decision's details ("forecast"): never silently.
     """
 
@@ -256,7 +256,7 @@ class TraceForecast:
         return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
 
     def __call__(self, req: PlanRequest, k: int) -> list[IntervalForecast]:
-        from liveput.scenarios import IntervalForecast
+        from liveput import IntervalForecast
 
         first = observed_change(req)
         if k == 1:
@@ -269,33 +269,33 @@ class TraceForecast:
             self.last = (f"persistence: the trace's past (to interval {upto}) ends at "
                          f"{'nothing' if seen is None else seen}, the job has {req.alive} alive")  # fmt: skip
             log.info("interval %d: %s", req.interval, self.last)
-            return persistence_forecast(req, k)
+            return observed_persistence(req, k)
         try:
             forecast = self.forecaster.predict(past, k - 1)
         except ValueError as exc:  # e.g. a history shorter than the forecaster's window
             self.last = f"persistence: {self.model} refused the history ({exc})"
             log.info("interval %d: %s", req.interval, self.last)
-            return persistence_forecast(req, k)
+            return observed_persistence(req, k)
         self.last = str(forecast.model)
         return [first, *IntervalForecast.from_forecast(forecast)]
 
 
 def _forecast_name(forecast: Any) -> str:
     """How a decision's details name the forecasts it planned with (`Forecast`'s ``last``)."""
-    if forecast is persistence_forecast:
+    if forecast is observed_persistence:
         return "persistence"
     last = getattr(forecast, "last", None)
     return str(last) if last else str(getattr(forecast, "__name__", type(forecast).__name__))
 
 
 class LiveputPlanner:
-    """The liveput optimizer (`liveput.optimizer.plan`): the strategy that maximises the expected samples over the
+    """The liveput optimizer (`liveput.plan_interval`): the strategy that maximises the expected samples over the
     next `look_ahead` intervals of `interval_s` seconds, migration costs included; only the first decision is
     applied (receding horizon).
 
     `profile` and `cost` describe the runtime's model (e.g. tiny-gpt as measured by `parcae profile`); the
     scenario tables (`liveput.scenarios.ScenarioStore`) are built once and cached across decisions. `forecast`
-    (a `Forecast`) gives the K interval forecasts at each boundary (default `persistence_forecast`). Details: the
+    (a `Forecast`) gives the K interval forecasts at each boundary (default `observed_persistence`). Details: the
     plan's `to_dict()` (decision, expected samples, the K steps, the alternatives, decision time), the ``model``,
     ``look_ahead`` and ``interval_s`` it planned with, ``forecast`` (where the forecasts came from) and
     ``intervals`` (the forecasts: per interval, the instances before it and its law over (n_in, n_out, prob)).
@@ -308,23 +308,23 @@ class LiveputPlanner:
         profile: Any,
         cost: Any,
         *,
-        look_ahead: int = 4,
-        interval_s: float = 60.0,
+        look_ahead: int = DEFAULT_LOOK_AHEAD,
+        interval_s: float = DEFAULT_INTERVAL_S,
         forecast: Forecast | None = None,
     ) -> None:
-        from liveput.optimizer import PlannerConfig
-        from liveput.scenarios import ScenarioStore
+        from liveput import PlannerConfig, ScenarioStore
 
         self.profile, self.cost = profile, cost
         self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
         self.store = ScenarioStore(profile, cost)
-        self.forecast: Forecast = forecast or persistence_forecast
+        self.forecast: Forecast = forecast or observed_persistence
 
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
-        from liveput.optimizer import JobState, plan
+        from liveput import JobState, plan_interval
 
         forecast = list(self.forecast(req, self.config.look_ahead))
-        result = plan(self.store, forecast, JobState(strategy=tuple(req.current)), self.config)
+        result = plan_interval(forecast, JobState(strategy=tuple(req.current)), self.profile, self.cost,
+                               interval_s=self.config.interval_s, store=self.store)  # fmt: skip
         details = {
             "model": getattr(self.profile, "model", None),
             "look_ahead": self.config.look_ahead,
@@ -381,8 +381,8 @@ def make_planner(
     trace: str | pd.DataFrame | None = None,
     workers: int | None = None,
     start_interval: int = 0,
-    look_ahead: int = 4,
-    interval_s: float = 60.0,
+    look_ahead: int = DEFAULT_LOOK_AHEAD,
+    interval_s: float = DEFAULT_INTERVAL_S,
     model: str | None = None,
 ) -> tuple[Planner, str]:
     """The live planner of kind ``kind`` (one of `PLANNERS`) and, in a sentence, the forecasts it plans with (for a
@@ -393,7 +393,7 @@ def make_planner(
     (`trainer.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
     ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` (a fitted
     `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
-    ``start_interval`` (`TraceForecast`), or with `persistence_forecast` when no forecaster is given. The other
+    ``start_interval`` (`TraceForecast`), or with `observed_persistence` when no forecaster is given. The other
     kinds ignore ``profile``, ``forecaster`` and ``trace``.
 
     Raises ValueError naming the fix: an unknown kind, a liveput planner without a profile or with another model's,
@@ -413,7 +413,7 @@ def make_planner(
         raise ValueError(f"the runtime profile is of model {throughput.model!r}, the job trains {model!r}: measure "
                          f"one with `parcae profile --model {model}`")  # fmt: skip
     if forecaster is None:
-        forecast: Forecast = persistence_forecast
+        forecast: Forecast = observed_persistence
         what = "persistence (the alive count stays; the change seen at each boundary is priced)"
     else:
         if trace is None or workers is None:

@@ -69,13 +69,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from liveput.migration import CostConstants, CostModel, MigrationKind, healthy_missing
-from liveput.model_spec import Layer, ModelSpec
-from liveput.network import MiB, P2PTable
-from liveput.throughput import ThroughputProfile
 from forecasting import jsonio
-
-Strategy = tuple[int, int]
+from liveput import (
+    CostConstants,
+    CostModel,
+    Layer,
+    MiB,
+    MigrationKind,
+    ModelSpec,
+    P2PTable,
+    Strategy,
+    ThroughputProfile,
+    healthy_missing,
+)
 
 FORMAT = "parcae-runtime-profile"
 VERSION = 1

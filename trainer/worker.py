@@ -95,7 +95,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from liveput.migration import MigrationKind
+from liveput import MigrationKind
 from trainer import checkpoint
 from trainer.corpus import corpus
 from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec
