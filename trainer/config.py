@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from liveput import DEFAULT_LOOK_AHEAD
+
 
 class UnknownModelError(ValueError):
     """A model name that is not in `MODELS`."""
@@ -271,7 +273,7 @@ class PlanningConfig:
     schedule's own plan events), over `look_ahead` intervals, with the runtime profile at `profile` (liveput)."""
 
     planner: str | None = None
-    look_ahead: int = 4
+    look_ahead: int = DEFAULT_LOOK_AHEAD
     profile: str | None = None
 
     def __post_init__(self) -> None:
