@@ -34,8 +34,12 @@ Modules (each a component with a narrow interface; none imports Prefect):
   run          run_job (the driver) and train / job_report (what a `parcae train` command wires)
   observer     JobObserver: the hooks through which MLflow tracking and progress bars watch a job
   planning     the live planning hook: PlanRequest, RulePlanner, LiveputPlanner, plans handed in from outside
-  profile      measure iteration time per D x P and migration costs; calibrate liveput's CostConstants
+  profile      RuntimeProfile: iteration time per D x P and migration costs as the planner reads them (JSON)
+  measure      the profiling job (one run_job visiting every strategy) that measures a RuntimeProfile
+  calibration  pure fits of liveput's CostConstants on measured migrations
   tracking     MlflowJobObserver: a training job's MLflow run (metrics, migrations, plans, checkpoints, timeline)
-  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices, the
-               on-instance IMDS watcher
+  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices
+  aws_config   AwsSpotConfig (what a job's spot instances look like), their tags and boot script (user_data)
+  aws_errors   AwsProviderError / AwsCredentialsError with the fix for each AWS error code; aws_call
+  imds         on the instance: the IMDSv2 spot interruption watcher the instance agent runs
 """

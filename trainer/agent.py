@@ -6,7 +6,7 @@ when the driver asks for a checkpoint-restart, pass a preemption notice on to it
 side: a cloud `InstanceProvider` for starting and reclaiming instances, the store for everything the local
 provider learns from its child processes), the `agent/...` store keys both speak, and `python -m trainer.agent`.
 Must not touch: the job's control plane (`trainer.coordinator`), what a worker does (`trainer.worker`), the cloud
-API (`trainer.aws`).
+API (`trainer.aws`), the IMDS watcher it runs (`trainer.imds`).
 
 Why an agent: `trainer.run`'s driver learns how each worker process ended from its exit code and asks for a
 fresh process on the same instance after a checkpoint-restart (what torchelastic's agent does). A local process
@@ -359,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = InstanceAgent(a.id, a.host, a.port, os.environ.get("PARCAE_TOKEN"))
     agent.install()
     if a.imds:
-        from trainer.aws import imds_watcher
+        from trainer.imds import imds_watcher
 
         imds_watcher(lambda: agent.notify(_signal.SIGTERM), poll_s=a.imds_poll_s, who=f"parcae agent {a.id}").start()
     try:
