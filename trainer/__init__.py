@@ -38,6 +38,7 @@ Modules (each a component with a narrow interface; none imports Prefect):
   measure      the profiling job (one run_job visiting every strategy) that measures a RuntimeProfile
   calibration  pure fits of liveput's CostConstants on measured migrations
   tracking     MlflowJobObserver: a training job's MLflow run (metrics, migrations, plans, checkpoints, timeline)
+  tracking_sender  MlflowSender: the buffered thread that sends a run to MLflow without blocking the driver
   aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices
   aws_config   AwsSpotConfig (what a job's spot instances look like), their tags and boot script (user_data)
   aws_errors   AwsProviderError / AwsCredentialsError with the fix for each AWS error code; aws_call
