@@ -24,9 +24,10 @@ Modules (each a component with a narrow interface; none imports Prefect):
                (GPipe + DP all-reduce, all-or-nothing commit), StepAbandoned
   checkpoint   layer-keyed checkpoints (any cut), atomic writes, hash records, verified loads, retention
   store        the control plane's store: bound where asked, every client authenticated, values sealed
+  keys         the control plane's store keys, one function or constant each, and which only the driver writes
   events       the schedule format: plan, add, preempt (notice), kill (no notice), checkpoint-restart
   migration    Epoch, the pure planning of migrations, recoveries after a kill, and checkpoint-restart epochs
-  coordinator  the control plane: store layout, membership, heartbeats, boundary decisions, checkpoints, records
+  coordinator  the control plane: the job's spec, membership, heartbeats, boundary decisions, checkpoints, records
   worker       one process per instance: the worker state machine, heartbeat, commit, hand-off, recovery
   instances    InstanceProvider, LocalProcessProvider, trace- and chaos-driven schedules (LocalTraceProvider)
   agent        InstanceAgent (runs an instance's worker for a driver elsewhere), AgentInstances (the driver's side)
