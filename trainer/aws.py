@@ -33,6 +33,7 @@ from typing import Any, Final
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from forecasting import ALIVE_STATES, FILTER_VALUES_MAX
 from trainer.agent import AgentInstances, RemoteJob
 from trainer.aws_config import JOB_TAG_KEY, NOTICE_S, WORKER_TAG_KEY, AwsConfigError, AwsSpotConfig, user_data
 from trainer.aws_errors import (
@@ -67,9 +68,7 @@ __all__ = [
     "user_data",
 ]
 
-_ALIVE: Final = ("pending", "running")
 _NOT_TERMINATED: Final = ("pending", "running", "stopping", "stopped", "shutting-down")
-_FILTER_VALUES_MAX: Final = 200  # EC2 caps the values of one filter
 
 # Spot request status codes (AWS EC2 user guide, "Spot request status codes"). A warning: the instance is still
 # running and will be reclaimed in ~2 minutes. A reclaim: the cloud took it. *-by-user, -by-schedule, -by-service
@@ -312,7 +311,7 @@ class AwsSpotProvider(NumberedInstances):
             if self._deferred:
                 errors, self._deferred = self._deferred, []
                 raise AwsProviderError("preempt (timer)", "; ".join(str(e) for e in errors))
-            running = self._job_instances(_ALIVE)
+            running = self._job_instances(ALIVE_STATES)
             return {w for w, iid in self._instances.items() if iid in running}
 
     def kill(self, ids: Iterable[int]) -> None:
@@ -420,8 +419,8 @@ class AwsSpotProvider(NumberedInstances):
     def _poll_spot_requests(self, instance_ids: Sequence[str]) -> list[InterruptionNotice]:
         out: list[InterruptionNotice] = []
         pages = self.ec2.get_paginator("describe_spot_instance_requests")
-        for start in range(0, len(instance_ids), _FILTER_VALUES_MAX):
-            chunk = list(instance_ids[start : start + _FILTER_VALUES_MAX])
+        for start in range(0, len(instance_ids), FILTER_VALUES_MAX):
+            chunk = list(instance_ids[start : start + FILTER_VALUES_MAX])
             try:
                 for page in pages.paginate(Filters=[{"Name": "instance-id", "Values": chunk}]):
                     for req in page.get("SpotInstanceRequests", []):

@@ -15,10 +15,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
+from forecasting import JOB_TAG_KEY  # the fleet collector filters by the same tag
+
 __all__ = ["JOB_TAG_KEY", "WORKER_TAG_KEY", "NOTICE_S", "AwsConfigError", "AwsSpotConfig", "user_data"]
 
-#: The tag that marks a job's instances; the same key `forecasting.collect` filters the fleet by.
-JOB_TAG_KEY: Final = "parcae:job"
 #: The tag holding an instance's worker id (stable: 0, 1, ... in launch order).
 WORKER_TAG_KEY: Final = "parcae:worker-id"
 #: AWS's spot interruption notice: two minutes before the instance is reclaimed.
