@@ -35,6 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from forecasting.ec2 import ALIVE_STATES, FILTER_VALUES_MAX, JOB_TAG_KEY
 from forecasting.traces import AvailabilityEvents, events_from_log
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ __all__ = [
     "fleet_transitions",
 ]
 
-#: The EC2 tag that marks the job's own instances (``tag:parcae:job`` in filters).
-JOB_TAG_KEY: Final = "parcae:job"
 
 _TS: Final = pa.timestamp("us", tz="UTC")
 
@@ -139,11 +138,9 @@ _INTERRUPTION_RE: Final = re.compile(
     r"|instance-(terminated|stopped|hibernated)-(by-price|no-capacity|capacity-oversubscribed|launch-group-constraint)"
 )
 _SPOT_STATE_REASONS: Final = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
-_ALIVE: Final = frozenset({"pending", "running"})
 _GONE: Final = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 # "User initiated (2019-05-15 13:21:48 GMT)" on AWS; moto writes "UTC".
 _TRANSITION_RE: Final = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-_FILTER_VALUES_MAX: Final = 200  # EC2 caps the values of one filter
 
 
 # --------------------------------------------------------------------------------------------- results
@@ -461,7 +458,7 @@ def fleet_transitions(
         notice = interruptions.get(o.instance_id)
         if notice is not None and notice.time is not None and o.launch_time is not None and o.launch_time > notice.time:
             notice = None  # a persistent request's old status: the instance has been started again since
-        if o.state in _ALIVE and notice is None:
+        if o.state in ALIVE_STATES and notice is None:
             if last_event is None:
                 row(base, "add", launch, o.state, o.state)
             elif last_event == "remove":
@@ -650,8 +647,8 @@ class SpotCollector:
         where ``marked-for-termination`` and ``instance-terminated-no-capacity`` show up.
         """
         found: dict[str, Interruption] = {}
-        for start in range(0, len(instance_ids), _FILTER_VALUES_MAX):
-            chunk = list(instance_ids[start : start + _FILTER_VALUES_MAX])
+        for start in range(0, len(instance_ids), FILTER_VALUES_MAX):
+            chunk = list(instance_ids[start : start + FILTER_VALUES_MAX])
             filters = [{"Name": "instance-id", "Values": chunk}]
             for page in self._pages(client, "describe_spot_instance_requests", Filters=filters):
                 for req in page.get("SpotInstanceRequests", []):

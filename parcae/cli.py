@@ -1463,7 +1463,8 @@ def profile_cmd(
     from trainer.config import MODELS
     from trainer.coordinator import ScheduleError
     from trainer.instances import START_METHODS
-    from trainer.profile import ProfileError, measure
+    from trainer.measure import measure
+    from trainer.profile import ProfileError
     from trainer.run import JobError
 
     if workers < 2:

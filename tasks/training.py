@@ -51,7 +51,7 @@ RUN_FILE: Final = "mlflow-run.json"
 def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
     """The runtime profile (`trainer.profile.RuntimeProfile`) and where it came from: loaded from ``path`` (default
     ``runs/profile-<model>-<workers>.json``), or measured now and cached there (`trainer.profile.cached_profile`)."""
-    from trainer.profile import cached_profile
+    from trainer.measure import cached_profile
 
     logger = get_run_logger()
     profile, origin = cached_profile(model, workers, path, progress=logger.info)

@@ -20,7 +20,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from trainer import coordinator
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import HANDED_SEQ, handed_key
+from trainer.keys import HANDED_SEQ
+from trainer.keys import handed as handed_key
 from trainer.observer import JobObserver
 from _jobs import coordinator as make_coordinator, run_job
 from trainer.store import SealedStore, StoreAuthError, connect_store, read_token_file, write_token_file

@@ -27,7 +27,8 @@ from trainer.coordinator import check_schedule, schedule_state  # noqa: E402
 from trainer.events import EventGroup, group_events, parse_events  # noqa: E402
 from trainer.instances import LocalTraceProvider, trace_strategy  # noqa: E402
 from trainer.planning import PlanRequest, make_planner  # noqa: E402
-from trainer.profile import RuntimeProfile, p2p_table, runtime_spec  # noqa: E402
+from trainer.calibration import p2p_table  # noqa: E402
+from trainer.profile import RuntimeProfile, runtime_spec  # noqa: E402
 
 DEMO = {k: p.default for k, p in inspect.signature(pipeline.fn).parameters.items()}
 

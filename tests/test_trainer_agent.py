@@ -23,17 +23,12 @@ from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
 from trainer import checkpoint
-from trainer.agent import (
-    KILLED,
-    AgentInstances,
-    InstanceAgent,
-    RemoteJob,
-    exit_key,
-    signal_key,
-    signals_key,
-    start_key,
-    up_key,
-)
+from trainer.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
+from trainer.keys import agent_exit as exit_key
+from trainer.keys import agent_signal as signal_key
+from trainer.keys import agent_signals as signals_key
+from trainer.keys import agent_start as start_key
+from trainer.keys import agent_up as up_key
 from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.config import TrainConfig, model_config
 from trainer.instances import InstanceProvider

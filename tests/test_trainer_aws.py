@@ -36,15 +36,16 @@ from trainer.aws import (
     AwsProviderError,
     AwsSpotConfig,
     AwsSpotProvider,
-    InstanceActionWatcher,
     InterruptionEventError,
+    aws_spot_provider,
     check_credentials,
     main,
     parse_interruption_event,
     spot_request_notice,
     user_data,
 )
-from trainer.instances import InstanceProvider, aws_spot_provider
+from trainer.imds import InstanceActionWatcher
+from trainer.instances import InstanceProvider
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default set

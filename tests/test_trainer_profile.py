@@ -18,25 +18,9 @@ from parcae.cli import app
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import check_schedule
 from trainer.events import group_events, parse_events
-from trainer.profile import (
-    Migration,
-    ProfileError,
-    ProfileFormatError,
-    RuntimeProfile,
-    calibrate,
-    feasible_strategies,
-    fit_build_ms,
-    fit_group_costs,
-    fit_line,
-    fit_p2p,
-    iteration_times,
-    measure,
-    p2p_table,
-    profile_schedule,
-    runtime_spec,
-    visit_order,
-    visit_rounds,
-)
+from trainer.calibration import Migration, calibrate, fit_build_ms, fit_group_costs, fit_line, fit_p2p, p2p_table
+from trainer.measure import feasible_strategies, iteration_times, measure, profile_schedule, visit_order, visit_rounds
+from trainer.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
 
 SPEC = runtime_spec("tiny-gpt")
 KIB = 1024

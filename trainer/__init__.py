@@ -24,9 +24,10 @@ Modules (each a component with a narrow interface; none imports Prefect):
                (GPipe + DP all-reduce, all-or-nothing commit), StepAbandoned
   checkpoint   layer-keyed checkpoints (any cut), atomic writes, hash records, verified loads, retention
   store        the control plane's store: bound where asked, every client authenticated, values sealed
+  keys         the control plane's store keys, one function or constant each, and which only the driver writes
   events       the schedule format: plan, add, preempt (notice), kill (no notice), checkpoint-restart
   migration    Epoch, the pure planning of migrations, recoveries after a kill, and checkpoint-restart epochs
-  coordinator  the control plane: store layout, membership, heartbeats, boundary decisions, checkpoints, records
+  coordinator  the control plane: the job's spec, membership, heartbeats, boundary decisions, checkpoints, records
   worker       one process per instance: the worker state machine, heartbeat, commit, hand-off, recovery
   instances    InstanceProvider, LocalProcessProvider, trace- and chaos-driven schedules (LocalTraceProvider)
   agent        InstanceAgent (runs an instance's worker for a driver elsewhere), AgentInstances (the driver's side)
@@ -34,8 +35,13 @@ Modules (each a component with a narrow interface; none imports Prefect):
   run          run_job (the driver) and train / job_report (what a `parcae train` command wires)
   observer     JobObserver: the hooks through which MLflow tracking and progress bars watch a job
   planning     the live planning hook: PlanRequest, RulePlanner, LiveputPlanner, plans handed in from outside
-  profile      measure iteration time per D x P and migration costs; calibrate liveput's CostConstants
+  profile      RuntimeProfile: iteration time per D x P and migration costs as the planner reads them (JSON)
+  measure      the profiling job (one run_job visiting every strategy) that measures a RuntimeProfile
+  calibration  pure fits of liveput's CostConstants on measured migrations
   tracking     MlflowJobObserver: a training job's MLflow run (metrics, migrations, plans, checkpoints, timeline)
-  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices, the
-               on-instance IMDS watcher
+  tracking_sender  MlflowSender: the buffered thread that sends a run to MLflow without blocking the driver
+  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices
+  aws_config   AwsSpotConfig (what a job's spot instances look like), their tags and boot script (user_data)
+  aws_errors   AwsProviderError / AwsCredentialsError with the fix for each AWS error code; aws_call
+  imds         on the instance: the IMDSv2 spot interruption watcher the instance agent runs
 """

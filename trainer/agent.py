@@ -4,21 +4,16 @@ hosts), and the driver's view of such instances.
 Owns: `InstanceAgent` (the per-instance loop: start the worker process, report how it ended, start a fresh one
 when the driver asks for a checkpoint-restart, pass a preemption notice on to it), `AgentInstances` (the driver's
 side: a cloud `InstanceProvider` for starting and reclaiming instances, the store for everything the local
-provider learns from its child processes), the `agent/...` store keys both speak, and `python -m trainer.agent`.
+provider learns from its child processes) — both speaking the `agent/...` keys of `trainer.keys` — and
+`python -m trainer.agent`.
 Must not touch: the job's control plane (`trainer.coordinator`), what a worker does (`trainer.worker`), the cloud
-API (`trainer.aws`).
+API (`trainer.aws`), the IMDS watcher it runs (`trainer.imds`).
 
 Why an agent: `trainer.run`'s driver learns how each worker process ended from its exit code and asks for a
 fresh process on the same instance after a checkpoint-restart (what torchelastic's agent does). A local process
-is the driver's child; a process on another machine is not, so the agent reports for it through the job's store:
-
-  agent/{id}/up/{k}        the agent started instance id's k-th worker process (its pid; k = 0, 1, ...)
-  agent/{id}/exit/{k}      the exit code of that process (negative: killed by that signal)
-  agent/{id}/start/{k}     the driver asks for process k (k >= 1: after a checkpoint-restart)
-  agent/{id}/signals, agent/{id}/signal/{n}
-                           the driver asks the agent to send signal n's number to the worker (a counter, then
-                           the numbers): how a preemption notice the driver learns of (a trace replay, a spot
-                           request's status) reaches a worker on another machine
+is the driver's child; a process on another machine is not, so the agent reports for it through the job's store
+(`trainer.keys`: agent/{id}/up, exit and start per process; signals the driver asks it to pass on, which is how a
+preemption notice the driver learns of — a trace replay, a spot request's status — reaches a worker elsewhere).
 
 A worker that ends with any code but EXIT_RESTART ends the agent with the same code (the instance is then the
 cloud's to reclaim). SIGTERM or SIGINT to the agent — the cloud's preemption notice, from the IMDS watcher this
@@ -43,32 +38,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from trainer import keys
 from trainer.instances import InstanceProvider, NoticeDeadlines
 
 KILLED = -9  # exit code the driver reads for an instance reclaimed without its agent reporting (SIGKILL)
 EXIT_RESTART = 125  # = trainer.worker.EXIT_RESTART (not imported: the agent must not import torch's model code)
 POLL_S = 0.1
 RESTART_WAIT_S = 600.0  # how long an agent waits for the driver's go after its worker exited for a restart
-
-
-def up_key(w: int, k: int) -> str:
-    return f"agent/{w}/up/{k}"
-
-
-def exit_key(w: int, k: int) -> str:
-    return f"agent/{w}/exit/{k}"
-
-
-def start_key(w: int, k: int) -> str:
-    return f"agent/{w}/start/{k}"
-
-
-def signals_key(w: int) -> str:
-    return f"agent/{w}/signals"
-
-
-def signal_key(w: int, n: int) -> str:
-    return f"agent/{w}/signal/{n}"
 
 
 # ------------------------------------------------------------------------------------------- on the instance
@@ -126,7 +102,7 @@ class InstanceAgent:
                     self._deliver(store)
                     time.sleep(self.poll_s)
                     continue
-                store.set(exit_key(self.worker, self.incarnation), str(code))
+                store.set(keys.agent_exit(self.worker, self.incarnation), str(code))
                 if code != EXIT_RESTART or not self._await_restart(store):
                     return code
                 self._spawn(self.incarnation + 1)
@@ -137,7 +113,7 @@ class InstanceAgent:
 
     def _spawn(self, k: int) -> None:
         store = self.store
-        hb = f"hb/{self.worker}"
+        hb = keys.heartbeat(self.worker)
         self._hb_at_start = int(store.add(hb, 0))
         env = dict(os.environ)
         from trainer.store import DRIVER_KEY_ENV, TOKEN_ENV  # (torch is loaded by now: `connect` came first)
@@ -149,16 +125,16 @@ class InstanceAgent:
             env[DRIVER_KEY_ENV] = driver
         self.proc = subprocess.Popen(self.command(self.worker, self.host, self.port), env=env)
         self.incarnation = k
-        store.set(up_key(self.worker, k), str(self.proc.pid))
+        store.set(keys.agent_up(self.worker, k), str(self.proc.pid))
 
     def _deliver(self, store: Any) -> None:
         """Pass on the driver's signals and the instance's pending ones, once the worker's handler is in."""
-        n = int(store.add(signals_key(self.worker), 0))
+        n = int(store.add(keys.agent_signals(self.worker), 0))
         while self._forwarded < n:
             self._forwarded += 1
-            self.notify(int(store.get(signal_key(self.worker, self._forwarded))))
+            self.notify(int(store.get(keys.agent_signal(self.worker, self._forwarded))))
         with self._lock:
-            if not self._pending or int(store.add(f"hb/{self.worker}", 0)) <= self._hb_at_start:
+            if not self._pending or int(store.add(keys.heartbeat(self.worker), 0)) <= self._hb_at_start:
                 return
             pending, self._pending = self._pending, []
         for s in pending:
@@ -169,12 +145,12 @@ class InstanceAgent:
 
     def _await_restart(self, store: Any) -> bool:
         """After an EXIT_RESTART: True once the driver asks for the next process, False if the job ended first."""
-        key = start_key(self.worker, self.incarnation + 1)
+        key = keys.agent_start(self.worker, self.incarnation + 1)
         end = time.monotonic() + self.restart_wait_s
         while time.monotonic() < end:
             if store.check([key]):
                 return True
-            if store.check(["ctl/done"]) or store.check(["ctl/abort"]):
+            if store.check([keys.DONE]) or store.check([keys.ABORT]):
                 return False
             time.sleep(self.poll_s)
         print(f"parcae agent {self.worker}: no restart asked within {self.restart_wait_s:.0f} s; leaving",
@@ -259,15 +235,15 @@ class AgentInstances(NoticeDeadlines):
             k = self.incarnation[w] + 1
             self.incarnation[w] = k
             self._codes.pop(w, None)
-            self.store.set(start_key(w, k), "1")
+            self.store.set(keys.agent_start(w, k), "1")
 
     # -- reclaiming -----------------------------------------------------------------------------------------
     def signal(self, ids: Iterable[int], signum: int) -> list[int]:
         reached = []
         for w in ids:
             if w in self.incarnation and self.exitcode(w) is None:
-                n = int(self.store.add(signals_key(w), 1))
-                self.store.set(signal_key(w, n), str(int(signum)))
+                n = int(self.store.add(keys.agent_signals(w), 1))
+                self.store.set(keys.agent_signal(w, n), str(int(signum)))
                 reached.append(w)
         return reached
 
@@ -289,13 +265,14 @@ class AgentInstances(NoticeDeadlines):
             return
         self._refreshed = now
         for w, k in self.incarnation.items():
-            if w not in self._codes and self.store.check([exit_key(w, k)]):
-                self._codes[w] = int(self.store.get(exit_key(w, k)))
+            if w not in self._codes and self.store.check([keys.agent_exit(w, k)]):
+                self._codes[w] = int(self.store.get(keys.agent_exit(w, k)))
         if now - self._asked_alive >= self.alive_every_s:
             self._asked_alive = now
             alive = self.cloud.alive()
             for w in self.incarnation:
-                if w not in alive and w not in self._codes and not self.store.check([exit_key(w, self.incarnation[w])]):
+                reported = self.store.check([keys.agent_exit(w, self.incarnation[w])])
+                if w not in alive and w not in self._codes and not reported:
                     self._codes[w] = KILLED
                     self._released.add(w)
 
@@ -359,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = InstanceAgent(a.id, a.host, a.port, os.environ.get("PARCAE_TOKEN"))
     agent.install()
     if a.imds:
-        from trainer.aws import imds_watcher
+        from trainer.imds import imds_watcher
 
         imds_watcher(lambda: agent.notify(_signal.SIGTERM), poll_s=a.imds_poll_s, who=f"parcae agent {a.id}").start()
     try:

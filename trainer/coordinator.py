@@ -10,64 +10,8 @@ Must not touch: tensors, process groups, training — workers do that; processes
 its `trainer.instances` provider start and stop them; which assignment and transfers an epoch has is
 `trainer.migration`'s pure planning, which the coordinator only calls.
 
-One process hosts it (`trainer.run.run_job` uses its own main thread). Keys in the store:
-
-  job/spec                 JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
-  auth/salt, auth/check     the salt the job's key is derived with (plain), and a sealed check value: a client
-                           whose token does not open it is refused (a worker exits with EXIT_TOKEN); see
-                           `trainer.store`. Every other value is sealed with the job's key, counters (add) aside
-  epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
-  ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
-  ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
-  ctl/worker/{id}          the registered process's pid
-  ctl/final/{id}           the incarnation (ctl/joins value) of instance id's process that ended normally
-  hb/{id}                  the heartbeat: a counter the worker's heartbeat thread (its own TCPStore client) bumps
-                           every `hb_interval_s`; the coordinator declares a worker dead when it stops moving for
-                           `hb_timeout_s` (measured on the coordinator's clock: no clock skew between hosts)
-  ctl/at/{id}              the step the worker started last (the driver kills a victim mid-step with it)
-  ctl/boundary/{s}         the decision for the boundary before step s, taken **once** by compare-and-set (as the
-                           reference's `/rdzv/global_steps_{step}` CAS, §D.3): the first worker to reach it writes
-                           "train"; the coordinator claims it beforehand with "hold" and resolves a hold to
-                           "epoch:{n}" (migrate into epoch n), "restart:{n}" (checkpoint here, exit for a
-                           checkpoint-restart into epoch n) or "train". A decision naming an epoch the worker has
-                           already reached is stale (the boundary is being passed again after a recovery) and means
-                           "train". Every member of an epoch therefore sees the same decision.
-  ctl/preempt/{id}         the last epoch number a preempted worker takes part in (standby workers exit after it)
-  ctl/notice/{id}, ctl/notices
-                           a preemption notice the worker received (SIGTERM, `trainer.worker`): its deadline (wall
-                           clock: time of the signal + the job's `notice_grace_s`); then the id appended to the list
-                           the driver polls with the heartbeats
-  ctl/exit/{id}            when the worker's process ended normally (a notice's notice-to-exit time)
-  ctl/restart/{id}         the worker's process must exit (EXIT_RESTART) for a checkpoint-restart
-  ctl/e{n}/abort           epoch n is broken (a member died, or a worker saw a collective fail): members abandon
-                           the step in flight (nothing applied) and report; set by the coordinator or a worker
-  ctl/e{n}/abandon/{id}, ctl/e{n}/failed/{id}
-                           the step a survivor of broken epoch n abandoned (= the steps it applied; all agree), and
-                           when the work it lost started
-  ctl/e{n}/next            the number of the epoch that replaces broken epoch n (survivors wait for it)
-  ctl/e{n}/commit/{s}/{id}, ctl/e{n}/decide/{s}
-                           the once-only commit of step s in epoch n (each member marks itself done): "apply" iff
-                           every rank finished its collectives, "abort" if the epoch broke first (see
-                           `trainer.pipeline`). The decision
-                           of a migrated epoch's first step is also the migration's: "apply" commits it, "abort"
-                           (which the coordinator writes itself when the hand-off breaks) rolls it back
-  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived
-                           (counter), ready/{id} (new member about to run its first step), phases/{id} (its
-                           migration's phase durations, JSON), bytes (sent or loaded, counter), sent/{id} (a
-                           transfer source has added what it sent to bytes), decided (when the epoch was published)
-  ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s
-  loss/{s}                 the loss of step s, written by the last stage's replica 0; a checkpoint-restart deletes
-                           those of the steps it recomputes before publishing its epoch (so a key present after it
-                           holds the recomputed value)
-  plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
-                           (`trainer.planning.HandedPlanner`); absent otherwise
-  plan/seq, plan/handed/{i}
-                           plans handed in by `trainer.planning.hand_plan` clients: the counter, then plan i as JSON
-                           {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
-  ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
-  ctl/error/{id}, ctl/abort, ctl/done
-  agent/{id}/...           instances whose workers an agent runs (not the driver's children): exit codes, restart
-                           requests, signals — see `trainer.agent`
+One process hosts it (`trainer.run.run_job` uses its own main thread). The keys in the store, what each holds and
+who writes it: `trainer.keys`.
 
 Migrations commit with their epoch's first step. Until then every holder of the epoch it migrates from (its
 `base`) keeps that state — old members keep their old layers, preempted and dropped ones wait before leaving — so a
@@ -96,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from liveput import MigrationKind
-from trainer import checkpoint
+from trainer import checkpoint, keys
 from trainer.config import JobConfig, ModelConfig, TrainConfig
 from trainer.events import EventGroup
 from trainer.migration import (
@@ -114,16 +58,10 @@ log = logging.getLogger(__name__)
 
 HOLD, TRAIN = "hold", "train"
 APPLY, ABORT = "apply", "abort"
-ACCEPTS_KEY, HANDED_SEQ = "plan/accepts", "plan/seq"
 # A silent worker whose process the provider sees running (schedulable: starved on a loaded machine, not hung) is
 # declared dead only this many bounds past its last heartbeat: evidence, not a guess.
 HB_RUNNING_FACTOR = 3.0
 HANDED_GAP_S = 5.0  # a handed-plan number taken but not written this long is passed over (its client died)
-
-
-def handed_key(i: int) -> str:
-    """The store key of the `i`-th plan handed in from outside (`trainer.planning.hand_plan`)."""
-    return f"plan/handed/{i}"
 
 
 def _as_int(text: str) -> int | None:
@@ -339,7 +277,7 @@ class Coordinator:
         self.token = token or new_token()
         self.store = host_store(host, port, self.token, store_timeout_s)
         self.port = self.store.port
-        self.store.set("job/spec", self.spec.to_json())
+        self.store.set(keys.JOB_SPEC, self.spec.to_json())
         self.sizes = layer_sizes(model)
         self.current: Epoch | None = None
         self.epochs: list[Epoch] = []
@@ -367,9 +305,9 @@ class Coordinator:
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
-        if not self.store.check(["ctl/joined"]):
+        if not self.store.check([keys.JOINED]):
             return set()
-        return {int(w) for w in self.store.get("ctl/joined").decode().split(",") if w}
+        return {int(w) for w in self.store.get(keys.JOINED).decode().split(",") if w}
 
     def alive(self) -> set[int]:
         """Joined and admitted (`start`, or the `added` of a reconfiguration), neither preempted nor dead. An
@@ -388,7 +326,7 @@ class Coordinator:
             self._hb.pop(w, None)
 
     def _joins(self, w: int) -> int:
-        return self.store.add(f"ctl/joins/{w}", 0)
+        return self.store.add(keys.joins(w), 0)
 
     def wait_joined(
         self, ids: Iterable[int], timeout_s: float, check: Any = None, gone: Callable[[], Iterable[int]] | None = None
@@ -411,7 +349,7 @@ class Coordinator:
             time.sleep(0.01)
         now = time.monotonic()
         for w in want - lost:
-            self._hb[w] = (self.store.add(f"hb/{w}", 0), now)
+            self._hb[w] = (self.store.add(keys.heartbeat(w), 0), now)
         return sorted(want - lost)
 
     # -- failure detection ---------------------------------------------------------------------------------
@@ -421,7 +359,7 @@ class Coordinator:
 
     def _ended(self, w: int) -> bool:
         """The current process of `w` ended normally (done, preempted, or exited for a restart)."""
-        key = f"ctl/final/{w}"
+        key = keys.final(w)
         return self.store.check([key]) and int(self.store.get(key)) >= self._expected.get(w, 1)
 
     def check_heartbeats(self, every_s: float = 0.05) -> set[int]:
@@ -439,7 +377,7 @@ class Coordinator:
             if w in self.dead:  # (a preempted worker stays monitored until it ends: it may die during its hand-off)
                 self._hb.pop(w)
                 continue
-            v = self.store.add(f"hb/{w}", 0)
+            v = self.store.add(keys.heartbeat(w), 0)
             if v != last:
                 self._hb[w] = (v, now)
             elif now - seen > self.hb_timeout_s:
@@ -524,7 +462,7 @@ class Coordinator:
         within ~20 ms and report. With `base`, also the base of its uncommitted migration (members still training
         there abandon their step; otherwise they finish it and find the migration broken at the boundary)."""
         for n in self._broken_epochs()[: None if base else 1]:
-            self.store.compare_set(f"ctl/e{n}/abort", "", reason)
+            self.store.compare_set(keys.epoch_abort(n), "", reason)
 
     def epoch_broken(self) -> str | None:
         """Why the current epoch (or the base of its uncommitted migration) is broken — a member died, or a worker
@@ -532,7 +470,7 @@ class Coordinator:
         if self.current is None:
             return None
         for n in self._broken_epochs():
-            key = f"ctl/e{n}/abort"
+            key = keys.epoch_abort(n)
             if self.store.check([key]):
                 return self.store.get(key).decode()
         return None
@@ -544,7 +482,7 @@ class Coordinator:
         epochs = self._broken_epochs()
         for w in self.reporters():
             for n in epochs:
-                key = f"ctl/e{n}/abandon/{w}"
+                key = keys.abandon(n, w)
                 if self.store.check([key]):
                     out[w] = int(self.store.get(key))
                     break
@@ -569,7 +507,7 @@ class Coordinator:
         e = self.current if epoch is None else epoch
         if e.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART) or e.number in self._committed:
             return True
-        key = f"ctl/e{e.number}/decide/{e.start_step}"
+        key = keys.decide(e.number, e.start_step)
         if self.store.check([key]) and self.store.get(key).decode() == APPLY:
             self._committed.add(e.number)
             return True
@@ -582,7 +520,7 @@ class Coordinator:
         e = self.current
         if self.committed(e):
             return True
-        got = self.store.compare_set(f"ctl/e{e.number}/decide/{e.start_step}", "", ABORT).decode()
+        got = self.store.compare_set(keys.decide(e.number, e.start_step), "", ABORT).decode()
         if got == APPLY:
             self._committed.add(e.number)
             return True
@@ -593,19 +531,19 @@ class Coordinator:
         """Notices workers reported (SIGTERM) since the last call: worker -> deadline (wall clock). Two store calls
         when there is none; poll it with the heartbeats. A malformed entry (not a known worker's id, a deadline
         that is not a finite number) is logged once and ignored: store values are untrusted input."""
-        if not self.store.check(["ctl/notices"]):
+        if not self.store.check([keys.NOTICES]):
             return {}
         out = {}
-        for item in self.store.get("ctl/notices").decode(errors="replace").split(","):
+        for item in self.store.get(keys.NOTICES).decode(errors="replace").split(","):
             if not item:  # (each entry ends with a comma)
                 continue
             w = _as_int(item)
             if w is None or w not in self._expected:
-                self._malformed("ctl/notices", item)
+                self._malformed(keys.NOTICES, item)
                 continue
             if w in self.notices:
                 continue
-            key = f"ctl/notice/{w}"
+            key = keys.notice(w)
             deadline = _as_float(self.store.get(key).decode(errors="replace")) if self.store.check([key]) else None
             if deadline is None:
                 self._malformed(key, "missing or not a finite number")
@@ -630,18 +568,18 @@ class Coordinator:
         """Preempt standby instances (no role in the current epoch, nothing to hand off): they exit at once."""
         ids = sorted(set(ids))
         for w in ids:
-            self.store.set(f"ctl/preempt/{w}", str(self.current.number))
+            self.store.set(keys.preempt(w), str(self.current.number))
         self.preempted |= set(ids)
         self.log.append({"event": "preempt-standby", "workers": ids, "source": source})
 
     def ready(self) -> set[int]:
         """Members of the current epoch that have formed its groups and hold their layers."""
         n = self.current.number
-        return {w for w in self.current.members if self.store.check([f"ctl/e{n}/ready/{w}"])}
+        return {w for w in self.current.members if self.store.check([keys.ready(n, w)])}
 
     def progress(self, w: int) -> int:
         """The step worker `w` started last (-1 before its first)."""
-        key = f"ctl/at/{w}"
+        key = keys.step_at(w)
         return int(self.store.get(key)) if self.store.check([key]) else -1
 
     # -- step boundaries ---------------------------------------------------------------------------------
@@ -653,17 +591,17 @@ class Coordinator:
         """
         s = step
         while True:
-            v = self.store.compare_set(f"ctl/boundary/{s}", "", HOLD).decode()
+            v = self.store.compare_set(keys.boundary(s), "", HOLD).decode()
             if v == HOLD:
                 self._held.add(s)
                 return s
             s += 1
 
     def _resolve(self, step: int, value: str) -> None:
-        got = self.store.compare_set(f"ctl/boundary/{step}", HOLD, value).decode()
+        got = self.store.compare_set(keys.boundary(step), HOLD, value).decode()
         if got != value:
             raise RuntimeError(f"boundary {step} was not held (it is {got!r})")
-        self.store.set(f"ctl/decided/{step}", repr(time.time()))
+        self.store.set(keys.boundary_decided(step), repr(time.time()))
         self._held.discard(step)
 
     def release(self, step: int) -> None:
@@ -676,9 +614,9 @@ class Coordinator:
         blob = epoch.to_json()
         self._by_number[epoch.number] = epoch
         self._sources[epoch.number] = source
-        self.store.set(f"ctl/e{epoch.number}/decided", repr(time.time()))
-        self.store.set(f"epoch/{epoch.number}", blob)
-        self.store.set("epoch/current", blob)
+        self.store.set(keys.epoch_decided(epoch.number), repr(time.time()))
+        self.store.set(keys.epoch(epoch.number), blob)
+        self.store.set(keys.EPOCH_CURRENT, blob)
         self.current = epoch
         self.epochs.append(epoch)
 
@@ -738,7 +676,7 @@ class Coordinator:
             self._noticed[epoch.number] = noticed
         last_epoch = self.current.number
         for w in preempt:
-            self.store.set(f"ctl/preempt/{w}", str(last_epoch))
+            self.store.set(keys.preempt(w), str(last_epoch))
         self.preempted |= set(preempt)
         self._resolve(s, f"epoch:{epoch.number}" if epoch is not None else TRAIN)
         entry["kind"] = epoch.kind.value if epoch is not None else MigrationKind.NONE.value
@@ -770,7 +708,7 @@ class Coordinator:
             self._publish(epoch, "failure")
             self._noticed[epoch.number] = noticed
             for n in broken:
-                self.store.set(f"ctl/e{n}/next", str(epoch.number))
+                self.store.set(keys.epoch_next(n), str(epoch.number))
             self._replaced |= set(broken)
             self.log.append({"step": step, "event": "recover", "kind": epoch.kind.value, "lost": list(epoch.lost),
                              "rolled_back": cur.number if len(broken) > 1 else None})  # fmt: skip
@@ -791,24 +729,24 @@ class Coordinator:
         """Tell `ids` to exit for a checkpoint-restart; with `step`, resolve that held boundary so the members
         arriving there first write the checkpoint of `step`."""
         for w in ids:
-            self.store.set(f"ctl/restart/{w}", "1")
+            self.store.set(keys.restart(w), "1")
         if step is not None:
             s = step if step in self._held else self.claim(step)
             self._resolve(s, f"restart:{self.current.number + 1}")
 
     def clear_restart(self, ids: Iterable[int]) -> None:
         for w in ids:
-            self.store.delete_key(f"ctl/restart/{w}")
+            self.store.delete_key(keys.restart(w))
 
     def written_checkpoints(self) -> dict[tuple[int, int], set[int]]:
         """(step, epoch) -> the stages whose shard was written."""
         out: dict[tuple[int, int], set[int]] = {}
-        if self.store.check(["ckpt/written"]):
-            for item in self.store.get("ckpt/written").decode(errors="replace").split(";"):
+        if self.store.check([keys.CKPT_WRITTEN]):
+            for item in self.store.get(keys.CKPT_WRITTEN).decode(errors="replace").split(";"):
                 parts = [_as_int(v) for v in item.split(":")] if item else []
                 if len(parts) != 3 or None in parts:
                     if item:
-                        self._malformed("ckpt/written", item)
+                        self._malformed(keys.CKPT_WRITTEN, item)
                     continue
                 s, n, k = parts
                 out.setdefault((s, n), set()).add(k)
@@ -844,14 +782,14 @@ class Coordinator:
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
             for n in broken:
-                key = f"ctl/e{n}/failed/{w}"
+                key = keys.failed(n, w)
                 if self.store.check([key]):
-                    self.store.compare_set(f"ctl/e{epoch.number}/arrive/{w}", "", self.store.get(key).decode())
+                    self.store.compare_set(keys.arrive(epoch.number, w), "", self.store.get(key).decode())
                     break
         if self.spec.checkpoint_dir:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
         for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
-            self.store.delete_key(f"loss/{s}")
+            self.store.delete_key(keys.loss(s))
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
@@ -864,15 +802,15 @@ class Coordinator:
     def losses(self, steps: int | None = None) -> list[float]:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
-        return [float(self.store.get(f"loss/{s}")) for s in range(self.first_step, n)]
+        return [float(self.store.get(keys.loss(s))) for s in range(self.first_step, n)]
 
     def committed_losses(self, from_step: int) -> list[tuple[int, float]]:
         """(step, loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
         observer has not seen. Reads only those keys (two store calls per new step, one more to stop)."""
         out = []
         s = from_step
-        while s < self.spec.steps and self.store.check([f"loss/{s}"]):
-            out.append((s, float(self.store.get(f"loss/{s}"))))
+        while s < self.spec.steps and self.store.check([keys.loss(s)]):
+            out.append((s, float(self.store.get(keys.loss(s)))))
             s += 1
         return out
 
@@ -890,9 +828,9 @@ class Coordinator:
             new.append(s)
         return sorted(new)
 
-    def _times(self, epoch: int, what: str, workers: Iterable[int]) -> list[float]:
-        keys = [f"ctl/e{epoch}/{what}/{w}" for w in workers]
-        return [float(self.store.get(k)) for k in keys if self.store.check([k])]
+    def _times(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> list[float]:
+        names = [key(epoch, w) for w in workers]
+        return [float(self.store.get(k)) for k in names if self.store.check([k])]
 
     def records(self) -> list[dict[str, Any]]:
         """One record per reconfiguration (epochs after the first), measured once the job has run past them (see
@@ -904,14 +842,14 @@ class Coordinator:
         boundary and every transfer source counted its bytes — or the epoch broke before that and a later one
         replaced it (what is missing never comes)."""
         n = epoch.number
-        keys = [f"ctl/e{n}/ready/{w}" for w in epoch.members]
-        keys += [f"ctl/e{n}/arrive/{w}" for w in epoch.previous if w not in self.dead]
-        keys += [f"ctl/e{n}/sent/{w}" for w in {t.src for t in epoch.transfers} if w not in self.dead]
-        keys += [f"ctl/exit/{w}" for w in self._noticed.get(n, ()) if w not in self.dead]
-        if self.store.check(keys):
+        wanted = [keys.ready(n, w) for w in epoch.members]
+        wanted += [keys.arrive(n, w) for w in epoch.previous if w not in self.dead]
+        wanted += [keys.sent(n, w) for w in {t.src for t in epoch.transfers} if w not in self.dead]
+        wanted += [keys.exited(w) for w in self._noticed.get(n, ()) if w not in self.dead]
+        if self.store.check(wanted):
             return True
         replaced = self.epochs[-1].number > n
-        return replaced and self.store.check([f"ctl/e{n}/abort"])
+        return replaced and self.store.check([keys.epoch_abort(n)])
 
     def record(self, e: Epoch) -> dict[str, Any]:
         """The record of reconfiguration epoch `e` (final once `record_complete(e)`).
@@ -932,24 +870,24 @@ class Coordinator:
         hand-off, before its first step was applied); the next epoch replaced it.
         """
         n = e.number
-        arrive = self._times(n, "arrive", e.previous)
-        ready = self._times(n, "ready", e.members)
-        decided = float(self.store.get(f"ctl/e{n}/decided"))
+        arrive = self._times(keys.arrive, n, e.previous)
+        ready = self._times(keys.ready, n, e.members)
+        decided = float(self.store.get(keys.epoch_decided(n)))
         # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
         failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
         start = min(arrive) if arrive else min(failed, default=decided)
-        phase_keys = [f"ctl/e{n}/phases/{w}" for w in e.members]
+        phase_keys = [keys.phases(n, w) for w in e.members]
         phases = [json.loads(self.store.get(k)) for k in phase_keys if self.store.check([k])]
-        keys = sorted({k for p in phases for k in p})
+        phase_names = sorted({k for p in phases for k in p})
         detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
                   if w in self._detected_at and w in self._killed_at]  # fmt: skip
         noticed = self._noticed.get(n, ())
         to_exit = []
         for w in noticed:
             at = self.notice_at(w)
-            if at is not None and self.store.check([f"ctl/exit/{w}"]):
-                to_exit.append(float(self.store.get(f"ctl/exit/{w}")) - at)
-        decision = f"ctl/e{n}/decide/{e.start_step}"
+            if at is not None and self.store.check([keys.exited(w)]):
+                to_exit.append(float(self.store.get(keys.exited(w))) - at)
+        decision = keys.decide(n, e.start_step)
         abandoned = (e.kind not in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
                      and self.store.check([decision]) and self.store.get(decision).decode() == ABORT
                      and self.epochs[-1].number > n)  # fmt: skip
@@ -958,9 +896,9 @@ class Coordinator:
             "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
             "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
             "detect_s": max(detect) if detect else None,
-            "bytes_moved": self.store.add(f"ctl/e{n}/bytes", 0), "bytes_planned": e.bytes_planned,
+            "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
-            "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in keys},
+            "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
         }  # fmt: skip
@@ -981,8 +919,8 @@ class Coordinator:
         for i, e in enumerate(self.epochs):
             n = e.number
             nxt = self.epochs[i + 1] if i + 1 < len(self.epochs) else None
-            ready = self._times(n, "ready", e.members)
-            arrive = self._times(nxt.number, "arrive", nxt.previous) if nxt is not None else []
+            ready = self._times(keys.ready, n, e.members)
+            arrive = self._times(keys.arrive, nxt.number, nxt.previous) if nxt is not None else []
             ready_at = max(ready) if len(ready) == len(e.members) else None
             end_at = min(arrive) if arrive else None
             end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.spec.steps
@@ -990,26 +928,26 @@ class Coordinator:
             out.append({
                 "epoch": n, "kind": e.kind.value, "strategy": [e.D, e.P], "start_step": e.start_step,
                 "end_step": end_step, "train_s": train_s,
-                "decided_at": float(self.store.get(f"ctl/e{n}/decided")), "ready_at": ready_at, "end_at": end_at,
+                "decided_at": float(self.store.get(keys.epoch_decided(n))), "ready_at": ready_at, "end_at": end_at,
             })  # fmt: skip
         return out
 
     def states(self, worker: int) -> list[str]:
         """The worker's state transitions, e.g. ["JOINING@-", "STANDBY@-", "TRAINING@0", ...]."""
-        key = f"ctl/states/{worker}"
+        key = keys.states(worker)
         if not self.store.check([key]):
             return []
         return [s for s in self.store.get(key).decode().split(";") if s]
 
     def message(self, kind: str, worker: int) -> str | None:
         """A worker's `error` message (or another `kind` of message), if it wrote one."""
-        key = f"ctl/{kind}/{worker}"
+        key = keys.message(kind, worker)
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     # -- live planning ---------------------------------------------------------------------------------------
     def accept_handed_plans(self, planner: str) -> None:
         """Let `trainer.planning.hand_plan` clients hand plans to this job (its planner reads them)."""
-        self.store.set(ACCEPTS_KEY, planner)
+        self.store.set(keys.ACCEPTS, planner)
 
     def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any] | None]]:
         """Plans handed in after the `after`-th, as (sequence number, {"strategy", "source", "sent_at"}), in order
@@ -1018,10 +956,10 @@ class Coordinator:
         stays missing for `HANDED_GAP_S` (its client died, or the counter was bumped by someone else): then it is
         passed over. A plan that is not such a record is logged and passed over too."""
         out = []
-        last = self.store.add(HANDED_SEQ, 0)
+        last = self.store.add(keys.HANDED_SEQ, 0)
         now = time.monotonic()
         for i in range(after + 1, last + 1):
-            key = handed_key(i)
+            key = keys.handed(i)
             if not self.store.check([key]):
                 since = self._handed_gap.setdefault(i, now)
                 if now - since < HANDED_GAP_S:
@@ -1042,8 +980,8 @@ class Coordinator:
 
     def finish(self) -> None:
         """Tell standby workers the job is over."""
-        self.store.set("ctl/done", "1")
+        self.store.set(keys.DONE, "1")
 
     def abort(self, reason: str) -> None:
         """Tell every worker to stop at its next control check."""
-        self.store.set("ctl/abort", reason)
+        self.store.set(keys.ABORT, reason)

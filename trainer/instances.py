@@ -20,7 +20,7 @@ the number of local worker processes. A drop in availability becomes preemptions
 notice (`kill`); a rise becomes `add`s; a plan follows every change (`trace_strategy`),
 unless a live planner (`trainer.planning`) decides the strategy instead (`plans=False`).
 
-EC2 spot instances: `aws_spot_provider(config)` builds a `trainer.aws.AwsSpotProvider` (imported lazily: boto3).
+EC2 spot instances are `trainer.aws`'s (`aws_spot_provider`), other machines `trainer.hosts`'s.
 """
 
 from __future__ import annotations
@@ -269,16 +269,6 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
-
-
-def aws_spot_provider(config: Any, *, session: Any = None) -> InstanceProvider:
-    """EC2 spot instances of `config` (a `trainer.aws.AwsSpotConfig`) through boto3 (`session`, default the standard
-    credential chain). Fails fast — `trainer.aws.AwsCredentialsError`, naming the setting to fix — when there are no
-    AWS credentials or no region, before anything is launched."""
-    from trainer.aws import AwsSpotProvider, check_credentials
-
-    check_credentials(session, getattr(config, "region", None))
-    return AwsSpotProvider(config, session=session)
 
 
 # ------------------------------------------------------------------------------------------------ traces

@@ -455,7 +455,8 @@ def hand_plan(
     that the job takes handed plans and that P and D fit the model and batch; any refusal raises `HandPlanError`
     saying which. `source` names the sender in the job's log (e.g. the flow run).
     """
-    from trainer.coordinator import ACCEPTS_KEY, HANDED_SEQ, JobSpec, handed_key
+    from trainer import keys
+    from trainer.coordinator import JobSpec
     from trainer.store import StoreAuthError, connect_store
 
     s = _as_strategy(strategy)
@@ -468,12 +469,12 @@ def hand_plan(
         raise HandPlanError(f"{e}; the plan was not handed in") from None
     except (RuntimeError, OSError) as e:  # DistNetworkError / DistStoreError are RuntimeErrors
         raise HandPlanError(f"cannot reach the {where} within {timeout_s:g} s: {e}") from None
-    spec = JobSpec.from_json(store.get("job/spec"))
+    spec = JobSpec.from_json(store.get(keys.JOB_SPEC))
     if spec.job != job:
         raise HandPlanError(f"the {where} runs job {spec.job!r}, not {job!r}; the plan was not handed in")
-    if store.check(["ctl/done"]) or store.check(["ctl/abort"]):
+    if store.check([keys.DONE]) or store.check([keys.ABORT]):
         raise HandPlanError(f"job {job!r} at the {where} has ended; the plan was not handed in")
-    if not store.check([ACCEPTS_KEY]):
+    if not store.check([keys.ACCEPTS]):
         raise HandPlanError(f"job {job!r} at the {where} takes no handed plans (its driver runs without a "
                             "HandedPlanner); the plan was not handed in")  # fmt: skip
     d, p = s
@@ -481,5 +482,5 @@ def hand_plan(
         check_strategy(d, p, d * p, spec.model.n_layers_total, spec.train.global_batch)
     except PlanError as e:
         raise HandPlanError(f"job {job!r} cannot run this plan: {e}") from None
-    i = store.add(HANDED_SEQ, 1)
-    store.set(handed_key(i), json.dumps({"strategy": [d, p], "source": source, "sent_at": time.time()}))
+    i = store.add(keys.HANDED_SEQ, 1)
+    store.set(keys.handed(i), json.dumps({"strategy": [d, p], "source": source, "sent_at": time.time()}))

@@ -3,7 +3,7 @@
 Owns: binding the store's listening socket (`host_store`), connecting clients (`connect_store`), the per-job token
 (`new_token`, `write_token_file`, `read_token_file`, `TOKEN_ENV`) and `SealedStore`, the wrapper every client —
 coordinator, workers, agents, `trainer.planning.hand_plan`, gloo's rendezvous — talks through.
-Must not touch: what the keys mean (`trainer.coordinator` documents the layout), processes, tensors.
+Must not touch: what the keys mean (`trainer.keys` lists the layout), processes, tensors.
 
 Why sealing: TCPStore has no authentication; anyone who reaches its port can read and write every key. A job's
 token is therefore turned into a key (scrypt over a per-job salt) and every value is written as AES-SIV frames
@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import secrets
 import socket
 import struct
@@ -35,6 +34,8 @@ import torch.distributed as dist
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+
+from trainer.keys import DRIVER_ONLY  # what only the driver writes: signed as well as sealed
 
 log = logging.getLogger(__name__)
 
@@ -48,12 +49,6 @@ _HEAD = struct.Struct(">4sI")
 MAX_VALUE_BYTES = 1 << 30  # a frame claiming more is not one of ours
 DRIVER_KEY = "auth/driver"  # sealed: the driver's Ed25519 public key (hex), for clients not given it at start
 DRIVER_KEY_ENV = "PARCAE_DRIVER_KEY"  # how an agent passes the driver's public key on to its worker
-# What only the driver writes: the job, its epochs, the orders to leave, restart, stop, the agents' orders. A token
-# holder (a worker) cannot forge these: the driver signs them (Ed25519) inside the sealed value.
-DRIVER_ONLY = re.compile(
-    r"job/spec|epoch/.*|ctl/preempt/\d+|ctl/restart/\d+|ctl/e\d+/next|ctl/done|ctl/abort|plan/accepts"
-    r"|agent/\d+/(start|signal)/\d+"
-)
 _SIG = 64  # bytes of an Ed25519 signature
 
 

@@ -22,42 +22,26 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
-Threading: the hooks run on the driver's thread and only append to in-memory buffers (a lock held for
-microseconds, never during I/O). One daemon thread ("parcae-mlflow") connects (at construction, so a new SQLite
-store is migrated while the job's workers start), creates the run, and every `flush_every_s` logs what is queued:
-metric points with `log_batch` (<= 1000 a call), then the JSON artifacts and tags; plan runs and checkpoint uploads
-are queued operations it runs in order. A slow or unreachable store therefore delays that thread, never the driver.
-The metric buffer is bounded (`max_pending` points): when it is full, further per-step points are coalesced to the
-latest value per metric, and the points that replaced are counted — `tracking_dropped_metrics` on the run and a
-warning in the log. Reconfiguration, plan and checkpoint entries are never coalesced.
-
-The store failing: a transient error (unreachable, busy, locked) leaves the batch queued and is retried at the next
-flush (one warning per outage); a permanent one (an invalid value, an unknown run_id) drops that item with an error
-in the log (``parcae.tracking.failed`` counts them). `on_end` / `on_error` wait up to `close_timeout_s` for the
-queue to drain, then give up, saying in the log how much was not logged.
+How it is sent: the hooks only queue (points, records, operations) with a `trainer.tracking_sender.MlflowSender`,
+whose daemon thread logs them every `flush_every_s`, retries while the store is down, coalesces per-step points
+beyond `max_pending` (counted: `tracking_dropped_metrics`) and gives up `close_timeout_s` after the job ended; this
+module is the `RunContent` it sends — what each event becomes on the run. Reconfiguration, plan and checkpoint
+entries are never coalesced.
 
 Preemption of the driver: `on_error` flushes everything queued and ends the run FAILED (KILLED for
-KeyboardInterrupt / SystemExit). SIGTERM: when the hooks run on the main thread and SIGTERM has its default action,
-`on_start` installs a handler that raises ``SystemExit(143)`` there, so the driver unwinds (stopping its workers,
-calling `on_error`); an `atexit` hook flushes and ends the run KILLED if the process exits without `on_end` or
-`on_error`. SIGKILL cannot be caught: it loses what was not flushed yet — at most `flush_every_s` of metrics (and
-plan or checkpoint logging still queued) — and leaves the run RUNNING. Reopening it with `run_id=` when the job is
-resumed from its latest checkpoint records the interruption (parcae.resumed, resumes, interrupted_at_step), and the
-resumed job recomputes, hence re-logs, every step after that checkpoint, the lost ones included. A step logged twice
-(recomputed after a checkpoint-restart, or after a resume) keeps both points; the later timestamp is the current one.
+KeyboardInterrupt / SystemExit); SIGTERM and an exit without `on_end` end it KILLED (the sender's handlers).
+SIGKILL loses at most `flush_every_s` of metrics and leaves the run RUNNING: reopening it with `run_id=` when the
+job is resumed records the interruption (parcae.resumed, resumes, interrupted_at_step), and the resumed job
+re-logs every step after its checkpoint; a step logged twice keeps both points (the later timestamp is current).
 """
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
-import math
-import signal
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
@@ -74,6 +58,7 @@ from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from trainer.checkpoint import find_shards  # noqa: E402
+from trainer.tracking_sender import MlflowSender, Point, RunEnd, transient  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -92,11 +77,6 @@ RESUMED_TAG: Final = "parcae.resumed"
 MIGRATIONS_TAG: Final = "parcae.migrations."  # + kind
 #: Tags of the observer that also go on the plan runs (they say which orchestration run made them).
 _SHARED_TAG_PREFIXES: Final = ("parcae.prefect", "prefect.")
-#: MLflow error codes that no retry can fix.
-_PERMANENT: Final = frozenset(
-    {"INVALID_PARAMETER_VALUE", "BAD_REQUEST", "RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS",
-     "INVALID_STATE", "PERMISSION_DENIED", "UNAUTHENTICATED"}
-)  # fmt: skip
 #: Colours of the reconfiguration markers on the timeline, by kind (`liveput.migration.MigrationKind` values).
 KIND_COLOURS: Final = {
     "intra-stage": "tab:green",
@@ -106,20 +86,6 @@ KIND_COLOURS: Final = {
     "start": "tab:gray",
     "none": "tab:olive",
 }
-
-Point = tuple[str, float, int, int]  # key, value, timestamp (ms), step — an mlflow Metric once logged
-
-
-def _transient(exc: BaseException) -> bool:
-    """Whether a store error may go away (unreachable, busy, locked) rather than be a bad request."""
-    if isinstance(exc, store.TrackingError):
-        return True
-    if isinstance(exc, MlflowException):
-        return exc.error_code not in _PERMANENT
-    if isinstance(exc, OSError):  # connection errors (requests' are OSErrors), a full disk
-        return True
-    return type(exc).__module__.split(".")[0] in ("sqlalchemy", "sqlite3", "requests", "urllib3")
-
 
 def _number(value: Any) -> float | None:
     try:
@@ -237,15 +203,12 @@ class MlflowJobObserver(JobObserver):
         self.flush_every_s, self.log_checkpoints, self.max_pending = flush_every_s, log_checkpoints, max_pending
         self.close_timeout_s, self.handle_sigterm = close_timeout_s, handle_sigterm
 
-        self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
-        # shared with the driver's thread (under the lock)
+        self._sender = MlflowSender(self.uri, self, flush_every_s=flush_every_s, max_pending=max_pending,
+                                    close_timeout_s=close_timeout_s, handle_sigterm=handle_sigterm,
+                                    log=log)  # fmt: skip
+        # shared with the driver's thread (under the sender's lock)
         self._info: dict[str, Any] | None = None
         self._global_batch = 0
-        self._metrics: list[Point] = []
-        self._overflow: dict[str, Point] = {}  # the latest point per key once the buffer is full
-        self._dropped = 0  # points replaced in `_overflow`
-        self._ops: deque[tuple[str, Callable[[], None]]] = deque()
         self._records: list[dict[str, Any]] = []
         self._epochs: set[Any] = set()
         self._kinds: dict[str, int] = {}
@@ -254,42 +217,25 @@ class MlflowJobObserver(JobObserver):
         self._timeline: dict[int, tuple[int, int, float | None]] = {}
         self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
         self._last: tuple[int, float, float] | None = None  # (step, loss, time) of the latest step seen
-        self._closing = False
-        self._final: tuple[str, Mapping[str, Any] | None, str | None] | None = None
-        self._deadline = math.inf
-        self._flush_req = self._flush_done = 0
-        self._fatal: str | None = None
         # the logging thread's own state
-        self._client: MlflowClient | None = None
         self._run_ready = False
         self._plan_exp: str | None = None
         self._plans: list[dict[str, Any]] = []
         self._plans_dirty = False
-        self._dropped_logged = 0
-        self._failed = 0
-        self._outage = False
-        self._ended = False
-        self._sigterm_installed = False
-        self._stopped = False
-
-        self._thread = threading.Thread(target=self._loop, name="parcae-mlflow", daemon=True)
-        self._thread.start()
+        self._sender.start()
 
     # -- hooks: the driver's thread; enqueue and return ------------------------------------------------------
     def on_start(self, info: Mapping[str, Any]) -> None:
-        with self._cond:
+        with self._sender.lock:
             self._info = dict(info)
             self._global_batch = int(info.get("global_batch") or 0)
-            self._cond.notify_all()  # create the run now, not at the next tick
-        atexit.register(self._atexit)
-        if self.handle_sigterm:
-            self._install_sigterm()
+        self._sender.started()
 
     def on_step(self, step: StepInfo) -> None:
         d, p = step.strategy
         ts = int(step.time * 1000)
-        with self._lock:
-            if self._fatal is not None:
+        with self._sender.lock:
+            if self._sender.fatal is not None:
                 return
             times = self._times
             times.append(step.time)
@@ -304,7 +250,7 @@ class MlflowJobObserver(JobObserver):
             ]
             if sps is not None:
                 points.append(("samples_per_s", sps, ts, step.step))
-            self._add(points)
+            self._sender.add(points)
             self._timeline[step.step] = (step.alive, d * p, sps)
             if self._first is None:
                 self._first = (step.step, step.time)
@@ -312,11 +258,11 @@ class MlflowJobObserver(JobObserver):
 
     def on_plan(self, plan: PlanInfo) -> None:
         ts = int(time.time() * 1000)
-        with self._lock:
-            if self._fatal is not None:
+        with self._sender.lock:
+            if self._sender.fatal is not None:
                 return
-            self._ops.append(("plan", lambda: self._log_plan(plan)))
-            self._metrics.extend([
+            self._sender.queue("plan", lambda: self._log_plan(plan))
+            self._sender.extend([
                 ("planned_D", float(plan.decision[0]), ts, plan.step),
                 ("planned_P", float(plan.decision[1]), ts, plan.step),
                 ("plan_decision_ms", 1000.0 * plan.decision_s, ts, plan.step),
@@ -326,8 +272,8 @@ class MlflowJobObserver(JobObserver):
         rec = json.loads(json.dumps(dict(record), default=str))  # a copy the driver cannot mutate
         kind = str(rec.get("kind", "unknown"))
         ts = int(time.time() * 1000)
-        with self._lock:
-            if self._fatal is not None:
+        with self._sender.lock:
+            if self._sender.fatal is not None:
                 return
             epoch = rec.get("epoch")
             if epoch is not None:
@@ -339,195 +285,56 @@ class MlflowJobObserver(JobObserver):
             self._records.append(rec)
             self._kinds[kind] = self._kinds.get(kind, 0) + 1
             self._records_dirty = True
-            points = [(f"migrations_{_kind_key(kind)}", float(self._kinds[kind]), ts, at),
-                      ("reconfigurations", float(len(self._records)), ts, at)]  # fmt: skip
+            points: list[Point] = [(f"migrations_{_kind_key(kind)}", float(self._kinds[kind]), ts, at),
+                                   ("reconfigurations", float(len(self._records)), ts, at)]  # fmt: skip
             for key, field in (("migration_pause_s", "pause_s"), ("migration_bytes", "bytes_moved"),
                                ("steps_lost", "steps_lost")):  # fmt: skip
                 value = _number(rec.get(field))
                 if value is not None:
                     points.append((key, value, ts, at))
-            self._metrics.extend(points)  # never coalesced
+            self._sender.extend(points)  # never coalesced
 
     def on_checkpoint(self, step: int, directory: Path) -> None:
         if not self.log_checkpoints:
             return
         directory = Path(directory)
-        with self._lock:
-            if self._fatal is None:
-                self._ops.append(("checkpoint", lambda: self._log_checkpoint(step, directory)))
+        with self._sender.lock:
+            if self._sender.fatal is None:
+                self._sender.queue("checkpoint", lambda: self._log_checkpoint(step, directory))
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         for rec in result.get("reconfigurations") or ():  # any record the driver did not report (deduplicated)
             if isinstance(rec, Mapping) and rec.get("epoch") is not None:
                 self.on_reconfiguration(rec)
-        self._close("FINISHED", result, None)
+        self._sender.close("FINISHED", result, None)
 
     def on_error(self, error: BaseException) -> None:
         status = "KILLED" if isinstance(error, (KeyboardInterrupt, SystemExit)) else "FAILED"
         text = f"{type(error).__name__}: {error}".rstrip(": ")
-        self._close(status, None, text)
+        self._sender.close(status, None, text)
 
     # -- public --------------------------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far is logged (blocks: not for the driver's hooks). False if that did
         not happen within `timeout` seconds or the run cannot be logged at all."""
-        with self._cond:
-            self._flush_req += 1
-            req = self._flush_req
-            self._cond.notify_all()
-            self._cond.wait_for(lambda: self._flush_done >= req or self._fatal is not None or self._stopped, timeout)
-            return self._flush_done >= req and self._fatal is None
+        return self._sender.flush(timeout)
 
     @property
     def closed(self) -> bool:
         """Whether the run was ended (or the observer gave up on it)."""
-        return not self._thread.is_alive()
+        return self._sender.closed
 
-    # -- the driver's side of closing ------------------------------------------------------------------------
-    def _add(self, points: list[Point]) -> None:
-        """Append per-step points within `max_pending`; beyond it keep the latest point per key (lock held)."""
-        room = self.max_pending - len(self._metrics)
-        if room >= len(points):
-            self._metrics.extend(points)
-            return
-        if room > 0:
-            self._metrics.extend(points[:room])
-            points = points[room:]
-        for p in points:
-            if p[0] in self._overflow:
-                self._dropped += 1
-            self._overflow[p[0]] = p
+    # -- the run's content: `trainer.tracking_sender.RunContent`, called on the logging thread ----------------
+    def started(self) -> bool:
+        return self._info is not None
 
-    def _close(self, status: str, result: Mapping[str, Any] | None, error: str | None) -> None:
-        with self._cond:
-            if self._closing:
-                return
-            self._closing = True
-            self._final = (status, result, error)
-            self._deadline = time.monotonic() + self.close_timeout_s
-            self._cond.notify_all()
-        atexit.unregister(self._atexit)
-        self._restore_sigterm()
-        self._thread.join(self.close_timeout_s + 5.0)
-        if self._thread.is_alive():
-            pending, ops = self._unsent()
-            log.error(
-                "MLflow run %s in %s: a store call did not return within %.0f s; %d metric points and %d operations "
-                "(plan runs, checkpoint uploads) may not be logged, and the run may stay RUNNING",
-                self.run_id, self.uri, self.close_timeout_s, pending, ops,
-            )  # fmt: skip
+    def latest_step(self) -> int:
+        return self._last[0] if self._last else 0
 
-    def _atexit(self) -> None:
-        self._close("KILLED", None, "the driver process exited before the job ended")
-
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread; atexit still flushes a normal exit
-        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-            return  # someone else handles SIGTERM (e.g. Prefect's engine): leave it, atexit flushes
-        signal.signal(signal.SIGTERM, _raise_system_exit)
-        self._sigterm_installed = True
-
-    def _restore_sigterm(self) -> None:
-        if not self._sigterm_installed or threading.current_thread() is not threading.main_thread():
-            return
-        if signal.getsignal(signal.SIGTERM) is _raise_system_exit:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        self._sigterm_installed = False
-
-    # -- the logging thread ----------------------------------------------------------------------------------
-    def _loop(self) -> None:
-        try:
-            self._run_loop()
-        finally:
-            with self._cond:
-                self._stopped = True
-                self._cond.notify_all()  # wake any flush() waiting on a thread that is gone
-
-    def _run_loop(self) -> None:
-        try:
-            self._connect()  # now: a new SQLite store is created and migrated while the job's workers start
-        except Exception as exc:
-            self._store_down(exc)
-        drained = True
-        while True:
-            with self._cond:
-                if not self._closing and self._flush_req == self._flush_done:
-                    self._cond.wait(self.flush_every_s if drained else min(self.flush_every_s, 1.0))
-                elif not drained:
-                    self._cond.wait(min(self.flush_every_s, 0.2))  # closing and failing: retry, not spin
-                closing, req = self._closing, self._flush_req
-            drained = self._flush_once()
-            if drained:
-                with self._cond:
-                    self._flush_done = max(self._flush_done, req)
-                    self._cond.notify_all()
-            if closing:
-                if drained and self._finish():
-                    return
-                if time.monotonic() > self._deadline:
-                    self._give_up()
-                    return
-
-    def _flush_once(self) -> bool:
-        """Log everything queued; True when nothing is left (False: the store failed, retry later)."""
-        if self._fatal is not None:
-            self._discard()
-            return True
-        try:
-            if not self._connect():
-                return False
-            if self._info is None and not self._closing:
-                return True  # no run before the job starts; nothing can be queued for it yet either
-            if not self._open_run():
-                return self._fatal is not None
-            done = self._run_ops() and self._send_metrics() and self._send_artifacts()
-            if done and self._outage:
-                log.info("MLflow store %s answers again; run %s is up to date", self.uri, self.run_id)
-                self._outage = False
-            return done
-        except Exception as exc:
-            if _transient(exc):
-                self._store_down(exc)
-            else:
-                log.exception("MLflow run %s: logging failed", self.run_id)
-            return False
-
-    def _store_down(self, exc: BaseException) -> None:
-        if not self._outage:
-            log.warning("MLflow store %s is failing (%s); the run's logging is queued and retried every %.1f s",
-                        self.uri, store.short_error(exc), self.flush_every_s)  # fmt: skip
-        self._outage = True
-
-    def _connect(self) -> bool:
-        if self._client is not None:
-            return True
-        try:
-            store.check_reachable(self.uri)
-        except store.TrackingError as exc:
-            self._store_down(exc)
-            return False
-        self._client = MlflowClient(self.uri)
-        return True
-
-    def _set_fatal(self, message: str) -> None:
-        with self._cond:
-            self._fatal = message
-            self._cond.notify_all()
-        log.error("MLflow: %s; this job is not logged", message)
-
-    def _discard(self) -> None:
-        with self._lock:
-            self._metrics.clear()
-            self._overflow.clear()
-            self._ops.clear()
-
-    def _open_run(self) -> bool:
+    def open_run(self, client: MlflowClient) -> bool:
         """Create the run (or reopen `run_id`) and log the start params; idempotent, so it can be retried."""
         if self._run_ready:
             return True
-        client = self._client
-        assert client is not None
         info = dict(self._info or {})
         job = str(info.get("job") or "job")
         try:
@@ -538,26 +345,27 @@ class MlflowJobObserver(JobObserver):
             else:
                 run = client.get_run(self.run_id)
         except MlflowException as exc:
-            if _transient(exc):
+            if transient(exc):
                 raise
             what = f"run_id {self.run_id!r}" if self.resuming else f"experiment {self.experiment!r}"
-            self._set_fatal(f"cannot use {what} in {self.uri!r} ({store.short_error(exc)}); check the run id / name")
+            self._sender.set_fatal(f"cannot use {what} in {self.uri!r} ({store.short_error(exc)}); check the run "
+                                   "id / name")  # fmt: skip
             return False
         except store.TrackingError as exc:  # a deleted experiment: the message says how to restore it
-            self._set_fatal(str(exc))
+            self._sender.set_fatal(str(exc))
             return False
         params = start_params(info)
         if self.resuming:
-            self._log_resume(run, info, params)
+            self._log_resume(client, run, info, params)
         else:
             store.log_batched(client, self.run_id, params=params, tags=start_tags(info))
         self._run_ready = True
         return True
 
-    def _log_resume(self, run: Any, info: Mapping[str, Any], params: Mapping[str, str]) -> None:
+    def _log_resume(self, client: MlflowClient, run: Any, info: Mapping[str, Any], params: Mapping[str, str]) -> None:
         """Reopen a run of an interrupted job: record the interruption and where it resumed from."""
-        client, run_id = self._client, self.run_id
-        assert client is not None and run_id is not None
+        run_id = self.run_id
+        assert run_id is not None
         n = int(run.data.metrics.get("resumes", 0)) + 1
         history = client.get_metric_history(run_id, "loss")
         last = max((m.step for m in history), default=None)
@@ -586,60 +394,10 @@ class MlflowJobObserver(JobObserver):
         client.log_batch(run_id, metrics=metrics)  # last: a retry after a failure above does not count twice
         log.info("MLflow run %s reopened (resume %d, from step %s; last step logged %s)", run_id, n, start, last)
 
-    def _run_ops(self) -> bool:
-        while True:
-            with self._lock:
-                if not self._ops:
-                    return True
-                name, op = self._ops[0]
-            try:
-                op()
-            except Exception as exc:
-                if _transient(exc):
-                    self._store_down(exc)
-                    return False
-                self._failed += 1
-                log.error("MLflow run %s: %s logging failed and is skipped: %s", self.run_id, name,
-                          store.short_error(exc))  # fmt: skip
-            with self._lock:
-                self._ops.popleft()
-
-    def _send_metrics(self) -> bool:
-        client, run_id = self._client, self.run_id
-        assert client is not None and run_id is not None
-        with self._lock:
-            batch, self._metrics = self._metrics, []
-            batch.extend(self._overflow.values())
-            self._overflow.clear()
-            dropped = self._dropped
-        if dropped > self._dropped_logged:
-            log.warning("MLflow run %s: the metric buffer (max_pending=%d) overflowed while the store lagged; %d "
-                        "per-step points were coalesced away so far", run_id, self.max_pending, dropped)  # fmt: skip
-            at = self._last[0] if self._last else 0
-            batch.append(("tracking_dropped_metrics", float(dropped), int(time.time() * 1000), at))
-        sent = 0
-        try:
-            for i in range(0, len(batch), store.MAX_METRICS_PER_BATCH):
-                chunk = batch[i : i + store.MAX_METRICS_PER_BATCH]
-                client.log_batch(run_id, metrics=[Metric(*p) for p in chunk])
-                sent = i + len(chunk)
-        except Exception as exc:
-            rest = batch[sent:]
-            if _transient(exc):
-                with self._lock:
-                    self._metrics[:0] = rest  # back in front, in order; the bound is exceeded by one batch at most
-                self._store_down(exc)
-                return False
-            self._failed += 1
-            log.error("MLflow run %s: %d metric points refused by the store and skipped: %s", run_id, len(rest),
-                      store.short_error(exc))  # fmt: skip
-        self._dropped_logged = dropped
-        return True
-
-    def _send_artifacts(self) -> bool:
-        client, run_id = self._client, self.run_id
-        assert client is not None and run_id is not None
-        with self._lock:
+    def send_artifacts(self, client: MlflowClient) -> bool:
+        run_id = self.run_id
+        assert run_id is not None
+        with self._sender.lock:
             records = list(self._records) if self._records_dirty else None
             kinds = dict(self._kinds)
             self._records_dirty = False
@@ -653,14 +411,14 @@ class MlflowJobObserver(JobObserver):
                 self._plans_dirty = False
         except Exception:
             if records is not None:
-                with self._lock:
+                with self._sender.lock:
                     self._records_dirty = True
             raise
         return True
 
     def _log_plan(self, plan: PlanInfo) -> None:
         """One run of the plans experiment for one decision of the planning hook, tied to the training run."""
-        client, run_id = self._client, self.run_id
+        client, run_id = self._sender.client, self.run_id
         assert client is not None and run_id is not None
         if self._plan_exp is None:
             self._plan_exp = store.ensure_experiment(client, self.plan_experiment)
@@ -688,32 +446,30 @@ class MlflowJobObserver(JobObserver):
 
     def _log_checkpoint(self, step: int, directory: Path) -> None:
         """Upload the shard files of the checkpoint of `step` under checkpoints/step-<step>/."""
-        client, run_id = self._client, self.run_id
+        client, run_id = self._sender.client, self.run_id
         assert client is not None and run_id is not None
         files = find_shards(directory, step)
         if not files and directory.is_dir() and not any(directory.glob("step*.pt")):
             files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
         if not files:
-            self._failed += 1
+            self._sender.failed += 1
             log.warning("MLflow run %s: no files of the checkpoint of step %d in %s; nothing uploaded", run_id, step,
                         directory)  # fmt: skip
             return
         for f in files:
             if not f.exists():  # removed since (a checkpoint-restart to an earlier step clears later files)
-                self._failed += 1
+                self._sender.failed += 1
                 log.warning("MLflow run %s: checkpoint file %s vanished before its upload", run_id, f)
                 continue
             client.log_artifact(run_id, str(f), f"checkpoints/step-{step}")
 
-    def _finish(self) -> bool:
+    def finish(self, client: MlflowClient, final: RunEnd) -> bool:
         """End the run: final metrics, the timeline, tags, status. True when done (or not worth a retry)."""
-        if self._fatal is not None or self._ended:
-            return True
-        client, run_id = self._client, self.run_id
-        if client is None or run_id is None or not self._run_ready:
+        run_id = self.run_id
+        if run_id is None or not self._run_ready:
             return False
-        status, result, error = self._final or ("FINISHED", None, None)
-        with self._lock:
+        status, result, error = final
+        with self._sender.lock:
             records, timeline, last, first = list(self._records), dict(self._timeline), self._last, self._first
             gb = self._global_batch
         try:
@@ -738,10 +494,10 @@ class MlflowJobObserver(JobObserver):
             tags: dict[str, Any] = {}
             if error:
                 tags[ERROR_TAG] = error
-            if self._dropped:
-                tags["parcae.tracking.dropped"] = self._dropped
-            if self._failed:
-                tags["parcae.tracking.failed"] = self._failed
+            if self._sender.dropped:
+                tags["parcae.tracking.dropped"] = self._sender.dropped
+            if self._sender.failed:
+                tags["parcae.tracking.failed"] = self._sender.failed
             store.log_batched(client, run_id, tags=tags)
             if timeline:
                 job = str((self._info or {}).get("job") or "job")
@@ -749,35 +505,16 @@ class MlflowJobObserver(JobObserver):
                 client.log_figure(run_id, fig, "timeline.png")
             client.set_terminated(run_id, status)
         except Exception as exc:
-            if _transient(exc):
-                self._store_down(exc)
+            if transient(exc):
+                self._sender.store_down(exc)
                 return False
             log.exception("MLflow run %s: ending the run failed", run_id)
             try:
                 client.set_terminated(run_id, status)
             except Exception:
                 pass
-        self._ended = True
         log.info("MLflow run %s ended %s", run_id, status)
         return True
-
-    def _unsent(self) -> tuple[int, int]:
-        """Metric points and operations (plan runs, checkpoint uploads) still queued."""
-        with self._lock:
-            return len(self._metrics) + len(self._overflow), len(self._ops)
-
-    def _give_up(self) -> None:
-        pending, ops = self._unsent()
-        log.error(
-            "MLflow run %s in %s: gave up after %.0f s of store failures; %d metric points and %d operations (plan "
-            "runs, checkpoint uploads) were not logged and the run was not ended",
-            self.run_id, self.uri, self.close_timeout_s, pending, ops,
-        )  # fmt: skip
-
-
-def _raise_system_exit(signum: int, frame: Any) -> None:
-    """SIGTERM -> SystemExit in the main thread: the driver unwinds (its cleanup and on_error run), then atexit."""
-    raise SystemExit(128 + signum)
 
 
 def training_runs(

@@ -96,7 +96,7 @@ import torch
 import torch.distributed as dist
 
 from liveput import MigrationKind
-from trainer import checkpoint
+from trainer import checkpoint, keys
 from trainer.corpus import corpus
 from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.migration import Epoch, state_bytes
@@ -213,7 +213,7 @@ def _heartbeat(
     `notice` reports a SIGTERM, publish the notice's deadline (`ctl/notice/{worker}`, then `ctl/notices`)."""
     try:
         store = connect_store(host, port, token, timeout_s)
-        key = f"hb/{worker}"
+        key = keys.heartbeat(worker)
         while True:
             store.add(key, 1)
             if notice is None:
@@ -221,8 +221,8 @@ def _heartbeat(
                 continue
             at = notice.wait(interval_s)
             if at is not None:
-                store.set(f"ctl/notice/{worker}", repr(at + grace_s))
-                store.append("ctl/notices", f"{worker},")
+                store.set(keys.notice(worker), repr(at + grace_s))
+                store.append(keys.NOTICES, f"{worker},")
                 notice = None  # one notice per process: the instance is going away
     except Exception:  # noqa: BLE001 — the coordinator is gone; the main thread finds out by itself
         return
@@ -286,20 +286,20 @@ class Worker:
         if self.store is not None:
             stepped = (WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.RECOVERING, WorkerState.DONE)
             at = self.step if new in stepped else "-"
-            self.store.append(f"ctl/states/{self.id}", f"{new.name}@{at};")
+            self.store.append(keys.states(self.id), f"{new.name}@{at};")
 
     def _control(self) -> None:
         """Raise `Aborted` if the coordinator aborted the job or our parent died (no orphans)."""
         if os.getppid() != self._parent:
             raise Aborted(f"worker {self.id}: the launching process exited")
-        if self.store.check(["ctl/abort"]):
-            raise Aborted(f"worker {self.id}: job aborted by the coordinator: {self.store.get('ctl/abort').decode()}")
-        if self.store.check([f"ctl/restart/{self.id}"]):
+        if self.store.check([keys.ABORT]):
+            raise Aborted(f"worker {self.id}: job aborted by the coordinator: {self.store.get(keys.ABORT).decode()}")
+        if self.store.check([keys.restart(self.id)]):
             raise Restart(f"worker {self.id}: checkpoint-restart ordered")
 
     def _epoch_abort(self, number: int) -> str | None:
         """Why epoch `number` was declared broken, or None (asked every 20 ms while an op of a step is pending)."""
-        key = f"ctl/e{number}/abort"
+        key = keys.epoch_abort(number)
         return self.store.get(key).decode() if self.store.check([key]) else None
 
     def _commit(self, step: int) -> bool:
@@ -313,9 +313,9 @@ class Worker:
         n, world = self.epoch.number, self.epoch.strategy.world_size
         if world == 1 and not (self._uncommitted and step == self.epoch.start_step):
             return True  # (a migration's first step is decided in the store even on one rank: it commits it)
-        key = f"ctl/e{n}/decide/{step}"
-        marks = [f"ctl/e{n}/commit/{step}/{w}" for w in self.epoch.members]
-        self.store.set(f"ctl/e{n}/commit/{step}/{self.id}", "1")
+        key = keys.decide(n, step)
+        marks = [keys.commit(n, step, w) for w in self.epoch.members]
+        self.store.set(keys.commit(n, step, self.id), "1")
         if self.store.check(marks):
             return self.store.compare_set(key, "", APPLY).decode() == APPLY
         delay, waited = 0.0001, 0.0
@@ -347,15 +347,15 @@ class Worker:
             self.store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
         except StoreAuthError as e:
             raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
-        self.store.append(f"ctl/states/{self.id}", "JOINING@-;")
-        self.job = JobSpec.from_json(self.store.get("job/spec"))
+        self.store.append(keys.states(self.id), "JOINING@-;")
+        self.job = JobSpec.from_json(self.store.get(keys.JOB_SPEC))
         # Pay one-off costs while joining rather than inside a migration's pause: the first optimiser built in a
         # process imports torch._dynamo (~1 s), and the corpus is loaded on first use.
         make_optimizer(torch.nn.Linear(1, 1), self.job.train)
         corpus()
         # read the current epoch *before* registering: any epoch that includes us is published after that
-        if self.store.check(["epoch/current"]):
-            self.watch = Epoch.from_json(self.store.get("epoch/current")).number + 1
+        if self.store.check([keys.EPOCH_CURRENT]):
+            self.watch = Epoch.from_json(self.store.get(keys.EPOCH_CURRENT)).number + 1
         # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
         threading.Thread(
             target=_heartbeat, args=(s.host, s.port, s.token, self.id, self.job.hb_interval_s, s.store_timeout_s,
@@ -363,9 +363,9 @@ class Worker:
             name="parcae-heartbeat", daemon=True,
         ).start()  # fmt: skip
         self._form_client()  # connect now rather than inside the first migration's pause
-        self.store.set(f"ctl/worker/{self.id}", str(os.getpid()))
-        self.store.append("ctl/joined", f"{self.id},")
-        self.incarnation = self.store.add(f"ctl/joins/{self.id}", 1)
+        self.store.set(keys.worker_pid(self.id), str(os.getpid()))
+        self.store.append(keys.JOINED, f"{self.id},")
+        self.incarnation = self.store.add(keys.joins(self.id), 1)
         self._to(WorkerState.STANDBY)
 
     # -- STANDBY -----------------------------------------------------------------------------------------
@@ -374,7 +374,7 @@ class Worker:
         delay = POLL_MIN_S
         while True:
             self._control()
-            key = f"epoch/{self.watch}"
+            key = keys.epoch(self.watch)
             if self.store.check([key]):
                 epoch = Epoch.from_json(self.store.get(key))
                 self.watch += 1
@@ -387,11 +387,11 @@ class Worker:
                         self._to(WorkerState.MIGRATING)
                     return
                 continue
-            pkey = f"ctl/preempt/{self.id}"
+            pkey = keys.preempt(self.id)
             if self.store.check([pkey]) and int(self.store.get(pkey)) < self.watch:
                 self._to(WorkerState.PREEMPTED)
                 return
-            if self.store.check(["ctl/done"]):
+            if self.store.check([keys.DONE]):
                 self._to(WorkerState.DONE)
                 return
             time.sleep(delay)
@@ -401,7 +401,7 @@ class Worker:
     def _boundary(self, step: int) -> tuple[str, Epoch | int] | None:
         """The decision for the boundary before `step`, taken once for everyone (see trainer.coordinator):
         None to train on, ("epoch", the next epoch) or ("restart", the restart epoch's number)."""
-        key = f"ctl/boundary/{step}"
+        key = keys.boundary(step)
         v = self.store.compare_set(key, "", TRAIN).decode()
         if v == HOLD:
             number = self.epoch.number
@@ -421,7 +421,7 @@ class Worker:
             return None  # decided for an epoch we are already past: we are redoing steps after a recovery
         if kind == "restart":
             return ("restart", int(number))
-        return ("epoch", Epoch.from_json(self.store.get(f"epoch/{number}")))
+        return ("epoch", Epoch.from_json(self.store.get(keys.epoch(number))))
 
     def _save(self, directory: str, step: int) -> None:
         """Write this stage's shard of the checkpoint of `step` (replica 0 only) and record it for the coordinator."""
@@ -431,14 +431,14 @@ class Worker:
         path = checkpoint.shard_path(directory, step, ctx.stage)
         checkpoint.save(path, ctx.layer_states(), step=step, config=job.model, job=job.job)
         self._saved.add((step, n))
-        self.store.append("ckpt/written", f"{step}:{n}:{ctx.stage};")
+        self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{ctx.stage};")
 
     def _arrive(self, number: int, at: float | None = None) -> None:
         """Report reaching the end of our epoch (by default when our last step ended), on the way into epoch
         `number` (once)."""
         if self._arrived != number:
-            self.store.set(f"ctl/e{number}/arrive/{self.id}", repr(self.last_step_end if at is None else at))
-            self.store.add(f"ctl/e{number}/arrived", 1)
+            self.store.set(keys.arrive(number, self.id), repr(self.last_step_end if at is None else at))
+            self.store.add(keys.arrived(number), 1)
             self._arrived = number
 
     def _train(self) -> None:
@@ -461,7 +461,7 @@ class Worker:
                     break
                 step = self.step
                 self.step_started = time.time()
-                self.store.set(f"ctl/at/{self.id}", str(step))
+                self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=lambda: self._commit(step))
                 self.last_step_end = time.time()
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
@@ -471,7 +471,7 @@ class Worker:
                         raise Diverged(f"the loss of step {step} is {loss!r}: training diverged; no checkpoint of "
                                        "it is written (the last good one stays the newest); lower the learning "
                                        "rate or resume from an earlier checkpoint")  # fmt: skip
-                    self.store.set(f"loss/{step}", repr(loss))
+                    self.store.set(keys.loss(step), repr(loss))
                 self.step += 1
                 every = job.checkpoint_every
                 if every and self.step % every == 0 and self.step < job.steps:
@@ -483,7 +483,8 @@ class Worker:
             path = checkpoint.shard_path(job.layers_dir, job.steps, ctx.stage)
             checkpoint.save(path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job)
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
-        self.store.set(f"final/{self.id}", json.dumps({"stage": ctx.stage, "replica": ctx.replica, "digest": digest}))
+        final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest}
+        self.store.set(keys.replica_final(self.id), json.dumps(final))
         close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
 
@@ -494,7 +495,7 @@ class Worker:
         n = self.epoch.number
         self.ctx.groups.abandon()
         # flag the epoch ourselves: a peer waiting on a live-but-abandoned rank would otherwise wait for the heartbeat
-        self.store.compare_set(f"ctl/e{n}/abort", "", f"worker {self.id}: {reason}")
+        self.store.compare_set(keys.epoch_abort(n), "", f"worker {self.id}: {reason}")
         # the pause of a failure starts when the abandoned step started: its partial work is lost too
         at = max(self.last_step_end, self.step_started)
         if self._uncommitted:  # nothing of the epoch was applied: roll back (a joiner holds nothing)
@@ -507,14 +508,14 @@ class Worker:
         """Tell the coordinator we survived the break of epoch `number` holding the state after `self.step` steps."""
         self._failed_at = at
         self._reported = number
-        self.store.set(f"ctl/e{number}/failed/{self.id}", repr(at))
-        self.store.set(f"ctl/e{number}/abandon/{self.id}", str(self.step))
+        self.store.set(keys.failed(number, self.id), repr(at))
+        self.store.set(keys.abandon(number, self.id), str(self.step))
 
     def _recover(self) -> None:
         """Wait for the epoch the coordinator plans from the survivors (a live migration) or a restart order."""
-        key = f"ctl/e{self._reported}/next"
+        key = keys.epoch_next(self._reported)
         self._poll(lambda: self.store.check([key]))
-        self.next = Epoch.from_json(self.store.get(f"epoch/{int(self.store.get(key))}"))
+        self.next = Epoch.from_json(self.store.get(keys.epoch(int(self.store.get(key)))))
         self._reported = None
         self._to(WorkerState.MIGRATING)
 
@@ -534,7 +535,7 @@ class Worker:
                 close_epoch(self.ctx.groups)
             else:  # joining from standby: the old members must be at the boundary before groups can form
                 self._failed_at = None
-                self._poll(lambda: self._check_epoch(n) or self.store.add(f"ctl/e{n}/arrived", 0) >= len(new.previous))
+                self._poll(lambda: self._check_epoch(n) or self.store.add(keys.arrived(n), 0) >= len(new.previous))
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
@@ -547,7 +548,7 @@ class Worker:
             self._await_commit(new)  # leaving: our old state stays needed until the new epoch committed
         except MigrationAbandoned as e:
             self._phases = {}
-            self.store.compare_set(f"ctl/e{n}/abort", "", f"worker {self.id}: {e}")
+            self.store.compare_set(keys.epoch_abort(n), "", f"worker {self.id}: {e}")
             self.step = new.start_step  # nothing was applied since the boundary
             self._report(n, self.last_step_end)
             self._to(WorkerState.RECOVERING)
@@ -565,7 +566,7 @@ class Worker:
     def _await_commit(self, epoch: Epoch) -> None:
         """An old member without a role in `epoch`: wait until its first step's decision — "apply" (the migration
         committed: leave) or "abort" (rolled back: `MigrationAbandoned`, we hold our old state again)."""
-        key = f"ctl/e{epoch.number}/decide/{epoch.start_step}"
+        key = keys.decide(epoch.number, epoch.start_step)
         self._poll(lambda: self.store.check([key]))
         if self.store.get(key).decode() != APPLY:
             raise MigrationAbandoned(f"epoch {epoch.number}'s migration was rolled back")
@@ -649,9 +650,9 @@ class Worker:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
         close_epoch(groups)
-        self.store.add(f"ctl/e{n}/bytes", sent)
+        self.store.add(keys.epoch_bytes(n), sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
-            self.store.set(f"ctl/e{n}/sent/{self.id}", str(sent))
+            self.store.set(keys.sent(n, self.id), str(sent))
         return received
 
     def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> bool:
@@ -685,7 +686,7 @@ class Worker:
                 ckpt = checkpoint.load(shards, config=job.model, job=job.job)
                 mine = {name: ckpt.layers[name] for name in ctx.names}
                 ctx.load_layer_states(mine)
-                self.store.add(f"ctl/e{number}/bytes", state_bytes(mine))
+                self.store.add(keys.epoch_bytes(number), state_bytes(mine))
             elif not fresh:
                 kept = old.layer_states() if old is not None else {}
                 ctx.load_layer_states({**kept, **received})  # KeyError if a layer were lost
@@ -703,8 +704,8 @@ class Worker:
             return False
         phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1}
         self._phases = {}
-        self.store.set(f"ctl/e{epoch.number}/phases/{self.id}", json.dumps(phases))
-        self.store.set(f"ctl/e{epoch.number}/ready/{self.id}", repr(time.time()))
+        self.store.set(keys.phases(epoch.number, self.id), json.dumps(phases))
+        self.store.set(keys.ready(epoch.number, self.id), repr(time.time()))
         return True
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -746,8 +747,8 @@ class Worker:
 
     def _end(self, code: int) -> int:
         """Tell the coordinator this process ends normally (its heartbeat is about to stop)."""
-        self.store.set(f"ctl/exit/{self.id}", repr(time.time()))
-        self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
+        self.store.set(keys.exited(self.id), repr(time.time()))
+        self.store.set(keys.final(self.id), str(self.incarnation))
         return code
 
     def _fail(self, kind: str, message: str, quiet: bool = False) -> None:
@@ -756,8 +757,8 @@ class Worker:
         try:
             self._to(WorkerState.FAILED)
             if self.store is not None:
-                self.store.set(f"ctl/{kind}/{self.id}", message)
-                self.store.set(f"ctl/final/{self.id}", str(self.incarnation))
+                self.store.set(keys.message(kind, self.id), message)
+                self.store.set(keys.final(self.id), str(self.incarnation))
         except Exception:  # the store itself may be what failed
             pass
 
