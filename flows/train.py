@@ -31,7 +31,8 @@ from typing import Any
 from prefect import flow, get_run_logger, runtime
 
 from forecasting.traces import DEFAULT_INTERVAL_S
-from parcae import settings, tracking
+import tracking
+from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner

@@ -1,6 +1,6 @@
 """Train, log, register and promote availability forecasters with MLflow; load the current champion.
 
-This module owns the life cycle of a learnt forecaster in the tracking store (``parcae.tracking`` says
+This module owns the life cycle of a learnt forecaster in the tracking store (``tracking`` says
 where that is):
 
 * `train_and_log` fits a forecaster on training traces, backtests it *and* persistence (fitted on the same
@@ -46,7 +46,7 @@ from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceFor
 from forecasting.features import SINCE_CAP, features_at, stack_steps
 from forecasting.forecast import Forecaster
 from forecasting.lgbm import LightGbmForecaster
-from parcae import tracking
+import tracking
 
 __all__ = [
     "CHAMPION",
@@ -289,8 +289,8 @@ def train_and_log(
     ``models`` (LightGBM estimators or boosters by key, the median under ``"q0.5"``), ``save(dir)`` and
     a ``horizon_max`` of at least ``horizon``. ``train_traces`` maps names to canonical tables;
     ``eval_trace`` is ``(name, table)`` and should not be among them. ``root``: a local store folder
-    (default: ``parcae.tracking``'s choice). ``progress`` receives a short message per stage.
-    Raises ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    (default: ``tracking``'s choice). ``progress`` receives a short message per stage.
+    Raises ``tracking.TrackingError`` when the store cannot be reached.
     """
     import lightgbm
     import mlflow
@@ -442,7 +442,7 @@ def load_champion(
 
     Without a champion (model not registered, no alias, artifact missing or unreadable) it returns an
     unfitted `PersistenceForecaster` and logs a warning saying why and how to train one. Raises
-    ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    ``tracking.TrackingError`` when the store cannot be reached.
     """
     from mlflow.exceptions import MlflowException
 

@@ -539,7 +539,7 @@ def simulate(
         _stderr().print(f"wrote {plot}", soft_wrap=True)
     if store is not None:
         from parcae.simulations import SIMULATIONS_EXPERIMENT, log_comparison
-        from parcae.tracking import TrackingError
+        from tracking import TrackingError
 
         try:
             comparison = log_comparison(
@@ -555,7 +555,7 @@ def simulate(
 
 def _check_store() -> str:
     """The tracking URI, checked to answer (one request, no retries); a UserError naming the fix if not."""
-    from parcae.tracking import TrackingError, check_reachable, tracking_uri
+    from tracking import TrackingError, check_reachable, tracking_uri
 
     try:
         uri = tracking_uri()
@@ -595,7 +595,7 @@ def simulations(
     ] = None,
 ) -> None:
     from parcae.simulations import ComparisonNotFound, list_comparisons, load_comparison
-    from parcae.tracking import TrackingError
+    from tracking import TrackingError
 
     store = _check_store()
     out = _stdout()
@@ -979,7 +979,7 @@ def _build_forecaster(kind: str, corpus: Mapping[str, Any], horizon: int, seed: 
     from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster
     from forecasting.lgbm import LightGbmForecaster
     from forecasting.registry import champion_version, load_champion
-    from parcae.tracking import TrackingError
+    from tracking import TrackingError
 
     tables = list(corpus.values())
     if kind == "persistence":
@@ -1053,7 +1053,7 @@ def _finite(x: float) -> float | None:
     help=(
         "Train the LightGBM forecaster on the trace corpus, backtest it against persistence on --eval-trace, "
         "log and register it in MLflow, and promote it to 'champion' if it beats persistence and the current "
-        "champion (mean MAE). The store is $MLFLOW_TRACKING_URI, else ./mlruns (parcae.tracking)."
+        "champion (mean MAE). The store is $MLFLOW_TRACKING_URI, else ./mlruns (tracking)."
     ),
 )
 def forecast_train(
@@ -1078,7 +1078,7 @@ def forecast_train(
 ) -> None:
     from forecasting.lgbm import LightGbmForecaster
     from forecasting.registry import DEFAULT_REGISTERED_NAME, train_and_log
-    from parcae.tracking import TrackingError, tracking_uri
+    from tracking import TrackingError, tracking_uri
 
     _check_outputs(json_out, None)
     _check_look_ahead(horizon, "--horizon")  # a forecast past what the planner takes is never used

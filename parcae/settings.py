@@ -9,7 +9,7 @@ What is checked, and why here rather than where it would fail:
 - a trace name (``trace``, ``eval_trace``, ...): unknown names would fail minutes later, inside a job or after a
   forecaster's training, with the list of known names lost in a traceback;
 - the MLflow tracking store (``MLFLOW_TRACKING_URI``): MLflow retries an unreachable server for minutes, and a
-  job that trains for an hour before finding out has wasted the hour (`parcae.tracking.check_reachable`);
+  job that trains for an hour before finding out has wasted the hour (`tracking.check_reachable`);
 - AWS credentials when ``provider="aws"``: boto3 looks for them only at the first call
   (`trainer.aws.check_credentials`);
 - the schedules of ``prefect.yaml``, with Prefect's own schedule models, before `prefect deploy` (which would read
@@ -127,8 +127,8 @@ def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str
 
 
 def check_tracking(uri: str | None = None, *, setting: str = "MLFLOW_TRACKING_URI", timeout: float = 5.0) -> str:
-    """The tracking URI (``uri``, else the one `parcae.tracking` would use) once one request to it succeeded."""
-    from parcae import tracking
+    """The tracking URI (``uri``, else the one `tracking` would use) once one request to it succeeded."""
+    import tracking
 
     resolved = uri or tracking.tracking_uri()
     try:

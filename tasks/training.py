@@ -25,7 +25,7 @@ from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from forecasting.forecast import Forecaster
-from parcae import tracking
+import tracking
 from tasks.tracking import artifact_key, run_markdown
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
 

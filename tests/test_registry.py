@@ -28,7 +28,7 @@ from forecasting.registry import (
     trace_fingerprint,
     train_and_log,
 )
-from parcae import tracking
+import tracking
 
 HORIZON = 6
 FAST = dict(horizon_max=HORIZON, seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)

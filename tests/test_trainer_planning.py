@@ -24,7 +24,7 @@ from liveput.migration import CostConstants, CostModel
 from liveput.model_spec import Layer, ModelSpec
 from liveput.scenarios import IntervalForecast
 from liveput.throughput import ThroughputProfile
-from parcae.tracking import plan_metrics
+from tracking import plan_metrics
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import Coordinator, ScheduleError
