@@ -31,10 +31,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster  # noqa: E402
-from forecasting.corpus import training_corpus  # noqa: E402
-from forecasting.lgbm import LightGbmForecaster  # noqa: E402
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import (  # noqa: E402
+    ArimaForecaster,
+    EtsForecaster,
+    LightGbmForecaster,
+    PersistenceForecaster,
+    load_trace,
+    training_corpus,
+)
 from liveput.simulator import SimulationConfig, simulate  # noqa: E402
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659)}

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import load_trace  # noqa: E402
 from liveput.migration import CostModel, MigrationKind, assign_stages, stage_overlap  # noqa: E402
 from liveput.scenarios import KINDS, Outcome, ScenarioStore  # noqa: E402
 from liveput.policies import ParcaePolicy, oracle_forecast  # noqa: E402

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace, scale_trace  # noqa: E402
+from forecasting import load_trace, scale_trace  # noqa: E402
 from liveput.migration import CostModel  # noqa: E402
 from liveput.optimizer import JobState, PlannerConfig, plan  # noqa: E402
 from liveput.policies import oracle_forecast  # noqa: E402

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import load_trace  # noqa: E402
 from liveput.policies import POLICY_NAMES  # noqa: E402
 from liveput.simulator import SimulationConfig, simulate  # noqa: E402
 

@@ -30,7 +30,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.train import train
-from forecasting.traces import DEFAULT_INTERVAL_S
+from forecasting import DEFAULT_INTERVAL_S
 import tracking
 from parcae import settings
 from tasks.forecaster import train_forecaster

@@ -129,6 +129,10 @@ class PersistenceForecaster:
     def fitted(self) -> bool:
         return self.delta_quantiles is not None
 
+    def history_window(self, horizon: int) -> int | None:
+        """Fitted, it reads only the last row; unfitted, its fallback spread uses the whole history."""
+        return 1 if self.fitted else None
+
     def fit(self, histories: Sequence[pd.DataFrame]) -> PersistenceForecaster:
         if isinstance(histories, pd.DataFrame):  # one table, not an iterable of its column names
             histories = [histories]
@@ -263,7 +267,7 @@ def _in_out(last: float, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _RefitPerCall:
-    """``fit`` and ``window_for`` of the models refitted per call on the last W values of N.
+    """``fit``, ``window_for`` and ``history_window`` of the models refitted per call on the last W values of N.
 
     Only the fallback's persistence spread is learnt in ``fit``; W is ``window`` if set, else
     `reference_window` of the horizon. Subclasses are dataclasses with ``window`` and ``persistence``.
@@ -276,6 +280,10 @@ class _RefitPerCall:
 
     def window_for(self, horizon: int) -> int:
         return self.window if self.window is not None else reference_window(horizon)
+
+    def history_window(self, horizon: int) -> int | None:
+        """The last W + 1 rows once fitted; unfitted, the persistence fallback's spread uses the whole history."""
+        return self.window_for(horizon) + 1 if self.persistence.fitted else None
 
 
 def _guarded_fit(

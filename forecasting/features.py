@@ -35,7 +35,7 @@ weight, and the median went to a recovery). ``benchmarks/forecast_anchor.py`` pr
 All functions are pure and vectorised: each feature is computed once for every row of the table with
 cumulative sums or rolling windows, then the requested origins are selected. No Python loop runs over
 history. Every feature looks back at most ``SINCE_CAP`` rows, so ``SINCE_CAP + 1`` rows of history give
-exactly the features of the whole past (``forecasting.registry.history_window`` relies on it). This
+exactly the features of the whole past (``LightGbmForecaster.history_window`` relies on it). This
 module must not import a model library; the forecasters import it.
 """
 
@@ -60,8 +60,13 @@ __all__ = [
     "LEVEL_WINDOWS",
     "SINCE_CAP",
     "STEP_FEATURE_NAMES",
+    "anchor_experts",
     "anchor_gaps",
     "anchor_levels",
+    "anchor_rule",
+    "hedge_weights",
+    "step_losses",
+    "weighted_median",
     "features_at",
     "stack_steps",
     "targets",
@@ -179,12 +184,12 @@ def _rolling_max(n_avail: np.ndarray, w: int) -> np.ndarray:
     return pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
 
 
-def _anchor_experts(n_avail: np.ndarray) -> np.ndarray:
+def anchor_experts(n_avail: np.ndarray) -> np.ndarray:
     """The anchor's candidates per row, nested and ascending: N_t <= max of the last w intervals (w ascending)."""
     return np.stack([n_avail] + [_rolling_max(n_avail, w) for w in ANCHOR_MAX_WINDOWS])
 
 
-def _step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
+def step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
     """Mean |error| of each expert's h-step forecasts (experts x rows) over the last ANCHOR_WINDOW origins known
     at each row: origins s <= t - ``lag`` (default h, the latest whose step-h truth is in).
 
@@ -203,7 +208,7 @@ def _step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | No
     return (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
 
 
-def _hedge_weights(
+def hedge_weights(
     loss: np.ndarray, margin: float = ANCHOR_MARGIN, prior: float = ANCHOR_PRIOR, rate: float = ANCHOR_RATE
 ) -> np.ndarray:
     """Hedge weights of the experts (rows of ``loss``; the first is persistence): exponential in the losses
@@ -215,23 +220,23 @@ def _hedge_weights(
     return boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
 
 
-def _weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
+def weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
     """Per row, the first of the ascending ``experts`` whose cumulative weight reaches half the total."""
     cum = np.cumsum(weight, axis=0)
     return experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
 
 
-def _anchor(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def anchor_rule(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(anchor levels, rows x ANCHOR_STEPS; relative skill of the best reverting expert at the last step).
 
-    Every operation after the integer window sums of `_step_losses` is elementwise, so a truncated history
+    Every operation after the integer window sums of `step_losses` is elementwise, so a truncated history
     gives bit-identical anchors.
     """
-    experts = _anchor_experts(n_avail)
+    experts = anchor_experts(n_avail)
     levels = np.empty((len(n_avail), ANCHOR_STEPS), dtype=np.int64)
     for h in range(1, ANCHOR_STEPS + 1):
-        loss = _step_losses(n_avail, experts, h)
-        levels[:, h - 1] = _weighted_median(_hedge_weights(loss), experts)
+        loss = step_losses(n_avail, experts, h)
+        levels[:, h - 1] = weighted_median(hedge_weights(loss), experts)
     # persistence's loss at the last step, through the margin and back as v3 models were trained on it: the
     # round trip moves the last bit of 13% of values, which is enough to move some trees' splits
     base = loss[0] * (1.0 - ANCHOR_MARGIN) / (1.0 - ANCHOR_MARGIN)
@@ -244,7 +249,7 @@ def anchor_levels(table: pd.DataFrame, origins: Sequence[int] | np.ndarray | Non
     that has worked on this trace's past."""
     _check_table(table)
     idx = _origins(table, origins)
-    levels, _ = _anchor(table["available"].to_numpy(dtype=np.int64))
+    levels, _ = anchor_rule(table["available"].to_numpy(dtype=np.int64))
     return levels[idx].astype(np.float64)
 
 
@@ -303,7 +308,7 @@ def _all_rows(table: pd.DataFrame) -> dict[str, np.ndarray]:
     out["log_since_out"] = np.log1p(_since_last(n_out > 0))
     out["log_since_in"] = np.log1p(_since_last(n_in > 0))
     out["tod_sin"], out["tod_cos"], out["dow"] = _calendar(table["start_time"])
-    levels, skill = _anchor(n_avail)
+    levels, skill = anchor_rule(n_avail)
     for h in range(1, ANCHOR_STEPS + 1):
         out[f"anchor_gap_{h}"] = (levels[:, h - 1] - n_avail) / c
     out["revert_skill"] = skill

@@ -95,13 +95,20 @@ class Forecast:
 
 @runtime_checkable
 class Forecaster(Protocol):
-    """``fit`` on many traces, ``predict`` from one history; both pure with respect to their inputs."""
+    """``fit`` on many traces, ``predict`` from one history; both pure with respect to their inputs.
+
+    ``history_window(horizon)``: the rows of past the model needs for an exact forecast, so a backtest can hand it
+    only those (`forecasting.backtest.rolling_origin`'s ``max_history``); None means the whole past. Each model
+    knows its own, so evaluation code never asks which model it scores.
+    """
 
     name: str
 
     def fit(self, histories: Sequence[pd.DataFrame]) -> Forecaster: ...
 
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast: ...
+
+    def history_window(self, horizon: int) -> int | None: ...
 
 
 def events_from_quantiles(

@@ -59,7 +59,15 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES, anchor_gaps, features_at, stack_steps, targets
+from forecasting.features import (
+    FEATURE_NAMES,
+    SINCE_CAP,
+    STEP_FEATURE_NAMES,
+    anchor_gaps,
+    features_at,
+    stack_steps,
+    targets,
+)
 from forecasting.forecast import QUANTILES, Forecast, recent_preemption_size
 
 __all__ = [
@@ -225,6 +233,10 @@ class LightGbmForecaster:
         self.shifts: dict[str, np.ndarray] = {}
         self.calibrated: bool = False
         self.n_train_rows: int = 0
+
+    def history_window(self, horizon: int) -> int | None:
+        """Features look back at most ``SINCE_CAP`` intervals (older event ages saturate)."""
+        return SINCE_CAP + 1
 
     # ----------------------------------------------------------------------------- parameters
 

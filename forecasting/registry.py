@@ -42,11 +42,12 @@ import pandas as pd
 from lightgbm.basic import LightGBMError
 
 from forecasting.backtest import DEFAULT_START, BacktestResult, plot_fans, rolling_origin
-from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster, reference_window
-from forecasting.features import SINCE_CAP, features_at, stack_steps
-from forecasting.forecast import Forecaster
-from forecasting.lgbm import LightGbmForecaster
 import tracking
+from forecasting.baselines import PersistenceForecaster
+from forecasting.features import features_at, stack_steps
+from forecasting.forecast import Forecaster
+from forecasting.forecasters import fit_forecaster
+from forecasting.lgbm import LightGbmForecaster
 
 __all__ = [
     "CHAMPION",
@@ -56,7 +57,6 @@ __all__ = [
     "TrainOutcome",
     "backtest_metrics",
     "champion_version",
-    "history_window",
     "load_champion",
     "trace_fingerprint",
     "train_and_log",
@@ -70,7 +70,6 @@ CHAMPION: Final = "champion"
 #: Run artifact folder holding ``LightGbmForecaster.save`` output.
 FORECASTER_ARTIFACT: Final = "forecaster"
 _MEDIAN_KEY: Final = "q0.5"
-_PARAM_MAX: Final = 6000  # MLflow's limit on a parameter value
 _INPUT_EXAMPLE_ROWS: Final = 5
 _HOW_TO_TRAIN: Final = "train and register one with `parcae forecast train`"
 
@@ -128,22 +127,6 @@ def trace_fingerprint(table: pd.DataFrame) -> str:
     return hashlib.sha256(n.tobytes() + str(cap).encode()).hexdigest()[:16]
 
 
-def history_window(forecaster: Forecaster, horizon: int) -> int | None:
-    """Rows of past a forecaster needs for an exact forecast, for `rolling_origin(max_history=...)`.
-
-    LightGBM features look back at most ``SINCE_CAP`` intervals (older event ages saturate), a fitted
-    persistence reads only the last row, the fitted ARIMA/ETS the last W + 1. None (the whole past) for
-    anything else, including unfitted baselines (their fallback spread uses the whole history).
-    """
-    if isinstance(forecaster, LightGbmForecaster):
-        return SINCE_CAP + 1
-    if isinstance(forecaster, PersistenceForecaster):
-        return 1 if forecaster.fitted else None
-    if isinstance(forecaster, (ArimaForecaster, EtsForecaster)):
-        return forecaster.window_for(horizon) + 1 if forecaster.persistence.fitted else None
-    return None
-
-
 def backtest_metrics(result: BacktestResult, prefix: str = "") -> dict[str, float]:
     """``{prefix}mae_h{h}`` for h = 1..H plus ``mae_mean``, ``pinball``, ``coverage80``, ``brier``."""
     out = {f"{prefix}mae_h{h}": float(v) for h, v in enumerate(result.mae, start=1)}
@@ -157,7 +140,7 @@ def _flat_params(params: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for key, value in params.items():
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-        out[key] = text if len(text) <= _PARAM_MAX else text[: _PARAM_MAX - 3] + "..."
+        out[key] = tracking.clip(text, tracking.MAX_PARAM_LENGTH)
     return out
 
 
@@ -244,7 +227,7 @@ def _current_champion(
         model = _download_forecaster(client, mv.run_id)
         if horizon > model.horizon_max:
             return None, f"champion version {version} forecasts at most {model.horizon_max} intervals, not {horizon}"
-        result = rolling_origin(model, eval_table, horizon, max_history=history_window(model, horizon))
+        result = rolling_origin(model, eval_table, horizon, max_history=model.history_window(horizon))
     except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
         return None, f"champion version {version} could not be rebuilt ({exc})"
     return _Champion(version, mv.run_id, result.mae_mean, "re-scored on this evaluation trace"), ""
@@ -350,14 +333,14 @@ def train_and_log(
 
         say(f"fitting {params['forecaster']} on {len(tables)} trace(s)")
         forecaster.fit(tables)
-        persistence = PersistenceForecaster(max_horizon=max(24, horizon)).fit(tables)
+        persistence = fit_forecaster("persistence", tables, horizon)
         n_rows = getattr(forecaster, "n_train_rows", None)
         if n_rows is not None:
             mlflow.log_param("n_train_rows", int(n_rows))
 
         say(f"backtesting on {eval_name} ({n_origins} origins x 2 models)")
-        result = rolling_origin(forecaster, eval_table, horizon, max_history=history_window(forecaster, horizon))
-        base = rolling_origin(persistence, eval_table, horizon, max_history=history_window(persistence, horizon))
+        result = rolling_origin(forecaster, eval_table, horizon, max_history=forecaster.history_window(horizon))
+        base = rolling_origin(persistence, eval_table, horizon, max_history=persistence.history_window(horizon))
         metrics = {**backtest_metrics(result), **backtest_metrics(base, "persistence_")}
 
         say("comparing with the champion")

@@ -104,7 +104,7 @@ def _fail(setting: str, problem: str, fix: str) -> SettingError:
 def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str:
     """The trace's display name if ``trace`` is a known trace name or an existing trace file, else SettingError
     listing the known names (bundled ones, plus ``$PARCAE_SHARED_TRACES`` when present)."""
-    from forecasting.traces import available_traces
+    from forecasting import available_traces
 
     if not isinstance(trace, (str, os.PathLike)) or not str(trace):
         raise _fail(setting, f"expected a trace name or file, got {trace!r}", "give a name from `parcae traces`")
@@ -208,7 +208,7 @@ def check_look_ahead(value: Any, *, setting: str = "look_ahead") -> int:
 
 def check_interval(value: Any, *, setting: str = "interval_s") -> float:
     """An interval T (seconds) in `forecasting.traces.INTERVAL_S_RANGE`."""
-    from forecasting.traces import INTERVAL_S_RANGE
+    from forecasting import INTERVAL_S_RANGE
 
     return check_seconds(value, setting=setting, low=INTERVAL_S_RANGE[0], high=INTERVAL_S_RANGE[1])
 
@@ -243,7 +243,7 @@ def _each(check: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _instances(value: Any, *, setting: str) -> int:
-    from forecasting.traces import MAX_INSTANCES
+    from forecasting import MAX_INSTANCES
 
     return check_count(value, setting=setting, maximum=MAX_INSTANCES)
 

@@ -19,7 +19,7 @@ import pandas as pd
 from prefect import runtime, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from forecasting.forecast import Forecast
+from forecasting import Forecast
 import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
 
 from mlflow.exceptions import MlflowException  # noqa: E402

@@ -309,7 +309,7 @@ class TraceSchedule:
 
 
 def _trace_table(trace: str | pd.DataFrame, workers: int) -> pd.DataFrame:
-    from forecasting.traces import load_trace, scale_trace
+    from forecasting import load_trace, scale_trace
 
     df = load_trace(trace) if isinstance(trace, str) else trace
     return scale_trace(df, workers)
