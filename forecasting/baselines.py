@@ -24,7 +24,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import numpy as np
 import pandas as pd
@@ -166,12 +166,13 @@ class PersistenceForecaster:
         The piece `ArimaForecaster` and `EtsForecaster` reuse when they fall back to persistence.
         """
         cap = table_capacity(history)
-        if not self.fitted:
+        deltas, rates = self.delta_quantiles, self.preemption_rates  # both set by a fit, or neither
+        if deltas is None or rates is None:
             zero = np.zeros(horizon)
             return {q: zero.copy() for q in self.levels}, np.full(horizon, _preemption_rate(history))
-        steps = np.minimum(np.arange(horizon), len(self.preemption_rates) - 1)
-        offsets = {q: cap * self.delta_quantiles[steps, j] for j, q in enumerate(self.levels)}
-        return offsets, self.preemption_rates[steps].copy()
+        steps = np.minimum(np.arange(horizon), len(rates) - 1)
+        offsets = {q: cap * deltas[steps, j] for j, q in enumerate(self.levels)}
+        return offsets, rates[steps].copy()
 
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
         _check_history(history, horizon, self.name)
@@ -272,6 +273,9 @@ class _RefitPerCall:
     Only the fallback's persistence spread is learnt in ``fit``; W is ``window`` if set, else
     `reference_window` of the horizon. Subclasses are dataclasses with ``window`` and ``persistence``.
     """
+
+    window: int | None
+    persistence: PersistenceForecaster
 
     def fit(self, histories: Sequence[pd.DataFrame]) -> Self:
         """The model is refitted per call on the recent window; only the persistence spread is learnt."""
@@ -477,7 +481,7 @@ class EtsForecaster(_RefitPerCall):
         return _guarded_fit(fit)
 
 
-def _simulate_rng_keyword(results: object) -> str:
+def _simulate_rng_keyword(results: Any) -> str:
     """statsmodels 0.15 renamed ``simulate(random_state=)`` to ``rng=`` (0.14 only knows the former)."""
     return "rng" if "rng" in inspect.signature(results.simulate).parameters else "random_state"
 

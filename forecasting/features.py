@@ -153,7 +153,8 @@ def _window_sum(csum: np.ndarray, w: int) -> np.ndarray:
     n = len(csum) - 1
     hi = np.arange(1, n + 1)
     lo = np.maximum(hi - w, 0)
-    return csum[hi] - csum[lo]
+    out: np.ndarray = csum[hi] - csum[lo]
+    return out
 
 
 def _since_last(mask: np.ndarray) -> np.ndarray:
@@ -181,7 +182,8 @@ def _calendar(start_time: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def _rolling_max(n_avail: np.ndarray, w: int) -> np.ndarray:
     """Max of the last ``w`` values up to each row (fewer at the start)."""
-    return pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
+    out: np.ndarray = pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
+    return out
 
 
 def anchor_experts(n_avail: np.ndarray) -> np.ndarray:
@@ -205,7 +207,8 @@ def step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | Non
     pos = np.arange(n)
     hi = np.maximum(pos - lag + 1, 0)
     lo = np.maximum(pos - lag - ANCHOR_WINDOW + 1, 0)
-    return (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
+    out: np.ndarray = (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
+    return out
 
 
 def hedge_weights(
@@ -217,13 +220,15 @@ def hedge_weights(
     scored = loss.copy()
     scored[0] *= 1.0 - margin
     boost = np.array([prior] + [1.0] * (len(loss) - 1))[:, None]
-    return boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
+    out: np.ndarray = boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
+    return out
 
 
 def weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
     """Per row, the first of the ascending ``experts`` whose cumulative weight reaches half the total."""
     cum = np.cumsum(weight, axis=0)
-    return experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
+    out: np.ndarray = experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
+    return out
 
 
 def anchor_rule(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -250,7 +255,8 @@ def anchor_levels(table: pd.DataFrame, origins: Sequence[int] | np.ndarray | Non
     _check_table(table)
     idx = _origins(table, origins)
     levels, _ = anchor_rule(table["available"].to_numpy(dtype=np.int64))
-    return levels[idx].astype(np.float64)
+    out: np.ndarray = levels[idx].astype(np.float64)
+    return out
 
 
 def anchor_gaps(feats: pd.DataFrame, horizon: int) -> np.ndarray:
@@ -259,7 +265,8 @@ def anchor_gaps(feats: pd.DataFrame, horizon: int) -> np.ndarray:
     Steps past ``ANCHOR_STEPS`` keep the last step's anchor.
     """
     cols = [f"anchor_gap_{min(h, ANCHOR_STEPS)}" for h in range(1, horizon + 1)]
-    return feats[cols].to_numpy(dtype=np.float64)
+    out: np.ndarray = feats[cols].to_numpy(dtype=np.float64)
+    return out
 
 
 def _all_rows(table: pd.DataFrame) -> dict[str, np.ndarray]:

@@ -127,20 +127,25 @@ def encode_change(
     lo = np.where(a == 0, -dead_zone / 2, dead_zone / 2 + (a - 1) / c)
     width = np.where(a == 0, dead_zone, 1.0 / c)
     t = lo + np.where(a == 0, u, 1.0 - u) * width
-    return np.where(k < 0, -t, t)
+    out: np.ndarray = np.where(k < 0, -t, t)
+    return out
 
 
-def decode_change(encoded: np.ndarray, capacity: float, dead_zone: float = DEAD_ZONE) -> np.ndarray:
+def decode_change(encoded: np.ndarray, capacity: float | np.ndarray, dead_zone: float = DEAD_ZONE) -> np.ndarray:
     """Inverse of `encode_change`: the whole-instance change whose cell holds each encoded value."""
     t = np.asarray(encoded, dtype=np.float64)
     a = np.abs(t)
     k = np.where(a <= dead_zone / 2, 0.0, np.ceil((a - dead_zone / 2) * capacity - 1e-9))
-    return np.sign(t) * k
+    out: np.ndarray = np.sign(t) * k
+    return out
 
 
 def activity_bins(in_count_60: np.ndarray, out_count_60: np.ndarray) -> np.ndarray:
     """Calibration bin (0..len(ACTIVITY_EDGES)) of each origin from its event counts of the last 60 intervals."""
-    return np.searchsorted(np.asarray(ACTIVITY_EDGES), np.asarray(in_count_60) + np.asarray(out_count_60), side="right")
+    out: np.ndarray = np.searchsorted(
+        np.asarray(ACTIVITY_EDGES), np.asarray(in_count_60) + np.asarray(out_count_60), side="right"
+    )
+    return out
 
 
 def _sample_budget(lengths: Sequence[int], budget: int) -> list[int]:
@@ -274,7 +279,8 @@ class LightGbmForecaster:
 
     def _stack(self, feats: pd.DataFrame, horizon: int) -> np.ndarray:
         """(origin, step) rows in ``feature_names`` order (see ``features.stack_steps``)."""
-        return stack_steps(feats, horizon)[list(self.feature_names)].to_numpy(dtype=np.float64)
+        out: np.ndarray = stack_steps(feats, horizon)[list(self.feature_names)].to_numpy(dtype=np.float64)
+        return out
 
     def training_rows(self, histories: Sequence[pd.DataFrame]) -> TrainingRows:
         """Stacked design matrix and exact targets for ``histories`` (no jitter; see ``fit``).
@@ -302,9 +308,9 @@ class LightGbmForecaster:
             ts.append(np.full(len(origins) * H, i))
         if not xs:
             raise ValueError("no training rows: every history is shorter than two intervals")
-        X, k, p, c, t = (np.concatenate(a) for a in (xs, ks, ps, cs, ts))
-        keep = ~np.isnan(k)
-        return TrainingRows(X[keep], k[keep], p[keep], c[keep], t[keep])
+        X, change, preempted, capacity, trace = (np.concatenate(a) for a in (xs, ks, ps, cs, ts))
+        keep = ~np.isnan(change)
+        return TrainingRows(X[keep], change[keep], preempted[keep], capacity[keep], trace[keep])
 
     # ----------------------------------------------------------------------------- Forecaster API
 
@@ -399,14 +405,14 @@ class LightGbmForecaster:
         anchor = np.rint(last[:, None] + c * anchor_gaps(feats, horizon))
         bins = activity_bins(feats["in_count_60"].to_numpy(), feats["out_count_60"].to_numpy())
         steps = np.arange(horizon)
-        levels = []
+        per_level = []
         for q in self.quantiles:
-            raw = self._boosters[_quantile_key(q)].predict(X).reshape(len(idx), horizon)
+            raw = np.asarray(self._boosters[_quantile_key(q)].predict(X)).reshape(len(idx), horizon)
             shift = self.shifts.get(_quantile_key(q))
             if shift is not None:
                 raw = raw + shift[steps[None, :], bins[:, None]]
-            levels.append(anchor + decode_change(raw, c, self.dead_zone))
-        levels = np.stack(levels)
+            per_level.append(anchor + decode_change(raw, c, self.dead_zone))
+        levels = np.stack(per_level)
         median = self.quantiles.index(0.5)
         # No crossing, outward from the median: a calibrated tail shifted past the median is clamped to
         # it, never the other way round (sorting would move the point forecast).
@@ -415,7 +421,7 @@ class LightGbmForecaster:
         for i in range(median + 1, len(self.quantiles)):
             levels[i] = np.maximum(levels[i], levels[i - 1])
         levels = np.clip(levels, 0.0, c)
-        prob = np.clip(self._boosters[_PREEMPT].predict(X).reshape(len(idx), horizon), 0.0, 1.0)
+        prob = np.clip(np.asarray(self._boosters[_PREEMPT].predict(X)).reshape(len(idx), horizon), 0.0, 1.0)
         n_out = table["n_out"].to_numpy()
         out = []
         for j in range(len(idx)):

@@ -35,7 +35,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import numpy as np
 import pandas as pd
@@ -161,7 +161,14 @@ def _fan_origins(result: BacktestResult, table: pd.DataFrame, horizon: int) -> l
     return [p for p in picks if 0 <= p < len(table) - 1]
 
 
-def _input_example(forecaster: LightGbmForecaster, table: pd.DataFrame, horizon: int) -> pd.DataFrame:
+class _FeatureModel(Protocol):
+    """What the input example needs of a LightGBM-style forecaster (`LightGbmForecaster` has it)."""
+
+    horizon_max: int
+    feature_names: tuple[str, ...]
+
+
+def _input_example(forecaster: _FeatureModel, table: pd.DataFrame, horizon: int) -> pd.DataFrame:
     origin = max(len(table) - 1 - horizon, 0)
     feats = features_at(table, [origin])
     rows = stack_steps(feats, min(horizon, forecaster.horizon_max))[list(forecaster.feature_names)]
@@ -192,7 +199,7 @@ def champion_version(
     return client.get_model_version(registered_name, str(aliases[CHAMPION]))
 
 
-def _download_forecaster(client: Any, run_id: str) -> LightGbmForecaster:
+def _download_forecaster(client: Any, run_id: str | None) -> LightGbmForecaster:
     import mlflow
 
     with tempfile.TemporaryDirectory(prefix="parcae-champion-") as tmp:
@@ -362,7 +369,8 @@ def train_and_log(
             saved = forecaster.save(Path(tmp) / FORECASTER_ARTIFACT)
             mlflow.log_artifacts(str(saved), FORECASTER_ARTIFACT)
 
-        example = _input_example(forecaster, next(iter(train_traces.values())), horizon)
+        # a LightGBM-style forecaster (checked above: .models, .save) also has its feature names
+        example = _input_example(cast(_FeatureModel, forecaster), next(iter(train_traces.values())), horizon)
         version: int | None = None
         requirements = [f"lightgbm=={lightgbm.__version__}"]
         for key, model in forecaster.models.items():

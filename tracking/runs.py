@@ -72,7 +72,7 @@ def log_run(
     fails is marked FAILED and the error re-raised, so a half-logged run is never FINISHED."""
     from mlflow.entities import Metric
 
-    run_id = client.create_run(
+    run_id: str = client.create_run(
         experiment, run_name=run_name, tags={k: clip(v, MAX_TAG_LENGTH) for k, v in (tags or {}).items()}
     ).info.run_id
     try:

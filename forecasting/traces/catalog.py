@@ -13,7 +13,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import Final
+from typing import Any, Final
 
 import pandas as pd
 
@@ -43,7 +43,7 @@ class UnknownTraceError(LookupError):
             f"Known names: {', '.join(self.known) or '(none)'}. A path to a trace file also works."
         )
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.source, self.known))
 
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, TypedDict, Unpack
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["AvailabilityEvents", "TraceFormatError", "from_count_series"]
+__all__ = ["AvailabilityEvents", "EventsMeta", "TraceFormatError", "from_count_series"]
 
 
 # --------------------------------------------------------------------------------------------- errors
@@ -56,7 +57,7 @@ class TraceFormatError(ValueError):
             msg += f", got {got!r}"
         return msg
 
-    def __reduce__(self):  # keep it picklable (multiprocessing) despite the keyword-rich __init__
+    def __reduce__(self) -> tuple[Any, ...]:  # keep it picklable (multiprocessing) despite the keyword-rich __init__
         return (type(self), (self.path, self.expected, self.line, self.got, self.reason))
 
 
@@ -130,12 +131,22 @@ class AvailabilityEvents:
         return int(max(self.initial, self.counts.max(initial=0)))
 
 
+class EventsMeta(TypedDict, total=False):
+    """What a reader knows of its source besides the changes: the descriptive fields of `AvailabilityEvents`."""
+
+    start_time: pd.Timestamp | None
+    name: str
+    source: str
+    capacity: int | None
+    fmt: str
+
+
 def from_count_series(
-    times_s: Sequence[float],
-    counts: Sequence[int],
+    times_s: Sequence[float] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
     *,
     hold_s: float = 0.0,
-    **meta: object,
+    **meta: Unpack[EventsMeta],
 ) -> AvailabilityEvents:
     """Events from successive count observations (already sorted, one value per row).
 
@@ -167,5 +178,5 @@ def from_count_series(
         initial=initial,
         last_s=float(t[-1]),
         hold_s=hold_s,
-        **meta,  # type: ignore[arg-type]
+        **meta,
     )

@@ -16,13 +16,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, TypeGuard, Unpack
 
 import numpy as np
 import pandas as pd
 
 from forecasting import jsonio
-from forecasting.traces.events import AvailabilityEvents, TraceFormatError, from_count_series
+from forecasting.traces.events import AvailabilityEvents, EventsMeta, TraceFormatError, from_count_series
 
 __all__ = [
     "FORMATS",
@@ -216,7 +216,7 @@ def _finish(events: AvailabilityEvents, path: Path) -> AvailabilityEvents:
     return replace(events, capacity=_known_capacity(path, events.fmt, events.max_count))
 
 
-def events_from_log(log: Iterable[tuple[int, str]], **meta: object) -> AvailabilityEvents:
+def events_from_log(log: Iterable[tuple[int, str]], **meta: Unpack[EventsMeta]) -> AvailabilityEvents:
     """:class:`AvailabilityEvents` of a time-ordered ``(ts_ms, "add"|"remove")`` log, binned per second.
 
     Milliseconds are integer-divided to seconds as the reference does before binning; events in the same
@@ -354,7 +354,8 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
             raise _bad(p, fmt, number, line, reason)
         count = _int(p, fmt, number, line, m.group(7), "count", MAX_INSTANCES)
         try:
-            when = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+            year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+            when = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
         except ValueError as exc:
             raise _bad(p, fmt, number, line, str(exc)) from None
         _check_when(p, fmt, number, line, when)
@@ -385,7 +386,7 @@ def _json_line(text: str, needle: str | None) -> int:
     return text.count("\n", 0, max(at, 0)) + 1
 
 
-def _is_time_value(v: object) -> bool:
+def _is_time_value(v: object) -> TypeGuard[int | float]:
     """A JSON number in [0, MAX_TIME_VALUE] (``math.isfinite`` would overflow on a huge integer)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False

@@ -240,7 +240,8 @@ def scale_trace(df: pd.DataFrame, capacity: int) -> pd.DataFrame:
 
     def scaled(column: str) -> np.ndarray:
         n = df[column].to_numpy(dtype=np.int64)
-        return (2 * n * new + old) // (2 * old)  # == floor(n * new / old + 1/2), exactly
+        out: np.ndarray = (2 * n * new + old) // (2 * old)  # == floor(n * new / old + 1/2), exactly
+        return out
 
     prev = scaled("prev_available")
     available = scaled("available")
