@@ -1,42 +1,17 @@
 """Features and targets for learnt availability forecasters, built from canonical per-interval tables.
 
-This module owns the *look-ahead-free* description of a trace's history at a forecast origin. An
-origin ``t`` is a positional row of a canonical table (``forecasting.traces``): the forecaster has
-seen intervals ``0..t`` (their events and the count ``N_t = available[t]`` at the end of interval t)
-and predicts ``N_{t+1}..N_{t+H}``. Every feature at origin ``t`` is a function of rows ``<= t`` only;
-``tests/test_features.py`` checks this by recomputing on ``table.iloc[:t+1]``.
+Owns: the *look-ahead-free* description of a trace's history at a forecast origin (`features_at`, `targets`,
+`stack_steps`) and the **anchor** (`anchor_levels`), the regime-adaptive reference forecast that learnt models
+predict around (how it is chosen and why: `anchor_rule`). An origin ``t`` is a positional row of a canonical
+table (``forecasting.traces``): every feature at ``t`` is a function of rows ``<= t`` only
+(``tests/test_features.py`` recomputes on ``table.iloc[:t+1]``). Must not import a model library; the
+forecasters (``forecasting.lgbm``) import this.
 
-Features are **capacity-normalised** (counts and sizes divided by the cluster capacity c) so that one
-model transfers between a 4-node and an 80-node cluster. Event *counts* (how many intervals had a
-preemption) are not normalised: they measure how often the market moves, not by how much.
-
-It also owns the **anchor** (`anchor_levels`): a regime-adaptive reference forecast, one per step ahead,
-that learnt models predict *around*. Traces differ in how a dip ends: on some (gcp-v100) the cluster climbs
-back to its recent level within minutes, on others (the SkyPilot fleets, aws2020) a lost instance stays lost
-for hours. Which regime a trace is in cannot be read off one window of counts, but it can be measured on the
-trace's own past. For each step h = 1..``ANCHOR_STEPS`` the anchor scores its nested experts, persistence
-N_t <= "back to the maximum of the last w intervals" (w in ``ANCHOR_MAX_WINDOWS``), on the h-step forecasts
-whose truth is already known (origins ``t - h - ANCHOR_WINDOW + 1 .. t - h``, mean |error|), weighs them
-exponentially in their losses (Hedge: rate ``ANCHOR_RATE``, losses relative to persistence's, persistence's
-discounted by ``ANCHOR_MARGIN`` and its prior weight ``ANCHOR_PRIOR``) and takes the weighted median, a
-whole number that is persistence unless the reverting experts hold most of the weight.
-
-Why per step and soft: one choice for all steps (scored on 12-step sums) made the anchor follow the
-recent maximum one step ahead too, where the dip usually still holds (1.04 x persistence's MAE at h = 1 on
-the other traces). Every constant was chosen by leave-one-trace-out on the corpus *without* p3 (p3 is the
-test trace). On those 11 traces the anchor alone has a mean MAE ratio to persistence of 0.991 (0.90 on
-gcp-v100, at most 1.003 elsewhere, 1.000 at h = 1); the single hard choice it replaces had 0.994 (at most
-1.022, 1.04 at h = 1), and a hard choice per step 0.992 (0.92 on gcp-v100). A weighted mean of the experts
-instead of the median reached 0.83 on gcp-v100 but 1.14 on the worst calm trace, where its fractions miss
-the unchanged truth. Without the margin the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with
-a prior of 1 (same rate), at 1.15 (aws2020-p2-us-east-1e: experts that tie on a calm past split the
-weight, and the median went to a recovery). ``benchmarks/forecast_anchor.py`` prints these side by side.
-
-All functions are pure and vectorised: each feature is computed once for every row of the table with
-cumulative sums or rolling windows, then the requested origins are selected. No Python loop runs over
-history. Every feature looks back at most ``SINCE_CAP`` rows, so ``SINCE_CAP + 1`` rows of history give
-exactly the features of the whole past (``LightGbmForecaster.history_window`` relies on it). This
-module must not import a model library; the forecasters import it.
+Features are **capacity-normalised** (counts and sizes divided by the cluster capacity c) so that one model
+transfers between a 4-node and an 80-node cluster; event *counts* are not (they measure how often the market
+moves, not by how much). All functions are pure and vectorised (cumulative sums or rolling windows over every
+row, then the requested origins), and every feature looks back at most ``SINCE_CAP`` rows, so ``SINCE_CAP + 1``
+rows give exactly the features of the whole past (``LightGbmForecaster.history_window`` relies on it).
 """
 
 from __future__ import annotations
@@ -233,6 +208,27 @@ def weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
 
 def anchor_rule(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(anchor levels, rows x ANCHOR_STEPS; relative skill of the best reverting expert at the last step).
+
+    Traces differ in how a dip ends: on some (gcp-v100) the cluster climbs back to its recent level within minutes,
+    on others (the SkyPilot fleets, aws2020) a lost instance stays lost for hours. Which regime a trace is in cannot
+    be read off one window of counts, but it can be measured on the trace's own past. For each step h =
+    1..``ANCHOR_STEPS`` the anchor scores its nested experts, persistence N_t <= "back to the maximum of the last w
+    intervals" (w in ``ANCHOR_MAX_WINDOWS``), on the h-step forecasts whose truth is already known (origins ``t - h
+    - ANCHOR_WINDOW + 1 .. t - h``, mean |error|), weighs them exponentially in their losses (Hedge: rate
+    ``ANCHOR_RATE``, losses relative to persistence's, persistence's discounted by ``ANCHOR_MARGIN`` and its prior
+    weight ``ANCHOR_PRIOR``) and takes the weighted median, a whole number that is persistence unless the reverting
+    experts hold most of the weight.
+
+    Why per step and soft: one choice for all steps (scored on 12-step sums) made the anchor follow the recent
+    maximum one step ahead too, where the dip usually still holds (1.04 x persistence's MAE at h = 1 on the other
+    traces). Every constant was chosen by leave-one-trace-out on the corpus *without* p3 (p3 is the test trace). On
+    those 11 traces the anchor alone has a mean MAE ratio to persistence of 0.991 (0.90 on gcp-v100, at most 1.003
+    elsewhere, 1.000 at h = 1); the single hard choice it replaces had 0.994 (at most 1.022, 1.04 at h = 1), and a
+    hard choice per step 0.992 (0.92 on gcp-v100). A weighted mean of the experts instead of the median reached 0.83
+    on gcp-v100 but 1.14 on the worst calm trace, where its fractions miss the unchanged truth. Without the margin
+    the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with a prior of 1 (same rate), at 1.15
+    (aws2020-p2-us-east-1e: experts that tie on a calm past split the weight, and the median went to a recovery).
+    ``benchmarks/forecast_anchor.py`` prints these side by side.
 
     Every operation after the integer window sums of `step_losses` is elementwise, so a truncated history
     gives bit-identical anchors.

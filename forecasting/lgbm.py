@@ -1,50 +1,9 @@
 """A LightGBM availability forecaster: calibrated quantiles of the change from a regime-adaptive anchor.
 
-This module owns the learnt forecaster that implements ``forecasting.forecast.Forecaster``. It consumes
-features, targets and the anchor from ``forecasting.features`` (it never computes history statistics
-itself) and returns ``Forecast`` objects; evaluation code scores it like any other forecaster.
-
-Design (every choice below was made by leave-one-trace-out on the corpus *without* p3, the test trace;
-p3 numbers are reported, never used to choose):
-
-* **Around an anchor.** The target is the change in whole instances from the anchor of its step
-  (``features.anchor_levels``: N_t, or nearer the recent maximum on a trace whose dips have recently been
-  short, chosen per step ahead), not from N_t. Learnt from the corpus alone, the median shrinks to "no
-  change" on every held-out trace (most traces are calm); the anchor carries the one transferable
-  regularity, which regime *this* trace is in, and the boosters learn corrections, the spread and the
-  preemption odds around it.
-* **One model per quantile, horizon as a feature.** Training rows are the pairs (origin t, step h) with
-  the origin's features plus the step columns of ``features.stack_steps``. Per-horizon ("direct")
-  models would need ``H x (Q + 1)`` boosters, each fitted on 1/H of the rows, for a target whose law
-  changes smoothly with h.
-* **Dead-zone jitter.** The change k is a whole number, mostly 0, and LightGBM's quantile gradient cannot
-  learn a quantile at such ties. The target is a uniform draw inside k's *cell*: the cell of 0 is
-  ``[-dead_zone/2, dead_zone/2]`` (a fixed fraction of capacity), the cell of k > 0 is
-  ``dead_zone/2 + [(k-1)/c, k/c]`` (mirrored for k < 0). The map is monotone, so decoding a predicted
-  quantile gives the integer quantile exactly. Plain ``(k + U)/c`` jitter made the width of the 0-cell
-  depend on c: a leaf mixing 4- and 16-instance traces put its median a fraction of a 16-node cell below
-  0, which decodes to -1 or -2 instances on the 80-instance gcp-v100 (held out: 7% *worse* than
-  persistence; with the dead zone: level with it).
-* **Calibrated tails (split conformal, cross-fitted by trace).** Trained on other traces, the 10/90%
-  boosters were too wide on held-out ones (coverage 0.89-0.99). ``fit`` splits the training traces into
-  two groups, fits the tail boosters on each and predicts the other, and per horizon and *activity bin*
-  (intervals with an event in the last 60, ``ACTIVITY_EDGES``) picks the shift of each tail that makes
-  the out-of-group rate of outcomes below q0.1 (above q0.9) closest to 10%. Binning by activity keeps the
-  calm traces, where ties make any interval cover more than 80%, from narrowing the intervals of busy ones.
-* **Preemption probability** from one binary classifier on the same stacked rows: P(n_out >= 1 in
-  interval t+h). The planner's law per interval comes from this hazard (``events_from_hazard``): on
-  the busiest two one-hour windows of five non-p3 traces (``benchmarks/forecast_decision_quality.py
-  --segments validation``) it gives the planner 0.978 of the oracle's samples, the same as the point
-  path alone; the quantile law (``events_from_quantiles``) gave 0.961: its per-interval spread made
-  the planner give up throughput for losses that did not come.
-* **Post-processing** in count space: anchor + decoded change, sorted across levels per step (no
-  crossing), clipped to [0, c]. The point forecast is the median (MAE-optimal), a whole number.
-* **Deterministic**: ``deterministic=True, force_row_wise=True, seed, n_jobs=1`` (docs/stack.md section 5)
-  and seeded origin subsampling and jitter, so one seed gives one model.
-* **Serialisation without pickle**: LightGBM's text model format per booster plus JSON metadata holding
-  the calibration (``to_bytes``/``from_bytes`` as one JSON document, ``save``/``load`` as a directory).
-  Predictions always go through ``Booster.predict`` so a loaded model predicts bit-for-bit like the
-  fitted one.
+Owns: `LightGbmForecaster` (a ``forecasting.forecast.Forecaster``), its target encoding (`encode_change`,
+`decode_change`), the tail calibration and its pickle-free serialisation. Must not touch: history statistics
+(features, targets and the anchor come from ``forecasting.features``), MLflow (``forecasting.registry`` logs and
+loads it). The design and why each choice was made: the class docstring.
 """
 
 from __future__ import annotations
@@ -191,6 +150,48 @@ class LightGbmForecaster:
     The defaults are small, heavily regularised trees, chosen by leave-one-trace-out on the corpus
     without p3: 31-leaf trees learnt trace-specific dynamics that did not transfer and lost 5-18% MAE to
     persistence there; 4-leaf trees stay level with it and keep the Brier gain.
+
+    Design (every choice below was made by leave-one-trace-out on the corpus *without* p3, the test trace;
+    p3 numbers are reported, never used to choose):
+
+    * **Around an anchor.** The target is the change in whole instances from the anchor of its step
+      (``features.anchor_levels``: N_t, or nearer the recent maximum on a trace whose dips have recently been
+      short, chosen per step ahead), not from N_t. Learnt from the corpus alone, the median shrinks to "no
+      change" on every held-out trace (most traces are calm); the anchor carries the one transferable
+      regularity, which regime *this* trace is in, and the boosters learn corrections, the spread and the
+      preemption odds around it.
+    * **One model per quantile, horizon as a feature.** Training rows are the pairs (origin t, step h) with
+      the origin's features plus the step columns of ``features.stack_steps``. Per-horizon ("direct")
+      models would need ``H x (Q + 1)`` boosters, each fitted on 1/H of the rows, for a target whose law
+      changes smoothly with h.
+    * **Dead-zone jitter.** The change k is a whole number, mostly 0, and LightGBM's quantile gradient cannot
+      learn a quantile at such ties. The target is a uniform draw inside k's *cell*: the cell of 0 is
+      ``[-dead_zone/2, dead_zone/2]`` (a fixed fraction of capacity), the cell of k > 0 is
+      ``dead_zone/2 + [(k-1)/c, k/c]`` (mirrored for k < 0). The map is monotone, so decoding a predicted
+      quantile gives the integer quantile exactly. Plain ``(k + U)/c`` jitter made the width of the 0-cell
+      depend on c: a leaf mixing 4- and 16-instance traces put its median a fraction of a 16-node cell below
+      0, which decodes to -1 or -2 instances on the 80-instance gcp-v100 (held out: 7% *worse* than
+      persistence; with the dead zone: level with it).
+    * **Calibrated tails (split conformal, cross-fitted by trace).** Trained on other traces, the 10/90%
+      boosters were too wide on held-out ones (coverage 0.89-0.99). ``fit`` splits the training traces into
+      two groups, fits the tail boosters on each and predicts the other, and per horizon and *activity bin*
+      (intervals with an event in the last 60, ``ACTIVITY_EDGES``) picks the shift of each tail that makes
+      the out-of-group rate of outcomes below q0.1 (above q0.9) closest to 10%. Binning by activity keeps the
+      calm traces, where ties make any interval cover more than 80%, from narrowing the intervals of busy ones.
+    * **Preemption probability** from one binary classifier on the same stacked rows: P(n_out >= 1 in
+      interval t+h). The planner's law per interval comes from this hazard (``events_from_hazard``): on
+      the busiest two one-hour windows of five non-p3 traces (``benchmarks/forecast_decision_quality.py
+      --segments validation``) it gives the planner 0.978 of the oracle's samples, the same as the point
+      path alone; the quantile law (``events_from_quantiles``) gave 0.961: its per-interval spread made
+      the planner give up throughput for losses that did not come.
+    * **Post-processing** in count space: anchor + decoded change, sorted across levels per step (no
+      crossing), clipped to [0, c]. The point forecast is the median (MAE-optimal), a whole number.
+    * **Deterministic**: ``deterministic=True, force_row_wise=True, seed, n_jobs=1`` (docs/stack.md section 5)
+      and seeded origin subsampling and jitter, so one seed gives one model.
+    * **Serialisation without pickle**: LightGBM's text model format per booster plus JSON metadata holding
+      the calibration (``to_bytes``/``from_bytes`` as one JSON document, ``save``/``load`` as a directory).
+      Predictions always go through ``Booster.predict`` so a loaded model predicts bit-for-bit like the
+      fitted one.
     """
 
     name: str = "lightgbm"

@@ -42,7 +42,7 @@ def test_every_public_name_resolves_to_its_home() -> None:
 
 def test_jsonio_alone_does_not_import_pandas_or_lightgbm() -> None:
     """A trainer worker imports `forecasting.jsonio` only; the face must not drag the models in."""
-    code = "import sys; from forecasting import jsonio; print(sorted({'pandas', 'lightgbm', 'pyarrow'} & set(sys.modules)))"
+    code = "import sys; from forecasting import jsonio; print(sorted({'pandas', 'lightgbm', 'pyarrow'} & {*sys.modules}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
