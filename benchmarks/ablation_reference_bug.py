@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import liveput.scenarios as scenarios  # noqa: E402
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import load_trace  # noqa: E402
 from liveput import SimulationConfig, simulate  # noqa: E402
 from oracle_gap import greedy_missing  # noqa: E402  (the reference's repartition, shared with the full ablation)
 

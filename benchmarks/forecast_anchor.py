@@ -5,7 +5,7 @@ per step ahead from the trace's own past. This scores the anchor alone (no learn
 chosen over, side by side, by MAE over h = 1..12 as a ratio to persistence's on the same origins (every origin
 from the backtest's first on). p3, the test trace, is left out: choosing on it would be tuning on the test.
 
-* ``shipped``: `features._anchor` (Hedge weights per step, persistence's loss discounted and its prior
+* ``shipped``: `features.anchor_rule` (Hedge weights per step, persistence's loss discounted and its prior
   weight raised, weighted median);
 * ``one choice for all steps``: the rule it replaced (the expert with the least error over all 12 steps, a
   reverting one only if it beat persistence by 30%);
@@ -28,9 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting import features  # noqa: E402
-from forecasting.backtest import DEFAULT_START  # noqa: E402
-from forecasting.corpus import training_corpus  # noqa: E402
+from forecasting import DEFAULT_START, features, training_corpus  # noqa: E402
 
 H = features.ANCHOR_STEPS
 
@@ -43,27 +41,27 @@ def hard(loss: np.ndarray, margin: float = 0.3) -> np.ndarray:
 
 
 def one_choice(n: np.ndarray) -> np.ndarray:
-    experts = features._anchor_experts(n)
-    total = sum(features._step_losses(n, experts, h, lag=H) for h in range(1, H + 1))
+    experts = features.anchor_experts(n)
+    total = sum(features.step_losses(n, experts, h, lag=H) for h in range(1, H + 1))
     return np.repeat(experts[hard(total), np.arange(len(n))][:, None], H, axis=1)
 
 
 def per_step(n: np.ndarray, pick: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> np.ndarray:
-    experts = features._anchor_experts(n)
-    return np.stack([pick(features._step_losses(n, experts, h), experts) for h in range(1, H + 1)], axis=1)
+    experts = features.anchor_experts(n)
+    return np.stack([pick(features.step_losses(n, experts, h), experts) for h in range(1, H + 1)], axis=1)
 
 
 def weighted_mean(loss: np.ndarray, experts: np.ndarray) -> np.ndarray:
-    weight = features._hedge_weights(loss, margin=0.0, prior=1.0)
+    weight = features.hedge_weights(loss, margin=0.0, prior=1.0)
     return (weight * experts).sum(axis=0) / weight.sum(axis=0)
 
 
 def median_with(**hedge: float) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    return lambda loss, experts: features._weighted_median(features._hedge_weights(loss, **hedge), experts)
+    return lambda loss, experts: features.weighted_median(features.hedge_weights(loss, **hedge), experts)
 
 
 RULES: dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "shipped": lambda n: features._anchor(n)[0].astype(np.float64),
+    "shipped": lambda n: features.anchor_rule(n)[0].astype(np.float64),
     "one choice for all steps": one_choice,
     "hard choice per step": lambda n: per_step(n, lambda loss, e: e[hard(loss), np.arange(e.shape[1])]),
     "weighted mean": lambda n: per_step(n, weighted_mean),

@@ -31,22 +31,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster  # noqa: E402
-from forecasting.corpus import training_corpus  # noqa: E402
-from forecasting.lgbm import LightGbmForecaster  # noqa: E402
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import FORECASTERS, fit_forecaster, load_trace, training_corpus  # noqa: E402
 from liveput import SimulationConfig, simulate  # noqa: E402
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659)}
 #: Non-p3 traces with enough instances for GPT-1.5B (N >= 6) and one-hour windows with events.
 VALIDATION_TRACES = ("gcp-v100", "aws2020-g4dn-us-east-1c", "aws2020-g4dn-us-east-1d", "aws2020-p2",
                      "skypilot-16node-us-east-2b")
-FACTORIES = {
-    "persistence": PersistenceForecaster,
-    "ets": EtsForecaster,
-    "arima": ArimaForecaster,
-    "lightgbm": LightGbmForecaster,
-}
 
 
 def busiest_windows(table, k: int = 2, length: int = 60) -> dict[str, tuple[int, int]]:
@@ -65,14 +56,14 @@ def busiest_windows(table, k: int = 2, length: int = 60) -> dict[str, tuple[int,
             for i in sorted(picks)}
 
 
-def fit_all(names: list[str], corpus: list) -> dict:
+def fit_all(names: list[str], corpus: list, horizon: int) -> dict:
     fitted = {}
     for name in names:
         if name == "point":
             fitted[name] = None  # the simulator's built-in persistence
             continue
         t0 = time.perf_counter()
-        fitted[name] = FACTORIES[name]().fit(corpus)
+        fitted[name] = fit_forecaster(name, corpus, horizon)
         print(f"fitted {name} in {time.perf_counter() - t0:.1f} s", flush=True)
     return fitted
 
@@ -99,16 +90,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     names = args.forecasters.split(",")
-    unknown = [n for n in names if n != "point" and n not in FACTORIES]
+    unknown = [n for n in names if n != "point" and n not in FORECASTERS]
     if unknown:
-        ap.error(f"unknown forecaster {unknown[0]!r}; choose from point, {', '.join(FACTORIES)}")
+        ap.error(f"unknown forecaster {unknown[0]!r}; choose from point, {', '.join(FORECASTERS)}")
     config = SimulationConfig(model=args.model, look_ahead=args.look_ahead)
     header = f"\n{'segment':<36} {'oracle':>9} " + " ".join(f"{n:>12}" for n in names)
     if args.segments == "p3":
         trace = load_trace("p3")
         corpus = list(training_corpus(exclude=("p3",)).values())
         print(f"training corpus without p3: {len(corpus)} traces")
-        fitted = fit_all(names, corpus)
+        fitted = fit_all(names, corpus, args.look_ahead)
         print(header + "   (parcae samples / parcae-oracle samples)")
         rows = run_segments(trace, SEGMENTS, fitted, config)
     else:
@@ -116,7 +107,7 @@ def main() -> None:
         rows = {}
         for held in VALIDATION_TRACES:
             print(f"\n{held}: training on {len(full) - 1} traces (without p3 and {held})")
-            fitted = fit_all(names, [t for n, t in full.items() if n != held])
+            fitted = fit_all(names, [t for n, t in full.items() if n != held], args.look_ahead)
             print(header)
             rows.update(run_segments(full[held], busiest_windows(full[held]), fitted, config, f"{held} "))
         weight = np.array([r["oracle_samples"] for r in rows.values()])

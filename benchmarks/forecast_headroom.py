@@ -27,10 +27,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.backtest import DEFAULT_START  # noqa: E402
-from forecasting.corpus import training_corpus  # noqa: E402
-from forecasting.lgbm import LightGbmForecaster  # noqa: E402
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import DEFAULT_START, LightGbmForecaster, load_trace, training_corpus  # noqa: E402
 
 WINDOWS = (3, 6, 12, 30, 60)
 

@@ -42,7 +42,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import DEFAULT_INTERVAL_S, load_trace  # noqa: E402
+from forecasting import DEFAULT_INTERVAL_S, load_trace  # noqa: E402
 from liveput import (  # noqa: E402
     DEFAULT_LOOK_AHEAD, KINDS, CostModel, MigrationKind, Outcome, ParcaePolicy, ScenarioStore, SimulationConfig,
     assign_stages, events_of, instance_price, load_profile, oracle_forecast, run_policy, simulate, stage_overlap,

@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace, scale_trace  # noqa: E402
+from forecasting import load_trace, scale_trace  # noqa: E402
 from liveput import (  # noqa: E402
     CostModel, JobState, PlannerConfig, ScenarioStore, events_of, load_profile, oracle_forecast, plan,
 )

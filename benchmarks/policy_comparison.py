@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from forecasting.traces import load_trace  # noqa: E402
+from forecasting import load_trace  # noqa: E402
 from liveput import POLICY_NAMES, SimulationConfig, simulate  # noqa: E402
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659),

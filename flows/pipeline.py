@@ -30,8 +30,9 @@ from typing import Any
 from prefect import flow, get_run_logger
 
 from flows.train import train
-from forecasting.traces import DEFAULT_INTERVAL_S
-from parcae import settings, tracking
+from forecasting import DEFAULT_INTERVAL_S
+import tracking
+from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.tracking import publish_training_report
 from tasks.traces import load_availability_trace, load_training_corpus

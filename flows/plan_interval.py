@@ -23,7 +23,7 @@ from typing import Any
 
 from prefect import flow
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from forecasting import DEFAULT_INTERVAL_S
 from liveput import DEFAULT_LOOK_AHEAD, JobState
 from parcae import settings
 from tasks.forecaster import champion_forecaster

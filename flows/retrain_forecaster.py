@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from forecasting import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.tracking import publish_training_report

@@ -30,9 +30,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger, runtime
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from forecasting import DEFAULT_INTERVAL_S
+import tracking
 from liveput import DEFAULT_LOOK_AHEAD
-from parcae import settings, tracking
+from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner

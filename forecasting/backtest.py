@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -63,7 +64,8 @@ class BacktestResult:
     @property
     def mae(self) -> np.ndarray:
         """Mean |N̂ - N| per step (length ``horizon``); the reference's accuracy measure (§B.4)."""
-        return np.mean(np.abs(self.point - self.truth), axis=0)
+        out: np.ndarray = np.mean(np.abs(self.point - self.truth), axis=0)
+        return out
 
     @property
     def mae_mean(self) -> float:
@@ -95,7 +97,7 @@ class BacktestResult:
         happened = np.logical_or.accumulate(self.truth_lost, axis=1)
         return float(np.mean((p_within - happened) ** 2))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "mae": [float(x) for x in self.mae],
             "mae_mean": self.mae_mean,
@@ -185,7 +187,7 @@ def leave_one_trace_out(
     horizon: int,
     *,
     held_out: Sequence[str] | None = None,
-    **backtest_options,
+    **backtest_options: Any,
 ) -> dict[str, BacktestResult]:
     """For each held-out trace, fit a fresh forecaster on all the others and backtest on it.
 

@@ -24,7 +24,7 @@ import inspect
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Final, Self
+from typing import Any, Final, Self
 
 import numpy as np
 import pandas as pd
@@ -129,6 +129,10 @@ class PersistenceForecaster:
     def fitted(self) -> bool:
         return self.delta_quantiles is not None
 
+    def history_window(self, horizon: int) -> int | None:
+        """Fitted, it reads only the last row; unfitted, its fallback spread uses the whole history."""
+        return 1 if self.fitted else None
+
     def fit(self, histories: Sequence[pd.DataFrame]) -> PersistenceForecaster:
         if isinstance(histories, pd.DataFrame):  # one table, not an iterable of its column names
             histories = [histories]
@@ -162,12 +166,13 @@ class PersistenceForecaster:
         The piece `ArimaForecaster` and `EtsForecaster` reuse when they fall back to persistence.
         """
         cap = table_capacity(history)
-        if not self.fitted:
+        deltas, rates = self.delta_quantiles, self.preemption_rates  # both set by a fit, or neither
+        if deltas is None or rates is None:
             zero = np.zeros(horizon)
             return {q: zero.copy() for q in self.levels}, np.full(horizon, _preemption_rate(history))
-        steps = np.minimum(np.arange(horizon), len(self.preemption_rates) - 1)
-        offsets = {q: cap * self.delta_quantiles[steps, j] for j, q in enumerate(self.levels)}
-        return offsets, self.preemption_rates[steps].copy()
+        steps = np.minimum(np.arange(horizon), len(rates) - 1)
+        offsets = {q: cap * deltas[steps, j] for j, q in enumerate(self.levels)}
+        return offsets, rates[steps].copy()
 
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
         _check_history(history, horizon, self.name)
@@ -263,11 +268,14 @@ def _in_out(last: float, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _RefitPerCall:
-    """``fit`` and ``window_for`` of the models refitted per call on the last W values of N.
+    """``fit``, ``window_for`` and ``history_window`` of the models refitted per call on the last W values of N.
 
     Only the fallback's persistence spread is learnt in ``fit``; W is ``window`` if set, else
     `reference_window` of the horizon. Subclasses are dataclasses with ``window`` and ``persistence``.
     """
+
+    window: int | None
+    persistence: PersistenceForecaster
 
     def fit(self, histories: Sequence[pd.DataFrame]) -> Self:
         """The model is refitted per call on the recent window; only the persistence spread is learnt."""
@@ -276,6 +284,10 @@ class _RefitPerCall:
 
     def window_for(self, horizon: int) -> int:
         return self.window if self.window is not None else reference_window(horizon)
+
+    def history_window(self, horizon: int) -> int | None:
+        """The last W + 1 rows once fitted; unfitted, the persistence fallback's spread uses the whole history."""
+        return self.window_for(horizon) + 1 if self.persistence.fitted else None
 
 
 def _guarded_fit(
@@ -469,7 +481,7 @@ class EtsForecaster(_RefitPerCall):
         return _guarded_fit(fit)
 
 
-def _simulate_rng_keyword(results: object) -> str:
+def _simulate_rng_keyword(results: Any) -> str:
     """statsmodels 0.15 renamed ``simulate(random_state=)`` to ``rng=`` (0.14 only knows the former)."""
     return "rng" if "rng" in inspect.signature(results.simulate).parameters else "random_state"
 

@@ -627,7 +627,8 @@ class SpotCollector:
 
     @staticmethod
     def _pages(client: Any, operation: str, **params: Any) -> Iterable[dict[str, Any]]:
-        return client.get_paginator(operation).paginate(**params)
+        pages: Iterable[dict[str, Any]] = client.get_paginator(operation).paginate(**params)
+        return pages
 
     # --------------------------------------------------------------------------------- fleet
 

@@ -1,42 +1,17 @@
 """Features and targets for learnt availability forecasters, built from canonical per-interval tables.
 
-This module owns the *look-ahead-free* description of a trace's history at a forecast origin. An
-origin ``t`` is a positional row of a canonical table (``forecasting.traces``): the forecaster has
-seen intervals ``0..t`` (their events and the count ``N_t = available[t]`` at the end of interval t)
-and predicts ``N_{t+1}..N_{t+H}``. Every feature at origin ``t`` is a function of rows ``<= t`` only;
-``tests/test_features.py`` checks this by recomputing on ``table.iloc[:t+1]``.
+Owns: the *look-ahead-free* description of a trace's history at a forecast origin (`features_at`, `targets`,
+`stack_steps`) and the **anchor** (`anchor_levels`), the regime-adaptive reference forecast that learnt models
+predict around (how it is chosen and why: `anchor_rule`). An origin ``t`` is a positional row of a canonical
+table (``forecasting.traces``): every feature at ``t`` is a function of rows ``<= t`` only
+(``tests/test_features.py`` recomputes on ``table.iloc[:t+1]``). Must not import a model library; the
+forecasters (``forecasting.lgbm``) import this.
 
-Features are **capacity-normalised** (counts and sizes divided by the cluster capacity c) so that one
-model transfers between a 4-node and an 80-node cluster. Event *counts* (how many intervals had a
-preemption) are not normalised: they measure how often the market moves, not by how much.
-
-It also owns the **anchor** (`anchor_levels`): a regime-adaptive reference forecast, one per step ahead,
-that learnt models predict *around*. Traces differ in how a dip ends: on some (gcp-v100) the cluster climbs
-back to its recent level within minutes, on others (the SkyPilot fleets, aws2020) a lost instance stays lost
-for hours. Which regime a trace is in cannot be read off one window of counts, but it can be measured on the
-trace's own past. For each step h = 1..``ANCHOR_STEPS`` the anchor scores its nested experts, persistence
-N_t <= "back to the maximum of the last w intervals" (w in ``ANCHOR_MAX_WINDOWS``), on the h-step forecasts
-whose truth is already known (origins ``t - h - ANCHOR_WINDOW + 1 .. t - h``, mean |error|), weighs them
-exponentially in their losses (Hedge: rate ``ANCHOR_RATE``, losses relative to persistence's, persistence's
-discounted by ``ANCHOR_MARGIN`` and its prior weight ``ANCHOR_PRIOR``) and takes the weighted median, a
-whole number that is persistence unless the reverting experts hold most of the weight.
-
-Why per step and soft: one choice for all steps (scored on 12-step sums) made the anchor follow the
-recent maximum one step ahead too, where the dip usually still holds (1.04 x persistence's MAE at h = 1 on
-the other traces). Every constant was chosen by leave-one-trace-out on the corpus *without* p3 (p3 is the
-test trace). On those 11 traces the anchor alone has a mean MAE ratio to persistence of 0.991 (0.90 on
-gcp-v100, at most 1.003 elsewhere, 1.000 at h = 1); the single hard choice it replaces had 0.994 (at most
-1.022, 1.04 at h = 1), and a hard choice per step 0.992 (0.92 on gcp-v100). A weighted mean of the experts
-instead of the median reached 0.83 on gcp-v100 but 1.14 on the worst calm trace, where its fractions miss
-the unchanged truth. Without the margin the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with
-a prior of 1 (same rate), at 1.15 (aws2020-p2-us-east-1e: experts that tie on a calm past split the
-weight, and the median went to a recovery). ``benchmarks/forecast_anchor.py`` prints these side by side.
-
-All functions are pure and vectorised: each feature is computed once for every row of the table with
-cumulative sums or rolling windows, then the requested origins are selected. No Python loop runs over
-history. Every feature looks back at most ``SINCE_CAP`` rows, so ``SINCE_CAP + 1`` rows of history give
-exactly the features of the whole past (``forecasting.registry.history_window`` relies on it). This
-module must not import a model library; the forecasters import it.
+Features are **capacity-normalised** (counts and sizes divided by the cluster capacity c) so that one model
+transfers between a 4-node and an 80-node cluster; event *counts* are not (they measure how often the market
+moves, not by how much). All functions are pure and vectorised (cumulative sums or rolling windows over every
+row, then the requested origins), and every feature looks back at most ``SINCE_CAP`` rows, so ``SINCE_CAP + 1``
+rows give exactly the features of the whole past (``LightGbmForecaster.history_window`` relies on it).
 """
 
 from __future__ import annotations
@@ -60,8 +35,13 @@ __all__ = [
     "LEVEL_WINDOWS",
     "SINCE_CAP",
     "STEP_FEATURE_NAMES",
+    "anchor_experts",
     "anchor_gaps",
     "anchor_levels",
+    "anchor_rule",
+    "hedge_weights",
+    "step_losses",
+    "weighted_median",
     "features_at",
     "stack_steps",
     "targets",
@@ -148,7 +128,8 @@ def _window_sum(csum: np.ndarray, w: int) -> np.ndarray:
     n = len(csum) - 1
     hi = np.arange(1, n + 1)
     lo = np.maximum(hi - w, 0)
-    return csum[hi] - csum[lo]
+    out: np.ndarray = csum[hi] - csum[lo]
+    return out
 
 
 def _since_last(mask: np.ndarray) -> np.ndarray:
@@ -176,15 +157,16 @@ def _calendar(start_time: pd.Series) -> tuple[np.ndarray, np.ndarray, np.ndarray
 
 def _rolling_max(n_avail: np.ndarray, w: int) -> np.ndarray:
     """Max of the last ``w`` values up to each row (fewer at the start)."""
-    return pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
+    out: np.ndarray = pd.Series(n_avail).rolling(w, min_periods=1).max().to_numpy().astype(np.int64)
+    return out
 
 
-def _anchor_experts(n_avail: np.ndarray) -> np.ndarray:
+def anchor_experts(n_avail: np.ndarray) -> np.ndarray:
     """The anchor's candidates per row, nested and ascending: N_t <= max of the last w intervals (w ascending)."""
     return np.stack([n_avail] + [_rolling_max(n_avail, w) for w in ANCHOR_MAX_WINDOWS])
 
 
-def _step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
+def step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | None = None) -> np.ndarray:
     """Mean |error| of each expert's h-step forecasts (experts x rows) over the last ANCHOR_WINDOW origins known
     at each row: origins s <= t - ``lag`` (default h, the latest whose step-h truth is in).
 
@@ -200,10 +182,11 @@ def _step_losses(n_avail: np.ndarray, experts: np.ndarray, h: int, lag: int | No
     pos = np.arange(n)
     hi = np.maximum(pos - lag + 1, 0)
     lo = np.maximum(pos - lag - ANCHOR_WINDOW + 1, 0)
-    return (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
+    out: np.ndarray = (csum[:, hi] - csum[:, lo]) / np.maximum(hi - lo, 1)
+    return out
 
 
-def _hedge_weights(
+def hedge_weights(
     loss: np.ndarray, margin: float = ANCHOR_MARGIN, prior: float = ANCHOR_PRIOR, rate: float = ANCHOR_RATE
 ) -> np.ndarray:
     """Hedge weights of the experts (rows of ``loss``; the first is persistence): exponential in the losses
@@ -212,26 +195,49 @@ def _hedge_weights(
     scored = loss.copy()
     scored[0] *= 1.0 - margin
     boost = np.array([prior] + [1.0] * (len(loss) - 1))[:, None]
-    return boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
+    out: np.ndarray = boost * np.exp(-rate * (scored - scored.min(axis=0)) / scale)
+    return out
 
 
-def _weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
+def weighted_median(weight: np.ndarray, experts: np.ndarray) -> np.ndarray:
     """Per row, the first of the ascending ``experts`` whose cumulative weight reaches half the total."""
     cum = np.cumsum(weight, axis=0)
-    return experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
+    out: np.ndarray = experts[np.argmax(2.0 * cum >= cum[-1], axis=0), np.arange(experts.shape[1])]
+    return out
 
 
-def _anchor(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def anchor_rule(n_avail: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(anchor levels, rows x ANCHOR_STEPS; relative skill of the best reverting expert at the last step).
 
-    Every operation after the integer window sums of `_step_losses` is elementwise, so a truncated history
+    Traces differ in how a dip ends: on some (gcp-v100) the cluster climbs back to its recent level within minutes,
+    on others (the SkyPilot fleets, aws2020) a lost instance stays lost for hours. Which regime a trace is in cannot
+    be read off one window of counts, but it can be measured on the trace's own past. For each step h =
+    1..``ANCHOR_STEPS`` the anchor scores its nested experts, persistence N_t <= "back to the maximum of the last w
+    intervals" (w in ``ANCHOR_MAX_WINDOWS``), on the h-step forecasts whose truth is already known (origins ``t - h
+    - ANCHOR_WINDOW + 1 .. t - h``, mean |error|), weighs them exponentially in their losses (Hedge: rate
+    ``ANCHOR_RATE``, losses relative to persistence's, persistence's discounted by ``ANCHOR_MARGIN`` and its prior
+    weight ``ANCHOR_PRIOR``) and takes the weighted median, a whole number that is persistence unless the reverting
+    experts hold most of the weight.
+
+    Why per step and soft: one choice for all steps (scored on 12-step sums) made the anchor follow the recent
+    maximum one step ahead too, where the dip usually still holds (1.04 x persistence's MAE at h = 1 on the other
+    traces). Every constant was chosen by leave-one-trace-out on the corpus *without* p3 (p3 is the test trace). On
+    those 11 traces the anchor alone has a mean MAE ratio to persistence of 0.991 (0.90 on gcp-v100, at most 1.003
+    elsewhere, 1.000 at h = 1); the single hard choice it replaces had 0.994 (at most 1.022, 1.04 at h = 1), and a
+    hard choice per step 0.992 (0.92 on gcp-v100). A weighted mean of the experts instead of the median reached 0.83
+    on gcp-v100 but 1.14 on the worst calm trace, where its fractions miss the unchanged truth. Without the margin
+    the worst trace was at 1.018 (aws2020-g4dn-us-east-1d); with a prior of 1 (same rate), at 1.15
+    (aws2020-p2-us-east-1e: experts that tie on a calm past split the weight, and the median went to a recovery).
+    ``benchmarks/forecast_anchor.py`` prints these side by side.
+
+    Every operation after the integer window sums of `step_losses` is elementwise, so a truncated history
     gives bit-identical anchors.
     """
-    experts = _anchor_experts(n_avail)
+    experts = anchor_experts(n_avail)
     levels = np.empty((len(n_avail), ANCHOR_STEPS), dtype=np.int64)
     for h in range(1, ANCHOR_STEPS + 1):
-        loss = _step_losses(n_avail, experts, h)
-        levels[:, h - 1] = _weighted_median(_hedge_weights(loss), experts)
+        loss = step_losses(n_avail, experts, h)
+        levels[:, h - 1] = weighted_median(hedge_weights(loss), experts)
     # persistence's loss at the last step, through the margin and back as v3 models were trained on it: the
     # round trip moves the last bit of 13% of values, which is enough to move some trees' splits
     base = loss[0] * (1.0 - ANCHOR_MARGIN) / (1.0 - ANCHOR_MARGIN)
@@ -244,8 +250,9 @@ def anchor_levels(table: pd.DataFrame, origins: Sequence[int] | np.ndarray | Non
     that has worked on this trace's past."""
     _check_table(table)
     idx = _origins(table, origins)
-    levels, _ = _anchor(table["available"].to_numpy(dtype=np.int64))
-    return levels[idx].astype(np.float64)
+    levels, _ = anchor_rule(table["available"].to_numpy(dtype=np.int64))
+    out: np.ndarray = levels[idx].astype(np.float64)
+    return out
 
 
 def anchor_gaps(feats: pd.DataFrame, horizon: int) -> np.ndarray:
@@ -254,7 +261,8 @@ def anchor_gaps(feats: pd.DataFrame, horizon: int) -> np.ndarray:
     Steps past ``ANCHOR_STEPS`` keep the last step's anchor.
     """
     cols = [f"anchor_gap_{min(h, ANCHOR_STEPS)}" for h in range(1, horizon + 1)]
-    return feats[cols].to_numpy(dtype=np.float64)
+    out: np.ndarray = feats[cols].to_numpy(dtype=np.float64)
+    return out
 
 
 def _all_rows(table: pd.DataFrame) -> dict[str, np.ndarray]:
@@ -303,7 +311,7 @@ def _all_rows(table: pd.DataFrame) -> dict[str, np.ndarray]:
     out["log_since_out"] = np.log1p(_since_last(n_out > 0))
     out["log_since_in"] = np.log1p(_since_last(n_in > 0))
     out["tod_sin"], out["tod_cos"], out["dow"] = _calendar(table["start_time"])
-    levels, skill = _anchor(n_avail)
+    levels, skill = anchor_rule(n_avail)
     for h in range(1, ANCHOR_STEPS + 1):
         out[f"anchor_gap_{h}"] = (levels[:, h - 1] - n_avail) / c
     out["revert_skill"] = skill

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import pandas as pd
@@ -81,7 +81,7 @@ class Forecast:
             prev = int(np.clip(round(float(self.point[h])), 0, self.capacity))
         return out
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "model": self.model,
             "last_available": self.last_available,
@@ -95,13 +95,20 @@ class Forecast:
 
 @runtime_checkable
 class Forecaster(Protocol):
-    """``fit`` on many traces, ``predict`` from one history; both pure with respect to their inputs."""
+    """``fit`` on many traces, ``predict`` from one history; both pure with respect to their inputs.
+
+    ``history_window(horizon)``: the rows of past the model needs for an exact forecast, so a backtest can hand it
+    only those (`forecasting.backtest.rolling_origin`'s ``max_history``); None means the whole past. Each model
+    knows its own, so evaluation code never asks which model it scores.
+    """
 
     name: str
 
     def fit(self, histories: Sequence[pd.DataFrame]) -> Forecaster: ...
 
     def predict(self, history: pd.DataFrame, horizon: int) -> Forecast: ...
+
+    def history_window(self, horizon: int) -> int | None: ...
 
 
 def events_from_quantiles(

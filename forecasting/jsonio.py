@@ -65,7 +65,7 @@ class JsonInputError(ValueError):
             where.append(f"line {self.line}" + (f" column {self.column}" if self.column is not None else ""))
         return f"{' '.join(where)}: {self.reason}" if where else self.reason
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.reason, self.line, self.column))
 
 

@@ -1,50 +1,9 @@
 """A LightGBM availability forecaster: calibrated quantiles of the change from a regime-adaptive anchor.
 
-This module owns the learnt forecaster that implements ``forecasting.forecast.Forecaster``. It consumes
-features, targets and the anchor from ``forecasting.features`` (it never computes history statistics
-itself) and returns ``Forecast`` objects; evaluation code scores it like any other forecaster.
-
-Design (every choice below was made by leave-one-trace-out on the corpus *without* p3, the test trace;
-p3 numbers are reported, never used to choose):
-
-* **Around an anchor.** The target is the change in whole instances from the anchor of its step
-  (``features.anchor_levels``: N_t, or nearer the recent maximum on a trace whose dips have recently been
-  short, chosen per step ahead), not from N_t. Learnt from the corpus alone, the median shrinks to "no
-  change" on every held-out trace (most traces are calm); the anchor carries the one transferable
-  regularity, which regime *this* trace is in, and the boosters learn corrections, the spread and the
-  preemption odds around it.
-* **One model per quantile, horizon as a feature.** Training rows are the pairs (origin t, step h) with
-  the origin's features plus the step columns of ``features.stack_steps``. Per-horizon ("direct")
-  models would need ``H x (Q + 1)`` boosters, each fitted on 1/H of the rows, for a target whose law
-  changes smoothly with h.
-* **Dead-zone jitter.** The change k is a whole number, mostly 0, and LightGBM's quantile gradient cannot
-  learn a quantile at such ties. The target is a uniform draw inside k's *cell*: the cell of 0 is
-  ``[-dead_zone/2, dead_zone/2]`` (a fixed fraction of capacity), the cell of k > 0 is
-  ``dead_zone/2 + [(k-1)/c, k/c]`` (mirrored for k < 0). The map is monotone, so decoding a predicted
-  quantile gives the integer quantile exactly. Plain ``(k + U)/c`` jitter made the width of the 0-cell
-  depend on c: a leaf mixing 4- and 16-instance traces put its median a fraction of a 16-node cell below
-  0, which decodes to -1 or -2 instances on the 80-instance gcp-v100 (held out: 7% *worse* than
-  persistence; with the dead zone: level with it).
-* **Calibrated tails (split conformal, cross-fitted by trace).** Trained on other traces, the 10/90%
-  boosters were too wide on held-out ones (coverage 0.89-0.99). ``fit`` splits the training traces into
-  two groups, fits the tail boosters on each and predicts the other, and per horizon and *activity bin*
-  (intervals with an event in the last 60, ``ACTIVITY_EDGES``) picks the shift of each tail that makes
-  the out-of-group rate of outcomes below q0.1 (above q0.9) closest to 10%. Binning by activity keeps the
-  calm traces, where ties make any interval cover more than 80%, from narrowing the intervals of busy ones.
-* **Preemption probability** from one binary classifier on the same stacked rows: P(n_out >= 1 in
-  interval t+h). The planner's law per interval comes from this hazard (``events_from_hazard``): on
-  the busiest two one-hour windows of five non-p3 traces (``benchmarks/forecast_decision_quality.py
-  --segments validation``) it gives the planner 0.978 of the oracle's samples, the same as the point
-  path alone; the quantile law (``events_from_quantiles``) gave 0.961: its per-interval spread made
-  the planner give up throughput for losses that did not come.
-* **Post-processing** in count space: anchor + decoded change, sorted across levels per step (no
-  crossing), clipped to [0, c]. The point forecast is the median (MAE-optimal), a whole number.
-* **Deterministic**: ``deterministic=True, force_row_wise=True, seed, n_jobs=1`` (docs/stack.md section 5)
-  and seeded origin subsampling and jitter, so one seed gives one model.
-* **Serialisation without pickle**: LightGBM's text model format per booster plus JSON metadata holding
-  the calibration (``to_bytes``/``from_bytes`` as one JSON document, ``save``/``load`` as a directory).
-  Predictions always go through ``Booster.predict`` so a loaded model predicts bit-for-bit like the
-  fitted one.
+Owns: `LightGbmForecaster` (a ``forecasting.forecast.Forecaster``), its target encoding (`encode_change`,
+`decode_change`), the tail calibration and its pickle-free serialisation. Must not touch: history statistics
+(features, targets and the anchor come from ``forecasting.features``), MLflow (``forecasting.registry`` logs and
+loads it). The design and why each choice was made: the class docstring.
 """
 
 from __future__ import annotations
@@ -59,7 +18,15 @@ import lightgbm as lgb
 import numpy as np
 import pandas as pd
 
-from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES, anchor_gaps, features_at, stack_steps, targets
+from forecasting.features import (
+    FEATURE_NAMES,
+    SINCE_CAP,
+    STEP_FEATURE_NAMES,
+    anchor_gaps,
+    features_at,
+    stack_steps,
+    targets,
+)
 from forecasting.forecast import QUANTILES, Forecast, recent_preemption_size
 
 __all__ = [
@@ -119,20 +86,25 @@ def encode_change(
     lo = np.where(a == 0, -dead_zone / 2, dead_zone / 2 + (a - 1) / c)
     width = np.where(a == 0, dead_zone, 1.0 / c)
     t = lo + np.where(a == 0, u, 1.0 - u) * width
-    return np.where(k < 0, -t, t)
+    out: np.ndarray = np.where(k < 0, -t, t)
+    return out
 
 
-def decode_change(encoded: np.ndarray, capacity: float, dead_zone: float = DEAD_ZONE) -> np.ndarray:
+def decode_change(encoded: np.ndarray, capacity: float | np.ndarray, dead_zone: float = DEAD_ZONE) -> np.ndarray:
     """Inverse of `encode_change`: the whole-instance change whose cell holds each encoded value."""
     t = np.asarray(encoded, dtype=np.float64)
     a = np.abs(t)
     k = np.where(a <= dead_zone / 2, 0.0, np.ceil((a - dead_zone / 2) * capacity - 1e-9))
-    return np.sign(t) * k
+    out: np.ndarray = np.sign(t) * k
+    return out
 
 
 def activity_bins(in_count_60: np.ndarray, out_count_60: np.ndarray) -> np.ndarray:
     """Calibration bin (0..len(ACTIVITY_EDGES)) of each origin from its event counts of the last 60 intervals."""
-    return np.searchsorted(np.asarray(ACTIVITY_EDGES), np.asarray(in_count_60) + np.asarray(out_count_60), side="right")
+    out: np.ndarray = np.searchsorted(
+        np.asarray(ACTIVITY_EDGES), np.asarray(in_count_60) + np.asarray(out_count_60), side="right"
+    )
+    return out
 
 
 def _sample_budget(lengths: Sequence[int], budget: int) -> list[int]:
@@ -178,6 +150,48 @@ class LightGbmForecaster:
     The defaults are small, heavily regularised trees, chosen by leave-one-trace-out on the corpus
     without p3: 31-leaf trees learnt trace-specific dynamics that did not transfer and lost 5-18% MAE to
     persistence there; 4-leaf trees stay level with it and keep the Brier gain.
+
+    Design (every choice below was made by leave-one-trace-out on the corpus *without* p3, the test trace;
+    p3 numbers are reported, never used to choose):
+
+    * **Around an anchor.** The target is the change in whole instances from the anchor of its step
+      (``features.anchor_levels``: N_t, or nearer the recent maximum on a trace whose dips have recently been
+      short, chosen per step ahead), not from N_t. Learnt from the corpus alone, the median shrinks to "no
+      change" on every held-out trace (most traces are calm); the anchor carries the one transferable
+      regularity, which regime *this* trace is in, and the boosters learn corrections, the spread and the
+      preemption odds around it.
+    * **One model per quantile, horizon as a feature.** Training rows are the pairs (origin t, step h) with
+      the origin's features plus the step columns of ``features.stack_steps``. Per-horizon ("direct")
+      models would need ``H x (Q + 1)`` boosters, each fitted on 1/H of the rows, for a target whose law
+      changes smoothly with h.
+    * **Dead-zone jitter.** The change k is a whole number, mostly 0, and LightGBM's quantile gradient cannot
+      learn a quantile at such ties. The target is a uniform draw inside k's *cell*: the cell of 0 is
+      ``[-dead_zone/2, dead_zone/2]`` (a fixed fraction of capacity), the cell of k > 0 is
+      ``dead_zone/2 + [(k-1)/c, k/c]`` (mirrored for k < 0). The map is monotone, so decoding a predicted
+      quantile gives the integer quantile exactly. Plain ``(k + U)/c`` jitter made the width of the 0-cell
+      depend on c: a leaf mixing 4- and 16-instance traces put its median a fraction of a 16-node cell below
+      0, which decodes to -1 or -2 instances on the 80-instance gcp-v100 (held out: 7% *worse* than
+      persistence; with the dead zone: level with it).
+    * **Calibrated tails (split conformal, cross-fitted by trace).** Trained on other traces, the 10/90%
+      boosters were too wide on held-out ones (coverage 0.89-0.99). ``fit`` splits the training traces into
+      two groups, fits the tail boosters on each and predicts the other, and per horizon and *activity bin*
+      (intervals with an event in the last 60, ``ACTIVITY_EDGES``) picks the shift of each tail that makes
+      the out-of-group rate of outcomes below q0.1 (above q0.9) closest to 10%. Binning by activity keeps the
+      calm traces, where ties make any interval cover more than 80%, from narrowing the intervals of busy ones.
+    * **Preemption probability** from one binary classifier on the same stacked rows: P(n_out >= 1 in
+      interval t+h). The planner's law per interval comes from this hazard (``events_from_hazard``): on
+      the busiest two one-hour windows of five non-p3 traces (``benchmarks/forecast_decision_quality.py
+      --segments validation``) it gives the planner 0.978 of the oracle's samples, the same as the point
+      path alone; the quantile law (``events_from_quantiles``) gave 0.961: its per-interval spread made
+      the planner give up throughput for losses that did not come.
+    * **Post-processing** in count space: anchor + decoded change, sorted across levels per step (no
+      crossing), clipped to [0, c]. The point forecast is the median (MAE-optimal), a whole number.
+    * **Deterministic**: ``deterministic=True, force_row_wise=True, seed, n_jobs=1`` (docs/stack.md section 5)
+      and seeded origin subsampling and jitter, so one seed gives one model.
+    * **Serialisation without pickle**: LightGBM's text model format per booster plus JSON metadata holding
+      the calibration (``to_bytes``/``from_bytes`` as one JSON document, ``save``/``load`` as a directory).
+      Predictions always go through ``Booster.predict`` so a loaded model predicts bit-for-bit like the
+      fitted one.
     """
 
     name: str = "lightgbm"
@@ -226,6 +240,10 @@ class LightGbmForecaster:
         self.calibrated: bool = False
         self.n_train_rows: int = 0
 
+    def history_window(self, horizon: int) -> int | None:
+        """Features look back at most ``SINCE_CAP`` intervals (older event ages saturate)."""
+        return SINCE_CAP + 1
+
     # ----------------------------------------------------------------------------- parameters
 
     def get_params(self) -> dict[str, Any]:
@@ -262,7 +280,8 @@ class LightGbmForecaster:
 
     def _stack(self, feats: pd.DataFrame, horizon: int) -> np.ndarray:
         """(origin, step) rows in ``feature_names`` order (see ``features.stack_steps``)."""
-        return stack_steps(feats, horizon)[list(self.feature_names)].to_numpy(dtype=np.float64)
+        out: np.ndarray = stack_steps(feats, horizon)[list(self.feature_names)].to_numpy(dtype=np.float64)
+        return out
 
     def training_rows(self, histories: Sequence[pd.DataFrame]) -> TrainingRows:
         """Stacked design matrix and exact targets for ``histories`` (no jitter; see ``fit``).
@@ -290,9 +309,9 @@ class LightGbmForecaster:
             ts.append(np.full(len(origins) * H, i))
         if not xs:
             raise ValueError("no training rows: every history is shorter than two intervals")
-        X, k, p, c, t = (np.concatenate(a) for a in (xs, ks, ps, cs, ts))
-        keep = ~np.isnan(k)
-        return TrainingRows(X[keep], k[keep], p[keep], c[keep], t[keep])
+        X, change, preempted, capacity, trace = (np.concatenate(a) for a in (xs, ks, ps, cs, ts))
+        keep = ~np.isnan(change)
+        return TrainingRows(X[keep], change[keep], preempted[keep], capacity[keep], trace[keep])
 
     # ----------------------------------------------------------------------------- Forecaster API
 
@@ -387,14 +406,14 @@ class LightGbmForecaster:
         anchor = np.rint(last[:, None] + c * anchor_gaps(feats, horizon))
         bins = activity_bins(feats["in_count_60"].to_numpy(), feats["out_count_60"].to_numpy())
         steps = np.arange(horizon)
-        levels = []
+        per_level = []
         for q in self.quantiles:
-            raw = self._boosters[_quantile_key(q)].predict(X).reshape(len(idx), horizon)
+            raw = np.asarray(self._boosters[_quantile_key(q)].predict(X)).reshape(len(idx), horizon)
             shift = self.shifts.get(_quantile_key(q))
             if shift is not None:
                 raw = raw + shift[steps[None, :], bins[:, None]]
-            levels.append(anchor + decode_change(raw, c, self.dead_zone))
-        levels = np.stack(levels)
+            per_level.append(anchor + decode_change(raw, c, self.dead_zone))
+        levels = np.stack(per_level)
         median = self.quantiles.index(0.5)
         # No crossing, outward from the median: a calibrated tail shifted past the median is clamped to
         # it, never the other way round (sorting would move the point forecast).
@@ -403,7 +422,7 @@ class LightGbmForecaster:
         for i in range(median + 1, len(self.quantiles)):
             levels[i] = np.maximum(levels[i], levels[i - 1])
         levels = np.clip(levels, 0.0, c)
-        prob = np.clip(self._boosters[_PREEMPT].predict(X).reshape(len(idx), horizon), 0.0, 1.0)
+        prob = np.clip(np.asarray(self._boosters[_PREEMPT].predict(X)).reshape(len(idx), horizon), 0.0, 1.0)
         n_out = table["n_out"].to_numpy()
         out = []
         for j in range(len(idx)):

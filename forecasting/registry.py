@@ -1,6 +1,6 @@
 """Train, log, register and promote availability forecasters with MLflow; load the current champion.
 
-This module owns the life cycle of a learnt forecaster in the tracking store (``parcae.tracking`` says
+This module owns the life cycle of a learnt forecaster in the tracking store (``tracking`` says
 where that is):
 
 * `train_and_log` fits a forecaster on training traces, backtests it *and* persistence (fitted on the same
@@ -35,18 +35,19 @@ import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol, cast
 
 import numpy as np
 import pandas as pd
 from lightgbm.basic import LightGBMError
 
 from forecasting.backtest import DEFAULT_START, BacktestResult, plot_fans, rolling_origin
-from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster, reference_window
-from forecasting.features import SINCE_CAP, features_at, stack_steps
+import tracking
+from forecasting.baselines import PersistenceForecaster
+from forecasting.features import features_at, stack_steps
 from forecasting.forecast import Forecaster
+from forecasting.forecasters import fit_forecaster
 from forecasting.lgbm import LightGbmForecaster
-from parcae import tracking
 
 __all__ = [
     "CHAMPION",
@@ -56,7 +57,6 @@ __all__ = [
     "TrainOutcome",
     "backtest_metrics",
     "champion_version",
-    "history_window",
     "load_champion",
     "trace_fingerprint",
     "train_and_log",
@@ -70,7 +70,6 @@ CHAMPION: Final = "champion"
 #: Run artifact folder holding ``LightGbmForecaster.save`` output.
 FORECASTER_ARTIFACT: Final = "forecaster"
 _MEDIAN_KEY: Final = "q0.5"
-_PARAM_MAX: Final = 6000  # MLflow's limit on a parameter value
 _INPUT_EXAMPLE_ROWS: Final = 5
 _HOW_TO_TRAIN: Final = "train and register one with `parcae forecast train`"
 
@@ -128,22 +127,6 @@ def trace_fingerprint(table: pd.DataFrame) -> str:
     return hashlib.sha256(n.tobytes() + str(cap).encode()).hexdigest()[:16]
 
 
-def history_window(forecaster: Forecaster, horizon: int) -> int | None:
-    """Rows of past a forecaster needs for an exact forecast, for `rolling_origin(max_history=...)`.
-
-    LightGBM features look back at most ``SINCE_CAP`` intervals (older event ages saturate), a fitted
-    persistence reads only the last row, the fitted ARIMA/ETS the last W + 1. None (the whole past) for
-    anything else, including unfitted baselines (their fallback spread uses the whole history).
-    """
-    if isinstance(forecaster, LightGbmForecaster):
-        return SINCE_CAP + 1
-    if isinstance(forecaster, PersistenceForecaster):
-        return 1 if forecaster.fitted else None
-    if isinstance(forecaster, (ArimaForecaster, EtsForecaster)):
-        return forecaster.window_for(horizon) + 1 if forecaster.persistence.fitted else None
-    return None
-
-
 def backtest_metrics(result: BacktestResult, prefix: str = "") -> dict[str, float]:
     """``{prefix}mae_h{h}`` for h = 1..H plus ``mae_mean``, ``pinball``, ``coverage80``, ``brier``."""
     out = {f"{prefix}mae_h{h}": float(v) for h, v in enumerate(result.mae, start=1)}
@@ -157,7 +140,7 @@ def _flat_params(params: Mapping[str, Any]) -> dict[str, str]:
     out = {}
     for key, value in params.items():
         text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
-        out[key] = text if len(text) <= _PARAM_MAX else text[: _PARAM_MAX - 3] + "..."
+        out[key] = tracking.clip(text, tracking.MAX_PARAM_LENGTH)
     return out
 
 
@@ -178,7 +161,14 @@ def _fan_origins(result: BacktestResult, table: pd.DataFrame, horizon: int) -> l
     return [p for p in picks if 0 <= p < len(table) - 1]
 
 
-def _input_example(forecaster: LightGbmForecaster, table: pd.DataFrame, horizon: int) -> pd.DataFrame:
+class _FeatureModel(Protocol):
+    """What the input example needs of a LightGBM-style forecaster (`LightGbmForecaster` has it)."""
+
+    horizon_max: int
+    feature_names: tuple[str, ...]
+
+
+def _input_example(forecaster: _FeatureModel, table: pd.DataFrame, horizon: int) -> pd.DataFrame:
     origin = max(len(table) - 1 - horizon, 0)
     feats = features_at(table, [origin])
     rows = stack_steps(feats, min(horizon, forecaster.horizon_max))[list(forecaster.feature_names)]
@@ -209,7 +199,7 @@ def champion_version(
     return client.get_model_version(registered_name, str(aliases[CHAMPION]))
 
 
-def _download_forecaster(client: Any, run_id: str) -> LightGbmForecaster:
+def _download_forecaster(client: Any, run_id: str | None) -> LightGbmForecaster:
     import mlflow
 
     with tempfile.TemporaryDirectory(prefix="parcae-champion-") as tmp:
@@ -244,7 +234,7 @@ def _current_champion(
         model = _download_forecaster(client, mv.run_id)
         if horizon > model.horizon_max:
             return None, f"champion version {version} forecasts at most {model.horizon_max} intervals, not {horizon}"
-        result = rolling_origin(model, eval_table, horizon, max_history=history_window(model, horizon))
+        result = rolling_origin(model, eval_table, horizon, max_history=model.history_window(horizon))
     except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
         return None, f"champion version {version} could not be rebuilt ({exc})"
     return _Champion(version, mv.run_id, result.mae_mean, "re-scored on this evaluation trace"), ""
@@ -289,8 +279,8 @@ def train_and_log(
     ``models`` (LightGBM estimators or boosters by key, the median under ``"q0.5"``), ``save(dir)`` and
     a ``horizon_max`` of at least ``horizon``. ``train_traces`` maps names to canonical tables;
     ``eval_trace`` is ``(name, table)`` and should not be among them. ``root``: a local store folder
-    (default: ``parcae.tracking``'s choice). ``progress`` receives a short message per stage.
-    Raises ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    (default: ``tracking``'s choice). ``progress`` receives a short message per stage.
+    Raises ``tracking.TrackingError`` when the store cannot be reached.
     """
     import lightgbm
     import mlflow
@@ -350,14 +340,14 @@ def train_and_log(
 
         say(f"fitting {params['forecaster']} on {len(tables)} trace(s)")
         forecaster.fit(tables)
-        persistence = PersistenceForecaster(max_horizon=max(24, horizon)).fit(tables)
+        persistence = fit_forecaster("persistence", tables, horizon)
         n_rows = getattr(forecaster, "n_train_rows", None)
         if n_rows is not None:
             mlflow.log_param("n_train_rows", int(n_rows))
 
         say(f"backtesting on {eval_name} ({n_origins} origins x 2 models)")
-        result = rolling_origin(forecaster, eval_table, horizon, max_history=history_window(forecaster, horizon))
-        base = rolling_origin(persistence, eval_table, horizon, max_history=history_window(persistence, horizon))
+        result = rolling_origin(forecaster, eval_table, horizon, max_history=forecaster.history_window(horizon))
+        base = rolling_origin(persistence, eval_table, horizon, max_history=persistence.history_window(horizon))
         metrics = {**backtest_metrics(result), **backtest_metrics(base, "persistence_")}
 
         say("comparing with the champion")
@@ -379,7 +369,8 @@ def train_and_log(
             saved = forecaster.save(Path(tmp) / FORECASTER_ARTIFACT)
             mlflow.log_artifacts(str(saved), FORECASTER_ARTIFACT)
 
-        example = _input_example(forecaster, next(iter(train_traces.values())), horizon)
+        # a LightGBM-style forecaster (checked above: .models, .save) also has its feature names
+        example = _input_example(cast(_FeatureModel, forecaster), next(iter(train_traces.values())), horizon)
         version: int | None = None
         requirements = [f"lightgbm=={lightgbm.__version__}"]
         for key, model in forecaster.models.items():
@@ -442,7 +433,7 @@ def load_champion(
 
     Without a champion (model not registered, no alias, artifact missing or unreadable) it returns an
     unfitted `PersistenceForecaster` and logs a warning saying why and how to train one. Raises
-    ``parcae.tracking.TrackingError`` when the store cannot be reached.
+    ``tracking.TrackingError`` when the store cannot be reached.
     """
     from mlflow.exceptions import MlflowException
 

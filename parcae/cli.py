@@ -83,7 +83,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 from rich.text import Text
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from forecasting import DEFAULT_INTERVAL_S, FORECASTERS
 from liveput import DEFAULT_LOOK_AHEAD
 
 __all__ = ["UserError", "app", "command"]
@@ -196,7 +196,7 @@ def _check_look_ahead(look_ahead: int, what: str = "--look-ahead") -> None:
 def _check_interval(interval_s: float, what: str) -> float:
     """An interval T in `forecasting.traces.INTERVAL_S_RANGE` (a finer grid multiplies the work, a coarser one
     plans a day at a time)."""
-    from forecasting.traces import INTERVAL_S_RANGE
+    from forecasting import INTERVAL_S_RANGE
 
     low, high = INTERVAL_S_RANGE
     if not (math.isfinite(interval_s) and low <= interval_s <= high):
@@ -216,13 +216,13 @@ def _shown(value: Any) -> str:
 def _strict_json(doc: Any, what: str) -> str:
     """``doc`` as strict JSON, which every parser reads: a non-finite number (an overflow) is written as null, with
     a warning naming where."""
-    from forecasting.jsonio import dumps_strict, non_finite
+    from forecasting import jsonio
 
-    bad = non_finite(doc)
+    bad = jsonio.non_finite(doc)
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         warn(f"{what}: {', '.join(bad[:3])}{more} not finite; written as null")
-    return dumps_strict(doc, indent=2)
+    return jsonio.dumps_strict(doc, indent=2)
 
 
 # ----------------------------------------------------------------------------------------------- simulate
@@ -243,7 +243,7 @@ def _unknown_trace_message(exc: Any) -> str:
 
 def _load_window(trace: str, interval_s: float, start_hour: float | None, end_hour: float | None):
     """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
-    from forecasting.traces import TraceFormatError, UnknownTraceError, load_trace, slice_hours
+    from forecasting import TraceFormatError, UnknownTraceError, load_trace, slice_hours
 
     _check_interval(interval_s, "--interval-seconds")
     try:
@@ -477,7 +477,7 @@ def simulate(
     if "parcae" in policies and forecaster != "persistence":
         if forecaster not in FORECAST_MODELS:
             raise UserError(f"--forecaster: unknown model {forecaster!r}; choose from {', '.join(FORECAST_MODELS)}")
-        corpus = _corpus_without(trace, df) if forecaster != "champion" else {}
+        corpus = _corpus_without(trace, df) if forecaster != CHAMPION_MODEL else {}
         fc_model = _build_forecaster(forecaster, corpus, look_ahead, trace=str(df.attrs.get("name") or trace))
     price = instance_price(config.instance_type)
     iv = float(df.attrs["interval_s"])
@@ -540,7 +540,7 @@ def simulate(
         _stderr().print(f"wrote {plot}", soft_wrap=True)
     if store is not None:
         from parcae.simulations import SIMULATIONS_EXPERIMENT, log_comparison
-        from parcae.tracking import TrackingError
+        from tracking import TrackingError
 
         try:
             comparison = log_comparison(
@@ -556,7 +556,7 @@ def simulate(
 
 def _check_store() -> str:
     """The tracking URI, checked to answer (one request, no retries); a UserError naming the fix if not."""
-    from parcae.tracking import TrackingError, check_reachable, tracking_uri
+    from tracking import TrackingError, check_reachable, tracking_uri
 
     try:
         uri = tracking_uri()
@@ -596,7 +596,7 @@ def simulations(
     ] = None,
 ) -> None:
     from parcae.simulations import ComparisonNotFound, list_comparisons, load_comparison
-    from parcae.tracking import TrackingError
+    from tracking import TrackingError
 
     store = _check_store()
     out = _stdout()
@@ -707,7 +707,7 @@ def plan(
 
 @command(help="List the trace names --trace accepts (bundled, plus ../shared/traces when present).")
 def traces() -> None:
-    from forecasting.traces import TraceFormatError, available_traces, detect_format
+    from forecasting import TraceFormatError, available_traces, detect_format
 
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("name", no_wrap=True)
@@ -733,8 +733,10 @@ forecast_app = typer.Typer(
 )
 app.add_typer(forecast_app, name="forecast")
 
+#: The registry's champion (trained by `parcae forecast train`), offered beside the models of `FORECASTERS`.
+CHAMPION_MODEL = "champion"
 #: Models `parcae forecast evaluate/predict` know, in the order tables list them.
-FORECAST_MODELS = ("persistence", "arima", "ets", "lightgbm", "champion")
+FORECAST_MODELS = (*FORECASTERS, CHAMPION_MODEL)
 
 
 def forecast_command(name: str | None = None, **kwargs: Any) -> Callable[[F], F]:
@@ -768,7 +770,7 @@ def _forecast_trace(trace: str):
 
 
 def _check_trace_names(names: Sequence[str], option: str) -> None:
-    from forecasting.traces import available_traces
+    from forecasting import available_traces
 
     known = available_traces()
     unknown = [n for n in names if n not in known]
@@ -780,8 +782,7 @@ def _check_trace_names(names: Sequence[str], option: str) -> None:
 
 def _corpus_without(name: str, table: Any, names: Sequence[str] | None = None, exclude: Sequence[str] = ()) -> dict:
     """Training corpus without ``name``, the ``exclude`` names, and any copy of ``table``'s count series."""
-    from forecasting.corpus import training_corpus
-    from forecasting.registry import trace_fingerprint
+    from forecasting import trace_fingerprint, training_corpus
 
     _check_trace_names(list(names or ()), "--trace")
     _check_trace_names(list(exclude), "--exclude")
@@ -794,7 +795,7 @@ def _corpus_without(name: str, table: Any, names: Sequence[str] | None = None, e
 
 
 def _check_horizon(horizon: int, table: Any, name: str) -> int:
-    from forecasting.backtest import DEFAULT_START
+    from forecasting import DEFAULT_START
 
     if len(table) - 1 - horizon < DEFAULT_START:
         raise UserError(
@@ -815,27 +816,22 @@ def _parse_models(text: str) -> list[str]:
 
 
 def _build_forecaster(kind: str, corpus: Mapping[str, Any], horizon: int, seed: int = 0, trace: str | None = None):
-    """A fitted forecaster of ``kind`` (baselines and lightgbm fitted on ``corpus``; champion from MLflow).
+    """A fitted forecaster of ``kind``: a `FORECASTERS` model fitted on ``corpus``, or the champion from MLflow.
 
     For the champion, a warning says so when it was trained on ``trace`` (its scores there are optimistic).
     """
-    from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster
-    from forecasting.lgbm import LightGbmForecaster
-    from forecasting.registry import champion_version, load_champion
-    from parcae.tracking import TrackingError
+    from forecasting import champion_version, fit_forecaster, load_champion
+    from tracking import TrackingError
 
     tables = list(corpus.values())
-    if kind == "persistence":
-        return PersistenceForecaster(max_horizon=max(24, horizon)).fit(tables)
-    if kind == "arima":
-        return ArimaForecaster(seed=seed, persistence=PersistenceForecaster(max_horizon=max(24, horizon))).fit(tables)
-    if kind == "ets":
-        return EtsForecaster(seed=seed, persistence=PersistenceForecaster(max_horizon=max(24, horizon))).fit(tables)
-    if kind == "lightgbm":
-        if not tables:
-            raise UserError("no training traces left for lightgbm once the evaluated trace is excluded")
-        return LightGbmForecaster(horizon_max=max(12, horizon), seed=seed).fit(tables)
-    if kind == "champion":
+    if kind in FORECASTERS:
+        try:
+            return fit_forecaster(kind, tables, horizon, seed)
+        except ValueError:
+            if tables:
+                raise
+            raise UserError(f"no training traces left for {kind} once the evaluated trace is excluded") from None
+    if kind == CHAMPION_MODEL:
         try:
             with _WarnHandler():
                 model = load_champion()
@@ -872,6 +868,9 @@ class _Counted:
         self.tick()
         return forecast
 
+    def history_window(self, horizon: int) -> int | None:
+        return self.inner.history_window(horizon)
+
 
 def _metrics_table(rows: Mapping[str, Mapping[str, Any]], horizon: int) -> Table:
     """One row per model: mean MAE, MAE at the first and last step, pinball, 80% coverage, Brier."""
@@ -896,7 +895,7 @@ def _finite(x: float) -> float | None:
     help=(
         "Train the LightGBM forecaster on the trace corpus, backtest it against persistence on --eval-trace, "
         "log and register it in MLflow, and promote it to 'champion' if it beats persistence and the current "
-        "champion (mean MAE). The store is $MLFLOW_TRACKING_URI, else ./mlruns (parcae.tracking)."
+        "champion (mean MAE). The store is $MLFLOW_TRACKING_URI, else ./mlruns (tracking)."
     ),
 )
 def forecast_train(
@@ -919,9 +918,8 @@ def forecast_train(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the forecaster.")] = 0,
 ) -> None:
-    from forecasting.lgbm import LightGbmForecaster
-    from forecasting.registry import DEFAULT_REGISTERED_NAME, train_and_log
-    from parcae.tracking import TrackingError, tracking_uri
+    from forecasting import DEFAULT_REGISTERED_NAME, make_forecaster, train_and_log
+    from tracking import TrackingError, tracking_uri
 
     _check_outputs(json_out, None)
     _check_look_ahead(horizon, "--horizon")  # a forecast past what the planner takes is never used
@@ -933,14 +931,12 @@ def forecast_train(
             f"no training traces left once {name!r} and the excluded ones are removed "
             f"(run `parcae traces` to see what is available)"
         )
-    options: dict[str, Any] = {"horizon_max": max(12, horizon), "seed": seed}
-    if n_estimators is not None:
-        options["n_estimators"] = n_estimators
+    options: dict[str, Any] = {} if n_estimators is None else {"n_estimators": n_estimators}
     err = _stderr()
     with err.status("training") as status:
         try:
             outcome = train_and_log(
-                functools.partial(LightGbmForecaster, **options),
+                functools.partial(make_forecaster, "lightgbm", horizon, seed, **options),
                 train_traces=corpus,
                 eval_trace=(name, table),
                 horizon=horizon,
@@ -989,15 +985,14 @@ def forecast_evaluate(
     ] = ",".join(FORECAST_MODELS),
     seed: Annotated[int, typer.Option(help="Seed of the seeded models (arima, ets, lightgbm).")] = 0,
 ) -> None:
-    from forecasting.backtest import rolling_origin
-    from forecasting.registry import history_window
+    from forecasting import rolling_origin
 
     kinds = _parse_models(models)
     _check_outputs(json_out, None)
     _check_look_ahead(horizon, "--horizon")
     name, table = _forecast_trace(trace)
     n_origins = _check_horizon(horizon, table, name)
-    corpus = _corpus_without(name, table) if set(kinds) - {"champion"} else {}
+    corpus = _corpus_without(name, table) if set(kinds) - {CHAMPION_MODEL} else {}
     results: dict[str, dict] = {}
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=_stderr()
@@ -1008,7 +1003,7 @@ def forecast_evaluate(
             model = _build_forecaster(kind, corpus, horizon, seed, name)
             progress.update(task, description=f"backtesting {kind}")
             counted = _Counted(model, lambda: progress.advance(task))
-            result = rolling_origin(counted, table, horizon, max_history=history_window(model, horizon))
+            result = rolling_origin(counted, table, horizon, max_history=model.history_window(horizon))
             results[kind] = result.to_dict()
         progress.update(task, description=f"backtested {len(kinds)} model(s) x {n_origins} origins")
     out = _stdout()
@@ -1041,7 +1036,7 @@ def forecast_predict(
     horizon: Annotated[int, typer.Option(min=1, help="Forecast horizon in intervals.")] = 12,
     model: Annotated[
         str, typer.Option(metavar="MODEL", help=f"One of: {', '.join(FORECAST_MODELS)}.")
-    ] = "champion",
+    ] = CHAMPION_MODEL,
     seed: Annotated[int, typer.Option(help="Seed of the seeded models (arima, ets, lightgbm).")] = 0,
 ) -> None:
     import numpy as np
@@ -1062,7 +1057,7 @@ def forecast_predict(
                 f"{int(intervals[-1])})"
             )
         row = int(hits[0])
-    corpus = _corpus_without(name, table) if kind[0] != "champion" else {}
+    corpus = _corpus_without(name, table) if kind[0] != CHAMPION_MODEL else {}
     forecaster = _build_forecaster(kind[0], corpus, horizon, seed, name)
     history = table.iloc[: row + 1].copy()
     history.attrs = dict(table.attrs)
@@ -1114,7 +1109,7 @@ def collect(
 ) -> None:
     from datetime import datetime, timedelta, timezone
 
-    from forecasting.collect import CollectError, SpotCollector, TraceStore
+    from forecasting import CollectError, SpotCollector, TraceStore
 
     if not (math.isfinite(price_hours) and price_hours > 0):
         raise UserError(f"--price-hours must be a positive number of hours, got {price_hours:g}")

@@ -9,7 +9,7 @@ What is checked, and why here rather than where it would fail:
 - a trace name (``trace``, ``eval_trace``, ...): unknown names would fail minutes later, inside a job or after a
   forecaster's training, with the list of known names lost in a traceback;
 - the MLflow tracking store (``MLFLOW_TRACKING_URI``): MLflow retries an unreachable server for minutes, and a
-  job that trains for an hour before finding out has wasted the hour (`parcae.tracking.check_reachable`);
+  job that trains for an hour before finding out has wasted the hour (`tracking.check_reachable`);
 - AWS credentials when ``provider="aws"``: boto3 looks for them only at the first call
   (`trainer.aws.check_credentials`);
 - the schedules of ``prefect.yaml``, with Prefect's own schedule models, before `prefect deploy` (which would read
@@ -99,7 +99,7 @@ def _fail(setting: str, problem: str, fix: str) -> SettingError:
 def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str:
     """The trace's display name if ``trace`` is a known trace name or an existing trace file, else SettingError
     listing the known names (bundled ones, plus ``$PARCAE_SHARED_TRACES`` when present)."""
-    from forecasting.traces import available_traces
+    from forecasting import available_traces
 
     if not isinstance(trace, (str, os.PathLike)) or not str(trace):
         raise _fail(setting, f"expected a trace name or file, got {trace!r}", "give a name from `parcae traces`")
@@ -122,8 +122,8 @@ def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str
 
 
 def check_tracking(uri: str | None = None, *, setting: str = "MLFLOW_TRACKING_URI", timeout: float = 5.0) -> str:
-    """The tracking URI (``uri``, else the one `parcae.tracking` would use) once one request to it succeeded."""
-    from parcae import tracking
+    """The tracking URI (``uri``, else the one `tracking` would use) once one request to it succeeded."""
+    import tracking
 
     resolved = uri or tracking.tracking_uri()
     try:
@@ -221,7 +221,7 @@ def check_look_ahead(value: Any, *, setting: str = "look_ahead") -> int:
 
 def check_interval(value: Any, *, setting: str = "interval_s") -> float:
     """An interval T (seconds) in `forecasting.traces.INTERVAL_S_RANGE`."""
-    from forecasting.traces import INTERVAL_S_RANGE
+    from forecasting import INTERVAL_S_RANGE
 
     return check_seconds(value, setting=setting, low=INTERVAL_S_RANGE[0], high=INTERVAL_S_RANGE[1])
 
@@ -256,7 +256,7 @@ def _each(check: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _instances(value: Any, *, setting: str) -> int:
-    from forecasting.traces import MAX_INSTANCES
+    from forecasting import MAX_INSTANCES
 
     return check_count(value, setting=setting, maximum=MAX_INSTANCES)
 

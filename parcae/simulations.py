@@ -3,7 +3,7 @@
 Owns: how a comparison (``liveput.simulator.simulate``'s results) is laid out as MLflow runs, and reading it back
 (:func:`comparison_from_mlflow` gives the same rows and columns, in the same order, as
 ``liveput.simulator.comparison_table``). Must not touch: simulating (``liveput.simulator``), where the store is
-(``parcae.tracking`` decides), printing (``parcae.cli``).
+(``tracking`` decides), printing (``parcae.cli``).
 
 Layout (experiment "simulations"):
   parent run   one per comparison; its run id is the comparison id. params trace, model, start_hour, end_hour,
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import pandas as pd
 
-from parcae import tracking as _tracking  # log_comparison's ``tracking`` parameter is the store, not this
+import tracking as _tracking  # log_comparison's ``tracking`` parameter is the store, not this
 
 from liveput import PolicyResult
 
@@ -78,7 +78,7 @@ def _forecaster_of(policy: str, forecaster: str) -> str:
 
 
 def _client(target: str | os.PathLike[str] | None) -> MlflowClient:
-    """A client for the store (a URI or a store folder; None: ``parcae.tracking``'s default), checked reachable.
+    """A client for the store (a URI or a store folder; None: the ``tracking`` package's default), checked reachable.
 
     Also points ``mlflow`` at it (as ``tracking.connect`` does) when it points elsewhere, because
     ``mlflow.search_runs`` reads the global URI.
@@ -139,7 +139,7 @@ def log_comparison(
 
     ``window`` is (start hour, end hour) of the simulated window; ``ideal_samples`` the ideal bound's samples when
     the caller computed it without running ``ideal`` (default: the ``ideal`` result's, if any); ``plot`` an image
-    logged on the parent run; ``tracking`` a URI or store folder (None: ``parcae.tracking``'s default); ``tags``
+    logged on the parent run; ``tracking`` a URI or store folder (None: the ``tracking`` package's default); ``tags``
     go on every run. Raises ``tracking.TrackingError`` if the store does not answer.
     """
     from mlflow.entities import Metric

@@ -12,10 +12,15 @@ from typing import Any
 import pandas as pd
 from prefect import get_run_logger, task
 
-from forecasting.baselines import PersistenceForecaster
-from forecasting.forecast import Forecaster
-from forecasting.lgbm import LightGbmForecaster
-from forecasting.registry import TrainOutcome, champion_version, load_champion, train_and_log
+from forecasting import (
+    Forecaster,
+    PersistenceForecaster,
+    TrainOutcome,
+    champion_version,
+    load_champion,
+    make_forecaster,
+    train_and_log,
+)
 from tasks import retry_on
 from tasks.tracking import store_unavailable
 
@@ -44,7 +49,7 @@ def train_forecaster(
     """
     params = {"horizon_max": horizon, **(forecaster_params or {})}
     return train_and_log(
-        lambda: LightGbmForecaster(**params),
+        lambda: make_forecaster("lightgbm", horizon, **params),
         train_traces=train_traces,
         eval_trace=eval_trace,
         horizon=horizon,

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 from prefect import runtime, task
 
-from forecasting.forecast import Forecast, Forecaster
+from forecasting import Forecast, Forecaster
 from liveput import CostModel, IntervalForecast, JobState, load_profile, plan_interval
 
 __all__ = ["forecast_next_intervals", "hand_plan_to_coordinator", "plan_next_interval"]
@@ -28,7 +28,7 @@ def forecast_next_intervals(
     """The forecast of the ``look_ahead`` intervals after the last one of ``history``; with ``capacity``, of the
     history rescaled to that many instances (`forecasting.traces.scale_trace`: a trace replayed on a job's fleet)."""
     if capacity is not None:
-        from forecasting.traces import scale_trace
+        from forecasting import scale_trace
 
         history = scale_trace(history, capacity)
     return forecaster.predict(history, look_ahead)

@@ -14,9 +14,7 @@ from typing import Any
 import pandas as pd
 from prefect import task
 
-from forecasting.collect import SpotCollector, TraceStore
-from forecasting.corpus import training_corpus
-from forecasting.traces import DEFAULT_INTERVAL_S, load_trace
+from forecasting import DEFAULT_INTERVAL_S, SpotCollector, TraceStore, load_trace, training_corpus
 from tasks import retry_on
 
 __all__ = ["CollectIncomplete", "collect_spot_traces", "load_availability_trace", "load_training_corpus"]

@@ -1,10 +1,10 @@
 """Tasks that produce records: MLflow runs of plans, and Prefect artifacts that point at them (plans, forecaster
 trainings, training jobs).
 
-MLflow is reached through `parcae.tracking` (the one place that decides the store), with an explicit
+MLflow is reached through `tracking` (the one place that decides the store), with an explicit
 `MlflowClient` rather than MLflow's global active run, so nothing here depends on what else runs in the
-process. One plan is one run of the ``plans`` experiment, logged in one go by `parcae.tracking.log_run`
-(parameters, the metrics of `parcae.tracking.plan_metrics`, the forecast and the plan as JSON artifacts), with
+process. One plan is one run of the ``plans`` experiment, logged in one go by `tracking.log_run`
+(parameters, the metrics of `tracking.plan_metrics`, the forecast and the plan as JSON artifacts), with
 tags that tie it to the Prefect flow run and to the training run of the forecaster that made the forecast.
 """
 
@@ -19,8 +19,8 @@ import pandas as pd
 from prefect import runtime, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-from forecasting.forecast import Forecast
-from parcae import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
+from forecasting import Forecast
+import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
 
 from mlflow.exceptions import MlflowException  # noqa: E402
 

@@ -24,8 +24,8 @@ from typing import Any, Final
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from forecasting.forecast import Forecaster
-from parcae import tracking
+from forecasting import Forecaster
+import tracking
 from tasks.tracking import artifact_key, run_markdown
 from trainer.config import JobConfig
 from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo

@@ -213,7 +213,7 @@ def test_anchor_is_persistence_before_any_forecast_has_been_scored() -> None:
 
 
 def test_the_last_since_cap_rows_give_the_features_of_the_whole_past() -> None:
-    """``forecasting.registry.history_window`` hands LightGBM only SINCE_CAP + 1 rows in backtests."""
+    """``LightGbmForecaster.history_window`` hands LightGBM only SINCE_CAP + 1 rows in backtests."""
     assert ANCHOR_WINDOW + ANCHOR_STEPS + 12 <= SINCE_CAP
     df = random_table(900, 16, seed=5, start="2023-05-06 23:30")
     full = features_at(df)

@@ -44,7 +44,7 @@ from forecasting.traces import load_trace  # noqa: E402
 from liveput.optimizer import JobState  # noqa: E402
 from liveput.throughput import load_profile  # noqa: E402
 from parcae.settings import check_deployments  # noqa: E402
-from parcae.tracking import TrackingError  # noqa: E402
+from tracking import TrackingError  # noqa: E402
 from tasks import retry_on  # noqa: E402
 from tasks.plan import hand_plan_to_coordinator  # noqa: E402
 from tasks.tracking import FLOW_RUN_TAG, FORECASTER_RUN_TAG, store_unavailable  # noqa: E402

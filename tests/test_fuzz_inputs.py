@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import forecasting.traces as traces
+import forecasting.traces.table as trace_table
 from parcae.cli import UserError, _read_plan_input, _strict_json, plan_from_input
 
 SMALL_INTERVALS = 20_000  # the table bound while fuzzing: 20,000 rows of 8 int64 columns are 1.3 MB
@@ -198,7 +199,7 @@ def _read(path: Path, fmt: str | None, interval_s: float) -> None:
 def _check_trace(fmt: str, content: bytes, interval_s: float) -> None:
     path = WORK / FILE_NAMES[fmt]
     path.write_bytes(content)
-    with mock.patch.object(traces, "MAX_INTERVALS", SMALL_INTERVALS):
+    with mock.patch.object(trace_table, "MAX_INTERVALS", SMALL_INTERVALS):
         bounded(lambda: _read(path, fmt, interval_s))  # the given reader
         bounded(lambda: _read(path, None, interval_s))  # the sniffed one, as `--trace PATH` reads it
 

@@ -23,12 +23,11 @@ from forecasting.lgbm import LightGbmForecaster
 from forecasting.registry import (
     CHAMPION,
     DEFAULT_REGISTERED_NAME,
-    history_window,
     load_champion,
     trace_fingerprint,
     train_and_log,
 )
-from parcae import tracking
+import tracking
 
 HORIZON = 6
 FAST = dict(horizon_max=HORIZON, seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
@@ -199,7 +198,7 @@ def test_lightgbm_backtest_window_is_exact(first) -> None:
     """history_window's truncation (what the backtests use) gives the same forecasts as the whole past."""
     model = first.forecaster
     table = TRAIN["periodic-a"]
-    window = history_window(model, HORIZON)
+    window = model.history_window(HORIZON)
     for t in (window + 5, 400, len(table) - 2):
         full = model.predict(table.iloc[: t + 1], HORIZON).to_dict()
         cut = table.iloc[t + 1 - window : t + 1].reset_index(drop=True)

@@ -20,8 +20,8 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
 from forecasting.traces import load_trace, scale_trace
+from tracking import plan_metrics
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
-from parcae.tracking import plan_metrics
 from trainer import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.coordinator import ScheduleError

@@ -22,7 +22,7 @@ import pytest
 
 from _mlflow import temporary_mlflow_store
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
-from parcae import tracking
+import tracking
 from trainer import checkpoint
 from trainer.config import TrainConfig
 from trainer.observer import PlanInfo, StepInfo
@@ -30,7 +30,7 @@ from trainer.planning import RulePlanner
 from _jobs import run_job
 from trainer.tracking import MlflowJobObserver, training_runs
 
-from mlflow import MlflowClient  # noqa: E402  (after parcae.tracking: telemetry off)
+from mlflow import MlflowClient  # noqa: E402  (after tracking: telemetry off)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE  # noqa: E402
 

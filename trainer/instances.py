@@ -282,7 +282,7 @@ def trace_strategy(n: int, n_layers: int = 6, global_batch: int = 16) -> tuple[i
 
 
 def _trace_table(trace: str | pd.DataFrame, workers: int) -> pd.DataFrame:
-    from forecasting.traces import load_trace, scale_trace
+    from forecasting import load_trace, scale_trace
 
     df = load_trace(trace) if isinstance(trace, str) else trace
     return scale_trace(df, workers)

@@ -244,7 +244,7 @@ class TraceForecast:
     ) -> TraceForecast:
         """The forecast of a replay of ``trace`` (a name or path for `forecasting.traces.load_trace`, or its table)
         on ``workers`` instances from ``start_interval``, scaled as `trainer.instances.trace_schedule` scales it."""
-        from forecasting.traces import load_trace, scale_trace
+        from forecasting import load_trace, scale_trace
 
         table = load_trace(trace) if isinstance(trace, str) else trace
         if not 0 <= start_interval < len(table):

@@ -2,7 +2,7 @@
 
 Owns: the observer that turns the driver's hooks (`trainer.observer`) into one MLflow run per job, the runs of the
 plans the job's planning hook made, the timeline plot, and `training_runs` (the runs side by side). Must not
-touch: training, the control plane, the driver; where the store is (`parcae.tracking` decides); Prefect (a flow
+touch: training, the control plane, the driver; where the store is (`tracking` decides); Prefect (a flow
 that wants its flow run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
 
 What the run holds (experiment "training"; a job resumed from a checkpoint can reopen its run with `run_id=`):
@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-from parcae import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
+import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
 from trainer.observer import JobObserver, PlanInfo, StepInfo
 
 # Imported here, not lazily in the logging thread: a flush at interpreter exit (atexit, after SIGTERM) cannot import
@@ -166,7 +166,7 @@ def timeline_figure(
 class MlflowJobObserver(JobObserver):
     """Logs one training job to MLflow from a background thread; see the module docstring for what and how.
 
-    `tracking`: a tracking URI or a store folder (default: `parcae.tracking`'s store). `run_id`: reopen that run
+    `tracking`: a tracking URI or a store folder (default: the `tracking` package's store). `run_id`: reopen that run
     (a job resumed after its driver was killed). `tags` go on the run, and the Prefect ones (``parcae.prefect*``,
     ``prefect.*``) on its plan runs too. The run's id is `run_id` once the thread created it (`flush()` waits).
     """
@@ -526,7 +526,7 @@ def training_runs(
 ) -> pd.DataFrame:
     """The training runs, newest first, one row each: run_id, run_name, status, start_time, end_time and
     ``metrics.*``, ``params.*``, ``tags.*`` columns (as ``mlflow.search_runs``), without touching MLflow's global
-    tracking URI. Empty if the experiment does not exist. Raises `parcae.tracking.TrackingError` when the store
+    tracking URI. Empty if the experiment does not exist. Raises `tracking.TrackingError` when the store
     cannot be reached."""
     import pandas as pd
 

@@ -6,7 +6,7 @@ close, retries while the store is down, giving up at the close deadline, the dri
 is open), `RunContent` (what it asks of the run it sends: opening it, its artifacts, ending it) and `transient`
 (which store errors a retry may fix). Must not touch: what a run holds — which metrics, tags, params and artifacts
 an event becomes (`trainer.tracking.MlflowJobObserver`, the `RunContent` it sends); where the store is
-(`parcae.tracking`).
+(`tracking`).
 
 Threading: the owner's hooks run on the driver's thread and only append under `lock` (held for microseconds,
 never during I/O). The thread connects at once (a new SQLite store is migrated while the job's workers start),
@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from parcae import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
+import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
 
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric  # noqa: E402

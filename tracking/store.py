@@ -1,64 +1,36 @@
-"""Where MLflow records go: one place that decides the tracking URI, so every component agrees.
+"""Where MLflow records go: the one place that decides the tracking URI, so every component agrees.
 
-The default is a local store under ``mlruns/`` in the working directory: MLflow 3's SQLite backend
-(``mlruns/mlflow.db``) for runs, metrics and the model registry, with artifacts beside it
-(``mlruns/artifacts/<experiment>``). The plain file store is deprecated in MLflow 3, and a default URI
-would change with the process's working directory, which Prefect workers do not share; so the URI is
-always absolute. Telemetry is switched off before MLflow is imported.
+Owns: the store's URI (:func:`tracking_uri`, :func:`resolve_uri`), pointing MLflow at it (:func:`configure`),
+the one-request reachability check (:func:`check_reachable`, :func:`connect`) and getting or creating an
+experiment (:func:`ensure_experiment`, :func:`experiment_id`). It logs nothing (that is :mod:`tracking.runs`).
 
-Which store, in order:
+Which store, in order: an explicit ``root`` folder (tests pass ``tmp_path``; it wins over the environment, so a
+test never writes to a server set in the shell); ``MLFLOW_TRACKING_URI``; ``$PARCAE_MLRUNS`` or ``./mlruns``.
+A local store is MLflow 3's SQLite backend (``<folder>/mlflow.db``, artifacts in ``<folder>/artifacts/<experiment>``),
+always absolute, because Prefect workers do not share a working directory.
 
-1. an explicit ``root`` argument: the local store in that folder (tests pass ``tmp_path``; an explicit
-   folder wins over the environment so a test can never write to a server set in the shell);
-2. ``MLFLOW_TRACKING_URI`` (for example ``http://127.0.0.1:5000`` for an ``mlflow server``, or another
-   ``sqlite:////abs/path/mlflow.db``);
-3. ``$PARCAE_MLRUNS`` or ``./mlruns``, made absolute.
-
-For a SQLite URI, artifacts of new experiments go to ``<folder of the .db>/artifacts/<experiment>``,
-so a store given only by ``MLFLOW_TRACKING_URI`` keeps everything in one folder (never in the
-working directory's ``mlruns/``).
-
-Reachability: MLflow retries a failing HTTP request 7 times with exponential back-off (minutes before
-an unreachable server is reported). :func:`check_reachable` makes one request with
-``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` and ``MLFLOW_HTTP_REQUEST_TIMEOUT`` = ``timeout`` (5 s) and turns
-any failure into :class:`TrackingError` naming the fix; :func:`connect` and :func:`experiment_id`
-call it first. The two variables are set in ``os.environ`` only for the duration of that one call
-(MLflow reads them per request), which is not thread-safe against concurrent MLflow calls of the same
-process.
-
-Shared logging helpers (used by the Prefect plan task and by ``trainer.tracking``, the MLflow run of a
-training job): :func:`resolve_uri` (a URI or a store folder), :func:`ensure_experiment` (get or create with
-an explicit client), :func:`log_batched` (``log_batch`` within MLflow's per-call limits), :func:`log_run`
-(one complete run in one go, FAILED if its logging fails), :func:`plan_metrics` (the metrics of a liveput
-plan dict, ``liveput.optimizer.Plan.to_dict()``) and :func:`strategy_label` (``"DxP"``).
+Why a check of its own: MLflow retries a failing HTTP request 7 times with back-off (minutes before an unreachable
+server is reported); :func:`check_reachable` makes one request with ``MLFLOW_HTTP_REQUEST_MAX_RETRIES=0`` and a
+short timeout, set in ``os.environ`` only for that call (so not thread-safe against concurrent MLflow calls).
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import urlparse
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("DO_NOT_TRACK", "true")
 
 DEFAULT_ROOT = "mlruns"
 #: Experiment of the plan runs (one run per liveput plan).
 PLANS_EXPERIMENT: Final = "plans"
 #: Experiment of the training jobs' runs (``trainer.tracking``).
 TRAINING_EXPERIMENT: Final = "training"
-#: MLflow's limits on one ``log_batch`` call (``mlflow.utils.validation``) and on a param's / tag's value.
-MAX_METRICS_PER_BATCH: Final = 1000
-MAX_PARAMS_TAGS_PER_BATCH: Final = 100
-MAX_PARAM_LENGTH: Final = 6000
-MAX_TAG_LENGTH: Final = 8000
 #: Seconds the reachability check waits for a tracking server (connect and read).
 CHECK_TIMEOUT_S = 5.0
 
@@ -234,93 +206,3 @@ def experiment_id(name: str, root: str | os.PathLike[str] | None = None) -> str:
         raise
     except Exception as exc:  # connection errors surface as requests/urllib3 exceptions
         raise TrackingError(f"cannot reach the MLflow tracking store {uri!r}: {_short(exc)}; {_fix(uri)}") from exc
-
-
-def strategy_label(strategy: Iterable[int]) -> str:
-    """``(D, P)`` as ``"DxP"``, the way runs, tags and reports name a strategy."""
-    d, p = strategy
-    return f"{d}x{p}"
-
-
-def clip(value: Any, limit: int) -> str:
-    """``str(value)``, cut to ``limit`` characters (MLflow refuses longer params and tags)."""
-    text = str(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def log_batched(
-    client: MlflowClient,
-    run_id: str,
-    *,
-    metrics: Iterable[Any] = (),
-    params: Mapping[str, Any] | None = None,
-    tags: Mapping[str, Any] | None = None,
-) -> None:
-    """``log_batch`` within MLflow's limits: ``metrics`` (``mlflow.entities.Metric``) 1000 a call, params and
-    tags 100 a call; values are stringified and clipped. Raises what the store raises, after the calls that
-    succeeded (so a caller that retries re-sends only what raised — MLflow keeps a duplicate metric point)."""
-    from mlflow.entities import Metric, Param, RunTag
-
-    ps = [Param(k, clip(v, MAX_PARAM_LENGTH)) for k, v in (params or {}).items()]
-    ts = [RunTag(k, clip(v, MAX_TAG_LENGTH)) for k, v in (tags or {}).items()]
-    for i in range(0, len(ps), MAX_PARAMS_TAGS_PER_BATCH):
-        client.log_batch(run_id, params=ps[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-    for i in range(0, len(ts), MAX_PARAMS_TAGS_PER_BATCH):
-        client.log_batch(run_id, tags=ts[i : i + MAX_PARAMS_TAGS_PER_BATCH])
-    ms: list[Metric] = list(metrics)
-    for i in range(0, len(ms), MAX_METRICS_PER_BATCH):
-        client.log_batch(run_id, metrics=ms[i : i + MAX_METRICS_PER_BATCH])
-
-
-def log_run(
-    client: MlflowClient,
-    experiment: str,
-    *,
-    run_name: str,
-    tags: Mapping[str, Any] | None = None,
-    params: Mapping[str, Any] | None = None,
-    metrics: Mapping[str, float] | None = None,
-    dicts: Mapping[str, Any] | None = None,
-) -> str:
-    """Log one complete run of experiment id ``experiment`` and return its id: params and metrics (step 0, now),
-    then each ``dicts`` entry as a JSON artifact (``{"plan.json": {...}}``), then FINISHED. A run whose logging
-    fails is marked FAILED and the error re-raised, so a half-logged run is never FINISHED."""
-    from mlflow.entities import Metric
-
-    run_id = client.create_run(
-        experiment, run_name=run_name, tags={k: clip(v, MAX_TAG_LENGTH) for k, v in (tags or {}).items()}
-    ).info.run_id
-    try:
-        now = int(time.time() * 1000)
-        log_batched(
-            client,
-            run_id,
-            metrics=[Metric(k, float(v), now, 0) for k, v in (metrics or {}).items()],
-            params=params,
-        )
-        for name, content in (dicts or {}).items():
-            client.log_dict(run_id, content, name)
-    except BaseException:
-        client.set_terminated(run_id, "FAILED")
-        raise
-    client.set_terminated(run_id, "FINISHED")
-    return run_id
-
-
-def plan_metrics(plan: Mapping[str, Any]) -> dict[str, float]:
-    """The metrics of a liveput plan dict (``Plan.to_dict()``, maybe with extra keys): expected_samples,
-    decision_ms and, of the first planned interval, reach and expected_cost_ms; keys the dict lacks are left
-    out, and with ``look_ahead`` and ``interval_s`` also expected_liveput (expected samples per second)."""
-    out: dict[str, float] = {}
-    for key in ("expected_samples", "decision_ms"):
-        if plan.get(key) is not None:
-            out[key] = float(plan[key])
-    steps = plan.get("steps") or []
-    if steps:
-        for key in ("reach", "expected_cost_ms"):
-            if steps[0].get(key) is not None:
-                out[key] = float(steps[0][key])
-    horizon = plan.get("look_ahead", len(steps) or None)
-    if "expected_samples" in out and horizon and plan.get("interval_s"):
-        out["expected_liveput"] = out["expected_samples"] / (float(horizon) * float(plan["interval_s"]))
-    return out

@@ -1,60 +1,38 @@
-"""Spot-availability traces: parsing, validation and the canonical per-interval table.
+"""The trace file formats: one reader per format, each checking its file line by line.
 
-This module owns availability *data*. It reads every trace format we have (Parcae/Bamboo event logs,
-running-count CSVs, the Bamboo GCP log and 2020 AWS step curves, SkyPilot "Can't Be Late" JSON arrays and
-their raw collector logs), checks them line by line, and turns them into one table the rest of the
-system consumes. The planner (liveput, simulator, CLI) imports this module; this module must never
-import the planner, so that traces can be loaded, plotted and forecast without the optimizer.
-
-Pipeline: every loader returns an :class:`AvailabilityEvents` (the changes of the instance count over
-time); :func:`to_intervals` bins those changes onto a fixed grid exactly like the Parcae reference
-(``SpotTrace.read_trace``/``pad_trace``, reference doc section F.1):
-
-* event timestamps in ms are integer-divided to seconds;
-* a change at second ``t`` belongs to interval ``floor(t / interval_s)``;
-* changes in one interval are summed, gross additions and removals separately;
-* intervals without changes are padded with ``n_in = n_out = 0``.
-
-Sources that log a running count instead of events (count CSV, GCP log, SkyPilot arrays and logs) carry
-the count forward: an interval's ``available`` is the last count observed before its end. Their first
-observation is the *initial state*: interval 0 has ``prev_available`` = that count and
-``n_in = n_out = 0`` unless the count changes within interval 0. ``n_in``/``n_out`` are the
-positive/negative parts of each observed change, which equal the gross counts only when every row is
-a single event.
-
-The canonical table has the columns :data:`COLUMNS`, one row per interval, and
-``df.attrs = {"name", "source", "interval_s", "capacity", "format"}``.
+Owns: the formats we read (Parcae/Bamboo event logs, running-count CSVs, the Bamboo GCP log, the 2020 AWS step
+curves, SkyPilot "Can't Be Late" JSON arrays and their raw collector logs), `detect_format` / `read_events`
+(sniffing and dispatch), and the bounds on what a file may hold (a hostile or mistaken file fails with a message,
+not an OverflowError, a MemoryError or hours of work). Each reader returns `AvailabilityEvents`; count sources
+carry their first observation as the initial state (`forecasting.traces.events.from_count_series`).
+Must not touch: the per-interval grid (`forecasting.traces.table`), trace names (`forecasting.traces.catalog`).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import re
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 from datetime import datetime, timezone
-from pathlib import Path, PurePosixPath
-from typing import Final, Literal
+from pathlib import Path
+from typing import Final, Literal, TypeGuard, Unpack
 
 import numpy as np
 import pandas as pd
 
 from forecasting import jsonio
+from forecasting.traces.events import AvailabilityEvents, EventsMeta, TraceFormatError, from_count_series
 
 __all__ = [
-    "COLUMNS",
     "FORMATS",
-    "INTERVAL_S_RANGE",
     "MAX_INSTANCES",
-    "MAX_INTERVALS",
-    "AvailabilityEvents",
-    "TraceFormatError",
-    "UnknownTraceError",
-    "available_traces",
+    "MAX_LINE_CHARS",
+    "MAX_TIME_VALUE",
+    "MAX_TRACE_BYTES",
+    "TIME_RANGE",
     "detect_format",
-    "load_trace",
+    "events_from_log",
     "read_aws_step_csv",
     "read_count_csv",
     "read_event_csv",
@@ -62,25 +40,7 @@ __all__ = [
     "read_gcp_log",
     "read_skypilot_json",
     "read_skypilot_log",
-    "resample",
-    "scale_trace",
-    "shared_traces_dir",
-    "slice_hours",
-    "to_intervals",
 ]
-
-COLUMNS: Final = (
-    "interval",
-    "start_s",
-    "start_time",
-    "prev_available",
-    "n_in",
-    "n_out",
-    "available",
-    "capacity",
-)
-
-DEFAULT_INTERVAL_S: Final = 60.0  # the reference hard-codes 60 s intervals (reference doc A.4)
 
 #: Format name -> the line (or document) shape it expects; used verbatim in error messages.
 FORMATS: Final[dict[str, str]] = {
@@ -90,14 +50,6 @@ FORMATS: Final[dict[str, str]] = {
     "skypilot-json": '{"metadata": {"gap_seconds": G}, "data": [count, ...]}',
     "skypilot-log": "tick,ISO8601,fail",
     "aws-step-csv": "seconds,count (hours,count for *_scaled files)",
-}
-
-DATA_DIR: Final = Path(__file__).resolve().parent / "data"
-
-#: Traces shipped inside the package (see data/ATTRIBUTION.md); always available, even without ../shared.
-BUNDLED: Final[dict[str, Path]] = {
-    "p3": DATA_DIR / "p3.csv",
-    "gcp-v100": DATA_DIR / "gcp-v100.txt",
 }
 
 # Cluster-size caps that the files do not state but their sources do (reference doc F.1, SOURCE.md files).
@@ -116,8 +68,6 @@ _SNIFF_BYTES: Final = 4096  # enough for the first line of every text format and
 # message instead of an OverflowError, a MemoryError or hours of work.
 #: Instances alive at once: far above any spot fleet (the largest trace we know has 80), far below int64 overflow.
 MAX_INSTANCES: Final = 1_000_000
-#: Rows of the canonical table (640 MB in its eight columns): 19 years of 60 s intervals, 115 days of 1 s ones.
-MAX_INTERVALS: Final = 10_000_000
 #: Bytes of one trace file: room for a count CSV of MAX_INTERVALS rows (about 20 bytes each); ours are under 1 MB.
 MAX_TRACE_BYTES: Final = 256 * 2**20
 #: Characters of one line of a line-based format (the longest real one has under 60).
@@ -126,177 +76,6 @@ MAX_LINE_CHARS: Final = 4096
 MAX_TIME_VALUE: Final = 2**53
 #: Absolute times (UTC) a trace may carry: the canonical table stores them as datetime64[ns], which ends in 2262.
 TIME_RANGE: Final = (datetime(1900, 1, 1, tzinfo=timezone.utc), datetime(2200, 1, 1, tzinfo=timezone.utc))
-#: Interval lengths T (seconds) the command line and the flows accept: a second (shorter than any migration) to
-#: a day. `to_intervals` itself takes any T > 0 within MAX_INTERVALS (the trainer's replays compress time).
-INTERVAL_S_RANGE: Final = (1.0, 86_400.0)
-
-
-# --------------------------------------------------------------------------------------------- errors
-
-
-class TraceFormatError(ValueError):
-    """A trace file does not have the shape its format requires.
-
-    The message always names the file, the 1-based line when one line is at fault, and the expected
-    format, so that a user can fix their file without reading a pandas/json traceback, e.g.
-    ``traces/x.csv line 17: expected 'ts_ms,add|remove,node', got 'abc'``.
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike[str],
-        expected: str,
-        line: int | None = None,
-        got: str | None = None,
-        reason: str | None = None,
-    ) -> None:
-        self.path = str(path)
-        self.expected = expected
-        self.line = line
-        self.got = got
-        self.reason = reason
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        where = self.path if self.line is None else f"{self.path} line {self.line}"
-        parts = [where + ":"]
-        if self.reason:
-            parts.append(f"{self.reason};")
-        parts.append(f"expected '{self.expected}'")
-        msg = " ".join(parts)
-        if self.got is not None:
-            got = self.got if len(self.got) <= 80 else self.got[:77] + "..."
-            msg += f", got {got!r}"
-        return msg
-
-    def __reduce__(self):  # keep it picklable (multiprocessing) despite the keyword-rich __init__
-        return (type(self), (self.path, self.expected, self.line, self.got, self.reason))
-
-
-class UnknownTraceError(LookupError):
-    """``load_trace`` got a name that is neither bundled, shared, nor an existing file."""
-
-    def __init__(self, source: str, known: Sequence[str]) -> None:
-        self.source = source
-        self.known = tuple(known)
-        super().__init__(
-            f"unknown trace {source!r}: not a bundled or shared trace name and not an existing file. "
-            f"Known names: {', '.join(self.known) or '(none)'}. A path to a trace file also works."
-        )
-
-    def __reduce__(self):
-        return (type(self), (self.source, self.known))
-
-
-# ------------------------------------------------------------------------------- intermediate form
-
-
-def _frozen(a: np.ndarray) -> np.ndarray:
-    a = np.array(a, copy=True)
-    a.setflags(write=False)
-    return a
-
-
-@dataclass(frozen=True, eq=False)  # eq=False: numpy fields make the generated __eq__ ambiguous
-class AvailabilityEvents:
-    """Changes of the live-instance count over time, as read from one file (before binning).
-
-    Every loader produces this, so binning, padding and capacity rules live in one place
-    (:func:`to_intervals`) instead of once per format. Entry ``i`` says: at ``times_s[i]``
-    ``adds[i]`` instances came and ``removes[i]`` went (gross), leaving ``counts[i]``.
-    ``initial`` is the count before the first change: 0 for event logs, the first observed value for
-    count series. ``last_s`` is the last time the source observed the cluster (a trace can end with no
-    change); ``hold_s`` is how long that last observation is valid (the tick length of tick series,
-    0 for point observations).
-    """
-
-    times_s: np.ndarray
-    adds: np.ndarray
-    removes: np.ndarray
-    counts: np.ndarray
-    initial: int
-    last_s: float
-    hold_s: float = 0.0
-    start_time: pd.Timestamp | None = None
-    name: str = ""
-    source: str = ""
-    capacity: int | None = None
-    fmt: str = ""
-
-    def __post_init__(self) -> None:
-        times = np.asarray(self.times_s, dtype=np.float64)
-        adds = np.asarray(self.adds, dtype=np.int64)
-        removes = np.asarray(self.removes, dtype=np.int64)
-        counts = np.asarray(self.counts, dtype=np.int64)
-        if not (len(times) == len(adds) == len(removes) == len(counts)):
-            raise ValueError("times_s, adds, removes and counts must have the same length")
-        if len(times) and (times[0] < 0 or np.any(np.diff(times) <= 0)):
-            raise ValueError("times_s must be non-negative and strictly increasing")
-        if np.any(adds < 0) or np.any(removes < 0) or self.initial < 0:
-            raise ValueError("adds, removes and initial must be non-negative")
-        if not np.array_equal(counts, self.initial + np.cumsum(adds - removes)):
-            raise ValueError("counts must equal initial + cumsum(adds - removes)")
-        if np.any(counts < 0):
-            raise ValueError("counts must be non-negative")
-        if len(times) and self.last_s < times[-1]:
-            raise ValueError("last_s must not precede the last change")
-        if self.hold_s < 0:
-            raise ValueError("hold_s must be non-negative")
-        if self.start_time is not None:
-            ts = pd.Timestamp(self.start_time)
-            ts = ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
-            object.__setattr__(self, "start_time", ts)
-        object.__setattr__(self, "times_s", _frozen(times))
-        object.__setattr__(self, "adds", _frozen(adds))
-        object.__setattr__(self, "removes", _frozen(removes))
-        object.__setattr__(self, "counts", _frozen(counts))
-        object.__setattr__(self, "initial", int(self.initial))
-
-    @property
-    def max_count(self) -> int:
-        """Largest count ever alive (the fallback capacity)."""
-        return int(max(self.initial, self.counts.max(initial=0)))
-
-
-def _from_count_series(
-    times_s: Sequence[float],
-    counts: Sequence[int],
-    *,
-    hold_s: float = 0.0,
-    **meta: object,
-) -> AvailabilityEvents:
-    """Events from successive count observations (already sorted, one value per row).
-
-    The first observation is the initial state, so the first interval gets ``prev_available`` equal to
-    it and no spurious "n_in = N" burst at t = 0 (a count series starts mid-life of the cluster). Each
-    later row contributes the positive/negative part of its change to ``adds``/``removes``; rows at the
-    same second are summed. Where every row is one event (Parcae's ``aws/traces/p3.csv``) that yields the
-    true gross counts; where rows are samples (SkyPilot ticks) gross events between samples are
-    invisible and only the net change per sample survives.
-    """
-    t = np.asarray(times_s, dtype=np.float64)
-    c = np.asarray(counts, dtype=np.int64)
-    delta = np.diff(c)
-    change_t = t[1:]
-    adds = np.maximum(delta, 0)
-    removes = np.maximum(-delta, 0)
-    keep = delta != 0
-    change_t, adds, removes = change_t[keep], adds[keep], removes[keep]
-    # Merge rows that fall on the same timestamp (already non-decreasing), summing gross parts.
-    uniq, first = np.unique(change_t, return_index=True)
-    sum_adds = np.add.reduceat(adds, first) if len(first) else adds
-    sum_removes = np.add.reduceat(removes, first) if len(first) else removes
-    initial = int(c[0])
-    return AvailabilityEvents(
-        times_s=uniq,
-        adds=sum_adds,
-        removes=sum_removes,
-        counts=initial + np.cumsum(sum_adds - sum_removes),
-        initial=initial,
-        last_s=float(t[-1]),
-        hold_s=hold_s,
-        **meta,  # type: ignore[arg-type]
-    )
 
 
 # ------------------------------------------------------------------------------------ file reading
@@ -437,7 +216,7 @@ def _finish(events: AvailabilityEvents, path: Path) -> AvailabilityEvents:
     return replace(events, capacity=_known_capacity(path, events.fmt, events.max_count))
 
 
-def events_from_log(log: Iterable[tuple[int, str]], **meta: object) -> AvailabilityEvents:
+def events_from_log(log: Iterable[tuple[int, str]], **meta: Unpack[EventsMeta]) -> AvailabilityEvents:
     """:class:`AvailabilityEvents` of a time-ordered ``(ts_ms, "add"|"remove")`` log, binned per second.
 
     Milliseconds are integer-divided to seconds as the reference does before binning; events in the same
@@ -511,7 +290,7 @@ def read_count_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
 
     Each row is the count after one event; rows at the same millisecond are separate events, so their
     changes are summed as gross adds/removes. The first row is the initial state (see
-    :func:`_from_count_series`): for ``p3.csv`` (first row ``0,1``) interval 0 therefore reads
+    :func:`from_count_series`): for ``p3.csv`` (first row ``0,1``) interval 0 therefore reads
     ``prev_available=1, n_in=17`` where the event log reads ``0, 18``; every later interval is identical.
     """
     p = Path(path)
@@ -528,7 +307,7 @@ def read_count_csv(path: str | os.PathLike[str]) -> AvailabilityEvents:
         prev_ms = ts_ms
         times.append(ts_ms // 1000)
         counts.append(count)
-    return _finish(_from_count_series(times, counts, name=p.stem, source=str(p), fmt=fmt), p)
+    return _finish(from_count_series(times, counts, name=p.stem, source=str(p), fmt=fmt), p)
 
 
 _GCP_RE: Final = re.compile(r"(\d{4})-(\d{2})-(\d{2})\s*,\s*(\d{1,2}):(\d{2}):(\d{2})\s*,\s*(\S+)")
@@ -575,7 +354,8 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
             raise _bad(p, fmt, number, line, reason)
         count = _int(p, fmt, number, line, m.group(7), "count", MAX_INSTANCES)
         try:
-            when = datetime(*(int(g) for g in m.groups()[:6]), tzinfo=timezone.utc)
+            year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
+            when = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
         except ValueError as exc:
             raise _bad(p, fmt, number, line, str(exc)) from None
         _check_when(p, fmt, number, line, when)
@@ -590,7 +370,7 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
     start = journal[0][0]
     times = [(when - start).total_seconds() for when, _ in journal]
     counts = [count for _, count in journal]
-    events = _from_count_series(
+    events = from_count_series(
         times, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt
     )
     # the trace runs to the latest time the log names, even where that row was superseded
@@ -606,7 +386,7 @@ def _json_line(text: str, needle: str | None) -> int:
     return text.count("\n", 0, max(at, 0)) + 1
 
 
-def _is_time_value(v: object) -> bool:
+def _is_time_value(v: object) -> TypeGuard[int | float]:
     """A JSON number in [0, MAX_TIME_VALUE] (``math.isfinite`` would overflow on a huge integer)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
@@ -651,7 +431,7 @@ def read_skypilot_json(path: str | os.PathLike[str]) -> AvailabilityEvents:
         reason = f"data[{bad}] = {_short(data[bad])} is not an instance count (an integer from 0 to {MAX_INSTANCES:,})"
         raise TraceFormatError(p, expected, line=line, reason=reason)
     times = np.arange(len(data), dtype=np.float64) * float(gap)
-    events = _from_count_series(times, data, hold_s=float(gap), name=p.stem, source=str(p), fmt=fmt)
+    events = from_count_series(times, data, hold_s=float(gap), name=p.stem, source=str(p), fmt=fmt)
     return _finish(events, p)
 
 
@@ -692,7 +472,7 @@ def read_skypilot_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
         counts.append(1 - int(fail_text))
     start = times[0]
     seconds = [(w - start).total_seconds() for w in times]
-    events = _from_count_series(seconds, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt)
+    events = from_count_series(seconds, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt)
     return _finish(events, p)
 
 
@@ -729,7 +509,7 @@ def read_aws_step_csv(
         last[t] = count  # insertion order is time order; the last value at a time wins
     # rounding to microseconds removes float noise from hours * 3600 before flooring onto the grid
     times = [round(t * scale, 6) for t in last]
-    events = _from_count_series(times, list(last.values()), name=p.stem, source=str(p), fmt=fmt)
+    events = from_count_series(times, list(last.values()), name=p.stem, source=str(p), fmt=fmt)
     return _finish(events, p)
 
 
@@ -822,355 +602,3 @@ def read_events(path: str | os.PathLike[str], fmt: str | None = None) -> Availab
     except KeyError:
         raise ValueError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}") from None
     return reader(p)
-
-
-# ------------------------------------------------------------------------------ canonical table
-
-
-def _check_interval(interval_s: float) -> float:
-    interval_s = float(interval_s)
-    if not math.isfinite(interval_s) or interval_s <= 0:
-        raise ValueError(f"interval_s must be a positive number of seconds, got {interval_s!r}")
-    return interval_s
-
-
-def _start_times(origin: pd.Timestamp | None, start_s: np.ndarray) -> pd.Series:
-    if origin is None or pd.isna(origin):
-        return pd.Series(pd.NaT, index=range(len(start_s)), dtype="datetime64[ns, UTC]")
-    return pd.Series(origin + pd.to_timedelta(start_s, unit="s"), index=range(len(start_s))).astype(
-        "datetime64[ns, UTC]"
-    )
-
-
-def _table(
-    interval: np.ndarray,
-    interval_s: float,
-    origin: pd.Timestamp | None,
-    prev: np.ndarray,
-    n_in: np.ndarray,
-    n_out: np.ndarray,
-    available: np.ndarray,
-    capacity: int,
-    attrs: dict[str, object],
-) -> pd.DataFrame:
-    start_s = interval.astype(np.float64) * interval_s
-    df = pd.DataFrame(
-        {
-            "interval": interval.astype(np.int64),
-            "start_s": start_s,
-            "start_time": _start_times(origin, start_s),
-            "prev_available": prev.astype(np.int64),
-            "n_in": n_in.astype(np.int64),
-            "n_out": n_out.astype(np.int64),
-            "available": available.astype(np.int64),
-            "capacity": np.full(len(interval), capacity, dtype=np.int64),
-        },
-        columns=list(COLUMNS),
-    )
-    df.attrs = dict(attrs)
-    return df
-
-
-def _interval_count(events: AvailabilityEvents, interval_s: float) -> int:
-    """Rows of the table of ``events`` at ``interval_s``; a TraceFormatError (before any allocation) past
-    MAX_INTERVALS."""
-    end_s = events.last_s + events.hold_s
-    ratio = end_s / interval_s  # inf for a tiny interval: compare before any int() or ceil() of it
-    # round first: float noise such as 16235.0000001 must not add an interval
-    n = max(int(events.last_s // interval_s) + 1, math.ceil(round(ratio, 9))) if ratio <= MAX_INTERVALS else None
-    if n is None or n > MAX_INTERVALS:
-        raise TraceFormatError(
-            events.source or events.name or "<trace>",
-            FORMATS.get(events.fmt, "a trace"),
-            reason=(
-                f"the trace spans {end_s:,.0f} s, which is {ratio:,.0f} intervals of {interval_s:g} s, more than "
-                f"the {MAX_INTERVALS:,} a trace may have; choose a longer interval, or write the times relative "
-                "to the trace's start"
-            ),
-        )
-    return n
-
-
-def to_intervals(events: AvailabilityEvents, interval_s: float = DEFAULT_INTERVAL_S) -> pd.DataFrame:
-    """Bin events onto a grid of ``interval_s`` seconds: the canonical per-interval table.
-
-    Reproduces the reference parser: a change at ``t`` s lands in interval ``floor(t / interval_s)``;
-    gross adds/removes in one interval are summed; empty intervals are padded; the table runs from
-    interval 0 through the interval of the last observation (or to the end of the last tick for tick
-    series). Capacity: ``events.capacity`` if set, else the largest count (at least 1).
-    """
-    interval_s = _check_interval(interval_s)
-    n = _interval_count(events, interval_s)
-    idx = np.floor(events.times_s / interval_s).astype(np.int64)
-    n_in = np.zeros(n, dtype=np.int64)
-    n_out = np.zeros(n, dtype=np.int64)
-    np.add.at(n_in, idx, events.adds)
-    np.add.at(n_out, idx, events.removes)
-    available = events.initial + np.cumsum(n_in - n_out)
-    prev = np.concatenate(([events.initial], available[:-1]))
-    observed_max = events.max_count
-    capacity = events.capacity if events.capacity is not None else max(observed_max, 1)
-    if capacity < observed_max:
-        raise ValueError(
-            f"capacity {capacity} is below the {observed_max} instances trace {events.name!r} has alive at once"
-        )
-    attrs = {
-        "name": events.name,
-        "source": events.source,
-        "interval_s": interval_s,
-        "capacity": int(capacity),
-        "format": events.fmt,
-    }
-    return _table(np.arange(n), interval_s, events.start_time, prev, n_in, n_out, available, capacity, attrs)
-
-
-def _origin(df: pd.DataFrame) -> pd.Timestamp | None:
-    """Absolute time of interval 0 (None when the trace has no absolute time)."""
-    first = df["start_time"].iloc[0]
-    if pd.isna(first):
-        return None
-    return first - pd.to_timedelta(float(df["start_s"].iloc[0]), unit="s")
-
-
-def _check_contiguous(df: pd.DataFrame) -> None:
-    if df.empty:
-        raise ValueError("empty availability table")
-    if np.any(np.diff(df["interval"].to_numpy()) != 1):
-        raise ValueError("availability table must hold consecutive intervals")
-
-
-def resample(df: pd.DataFrame, interval_s: float) -> pd.DataFrame:
-    """Re-bin a canonical table onto a coarser grid whose interval is an integer multiple.
-
-    Sums ``n_in``/``n_out``, keeps the first ``prev_available`` and the last ``available`` of each
-    group. Bins stay aligned to interval 0 even for sliced tables, so interval numbers remain
-    comparable. For finer or non-multiple grids re-bin from the events: ``load_trace(..., interval_s=X)``.
-    """
-    interval_s = _check_interval(interval_s)
-    old = float(df.attrs["interval_s"])
-    ratio = interval_s / old
-    k = round(ratio)
-    if k < 1 or not math.isclose(ratio, k, rel_tol=1e-9):
-        raise ValueError(
-            f"cannot resample {old:g} s intervals to {interval_s:g} s: the new interval must be an integer "
-            f"multiple; use load_trace(..., interval_s={interval_s:g}) to re-bin from the events"
-        )
-    _check_contiguous(df)
-    groups = df["interval"].to_numpy() // k
-    g = df.groupby(groups, sort=True)
-    new_interval = np.asarray(g.size().index, dtype=np.int64)
-    attrs = {**df.attrs, "interval_s": interval_s}
-    capacity = int(df.attrs["capacity"])
-    return _table(
-        new_interval,
-        interval_s,
-        _origin(df),
-        g["prev_available"].first().to_numpy(),
-        g["n_in"].sum().to_numpy(),
-        g["n_out"].sum().to_numpy(),
-        g["available"].last().to_numpy(),
-        capacity,
-        attrs,
-    )
-
-
-def slice_hours(df: pd.DataFrame, start_h: float, end_h: float) -> pd.DataFrame:
-    """Intervals whose start lies in ``[start_h, end_h)`` hours, keeping their ``interval`` numbers.
-
-    The numbers are kept (the simulator and the replay segments refer to minutes of the whole trace);
-    only the DataFrame index is reset. The window must lie inside the trace: silently returning a
-    shorter segment would skew any per-hour comparison.
-    """
-    _check_contiguous(df)
-    iv = float(df.attrs["interval_s"])
-    lo_s, hi_s = float(df["start_s"].iloc[0]), float(df["start_s"].iloc[-1]) + iv
-    span = (
-        f"trace {df.attrs.get('name', '')!r} covers hours {lo_s / 3600:.3f}-{hi_s / 3600:.3f} "
-        f"({len(df)} intervals of {iv:g} s)"
-    )
-    if not end_h > start_h:
-        raise ValueError(f"empty window [{start_h}, {end_h}) h; {span}")
-    lo, hi = start_h * 3600.0, end_h * 3600.0
-    if lo < lo_s - 1e-9 or hi > hi_s + 1e-9:
-        raise ValueError(f"window [{start_h}, {end_h}) h lies outside the trace; {span}")
-    mask = (df["start_s"] >= lo) & (df["start_s"] < hi)
-    if not mask.any():
-        raise ValueError(f"window [{start_h}, {end_h}) h holds no interval start; {span}")
-    out = df.loc[mask].reset_index(drop=True)
-    out.attrs = dict(df.attrs)
-    return out
-
-
-def scale_trace(df: pd.DataFrame, capacity: int) -> pd.DataFrame:
-    """Rescale a trace to a cluster of ``capacity`` instances: ``N' = floor(N * c'/c + 0.5)``.
-
-    Applied to ``prev_available`` and ``available``; ``n_in``/``n_out`` become the positive/negative
-    part of the scaled change, so gross counts collapse to net per interval (an interval with 2 in and
-    1 out becomes 1 in, 0 out, or whatever the rounding leaves). Integer arithmetic keeps exact halves
-    rounding up.
-    """
-    if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
-        raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-    new = int(capacity)
-    old = int(df.attrs["capacity"])
-
-    def scaled(column: str) -> np.ndarray:
-        n = df[column].to_numpy(dtype=np.int64)
-        return (2 * n * new + old) // (2 * old)  # == floor(n * new / old + 1/2), exactly
-
-    prev = scaled("prev_available")
-    available = scaled("available")
-    delta = available - prev
-    out = df.copy()
-    out["prev_available"] = prev
-    out["available"] = available
-    out["n_in"] = np.maximum(delta, 0)
-    out["n_out"] = np.maximum(-delta, 0)
-    out["capacity"] = new
-    out.attrs = {**df.attrs, "capacity": new}
-    return out
-
-
-# ------------------------------------------------------------------------------- named traces
-
-
-def shared_traces_dir() -> Path:
-    """``$PARCAE_SHARED_TRACES`` if set, else ``<repo root>/../shared/traces``."""
-    env = os.environ.get("PARCAE_SHARED_TRACES")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
-
-
-_SKY_JSON_RE: Final = re.compile(
-    r"(?P<kind>[^/]+)/(?P<n>\d+)-node/(?P<window>[^/]+)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.json$"
-)
-_SKY_LOG_RE: Final = re.compile(
-    r"(?P<window>(?P<date>\d{4}-\d{2}-\d{2})[^/]*)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.\w+$"
-)
-_AWS2020_RE: Final = re.compile(
-    r"aws-spot-instances-(?P<family>[a-z0-9]+)-(?P<size>\d*x?large)-"
-    r"(?:(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])-)?(?P<dates>.+?)(?P<scaled>_scaled)?"
-)
-
-
-def _name_tiers(rel: PurePosixPath, fmt: str) -> tuple[str, list[str]]:
-    """A naming family and candidate names for a shared file, shortest first.
-
-    Names come from the folder layouts documented in each SOURCE.md, so they stay stable as long as
-    the data does. Later candidates add qualifiers (instance type, collection window, source repo);
-    the last is the slug of the whole relative path, which is unique.
-    """
-    text = rel.as_posix()
-    top = rel.parts[0] if len(rel.parts) > 1 else ""
-    stem = rel.stem
-    family = f"other-{fmt}"
-    tiers: list[str] = []
-    if fmt == "skypilot-json" and (m := _SKY_JSON_RE.search(text)):
-        family = f"skypilot-{m['n']}node"
-        base = f"{family}-{m['zone']}"
-        typed = f"{base}-{m['type']}"
-        tiers = [base, typed, f"{typed}-{m['window']}", f"{typed}-{m['window']}-{m['kind']}"]
-    elif fmt == "skypilot-log" and (m := _SKY_LOG_RE.search(text)):
-        family = "skypilot-log"
-        base = f"{family}-{m['zone']}-{m['type']}"
-        tiers = [base, f"{base}-{m['date']}", f"{base}-{m['window']}"]
-    elif fmt == "aws-step-csv" and (m := _AWS2020_RE.fullmatch(stem)):
-        year = re.search(r"\d{4}", m["dates"])
-        family = f"aws{year.group(0) if year else ''}"
-        base = f"{family}-{m['family']}" + (f"-{m['zone']}" if m["zone"] else "")
-        suffix = "-scaled" if m["scaled"] else ""
-        tiers = [base + suffix, f"{base}-{m['dates']}{suffix}"]
-    elif fmt in ("event-csv", "count-csv"):
-        family = "events" if fmt == "event-csv" else "counts"
-        core = re.sub(r"[-_]?trace$", "", stem) or stem
-        tiers = [f"{core}-{family}", f"{top}-{core}-{family}"]
-    elif fmt == "gcp-log":
-        family = "gcp"
-        tiers = [f"gcp-{stem}", f"{top}-gcp-{stem}"]
-    tiers.append(str(rel.with_suffix("")))
-    return family, [_slug(t) for t in tiers]
-
-
-def _assign_names(candidates: list[tuple[Path, str, list[str]]]) -> dict[str, Path]:
-    """Give each file a name no other file has, as short as its whole family allows.
-
-    A clash moves every member of the clashing family to its next candidate (not just the two
-    clashing files), so names within a family have the same shape: ``skypilot-16node-<zone>`` for all
-    16-node files rather than a mix of short and long names.
-    """
-    level = [0] * len(candidates)
-    while True:
-        owners: dict[str, list[int]] = defaultdict(list)
-        for i, (_, _, tiers) in enumerate(candidates):
-            owners[tiers[level[i]]].append(i)
-        clashing = {candidates[i][1] for ids in owners.values() if len(ids) > 1 for i in ids}
-        bump = [i for i, (_, fam, tiers) in enumerate(candidates) if fam in clashing and level[i] < len(tiers) - 1]
-        if not bump:
-            break
-        for i in bump:
-            level[i] += 1
-    return {tiers[level[i]]: path for i, (path, _, tiers) in enumerate(candidates)}
-
-
-def _shared_traces(root: Path) -> dict[str, Path]:
-    if not root.is_dir():
-        return {}
-    candidates: list[tuple[Path, str, list[str]]] = []
-    for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.name.startswith(".") or path.name == "SOURCE.md":
-            continue
-        try:
-            fmt = detect_format(path)
-        except (TraceFormatError, OSError):
-            continue  # not availability data (replay segments, optimizer output, advisor snapshots)
-        candidates.append((path, *_name_tiers(PurePosixPath(path.relative_to(root).as_posix()), fmt)))
-    return _assign_names(candidates)
-
-
-def available_traces() -> dict[str, Path]:
-    """Names accepted by :func:`load_trace`: bundled traces, plus shared ones when the folder exists."""
-    shared = _shared_traces(shared_traces_dir())
-    return {**BUNDLED, **{k: v for k, v in shared.items() if k not in BUNDLED}}
-
-
-def _resolve(source: str | os.PathLike[str]) -> tuple[Path, str]:
-    """Path and display name for a trace name or path (names win over same-named files in the cwd)."""
-    if isinstance(source, os.PathLike):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"no trace file at {path}")
-        return path, path.stem
-    if source in BUNDLED:
-        return BUNDLED[source], source
-    known = available_traces()
-    if source in known:
-        return known[source], source
-    path = Path(source)
-    if path.is_file():
-        return path, path.stem
-    raise UnknownTraceError(source, sorted(known))
-
-
-def load_trace(
-    source: str | os.PathLike[str] = "p3",
-    interval_s: float = DEFAULT_INTERVAL_S,
-    capacity: int | None = None,
-) -> pd.DataFrame:
-    """Load a trace by bundled/shared name or path as the canonical per-interval table.
-
-    Binning is done from the events, so any ``interval_s`` is exact (unlike :func:`resample`).
-    ``capacity`` overrides the known/observed cap; it may not be below the trace's maximum.
-    """
-    path, name = _resolve(source)
-    events = read_events(path)
-    events = replace(events, name=name, source=str(path))
-    if capacity is not None:
-        if isinstance(capacity, bool) or int(capacity) != capacity or capacity < 1:
-            raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
-        events = replace(events, capacity=int(capacity))
-    return to_intervals(events, interval_s)

@@ -1,0 +1,76 @@
+"""tracking: the MLflow helpers, on the ground floor (it imports no other parcae package).
+
+Import it before MLflow: importing it switches MLflow's telemetry off (``MLFLOW_DISABLE_TELEMETRY``,
+``DO_NOT_TRACK``), which MLflow reads when it is first imported.
+
+- :mod:`tracking.store`: where the store is, the reachability check, experiments;
+- :mod:`tracking.runs`: logging within MLflow's limits, one-shot runs, the metrics of a plan.
+
+Users: ``forecasting.registry`` (the forecaster registry), ``trainer.tracking`` (a training job's run),
+``tasks.tracking`` (plan runs), ``parcae`` (the CLI's and settings' checks).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+os.environ.setdefault("DO_NOT_TRACK", "true")
+
+from tracking.runs import (  # noqa: E402  (after the telemetry switch)
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAM_LENGTH,
+    MAX_PARAMS_TAGS_PER_BATCH,
+    MAX_TAG_LENGTH,
+    clip,
+    log_batched,
+    log_run,
+    plan_metrics,
+    strategy_label,
+)
+from tracking.store import (  # noqa: E402
+    CHECK_TIMEOUT_S,
+    DEFAULT_ROOT,
+    PLANS_EXPERIMENT,
+    TRAINING_EXPERIMENT,
+    TrackingError,
+    artifact_location,
+    check_reachable,
+    configure,
+    connect,
+    ensure_experiment,
+    experiment_id,
+    resolve_uri,
+    short_error,
+    sqlite_path,
+    tracking_root,
+    tracking_uri,
+)
+
+__all__ = [
+    "CHECK_TIMEOUT_S",
+    "DEFAULT_ROOT",
+    "MAX_METRICS_PER_BATCH",
+    "MAX_PARAMS_TAGS_PER_BATCH",
+    "MAX_PARAM_LENGTH",
+    "MAX_TAG_LENGTH",
+    "PLANS_EXPERIMENT",
+    "TRAINING_EXPERIMENT",
+    "TrackingError",
+    "artifact_location",
+    "check_reachable",
+    "clip",
+    "configure",
+    "connect",
+    "ensure_experiment",
+    "experiment_id",
+    "log_batched",
+    "log_run",
+    "plan_metrics",
+    "resolve_uri",
+    "short_error",
+    "sqlite_path",
+    "strategy_label",
+    "tracking_root",
+    "tracking_uri",
+]
