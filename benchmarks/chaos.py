@@ -1,7 +1,7 @@
 """Chaos benchmark: one job through a seeded random schedule of `--events` events (200 by default), and whether it
 still ends with the parameters of one uninterrupted process.
 
-The schedule is `trainer.instances.chaos_schedule(workers, steps, n_events, seed)`: plans (a new D x P), preemptions
+The schedule is `trainer.control.schedules.chaos_schedule(workers, steps, n_events, seed)`: plans (a new D x P), preemptions
 with notice, kills without notice (SIGKILL mid-step; the survivors detect it through the heartbeat, abandon the step
 and regroup live, or — at most once — restart from the latest checkpoint when a layer lost its last holder) and
 added instances, at most two per step and at most `--max-workers` instances alive at once. Events of the same step
@@ -11,7 +11,7 @@ until `chaos_schedule` can place every event (it raises a ValueError when the st
 The model is tiny-gpt in float64, as in the equivalence tests (tests/test_trainer_faults.py): a reconfiguration
 changes D, and so the order in which gradients are summed; float64 keeps those differences at ~1e-12 where float32
 Adam would amplify them. The reference is one uninterrupted process training the same seed for the same steps
-(`trainer.pipeline.train_step` on a 1 x 1 context, one torch thread as the workers). Reported: whether the job's
+(`trainer.runtime.pipeline.train_step` on a 1 x 1 context, one torch thread as the workers). Reported: whether the job's
 `final_checksum` (sha256 of every parameter) equals the reference's — bit-exact equality only holds if every step
 summed in the same order — and the largest relative difference of parameters and of the loss curve, with the
 verdict of the tests' tolerance (rtol 1e-5, atol 1e-9).
@@ -43,14 +43,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from trainer import checkpoint  # noqa: E402
-from trainer.config import ModelConfig, TrainConfig, model_config  # noqa: E402
-from trainer.events import Schedule  # noqa: E402
-from trainer.instances import START_METHODS, chaos_schedule  # noqa: E402
-from trainer.model import layer_names  # noqa: E402
-from trainer.pipeline import Strategy, build_context, parameters_checksum, train_step  # noqa: E402
-from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig  # noqa: E402
-from trainer.run import run_job  # noqa: E402
+from trainer import checkpoint # noqa: E402
+from trainer import ModelConfig, TrainConfig, model_config # noqa: E402
+from trainer import Schedule # noqa: E402
+from trainer import START_METHODS # noqa: E402
+from trainer import chaos_schedule # noqa: E402
+from trainer import layer_names # noqa: E402
+from trainer import StageLayout, build_context, parameters_checksum, train_step # noqa: E402
+from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig # noqa: E402
+from trainer import run_job # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-9  # the equivalence tests' tolerance
 
@@ -75,7 +76,7 @@ def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ctx = build_context(model, train, Strategy.even(1, 1, model))
+        ctx = build_context(model, train, StageLayout.even(1, 1, model))
         return [train_step(ctx, s) for s in range(steps)], ctx.layer_states()
     finally:
         torch.set_num_threads(old)

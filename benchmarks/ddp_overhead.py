@@ -4,15 +4,15 @@ Issue requirement: "with D x 1 and no events, samples/s >= 0.9 x plain Distribut
 and batch". For each D (`--d`, default 1 2 4) and each repeat, both sides run in turn (the order alternates between
 repeats, so drift on a shared machine hits both), and the table shows medians over `--repeats`:
 
-  ours  `trainer.run.run_job(JobConfig(...), Schedule(workers=D, strategy=(D, 1)))`: D spawned
+  ours  `trainer.control.run.run_job(JobConfig(...), Schedule(workers=D, strategy=(D, 1)))`: D spawned
         worker processes, the coordinator, heartbeats, per-step boundary and commit decisions in the store, the
         GPipe step with one flat gradient all-reduce per stage and the loss all-reduce.
   DDP   D spawned processes, gloo `init_process_group` (explicit timeout) on a TCPStore the parent hosts, the same
-        network (`trainer.model.build_layers` as one `nn.Sequential`, same seed, same dtype) wrapped in
-        `torch.nn.parallel.DistributedDataParallel`, the same global batch of each step (`trainer.data.global_batch`,
+        network (`trainer.runtime.model.build_layers` as one `nn.Sequential`, same seed, same dtype) wrapped in
+        `torch.nn.parallel.DistributedDataParallel`, the same global batch of each step (`trainer.runtime.data.global_batch`,
         `shard` into the replica's rows and micro-batches of `micro_batch`), gradients accumulated over the
         micro-batches under `no_sync()` (one bucketed all-reduce per step, on the last micro-batch), one AdamW with
-        the same hyper-parameters, `torch.set_num_threads(1)` per process as `trainer.worker.process_main` does.
+        the same hyper-parameters, `torch.set_num_threads(1)` per process as `trainer.runtime.worker.process_main` does.
         The loss is scaled as ours (sum of token cross-entropies / (global_batch * T), times D because DDP averages
         gradients over replicas), so both sides train the same run: the table's last column is the largest
         relative difference of their loss curves (float32: small but not zero, summation orders differ).
@@ -59,14 +59,14 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from trainer.config import MODELS, ModelConfig, TrainConfig, model_config  # noqa: E402
-from trainer.data import corpus, global_batch, shard  # noqa: E402
-from trainer.model import build_layers  # noqa: E402
-from trainer.observer import JobObserver  # noqa: E402
-from trainer.pipeline import micro_loss  # noqa: E402
-from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig  # noqa: E402
-from trainer.events import Schedule  # noqa: E402
-from trainer.run import run_job  # noqa: E402
+from trainer import MODELS, ModelConfig, TrainConfig, model_config # noqa: E402
+from trainer import corpus, global_batch, shard # noqa: E402
+from trainer import build_layers # noqa: E402
+from trainer import JobObserver # noqa: E402
+from trainer import micro_loss # noqa: E402
+from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig # noqa: E402
+from trainer import Schedule # noqa: E402
+from trainer import run_job # noqa: E402
 
 GOAL = 0.9
 PG_TIMEOUT_S = 60.0
@@ -77,10 +77,10 @@ POLL_S = 0.005  # as the driver's
 class StepClock(JobObserver):
     """Times when steps `first` and `last` are committed, to the millisecond.
 
-    The driver feeds observers at most every `trainer.run.OBSERVE_S` (0.1 s), batching steps, so `StepInfo.time` is
+    The driver feeds observers at most every `trainer.control.run.OBSERVE_S` (0.1 s), batching steps, so `StepInfo.time` is
     too coarse for a span of a second or two. Instead, at `on_start` (whose info names the coordinator's store),
     a thread of ours, with its own TCPStore client, blocks in `wait` on the keys `loss/{first}` and `loss/{last}`,
-    which the last stage's replica 0 sets as soon as it has applied that step (`trainer.worker`), and notes the
+    which the last stage's replica 0 sets as soon as it has applied that step (`trainer.runtime.worker`), and notes the
     wall time each appears. A blocking wait, not a poll: it adds no load to the workers' store while they train.
     """
 
@@ -132,7 +132,7 @@ def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: Train
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
     try:
-        # one-off costs paid before the span, as our workers do while joining (`trainer.worker.Worker.join`): the
+        # one-off costs paid before the span, as our workers do while joining (`trainer.runtime.worker.Worker.join`): the
         # first optimiser of a process imports torch._dynamo (~1 s), the corpus loads on first use
         torch.optim.AdamW(nn.Linear(1, 1).parameters())
         corpus()

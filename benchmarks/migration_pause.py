@@ -12,7 +12,7 @@ cycles through the reconfigurations below, each at a step boundary chosen in adv
                  load the checkpoint and form their groups
 
 The pause of a reconfiguration is the coordinator's `pause_s`: from the first old member finishing its last step
-to the last new member being ready for its first step (`trainer.coordinator.Coordinator.records`). Each kind is
+to the last new member being ready for its first step (`trainer.control.coordinator.Coordinator.records`). Each kind is
 repeated `--cycles` times; the table shows medians and the ratio checkpoint-restart / kind. Goals: intra-stage
 <= 1 s and >= 10x faster than checkpoint-restart; inter-stage and pipeline >= 3x faster.
 
@@ -34,10 +34,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer.config import TrainConfig, model_config  # noqa: E402
-from trainer.config import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig  # noqa: E402
-from trainer.events import Schedule  # noqa: E402
-from trainer.run import run_job  # noqa: E402
+from trainer import TrainConfig, model_config # noqa: E402
+from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig # noqa: E402
+from trainer import Schedule # noqa: E402
+from trainer import run_job # noqa: E402
 
 KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restart")
 GAP = 3  # steps between reconfigurations: lets every worker reach steady state (and the pause end be visible)

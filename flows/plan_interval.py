@@ -12,7 +12,7 @@ Scheduled every 60 s, one interval. In production ``trace`` is the job's own fle
 ``at_interval`` its latest interval (the default); ``state`` is where the running job is. A local job replaying
 a trace on N processes plans with ``capacity=N`` (the trace scaled to its fleet) and ``profile`` (its measured
 runtime profile, ``parcae profile``), and ``coordinator``/``job`` name it: a job started with a
-`trainer.planning.HandedPlanner` takes the plan (its host:port is in the train flow's log). The result (the plan
+`trainer.control.planning.HandedPlanner` takes the plan (its host:port is in the train flow's log). The result (the plan
 dict plus ``mlflow_run_id`` and ``handed``) is persisted as JSON, so a coordinator can also read it with
 ``run_deployment("plan-interval/...").state.result()``.
 """

@@ -15,8 +15,8 @@ which records the interruption. A finished job is not re-run. Long-running: no f
 the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
 from scratch; resuming is a decision, taken by running the flow again).
 
-``provider="aws"`` (``provider_options``: `trainer.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
-the same job on EC2 spot instances: each runs its worker under the instance agent (`trainer.agent`), the trace's
+``provider="aws"`` (``provider_options``: `trainer.providers.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
+the same job on EC2 spot instances: each runs its worker under the instance agent (`trainer.providers.agent`), the trace's
 changes are applied to the fleet (instances launched and terminated as the replay says: a drill), and the cloud's
 own interruption notices are handled as they come (two minutes of grace). The credentials and the configuration
 are checked before anything is launched; every instance is terminated when the job ends, fails or is killed.
@@ -37,8 +37,8 @@ from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner
-from trainer.providers import provider
-from trainer.config import (
+from trainer import provider
+from trainer import (
     AvailabilityConfig,
     CheckpointConfig,
     ControlPlaneConfig,

@@ -6,7 +6,7 @@ The package's public face: code outside liveput imports from here only. Map:
 - `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move) and
                 the stage matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
 - `scenarios`   `IntervalForecast`, `persistence_forecast` and the `ScenarioStore` of exact preemption outcomes;
-- `horizon`     the look-ahead K's bounds and default;
+- `horizon`     the interval T's and the look-ahead K's bounds and defaults (the trace grid's too);
 - `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
 - `plan_input`  the JSON document `parcae plan` reads, validated;
 - `policies`, `simulator`, `prices`  the trace-driven comparison of `POLICIES` (a new policy plugs in there).
@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
+from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, INTERVAL_S_RANGE, MAX_INSTANCES, MAX_LOOK_AHEAD
 from liveput.migration import (
     CostConstants,
     CostModel,
@@ -108,7 +108,10 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_INTERVAL_S",
     "DEFAULT_LOOK_AHEAD",
+    "INTERVAL_S_RANGE",
+    "MAX_INSTANCES",
     "GiB",
     "MAX_LOOK_AHEAD",
     "MAX_MICRO_BATCHES",

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_INTERVAL_S
 from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from forecasting.traces import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE, MAX_INSTANCES
+from liveput.horizon import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE, MAX_INSTANCES
 from liveput.horizon import MAX_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.optimizer import IDLE, JobState, plan_interval

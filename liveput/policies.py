@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.stats import hypergeom
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_INTERVAL_S
 from liveput.horizon import DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel, MigrationKind
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval

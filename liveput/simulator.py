@@ -18,7 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput.horizon import DEFAULT_INTERVAL_S
 from liveput.horizon import DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast

@@ -18,10 +18,10 @@ Commands
     Record the job's spot fleet, spot prices and placement scores from EC2 (``forecasting.collect``).
 ``parcae train``
     Run the elastic CPU trainer on local worker processes (or instance agents on other hosts over ssh), from a
-    trace or scripted events (``trainer.run``, ``trainer.hosts``).
+    trace or scripted events (``trainer.control.run``, ``trainer.providers.hosts``).
 ``parcae profile``
     Measure the trainer's iteration time per D x P and its migration pauses; calibrate the cost model
-    (``trainer.profile``).
+    (``trainer.observe.profile``).
 
 Plan input
 ----------
@@ -1207,7 +1207,7 @@ def train_cmd(
     hosts: Annotated[
         str | None,
         typer.Option(metavar="HOST,HOST,...", help="Run the instances on these machines (ssh destinations; OpenSSH "
-                     "in BatchMode) instead of local processes: each runs `python -m trainer.agent`."),
+                     "in BatchMode) instead of local processes: each runs `python -m trainer.providers.agent`."),
     ] = None,
     coordinator: Annotated[
         str | None,
@@ -1223,7 +1223,7 @@ def train_cmd(
     provider_options: Annotated[
         str | None,
         typer.Option(metavar="JSON|@FILE", help="The provider's options as a JSON object, e.g. aws: "
-                     '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.aws.AwsSpotConfig\'s fields).'),
+                     '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.providers.aws.AwsSpotConfig\'s fields).'),
     ] = None,
     remote_python: Annotated[
         str, typer.Option(metavar="PATH", help="With --hosts: the interpreter with this project on the hosts.")
@@ -1247,7 +1247,7 @@ def train_cmd(
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
-    from trainer.config import (
+    from trainer import (
         AvailabilityConfig,
         CheckpointConfig,
         ControlPlaneConfig,
@@ -1258,13 +1258,13 @@ def train_cmd(
         UnknownModelError,
         model_config,
     )
-    from trainer.coordinator import ScheduleError
-    from trainer.events import EventError
-    from trainer.hosts import HostsError
-    from trainer.planning import PLANNERS, make_planner
-    from trainer.profile import ProfileFormatError, RuntimeProfile
-    from trainer.providers import PROVIDERS as providers
-    from trainer.run import JobError, train
+    from trainer import ScheduleError
+    from trainer import EventError
+    from trainer import HostsError
+    from trainer import PLANNERS, make_planner
+    from trainer import ProfileFormatError, RuntimeProfile
+    from trainer import PROVIDERS as providers
+    from trainer import JobError, train
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
@@ -1386,7 +1386,7 @@ def _interrupted(config: Any) -> NoReturn:
     """Ctrl-C: the workers are stopped (`run_job` lets none outlive it); say in one line where the job stands and
     how to continue it, then exit 130."""
     from trainer import checkpoint
-    from trainer.model import layer_names
+    from trainer import layer_names
 
     ckpt = config.checkpoint_dir
     try:
@@ -1405,7 +1405,7 @@ def _interrupted(config: Any) -> NoReturn:
 def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[str, dict[str, Any]]:
     """The provider (`trainer.providers`) and its options from --provider and --provider-options (a JSON object,
     or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
-    from trainer.providers import PROVIDERS
+    from trainer import PROVIDERS
 
     shortcut = {k: v for k, v in hosts.items() if v is not None}
     given = hosts.get("hosts") is not None or hosts.get("coordinator") is not None
@@ -1455,12 +1455,12 @@ def profile_cmd(
     liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
     import tempfile
 
-    from trainer.config import MODELS
-    from trainer.coordinator import ScheduleError
-    from trainer.instances import START_METHODS
-    from trainer.measure import measure
-    from trainer.profile import ProfileError
-    from trainer.run import JobError
+    from trainer import MODELS
+    from trainer import ScheduleError
+    from trainer import START_METHODS
+    from trainer import measure
+    from trainer import ProfileError
+    from trainer import JobError
 
     if workers < 2:
         raise UserError(f"--workers must be >= 2 (an instance must leave and join to measure migrations), got "

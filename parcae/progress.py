@@ -1,4 +1,4 @@
-"""The progress display of ``parcae train``: a `trainer.observer.JobObserver` that draws a rich progress bar.
+"""The progress display of ``parcae train``: a `trainer.observe.observer.JobObserver` that draws a rich progress bar.
 
 Owns: what a user watching a training job sees on stderr while it runs — steps done / total, the current loss, the
 strategy D x P, the instances alive and the last migration's kind on one bar, plus one line per reconfiguration
@@ -9,7 +9,7 @@ On a terminal the bar is live and stays on screen when the job ends (not transie
 printed above it as they complete. When the console is not a terminal (piped, a CI log) there is no bar, no cursor
 control: only the reconfiguration lines, one each, so the log reads as a record of the job.
 
-The driver calls the hooks from its own thread between control decisions (see `trainer.observer`), so every hook
+The driver calls the hooks from its own thread between control decisions (see `trainer.observe.observer`), so every hook
 only updates a few fields; rich redraws from its own refresh thread.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from trainer.observer import JobObserver, StepInfo
+from trainer import JobObserver, StepInfo
 
 
 def strategy_text(strategy: Sequence[int] | None) -> str:
@@ -37,7 +37,7 @@ def migration_label(record: Mapping[str, Any]) -> str:
 
 
 def format_reconfiguration(record: Mapping[str, Any]) -> str:
-    """One line for one reconfiguration record (`trainer.coordinator.Coordinator.records`), e.g.
+    """One line for one reconfiguration record (`trainer.control.coordinator.Coordinator.records`), e.g.
     ``step 12: pipeline -> 1x4, notice, pause 0.153 s, 1.20 MB moved``."""
     parts = [f"step {record.get('step', '?')}: {record.get('kind', '?')} -> {strategy_text(record.get('strategy'))}"]
     if record.get("notice", True):
@@ -116,7 +116,7 @@ class TrainProgress(JobObserver):
         self.alive = len(workers) if isinstance(workers, Sequence) else workers
         if info.get("resume_note"):  # where a resumed job continues from (and what it skipped)
             self.console.print(str(info["resume_note"]), highlight=False, soft_wrap=True)
-        if str(info.get("planner") or "").startswith("handed"):  # where plans can be handed in (trainer.planning.hand_plan)
+        if str(info.get("planner") or "").startswith("handed"):  # where plans can be handed in (trainer.control.planning.hand_plan)
             self.console.print(f"handed plans: coordinator {info.get('host')}:{info.get('port')}, job "
                                f"{info.get('job')!r}, token in {info.get('token_file')}", highlight=False,
                                soft_wrap=True)  # fmt: skip

@@ -11,7 +11,7 @@ What is checked, and why here rather than where it would fail:
 - the MLflow tracking store (``MLFLOW_TRACKING_URI``): MLflow retries an unreachable server for minutes, and a
   job that trains for an hour before finding out has wasted the hour (`tracking.check_reachable`);
 - AWS credentials when ``provider="aws"``: boto3 looks for them only at the first call
-  (`trainer.aws.check_credentials`);
+  (`trainer.providers.aws.check_credentials`);
 - the schedules of ``prefect.yaml``, with Prefect's own schedule models, before `prefect deploy` (which would read
   a zero interval as "Unknown schedule type") and with every problem of the file in one message;
 - names with a fixed set of values (``model``, ``planner``, ``provider``) and a job folder that does not fit the
@@ -139,7 +139,7 @@ def check_tracking(uri: str | None = None, *, setting: str = "MLFLOW_TRACKING_UR
 
 def check_provider(provider: str, *, setting: str = "provider") -> str:
     """A provider name of the registry (`trainer.providers.PROVIDERS`)."""
-    from trainer.providers import PROVIDERS
+    from trainer import PROVIDERS
 
     if provider not in PROVIDERS:
         raise _fail(setting, f"unknown provider {provider!r}", f"choose one of {', '.join(PROVIDERS)}")
@@ -148,7 +148,7 @@ def check_provider(provider: str, *, setting: str = "provider") -> str:
 
 def check_model(model: str, *, setting: str = "model") -> str:
     """A trainer model name (`trainer.config.MODELS`)."""
-    from trainer.config import MODELS
+    from trainer import MODELS
 
     if model not in MODELS:
         raise _fail(setting, f"unknown trainer model {model!r}", f"choose one of {', '.join(sorted(MODELS))}")
@@ -156,9 +156,9 @@ def check_model(model: str, *, setting: str = "model") -> str:
 
 
 def _planners() -> tuple[str, ...]:
-    """The live planners a training job can run with: `trainer.planning.PLANNERS`, the train flow's default
+    """The live planners a training job can run with: `trainer.control.planning.PLANNERS`, the train flow's default
     (liveput) first. Read on first use (``settings.PLANNERS``), since importing the trainer loads torch."""
-    from trainer.planning import PLANNERS
+    from trainer import PLANNERS
 
     return ("liveput", *(p for p in PLANNERS if p != "liveput"))
 
@@ -344,9 +344,9 @@ def check_resume(
 
 
 def check_aws(region: str | None = None, *, session: Any = None, setting: str = "provider='aws'") -> None:
-    """AWS credentials (and a region) are available to boto3 (`trainer.aws.check_credentials`), else SettingError."""
+    """AWS credentials (and a region) are available to boto3 (`trainer.providers.aws.check_credentials`), else SettingError."""
     try:
-        from trainer.aws import check_credentials
+        from trainer import check_aws_credentials as check_credentials
     except ImportError as exc:  # the AWS provider is not part of this build
         raise _fail(setting, f"the AWS provider is not available ({exc})", "use provider='local'") from None
     try:

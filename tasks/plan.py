@@ -1,6 +1,6 @@
 """Tasks that produce forecasts of the next intervals, the liveput plan over them, and a plan handed to a job.
 
-Wrappers over a `forecasting.forecast.Forecaster`, `liveput.plan_interval` and `trainer.planning.hand_plan`. No
+Wrappers over a `forecasting.forecast.Forecaster`, `liveput.plan_interval` and `trainer.control.planning.hand_plan`. No
 retries: forecasting and planning are pure computations on local data, so a failure is a bug or a bad input; and a
 plan is for the coming interval, so handing it over again later would apply a stale one.
 """
@@ -40,7 +40,7 @@ def plan_next_interval(
 ) -> dict[str, Any]:
     """The K-step liveput plan (K = the forecast's horizon) as JSON-able data; ``decision`` is the next strategy.
 
-    ``profile``: a runtime profile (`trainer.profile.RuntimeProfile` JSON, ``parcae profile``) to plan with the
+    ``profile``: a runtime profile (`trainer.observe.profile.RuntimeProfile` JSON, ``parcae profile``) to plan with the
     job's measured throughput and migration costs instead of ``model``'s bundled ones; it must be of ``model``.
     The dict is `Plan.to_dict()` plus ``model``, ``look_ahead``, ``interval_s`` and the ``state`` planned from.
     """
@@ -51,7 +51,7 @@ def plan_next_interval(
             f"{forecast.last_available} are available at the forecast's origin"
         )
     if profile is not None:
-        from trainer.profile import RuntimeProfile
+        from trainer import RuntimeProfile
 
         measured = RuntimeProfile.load(profile)
         if measured.throughput.model != model:
@@ -80,16 +80,16 @@ def hand_plan_to_coordinator(
     token_file: str | None = None,
 ) -> dict[str, Any]:
     """Hand the plan's decision to the running job ``job`` whose coordinator listens at ``coordinator`` (HOST:PORT);
-    the job's `trainer.planning.HandedPlanner` applies it from its next interval boundary. The job's token (every
+    the job's `trainer.control.planning.HandedPlanner` applies it from its next interval boundary. The job's token (every
     coordinator wants one) is read from ``token_file`` (the job's ``OUT_DIR/token``), else ``$PARCAE_TOKEN`` —
     never a flow parameter itself: those are shown in the UI.
 
     A refusal (unreachable, wrong job or token, a job that takes no handed plans or has ended, a strategy its model
-    cannot run) raises `trainer.planning.HandPlanError` saying which; a (0, 0) decision (stop) is refused here:
+    cannot run) raises `trainer.control.planning.HandPlanError` saying which; a (0, 0) decision (stop) is refused here:
     a handed plan never stops a job.
     """
-    from trainer.planning import HandPlanError, hand_plan
-    from trainer.store import TOKEN_ENV, read_token_file
+    from trainer import HandPlanError, hand_plan
+    from trainer import TOKEN_ENV, read_token_file
 
     host, port = _address(coordinator)
     d, p = (int(v) for v in plan["decision"])

@@ -40,7 +40,7 @@ PLANS_EXPERIMENT: Final = tracking.PLANS_EXPERIMENT
 #: Tag holding the Prefect flow run that produced an MLflow run.
 FLOW_RUN_TAG: Final = "prefect.flow_run_id"
 #: Tag on a plan run of the plan-interval flow: the MLflow run that trained the forecaster behind the plan (not the
-#: training job's run, `trainer.tracking.TRAINING_RUN_TAG`, which tags the plans a running job makes).
+#: training job's run, `trainer.observe.tracking.TRAINING_RUN_TAG`, which tags the plans a running job makes).
 FORECASTER_RUN_TAG: Final = "parcae.forecaster_run_id"
 #: Where `mlflow ui` listens by default; used for links when the store is a local SQLite file.
 LOCAL_UI: Final = "http://127.0.0.1:5000"

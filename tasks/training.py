@@ -1,8 +1,8 @@
 """Tasks that produce training: the runtime profile a planner plans with, the job's live planner, the job itself.
 
-Wrappers over `trainer.profile` (measure or load the runtime's throughput per D x P and its migration costs),
-`trainer.planning.make_planner` (rule, liveput, handed planners) and `trainer.run.train` (a local elastic job
-replaying a trace, logged to MLflow by `trainer.tracking.MlflowJobObserver`). The Prefect side of a running job — a
+Wrappers over `trainer.observe.profile` (measure or load the runtime's throughput per D x P and its migration costs),
+`trainer.control.planning.make_planner` (rule, liveput, handed planners) and `trainer.control.run.train` (a local elastic job
+replaying a trace, logged to MLflow by `trainer.observe.tracking.MlflowJobObserver`). The Prefect side of a running job — a
 progress artifact, one markdown artifact per plan, a link to the MLflow run — is `PrefectJobObserver`, an observer
 like any other; the MLflow run file (``<out_dir>/mlflow-run.json``) is how a re-run of the flow finds its run.
 
@@ -27,8 +27,8 @@ from prefect.artifacts import create_markdown_artifact, create_progress_artifact
 from forecasting import Forecaster
 import tracking
 from tasks.tracking import artifact_key, run_markdown
-from trainer.config import JobConfig
-from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
+from trainer import JobConfig
+from trainer import JobObserver, ObserverList, PlanInfo, StepInfo
 
 __all__ = [
     "RUN_FILE",
@@ -49,9 +49,9 @@ RUN_FILE: Final = "mlflow-run.json"
 
 @task(name="runtime-profile", persist_result=False)
 def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
-    """The runtime profile (`trainer.profile.RuntimeProfile`) and where it came from: loaded from ``path`` (default
-    ``runs/profile-<model>-<workers>.json``), or measured now and cached there (`trainer.profile.cached_profile`)."""
-    from trainer.measure import cached_profile
+    """The runtime profile (`trainer.observe.profile.RuntimeProfile`) and where it came from: loaded from ``path`` (default
+    ``runs/profile-<model>-<workers>.json``), or measured now and cached there (`trainer.observe.profile.cached_profile`)."""
+    from trainer import cached_profile
 
     logger = get_run_logger()
     profile, origin = cached_profile(model, workers, path, progress=logger.info)
@@ -77,12 +77,12 @@ def training_planner(
     model: str | None = None,
 ) -> tuple[Any, str]:
     """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
-    (`trainer.planning.make_planner`).
+    (`trainer.control.planning.make_planner`).
 
     For ``liveput`` the sentence says where ``forecaster`` came from: the champion (``forecaster_run`` is the MLflow
     run that trained it) or, without one, the registry's fallback, persistence (`forecasting.registry.load_champion`).
     """
-    from trainer.planning import make_planner
+    from trainer import make_planner
 
     planner, what = make_planner(
         kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
@@ -225,7 +225,7 @@ def train_job(
     tags: Mapping[str, Any],
     experiment: str = tracking.TRAINING_EXPERIMENT,
 ) -> TrainedRun:
-    """Run the job (`trainer.run.train`) with the MLflow observer and the Prefect one; returns its `TrainedRun`.
+    """Run the job (`trainer.control.run.train`) with the MLflow observer and the Prefect one; returns its `TrainedRun`.
 
     The instances are those of ``config.provider`` (`trainer.providers`: on AWS, EC2 spot instances with a fresh
     job token in SSM, each worker run by the instance agent). The job token is made inside the task, so that it is
@@ -234,8 +234,8 @@ def train_job(
     With ``config.checkpoint.resume`` the job continues from the latest checkpoint in its out_dir (if any) and the
     MLflow run named in ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
     """
-    from trainer.run import train
-    from trainer.tracking import MlflowJobObserver
+    from trainer import train
+    from trainer import MlflowJobObserver
 
     out = Path(config.out_dir)
     uri = tracking.tracking_uri()

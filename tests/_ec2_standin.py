@@ -2,7 +2,7 @@
 
 moto (a `moto_server` on 127.0.0.1) answers the EC2 API — run_instances, describe, terminate — but boots nothing.
 `Ec2StandIn` watches moto's instances of one job and does what EC2 would: a new instance runs its user data (the
-real boot script of `trainer.aws.user_data`, with bash, in a process group of its own), a terminated one has its
+real boot script of `trainer.providers.aws.user_data`, with bash, in a process group of its own), a terminated one has its
 whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 whose spot
 notice a test switches on (`FakeImds`), as AWS posts one two minutes before a reclaim.
 
@@ -29,7 +29,7 @@ import pytest
 
 from _aws import fake_aws_account, isolate_aws
 
-from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY
+from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY
 
 NOTICE = '{"action": "terminate", "time": "2026-03-01T12:02:00Z"}'
 

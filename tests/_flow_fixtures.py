@@ -10,7 +10,7 @@ from pathlib import Path
 
 from liveput.migration import CostConstants
 from liveput.throughput import ThroughputProfile
-from trainer.profile import RuntimeProfile, runtime_spec
+from trainer.observe.profile import RuntimeProfile, runtime_spec
 
 
 def free_port() -> int:

@@ -9,7 +9,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trainer import run as _run
+from trainer.control import run as _run
 from trainer.config import (
     AvailabilityConfig,
     CheckpointConfig,
@@ -21,8 +21,8 @@ from trainer.config import (
     TrainConfig,
     model_config,
 )
-from trainer.coordinator import Coordinator
-from trainer.events import Schedule
+from trainer.control.coordinator import Coordinator
+from trainer.control.events import Schedule
 
 _CHECKPOINT = {"checkpoint_every": "every", "checkpoint_dir": "dir", "keep_checkpoints": "keep", "resume": "resume"}
 _CONTROL = ("host", "port", "pg_timeout_s", "store_timeout_s", "hb_interval_s", "hb_timeout_s", "notice_grace_s",
@@ -60,7 +60,7 @@ def run_job(
     events: Sequence[Any], out_dir: str | os.PathLike[str], *, observer: Any = None, planner: Any = None,
     remote: Any = None, steps_per_interval: int = 0, **settings: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """`trainer.run.run_job` of `job_config(...)` on the schedule (workers, strategy, events)."""
+    """`trainer.control.run.run_job` of `job_config(...)` on the schedule (workers, strategy, events)."""
     config = job_config(model, train, steps, out_dir, **settings)
     schedule = Schedule(workers=workers, strategy=tuple(strategy), events=list(events),
                         steps_per_interval=steps_per_interval)  # fmt: skip
@@ -72,7 +72,7 @@ def train(
     out_dir: str | os.PathLike[str] = "runs/train", observer: Any = None, planner: Any = None,
     json_out: Any = None, train_cfg: TrainConfig | None = None, **settings: Any,
 ) -> dict[str, Any]:  # fmt: skip
-    """`trainer.run.train` of a `JobConfig` from the names `parcae train` has (trace, events_file, strategy,
+    """`trainer.control.run.train` of a `JobConfig` from the names `parcae train` has (trace, events_file, strategy,
     interval_seconds, step_seconds, start_interval, kill_fraction; checkpoint_every defaults to 10 as there)."""
     avail = {k: settings.pop(k) for k in list(settings) if k in {f for f in AvailabilityConfig.__dataclass_fields__}}
     if "events_file" in avail and avail["events_file"] is not None:

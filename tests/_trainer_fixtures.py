@@ -12,8 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from trainer.observer import JobObserver
-from trainer.store import connect_store, read_token_file
+from trainer.observe.observer import JobObserver
+from trainer.runtime.store import connect_store, read_token_file
 
 
 @pytest.fixture(autouse=True, scope="module")

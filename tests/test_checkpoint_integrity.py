@@ -1,4 +1,4 @@
-"""Tests of checkpoints that prove their integrity (trainer.checkpoint): hash records written after the shard,
+"""Tests of checkpoints that prove their integrity (trainer.runtime.checkpoint): hash records written after the shard,
 verified loads, non-finite state refused on save and on load, the newest intact checkpoint chosen over a corrupt
 newer one, retention, and durable renames.
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError
+from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint import CheckpointError
 from trainer.config import model_config
-from trainer.model import layer_names
+from trainer.runtime.model import layer_names
 
 CFG = model_config("tiny-gpt")
 NAMES = layer_names(CFG)  # embed, block.0..3, head

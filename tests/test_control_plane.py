@@ -1,4 +1,4 @@
-"""The closed control plane (`trainer.store`): the coordinator's store listens only where asked, as the OS reports
+"""The closed control plane (`trainer.runtime.store`): the coordinator's store listens only where asked, as the OS reports
 it; a client without the job's token can neither read a value nor write one that any reader accepts; values from
 token holders are untrusted input too (malformed ones are logged and ignored); the token reaches local workers
 through neither argv nor a file others can read."""
@@ -18,13 +18,13 @@ import torch.distributed as dist
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
-from trainer import coordinator
+from trainer.control import coordinator
 from trainer.config import TrainConfig, model_config
-from trainer.keys import HANDED_SEQ
-from trainer.keys import handed as handed_key
-from trainer.observer import JobObserver
+from trainer.runtime.keys import HANDED_SEQ
+from trainer.runtime.keys import handed as handed_key
+from trainer.observe.observer import JobObserver
 from _jobs import coordinator as make_coordinator, run_job
-from trainer.store import SealedStore, StoreAuthError, connect_store, read_token_file, write_token_file
+from trainer.runtime.store import SealedStore, StoreAuthError, connect_store, read_token_file, write_token_file
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()

@@ -3,7 +3,7 @@
 `make demo` plans with the liveput planner on a runtime profile it measures on the machine, so which migrations the
 job makes follows from those choices. This dry-runs the demo's job — its trace, start interval, instances, steps
 and look-ahead, read from the flow's own defaults — with the real planner and the coordinator's own planning
-(`trainer.coordinator.schedule_state`), for profiles measured by `make demo` on this 2-core machine, and checks
+(`trainer.control.coordinator.schedule_state`), for profiles measured by `make demo` on this 2-core machine, and checks
 that each of them leads to an intra-stage, an inter-stage and a pipeline migration. Change the demo's settings, the
 planner or the replay, and this says whether the demo still shows every kind.
 """
@@ -23,12 +23,12 @@ from forecasting.traces import DEFAULT_INTERVAL_S  # noqa: E402
 from liveput.migration import CostConstants  # noqa: E402
 from liveput.throughput import ThroughputProfile  # noqa: E402
 from trainer.config import TrainConfig, model_config  # noqa: E402
-from trainer.coordinator import check_schedule, schedule_state  # noqa: E402
-from trainer.events import EventGroup, group_events, parse_events  # noqa: E402
-from trainer.instances import LocalTraceProvider, trace_strategy  # noqa: E402
-from trainer.planning import PlanRequest, make_planner  # noqa: E402
-from trainer.calibration import p2p_table  # noqa: E402
-from trainer.profile import RuntimeProfile, runtime_spec  # noqa: E402
+from trainer.control.coordinator import check_schedule, schedule_state  # noqa: E402
+from trainer.control.events import EventGroup, group_events, parse_events  # noqa: E402
+from trainer.control.schedules import LocalTraceProvider, trace_strategy  # noqa: E402
+from trainer.control.planning import PlanRequest, make_planner  # noqa: E402
+from trainer.observe.calibration import p2p_table  # noqa: E402
+from trainer.observe.profile import RuntimeProfile, runtime_spec  # noqa: E402
 
 DEMO = {k: p.default for k, p in inspect.signature(pipeline.fn).parameters.items()}
 

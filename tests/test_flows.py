@@ -49,8 +49,8 @@ from tasks import retry_on  # noqa: E402
 from tasks.plan import hand_plan_to_coordinator  # noqa: E402
 from tasks.tracking import FLOW_RUN_TAG, FORECASTER_RUN_TAG, store_unavailable  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.observer import JobObserver  # noqa: E402
-from trainer.planning import HandedPlanner, HandPlanError  # noqa: E402
+from trainer.observe.observer import JobObserver  # noqa: E402
+from trainer.control.planning import HandedPlanner, HandPlanError  # noqa: E402
 from _jobs import run_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -27,8 +27,8 @@ from typer.testing import CliRunner  # noqa: E402
 from forecasting import jsonio  # noqa: E402
 from parcae import settings  # noqa: E402
 from parcae.cli import app  # noqa: E402
-from trainer.events import EventError, load_events  # noqa: E402
-from trainer.profile import ProfileFormatError, RuntimeProfile  # noqa: E402
+from trainer.control.events import EventError, load_events  # noqa: E402
+from trainer.observe.profile import ProfileFormatError, RuntimeProfile  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Bytes no text format accepts (NUL bytes and invalid UTF-8 among them), the same on every run.

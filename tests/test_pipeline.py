@@ -37,7 +37,7 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - acti
 from flows.train import train  # noqa: E402
 from parcae import settings  # noqa: E402
 from tasks.training import RUN_FILE  # noqa: E402
-from trainer import checkpoint  # noqa: E402
+from trainer.runtime import checkpoint # noqa: E402
 from trainer.config import model_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

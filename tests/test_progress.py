@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from parcae.progress import TrainProgress, format_reconfiguration, migration_label
-from trainer.observer import JobObserver, ObserverList, StepInfo
+from trainer.observe.observer import JobObserver, ObserverList, StepInfo
 
 START = {"job": "job", "model": "tiny-gpt", "workers": 4, "strategy": [2, 2], "steps": 10, "global_batch": 16,
          "checkpoint_dir": "ckpt", "resumed_from": None}  # fmt: skip

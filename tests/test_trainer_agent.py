@@ -1,4 +1,4 @@
-"""Tests of trainer.agent: the instance agent and the driver's view of instances it runs — and a whole job on "EC2
+"""Tests of trainer.providers.agent: the instance agent and the driver's view of instances it runs — and a whole job on "EC2
 spot instances": boto3 against a moto_server on 127.0.0.1, each instance a local process group running its real
 boot script (`_ec2_standin`), with a spot notice through IMDSv2 and a reclaim without notice.
 """
@@ -22,20 +22,20 @@ import torch.distributed as dist
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
-from trainer import checkpoint
-from trainer.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
-from trainer.keys import agent_exit as exit_key
-from trainer.keys import agent_signal as signal_key
-from trainer.keys import agent_signals as signals_key
-from trainer.keys import agent_start as start_key
-from trainer.keys import agent_up as up_key
-from trainer.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
+from trainer.runtime import checkpoint
+from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
+from trainer.runtime.keys import agent_exit as exit_key
+from trainer.runtime.keys import agent_signal as signal_key
+from trainer.runtime.keys import agent_signals as signals_key
+from trainer.runtime.keys import agent_start as start_key
+from trainer.runtime.keys import agent_up as up_key
+from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.config import TrainConfig, model_config
-from trainer.instances import InstanceProvider
-from trainer.pipeline import StageLayout, build_context, train_step
-from trainer.run import JobError
+from trainer.providers.local import InstanceProvider
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.control.run import JobError
 from _jobs import run_job
-from trainer.worker import EXIT_PREEMPTED
+from trainer.runtime.worker import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"

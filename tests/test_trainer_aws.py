@@ -1,4 +1,4 @@
-"""Tests of trainer.aws: the EC2 spot provider against moto, its notices, the boot script, the credential check,
+"""Tests of trainer.providers.aws: the EC2 spot provider against moto, its notices, the boot script, the credential check,
 and the on-instance IMDSv2 watcher against a local fake IMDS.
 
 Everything is offline. AWS is moto (`mock_aws`, fake credentials, no config files, no instance metadata). moto
@@ -28,7 +28,7 @@ from moto import mock_aws
 from _aws import fake_aws_account, isolate_aws
 from _ec2_standin import NOTICE, FakeImds
 from _trainer_fixtures import until
-from trainer.aws import (
+from trainer.providers.aws import (
     JOB_TAG_KEY,
     WORKER_TAG_KEY,
     AwsConfigError,
@@ -44,8 +44,8 @@ from trainer.aws import (
     spot_request_notice,
     user_data,
 )
-from trainer.imds import InstanceActionWatcher
-from trainer.instances import InstanceProvider
+from trainer.providers.imds import InstanceActionWatcher
+from trainer.providers.local import InstanceProvider
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default set
@@ -180,8 +180,8 @@ def test_boot_script_reads_the_token_from_ssm_and_execs_the_agent(tmp_path: Path
         "#!/bin/bash\n"
         f"log={log}\n"
         'case "$*" in\n'
-        f'  "-m trainer.aws token"*) echo "token $* env=${{PARCAE_TOKEN-unset}}" >> "$log"; echo {TOKEN} ;;\n'
-        '  "-m trainer.agent"*) echo "agent $* pid=$$ env=${PARCAE_TOKEN-unset} cwd=$PWD" >> "$log" ;;\n'
+        f'  "-m trainer.providers.aws token"*) echo "token $* env=${{PARCAE_TOKEN-unset}}" >> "$log"; echo {TOKEN} ;;\n'
+        '  "-m trainer.providers.agent"*) echo "agent $* pid=$$ env=${PARCAE_TOKEN-unset} cwd=$PWD" >> "$log" ;;\n'
         '  *) echo "unexpected $*" >> "$log"; exit 9 ;;\n'
         "esac\n"
     )
@@ -193,9 +193,9 @@ def test_boot_script_reads_the_token_from_ssm_and_execs_the_agent(tmp_path: Path
     assert shell.wait(timeout=30) == 0
     calls = {line.split(" ", 1)[0]: line for line in log.read_text().splitlines()}
     assert set(calls) == {"token", "agent"}
-    assert calls["token"] == f"token -m trainer.aws token --parameter {PARAM} --region {REGION} env=unset"
+    assert calls["token"] == f"token -m trainer.providers.aws token --parameter {PARAM} --region {REGION} env=unset"
     # exec: the agent is the boot shell's process (what cloud-init waits on), with the token in its environment
-    assert calls["agent"] == (f"agent -m trainer.agent --id 7 --host 10.0.1.10 --port 29500 --imds pid={shell.pid} "
+    assert calls["agent"] == (f"agent -m trainer.providers.agent --id 7 --host 10.0.1.10 --port 29500 --imds pid={shell.pid} "
                               f"env={TOKEN} cwd={tmp_path}")  # fmt: skip
 
 
@@ -239,9 +239,9 @@ def test_start_tags_spot_instances_and_alive_follows_kill_and_stop(aws: dict[str
         raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
         script = base64.b64decode(raw).decode()
         assert TOKEN not in script
-        assert (f"exec /opt/parcae/.venv/bin/python -m trainer.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
+        assert (f"exec /opt/parcae/.venv/bin/python -m trainer.providers.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
                 in script)
-        assert f"trainer.aws token --parameter {PARAM} --region {REGION}" in script
+        assert f"trainer.providers.aws token --parameter {PARAM} --region {REGION}" in script
     params = p.launch_params(0)
     assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
         "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "2.5"}}
@@ -502,7 +502,7 @@ def test_watch_command_sends_sigterm_to_the_worker(imds: Any) -> None:
     victim = subprocess.Popen(["sleep", "60"])
     try:
         watch = subprocess.run(
-            [sys.executable, "-m", "trainer.aws", "watch", "--pid", str(victim.pid), "--endpoint", server.url,
+            [sys.executable, "-m", "trainer.providers.aws", "watch", "--pid", str(victim.pid), "--endpoint", server.url,
              "--poll-s", "0.05"],
             cwd=REPO, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
@@ -528,8 +528,8 @@ def test_watch_command_refuses_a_pid_that_is_not_there(capsys: pytest.CaptureFix
 
 
 def test_aws_job_publishes_a_fresh_token_and_clears_a_killed_runs_instances(aws: dict[str, Any]) -> None:
-    from trainer.agent import AgentInstances, RemoteJob
-    from trainer.aws import aws_job
+    from trainer.providers.agent import AgentInstances, RemoteJob
+    from trainer.providers.aws import aws_job
 
     c = config(subnet_id=aws["subnet"], security_group_ids=[aws["sg"]])
     left = AwsSpotProvider(c, session=aws["session"])  # an earlier run of the job, whose driver was killed

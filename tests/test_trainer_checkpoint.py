@@ -1,4 +1,4 @@
-"""Tests of trainer.checkpoint: layer-keyed round trips into another cut, atomic writes, safe loads, errors.
+"""Tests of trainer.runtime.checkpoint: layer-keyed round trips into another cut, atomic writes, safe loads, errors.
 
 (Resuming a distributed 2x2 run from a single-process checkpoint is in tests/test_trainer_pipeline.py.)
 """
@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
-from trainer import checkpoint
-from trainer.checkpoint import CheckpointError
+from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint import CheckpointError
 from trainer.config import TrainConfig, model_config
-from trainer.model import Stage, build_layer, layer_names
-from trainer.pipeline import StageLayout, build_context, layer_state, load_layer_state, make_optimizer, train_step
+from trainer.runtime.model import Stage, build_layer, layer_names
+from trainer.runtime.pipeline import StageLayout, build_context, layer_state, load_layer_state, make_optimizer, train_step
 
 CFG = model_config("tiny-gpt")
 TRAIN = TrainConfig()

@@ -19,15 +19,15 @@ import torch.distributed as dist
 
 from liveput.migration import MigrationKind
 from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import ScheduleError, check_schedule
-from trainer.events import EventError, EventGroup, group_events, parse_events
-from trainer.instances import chaos_schedule
-from trainer.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
-from trainer.pipeline import EpochGroups, StepAbandoned, StageLayout, build_context, train_step
+from trainer.control.coordinator import ScheduleError, check_schedule
+from trainer.control.events import EventError, EventGroup, group_events, parse_events
+from trainer.control.schedules import chaos_schedule
+from trainer.runtime.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
+from trainer.runtime.pipeline import EpochGroups, StepAbandoned, StageLayout, build_context, train_step
 from _jobs import coordinator, run_job
-from trainer.worker import EXIT_PREEMPTED
+from trainer.runtime.worker import EXIT_PREEMPTED
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -276,15 +276,15 @@ def test_chaos_thirty_random_events_end_in_the_uninterrupted_model(tmp_path, cap
 def test_an_instance_reclaimed_before_it_joins_is_left_out(tmp_path, monkeypatch):
     """An added instance whose process is killed from outside before its worker registers (a spot instance taken
     back while it boots) is dropped at its add: the job goes on without it instead of waiting until its timeout."""
-    import trainer.run
+    import trainer.control.run
 
-    class ReclaimedWhileBooting(trainer.run.LocalProcessProvider):
+    class ReclaimedWhileBooting(trainer.control.run.LocalProcessProvider):
         def _spawn(self, w: int) -> None:
             super()._spawn(w)
             if w == 2:
                 self.procs[w].kill()  # long before the new process has imported torch and registered
 
-    monkeypatch.setattr(trainer.run, "LocalProcessProvider", ReclaimedWhileBooting)
+    monkeypatch.setattr(trainer.control.run, "LocalProcessProvider", ReclaimedWhileBooting)
     steps = 6
     events = [{"step": 3, "kind": "add", "workers": 1}, {"step": 3, "kind": "plan", "strategy": [3, 1]}]
     # (a job that waited for it to join would fail at its timeout)

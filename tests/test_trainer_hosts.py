@@ -1,4 +1,4 @@
-"""Tests of trainer.hosts: a job whose instances are instance agents on "other hosts" reached with ssh.
+"""Tests of trainer.providers.hosts: a job whose instances are instance agents on "other hosts" reached with ssh.
 
 No sshd here: `ssh` is a stand-in script that takes OpenSSH's arguments (options, destination, command), logs the
 destination and runs the command with the remote user's shell semantics (`bash -c`) on this machine, stdin and
@@ -19,10 +19,10 @@ from _ec2_standin import coordinator_host
 from _flow_fixtures import free_port
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
 from parcae.cli import app
-from trainer.agent import KILLED, RemoteJob
+from trainer.providers.agent import KILLED, RemoteJob
 from trainer.config import TrainConfig, model_config
-from trainer.hosts import HostsError, SshHosts, hosts_job
-from trainer.pipeline import StageLayout, build_context, train_step
+from trainer.providers.hosts import HostsError, SshHosts, hosts_job
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from _jobs import run_job
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_a_job_runs_on_agents_started_over_ssh_and_survives_a_kill(tmp_path):
     assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
     assert result["exit_codes"] == {0: 0, 1: KILLED, 2: 0}
     calls = log.read_text().splitlines()
-    starts = [c.split(" ", 1)[0] for c in calls if "trainer.agent" in c]
+    starts = [c.split(" ", 1)[0] for c in calls if "trainer.providers.agent" in c]
     assert starts == ["gpu-a", "gpu-b", "gpu-c"]  # one instance per host (slots=1)
     assert all(remote.token not in c for c in calls)  # the token went over stdin, never on a command line
     assert any(c.startswith("gpu-b pkill -KILL -P ") for c in calls)  # the kill reached worker 1's host

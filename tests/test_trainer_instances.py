@@ -1,6 +1,6 @@
-"""Tests of trainer.instances: the local process provider (start, kill, preempt with notice, heartbeat-detected
+"""Tests of trainer.providers.local: the local process provider (start, kill, preempt with notice, heartbeat-detected
 death), trace-driven schedules (p3 scaled to the local workers, seeded notices and kills) and a trace-driven job
-through `trainer.run.train`, the function a `parcae train` command wires."""
+through `trainer.control.run.train`, the function a `parcae train` command wires."""
 
 from __future__ import annotations
 
@@ -13,17 +13,12 @@ import pytest
 
 from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import check_schedule
-from trainer.events import group_events, parse_events
-from trainer.instances import (
-    LocalProcessProvider,
-    LocalTraceProvider,
-    trace_events,
-    trace_schedule,
-    trace_strategy,
-)
-from trainer.pipeline import StageLayout, build_context, train_step
-from trainer.run import peak_instances
+from trainer.control.coordinator import check_schedule
+from trainer.control.events import group_events, parse_events
+from trainer.providers.local import LocalProcessProvider
+from trainer.control.schedules import LocalTraceProvider, trace_events, trace_schedule, trace_strategy
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.control.run import peak_instances
 from _jobs import coordinator, train
 
 CFG = model_config("tiny-gpt", dtype="float64")

@@ -18,11 +18,11 @@ import torch
 
 from liveput.migration import MigrationKind
 from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, UnknownModelError, model_config
-from trainer.coordinator import Coordinator, ScheduleError, check_schedule
-from trainer.events import Event, EventError, EventGroup, group_events, load_events, parse_events
-from trainer.migration import (
+from trainer.control.coordinator import Coordinator, ScheduleError, check_schedule
+from trainer.control.events import Event, EventError, EventGroup, group_events, load_events, parse_events
+from trainer.runtime.migration import (
     Epoch,
     PlanError,
     Transfer,
@@ -35,11 +35,11 @@ from trainer.migration import (
     plan_transfers,
     state_bytes,
 )
-from trainer.model import layer_names
-from trainer.pipeline import StageLayout, build_context, train_step
-from trainer.run import JobError, parameters_checksum
+from trainer.runtime.model import layer_names
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.control.run import JobError, parameters_checksum
 from _jobs import coordinator, run_job
-from trainer.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
+from trainer.runtime.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()

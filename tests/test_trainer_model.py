@@ -1,4 +1,4 @@
-"""Tests of trainer.config, trainer.data and trainer.model (single process, no torch.distributed)."""
+"""Tests of trainer.config, trainer.runtime.data and trainer.runtime.model (single process, no torch.distributed)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import torch
 
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
-from trainer.data import corpus, global_batch, micro_sizes, replica_rows, shard
-from trainer.gpt import Block, Embedding, Head
-from trainer.model import Stage, build_layer, build_layers, layer_names
-from trainer.pipeline import StageLayout, build_context, train_step
+from trainer.runtime.data import corpus, global_batch, micro_sizes, replica_rows, shard
+from trainer.runtime.gpt import Block, Embedding, Head
+from trainer.runtime.model import Stage, build_layer, build_layers, layer_names
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 
 CFG = model_config("tiny-gpt")

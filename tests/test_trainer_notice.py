@@ -21,15 +21,15 @@ import torch.distributed as dist
 
 from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from liveput.migration import MigrationKind
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.instances import LocalProcessProvider
-from trainer.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
-from trainer.model import layer_names
-from trainer.pipeline import StageLayout, build_context, parameters_checksum, train_step
-from trainer.planning import RulePlanner
+from trainer.providers.local import LocalProcessProvider
+from trainer.runtime.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
+from trainer.runtime.model import layer_names
+from trainer.runtime.pipeline import StageLayout, build_context, parameters_checksum, train_step
+from trainer.control.planning import RulePlanner
 from _jobs import coordinator, run_job
-from trainer.worker import EXIT_PREEMPTED, Notice
+from trainer.runtime.worker import EXIT_PREEMPTED, Notice
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()

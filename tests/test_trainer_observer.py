@@ -1,4 +1,4 @@
-"""Tests of job observers (`trainer.observer`) as the driver (`trainer.run`) calls them on a real job: every committed
+"""Tests of job observers (`trainer.observe.observer`) as the driver (`trainer.control.run`) calls them on a real job: every committed
 step once and in order (the steps a checkpoint-restart recomputes again, after its record), every reconfiguration
 once when its record is complete, every complete checkpoint, then `on_end` — and an observer that raises never fails
 the job, while an interrupt stops it and is reported to the others (`on_error`) before it propagates."""
@@ -11,8 +11,8 @@ import pytest
 
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import TrainConfig, model_config
-from trainer.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
-from trainer.run import JobError
+from trainer.observe.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
+from trainer.control.run import JobError
 from _jobs import run_job
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -57,7 +57,7 @@ class Raising(JobObserver):
 def test_an_observer_sees_every_step_reconfiguration_and_checkpoint_once(tmp_path, caplog):
     rec = RecordingObserver()
     bad_start, bad_step = Raising("on_start"), Raising("on_step")
-    with caplog.at_level(logging.ERROR, logger="trainer.observer"):
+    with caplog.at_level(logging.ERROR, logger="trainer.observe.observer"):
         result = run_job(CFG, TRAIN, 4, (2, 2), STEPS, EVENTS, tmp_path / "job", checkpoint_every=3,
                          observer=ObserverList([bad_start, bad_step, rec]), start_method="forkserver",
                          timeout_s=90)  # fmt: skip

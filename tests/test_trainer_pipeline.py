@@ -1,4 +1,4 @@
-"""Tests of trainer.pipeline: geometry, the per-layer migration unit, and the key property — every D x P strategy
+"""Tests of trainer.runtime.pipeline: geometry, the per-layer migration unit, and the key property — every D x P strategy
 (real gloo processes) trains exactly the same run as a single process.
 
 The equivalence is checked in float64 (`ModelConfig.dtype`): another D changes the order in which gradients are
@@ -28,11 +28,11 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import ModelConfig, TrainConfig, model_config
-from trainer.data import global_batch
-from trainer.model import build_layers, layer_names
-from trainer.pipeline import (
+from trainer.runtime.data import global_batch
+from trainer.runtime.model import build_layers, layer_names
+from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
     load_layer_state,
@@ -181,7 +181,7 @@ def test_layer_state_before_the_first_step_and_errors():
 def _worker(worker_id: int, port: int, jobs: mp.Queue, results: mp.Queue) -> None:
     """A pool worker: for each job (one epoch), join it if it has a rank, train, write its shard, leave."""
     torch.set_num_threads(1)
-    from trainer.pipeline import close_epoch, init_epoch
+    from trainer.runtime.pipeline import close_epoch, init_epoch
 
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=PG_TIMEOUT)
     parent = os.getppid()

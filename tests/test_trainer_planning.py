@@ -22,15 +22,15 @@ from forecasting.lgbm import LightGbmForecaster
 from forecasting.traces import load_trace, scale_trace
 from tracking import plan_metrics
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import ScheduleError
-from trainer.instances import trace_schedule, trace_strategy
-from trainer.migration import layer_sizes
-from trainer.model import layer_names
-from trainer.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
-from trainer.pipeline import StageLayout, build_context, train_step
-from trainer.planning import (
+from trainer.control.coordinator import ScheduleError
+from trainer.control.schedules import trace_schedule, trace_strategy
+from trainer.runtime.migration import layer_sizes
+from trainer.runtime.model import layer_names
+from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.control.planning import (
     PLANNERS,
     HandedPlan,
     HandedPlanner,
@@ -47,8 +47,8 @@ from trainer.planning import (
     observed_change,
     observed_persistence,
 )
-from trainer.profile import RuntimeProfile
-from trainer.store import read_token_file
+from trainer.observe.profile import RuntimeProfile
+from trainer.runtime.store import read_token_file
 from _jobs import coordinator, run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -396,8 +396,8 @@ def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
 
 
 def test_the_settings_check_knows_the_same_planners_as_make_planner():
-    # parcae.settings keeps its own copy (importing trainer.planning would pull torch into every settings check)
+    # parcae.settings keeps its own copy (importing trainer.control.planning would pull torch into every settings check)
     from parcae import settings
-    from trainer import planning
+    from trainer.control import planning
 
     assert set(settings.PLANNERS) == set(planning.PLANNERS)

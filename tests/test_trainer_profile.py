@@ -1,4 +1,4 @@
-"""`trainer.profile` / `parcae profile`: the visit schedule, the calibration on synthetic measurements (known constants
+"""`trainer.observe.profile` / `parcae profile`: the visit schedule, the calibration on synthetic measurements (known constants
 recovered), the profile file and its errors, one real profiling job feeding the planner, and the CLI."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from liveput.scenarios import IntervalForecast, ScenarioStore
 from liveput.throughput import ThroughputProfile
 from parcae.cli import app
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import check_schedule
-from trainer.events import group_events, parse_events
-from trainer.calibration import Migration, calibrate, fit_build_ms, fit_group_costs, fit_line, fit_p2p, p2p_table
-from trainer.measure import feasible_strategies, iteration_times, measure, profile_schedule, visit_order, visit_rounds
-from trainer.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
+from trainer.control.coordinator import check_schedule
+from trainer.control.events import group_events, parse_events
+from trainer.observe.calibration import Migration, calibrate, fit_build_ms, fit_group_costs, fit_line, fit_p2p, p2p_table
+from trainer.control.measure import feasible_strategies, iteration_times, measure, profile_schedule, visit_order, visit_rounds
+from trainer.observe.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
 
 SPEC = runtime_spec("tiny-gpt")
 KIB = 1024

@@ -19,12 +19,12 @@ from pathlib import Path
 import pytest
 
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
-from trainer.coordinator import ScheduleError
-from trainer.model import layer_names
-from trainer.observer import RecordingObserver
-from trainer.pipeline import StageLayout, build_context
+from trainer.control.coordinator import ScheduleError
+from trainer.runtime.model import layer_names
+from trainer.observe.observer import RecordingObserver
+from trainer.runtime.pipeline import StageLayout, build_context
 from _jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ EVENTS = [
 DRIVER = r"""
 import json, os, signal, sys
 from trainer.config import TrainConfig, model_config
-from trainer.observer import JobObserver
+from trainer.observe.observer import JobObserver
 from _jobs import run_job
 
 def descendants(pid):

@@ -1,8 +1,8 @@
-"""Tests for trainer.tracking: the MLflow run of a training job, fed by the driver's observer hooks.
+"""Tests for trainer.observe.tracking: the MLflow run of a training job, fed by the driver's observer hooks.
 
 Every test logs into one temporary SQLite store for the module (``MLFLOW_TRACKING_URI``, see ``_mlflow``), never the
 repository's ``mlruns/``. The hook calls are a synthetic but realistic job replayed by hand (`StepInfo`, `PlanInfo`,
-records shaped as `Coordinator.records()`, checkpoint shard files named as `trainer.checkpoint` names them), so the
+records shaped as `Coordinator.records()`, checkpoint shard files named as `trainer.runtime.checkpoint` names them), so the
 tests check exactly what lands in the store. A store that blocks is a monkeypatched `log_batch` waiting on an Event:
 the assertions are about what returned while it was blocked, never about time.
 """
@@ -23,12 +23,12 @@ import pytest
 from _mlflow import temporary_mlflow_store
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
 import tracking
-from trainer import checkpoint
+from trainer.runtime import checkpoint
 from trainer.config import TrainConfig
-from trainer.observer import PlanInfo, StepInfo
-from trainer.planning import RulePlanner
+from trainer.observe.observer import PlanInfo, StepInfo
+from trainer.control.planning import RulePlanner
 from _jobs import run_job
-from trainer.tracking import MlflowJobObserver, training_runs
+from trainer.observe.tracking import MlflowJobObserver, training_runs
 
 from mlflow import MlflowClient  # noqa: E402  (after tracking: telemetry off)
 from mlflow.exceptions import MlflowException  # noqa: E402
@@ -374,7 +374,7 @@ def test_a_blocked_store_never_blocks_the_driver(client: MlflowClient, store: Pa
         obs.on_checkpoint(40, tmp_path)
         returned.set()
 
-    with caplog.at_level(logging.WARNING, logger="trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="trainer.observe.tracking"):
         threading.Thread(target=driver, daemon=True).start()
         assert returned.wait(60), "a hook blocked on the store"
         assert blocked.is_set(), "the hooks must have returned while the store was still blocked"
@@ -408,7 +408,7 @@ def test_a_store_that_fails_for_a_while_loses_nothing(client: MlflowClient, stor
 
     monkeypatch.setattr(MlflowClient, "log_batch", log_batch)
     obs = MlflowJobObserver(flush_every_s=0.02)
-    with caplog.at_level(logging.INFO, logger="trainer.tracking"):
+    with caplog.at_level(logging.INFO, logger="trainer.observe.tracking"):
         obs.on_start(start_info("flaky-store"))
         for s in range(30):
             obs.on_step(StepInfo(s, loss_of(s), (2, 2), 4, T0 + STEP_S * s))
@@ -424,7 +424,7 @@ def test_a_store_that_fails_for_a_while_loses_nothing(client: MlflowClient, stor
 
 def test_an_unreachable_store_gives_up_at_close(caplog) -> None:
     obs = MlflowJobObserver(tracking="http://127.0.0.1:9", flush_every_s=0.05, close_timeout_s=1.0)
-    with caplog.at_level(logging.WARNING, logger="trainer.tracking"):
+    with caplog.at_level(logging.WARNING, logger="trainer.observe.tracking"):
         obs.on_start(start_info("nowhere"))
         for s in range(10):
             obs.on_step(StepInfo(s, loss_of(s), (1, 1), 1, T0 + s))
@@ -444,7 +444,7 @@ def test_a_bad_setting_is_refused_with_its_name() -> None:
 
 def test_an_unknown_run_id_logs_nothing_and_says_so(store: Path, caplog) -> None:
     obs = MlflowJobObserver(run_id="0" * 32, flush_every_s=0.05)
-    with caplog.at_level(logging.ERROR, logger="trainer.tracking"):
+    with caplog.at_level(logging.ERROR, logger="trainer.observe.tracking"):
         obs.on_start(start_info("ghost", resumed_from=4))
         obs.on_step(StepInfo(4, 1.0, (1, 1), 1, T0))
         obs.on_end({"loss": [], "reconfigurations": []})
@@ -455,8 +455,8 @@ def test_an_unknown_run_id_logs_nothing_and_says_so(store: Path, caplog) -> None
 def test_sigterm_of_the_driver_flushes_and_ends_the_run_killed(client: MlflowClient, store: Path) -> None:
     script = textwrap.dedent(f"""
         import os, signal, time
-        from trainer.observer import StepInfo
-        from trainer.tracking import MlflowJobObserver
+        from trainer.observe.observer import StepInfo
+        from trainer.observe.tracking import MlflowJobObserver
         obs = MlflowJobObserver(flush_every_s=3600)  # only the exit can flush
         obs.on_start({{"job": "sigterm-job", "model": "tiny-gpt", "workers": 1, "strategy": (1, 1), "steps": 9,
                       "global_batch": 16}})

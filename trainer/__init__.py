@@ -1,47 +1,152 @@
-"""trainer: the elastic D x P trainer that Parcae live-migrates — the CPU demo of the runtime (reference §D.3).
+"""trainer: the elastic D x P runtime that Parcae live-migrates — its public face.
 
-A worker owns a contiguous range of layers by *global layer index*; each layer's parameters and optimiser state
-can be extracted and installed on their own (`pipeline.layer_state` / `pipeline.load_layer_state`), which is the
-unit intra-stage, inter-stage and pipeline migrations move and checkpoints store. Every D x P strategy trains
-exactly the same run: the global batch depends only on (seed, step), layers are initialised per layer, the loss is
-normalised by the global batch, and a step is applied all or nothing. So a job that is live-migrated, loses workers
-without notice, or is restarted from a checkpoint (its lost steps recomputed) ends with the parameters of one
-uninterrupted process.
+Code outside the package imports from here only (``from trainer import JobConfig, train``). Every D x P strategy
+trains exactly the same run (the global batch depends only on (seed, step), layers are initialised per layer, the
+loss is normalised by the global batch, a step is applied all or nothing), so a job that is live-migrated, loses
+workers without notice, or restarts from a checkpoint ends with the parameters of one uninterrupted process.
 
-How the pieces fit: `run.run_job` is the driver — it starts a `coordinator.Coordinator` (the TCPStore, the plan
-and the failure detector) and worker processes through an `instances` provider, then applies an `events` schedule
-(scripted, from a trace, or random). Each `worker.Worker` trains its stage with `pipeline.train_step` and, at the
-step boundaries the coordinator decided, moves layers as the `migration.Epoch` says. When a worker dies (its
-process exits, or its heartbeat stops), the coordinator flags the epoch broken, survivors abandon the step in
-flight and the coordinator either plans a live migration from them (`migration.plan_recovery`) or the driver runs
-a checkpoint-restart from the latest complete periodic `checkpoint`.
+The folder is laid out by layer, each sub-package with a face of its own (imports run down this list only):
 
-Modules (each a component with a narrow interface; none imports Prefect):
-  config       frozen dataclasses: ModelConfig, TrainConfig, the model registry
-  data         the bundled character corpus, global_batch(step), shard into replicas and micro-batches
-  model        a small GPT as an ordered list of named layers; Stage runs a contiguous slice (no distribution)
-  pipeline     StageLayout (D x P geometry), per-epoch gloo groups with abortable waits, StageContext, train_step
-               (GPipe + DP all-reduce, all-or-nothing commit), StepAbandoned
-  checkpoint   layer-keyed checkpoints (any cut), atomic writes, hash records, verified loads, retention
-  store        the control plane's store: bound where asked, every client authenticated, values sealed
-  keys         the control plane's store keys, one function or constant each, and which only the driver writes
-  events       the schedule format: plan, add, preempt (notice), kill (no notice), checkpoint-restart
-  migration    Epoch, the pure planning of migrations, recoveries after a kill, and checkpoint-restart epochs
-  coordinator  the control plane: the job's spec, membership, heartbeats, boundary decisions, checkpoints, records
-  worker       one process per instance: the worker state machine, heartbeat, commit, hand-off, recovery
-  instances    InstanceProvider, LocalProcessProvider, trace- and chaos-driven schedules (LocalTraceProvider)
-  agent        InstanceAgent (runs an instance's worker for a driver elsewhere), AgentInstances (the driver's side)
-  hosts        SshHosts: instances as agents on machines you have, started over ssh; hosts_job
-  run          run_job (the driver) and train / job_report (what a `parcae train` command wires)
-  observer     JobObserver: the hooks through which MLflow tracking and progress bars watch a job
-  planning     the live planning hook: PlanRequest, RulePlanner, LiveputPlanner, plans handed in from outside
-  profile      RuntimeProfile: iteration time per D x P and migration costs as the planner reads them (JSON)
-  measure      the profiling job (one run_job visiting every strategy) that measures a RuntimeProfile
-  calibration  pure fits of liveput's CostConstants on measured migrations
-  tracking     MlflowJobObserver: a training job's MLflow run (metrics, migrations, plans, checkpoints, timeline)
-  tracking_sender  MlflowSender: the buffered thread that sends a run to MLflow without blocking the driver
-  aws          AwsSpotProvider (EC2 spot through boto3), aws_job (a RemoteJob on it), interruption notices
-  aws_config   AwsSpotConfig (what a job's spot instances look like), their tags and boot script (user_data)
-  aws_errors   AwsProviderError / AwsCredentialsError with the fix for each AWS error code; aws_call
-  imds         on the instance: the IMDSv2 spot interruption watcher the instance agent runs
+  config      `JobConfig` and its sections — one object carries a job's settings end to end; `MODELS`
+  control/    the control plane: coordinator, the driver (`run_job`, `train`), events and schedules, the live
+              planners, the profiling job
+  providers/  where instances come from: the `PROVIDERS` registry (local processes, hosts over ssh, EC2 spot), the
+              instance agent, the on-instance IMDS watcher
+  observe/    observers (`JobObserver`), MLflow tracking, the runtime profile and its calibration
+  runtime/    the worker's runtime: the model protocol and the example GPT, data, the pipeline step, migrations'
+              hand-off, checkpoints, the worker, and the wire it speaks (sealed store, keys, spec)
+  corpus      the bundled character corpus the example GPTs train on
+
+Where a new piece plugs in: a model — a module with `layer_names`, `build_layer`, `loss`
+(`trainer.runtime.model.ModelFamily`; the GPT in `trainer/runtime/gpt.py` is the example), registered with
+`register_model`; a provider — `register_provider(Provider(...))` in `trainer/providers/__init__.py`; a planner —
+`trainer/control/planning.py` (`make_planner`, `PLANNERS`).
+
+Names resolve on first use (PEP 562): the settings checks read `MODELS` or `PROVIDERS` without loading torch.
+None of it imports Prefect.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+#: Public name -> the module that defines it.
+_HOMES: dict[str, str] = {
+    **dict.fromkeys(("AvailabilityConfig", "CheckpointConfig", "ConfigError", "ControlPlaneConfig",
+                     "DEFAULT_HB_TIMEOUT_S", "JobConfig", "MODELS", "ModelConfig", "PlanningConfig", "ProviderConfig",
+                     "START_METHODS", "TrainConfig", "UnknownModelError", "model_config", "register_model"),
+                    "trainer.config"),
+    **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
+    "HostsError": "trainer.providers.hosts",
+    **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
+    "check_aws_credentials": "trainer.providers.aws",
+    **dict.fromkeys(("JobError", "job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
+    **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
+    "ScheduleError": "trainer.control.coordinator",
+    "chaos_schedule": "trainer.control.schedules",
+    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner"), "trainer.control.planning"),
+    **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
+    **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo"), "trainer.observe.observer"),
+    "MlflowJobObserver": "trainer.observe.tracking",
+    **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
+    **dict.fromkeys(("TOKEN_ENV", "read_token_file"), "trainer.runtime.store"),
+    **dict.fromkeys(("ModelFamily", "build_layers", "layer_names"), "trainer.runtime.model"),
+    **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
+                    "trainer.runtime.pipeline"),
+    **dict.fromkeys(("global_batch", "shard"), "trainer.runtime.data"),
+    "corpus": "trainer.corpus",
+    "checkpoint": "",  # the checkpoint module itself: a namespace (`trainer.checkpoint.latest_intact`)
+}  # fmt: skip
+_RENAMED = {"check_aws_credentials": "check_credentials"}
+
+if TYPE_CHECKING:
+    from trainer.config import (
+        DEFAULT_HB_TIMEOUT_S as DEFAULT_HB_TIMEOUT_S,
+        MODELS as MODELS,
+        START_METHODS as START_METHODS,
+        AvailabilityConfig as AvailabilityConfig,
+        CheckpointConfig as CheckpointConfig,
+        ConfigError as ConfigError,
+        ControlPlaneConfig as ControlPlaneConfig,
+        JobConfig as JobConfig,
+        ModelConfig as ModelConfig,
+        PlanningConfig as PlanningConfig,
+        ProviderConfig as ProviderConfig,
+        TrainConfig as TrainConfig,
+        UnknownModelError as UnknownModelError,
+        model_config as model_config,
+        register_model as register_model,
+    )
+    from trainer.control.coordinator import ScheduleError as ScheduleError
+    from trainer.control.events import EventError as EventError, Schedule as Schedule, load_events as load_events
+    from trainer.control.measure import cached_profile as cached_profile, measure as measure
+    from trainer.control.planning import (
+        PLANNERS as PLANNERS,
+        HandPlanError as HandPlanError,
+        hand_plan as hand_plan,
+        make_planner as make_planner,
+    )
+    from trainer.control.run import (
+        JobError as JobError,
+        job_report as job_report,
+        job_schedule as job_schedule,
+        run_job as run_job,
+        train as train,
+    )
+    from trainer.control.schedules import chaos_schedule as chaos_schedule
+    from trainer.corpus import corpus as corpus
+    from trainer.observe.observer import (
+        JobObserver as JobObserver,
+        ObserverList as ObserverList,
+        PlanInfo as PlanInfo,
+        StepInfo as StepInfo,
+    )
+    from trainer.observe.profile import (
+        ProfileError as ProfileError,
+        ProfileFormatError as ProfileFormatError,
+        RuntimeProfile as RuntimeProfile,
+    )
+    from trainer.observe.tracking import MlflowJobObserver as MlflowJobObserver
+    from trainer.providers import (
+        PROVIDERS as PROVIDERS,
+        Provider as Provider,
+        ProviderError as ProviderError,
+        provider as provider,
+        register_provider as register_provider,
+    )
+    from trainer.providers.aws import check_credentials as check_aws_credentials  # noqa: F401 (renamed on the face)
+    from trainer.providers.aws_config import AwsConfigError as AwsConfigError, AwsSpotConfig as AwsSpotConfig
+    from trainer.providers.hosts import HostsError as HostsError
+    from trainer.runtime import checkpoint as checkpoint
+    from trainer.runtime.data import global_batch as global_batch, shard as shard
+    from trainer.runtime.model import (
+        ModelFamily as ModelFamily,
+        build_layers as build_layers,
+        layer_names as layer_names,
+    )
+    from trainer.runtime.pipeline import (
+        StageLayout as StageLayout,
+        build_context as build_context,
+        micro_loss as micro_loss,
+        parameters_checksum as parameters_checksum,
+        train_step as train_step,
+    )
+    from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV, read_token_file as read_token_file
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines ``name`` the first time someone asks for it."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'trainer' has no attribute {name!r}")
+    value = (importlib.import_module("trainer.runtime.checkpoint") if not home
+             else getattr(importlib.import_module(home), _RENAMED.get(name, name)))  # fmt: skip
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -9,12 +9,13 @@ process boundaries (pickled to spawned workers, stored in checkpoints as plain d
 
 Neither the model nor the training config changes at a migration: the global batch, micro-batch size and seed are
 fixed for the whole job, which is what makes every D x P strategy compute the same training run
-(`trainer.pipeline`). A bad value raises `ConfigError` naming the field (`section.field`) and the fix.
+(`trainer.runtime.pipeline`). A bad value raises `ConfigError` naming the field (`section.field`) and the fix.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ class UnknownModelError(ValueError):
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A registered model: the module of its family (the `trainer.model.ModelFamily` protocol: layer names, layer
+    """A registered model: the module of its family (the `trainer.runtime.model.ModelFamily` protocol: layer names, layer
     builder, loss) and the shape its `ModelConfig` starts from."""
 
     family: str
@@ -50,8 +51,8 @@ def register_model(name: str, family: str, **shape: int) -> ModelEntry:
     return MODELS[name]
 
 
-register_model("tiny-gpt", "trainer.gpt", n_layer=4, n_embd=64, n_head=4, block_size=32)
-register_model("small-gpt", "trainer.gpt", n_layer=8, n_embd=128, n_head=4, block_size=64)
+register_model("tiny-gpt", "trainer.runtime.gpt", n_layer=4, n_embd=64, n_head=4, block_size=32)
+register_model("small-gpt", "trainer.runtime.gpt", n_layer=8, n_embd=128, n_head=4, block_size=64)
 
 
 DTYPES = ("float32", "float64")
@@ -68,7 +69,7 @@ class ModelConfig:
     """The network: a GPT over the bundled character corpus.
 
     `vocab_size` defaults to the corpus vocabulary; `seed` fixes every layer's initial weights (each layer from its
-    own generator, so the cut into stages does not matter — see `trainer.model.layer_seed`). `dtype` is a torch
+    own generator, so the cut into stages does not matter — see `trainer.runtime.model.layer_seed`). `dtype` is a torch
     dtype name, kept as a string so configs stay plain data. `model_config(name)` gives a registered shape; the
     constructor takes the fields as given (the name must still be registered).
     """
@@ -119,7 +120,7 @@ class TrainConfig:
     """The optimisation, independent of D x P.
 
     `global_batch` sequences per step are split across the D replicas (uneven splits allowed, see
-    `trainer.data.shard`) and then into micro-batches of at most `micro_batch` sequences.
+    `trainer.runtime.data.shard`) and then into micro-batches of at most `micro_batch` sequences.
     """
 
     global_batch: int = 16
@@ -210,7 +211,7 @@ class ControlPlaneConfig:
 @dataclass(frozen=True)
 class ProviderConfig:
     """Where instances come from: `name` is a `trainer.providers.PROVIDERS` entry and `options` its settings (hosts:
-    hosts, coordinator, ...; aws: `trainer.aws.AwsSpotConfig`'s fields); local worker processes start with
+    hosts, coordinator, ...; aws: `trainer.providers.aws.AwsSpotConfig`'s fields); local worker processes start with
     `start_method`, ahead of their event while fewer than `max_processes` run (None: the most the schedule has
     alive at once)."""
 
@@ -220,8 +221,8 @@ class ProviderConfig:
     max_processes: int | None = None
 
     def __post_init__(self) -> None:
-        from trainer.providers import PROVIDERS, ProviderError, provider  # a registry of names: imports nothing
-
+        providers = importlib.import_module("trainer.providers")  # the registry, looked up at validation time
+        PROVIDERS, ProviderError, provider = providers.PROVIDERS, providers.ProviderError, providers.provider
         _need(self.name in PROVIDERS, "provider.name", f"unknown provider {self.name!r}",
               f"choose one of {', '.join(PROVIDERS)}")  # fmt: skip
         _need(isinstance(self.options, Mapping), "provider.options", f"must be a mapping, got {self.options!r}",
@@ -269,7 +270,7 @@ class AvailabilityConfig:
 
 @dataclass(frozen=True)
 class PlanningConfig:
-    """Who decides D x P at each interval boundary (`planner`: a `trainer.planning.PLANNERS` name; None: the
+    """Who decides D x P at each interval boundary (`planner`: a `trainer.control.planning.PLANNERS` name; None: the
     schedule's own plan events), over `look_ahead` intervals, with the runtime profile at `profile` (liveput)."""
 
     planner: str | None = None

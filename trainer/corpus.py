@@ -2,7 +2,7 @@
 
 Owns: `Corpus` and `corpus()` (`pydoc_data.topics.topics`, joined in sorted key order; vocabulary = its sorted set
 of characters). Must not touch: configs, batches, models — `trainer.config` reads the vocabulary size from here
-and `trainer.data` cuts batches from it, so it imports nothing of the trainer.
+and `trainer.runtime.data` cuts batches from it, so it imports nothing of the trainer.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import pandas as pd
 
 from forecasting import jsonio
 from forecasting.traces.events import AvailabilityEvents, EventsMeta, TraceFormatError, from_count_series
+from liveput import MAX_INSTANCES  # the bound every count shares (plans too)
 
 __all__ = [
     "FORMATS",
@@ -66,8 +67,6 @@ _SNIFF_BYTES: Final = 4096  # enough for the first line of every text format and
 
 # Bounds on what a trace may hold, checked while reading, so that a hostile or mistaken file fails with a
 # message instead of an OverflowError, a MemoryError or hours of work.
-#: Instances alive at once: far above any spot fleet (the largest trace we know has 80), far below int64 overflow.
-MAX_INSTANCES: Final = 1_000_000
 #: Bytes of one trace file: room for a count CSV of MAX_INTERVALS rows (about 20 bytes each); ours are under 1 MB.
 MAX_TRACE_BYTES: Final = 256 * 2**20
 #: Characters of one line of a line-based format (the longest real one has under 60).

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from forecasting.traces.events import AvailabilityEvents, TraceFormatError
+from liveput import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE  # the planning grid is liveput's
 from forecasting.traces.formats import FORMATS
 
 __all__ = [
@@ -39,13 +40,9 @@ COLUMNS: Final = (
     "capacity",
 )
 
-DEFAULT_INTERVAL_S: Final = 60.0  # the reference hard-codes 60 s intervals (reference doc A.4)
 
 #: Rows of the canonical table (640 MB in its eight columns): 19 years of 60 s intervals, 115 days of 1 s ones.
 MAX_INTERVALS: Final = 10_000_000
-#: Interval lengths T (seconds) the command line and the flows accept: a second (shorter than any migration) to
-#: a day. `to_intervals` itself takes any T > 0 within MAX_INTERVALS (the trainer's replays compress time).
-INTERVAL_S_RANGE: Final = (1.0, 86_400.0)
 
 
 # ------------------------------------------------------------------------------ canonical table

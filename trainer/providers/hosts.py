@@ -1,10 +1,10 @@
 """Hosts: a job's instances on machines you already have (a lab cluster, reserved VMs), reached with OpenSSH.
 
 Owns: `SshHosts` (the `InstanceProvider` that starts an instance agent on a host over ssh and reclaims it) and
-`hosts_job` (a `trainer.agent.RemoteJob` on them). Must not touch: the job's control plane, the agent's protocol
-(`trainer.agent`), what a worker does.
+`hosts_job` (a `trainer.providers.agent.RemoteJob` on them). Must not touch: the job's control plane, the agent's protocol
+(`trainer.providers.agent`), what a worker does.
 
-Each instance is one `python -m trainer.agent --id N --host H --port P` on a host, started by the `ssh` client
+Each instance is one `python -m trainer.providers.agent --id N --host H --port P` on a host, started by the `ssh` client
 (BatchMode: keys or an agent, never a password prompt). The remote shell prints its PID, reads the job token from
 stdin (never argv: `ps` on the host) and `exec`s the agent, so that PID is the agent's; the agent's and its
 worker's output go to ssh's stderr, which is ours (stdout is a pipe nobody reads after the PID). A host takes up to `slots`
@@ -23,8 +23,8 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from trainer.agent import AgentInstances, RemoteJob
-from trainer.instances import NumberedInstances
+from trainer.providers.agent import AgentInstances, RemoteJob
+from trainer.providers.local import NumberedInstances
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 
@@ -66,7 +66,7 @@ class SshHosts(NumberedInstances):
         """The shell command run on the host for instance `worker`."""
         q = shlex.quote
         return (f"cd {q(self.workdir)} && echo $$ && IFS= read -r PARCAE_TOKEN && export PARCAE_TOKEN && "
-                f"exec {q(self.python)} -m trainer.agent --id {int(worker)} --host {q(self.coordinator_host)} "
+                f"exec {q(self.python)} -m trainer.providers.agent --id {int(worker)} --host {q(self.coordinator_host)} "
                 f"--port {self.coordinator_port} 1>&2")  # fmt: skip
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class SshHosts(NumberedInstances):
 
 
 def hosts_job(hosts: Sequence[str], coordinator_host: str, coordinator_port: int, **kw: Any) -> RemoteJob:
-    """A `trainer.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`, checked now, before any coordinator starts) with a
+    """A `trainer.providers.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`, checked now, before any coordinator starts) with a
     fresh token."""
     token = secrets.token_urlsafe(32)
     cloud = SshHosts(hosts, coordinator_host, coordinator_port, token, **kw)

@@ -4,7 +4,7 @@ Owns: the strategy's geometry (`StageLayout`: which global rank runs which stage
 stage holds), process groups of a reconfiguration epoch (`init_epoch` / `close_epoch`), the per-rank training
 state (`StageContext`: the rank's `Stage`, one optimiser per layer), the training step (`train_step`) and the unit
 that migrations move (`layer_state` / `load_layer_state`).
-Must not touch: the model's maths (`trainer.model`), the data (`trainer.data`), files (`trainer.checkpoint`),
+Must not touch: the model's maths (`trainer.runtime.model`), the data (`trainer.runtime.data`), files (`trainer.runtime.checkpoint`),
 the choice of strategy (the coordinator).
 
 Design choices
@@ -57,9 +57,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.data import global_batch, micro_sizes, shard
-from trainer.model import Stage, build_layer, layer_names, param_dtype
-from trainer.model import loss as model_loss
+from trainer.runtime.data import global_batch, micro_sizes, shard
+from trainer.runtime.model import Stage, build_layer, layer_names, param_dtype
+from trainer.runtime.model import loss as model_loss
 
 LayerState = dict[str, torch.Tensor]
 

@@ -1,11 +1,11 @@
-"""Measuring a runtime profile: one `trainer.run.run_job` whose scripted schedule visits every strategy and produces
-every migration kind, turned into a `trainer.profile.RuntimeProfile`.
+"""Measuring a runtime profile: one `trainer.control.run.run_job` whose scripted schedule visits every strategy and produces
+every migration kind, turned into a `trainer.observe.profile.RuntimeProfile`.
 
 Owns: the schedule the job runs (`feasible_strategies`, `visit_order`, `visit_rounds`, `profile_schedule`: its
 docstring describes the prologue, the visit and the final checkpoint-restart), turning the job's result into
 measurements (`iteration_times`, `migrations_from_result`), `measure` and the cache of measured profiles
-(`profile_path`, `cached_profile`). Must not touch: processes, stores and training (`trainer.run` does that), the
-fits (`trainer.calibration`), the file format (`trainer.profile`).
+(`profile_path`, `cached_profile`). Must not touch: processes, stores and training (`trainer.control.run` does that), the
+fits (`trainer.observe.calibration`), the file format (`trainer.observe.profile`).
 
 Iteration time of a strategy: the least over its visit epochs of `train_s / steps` (`Coordinator.epoch_spans`:
 last member ready to first member arriving at the next boundary, so no migration pause is in it). The least, not
@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from liveput import Strategy, ThroughputProfile
-from trainer.calibration import RESTART, Migration, calibrate
-from trainer.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
+from trainer.observe.calibration import RESTART, Migration, calibrate
+from trainer.observe.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
 
 PROLOGUE_PREEMPT_STEP = 2  # the preemption with notice; the add follows one step later
 TOO_FEW = "workers must be >= 2 to measure migrations (an instance must leave and join), got {}"
@@ -81,7 +81,7 @@ def visit_rounds(order: Sequence[Strategy], rounds: int) -> list[Strategy]:
 
 @dataclass(frozen=True)
 class ProfileSchedule:
-    """The profile job: where it starts, its events (`trainer.events` format), its length, and where its parts are."""
+    """The profile job: where it starts, its events (`trainer.control.events` format), its length, and where its parts are."""
 
     initial: Strategy
     events: tuple[dict[str, Any], ...]
@@ -241,10 +241,10 @@ def measure(
         TrainConfig,
         model_config,
     )
-    from trainer.coordinator import check_schedule
-    from trainer.events import Schedule, group_events, parse_events
-    from trainer.migration import layer_sizes
-    from trainer.run import run_job
+    from trainer.control.coordinator import check_schedule
+    from trainer.control.events import Schedule, group_events, parse_events
+    from trainer.runtime.migration import layer_sizes
+    from trainer.control.run import run_job
 
     if workers < 2:
         raise ProfileError(TOO_FEW.format(workers))
@@ -307,7 +307,7 @@ def measure(
     }  # fmt: skip
     measured = json.loads(json.dumps(measured))  # plain JSON data, as `load` gives it back
     return RuntimeProfile(throughput, constants, spec, measured, created,
-                          command or f"trainer.profile.measure({model!r}, {workers}, steps_per_strategy="
+                          command or f"trainer.observe.profile.measure({model!r}, {workers}, steps_per_strategy="
                                      f"{steps_per_strategy}, rounds={rounds}, seed={seed}, "
                                      f"start_method={start_method!r})")  # fmt: skip
 

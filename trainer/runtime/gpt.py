@@ -1,9 +1,9 @@
-"""The example network: a small GPT (nanoGPT-style) as an ordered list of named layers — one `trainer.model` family.
+"""The example network: a small GPT (nanoGPT-style) as an ordered list of named layers — one `trainer.runtime.model` family.
 
 Owns: the network maths — `Embedding` (token + position), `Block` (pre-LN causal self-attention + MLP), `Head`
 (final LayerNorm + Linear to logits) — their names, their deterministic initialisation and the token
 cross-entropy loss. Must not touch: torch.distributed, optimisers, data, files; parallelism is applied from outside
-(`trainer.pipeline`), as in torchtitan. The registered shapes ("tiny-gpt", "small-gpt") are in `trainer.config`.
+(`trainer.runtime.pipeline`), as in torchtitan. The registered shapes ("tiny-gpt", "small-gpt") are in `trainer.config`.
 
 There is no dropout (it would make runs depend on RNG streams per stage) and no weight tying between embed and head
 (it would couple the first and last layer across stages).
@@ -18,7 +18,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from trainer.config import ModelConfig
-from trainer.model import layer_seed, param_dtype
+from trainer.runtime.model import layer_seed, param_dtype
 
 INIT_STD = 0.02
 
@@ -119,7 +119,7 @@ def _init_weights(layer: nn.Module, gen: torch.Generator, n_layer: int) -> None:
 
 
 def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
-    """Layer `index` of the global list (range-checked by `trainer.model.build_layer`), initialised from its own
+    """Layer `index` of the global list (range-checked by `trainer.runtime.model.build_layer`), initialised from its own
     generator."""
     if index == 0:
         layer: nn.Module = Embedding(cfg)

@@ -3,7 +3,7 @@
 Owns: `ModelFamily` (a module with `layer_names(cfg)`, `build_layer(cfg, index)` and `loss(outputs, targets, B)`),
 `family(cfg)` (the family registered for `cfg.name` in `trainer.config.MODELS`), the per-layer seed and dtype, and
 `Stage`, which runs a contiguous slice of the layer list. Must not touch: torch.distributed, optimisers, data,
-files. The example family is `trainer.gpt`; a new one is a module with those three functions, registered with
+files. The example family is `trainer.runtime.gpt`; a new one is a module with those three functions, registered with
 `trainer.config.register_model`.
 
 Layer i of the list has global index i and name `layer_names(cfg)[i]`; it is initialised from its own generator

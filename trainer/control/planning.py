@@ -2,13 +2,13 @@
 boundary from what has happened so far — the runtime side of Parcae's receding horizon (reference §A.4, §C.1).
 
 Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protocol and three planners —
-`RulePlanner` (the trace replay's fixed rule, `trainer.instances.trace_strategy`), `LiveputPlanner` (the liveput
+`RulePlanner` (the trace replay's fixed rule, `trainer.control.schedules.trace_strategy`), `LiveputPlanner` (the liveput
 optimizer, `liveput.plan_interval`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
 from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) —, the forecasts a liveput planner
 plans with (`observed_persistence`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
 `make_planner` (a planner by kind, as `parcae train` and the train flow build one) and the feasibility check every
-decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.run`'s
-driver asks the planner and publishes the reconfiguration; `trainer.coordinator` owns the keys `hand_plan`
+decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.control.run`'s
+driver asks the planner and publishes the reconfiguration; `trainer.control.coordinator` owns the keys `hand_plan`
 writes), training, fitting or choosing a forecaster (`forecasting`; the flows pick the champion).
 
 A planner is any callable `planner(request) -> ((D, P), details)` with a `name`; `details` is a JSON-able mapping
@@ -26,15 +26,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from forecasting.traces import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_INTERVAL_S
 from liveput import DEFAULT_LOOK_AHEAD
-from trainer.migration import PlanError, check_strategy
+from trainer.runtime.migration import PlanError, check_strategy
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from liveput import IntervalForecast, Strategy
-    from trainer.profile import RuntimeProfile
+    from trainer.observe.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class Planner(Protocol):
 
 
 def plan_info_dict(info: Any) -> dict[str, Any]:
-    """A `trainer.observer.PlanInfo` as plain JSON-able data (the job's log, `run_job`'s result["plans"])."""
+    """A `trainer.observe.observer.PlanInfo` as plain JSON-able data (the job's log, `run_job`'s result["plans"])."""
     return {"interval": info.interval, "step": info.step, "alive": info.alive, "current": list(info.current),
             "decision": list(info.decision), "decision_s": info.decision_s, "planner": info.planner,
             "details": dict(info.details)}  # fmt: skip
@@ -177,13 +177,13 @@ def keep_strategy(req: PlanRequest) -> Strategy:
 
 
 class RulePlanner:
-    """The trace replay's fixed rule (`trainer.instances.trace_strategy`): two stages once two instances are alive,
+    """The trace replay's fixed rule (`trainer.control.schedules.trace_strategy`): two stages once two instances are alive,
     as many replicas as fit. What a planned job does by default."""
 
     name = "rule"
 
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
-        from trainer.instances import trace_strategy
+        from trainer.control.schedules import trace_strategy
 
         return trace_strategy(req.alive, req.n_layers, req.global_batch), {"rule": "trace_strategy"}
 
@@ -223,7 +223,7 @@ class TraceForecast:
     The first of the K intervals is `observed_change`; the K-1 after it are ``forecaster.predict(past, K-1)``, where
     ``past`` is `table` up to the interval whose change the job has just seen: the replay starts at trace interval
     `start_interval` and applies interval ``start_interval + i``'s change at the boundary of interval ``i + 1``
-    (`trainer.instances.trace_schedule`), so the past of the boundary of ``req.interval`` is
+    (`trainer.control.schedules.trace_schedule`), so the past of the boundary of ``req.interval`` is
     ``table[: start_interval + req.interval]``. `table` is the trace scaled to the job's instances, as the replay
     scales it (`of_trace`).
 
@@ -243,7 +243,7 @@ class TraceForecast:
         cls, forecaster: Any, trace: str | pd.DataFrame, workers: int, start_interval: int = 0
     ) -> TraceForecast:
         """The forecast of a replay of ``trace`` (a name or path for `forecasting.traces.load_trace`, or its table)
-        on ``workers`` instances from ``start_interval``, scaled as `trainer.instances.trace_schedule` scales it."""
+        on ``workers`` instances from ``start_interval``, scaled as `trainer.control.schedules.trace_schedule` scales it."""
         from forecasting import load_trace, scale_trace
 
         table = load_trace(trace) if isinstance(trace, str) else trace
@@ -390,7 +390,7 @@ def make_planner(
 
     ``rule``: `RulePlanner`. ``handed``: `HandedPlanner` (plans handed in with `hand_plan`, e.g. by plan-interval
     flow runs; the current strategy until one arrives). ``liveput``: `LiveputPlanner` on the runtime ``profile``
-    (`trainer.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
+    (`trainer.observe.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
     ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` (a fitted
     `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
     ``start_interval`` (`TraceForecast`), or with `observed_persistence` when no forecaster is given. The other
@@ -450,14 +450,14 @@ def hand_plan(
     """Hand `strategy` = (D, P) to the job `job` whose coordinator listens at `host:port`; its `HandedPlanner`
     applies it from the next interval boundary on (if the instances alive then allow it).
 
-    The client authenticates as a worker does (`token` must open the job's sealed store, `trainer.store`; a job
+    The client authenticates as a worker does (`token` must open the job's sealed store, `trainer.runtime.store`; a job
     started by `run_job` keeps it in `out_dir/token`) and checks the job's name,
     that the job takes handed plans and that P and D fit the model and batch; any refusal raises `HandPlanError`
     saying which. `source` names the sender in the job's log (e.g. the flow run).
     """
-    from trainer import keys
-    from trainer.coordinator import JobSpec
-    from trainer.store import StoreAuthError, connect_store
+    from trainer.runtime import keys
+    from trainer.runtime.spec import JobSpec
+    from trainer.runtime.store import StoreAuthError, connect_store
 
     s = _as_strategy(strategy)
     if s is None or min(s) < 1:

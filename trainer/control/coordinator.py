@@ -6,12 +6,12 @@ wait_for_workers=False`, so it outlives any worker), the job's published spec, t
 membership (worker ids that joined, minus those preempted or dead), failure detection (heartbeats), the preemption
 notices workers report, the current `Epoch` and whether its migration committed, the decision per step boundary, the
 latest complete checkpoint and the records of reconfigurations.
-Must not touch: tensors, process groups, training — workers do that; processes — the driver (`trainer.run`) and
-its `trainer.instances` provider start and stop them; which assignment and transfers an epoch has is
-`trainer.migration`'s pure planning, which the coordinator only calls.
+Must not touch: tensors, process groups, training — workers do that; processes — the driver (`trainer.control.run`) and
+its `trainer.providers.local` provider start and stop them; which assignment and transfers an epoch has is
+`trainer.runtime.migration`'s pure planning, which the coordinator only calls.
 
-One process hosts it (`trainer.run.run_job` uses its own main thread). The keys in the store, what each holds and
-who writes it: `trainer.keys`.
+One process hosts it (`trainer.control.run.run_job` uses its own main thread). The keys in the store, what each holds and
+who writes it: `trainer.runtime.keys`.
 
 Migrations commit with their epoch's first step. Until then every holder of the epoch it migrates from (its
 `base`) keeps that state — old members keep their old layers, preempted and dropped ones wait before leaving — so a
@@ -21,7 +21,7 @@ decision to "abort", collects the survivors' reports and plans the replacement f
 (`recover`), or a checkpoint-restart when a layer lost its last holder. New epochs are only ever planned on top of
 a committed one (`committed`), so a rollback never goes back more than one epoch.
 
-Security (`trainer.store`): the store listens only on the requested host (loopback by default), and every value is
+Security (`trainer.runtime.store`): the store listens only on the requested host (loopback by default), and every value is
 sealed with the job's token (generated per job when none is given), so a client without it reads ciphertext only and
 what it writes is ignored. Values written by token holders are still untrusted input: the coordinator skips and
 logs a malformed notice or handed plan rather than crash on it.
@@ -29,21 +29,19 @@ logs a malformed notice or handed plan rather than crash on it.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import math
-import socket
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from liveput import MigrationKind
-from trainer import checkpoint, keys
+from trainer.runtime import checkpoint, keys
 from trainer.config import JobConfig, ModelConfig, TrainConfig
-from trainer.events import EventGroup
-from trainer.migration import (
+from trainer.control.events import EventGroup
+from trainer.runtime.migration import (
     Epoch,
     PlanError,
     first_epoch,
@@ -52,12 +50,11 @@ from trainer.migration import (
     plan_recovery,
     restart_epoch,
 )
-from trainer.store import host_store, new_token
+from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
+from trainer.runtime.store import host_store, new_token
 
 log = logging.getLogger(__name__)
 
-HOLD, TRAIN = "hold", "train"
-APPLY, ABORT = "apply", "abort"
 # A silent worker whose process the provider sees running (schedulable: starved on a loaded machine, not hung) is
 # declared dead only this many bounds past its last heartbeat: evidence, not a guess.
 HB_RUNNING_FACTOR = 3.0
@@ -80,7 +77,7 @@ def _as_float(text: str) -> float | None:
 
 
 def _handed_record(raw: bytes) -> dict[str, Any] | None:
-    """A handed plan as `trainer.planning.hand_plan` writes it — {"strategy": [D, P], "source", "sent_at"} — or
+    """A handed plan as `trainer.control.planning.hand_plan` writes it — {"strategy": [D, P], "source", "sent_at"} — or
     None if `raw` is not one."""
     try:
         plan = json.loads(raw)
@@ -100,56 +97,6 @@ class ScheduleError(ValueError):
     """A job or event schedule that cannot run; raised before any process starts."""
 
 
-def is_loopback(host: str) -> bool:
-    if host in ("localhost", ""):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        try:
-            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
-        except (OSError, ValueError):
-            return False
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What every worker of the job needs besides its id: published once under `job/spec`. Never changes.
-
-    `layers_dir` receives the final parameters (one shard per stage); `checkpoint_dir` the periodic checkpoints
-    (every `checkpoint_every` steps, 0 = never) and the on-demand checkpoint of a checkpoint-restart.
-    """
-
-    model: ModelConfig
-    train: TrainConfig
-    steps: int
-    job: str
-    layers_dir: str
-    pg_timeout_s: float
-    checkpoint_dir: str = ""
-    checkpoint_every: int = 0
-    hb_interval_s: float = 0.1
-    # the grace a preemption notice gives (a worker's SIGTERM: deadline = signal + grace): GCP's 30 s by default,
-    # AWS gives 120 s. The worker reports it; the driver decides the hand-off before it and the provider enforces it
-    notice_grace_s: float = 30.0
-
-    def to_json(self) -> str:
-        return json.dumps({
-            "model": self.model.to_dict(), "train": {**vars(self.train), "betas": list(self.train.betas)},
-            "steps": self.steps, "job": self.job, "layers_dir": self.layers_dir, "pg_timeout_s": self.pg_timeout_s,
-            "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
-            "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
-        })  # fmt: skip
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> JobSpec:
-        d = json.loads(text)
-        train = {**d["train"], "betas": tuple(d["train"]["betas"])}
-        return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
-                   d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
-                   d.get("notice_grace_s", 30.0))  # fmt: skip
-
-
 def check_schedule(
     model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
     groups: Sequence[EventGroup], *, strategy_for: Callable[[int], tuple[int, int]] | None = None,
@@ -162,7 +109,7 @@ def check_schedule(
     if every layer keeps a surviving holder, else a checkpoint-restart (its restore step is only known at run time;
     the dry run uses the kill's step).
 
-    `strategy_for(n)` stands in for a live planner (`trainer.planning`), whose decisions are only known at run
+    `strategy_for(n)` stands in for a live planner (`trainer.control.planning`), whose decisions are only known at run
     time: a group without a plan gets the strategy it returns for the n instances alive after the group's adds and
     preemptions, so ids, kills and recoveries are still checked (what a real planner decides is checked when it
     decides).
@@ -173,7 +120,7 @@ def check_schedule(
 @dataclass(frozen=True)
 class ScheduleState:
     """Where a schedule's dry run stands before a boundary: the epoch in force, the instances alive (ids) and the id
-    the next added instance gets. A resumed job starts from it (`trainer.run.run_job` with `checkpoint.resume`)."""
+    the next added instance gets. A resumed job starts from it (`trainer.control.run.run_job` with `checkpoint.resume`)."""
 
     epochs: list[Epoch]
     alive: tuple[int, ...]
@@ -904,7 +851,7 @@ class Coordinator:
         }  # fmt: skip
 
     def epoch_spans(self) -> list[dict[str, Any]]:
-        """One span per epoch: which steps it trained and for how long (`trainer.profile` turns them into iteration
+        """One span per epoch: which steps it trained and for how long (`trainer.observe.profile` turns them into iteration
         times per strategy).
 
         steps [start_step, end_step): end_step is where the next epoch takes over (its start_step, plus the steps a
@@ -946,7 +893,7 @@ class Coordinator:
 
     # -- live planning ---------------------------------------------------------------------------------------
     def accept_handed_plans(self, planner: str) -> None:
-        """Let `trainer.planning.hand_plan` clients hand plans to this job (its planner reads them)."""
+        """Let `trainer.control.planning.hand_plan` clients hand plans to this job (its planner reads them)."""
         self.store.set(keys.ACCEPTS, planner)
 
     def handed_plans(self, after: int) -> list[tuple[int, dict[str, Any] | None]]:

@@ -5,7 +5,7 @@ Owns: `MlflowSender` (the "parcae-mlflow" thread, the bounded metric buffer, the
 close, retries while the store is down, giving up at the close deadline, the driver's SIGTERM and exit while a run
 is open), `RunContent` (what it asks of the run it sends: opening it, its artifacts, ending it) and `transient`
 (which store errors a retry may fix). Must not touch: what a run holds — which metrics, tags, params and artifacts
-an event becomes (`trainer.tracking.MlflowJobObserver`, the `RunContent` it sends); where the store is
+an event becomes (`trainer.observe.tracking.MlflowJobObserver`, the `RunContent` it sends); where the store is
 (`tracking`).
 
 Threading: the owner's hooks run on the driver's thread and only append under `lock` (held for microseconds,
@@ -62,7 +62,7 @@ def transient(exc: BaseException) -> bool:
 
 
 class RunContent(Protocol):
-    """What the sender asks of the run it sends, always on its own thread (`trainer.tracking.MlflowJobObserver`)."""
+    """What the sender asks of the run it sends, always on its own thread (`trainer.observe.tracking.MlflowJobObserver`)."""
 
     run_id: str | None
 
@@ -91,7 +91,7 @@ class RunContent(Protocol):
 class MlflowSender:
     """Sends `content`'s run to the store at `uri` from the "parcae-mlflow" daemon thread; see the module docstring.
 
-    `log`: the owner's logger (its messages are the owner's, e.g. ``trainer.tracking``). `start()` starts the
+    `log`: the owner's logger (its messages are the owner's, e.g. ``trainer.observe.tracking``). `start()` starts the
     thread once the owner can answer `content`'s calls."""
 
     def __init__(

@@ -2,8 +2,8 @@
 
 Owns: binding the store's listening socket (`host_store`), connecting clients (`connect_store`), the per-job token
 (`new_token`, `write_token_file`, `read_token_file`, `TOKEN_ENV`) and `SealedStore`, the wrapper every client —
-coordinator, workers, agents, `trainer.planning.hand_plan`, gloo's rendezvous — talks through.
-Must not touch: what the keys mean (`trainer.keys` lists the layout), processes, tensors.
+coordinator, workers, agents, `trainer.control.planning.hand_plan`, gloo's rendezvous — talks through.
+Must not touch: what the keys mean (`trainer.runtime.keys` lists the layout), processes, tensors.
 
 Why sealing: TCPStore has no authentication; anyone who reaches its port can read and write every key. A job's
 token is therefore turned into a key (scrypt over a per-job salt) and every value is written as AES-SIV frames
@@ -21,6 +21,7 @@ every interface: stack.md §8), loopback by default.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import logging
 import os
 import secrets
@@ -35,7 +36,7 @@ from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
 
-from trainer.keys import DRIVER_ONLY  # what only the driver writes: signed as well as sealed
+from trainer.runtime.keys import DRIVER_ONLY  # what only the driver writes: signed as well as sealed
 
 log = logging.getLogger(__name__)
 
@@ -327,3 +328,16 @@ def connect_store(
         raise StoreAuthError(f"wrong token for the {where}")
     store.pin_driver(driver_key or store.get(DRIVER_KEY).decode())
     return store
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine only (a coordinator bound there is unreachable from other hosts)."""
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        try:
+            return ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+        except (OSError, ValueError):
+            return False

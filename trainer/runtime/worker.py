@@ -5,7 +5,7 @@ Owns: the worker's state machine, the per-step boundary check, the per-step comm
 also reports preemption notices: SIGTERM), periodic checkpoint shards, the state hand-off of a migration (transfer
 group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch, and its own
 measurements in the store. Must not touch: planning (it follows the `Epoch`
-the coordinator published; `trainer.migration`), the training maths (`trainer.pipeline.train_step`), other
+the coordinator published; `trainer.runtime.migration`), the training maths (`trainer.runtime.pipeline.train_step`), other
 workers' processes.
 
 State machine (`WorkerState`):
@@ -41,7 +41,7 @@ received layers). The step counter, the data order and the optimiser state carry
 Failure detection: a daemon thread with its own TCPStore client bumps `hb/{id}` every `hb_interval_s` (a client
 blocked in a call blocks other threads using it, stack.md §4b); the coordinator declares the worker dead when the
 counter stops and flags the epoch broken. Inside a step every op is waited on with the flag checked every 20 ms
-(`trainer.pipeline`), so survivors give up within a bounded time whether the dead peer is one they talk to or
+(`trainer.runtime.pipeline`), so survivors give up within a bounded time whether the dead peer is one they talk to or
 not — and a worker whose own op fails flags the epoch itself, so its peers need not wait for the heartbeat.
 A step's optimiser updates are applied only if the store's once-only commit decision for (epoch, step) says
 "apply" (every rank finished its collectives); hence all survivors agree on how many steps they applied.
@@ -96,13 +96,13 @@ import torch
 import torch.distributed as dist
 
 from liveput import MigrationKind
-from trainer import checkpoint, keys
+from trainer.runtime import checkpoint, keys
 from trainer.corpus import corpus
-from trainer.coordinator import ABORT, APPLY, HOLD, TRAIN, JobSpec
-from trainer.migration import Epoch, state_bytes
-from trainer.model import layer_names
-from trainer.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
-from trainer.pipeline import (
+from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
+from trainer.runtime.migration import Epoch, state_bytes
+from trainer.runtime.model import layer_names
+from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
+from trainer.runtime.pipeline import (
     EpochGroups,
     LayerState,
     StepAbandoned,
@@ -247,7 +247,7 @@ class WorkerSpec:
     port: int
     token: str | None = None
     store_timeout_s: float = 60.0
-    driver_key: str | None = None  # the driver's public key (hex): what verifies its orders (`trainer.store`)
+    driver_key: str | None = None  # the driver's public key (hex): what verifies its orders (`trainer.runtime.store`)
 
 
 class Worker:
@@ -399,7 +399,7 @@ class Worker:
 
     # -- TRAINING ----------------------------------------------------------------------------------------
     def _boundary(self, step: int) -> tuple[str, Epoch | int] | None:
-        """The decision for the boundary before `step`, taken once for everyone (see trainer.coordinator):
+        """The decision for the boundary before `step`, taken once for everyone (see trainer.control.coordinator):
         None to train on, ("epoch", the next epoch) or ("restart", the restart epoch's number)."""
         key = keys.boundary(step)
         v = self.store.compare_set(key, "", TRAIN).decode()

@@ -5,7 +5,7 @@ Owns: `Migration` (one measured reconfiguration, as the fits see it), the fits (
 `fit_p2p`, `fit_build_ms`), `p2p_table`, `predict_ms` and `calibrate` (every constant's source is written to
 `CostConstants.source`; `calibrate`'s docstring says how each is obtained). Must not touch: the cost formulas
 (`liveput.migration.CostModel`: the calibration inverts them, it never changes them), the job that measures
-(`trainer.measure`), the profile's file format (`trainer.profile`).
+(`trainer.control.measure`), the profile's file format (`trainer.observe.profile`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from liveput import CostConstants, CostModel, MigrationKind, MiB, ModelSpec, P2PTable, Strategy, healthy_missing
-from trainer.profile import ProfileError
+from trainer.observe.profile import ProfileError
 
 INTRA = MigrationKind.INTRA_STAGE.value
 INTER = MigrationKind.INTER_STAGE.value
@@ -187,7 +187,7 @@ def _uses(m: Migration) -> list[str]:
 
 
 def calibrate(spec: ModelSpec, migrations: Sequence[Migration], ps: Iterable[int],
-              source: str = "trainer.profile") -> tuple[CostConstants, dict[str, Any]]:  # fmt: skip
+              source: str = "trainer.observe.profile") -> tuple[CostConstants, dict[str, Any]]:  # fmt: skip
     """`CostConstants` (group_mode "groups") under which `CostModel(spec, ·)` reproduces the measured pauses, and
     the report: per constant its value and source, per migration the measured pause next to the model's.
 

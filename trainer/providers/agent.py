@@ -4,15 +4,15 @@ hosts), and the driver's view of such instances.
 Owns: `InstanceAgent` (the per-instance loop: start the worker process, report how it ended, start a fresh one
 when the driver asks for a checkpoint-restart, pass a preemption notice on to it), `AgentInstances` (the driver's
 side: a cloud `InstanceProvider` for starting and reclaiming instances, the store for everything the local
-provider learns from its child processes) — both speaking the `agent/...` keys of `trainer.keys` — and
-`python -m trainer.agent`.
-Must not touch: the job's control plane (`trainer.coordinator`), what a worker does (`trainer.worker`), the cloud
-API (`trainer.aws`), the IMDS watcher it runs (`trainer.imds`).
+provider learns from its child processes) — both speaking the `agent/...` keys of `trainer.runtime.keys` — and
+`python -m trainer.providers.agent`.
+Must not touch: the job's control plane (`trainer.control.coordinator`), what a worker does (`trainer.runtime.worker`), the cloud
+API (`trainer.providers.aws`), the IMDS watcher it runs (`trainer.providers.imds`).
 
-Why an agent: `trainer.run`'s driver learns how each worker process ended from its exit code and asks for a
+Why an agent: `trainer.control.run`'s driver learns how each worker process ended from its exit code and asks for a
 fresh process on the same instance after a checkpoint-restart (what torchelastic's agent does). A local process
 is the driver's child; a process on another machine is not, so the agent reports for it through the job's store
-(`trainer.keys`: agent/{id}/up, exit and start per process; signals the driver asks it to pass on, which is how a
+(`trainer.runtime.keys`: agent/{id}/up, exit and start per process; signals the driver asks it to pass on, which is how a
 preemption notice the driver learns of — a trace replay, a spot request's status — reaches a worker elsewhere).
 
 A worker that ends with any code but EXIT_RESTART ends the agent with the same code (the instance is then the
@@ -38,11 +38,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer import keys
-from trainer.instances import InstanceProvider, NoticeDeadlines
+from trainer.runtime import keys
+from trainer.providers.local import InstanceProvider, NoticeDeadlines
 
 KILLED = -9  # exit code the driver reads for an instance reclaimed without its agent reporting (SIGKILL)
-EXIT_RESTART = 125  # = trainer.worker.EXIT_RESTART (not imported: the agent must not import torch's model code)
+EXIT_RESTART = 125  # = trainer.runtime.worker.EXIT_RESTART (not imported: the agent must not import torch's model code)
 POLL_S = 0.1
 RESTART_WAIT_S = 600.0  # how long an agent waits for the driver's go after its worker exited for a restart
 
@@ -53,7 +53,7 @@ RESTART_WAIT_S = 600.0  # how long an agent waits for the driver's go after its 
 class InstanceAgent:
     """Runs instance `worker`'s worker processes for the job whose store is at `host:port`, one at a time.
 
-    `command` builds a worker process's argv (default: `python -m trainer.worker --id --host --port`); the token
+    `command` builds a worker process's argv (default: `python -m trainer.runtime.worker --id --host --port`); the token
     reaches the worker in PARCAE_TOKEN (never argv: `ps`). `store` (tests) replaces the TCPStore client."""
 
     def __init__(
@@ -86,7 +86,7 @@ class InstanceAgent:
     # -- the loop -------------------------------------------------------------------------------------------
     def connect(self) -> Any:
         if self.store is None:
-            from trainer.store import connect_store  # here, not at import: `--help` must not need torch
+            from trainer.runtime.store import connect_store  # here, not at import: `--help` must not need torch
 
             self.store = connect_store(self.host, self.port, self.token, self.store_timeout_s)
         return self.store
@@ -116,7 +116,7 @@ class InstanceAgent:
         hb = keys.heartbeat(self.worker)
         self._hb_at_start = int(store.add(hb, 0))
         env = dict(os.environ)
-        from trainer.store import DRIVER_KEY_ENV, TOKEN_ENV  # (torch is loaded by now: `connect` came first)
+        from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV  # (torch is loaded by now: `connect` came first)
 
         if self.token:
             env[TOKEN_ENV] = self.token
@@ -159,7 +159,7 @@ class InstanceAgent:
 
 
 def _worker_command(worker: int, host: str, port: int) -> list[str]:
-    return [sys.executable, "-m", "trainer.worker", "--id", str(worker), "--host", host, "--port", str(port)]
+    return [sys.executable, "-m", "trainer.runtime.worker", "--id", str(worker), "--host", host, "--port", str(port)]
 
 
 # ---------------------------------------------------------------------------------------- the driver's side
@@ -167,7 +167,7 @@ def _worker_command(worker: int, host: str, port: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RemoteJob:
-    """How `trainer.run.run_job` drives a job whose instances are elsewhere: the coordinator listens on `port` (all
+    """How `trainer.control.run.run_job` drives a job whose instances are elsewhere: the coordinator listens on `port` (all
     interfaces) and the agents reach it at `host`; `token` is the job's (required: the port is reachable from other
     machines); `instances(store)` builds the driver's `AgentInstances` on the coordinator's store."""
 
@@ -179,8 +179,8 @@ class RemoteJob:
 
 
 class AgentInstances(NoticeDeadlines):
-    """The driver's view (`trainer.run`) of instances whose worker processes agents run: the same calls as
-    `trainer.instances.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`: `trainer.aws`'s spot
+    """The driver's view (`trainer.control.run`) of instances whose worker processes agents run: the same calls as
+    `trainer.providers.local.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`: `trainer.providers.aws`'s spot
     instances) starting and reclaiming instances and the store (`store`, the coordinator's) telling how their
     processes ended.
 
@@ -198,7 +198,7 @@ class AgentInstances(NoticeDeadlines):
         self.incarnation: dict[int, int] = {}
         self.exit_history: dict[int, list[int]] = {}
         self.reclaimed: list[tuple[int, float]] = []
-        self.notices: list[Any] = []  # the cloud's interruption notices passed on (trainer.aws.InterruptionNotice)
+        self.notices: list[Any] = []  # the cloud's interruption notices passed on (trainer.providers.aws.InterruptionNotice)
         self._codes: dict[int, int] = {}  # current process's exit code, once known
         self._released: set[int] = set()
         self._reclaim_at: dict[int, float] = {}
@@ -322,7 +322,7 @@ class AgentInstances(NoticeDeadlines):
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m trainer.agent",
+        prog="python -m trainer.providers.agent",
         description="Run one instance's parcae worker processes for a job driven from another machine.",
     )
     p.add_argument("--id", type=int, required=True, help="this instance's worker id (the driver gave it)")
@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent = InstanceAgent(a.id, a.host, a.port, os.environ.get("PARCAE_TOKEN"))
     agent.install()
     if a.imds:
-        from trainer.imds import imds_watcher
+        from trainer.providers.imds import imds_watcher
 
         imds_watcher(lambda: agent.notify(_signal.SIGTERM), poll_s=a.imds_poll_s, who=f"parcae agent {a.id}").start()
     try:

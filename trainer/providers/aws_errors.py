@@ -2,7 +2,7 @@
 
 Owns: `AwsProviderError` / `AwsCredentialsError`, the fix for each error code a launch most often meets, and the one
 way the trainer calls boto3 (`aws_call`: a botocore error becomes one of ours; `client_config`: retries, timeouts).
-Must not touch: what is launched (`trainer.aws`), the spot configuration (`trainer.aws_config`).
+Must not touch: what is launched (`trainer.providers.aws`), the spot configuration (`trainer.providers.aws_config`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: the schedule format, its parsing with errors a user can act on (file, event index, field), and the grouping
 of the events of one step into one reconfiguration. Must not touch: processes, stores, strategies' feasibility
-(that depends on the model and on who is alive: `trainer.coordinator.check_schedule`).
+(that depends on the model and on who is alive: `trainer.control.coordinator.check_schedule`).
 
 Format: a JSON list of objects, each with a `step` and a `kind`. Every kind but `kill` takes effect at the boundary
 between step-1 and step (before `step` runs):
@@ -28,7 +28,7 @@ as the reference's trace replay writes `failures` and the plan for the same step
 step happens after the group's boundary reconfiguration, during the step. Worker ids are 0..workers-1 for the
 initial instances, then numbered on in order of the `add` events.
 
-A job whose strategy a live planner decides (`trainer.planning`, `run_job(planner=...)`) takes the availability
+A job whose strategy a live planner decides (`trainer.control.planning`, `run_job(planner=...)`) takes the availability
 events only — add, preempt, kill — and rejects plans and checkpoint-restarts in its schedule.
 """
 
@@ -176,7 +176,7 @@ def load_events(path: str | os.PathLike[str]) -> list[Event]:
     except jsonio.JsonSyntaxError as e:
         raise EventError(f"{path}: not valid JSON: {e.reason} at line {e.line} column {e.column}") from None
     except jsonio.JsonInputError as e:  # too large, too deep, not UTF-8
-        raise EventError(f"{e.at(str(path))}; expected a JSON list of events (see trainer.events)") from None
+        raise EventError(f"{e.at(str(path))}; expected a JSON list of events (see trainer.control.events)") from None
     return parse_events(raw, str(path))
 
 
@@ -213,7 +213,7 @@ def group_events(events: Iterable[Event], source: str = "<events>") -> list[Even
 @dataclass(frozen=True)
 class Schedule:
     """What `run_job` applies: start `workers` instances on `strategy` = (D, P), then apply `events` (this module's
-    format, or `Event`s); a trace's schedule (`trainer.instances.trace_schedule`) also says how many intervals it
+    format, or `Event`s); a trace's schedule (`trainer.control.schedules.trace_schedule`) also says how many intervals it
     covers and how many steps one lasts (a live planner decides at each interval boundary)."""
 
     workers: int

@@ -2,12 +2,12 @@
 
 Owns: `Provider` (a name, its options' check, how it builds the job's instances, the grace of its preemption
 notices) and `PROVIDERS` — `local` (worker processes on this machine), `hosts` (instance agents on machines you
-have, over ssh: `trainer.hosts`), `aws` (EC2 spot instances through boto3: `trainer.aws`). The command line, the
+have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through boto3: `trainer.providers.aws`). The command line, the
 flows, the tasks and the settings checks all look providers up here, so each supports every provider it holds.
 Must not touch: the providers' own machinery (imported only when a provider is used, so that looking a name up
 costs nothing), training, the coordinator.
 
-A new provider: write its `RemoteJob` builder (see `trainer.agent.RemoteJob`), then `register_provider(Provider(
+A new provider: write its `RemoteJob` builder (see `trainer.providers.agent.RemoteJob`), then `register_provider(Provider(
 name, summary, check, job, notice_grace_s))`.
 """
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.agent import RemoteJob
+    from trainer.providers.agent import RemoteJob
 
 #: A preemption notice's grace when the provider has none of its own: GCP's 30 s (AWS gives two minutes).
 DEFAULT_NOTICE_GRACE_S = 30.0
@@ -83,7 +83,7 @@ HOSTS_OPTIONS = {"hosts", "coordinator", "slots", "python", "workdir"}
 
 def _hosts_args(options: Mapping[str, Any]) -> tuple[list[str], str, int, dict[str, Any]]:
     """(hosts, coordinator address, port, SshHosts keywords) from the hosts provider's options."""
-    from trainer.coordinator import is_loopback
+    from trainer.runtime.store import is_loopback
 
     _only(options, HOSTS_OPTIONS, "hosts")
     hosts, where = options.get("hosts"), options.get("coordinator")
@@ -102,7 +102,7 @@ def _hosts_args(options: Mapping[str, Any]) -> tuple[list[str], str, int, dict[s
 
 
 def _check_hosts(options: Mapping[str, Any]) -> None:
-    from trainer.hosts import SshHosts
+    from trainer.providers.hosts import SshHosts
 
     names, address, port, kw = _hosts_args(options)
     try:
@@ -112,7 +112,7 @@ def _check_hosts(options: Mapping[str, Any]) -> None:
 
 
 def _hosts_job(options: Mapping[str, Any]) -> RemoteJob:
-    from trainer.hosts import hosts_job
+    from trainer.providers.hosts import hosts_job
 
     names, address, port, kw = _hosts_args(options)
     return hosts_job(names, address, port, **kw)
@@ -126,7 +126,7 @@ register_provider(Provider("hosts", "instance agents on machines you have, start
 
 
 def _aws_config(options: Mapping[str, Any]) -> Any:
-    from trainer.aws import AwsConfigError, AwsSpotConfig
+    from trainer.providers.aws import AwsConfigError, AwsSpotConfig
 
     try:
         return AwsSpotConfig.from_mapping(options)
@@ -135,7 +135,7 @@ def _aws_config(options: Mapping[str, Any]) -> Any:
 
 
 def _aws_job(options: Mapping[str, Any]) -> RemoteJob:
-    from trainer.aws import aws_job
+    from trainer.providers.aws import aws_job
 
     return aws_job(_aws_config(options))
 

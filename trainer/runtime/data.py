@@ -40,7 +40,7 @@ def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range
 
     Uneven splits are supported (D need not divide the global batch): replica r gets rows
     [r*B//D, (r+1)*B//D), i.e. floor or ceil of B/D each. The loss is normalised by the global batch
-    (`trainer.pipeline.micro_loss`), not per replica, so uneven shards still sum to the exact global gradient.
+    (`trainer.runtime.pipeline.micro_loss`), not per replica, so uneven shards still sum to the exact global gradient.
     """
     if not 0 <= replica < n_replicas:
         raise ValueError(f"replica {replica} out of range for {n_replicas} replicas")

@@ -1,8 +1,8 @@
 """Job observers: how the outside world watches a running job without slowing it down.
 
-Owns: the `JobObserver` interface the driver (`trainer.run`) calls as the job advances, `ObserverList` (fan-out to
+Owns: the `JobObserver` interface the driver (`trainer.control.run`) calls as the job advances, `ObserverList` (fan-out to
 several observers) and `RecordingObserver` (keeps every call; tests and reports). Must not touch: training, the
-control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.tracking`), the
+control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.observe.tracking`), the
 CLI's progress bar (`parcae.progress`).
 
 Contract, for implementers:
@@ -44,7 +44,7 @@ class StepInfo:
 
 @dataclass(frozen=True)
 class PlanInfo:
-    """One decision of the live planning hook (`trainer.planning`), at an interval boundary."""
+    """One decision of the live planning hook (`trainer.control.planning`), at an interval boundary."""
 
     interval: int
     step: int  # the boundary the decision applies at

@@ -2,16 +2,16 @@
 
 Owns: `AwsSpotProvider` (the `InstanceProvider` that launches, lists and terminates a job's one-time spot instances
 and gathers their interruption notices), `aws_spot_provider` and `check_credentials` (fail fast before anything is
-launched), `aws_job` (a `trainer.agent.RemoteJob` on it, for `trainer.run.run_job`), the job token in SSM
-(`publish_token`; `python -m trainer.aws token`, which the boot script runs) and the notices' parsing
+launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in SSM
+(`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
 (`spot_request_notice`, `parse_interruption_event`). Also the package's AWS face: it re-exports the spot
-configuration and the errors. Must not touch: the job's control plane (`trainer.coordinator` — the driver tells
+configuration and the errors. Must not touch: the job's control plane (`trainer.control.coordinator` — the driver tells
 workers, a provider never does), planning, training, the trace store (`forecasting.collect` records the same fleet
 through the same `parcae:job` tag).
 
-Where to look next: `trainer.aws_config` (`AwsSpotConfig`, the boot script `user_data`), `trainer.aws_errors` (what
-each AWS error code means and how to fix it), `trainer.imds` (the IMDSv2 watcher the instance agent runs;
-`python -m trainer.aws watch --pid PID`), `trainer.agent` (the agent on the instance, `AgentInstances` on the driver).
+Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`), `trainer.providers.aws_errors` (what
+each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2 watcher the instance agent runs;
+`python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the agent on the instance, `AgentInstances` on the driver).
 README §AWS has the IAM permissions and the three ways a notice arrives. moto (the tests) creates no spot request
 and emits no notice, so the notice paths are tested on real-shaped API responses and events.
 """
@@ -34,9 +34,9 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from forecasting import ALIVE_STATES, FILTER_VALUES_MAX
-from trainer.agent import AgentInstances, RemoteJob
-from trainer.aws_config import JOB_TAG_KEY, NOTICE_S, WORKER_TAG_KEY, AwsConfigError, AwsSpotConfig, user_data
-from trainer.aws_errors import (
+from trainer.providers.agent import AgentInstances, RemoteJob
+from trainer.providers.aws_config import JOB_TAG_KEY, NOTICE_S, WORKER_TAG_KEY, AwsConfigError, AwsSpotConfig, user_data
+from trainer.providers.aws_errors import (
     NO_CREDENTIALS,
     NO_REGION,
     AwsCredentialsError,
@@ -45,8 +45,8 @@ from trainer.aws_errors import (
     aws_error,
     client_config,
 )
-from trainer.imds import IMDS_ENDPOINT, parse_time, watch_process
-from trainer.instances import InstanceProvider, NumberedInstances
+from trainer.providers.imds import IMDS_ENDPOINT, parse_time, watch_process
+from trainer.providers.local import InstanceProvider, NumberedInstances
 
 __all__ = [
     "JOB_TAG_KEY",
@@ -100,9 +100,9 @@ def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session |
 
 
 def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> RemoteJob:
-    """What `trainer.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.agent.RemoteJob`):
+    """What `trainer.control.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.providers.agent.RemoteJob`):
     the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
-    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.agent`. Instances
+    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.providers.agent`. Instances
     of the same job still running (left by a driver that was killed) are terminated when the job starts.
     Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
     check_credentials(session, config.region)
@@ -481,7 +481,7 @@ def _token(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.aws", description="The instance side of a parcae spot job.")
+    p = argparse.ArgumentParser(prog="python -m trainer.providers.aws", description="The instance side of a parcae spot job.")
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watch", help="signal a process when IMDS posts a spot interruption notice")
     w.add_argument("--pid", type=int, required=True, help="the process to signal (the worker)")

@@ -12,7 +12,7 @@ The three kinds (reference §D.1; names from `liveput.migration.MigrationKind`, 
   replicas go to standby, nothing moves;
 * **inter-stage** — P unchanged but some stage is short: survivors keep their stage and idle instances (then
   spare replicas of other stages) fill the holes, receiving the stage's layers from a surviving holder;
-* **pipeline** — P changes: the layers are re-cut (`trainer.pipeline.partition`); each new stage's first replica is
+* **pipeline** — P changes: the layers are re-cut (`trainer.runtime.pipeline.partition`); each new stage's first replica is
   the survivor that already holds the most of its layers (`liveput.migration.assign_stages`, an optimal matching),
   the other slots go to the free instances holding most of the stage; every slot fetches only what it lacks.
 
@@ -25,7 +25,7 @@ the survivors alone: the lost workers cannot send, so it is a live migration onl
 surviving holder; otherwise it returns None and the job falls back to a **checkpoint-restart** (`restart_epoch`:
 every process restarted, every layer loaded from the latest complete checkpoint, the steps since it recomputed).
 
-A migration is *committed* when the first step of its epoch is applied (`trainer.worker`): until then every old
+A migration is *committed* when the first step of its epoch is applied (`trainer.runtime.worker`): until then every old
 holder keeps the state of the epoch it migrates from (its `base`). A death during the hand-off therefore rolls the
 migration back — the broken epoch is abandoned, nothing of it installed — and `plan_recovery(base, ...,
 departing=..., number=...)` plans the replacement from the base epoch's holders (those under a notice still send).
@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 
 from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
 from trainer.config import ModelConfig, TrainConfig
-from trainer.pipeline import StageLayout, partition
+from trainer.runtime.pipeline import StageLayout, partition
 
 Role = tuple[int, int]  # (stage, replica)
 
@@ -186,8 +186,8 @@ def layer_sizes(model: ModelConfig) -> LayerSizes:
     """Measured by building each layer and taking one optimiser step on zero gradients (the shapes are what count)."""
     import torch
 
-    from trainer.model import build_layer
-    from trainer.pipeline import layer_state, make_optimizer
+    from trainer.runtime.model import build_layer
+    from trainer.runtime.pipeline import layer_state, make_optimizer
 
     params, fresh, trained = [], [], []
     for i in range(model.n_layers_total):

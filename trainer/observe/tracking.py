@@ -1,6 +1,6 @@
 """The MLflow run of a training job: `MlflowJobObserver` logs a live-migrating job without ever blocking it.
 
-Owns: the observer that turns the driver's hooks (`trainer.observer`) into one MLflow run per job, the runs of the
+Owns: the observer that turns the driver's hooks (`trainer.observe.observer`) into one MLflow run per job, the runs of the
 plans the job's planning hook made, the timeline plot, and `training_runs` (the runs side by side). Must not
 touch: training, the control plane, the driver; where the store is (`tracking` decides); Prefect (a flow
 that wants its flow run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
@@ -22,7 +22,7 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
-How it is sent: the hooks only queue (points, records, operations) with a `trainer.tracking_sender.MlflowSender`,
+How it is sent: the hooks only queue (points, records, operations) with a `trainer.observe.tracking_sender.MlflowSender`,
 whose daemon thread logs them every `flush_every_s`, retries while the store is down, coalesces per-step points
 beyond `max_pending` (counted: `tracking_dropped_metrics`) and gives up `close_timeout_s` after the job ended; this
 module is the `RunContent` it sends — what each event becomes on the run. Reconfiguration, plan and checkpoint
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
-from trainer.observer import JobObserver, PlanInfo, StepInfo
+from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 
 # Imported here, not lazily in the logging thread: a flush at interpreter exit (atexit, after SIGTERM) cannot import
 # modules that register their own exit hooks (concurrent.futures: "can't register atexit after shutdown").
@@ -57,8 +57,8 @@ from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from trainer.checkpoint import find_shards  # noqa: E402
-from trainer.tracking_sender import MlflowSender, Point, RunEnd, transient  # noqa: E402
+from trainer.runtime.checkpoint import find_shards  # noqa: E402
+from trainer.observe.tracking_sender import MlflowSender, Point, RunEnd, transient  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -324,7 +324,7 @@ class MlflowJobObserver(JobObserver):
         """Whether the run was ended (or the observer gave up on it)."""
         return self._sender.closed
 
-    # -- the run's content: `trainer.tracking_sender.RunContent`, called on the logging thread ----------------
+    # -- the run's content: `trainer.observe.tracking_sender.RunContent`, called on the logging thread ----------------
     def started(self) -> bool:
         return self._info is not None
 

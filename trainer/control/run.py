@@ -4,11 +4,11 @@ planner, observers and a resume from the job's last checkpoint.
 Owns: `run_job(config, schedule)` and `train(config)` (what `parcae train` and the train flow run), the driver loop
 that applies the schedule (`_Driver`: boundaries held and decided in order, notices, deaths -> live recovery or
 checkpoint-restart, the planner at interval boundaries, the observers), the resume point and the job's result.
-Must not touch: migration planning (`trainer.migration`), what a planner decides (`trainer.planning`), the store
-layout (`trainer.coordinator`), training (`trainer.worker`), where instances come from (`trainer.providers`).
+Must not touch: migration planning (`trainer.runtime.migration`), what a planner decides (`trainer.control.planning`), the store
+layout (`trainer.control.coordinator`), training (`trainer.runtime.worker`), where instances come from (`trainer.providers`).
 
 Where to look next: `docs/driver.md` (how a schedule, notices, kills, live planning, observers and resume are
-driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.events` (the schedule format).
+driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.control.events` (the schedule format).
 """
 
 from __future__ import annotations
@@ -24,26 +24,27 @@ from dataclasses import dataclass
 from typing import Any
 
 from forecasting import jsonio
-from trainer import checkpoint
-from trainer.agent import AgentInstances, RemoteJob
+from trainer.runtime import checkpoint
+from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.config import JobConfig, ModelConfig
-from trainer.coordinator import (
+from trainer.control.coordinator import (
     HB_RUNNING_FACTOR,
     Coordinator,
     ScheduleError,
     check_schedule,
     schedule_state,
 )
-from trainer.events import EventGroup, Schedule, group_events, load_events, parse_events
-from trainer.instances import LocalProcessProvider, LocalTraceProvider, trace_strategy
-from trainer.model import layer_names
-from trainer.observer import JobObserver, ObserverList, PlanInfo, StepInfo
-from trainer.pipeline import parameters_checksum
+from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
+from trainer.providers.local import LocalProcessProvider
+from trainer.control.schedules import LocalTraceProvider, trace_strategy
+from trainer.runtime.model import layer_names
+from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, StepInfo
+from trainer.runtime.pipeline import parameters_checksum
 from trainer.providers import provider
-from trainer.migration import PlanError, recovery_strategy
-from trainer.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
-from trainer.store import TOKEN_FILE, new_token, write_token_file
-from trainer.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
+from trainer.runtime.migration import PlanError, recovery_strategy
+from trainer.control.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
+from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
+from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
 POLL_S = 0.005
 OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
@@ -805,12 +806,12 @@ def run_job(
     Everything is validated before a process starts (impossible strategies, bad events, an out_dir holding an
     earlier job's files, a foreign or corrupt checkpoint to resume from: `ScheduleError`, `EventError`); a job that
     starts but fails raises `JobError` with the failing worker's message (or the planner's `PlanError`), and no
-    worker outlives the call. `events` are dicts in the `trainer.events` format or `Event`s; a checkpoint-restart
+    worker outlives the call. `events` are dicts in the `trainer.control.events` format or `Event`s; a checkpoint-restart
     loads the latest complete periodic checkpoint. Added instances are started ahead of their event while fewer
     than `config.provider.max_processes` worker processes run (default: the most the schedule has alive at once).
 
-    `observer` is told about the job as it runs (`trainer.observer`; one that raises is dropped). With a `planner`
-    (`trainer.planning`), the strategy is decided live at every interval boundary, each
+    `observer` is told about the job as it runs (`trainer.observe.observer`; one that raises is dropped). With a `planner`
+    (`trainer.control.planning`), the strategy is decided live at every interval boundary, each
     `schedule.steps_per_interval` steps; `events` must then be availability events only (add, preempt, kill). With
     `config.checkpoint.resume`, the job starts from the latest complete checkpoint of the same job if there is one
     (see the module docstring), else from scratch.
@@ -819,15 +820,15 @@ def run_job(
     seconds of grace: the job hands its layers off at the next boundary and the worker exits; one still running
     at the deadline is killed and recovered from like any death (its record says `"source": "sigterm"`).
 
-    Instances are local worker processes, or, with `remote` (`trainer.agent.RemoteJob`: EC2 spot instances from
-    `trainer.aws.aws_job`, hosts over ssh), instances elsewhere whose workers an agent runs; the coordinator then
+    Instances are local worker processes, or, with `remote` (`trainer.providers.agent.RemoteJob`: EC2 spot instances from
+    `trainer.providers.aws.aws_job`, hosts over ssh), instances elsewhere whose workers an agent runs; the coordinator then
     listens on `remote.port` and requires `remote.token`. Returns (JSON-serialisable)::
 
         {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
          "resumed_from": that step or None, "resume_note": what resume found (None without resume),
          "reconfigurations": [one record per reconfiguration, see Coordinator.records],
          "epochs": [one span per epoch, see Coordinator.epoch_spans], "plans": [each planner decision, see
-         trainer.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of the
+         trainer.control.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of the
          final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
          epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s", "tokens_per_s",
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its

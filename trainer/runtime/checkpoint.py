@@ -2,7 +2,7 @@
 
 Owns: the file format (shards and their hash records), atomic and durable writing, verified loading, the question
 "which checkpoint here is intact?" and retention. Must not touch: processes, process groups, the store, optimiser
-construction (it stores and returns `trainer.pipeline.layer_state` snapshots; installing them is
+construction (it stores and returns `trainer.runtime.pipeline.layer_state` snapshots; installing them is
 `StageContext.load_layer_states`). Every function here is file-level: the caller decides when to call it (a worker
 saves its shard, the driver picks the resume point and prunes).
 
@@ -57,7 +57,7 @@ from typing import BinaryIO
 import torch
 
 from trainer.config import ModelConfig
-from trainer.model import layer_names
+from trainer.runtime.model import layer_names
 
 FORMAT = 1
 RECORD_FORMAT = 1

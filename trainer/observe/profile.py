@@ -3,8 +3,8 @@ takes them (a `ThroughputProfile`, calibrated `CostConstants` and the runtime's 
 
 Owns: `RuntimeProfile` and its JSON form (`to_json` / `load`, errors naming the file and the field), the runtime's
 model spec (`RuntimeModelSpec`, `runtime_spec`), `ProfileError`. A planner input only: it runs nothing, so the
-planner (`trainer.planning`) can read a profile without importing the driver. Must not touch: measuring
-(`trainer.measure`: the job that produces a profile), fitting (`trainer.calibration`), the cost formulas
+planner (`trainer.control.planning`) can read a profile without importing the driver. Must not touch: measuring
+(`trainer.control.measure`: the job that produces a profile), fitting (`trainer.observe.calibration`), the cost formulas
 (`liveput.migration.CostModel`).
 """
 
@@ -50,10 +50,10 @@ class RuntimeModelSpec(ModelSpec):
 
 def runtime_spec(model: Any, micro_batch: int = 2) -> RuntimeModelSpec:
     """The liveput spec of a trainer model (a `ModelConfig` or a registered name): its layers' parameter counts,
-    counted on the layers themselves (`trainer.migration.layer_sizes`)."""
+    counted on the layers themselves (`trainer.runtime.migration.layer_sizes`)."""
     from trainer.config import model_config
-    from trainer.migration import layer_sizes
-    from trainer.model import layer_names
+    from trainer.runtime.migration import layer_sizes
+    from trainer.runtime.model import layer_names
 
     cfg = model_config(model) if isinstance(model, str) else model
     params = layer_sizes(cfg).params
@@ -73,7 +73,7 @@ def max_stages(n_layers: int) -> int:
     """The largest P the cost model can cut `n_layers` into (the reference rule needs P <= layers - 1).
 
     The cost model cuts stages with the reference's rule (`liveput.model_spec`: the embedding rides with the first
-    chunk, P <= layers - 1), the trainer cuts them evenly (`trainer.pipeline.partition`), so a profile stops at
+    chunk, P <= layers - 1), the trainer cuts them evenly (`trainer.runtime.pipeline.partition`), so a profile stops at
     P = layers - 1 and the formulas price slightly different stages than the ones measured; the fitted constants
     absorb the difference (`measured["fit"]` shows each pause next to the model).
     """

@@ -1,0 +1,258 @@
+"""Local instances: the provider interface and worker processes on this machine — the trainer's view of a cloud.
+
+Owns: the `InstanceProvider` interface (start instances, preempt them with notice, kill them without, list the live
+ones), `NumberedInstances`, `NoticeDeadlines` and `LocalProcessProvider` (an instance is a local spawned worker
+process; the `local` provider of `trainer.providers`). Must not touch: the job's control plane (a provider never
+tells workers anything — the driver does), planning, training.
+
+A *preemption with notice* is `preempt(ids, notice_s)`: the provider sends SIGTERM (the cloud's warning), the
+worker reports the notice through the store, the driver decides the preemption at the next boundary, the workers
+hand off their layers and exit, and whatever is still running when the notice expires is killed — as a spot
+instance is reclaimed after its two-minute warning. A *kill* is a reclaim without warning (SIGKILL).
+`restart(ids)` is the per-instance agent's part: a fresh worker process on the same instance after a
+checkpoint-restart (what torchelastic's agent does). Other machines: `trainer.providers.hosts`, EC2 spot
+instances: `trainer.providers.aws`.
+"""
+
+from __future__ import annotations
+
+import abc
+import multiprocessing as mp
+import os
+import signal as _signal
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from trainer.config import START_METHODS
+from trainer.runtime.worker import WorkerSpec, process_main
+
+
+class InstanceProvider(abc.ABC):
+    """Where a job's instances come from. Ids are stable: 0, 1, ... in the order `start` handed them out."""
+
+    @abc.abstractmethod
+    def start(self, n: int) -> list[int]:
+        """Start `n` new instances (each runs a worker process that joins the job); their ids."""
+
+    @abc.abstractmethod
+    def preempt(self, ids: Iterable[int], notice_s: float) -> None:
+        """Reclaim `ids` after `notice_s` seconds (those still running then are killed)."""
+
+    @abc.abstractmethod
+    def kill(self, ids: Iterable[int]) -> None:
+        """Reclaim `ids` now, without notice."""
+
+    @abc.abstractmethod
+    def alive(self) -> set[int]:
+        """Ids of the instances running now."""
+
+
+class NumberedInstances(InstanceProvider):
+    """The id bookkeeping every provider shares: `start(n)` hands out the next n ids (0, 1, ... in start order),
+    `start_ids(ids, next_id)` starts given ids (a resumed job starts those its schedule had alive; ids need not be
+    contiguous) and later `start`s number on past them. Subclasses launch (`_launch`, all or nothing: ids whose
+    launch failed are not handed out) and say why some ids cannot start again (`_taken`). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._next_id = 0
+        self._lock = threading.RLock()
+
+    @abc.abstractmethod
+    def _launch(self, ids: list[int]) -> None:
+        """Start an instance for each of `ids` (called with the lock held)."""
+
+    def _taken(self, ids: list[int]) -> str | None:
+        """Why some of `ids` cannot be started now (e.g. they are running), or None."""
+        return None
+
+    def start(self, n: int) -> list[int]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be an integer >= 0, got {n!r}")
+        with self._lock:
+            ids = list(range(self._next_id, self._next_id + n))
+            self._launch(ids)
+            self._next_id += n
+            return ids
+
+    def start_ids(self, ids: Iterable[int], next_id: int) -> list[int]:
+        ids = list(dict.fromkeys(ids))
+        with self._lock:
+            why = self._taken(ids)
+            if why is not None:
+                raise ValueError(why)
+            self._launch(ids)
+            self._next_id = max([self._next_id, next_id, *(w + 1 for w in ids)])
+            return ids
+
+
+class NoticeDeadlines:
+    """A preemption with notice as clouds give it, for the driver's view of instances (`LocalProcessProvider`,
+    `trainer.providers.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they have
+    their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
+    `reclaimed`. The class using it provides `signal`, `kill`, `exitcodes` and the two attributes."""
+
+    _reclaim_at: dict[int, float]
+    reclaimed: list[tuple[int, float]]  # (id, wall time) of instances killed at a notice's deadline
+
+    def preempt(self, ids: Iterable[int], notice_s: float, *, notify: bool = True) -> None:
+        """Give `ids` notice (SIGTERM, unless `notify` is False: they already have it) and kill those still running
+        `notice_s` seconds from now (an earlier deadline already set stands)."""
+        ids = list(ids)
+        deadline = time.monotonic() + notice_s
+        for w in ids:
+            self._reclaim_at[w] = min(self._reclaim_at.get(w, deadline), deadline)
+        if notify:
+            self.signal(ids, _signal.SIGTERM)  # type: ignore[attr-defined]
+
+    def _reclaim_due(self) -> None:
+        now = time.monotonic()
+        due = [w for w, t in self._reclaim_at.items() if t <= now]
+        for w in due:
+            self._reclaim_at.pop(w)
+        codes = self.exitcodes()  # type: ignore[attr-defined]
+        running = [w for w in due if w in codes and codes[w] is None]
+        if running:
+            at = time.time()
+            self.kill(running)  # type: ignore[attr-defined]
+            codes = self.exitcodes()  # type: ignore[attr-defined]
+            self.reclaimed.extend((w, at) for w in running if codes.get(w) == -_signal.SIGKILL)
+
+
+# "spawn": every worker process starts cold (imports torch, ~2.5 s of CPU) — a restart costs what a real one does.
+# "forkserver": workers are forked from a server that imported torch once — a warm pool, for fast tests.
+
+
+class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
+    """Instances are local worker processes (`trainer.runtime.worker.process_main`) of the job at `host:port`, started
+    with `start_method` (see START_METHODS).
+
+    None outlives `stop()` (and each dies with its parent, see `trainer.runtime.worker._die_with_parent`). Exit codes of
+    every process an instance ran are kept (`exit_history`), the current one is `exitcode(id)`.
+
+    It plays the cloud: `preempt(ids, notice_s)` gives notice as clouds do — SIGTERM now (the worker reports it to
+    the job, `trainer.runtime.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the driver
+    calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
+    notice the worker already received some other way (a signal from outside the job). `signal(ids, signum)`
+    sends any signal.
+    """
+
+    def __init__(
+        self, host: str, port: int, token: str | None = None, start_method: str = "spawn",
+        driver_key: str | None = None,
+    ) -> None:  # fmt: skip
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
+        self.host, self.port, self.token, self.driver_key = host, port, token, driver_key
+        self.start_method = start_method
+        self.ctx = mp.get_context(start_method)
+        if start_method == "forkserver":
+            # the server imports these once; every worker is forked from it with torch (and dynamo, which the first
+            # optimiser imports) already loaded: ~0.1 s to start instead of ~2.5 s of CPU
+            self.ctx.set_forkserver_preload(["torch", "torch._dynamo", "trainer.runtime.worker"])
+        super().__init__()
+        self.procs: dict[int, Any] = {}
+        self.exit_history: dict[int, list[int]] = {}
+        self._reclaim_at: dict[int, float] = {}
+        self.reclaimed: list[tuple[int, float]] = []  # (id, wall time) of processes killed at a notice's deadline
+
+    def _spawn(self, w: int) -> None:
+        old = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = "1"  # read when the child imports torch
+        try:
+            # the token travels pickled, never in argv; the driver's key too, so a worker never trusts the store for it
+            spec = WorkerSpec(w, self.host, self.port, self.token, driver_key=self.driver_key)
+            p = self.ctx.Process(target=process_main, args=(spec,), name=f"parcae-worker-{w}", daemon=True)
+            # a Ctrl-C meant for the driver must not hit a child still importing torch: it starts with SIGINT
+            # blocked (the mask survives fork and exec) and ignores it from `process_main` on
+            mask = _signal.pthread_sigmask(_signal.SIG_BLOCK, {_signal.SIGINT})
+            try:
+                p.start()
+            finally:
+                _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
+            self.procs[w] = p
+        finally:
+            os.environ.pop("OMP_NUM_THREADS") if old is None else os.environ.__setitem__("OMP_NUM_THREADS", old)
+
+    def _launch(self, ids: list[int]) -> None:
+        for w in ids:
+            self._spawn(w)
+
+    def _taken(self, ids: list[int]) -> str | None:
+        running = sorted(w for w in ids if w in self.procs and self.procs[w].exitcode is None)
+        return f"instances {running} are already running" if running else None
+
+    def signal(self, ids: Iterable[int], signum: int) -> list[int]:
+        """Send `signum` to the running processes of `ids`; returns the ids it reached."""
+        reached = []
+        for w in ids:
+            p = self.procs.get(w)
+            if p is not None and p.exitcode is None and p.pid is not None:
+                try:
+                    os.kill(p.pid, signum)
+                except ProcessLookupError:  # it ended meanwhile
+                    continue
+                reached.append(w)
+        return reached
+
+    def restart(self, ids: Iterable[int]) -> None:
+        """The agent's part of a checkpoint-restart: a fresh worker process for each of `ids` (theirs has ended)."""
+        for w in ids:
+            old = self.procs[w]
+            if old.exitcode is None:
+                raise RuntimeError(f"instance {w}: its process {old.pid} is still running")
+            old.join(timeout=5)
+            self.exit_history.setdefault(w, []).append(old.exitcode)
+            self._spawn(w)
+
+    def kill(self, ids: Iterable[int]) -> None:
+        for w in ids:
+            p = self.procs.get(w)
+            if p is not None and p.exitcode is None:
+                p.kill()
+        for w in ids:
+            p = self.procs.get(w)
+            if p is not None:
+                p.join(timeout=5)
+
+    def poll(self) -> None:
+        """Enforce expired notices (killed ones are appended to `reclaimed`)."""
+        self._reclaim_due()
+
+    def alive(self) -> set[int]:
+        self.poll()
+        return {w for w, p in self.procs.items() if p.exitcode is None}
+
+    def exitcode(self, w: int) -> int | None:
+        return self.procs[w].exitcode
+
+    def exitcodes(self) -> dict[int, int | None]:
+        """Every instance's current process's exit code (None: running)."""
+        return {w: p.exitcode for w, p in self.procs.items()}
+
+    def pid(self, w: int) -> int | None:
+        return self.procs[w].pid
+
+    def running(self, w: int) -> bool | None:
+        """Whether instance `w`'s process is running and schedulable (not ended, not stopped): the evidence that a
+        silent heartbeat means a starved process on a loaded machine, not a dead or hung one. None if unknown
+        (no /proc)."""
+        p = self.procs.get(w)
+        if p is None or p.exitcode is not None or p.pid is None:
+            return False
+        try:
+            state = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return None
+        return state in ("R", "S", "D")  # T/t: stopped (hung, as a partitioned host), Z: exited
+
+    def stop(self) -> None:
+        """Reap every process; kill those still running (the job failed or timed out)."""
+        for p in self.procs.values():
+            p.join(timeout=0.5 if p.exitcode is None else 5)
+        for p in self.procs.values():
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
