@@ -6,7 +6,7 @@ Import it before MLflow: importing it switches MLflow's telemetry off (``MLFLOW_
 - :mod:`tracking.store`: where the store is, the reachability check, experiments;
 - :mod:`tracking.runs`: logging within MLflow's limits, one-shot runs, the metrics of a plan.
 
-Users: ``forecasting.registry`` (the forecaster registry), ``trainer.tracking`` (a training job's run),
+Users: ``forecasting.registry`` (the forecaster registry), ``trainer.observe.tracking`` (a training job's run),
 ``tasks.tracking`` (plan runs), ``parcae`` (the CLI's and settings' checks).
 """
 

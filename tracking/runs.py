@@ -1,4 +1,4 @@
-"""Logging helpers shared by the plan runs (``tasks.tracking``) and the training runs (``trainer.tracking``).
+"""Logging helpers shared by the plan runs (``tasks.tracking``) and the training runs (``trainer.observe.tracking``).
 
 Owns: MLflow's per-call limits and the batching around them (:func:`log_batched`), one complete run in one go
 (:func:`log_run`, FAILED if its logging fails), the metrics of a liveput plan dict (:func:`plan_metrics`) and

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 DEFAULT_ROOT = "mlruns"
 #: Experiment of the plan runs (one run per liveput plan).
 PLANS_EXPERIMENT: Final = "plans"
-#: Experiment of the training jobs' runs (``trainer.tracking``).
+#: Experiment of the training jobs' runs (``trainer.observe.tracking``).
 TRAINING_EXPERIMENT: Final = "training"
 #: Seconds the reachability check waits for a tracking server (connect and read).
 CHECK_TIMEOUT_S = 5.0
