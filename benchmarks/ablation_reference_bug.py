@@ -24,13 +24,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from oracle_gap import greedy_missing  # noqa: E402  (the reference's repartition, shared with the full ablation)
+
 import liveput.scenarios as scenarios  # noqa: E402
 from forecasting import load_trace  # noqa: E402
 from liveput import SimulationConfig, simulate  # noqa: E402
-from oracle_gap import greedy_missing  # noqa: E402  (the reference's repartition, shared with the full ablation)
 
-SEGMENTS = {"hl 1.5-2.5": (90, 149, 0.933), "hh 5.5-6.5": (330, 389, 0.938), "lh 8-9": (480, 539, 0.925),
-            "ll 10-11": (600, 659, 0.982)}
+SEGMENTS = {
+    "hl 1.5-2.5": (90, 149, 0.933),
+    "hh 5.5-6.5": (330, 389, 0.938),
+    "lh 8-9": (480, 539, 0.925),
+    "ll 10-11": (600, 659, 0.982),
+}
 
 
 def _last_stage_missing(layer_params, old_cuts, new_cuts, replicas):

@@ -43,15 +43,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from trainer import checkpoint # noqa: E402
-from trainer import ModelConfig, TrainConfig, model_config # noqa: E402
-from trainer import Schedule # noqa: E402
-from trainer import START_METHODS # noqa: E402
-from trainer import chaos_schedule # noqa: E402
-from trainer import layer_names # noqa: E402
-from trainer import StageLayout, build_context, parameters_checksum, train_step # noqa: E402
-from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig # noqa: E402
-from trainer import run_job # noqa: E402
+from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
+    START_METHODS,  # noqa: E402
+    CheckpointConfig,
+    ControlPlaneConfig,
+    JobConfig,
+    ModelConfig,
+    ProviderConfig,
+    Schedule,  # noqa: E402
+    StageLayout,
+    TrainConfig,
+    build_context,
+    chaos_schedule,  # noqa: E402
+    checkpoint,  # noqa: E402
+    layer_names,  # noqa: E402
+    model_config,
+    parameters_checksum,
+    run_job,  # noqa: E402
+    train_step,
+)
 
 RTOL, ATOL = 1e-5, 1e-9  # the equivalence tests' tolerance
 

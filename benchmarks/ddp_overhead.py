@@ -59,14 +59,23 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
-from trainer import MODELS, ModelConfig, TrainConfig, model_config # noqa: E402
-from trainer import corpus, global_batch, shard # noqa: E402
-from trainer import build_layers # noqa: E402
-from trainer import JobObserver # noqa: E402
-from trainer import micro_loss # noqa: E402
-from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig # noqa: E402
-from trainer import Schedule # noqa: E402
-from trainer import run_job # noqa: E402
+from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
+    MODELS,
+    CheckpointConfig,
+    ControlPlaneConfig,
+    JobConfig,
+    JobObserver,  # noqa: E402
+    ModelConfig,
+    Schedule,  # noqa: E402
+    TrainConfig,
+    build_layers,  # noqa: E402
+    corpus,
+    global_batch,
+    micro_loss,  # noqa: E402
+    model_config,
+    run_job,  # noqa: E402
+    shard,
+)
 
 GOAL = 0.9
 PG_TIMEOUT_S = 60.0
@@ -115,8 +124,13 @@ class StepClock(JobObserver):
 
 def run_ours(model: ModelConfig, train: TrainConfig, d: int, steps: int, warmup: int, out: Path) -> dict[str, Any]:
     clock = StepClock(warmup - 1, steps - 1)
-    job = JobConfig(out_dir=str(out), model=model, train=dataclasses.replace(train, steps=steps),
-                    checkpoint=CheckpointConfig(every=0), control=ControlPlaneConfig(timeout_s=600, pg_timeout_s=PG_TIMEOUT_S))
+    job = JobConfig(
+        out_dir=str(out),
+        model=model,
+        train=dataclasses.replace(train, steps=steps),
+        checkpoint=CheckpointConfig(every=0),
+        control=ControlPlaneConfig(timeout_s=600, pg_timeout_s=PG_TIMEOUT_S),
+    )
     result = run_job(job, Schedule(workers=d, strategy=(d, 1)), observer=clock)
     return {
         "steady_samples_per_s": (steps - warmup) * train.global_batch / clock.span(),
@@ -247,12 +261,17 @@ def measure(model: ModelConfig, train: TrainConfig, ds: list[int], steps: int, w
             "ratio_steady": med["ours"]["steady_samples_per_s"] / med["ddp"]["steady_samples_per_s"],
             "ratio_whole": med["ours"]["whole_samples_per_s"] / med["ddp"]["whole_samples_per_s"],
             # each repeat ran the two sides back to back: their ratio is less exposed to slow drift in load
-            "paired_ratios": [o["steady_samples_per_s"] / p["steady_samples_per_s"]
-                              for o, p in zip(sides["ours"], sides["ddp"], strict=True)],  # fmt: skip
-            "loss_max_rel_diff": max(max_rel_diff(o["loss"], p["loss"])
-                                     for o, p in zip(sides["ours"], sides["ddp"], strict=True)),  # fmt: skip
-            "samples": {side: [{k: r[k] for k in ("steady_samples_per_s", "whole_samples_per_s", "wall_s")}
-                               for r in rs] for side, rs in sides.items()},  # fmt: skip
+            "paired_ratios": [
+                o["steady_samples_per_s"] / p["steady_samples_per_s"]
+                for o, p in zip(sides["ours"], sides["ddp"], strict=True)
+            ],  # fmt: skip
+            "loss_max_rel_diff": max(
+                max_rel_diff(o["loss"], p["loss"]) for o, p in zip(sides["ours"], sides["ddp"], strict=True)
+            ),  # fmt: skip
+            "samples": {
+                side: [{k: r[k] for k in ("steady_samples_per_s", "whole_samples_per_s", "wall_s")} for r in rs]
+                for side, rs in sides.items()
+            },  # fmt: skip
         }
     return out
 

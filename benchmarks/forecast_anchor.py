@@ -95,7 +95,10 @@ def main() -> int:
     for name, row in table.items():
         print(f"{name:{width}s}  " + "  ".join(f"{row[r][0]:{len(r)}.3f}" for r in RULES))
     for label, k, agg in (("mean", 0, np.mean), ("worst", 0, np.max), ("mean, h = 1", 1, np.mean)):
-        print(f"{label:{width}s}  " + "  ".join(f"{agg([row[r][k] for row in table.values()]):{len(r)}.3f}" for r in RULES))
+        print(
+            f"{label:{width}s}  "
+            + "  ".join(f"{agg([row[r][k] for row in table.values()]):{len(r)}.3f}" for r in RULES)
+        )
     return 0
 
 

@@ -36,8 +36,13 @@ from liveput import SimulationConfig, simulate  # noqa: E402
 
 SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659)}
 #: Non-p3 traces with enough instances for GPT-1.5B (N >= 6) and one-hour windows with events.
-VALIDATION_TRACES = ("gcp-v100", "aws2020-g4dn-us-east-1c", "aws2020-g4dn-us-east-1d", "aws2020-p2",
-                     "skypilot-16node-us-east-2b")
+VALIDATION_TRACES = (
+    "gcp-v100",
+    "aws2020-g4dn-us-east-1c",
+    "aws2020-g4dn-us-east-1d",
+    "aws2020-p2",
+    "skypilot-16node-us-east-2b",
+)
 
 
 def busiest_windows(table, k: int = 2, length: int = 60) -> dict[str, tuple[int, int]]:
@@ -52,8 +57,10 @@ def busiest_windows(table, k: int = 2, length: int = 60) -> dict[str, tuple[int,
         if len(picks) == k:
             break
     interval = table["interval"].to_numpy()
-    return {f"{int(interval[i])}-{int(interval[i + length - 1])}": (int(interval[i]), int(interval[i + length - 1]))
-            for i in sorted(picks)}
+    return {
+        f"{int(interval[i])}-{int(interval[i + length - 1])}": (int(interval[i]), int(interval[i + length - 1]))
+        for i in sorted(picks)
+    }
 
 
 def fit_all(names: list[str], corpus: list, horizon: int) -> dict:
@@ -111,8 +118,9 @@ def main() -> None:
             print(header)
             rows.update(run_segments(full[held], busiest_windows(full[held]), fitted, config, f"{held} "))
         weight = np.array([r["oracle_samples"] for r in rows.values()])
-        summary = {n: float(np.sum(weight * [r["ratio_to_oracle"][n] for r in rows.values()]) / weight.sum())
-                   for n in names}
+        summary = {
+            n: float(np.sum(weight * [r["ratio_to_oracle"][n] for r in rows.values()]) / weight.sum()) for n in names
+        }
         print("oracle-weighted ratio: " + " ".join(f"{n}={v:.4f}" for n, v in summary.items()))
         rows["oracle_weighted"] = summary
     if args.json:

@@ -58,8 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     every = np.arange(DEFAULT_START, len(n) - H)
     half = len(n) // 2
     second = every[every > half]  # origins whose features and targets are all after the seen half's end
-    print(f"{args.trace}: {len(every)} origins (second half: {len(second)}), horizon {H}, "
-          f"corpus {len(corpus)} traces", flush=True)
+    print(
+        f"{args.trace}: {len(every)} origins (second half: {len(second)}), horizon {H}, corpus {len(corpus)} traces",
+        flush=True,
+    )
 
     def ratio(pred: np.ndarray, origins: np.ndarray) -> tuple[float, float, float]:
         truth = truth_at(n, origins, H)
@@ -70,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str, tuple[float, float, float]]] = []
     shipped = LightGbmForecaster(horizon_max=H).fit(corpus)
     rows.append(("lightgbm, trace unseen (shipped)", "all", ratio(lgbm_points(shipped, test, every, H), every)))
-    rows.append(("lightgbm, trace unseen (shipped)", "2nd half",
-                 ratio(lgbm_points(shipped, test, second, H), second)))
+    rows.append(("lightgbm, trace unseen (shipped)", "2nd half", ratio(lgbm_points(shipped, test, second, H), second)))
     # the seen half ends at row `half`: its last training targets are rows <= half
     halfway = LightGbmForecaster(horizon_max=H).fit([*corpus, head(test, half + 1)])
     rows.append(("lightgbm, first half seen", "2nd half", ratio(lgbm_points(halfway, test, second, H), second)))

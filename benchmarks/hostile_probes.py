@@ -226,8 +226,9 @@ def probes() -> list[Probe]:
         trace("empty file", "empty.csv", b""),
         trace("header only", "header-only.csv", "ts_ms,count\n"),
         trace("SkyPilot JSON, gap_seconds 1e300", "gap-1e300.json", skypilot(1e300, [1, 2])),
-        trace("SkyPilot JSON, 200k nested [", "deep.json",
-              '{"metadata": {"gap_seconds": 60}, "data": ' + "[" * 200_000),
+        trace(
+            "SkyPilot JSON, 200k nested [", "deep.json", '{"metadata": {"gap_seconds": 60}, "data": ' + "[" * 200_000
+        ),
         trace("GCP log, year 2999", "year-2999.txt", "2999-01-01, 00:00:00, 5\n"),
         trace("a valid count CSV (control)", "ok.csv", ok_csv, expect="ok"),
         # ---- numeric flags
@@ -241,78 +242,186 @@ def probes() -> list[Probe]:
         sim_flag("simulate --start-hour nan", "--start-hour", "--start-hour", "nan"),
         sim_flag("simulate --end-hour before --start-hour", "--end-hour", "--end-hour", "5"),
         sim_flag("simulate --bamboo-overhead 1.5", "--bamboo-overhead", "--bamboo-overhead", "1.5"),
-        train_flag("train --trace p3 --interval-seconds 0", "--interval-seconds", "--trace", "p3",
-                   "--interval-seconds", "0"),
-        train_flag("train --trace p3 --interval-seconds nan", "--interval-seconds", "--trace", "p3",
-                   "--interval-seconds", "nan"),
-        Probe("numeric flags", "train --steps 0", cli("train", "--workers", "1", "--steps", "0", "--out-dir",
-              "{d}/job"), names=flag_names("--steps")),  # fmt: skip
-        Probe("numeric flags", "train --workers 0", cli("train", "--workers", "0", "--steps", "2", "--out-dir",
-              "{d}/job"), names=flag_names("--workers")),  # fmt: skip
+        train_flag(
+            "train --trace p3 --interval-seconds 0", "--interval-seconds", "--trace", "p3", "--interval-seconds", "0"
+        ),
+        train_flag(
+            "train --trace p3 --interval-seconds nan",
+            "--interval-seconds",
+            "--trace",
+            "p3",
+            "--interval-seconds",
+            "nan",
+        ),
+        Probe(
+            "numeric flags",
+            "train --steps 0",
+            cli("train", "--workers", "1", "--steps", "0", "--out-dir", "{d}/job"),
+            names=flag_names("--steps"),
+        ),  # fmt: skip
+        Probe(
+            "numeric flags",
+            "train --workers 0",
+            cli("train", "--workers", "0", "--steps", "2", "--out-dir", "{d}/job"),
+            names=flag_names("--workers"),
+        ),  # fmt: skip
         train_flag("train --seed 2**70 (works)", "--seed", "--seed", str(2**70), expect="ok"),
         # ---- plan JSON
         plan("200k nested [", "[" * 200_000),
         plan("interval_s Infinity", json.dumps(PLAN)[:-1] + ', "interval_s": Infinity}', "interval_s"),
-        plan("an event's probability NaN", '{"model": "gpt-1.5b", "forecast": [{"prev_available": 32, '
-             '"events": [[0, 0, NaN]]}]}', "events", "prob"),  # fmt: skip
+        plan(
+            "an event's probability NaN",
+            '{"model": "gpt-1.5b", "forecast": [{"prev_available": 32, "events": [[0, 0, NaN]]}]}',
+            "events",
+            "prob",
+        ),  # fmt: skip
         plan("interval_s 1e308 (non-finite plan)", {**PLAN, "interval_s": 1e308}, "interval_s", expect="either"),
         plan("prev_available 10**23", {**PLAN, "forecast": [{"prev_available": 10**23}]}, "prev_available"),
         plan("prev_available a string", {**PLAN, "forecast": [{"prev_available": "32"}]}, "prev_available"),
         plan("forecast an object", {**PLAN, "forecast": {"prev_available": 32}}, "forecast"),
         plan("forecast missing", {"model": "gpt-1.5b"}, "forecast"),
         plan("model huge-gpt", {**PLAN, "model": "huge-gpt"}, "model", "huge-gpt"),
-        plan("probabilities sum to 0.5", {**PLAN, "forecast": [{"prev_available": 32, "events": [[0, 0, 0.5]]}]},
-             "events", "prob", "sum"),  # fmt: skip
-        plan("strategy 4x8 on 2 instances", {**PLAN, "state": {"strategy": [4, 8]},
-             "forecast": [{"prev_available": 2}]}, "strategy", "prev_available"),  # fmt: skip
+        plan(
+            "probabilities sum to 0.5",
+            {**PLAN, "forecast": [{"prev_available": 32, "events": [[0, 0, 0.5]]}]},
+            "events",
+            "prob",
+            "sum",
+        ),  # fmt: skip
+        plan(
+            "strategy 4x8 on 2 instances",
+            {**PLAN, "state": {"strategy": [4, 8]}, "forecast": [{"prev_available": 2}]},
+            "strategy",
+            "prev_available",
+        ),  # fmt: skip
         plan("random bytes", RANDOM_BYTES),
         plan("a 50 MB file (valid JSON)", _big_plan(), expect="either"),
         plan("K = 100,000 intervals", {**PLAN, "forecast": [{"prev_available": 32}] * 100_000}, "forecast", "K"),
-        plan("a 5000-digit integer", '{"model": "gpt-1.5b", "interval_s": 1' + "0" * 5000 + "}", "digits",
-             "interval_s"),  # fmt: skip
+        plan(
+            "a 5000-digit integer", '{"model": "gpt-1.5b", "interval_s": 1' + "0" * 5000 + "}", "digits", "interval_s"
+        ),  # fmt: skip
         Probe("plan JSON", "empty stdin", cli("plan"), names=("plan input", "stdin", "empty")),
         plan("the README's example (works)", README_PLAN, expect="ok"),
         # ---- events and profile files
-        Probe("events/profile", "train --events random bytes", cli("train", *TRAIN, "--events", "{d}/events.json"),
-              setup=write("events.json", RANDOM_BYTES), names=("events.json",), late="{d}/job/layers"),
-        Probe("events/profile", "train --events 200k nested [", cli("train", *TRAIN, "--events", "{d}/events.json"),
-              setup=write("events.json", "[" * 200_000), names=("events.json",), late="{d}/job/layers"),
-        Probe("events/profile", "train --events wrong fields", cli("train", *TRAIN, "--events", "{d}/events.json"),
-              setup=write_json("events.json", [{"step": "one", "kind": "explode"}]), names=("events.json",),
-              late="{d}/job/layers"),  # fmt: skip
-        Probe("events/profile", "train --profile random bytes", cli(*liveput, "--profile", "{d}/profile.json"),
-              setup=write("profile.json", RANDOM_BYTES), names=("profile.json",), late="{d}/job/layers"),
-        Probe("events/profile", "train --profile {}", cli(*liveput, "--profile", "{d}/profile.json"),
-              setup=write_json("profile.json", {}), names=("profile.json",), late="{d}/job/layers"),
+        Probe(
+            "events/profile",
+            "train --events random bytes",
+            cli("train", *TRAIN, "--events", "{d}/events.json"),
+            setup=write("events.json", RANDOM_BYTES),
+            names=("events.json",),
+            late="{d}/job/layers",
+        ),
+        Probe(
+            "events/profile",
+            "train --events 200k nested [",
+            cli("train", *TRAIN, "--events", "{d}/events.json"),
+            setup=write("events.json", "[" * 200_000),
+            names=("events.json",),
+            late="{d}/job/layers",
+        ),
+        Probe(
+            "events/profile",
+            "train --events wrong fields",
+            cli("train", *TRAIN, "--events", "{d}/events.json"),
+            setup=write_json("events.json", [{"step": "one", "kind": "explode"}]),
+            names=("events.json",),
+            late="{d}/job/layers",
+        ),  # fmt: skip
+        Probe(
+            "events/profile",
+            "train --profile random bytes",
+            cli(*liveput, "--profile", "{d}/profile.json"),
+            setup=write("profile.json", RANDOM_BYTES),
+            names=("profile.json",),
+            late="{d}/job/layers",
+        ),
+        Probe(
+            "events/profile",
+            "train --profile {}",
+            cli(*liveput, "--profile", "{d}/profile.json"),
+            setup=write_json("profile.json", {}),
+            names=("profile.json",),
+            late="{d}/job/layers",
+        ),
         # ---- outputs
-        Probe("outputs", "train --json /dev/null/x/report.json", cli("train", *TRAIN, "--json",
-              "/dev/null/x/report.json"), names=("--json", "report.json"), late="{d}/job/layers"),  # fmt: skip
-        Probe("outputs", "train --out-dir a file", cli("train", "--workers", "1", "--steps", "2", "--out-dir",
-              "{d}/afile"), setup=write("afile", "not a folder\n"), names=("--out-dir", "afile")),  # fmt: skip
-        Probe("outputs", "simulate --json /dev/null/x/sim.json", cli("simulate", *SIM_P3, "--json",
-              "/dev/null/x/sim.json"), names=("--json", "sim.json")),  # fmt: skip
-        Probe("outputs", "simulate --plot /dev/null/x/plot.png", cli("simulate", *SIM_P3, "--plot",
-              "/dev/null/x/plot.png"), names=("--plot", "plot.png")),  # fmt: skip
+        Probe(
+            "outputs",
+            "train --json /dev/null/x/report.json",
+            cli("train", *TRAIN, "--json", "/dev/null/x/report.json"),
+            names=("--json", "report.json"),
+            late="{d}/job/layers",
+        ),  # fmt: skip
+        Probe(
+            "outputs",
+            "train --out-dir a file",
+            cli("train", "--workers", "1", "--steps", "2", "--out-dir", "{d}/afile"),
+            setup=write("afile", "not a folder\n"),
+            names=("--out-dir", "afile"),
+        ),  # fmt: skip
+        Probe(
+            "outputs",
+            "simulate --json /dev/null/x/sim.json",
+            cli("simulate", *SIM_P3, "--json", "/dev/null/x/sim.json"),
+            names=("--json", "sim.json"),
+        ),  # fmt: skip
+        Probe(
+            "outputs",
+            "simulate --plot /dev/null/x/plot.png",
+            cli("simulate", *SIM_P3, "--plot", "/dev/null/x/plot.png"),
+            names=("--plot", "plot.png"),
+        ),  # fmt: skip
         # ---- resume
-        Probe("resume", "--resume, finished job, same --steps 2", cli(*resume, "--steps", "2", "--resume"),
-              setup=finished_job, names=("--resume", "--steps", "finished", "job")),
-        Probe("resume", "--resume, finished job, --steps 1", cli(*resume, "--steps", "1", "--resume"),
-              setup=finished_job, names=("--resume", "--steps", "finished", "job")),
-        Probe("resume", "--resume, finished job, --steps 3 (continue)", cli(*resume, "--steps", "3", "--resume"),
-              "either", finished_job, ("--resume", "--steps", "finished", "job")),
-        Probe("resume", "finished job's --out-dir without --resume", cli(*resume, "--steps", "2"),
-              setup=finished_job, names=("--out-dir", "--resume", "job")),
+        Probe(
+            "resume",
+            "--resume, finished job, same --steps 2",
+            cli(*resume, "--steps", "2", "--resume"),
+            setup=finished_job,
+            names=("--resume", "--steps", "finished", "job"),
+        ),
+        Probe(
+            "resume",
+            "--resume, finished job, --steps 1",
+            cli(*resume, "--steps", "1", "--resume"),
+            setup=finished_job,
+            names=("--resume", "--steps", "finished", "job"),
+        ),
+        Probe(
+            "resume",
+            "--resume, finished job, --steps 3 (continue)",
+            cli(*resume, "--steps", "3", "--resume"),
+            "either",
+            finished_job,
+            ("--resume", "--steps", "finished", "job"),
+        ),
+        Probe(
+            "resume",
+            "finished job's --out-dir without --resume",
+            cli(*resume, "--steps", "2"),
+            setup=finished_job,
+            names=("--out-dir", "--resume", "job"),
+        ),
         # ---- settings (prefect.yaml)
-        Probe("settings", "random-bytes prefect.yaml", settings, setup=write("prefect.yaml", RANDOM_BYTES),
-              names=("prefect.yaml",)),
+        Probe(
+            "settings",
+            "random-bytes prefect.yaml",
+            settings,
+            setup=write("prefect.yaml", RANDOM_BYTES),
+            names=("prefect.yaml",),
+        ),
         Probe("settings", "the project's prefect.yaml (works)", settings, "ok", prefect_yaml()),
-        Probe("settings", "huge-gpt, oracle, workers 0, steps -5", settings,
-              setup=prefect_yaml(on_demand(model="huge-gpt", planner="oracle", workers=0, steps=-5)),
-              names=("model", "planner", "workers", "steps")),
-        Probe("settings", "model: huge-gpt", settings, setup=prefect_yaml(on_demand(model="huge-gpt")),
-              names=("model",)),
-        Probe("settings", "planner: oracle", settings, setup=prefect_yaml(on_demand(planner="oracle")),
-              names=("planner",)),
+        Probe(
+            "settings",
+            "huge-gpt, oracle, workers 0, steps -5",
+            settings,
+            setup=prefect_yaml(on_demand(model="huge-gpt", planner="oracle", workers=0, steps=-5)),
+            names=("model", "planner", "workers", "steps"),
+        ),
+        Probe(
+            "settings", "model: huge-gpt", settings, setup=prefect_yaml(on_demand(model="huge-gpt")), names=("model",)
+        ),
+        Probe(
+            "settings", "planner: oracle", settings, setup=prefect_yaml(on_demand(planner="oracle")), names=("planner",)
+        ),
         Probe("settings", "workers: 0", settings, setup=prefect_yaml(on_demand(workers=0)), names=("workers",)),
         Probe("settings", "steps: -5", settings, setup=prefect_yaml(on_demand(steps=-5)), names=("steps",)),
     ]

@@ -34,10 +34,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trainer import TrainConfig, model_config # noqa: E402
-from trainer import CheckpointConfig, ControlPlaneConfig, JobConfig, ProviderConfig # noqa: E402
-from trainer import Schedule # noqa: E402
-from trainer import run_job # noqa: E402
+from trainer import (  # noqa: E402  # noqa: E402
+    CheckpointConfig,
+    ControlPlaneConfig,
+    JobConfig,
+    ProviderConfig,
+    Schedule,  # noqa: E402
+    TrainConfig,
+    model_config,
+    run_job,  # noqa: E402
+)
 
 KINDS = ("intra-stage", "inter-stage", "pipeline", "checkpoint-restart")
 GAP = 3  # steps between reconfigurations: lets every worker reach steady state (and the pause end be visible)
@@ -100,8 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="small-gpt", help="tiny-gpt or small-gpt (default)")
     ap.add_argument("--cycles", type=int, default=3, help="repetitions of each kind (default 3)")
     ap.add_argument("--kill", action="store_true", help="also measure a kill without notice, recovered live")
-    ap.add_argument("--start-method", default="spawn", choices=("spawn", "forkserver"),
-                    help="how worker processes start: spawn = cold, as a real restart (default); forkserver = warm")
+    ap.add_argument(
+        "--start-method",
+        default="spawn",
+        choices=("spawn", "forkserver"),
+        help="how worker processes start: spawn = cold, as a real restart (default); forkserver = warm",
+    )
     ap.add_argument("--json", metavar="OUT", help="write {'pause_s': {...}, ...} here")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:

@@ -44,12 +44,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forecasting import DEFAULT_INTERVAL_S, load_trace  # noqa: E402
 from liveput import (  # noqa: E402
-    DEFAULT_LOOK_AHEAD, KINDS, CostModel, MigrationKind, Outcome, ParcaePolicy, ScenarioStore, SimulationConfig,
-    assign_stages, events_of, instance_price, load_profile, oracle_forecast, run_policy, simulate, stage_overlap,
+    DEFAULT_LOOK_AHEAD,
+    KINDS,
+    CostModel,
+    MigrationKind,
+    Outcome,
+    ParcaePolicy,
+    ScenarioStore,
+    SimulationConfig,
+    assign_stages,
+    events_of,
+    instance_price,
+    load_profile,
+    oracle_forecast,
+    run_policy,
+    simulate,
+    stage_overlap,
 )
 
-SEGMENTS = {"hl 1.5-2.5": (90, 149, 0.933), "hh 5.5-6.5": (330, 389, 0.938), "lh 8-9": (480, 539, 0.925),
-            "ll 10-11": (600, 659, 0.982)}  # reference truth / Ideal, parcae-reference §G.3
+SEGMENTS = {
+    "hl 1.5-2.5": (90, 149, 0.933),
+    "hh 5.5-6.5": (330, 389, 0.938),
+    "lh 8-9": (480, 539, 0.925),
+    "ll 10-11": (600, 659, 0.982),
+}  # reference truth / Ideal, parcae-reference §G.3
 
 
 @dataclass(frozen=True)
@@ -120,14 +138,16 @@ class RuleStore(ScenarioStore):
         return self._outcome(max(n, current[0] * current[1]), current, n_in, n_out, targets)
 
     def _point(self, forecast, current, targets):
-        (n_in, n_out, _), = forecast.events
+        ((n_in, n_out, _),) = forecast.events
         return self._outcome(max(forecast.prev_available, current[0] * current[1]), current, n_in, n_out, targets)
 
     def _outcome(self, n, current, n_in, n_out, targets):
         table = self._key(n, current, n_in, n_out)
         reach = np.array([1.0 if t in table else 0.0 for t in targets])
         cost = np.array([table[t][0] if t in table else 0.0 for t in targets])
-        kind = np.array([table[t][1] if t in table else np.zeros(len(KINDS)) for t in targets]).reshape(len(targets), len(KINDS))
+        kind = np.array([table[t][1] if t in table else np.zeros(len(KINDS)) for t in targets]).reshape(
+            len(targets), len(KINDS)
+        )
         return Outcome(tuple(targets), reach, cost, kind)
 
     def _key(self, n, current, n_in, n_out) -> dict:
@@ -164,7 +184,9 @@ class RuleStore(ScenarioStore):
                 elif p == P:
                     if min(surv) >= d:
                         free = d == D and (n_out == 0 if r.idle_intra else k == 0)
-                        c, kd = (0.0, MigrationKind.NONE) if free else (cm.intra_stage_ms(d, P), MigrationKind.INTRA_STAGE)
+                        c, kd = (
+                            (0.0, MigrationKind.NONE) if free else (cm.intra_stage_ms(d, P), MigrationKind.INTRA_STAGE)
+                        )
                     else:
                         c, kd = cm.inter_stage_ms(d, P, surv, add), MigrationKind.INTER_STAGE
                 else:
@@ -205,7 +227,9 @@ def with_reference_cost(tl, events, ref_store):
         e, target = by_interval[int(r.interval)], (int(r.d), int(r.p))
         c = 0.0
         if target != (0, 0):
-            c = float(ref_store.outcome(max(e.prev_available, prev[0] * prev[1]), prev, e.n_in, e.n_out, [target]).cost_ms[0])
+            c = float(
+                ref_store.outcome(max(e.prev_available, prev[0] * prev[1]), prev, e.n_in, e.n_out, [target]).cost_ms[0]
+            )
         ref.append(c)
         prev = target
     out = tl[["interval", "available", "n_in", "n_out", "strategy", "samples", "pause_s", "cost_ms"]].copy()
@@ -239,22 +263,38 @@ def main() -> None:
         parts = decompose(oracle, ideal, profile)
         row = {"ideal": ideal.samples, "oracle": oracle.samples / ideal.samples, "reference_truth": ref, "gap": parts}
         if args.timeline:
-            print(with_reference_cost(oracle.timeline, events_of(trace), RuleStore(profile, cost, LADDER[-1][1], args.draws))
-                  .to_string(index=False))
+            print(
+                with_reference_cost(
+                    oracle.timeline, events_of(trace), RuleStore(profile, cost, LADDER[-1][1], args.draws)
+                ).to_string(index=False)
+            )
         ladder = {}
         for name, rules in LADDER:
-            ladder[name] = run_oracle(trace, RuleStore(profile, cost, rules, args.draws), a, b, profile, cost).samples / ideal.samples
+            ladder[name] = (
+                run_oracle(trace, RuleStore(profile, cost, rules, args.draws), a, b, profile, cost).samples
+                / ideal.samples
+            )
         if args.seeds:
             full = LADDER[-1][1]
-            mc = [run_oracle(trace, RuleStore(profile, cost, replace(full, mc=30, seed=s), args.draws), a, b, profile, cost).samples
-                  / ideal.samples for s in range(args.seeds)]
+            mc = [
+                run_oracle(
+                    trace, RuleStore(profile, cost, replace(full, mc=30, seed=s), args.draws), a, b, profile, cost
+                ).samples
+                / ideal.samples
+                for s in range(args.seeds)
+            ]
             ladder["+mc30 (mean)"], ladder["+mc30 (min..max)"] = float(np.mean(mc)), (min(mc), max(mc))
         row["ladder"] = ladder
         out[seg] = row
-        print(f"\n## {seg}: ideal {ideal.samples:,.0f} samples; oracle {row['oracle']:.3f}, reference truth {ref:.3f} "
-              f"({time.perf_counter() - t0:.0f} s)")
-        print("gap to ideal by cause (fraction of ideal): " + ", ".join(f"{k} {v:.4f}" for k, v in parts.items())
-              + f"  (sum {sum(parts.values()):.4f})")
+        print(
+            f"\n## {seg}: ideal {ideal.samples:,.0f} samples; oracle {row['oracle']:.3f}, reference truth {ref:.3f} "
+            f"({time.perf_counter() - t0:.0f} s)"
+        )
+        print(
+            "gap to ideal by cause (fraction of ideal): "
+            + ", ".join(f"{k} {v:.4f}" for k, v in parts.items())
+            + f"  (sum {sum(parts.values()):.4f})"
+        )
         print(f"{'reference rules, cumulative':<28} {'oracle/ideal':>12} {'step':>8} {'ref truth':>10}")
         prev = row["oracle"]
         for name, v in ladder.items():

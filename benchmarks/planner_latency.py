@@ -29,7 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from forecasting import load_trace, scale_trace  # noqa: E402
 from liveput import (  # noqa: E402
-    CostModel, JobState, PlannerConfig, ScenarioStore, events_of, load_profile, oracle_forecast, plan,
+    CostModel,
+    JobState,
+    PlannerConfig,
+    ScenarioStore,
+    events_of,
+    load_profile,
+    oracle_forecast,
+    plan,
 )
 
 
@@ -86,14 +93,18 @@ def main() -> None:
         for k in (int(x) for x in args.look_aheads.split(",")):
             rows.append(measure(args.model, n, k, args.first, args.last))
             r = rows[-1]
-            print(f"N={r['N']:>5} K={r['K']:>3}  cold {r['cold_ms']:8.1f} ms (p90 {r['cold_p90_ms']:7.1f})  "
-                  f"warm {r['warm_ms']:7.1f} ms  first-in-process {r['first_ms']:7.1f} ms  ({r['decisions']} decisions)",
-                  flush=True)
+            print(
+                f"N={r['N']:>5} K={r['K']:>3}  cold {r['cold_ms']:8.1f} ms (p90 {r['cold_p90_ms']:7.1f})  "
+                f"warm {r['warm_ms']:7.1f} ms  first-in-process {r['first_ms']:7.1f} ms  ({r['decisions']} decisions)",
+                flush=True,
+            )
     print()
     print(f"{'N':>6} {'K':>4} {'cold ms':>9} {'warm ms':>9} {'first ms':>9} {'cold/warm':>10}")
     for r in rows:
-        print(f"{r['N']:>6} {r['K']:>4} {r['cold_ms']:>9.1f} {r['warm_ms']:>9.1f} {r['first_ms']:>9.1f} "
-              f"{r['cold_ms'] / r['warm_ms']:>10.1f}")
+        print(
+            f"{r['N']:>6} {r['K']:>4} {r['cold_ms']:>9.1f} {r['warm_ms']:>9.1f} {r['first_ms']:>9.1f} "
+            f"{r['cold_ms'] / r['warm_ms']:>10.1f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps([{k: r[k] for k in ("N", "K", "cold_ms", "warm_ms")} for r in rows], indent=2))

@@ -21,8 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from forecasting import load_trace  # noqa: E402
 from liveput import POLICY_NAMES, SimulationConfig, simulate  # noqa: E402
 
-SEGMENTS = {"hl 1.5-2.5": (90, 149), "hh 5.5-6.5": (330, 389), "lh 8-9": (480, 539), "ll 10-11": (600, 659),
-            "whole trace": (0, 682)}
+SEGMENTS = {
+    "hl 1.5-2.5": (90, 149),
+    "hh 5.5-6.5": (330, 389),
+    "lh 8-9": (480, 539),
+    "ll 10-11": (600, 659),
+    "whole trace": (0, 682),
+}
 # parcae-reference §G.3 (reference simulator, K = 8): samples of Ideal, Tput-opt, Liveput-truth, Liveput-predict*
 REFERENCE = {
     ("gpt-1.5b", "hl 1.5-2.5"): (149502, 124158, 139426, 134765),
@@ -51,20 +56,25 @@ def main() -> None:
     policies = [p for p in POLICY_NAMES if p != "ideal"]
     for model in args.models.split(","):
         print(f"\n## {model} (K={args.look_ahead}) — samples relative to ideal; [ref] = reference simulator")
-        header = f"{'segment':<12} {'ideal':>10} " + " ".join(f"{p:>13}" for p in policies) + "  ref-truth ref-tput  secs"
+        header = (
+            f"{'segment':<12} {'ideal':>10} " + " ".join(f"{p:>13}" for p in policies) + "  ref-truth ref-tput  secs"
+        )
         print(header)
         for seg in wanted:
             a, b = SEGMENTS[seg]
             t0 = time.perf_counter()
-            res = simulate(trace, ["ideal", *policies], SimulationConfig(model=model, look_ahead=args.look_ahead),
-                           first_interval=a, last_interval=b)
+            res = simulate(
+                trace,
+                ["ideal", *policies],
+                SimulationConfig(model=model, look_ahead=args.look_ahead),
+                first_interval=a,
+                last_interval=b,
+            )
             ideal = res["ideal"].samples
             ratios = {p: (res[p].samples / ideal if ideal > 0 else float("nan")) for p in policies}
             ref = REFERENCE.get((model, seg))
             ref_txt = f"{ref[2] / ref[0]:>9.3f} {ref[1] / ref[0]:>8.3f}" if ref else f"{'-':>9} {'-':>8}"
-            cells = " ".join(
-                f"{ratios[p]:>13.3f}" if res[p].samples > 0 else f"{'no progress':>13}" for p in policies
-            )
+            cells = " ".join(f"{ratios[p]:>13.3f}" if res[p].samples > 0 else f"{'no progress':>13}" for p in policies)
             print(f"{seg:<12} {ideal:>10,.0f} {cells}  {ref_txt} {time.perf_counter() - t0:5.1f}", flush=True)
             out.setdefault(model, {})[seg] = {
                 "ideal_samples": ideal,

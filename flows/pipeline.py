@@ -27,15 +27,16 @@ import sys
 import time
 from typing import Any
 
+import tracking
+
 from prefect import flow, get_run_logger
 
 from flows.train import train
 from forecasting import DEFAULT_INTERVAL_S
-import tracking
 from parcae import settings
 from tasks.forecaster import train_forecaster
-from tasks.tracking import publish_training_report
 from tasks.traces import load_availability_trace, load_training_corpus
+from tasks.tracking import publish_training_report
 
 #: The live migration kinds (`liveput.migration.MigrationKind`) the demo's replay is chosen to exercise.
 LIVE_KINDS = ("intra-stage", "inter-stage", "pipeline")

@@ -28,8 +28,8 @@ from liveput import DEFAULT_LOOK_AHEAD, JobState
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.plan import forecast_next_intervals, hand_plan_to_coordinator, plan_next_interval
-from tasks.tracking import log_plan_run, publish_plan_report
 from tasks.traces import load_availability_trace
+from tasks.tracking import log_plan_run, publish_plan_report
 
 
 @flow(

@@ -18,8 +18,8 @@ from prefect import flow
 from forecasting import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import train_forecaster
-from tasks.tracking import publish_training_report
 from tasks.traces import load_availability_trace, load_training_corpus
+from tasks.tracking import publish_training_report
 
 
 @flow(

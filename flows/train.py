@@ -28,16 +28,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import tracking
+
 from prefect import flow, get_run_logger, runtime
 
 from forecasting import DEFAULT_INTERVAL_S
-import tracking
 from liveput import DEFAULT_LOOK_AHEAD
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
 from tasks.training import previous_run, runtime_profile, train_job, training_planner
-from trainer import provider
 from trainer import (
     AvailabilityConfig,
     CheckpointConfig,
@@ -47,6 +47,7 @@ from trainer import (
     ProviderConfig,
     TrainConfig,
     model_config,
+    provider,
 )
 
 

@@ -166,7 +166,9 @@ def rolling_origin(
     levels = sorted(forecasts[0].quantiles)
     for t, fc in zip(origins, forecasts):
         if sorted(fc.quantiles) != levels:
-            raise ValueError(f"{fc.model} changed its quantile levels at origin {t}: {sorted(fc.quantiles)} vs {levels}")
+            raise ValueError(
+                f"{fc.model} changed its quantile levels at origin {t}: {sorted(fc.quantiles)} vs {levels}"
+            )
     rows = origins[:, None] + np.arange(1, horizon + 1)[None, :]
     return BacktestResult(
         model=forecasts[0].model,
@@ -239,8 +241,15 @@ def plot_fans(
             steps = min(horizon, len(table) - 1 - t)
             fc = model.predict(_past(table, int(t), None), steps)
             xs = np.arange(t + 1, t + 1 + steps)
-            ax.fill_between(xs, fc.quantiles[0.1], fc.quantiles[0.9], step="post", alpha=0.25, color="C0",
-                            label="q0.1-q0.9" if i == 0 else None)
+            ax.fill_between(
+                xs,
+                fc.quantiles[0.1],
+                fc.quantiles[0.9],
+                step="post",
+                alpha=0.25,
+                color="C0",
+                label="q0.1-q0.9" if i == 0 else None,
+            )
             ax.step(xs, fc.quantiles[0.5], where="post", color="C0", lw=1.0, label="median" if i == 0 else None)
             ax.step(xs, fc.point, where="post", color="C3", lw=1.0, ls="--", label="point" if i == 0 else None)
             ax.axvline(t, color="grey", lw=0.5, ls=":")

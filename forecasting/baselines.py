@@ -238,6 +238,7 @@ def trend_penalties(a: np.ndarray) -> tuple[float, float]:
     Computed afresh for every window. The reference stores them on the trace object and never resets
     them (§B.2 step 3, §I.7), so one steep window damps every later forecast; we do not reproduce that.
     """
+
     def damping(delta: float) -> float:
         return 0.5 if delta >= 10 else 0.75 if delta >= 5 else 1.0
 
@@ -466,13 +467,14 @@ class EtsForecaster(_RefitPerCall):
 
         def fit() -> tuple[np.ndarray, np.ndarray]:
             # use_brute=False: the grid search for starting values costs 3-5x and buys nothing on 8-17 points
-            res = ExponentialSmoothing(
-                a, trend="add", damped_trend=True, initialization_method="estimated"
-            ).fit(use_brute=False)
+            res = ExponentialSmoothing(a, trend="add", damped_trend=True, initialization_method="estimated").fit(
+                use_brute=False
+            )
             mean = np.asarray(res.forecast(horizon), dtype=np.float64)
             paths = np.asarray(
-                res.simulate(horizon, repetitions=self.n_paths, error="add", anchor="end",
-                             **{_simulate_rng_keyword(res): rng}),
+                res.simulate(
+                    horizon, repetitions=self.n_paths, error="add", anchor="end", **{_simulate_rng_keyword(res): rng}
+                ),
                 dtype=np.float64,
             ).reshape(horizon, self.n_paths)
             return mean, paths

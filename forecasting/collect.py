@@ -483,7 +483,7 @@ def fleet_transitions(
         if instance_id in seen or last["event"] != "add" or last["region"] != region:
             continue
         notice = interruptions.get(instance_id)
-        when = (notice.time if notice and notice.time is not None else now)
+        when = notice.time if notice and notice.time is not None else now
         reason = notice.code if notice else "vanished"
         row(last, "remove", max(when, _utc(last["timestamp"])), "unknown", reason)
     return rows
@@ -694,9 +694,7 @@ class SpotCollector:
                 )
             if isinstance(notices, _Failed):
                 continue
-            rows += fleet_transitions(
-                observed, last, notices, now=observed_at, job_tag=self.job_tag, region=region
-            )
+            rows += fleet_transitions(observed, last, notices, now=observed_at, job_tag=self.job_tag, region=region)
         result.rows_written["fleet_events"] = self.store.append("fleet_events", rows)
         return result
 

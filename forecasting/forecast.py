@@ -57,8 +57,9 @@ class Forecast:
                 raise ValueError(f"{self.model}: quantiles {lo} and {hi} cross")
         if not self.events:
             if self.preemption_size is not None:
-                events = events_from_hazard(self.last_available, self.point, self.preemption_prob,
-                                            self.preemption_size, self.capacity)
+                events = events_from_hazard(
+                    self.last_available, self.point, self.preemption_prob, self.preemption_size, self.capacity
+                )
             else:
                 events = events_from_quantiles(self.last_available, self.point, self.quantiles, self.capacity)
             object.__setattr__(self, "events", events)
@@ -138,8 +139,11 @@ def events_from_quantiles(
             grid = np.array([int(np.clip(round(float(point[h])), 0, capacity))])
         # CDF at half-integers: P(N <= k + 0.5), linear between quantile points
         edges = np.concatenate([grid - 0.5, [grid[-1] + 0.5]])
-        cdf = np.interp(edges, values, levels, left=0.0, right=1.0) if len(set(values)) > 1 else (
-            (edges >= values[0]).astype(float))
+        cdf = (
+            np.interp(edges, values, levels, left=0.0, right=1.0)
+            if len(set(values)) > 1
+            else ((edges >= values[0]).astype(float))
+        )
         mass = np.diff(cdf)
         mass[0] += cdf[0]
         mass[-1] += 1.0 - cdf[-1]

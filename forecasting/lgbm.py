@@ -375,7 +375,8 @@ class LightGbmForecaster:
                     cell = at_h & (bins == b)
                     table[h - 1, b] = (
                         _best_shift(rows.change[cell], raw[q][cell], rows.capacity[cell], q, self.dead_zone)
-                        if cell.sum() >= _MIN_CELL_ROWS else pooled
+                        if cell.sum() >= _MIN_CELL_ROWS
+                        else pooled
                     )
         self.calibrated = True
 
@@ -389,9 +390,7 @@ class LightGbmForecaster:
         """Forecast the ``horizon`` intervals after the last row of ``history``."""
         return self.predict_many(history, [len(history) - 1], horizon)[0]
 
-    def predict_many(
-        self, table: pd.DataFrame, origins: Sequence[int] | np.ndarray, horizon: int
-    ) -> list[Forecast]:
+    def predict_many(self, table: pd.DataFrame, origins: Sequence[int] | np.ndarray, horizon: int) -> list[Forecast]:
         """Forecasts from several origins (row positions) of one table, in one batched model call.
 
         Equal to ``[predict(table.iloc[:t + 1], horizon) for t in origins]``: features at t use rows <= t

@@ -37,12 +37,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Protocol, cast
 
+import tracking
+
 import numpy as np
 import pandas as pd
 from lightgbm.basic import LightGBMError
 
 from forecasting.backtest import DEFAULT_START, BacktestResult, plot_fans, rolling_origin
-import tracking
 from forecasting.baselines import PersistenceForecaster
 from forecasting.features import features_at, stack_steps
 from forecasting.forecast import Forecaster
@@ -225,8 +226,8 @@ def _current_champion(
     except MlflowException:
         return None, f"champion version {version} has lost its run {mv.run_id}"
     stored = run.data.metrics.get("mae_mean")
-    same_basis = (
-        run.data.params.get("eval_fingerprint") == fingerprint and run.data.params.get("horizon") == str(horizon)
+    same_basis = run.data.params.get("eval_fingerprint") == fingerprint and run.data.params.get("horizon") == str(
+        horizon
     )
     if stored is not None and same_basis:
         return _Champion(version, mv.run_id, float(stored), "its run's metric"), ""
@@ -332,8 +333,9 @@ def train_and_log(
     )
 
     nested = mlflow.active_run() is not None
-    with mlflow.start_run(experiment_id=exp_id, run_name=f"{params['forecaster']}-{eval_name}-h{horizon}",
-                          nested=nested) as run:
+    with mlflow.start_run(
+        experiment_id=exp_id, run_name=f"{params['forecaster']}-{eval_name}-h{horizon}", nested=nested
+    ) as run:
         run_id = run.info.run_id
         mlflow.log_params(_flat_params(params))
         mlflow.set_tags({"eval_trace": eval_name, "registered_name": registered_name})
@@ -361,8 +363,11 @@ def train_and_log(
             if plots:
                 say("plotting forecast fans")
                 png = plot_fans(
-                    eval_table, {params["forecaster"]: forecaster, "persistence": persistence},
-                    _fan_origins(result, eval_table, horizon), horizon, Path(tmp) / "fans.png",
+                    eval_table,
+                    {params["forecaster"]: forecaster, "persistence": persistence},
+                    _fan_origins(result, eval_table, horizon),
+                    horizon,
+                    Path(tmp) / "fans.png",
                 )
                 mlflow.log_artifact(str(png), "plots")
             say("logging the model")
@@ -411,7 +416,9 @@ def train_and_log(
                 "horizon": horizon,
                 "mae_mean": metrics["mae_mean"],
                 "persistence_mae_mean": metrics["persistence_mae_mean"],
-                "champion": None if champion is None else {
+                "champion": None
+                if champion is None
+                else {
                     "version": champion.version,
                     "run_id": champion.run_id,
                     "mae_mean": champion.mae_mean,
@@ -445,14 +452,28 @@ def load_champion(
         log.warning("no model %r is registered in %s; %s; %s", registered_name, uri, fallback, _HOW_TO_TRAIN)
         return PersistenceForecaster()
     if CHAMPION not in aliases:
-        log.warning("registered model %r in %s has no %r alias (no version beat persistence yet); %s; %s",
-                    registered_name, uri, CHAMPION, fallback, _HOW_TO_TRAIN)
+        log.warning(
+            "registered model %r in %s has no %r alias (no version beat persistence yet); %s; %s",
+            registered_name,
+            uri,
+            CHAMPION,
+            fallback,
+            _HOW_TO_TRAIN,
+        )
         return PersistenceForecaster()
     version = aliases[CHAMPION]
     try:
         mv = client.get_model_version(registered_name, str(version))
         return _download_forecaster(client, mv.run_id)
     except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
-        log.warning("champion version %s of %r in %s cannot be rebuilt from its run's %s/ artifact (%s); %s; %s",
-                    version, registered_name, uri, FORECASTER_ARTIFACT, exc, fallback, _HOW_TO_TRAIN)
+        log.warning(
+            "champion version %s of %r in %s cannot be rebuilt from its run's %s/ artifact (%s); %s; %s",
+            version,
+            registered_name,
+            uri,
+            FORECASTER_ARTIFACT,
+            exc,
+            fallback,
+            _HOW_TO_TRAIN,
+        )
         return PersistenceForecaster()

@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from functools import cache
 from enum import Enum
+from functools import cache
 from typing import Any
 
 from liveput.model_spec import ModelSpec, load_model_spec
@@ -94,7 +94,10 @@ def reference_constants(model: str) -> CostConstants:
     if model == "gpt-6.7b":
         build = {12: 7961, 13: 6911, 14: 6926, 15: 7002, 16: 7195, 18: 4734, 20: 5245, 22: 4818, 24: 4798, 26: 4932}
         return CostConstants(
-            proc_ms=240.0, extra_restart_ms=2000.0, group_mode="groups", group_remove_ms=115.6,
+            proc_ms=240.0,
+            extra_restart_ms=2000.0,
+            group_mode="groups",
+            group_remove_ms=115.6,
             build_ms={k: float(v) for k, v in build.items()},
         )
     if model == "bert":
@@ -106,7 +109,10 @@ def reference_constants(model: str) -> CostConstants:
     if model == "vgg19":
         build = {2: 110, 3: 94, 4: 90, 5: 105, 6: 133, 7: 90, 8: 120, 9: 106}
         return CostConstants(
-            extra_restart_ms=2000.0, group_mode="instances", group_add_ms=440.0, group_remove_ms=340.0,
+            extra_restart_ms=2000.0,
+            group_mode="instances",
+            group_add_ms=440.0,
+            group_remove_ms=340.0,
             build_ms={k: float(v) for k, v in build.items()},
         )
     raise KeyError(f"no reference migration constants for model {model!r}; pass measured CostConstants")
@@ -291,7 +297,9 @@ def advance_assignment(
 
 
 @cache
-def healthy_missing(layer_params: tuple[int, ...], old_cuts: tuple[int, ...], new_cuts: tuple[int, ...], replicas: int) -> int:
+def healthy_missing(
+    layer_params: tuple[int, ...], old_cuts: tuple[int, ...], new_cuts: tuple[int, ...], replicas: int
+) -> int:
     """Parameters a repartition must fetch when all ``replicas`` of every old stage are alive.
 
     Pure partition geometry (no preemption in it), so it is cached for the process.

@@ -24,8 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from liveput.horizon import DEFAULT_INTERVAL_S
-from liveput.horizon import DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
+from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, MAX_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore
 from liveput.throughput import Strategy, ThroughputProfile
@@ -228,7 +227,9 @@ def plan(
     # final choice: most samples, then smaller leftover, then state order (fewer stages, instances)
     if not len(rows.state):
         raise RuntimeError("no feasible plan: the forecast leaves no reachable strategy")
-    order = sorted(range(len(rows.state)), key=lambda r: (-rows.samples[r], rows.leftover[r], rows.state[r], rows.migrating[r]))
+    order = sorted(
+        range(len(rows.state)), key=lambda r: (-rows.samples[r], rows.leftover[r], rows.state[r], rows.migrating[r])
+    )
     last = order[0]
     total = float(rows.samples[last])
     path = []
@@ -259,7 +260,11 @@ def plan(
     first = history[1]
     alternatives = tuple(
         sorted(
-            ((states[int(first.state[r])], float(first.samples[r])) for r in range(len(first.state)) if not first.migrating[r]),
+            (
+                (states[int(first.state[r])], float(first.samples[r]))
+                for r in range(len(first.state))
+                if not first.migrating[r]
+            ),
             key=lambda x: -x[1],
         )[:5]
     )
@@ -290,8 +295,14 @@ def plan_interval(
 class _Rows:
     """The labels of one DP step, as parallel arrays."""
 
-    def __init__(self, state: Sequence[int], migrating: Sequence[int], samples: Sequence[float],
-                 leftover: Sequence[float], back: Sequence[int]) -> None:
+    def __init__(
+        self,
+        state: Sequence[int],
+        migrating: Sequence[int],
+        samples: Sequence[float],
+        leftover: Sequence[float],
+        back: Sequence[int],
+    ) -> None:
         self.state = np.asarray(state, dtype=int)
         self.migrating = np.asarray(migrating, dtype=int)
         self.samples = np.asarray(samples, dtype=float)

@@ -17,8 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from liveput.horizon import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE, MAX_INSTANCES
-from liveput.horizon import MAX_LOOK_AHEAD
+from liveput.horizon import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE, MAX_INSTANCES, MAX_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.optimizer import IDLE, JobState, plan_interval
 from liveput.scenarios import IntervalForecast
@@ -106,11 +105,11 @@ def _int_field(v: Any, path: str, minimum: int = 0) -> int:
 
 def _model_name(model: Any) -> str:
     if model is None:
-        raise PlanInputError("plan input: model is missing (a bundled model name, e.g. \"gpt-1.5b\")")
+        raise PlanInputError('plan input: model is missing (a bundled model name, e.g. "gpt-1.5b")')
     if not isinstance(model, str):
         raise PlanInputError(f"plan input: model must be a string, got {_shown(model)}")
     if len(model) > 100:
-        raise PlanInputError(f"plan input: model {_shown(model)} is not a bundled model name (e.g. \"gpt-1.5b\")")
+        raise PlanInputError(f'plan input: model {_shown(model)} is not a bundled model name (e.g. "gpt-1.5b")')
     return model
 
 

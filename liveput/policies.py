@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from scipy.stats import hypergeom
 
-from liveput.horizon import DEFAULT_INTERVAL_S
-from liveput.horizon import DEFAULT_LOOK_AHEAD
+from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel, MigrationKind
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast
@@ -70,12 +69,16 @@ Forecaster = Callable[[Sequence[IntervalEvent], Sequence[IntervalEvent], int], l
 Only the oracle may read the true future; every other forecaster must ignore it."""
 
 
-def history_persistence(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+def history_persistence(
+    history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int
+) -> list[IntervalForecast]:
     """`liveput.scenarios.persistence_forecast` of the last observed N, as a simulator `Forecaster`."""
     return persistence_forecast(history[-1].available if history else 0, k)
 
 
-def oracle_forecast(history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int) -> list[IntervalForecast]:
+def oracle_forecast(
+    history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], k: int
+) -> list[IntervalForecast]:
     """The true next K intervals (padded with persistence past the end of the trace)."""
     out = [IntervalForecast.point(e.prev_available, e.n_in, e.n_out) for e in future[:k]]
     last = future[min(k, len(future)) - 1].available if future else (history[-1].available if history else 0)
@@ -112,7 +115,9 @@ class Policy:
     def reset(self) -> None:
         pass
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         raise NotImplementedError
 
     def _thr(self, s: Strategy) -> float:
@@ -151,9 +156,16 @@ class ParcaePolicy(Policy):
     migration an interval later to reach the shape the look-ahead wanted.
     """
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, forecaster: Forecaster = history_persistence,
-                 look_ahead: int = DEFAULT_LOOK_AHEAD, interval_s: float = DEFAULT_INTERVAL_S, name: str = "parcae",
-                 store: ScenarioStore | None = None) -> None:
+    def __init__(
+        self,
+        profile: ThroughputProfile,
+        cost: CostModel,
+        forecaster: Forecaster = history_persistence,
+        look_ahead: int = DEFAULT_LOOK_AHEAD,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        name: str = "parcae",
+        store: ScenarioStore | None = None,
+    ) -> None:
         super().__init__(profile, cost, interval_s)
         self.name = name
         self.forecaster = forecaster
@@ -166,8 +178,9 @@ class ParcaePolicy(Policy):
         self.state = JobState()
         self.decision_s = []
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
-             first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         p = self._plan(self.forecaster(history, future, self.config.look_ahead))
         spent = p.decision_s
         target = p.decision
@@ -178,11 +191,13 @@ class ParcaePolicy(Policy):
         return self._apply(target, event)
 
     def _plan(self, forecast: Sequence[IntervalForecast]) -> Plan:
-        return plan_interval(forecast, self.state, self.profile, self.cost, interval_s=self.config.interval_s,
-                             store=self.store)
+        return plan_interval(
+            forecast, self.state, self.profile, self.cost, interval_s=self.config.interval_s, store=self.store
+        )
 
-    def _truth_first(self, event: IntervalEvent, history: Sequence[IntervalEvent],
-                     future: Sequence[IntervalEvent]) -> list[IntervalForecast]:
+    def _truth_first(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent]
+    ) -> list[IntervalForecast]:
         """The K intervals a re-plan sees: this interval's true event, then a forecast made after it."""
         truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
         k = self.config.look_ahead
@@ -198,14 +213,25 @@ class ParcaePolicy(Policy):
             n = max(event.prev_available, st.strategy[0] * st.strategy[1])
             o = self.store.outcome(n, st.strategy, event.n_in, event.n_out, [target])
             cost_ms = float(o.cost_ms[0])
-            kinds = {k.value: float(o.kind[0, i]) for i, k in enumerate(KINDS) if k != MigrationKind.NONE and o.kind[0, i] > 0}
+            kinds = {
+                k.value: float(o.kind[0, i])
+                for i, k in enumerate(KINDS)
+                if k != MigrationKind.NONE and o.kind[0, i] > 0
+            }
         rc = self.cost.concurrent_restart_ms(*target) if target != IDLE else 0.0
         acct = _RestartAccounting()
         acct.busy, acct.remain_ms = st.migrating, st.leftover_ms
         work_ms, pause_ms = acct.charge(cost_ms, rc, self.T * 1000.0)
         self.state = JobState(target, acct.busy, acct.remain_ms)
-        return StepResult(target, self._thr(target) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms, acct.busy,
-                          event.available, kinds if cost_ms > 0 else {})
+        return StepResult(
+            target,
+            self._thr(target) * work_ms / 1000.0,
+            pause_ms / 1000.0,
+            cost_ms,
+            acct.busy,
+            event.available,
+            kinds if cost_ms > 0 else {},
+        )
 
 
 class ReactivePolicy(Policy):
@@ -226,8 +252,9 @@ class ReactivePolicy(Policy):
         super().__init__(profile, cost, interval_s)
         self.reset()
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
-             first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         cost_ms, kinds = 0.0, {}
         if first or event.n_in + event.n_out > 0:
             target = self.profile.best(event.available) or IDLE
@@ -238,8 +265,15 @@ class ReactivePolicy(Policy):
             self.strategy = target
         rc = self.cost.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
-        return StepResult(self.strategy, self._thr(self.strategy) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms,
-                          self.acct.busy, event.available, kinds)
+        return StepResult(
+            self.strategy,
+            self._thr(self.strategy) * work_ms / 1000.0,
+            pause_ms / 1000.0,
+            cost_ms,
+            self.acct.busy,
+            event.available,
+            kinds,
+        )
 
 
 class IdealPolicy(Policy):
@@ -247,8 +281,9 @@ class IdealPolicy(Policy):
 
     name = "ideal"
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
-             first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         target = self.profile.best(event.available) or IDLE
         return StepResult(target, self._thr(target) * self.T, 0.0, 0.0, False, event.available)
 
@@ -259,8 +294,9 @@ class OnDemandPolicy(Policy):
     name = "on-demand"
     spot = False
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, instances: int,
-                 interval_s: float = DEFAULT_INTERVAL_S) -> None:
+    def __init__(
+        self, profile: ThroughputProfile, cost: CostModel, instances: int, interval_s: float = DEFAULT_INTERVAL_S
+    ) -> None:
         super().__init__(profile, cost, interval_s)
         self.instances = instances
         self.reset()
@@ -268,14 +304,22 @@ class OnDemandPolicy(Policy):
     def reset(self) -> None:
         self.acct = _RestartAccounting()
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
-             first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         target = self.profile.best(self.instances) or IDLE
         cost_ms = self.cost.checkpoint_restart_ms(*target, add=True, save=False) if first and target != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, 0.0, self.T * 1000.0)
         kinds = {MigrationKind.START.value: 1.0} if cost_ms else {}
-        return StepResult(target, self._thr(target) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms, self.acct.busy,
-                          self.instances, kinds)
+        return StepResult(
+            target,
+            self._thr(target) * work_ms / 1000.0,
+            pause_ms / 1000.0,
+            cost_ms,
+            self.acct.busy,
+            self.instances,
+            kinds,
+        )
 
 
 @dataclass(frozen=True)
@@ -303,8 +347,13 @@ class BambooPolicy(Policy):
 
     name = "bamboo"
 
-    def __init__(self, profile: ThroughputProfile, cost: CostModel, interval_s: float = DEFAULT_INTERVAL_S,
-                 constants: BambooConstants = BambooConstants()) -> None:
+    def __init__(
+        self,
+        profile: ThroughputProfile,
+        cost: CostModel,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        constants: BambooConstants = BambooConstants(),
+    ) -> None:
         super().__init__(profile, cost, interval_s)
         self.k = constants
         self.allowed = tuple(s for s in profile.strategies() if s[1] >= constants.memory_factor * profile.min_p)
@@ -339,8 +388,9 @@ class BambooPolicy(Policy):
         good = poly[k] if k < len(poly) else 0
         return float(good) / comb(d * p, k)
 
-    def step(self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent],
-             first: bool) -> StepResult:
+    def step(
+        self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
+    ) -> StepResult:
         cm = self.cost
         cost_ms, kinds = 0.0, {}
         cur = self.strategy
@@ -382,8 +432,15 @@ class BambooPolicy(Policy):
                 self.strategy = target
         rc = cm.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
         work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
-        return StepResult(self.strategy, self._thr(self.strategy) * work_ms / 1000.0, pause_ms / 1000.0, cost_ms,
-                          self.acct.busy, event.available, kinds)
+        return StepResult(
+            self.strategy,
+            self._thr(self.strategy) * work_ms / 1000.0,
+            pause_ms / 1000.0,
+            cost_ms,
+            self.acct.busy,
+            event.available,
+            kinds,
+        )
 
 
 @dataclass(frozen=True)
@@ -418,9 +475,18 @@ POLICIES: Mapping[str, Callable[[PolicySetup], Policy]] = MappingProxyType({
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 
 
-def make_policy(name: str, profile: ThroughputProfile, cost: CostModel, *, look_ahead: int = DEFAULT_LOOK_AHEAD,
-                interval_s: float = DEFAULT_INTERVAL_S, capacity: int = 32, store: ScenarioStore | None = None,
-                forecaster: Forecaster | None = None, bamboo: BambooConstants = BambooConstants()) -> Policy:
+def make_policy(
+    name: str,
+    profile: ThroughputProfile,
+    cost: CostModel,
+    *,
+    look_ahead: int = DEFAULT_LOOK_AHEAD,
+    interval_s: float = DEFAULT_INTERVAL_S,
+    capacity: int = 32,
+    store: ScenarioStore | None = None,
+    forecaster: Forecaster | None = None,
+    bamboo: BambooConstants = BambooConstants(),
+) -> Policy:
     """Build the policy ``name`` of `POLICIES`."""
     factory = POLICIES.get(name)
     if factory is None:

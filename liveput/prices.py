@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
 from importlib import resources
+from typing import Any
 
 
 @dataclass(frozen=True)

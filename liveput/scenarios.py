@@ -190,7 +190,7 @@ class ScenarioStore:
         hit = self._keys.get(key)
         if hit is not None:
             return hit
-        if D * P > n:
+        if n < D * P:
             raise ValueError(f"current strategy {D}x{P} uses more than the N={n} instances")
         if n_out > n:
             raise ValueError(f"n_out={n_out} exceeds N={n}")
@@ -262,7 +262,9 @@ class ScenarioStore:
         hit = self._pairs[key] = (reach, cost, kind)
         return hit
 
-    def bounds(self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy]) -> tuple[np.ndarray, ...]:
+    def bounds(
+        self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy]
+    ) -> tuple[np.ndarray, ...]:
         """(reach, lower, upper) bounds on the expected cost of every target, without the scenario sums.
 
         Reach is exact (it only depends on how many instances are alive). The lower bound is the cost
@@ -307,7 +309,9 @@ class ScenarioStore:
         miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
         return self._pipeline_ms(d, p, miss0, self._add(D, P, d, p, 0))
 
-    def fallback(self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy], interval_s: float) -> np.ndarray:
+    def fallback(
+        self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy], interval_s: float
+    ) -> np.ndarray:
         """Samples credited, per target, to the scenarios in which that target is unreachable.
 
         The paper's liveput counts an unreachable target as training nothing. A running job instead falls
@@ -490,8 +494,10 @@ class ScenarioStore:
                         if carry >= 0:
                             cap[carry] = cl
                         out, _ = advance_assignment(so, j, dict(table), cap)
-                        memo = step[(cl, cvec, table)] = (cap.get(nxt_carry, 0) if nxt_carry >= 0 else 0,
-                                                          tuple(sorted(out.items())))
+                        memo = step[(cl, cvec, table)] = (
+                            cap.get(nxt_carry, 0) if nxt_carry >= 0 else 0,
+                            tuple(sorted(out.items())),
+                        )
                     cl_out, t_out = memo
                     for l, w in lmap:
                         if lost + l <= kmax:
@@ -504,7 +510,9 @@ class ScenarioStore:
         return law
 
     @staticmethod
-    def _fresh_combos(D: int, demands: tuple[int, ...], kmax: int) -> list[tuple[tuple[int, ...], list[tuple[int, int]]]]:
+    def _fresh_combos(
+        D: int, demands: tuple[int, ...], kmax: int
+    ) -> list[tuple[tuple[int, ...], list[tuple[int, int]]]]:
         """Joint law of the revealed stages' useful replicas: [(capped survivors, [(losses, ways)])].
 
         Survivors beyond a stage's demand are useless, so loss counts that leave the same capped

@@ -18,8 +18,7 @@ from typing import Any
 
 import pandas as pd
 
-from liveput.horizon import DEFAULT_INTERVAL_S
-from liveput.horizon import DEFAULT_LOOK_AHEAD
+from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
 from liveput.prices import instance_price
@@ -159,7 +158,9 @@ def simulate(
     index = {e.interval: i for i, e in enumerate(events)}
     for name, value in (("first_interval", first_interval), ("last_interval", last_interval)):
         if value is not None and value not in index:
-            raise ValueError(f"{name}={value} is not in the trace (intervals {events[0].interval}..{events[-1].interval})")
+            raise ValueError(
+                f"{name}={value} is not in the trace (intervals {events[0].interval}..{events[-1].interval})"
+            )
     start = index[first_interval] if first_interval is not None else 0
     stop = index[last_interval] + 1 if last_interval is not None else len(events)
     if stop <= start:
@@ -170,8 +171,17 @@ def simulate(
     results = {}
     for name in policies:
         fc = trained_forecast(forecaster, trace) if forecaster is not None and name == "parcae" else None
-        pol = make_policy(name, profile, cost, look_ahead=config.look_ahead, interval_s=config.interval_s,
-                          capacity=capacity, store=store, bamboo=config.bamboo, forecaster=fc)
+        pol = make_policy(
+            name,
+            profile,
+            cost,
+            look_ahead=config.look_ahead,
+            interval_s=config.interval_s,
+            capacity=capacity,
+            store=store,
+            bamboo=config.bamboo,
+            forecaster=fc,
+        )
         rate = price.spot_per_hour if pol.spot else price.on_demand_per_hour
         results[name] = run_policy(pol, events, start, stop, price_per_hour=rate, on_step=on_step)
     return results
@@ -182,18 +192,25 @@ def comparison_table(results: dict[str, PolicyResult], reference: str | None = "
     rows = []
     base = results[reference].samples if reference in results and results[reference].samples > 0 else None
     for name, r in results.items():
-        row = {"policy": name, "samples": r.samples, "throughput": r.throughput, "instance_hours": r.instance_hours,
-               "cost_usd": r.cost_usd, "usd_per_M_samples": r.cost_per_million_samples,
-               "migration_s": r.migration_s,
-               "migrations": ", ".join(f"{k} {v:g}" for k, v in r.migrations.items()) or "-"}
+        row = {
+            "policy": name,
+            "samples": r.samples,
+            "throughput": r.throughput,
+            "instance_hours": r.instance_hours,
+            "cost_usd": r.cost_usd,
+            "usd_per_M_samples": r.cost_per_million_samples,
+            "migration_s": r.migration_s,
+            "migrations": ", ".join(f"{k} {v:g}" for k, v in r.migrations.items()) or "-",
+        }
         if base:
             row[f"vs_{reference}"] = r.samples / base
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str = "",
-                  interval_s: float = DEFAULT_INTERVAL_S) -> Path:
+def plot_timeline(
+    results: dict[str, PolicyResult], path: str | Path, title: str = "", interval_s: float = DEFAULT_INTERVAL_S
+) -> Path:
     """Availability, throughput and pipeline depth per interval, one line per policy."""
     import matplotlib
 
@@ -208,7 +225,9 @@ def plot_timeline(results: dict[str, PolicyResult], path: str | Path, title: str
     for name, r in results.items():
         if name in ("ideal", "on-demand"):
             continue
-        ax_n.step(r.timeline["interval"], r.timeline["d"] * r.timeline["p"], where="post", alpha=0.7, label=f"{name} D*P")
+        ax_n.step(
+            r.timeline["interval"], r.timeline["d"] * r.timeline["p"], where="post", alpha=0.7, label=f"{name} D*P"
+        )
     ax_n.set_ylabel("instances")
     ax_n.legend(loc="lower left", fontsize=8, ncol=3)
     for name, r in results.items():

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from liveput.model_spec import ModelSpec, load_model_spec
-from liveput.network import GiB, P3_P2P, P2PTable
+from liveput.network import P3_P2P, GiB, P2PTable
 
 __all__ = [
     "InfeasibleStrategy",
@@ -334,9 +334,7 @@ def load_profile(model: str, global_batch: int | None = None, *, max_instances: 
     table = _bundled(model)
     if global_batch is None or global_batch == table.global_batch:
         return table
-    est = estimate_profile(
-        load_model_spec(model), global_batch, max_instances, min_p=table.min_p, max_p=table.max_p
-    )
+    est = estimate_profile(load_model_spec(model), global_batch, max_instances, min_p=table.min_p, max_p=table.max_p)
     return replace(
         table,
         global_batch=global_batch,
@@ -366,9 +364,7 @@ def _stage_order(s: int, p: int, n_micro: int) -> list[tuple[str, int]]:
 
 
 @lru_cache(maxsize=4096)
-def _stage_finish_ms(
-    fwd: tuple[float, ...], bwd: tuple[float, ...], n_micro: int, edge_ms: float
-) -> tuple[float, ...]:
+def _stage_finish_ms(fwd: tuple[float, ...], bwd: tuple[float, ...], n_micro: int, edge_ms: float) -> tuple[float, ...]:
     """Time each stage finishes its last task under the 1F1B schedule (pure; cached by value)."""
     p = len(fwd)
     orders = [_stage_order(s, p, n_micro) for s in range(p)]
@@ -436,9 +432,7 @@ class _StagePlan:
     params: tuple[int, ...]
 
 
-def _stage_plan(
-    spec: ModelSpec, p: int, memory_gib: float, boundary_bytes: int, recompute: bool
-) -> _StagePlan | None:
+def _stage_plan(spec: ModelSpec, p: int, memory_gib: float, boundary_bytes: int, recompute: bool) -> _StagePlan | None:
     """Stage costs for P stages under the memory model, or None when some stage cannot fit.
 
     Memory per stage s (bytes): ``params * 4 * (1 + optim_states)`` (fp32 weights + optimizer moments;

@@ -73,6 +73,7 @@ import shlex
 import shutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar
 
@@ -296,26 +297,38 @@ def format_migrations(migrations: Mapping[str, float]) -> str:
     return ", ".join(f"{k} {round(v, 2):g}" for k, v in items) or "-"
 
 
-_HEADERS = ("policy", "samples", "vs ideal", "samples/s", "instance-h", "cost $", "$/M samples", "migration s",
-            "planner ms", "migrations (expected)")
+_HEADERS = (
+    "policy",
+    "samples",
+    "vs ideal",
+    "samples/s",
+    "instance-h",
+    "cost $",
+    "$/M samples",
+    "migration s",
+    "planner ms",
+    "migrations (expected)",
+)
 
 
 def _result_rows(results: Mapping[str, Any], ideal_samples: float | None) -> list[tuple[str, ...]]:
     rows = []
     for name, r in results.items():
         ratio = r.samples / ideal_samples if ideal_samples else None
-        rows.append((
-            name,
-            f"{r.samples:,.0f}",
-            _fmt(ratio, ".3f"),
-            f"{r.throughput:.2f}",
-            f"{r.instance_hours:.2f}",
-            f"{r.cost_usd:.2f}",
-            _fmt(r.cost_per_million_samples, ".2f"),
-            f"{r.migration_s:.1f}",
-            _fmt(r.decision_ms_median, ".2f"),  # median planner decision time (parcae policies)
-            format_migrations(r.migrations),
-        ))
+        rows.append(
+            (
+                name,
+                f"{r.samples:,.0f}",
+                _fmt(ratio, ".3f"),
+                f"{r.throughput:.2f}",
+                f"{r.instance_hours:.2f}",
+                f"{r.cost_usd:.2f}",
+                _fmt(r.cost_per_million_samples, ".2f"),
+                f"{r.migration_s:.1f}",
+                _fmt(r.decision_ms_median, ".2f"),  # median planner decision time (parcae policies)
+                format_migrations(r.migrations),
+            )
+        )
     return rows
 
 
@@ -500,8 +513,15 @@ def simulate(
             progress.update(task, advance=1, description=f"simulating {policies[i]}")
 
         results = run_simulation(
-            df, policies, config, first_interval=first, last_interval=last, profile=profile, cost=cost,
-            forecaster=fc_model, on_step=on_step,
+            df,
+            policies,
+            config,
+            first_interval=first,
+            last_interval=last,
+            profile=profile,
+            cost=cost,
+            forecaster=fc_model,
+            on_step=on_step,
         )
         noun = "policy" if len(policies) == 1 else "policies"
         progress.update(task, description=f"simulated {len(policies)} {noun} x {n_intervals} intervals")
@@ -539,8 +559,9 @@ def simulate(
         _write_file(plot, "plot", lambda p: plot_timeline(results, p, title=title, interval_s=interval_seconds))
         _stderr().print(f"wrote {plot}", soft_wrap=True)
     if store is not None:
-        from parcae.simulations import SIMULATIONS_EXPERIMENT, log_comparison
         from tracking import TrackingError
+
+        from parcae.simulations import SIMULATIONS_EXPERIMENT, log_comparison
 
         try:
             comparison = log_comparison(
@@ -588,15 +609,18 @@ def _command_line(ctx: typer.Context) -> str:
     return shlex.join(words)
 
 
-@command(help="Show a comparison logged by `parcae simulate --mlflow`, rebuilt from MLflow; without --comparison, "
-         "list the latest ones.")
+@command(
+    help="Show a comparison logged by `parcae simulate --mlflow`, rebuilt from MLflow; without --comparison, "
+    "list the latest ones."
+)
 def simulations(
     comparison: Annotated[
         str | None, typer.Option(metavar="ID", help="The comparison id `parcae simulate --mlflow` printed.")
     ] = None,
 ) -> None:
-    from parcae.simulations import ComparisonNotFound, list_comparisons, load_comparison
     from tracking import TrackingError
+
+    from parcae.simulations import ComparisonNotFound, list_comparisons, load_comparison
 
     store = _check_store()
     out = _stdout()
@@ -631,6 +655,7 @@ def simulations(
 
 
 # --------------------------------------------------------------------------------------------------- plan
+
 
 def _read_plan_input(source: str) -> Any:
     """The decoded plan input, within `forecasting.jsonio`'s bounds on size and nesting."""
@@ -678,7 +703,7 @@ def plan_from_input(doc: Any, *, timing: bool = False) -> dict:
         '  {"model": "gpt-1.5b",             required\n'
         '   "interval_s": 60,                optional, default 60\n'
         '   "state": {"strategy": [D, P],    optional, default [0, 0] = not running;\n'
-        '                                    D*P <= the first prev_available\n'
+        "                                    D*P <= the first prev_available\n"
         '             "migrating": false,\n'
         '             "leftover_ms": 0},\n'
         '   "forecast": [                    required, one entry per interval; K = its length\n'
@@ -820,8 +845,9 @@ def _build_forecaster(kind: str, corpus: Mapping[str, Any], horizon: int, seed: 
 
     For the champion, a warning says so when it was trained on ``trace`` (its scores there are optimistic).
     """
-    from forecasting import champion_version, fit_forecaster, load_champion
     from tracking import TrackingError
+
+    from forecasting import champion_version, fit_forecaster, load_champion
 
     tables = list(corpus.values())
     if kind in FORECASTERS:
@@ -880,8 +906,13 @@ def _metrics_table(rows: Mapping[str, Mapping[str, Any]], horizon: int) -> Table
     for name, m in rows.items():
         mae = m["mae"]
         table.add_row(
-            name, f"{m['mae_mean']:.4f}", f"{mae[0]:.4f}", f"{mae[-1]:.4f}", f"{m['pinball']:.4f}",
-            _fmt(m["coverage80"], ".3f"), f"{m['brier']:.4f}",
+            name,
+            f"{m['mae_mean']:.4f}",
+            f"{mae[0]:.4f}",
+            f"{mae[-1]:.4f}",
+            f"{m['pinball']:.4f}",
+            _fmt(m["coverage80"], ".3f"),
+            f"{m['brier']:.4f}",
         )
     return table
 
@@ -918,8 +949,9 @@ def forecast_train(
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the forecaster.")] = 0,
 ) -> None:
-    from forecasting import DEFAULT_REGISTERED_NAME, make_forecaster, train_and_log
     from tracking import TrackingError, tracking_uri
+
+    from forecasting import DEFAULT_REGISTERED_NAME, make_forecaster, train_and_log
 
     _check_outputs(json_out, None)
     _check_look_ahead(horizon, "--horizon")  # a forecast past what the planner takes is never used
@@ -960,8 +992,10 @@ def forecast_train(
     if "champion_mae_mean" in m:
         out.print(f"champion mae_mean: {m['champion_mae_mean']:.4f}")
     out.print(Text(outcome.reason, style="green" if outcome.promoted else "yellow"), soft_wrap=True)
-    out.print(f"version {outcome.version} of {DEFAULT_REGISTERED_NAME}; run {outcome.run_id}; store {tracking_uri()}",
-              soft_wrap=True)
+    out.print(
+        f"version {outcome.version} of {DEFAULT_REGISTERED_NAME}; run {outcome.run_id}; store {tracking_uri()}",
+        soft_wrap=True,
+    )
     if json_out is not None:
         text = _strict_json(outcome.to_dict(), f"--json {json_out}")
         _write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
@@ -1007,8 +1041,10 @@ def forecast_evaluate(
             results[kind] = result.to_dict()
         progress.update(task, description=f"backtested {len(kinds)} model(s) x {n_origins} origins")
     out = _stdout()
-    out.print(f"trace {name}: {len(table)} intervals, {n_origins} origins, horizon {horizon}; "
-              f"fitted on {len(corpus)} corpus trace(s)")
+    out.print(
+        f"trace {name}: {len(table)} intervals, {n_origins} origins, horizon {horizon}; "
+        f"fitted on {len(corpus)} corpus trace(s)"
+    )
     out.print(_metrics_table(results, horizon))
     doc = {
         "models": {
@@ -1107,7 +1143,7 @@ def collect(
     price_hours: Annotated[float, typer.Option(help="Collect spot prices of the last this many hours.")] = 1.0,
     target_capacity: Annotated[int, typer.Option(min=1, help="Instances asked for in the placement scores.")] = 32,
 ) -> None:
-    from datetime import datetime, timedelta, timezone
+    from datetime import datetime, timedelta
 
     from forecasting import CollectError, SpotCollector, TraceStore
 
@@ -1130,7 +1166,7 @@ def collect(
                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
                 ) from None
             raise
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         results = {
             "fleet_events": collector.collect_fleet(now=now),
             "spot_prices": collector.collect_prices(now - timedelta(hours=price_hours), now),
@@ -1142,8 +1178,9 @@ def collect(
         raise UserError(str(exc)) from None
 
     out = _stdout()
-    out.print(f"store {collector.store.root.resolve()}, job tag {job_tag!r}, regions {', '.join(regions)}",
-              soft_wrap=True)
+    out.print(
+        f"store {collector.store.root.resolve()}, job tag {job_tag!r}, regions {', '.join(regions)}", soft_wrap=True
+    )
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("table", no_wrap=True)
     table.add_column("rows written", justify="right")
@@ -1197,8 +1234,12 @@ def train_cmd(
     ] = None,
     look_ahead: Annotated[
         int,
-        typer.Option(min=1, metavar="K", help="Intervals the liveput planner plans over (a trace's each priced at "
-                     "its own 60 s: the replay compresses time, the plans do not)."),
+        typer.Option(
+            min=1,
+            metavar="K",
+            help="Intervals the liveput planner plans over (a trace's each priced at "
+            "its own 60 s: the replay compresses time, the plans do not).",
+        ),
     ] = DEFAULT_LOOK_AHEAD,
     start_interval: Annotated[int, typer.Option(min=0, metavar="N", help="Trace interval the replay starts at.")] = 0,
     resume: Annotated[
@@ -1206,24 +1247,35 @@ def train_cmd(
     ] = False,
     hosts: Annotated[
         str | None,
-        typer.Option(metavar="HOST,HOST,...", help="Run the instances on these machines (ssh destinations; OpenSSH "
-                     "in BatchMode) instead of local processes: each runs `python -m trainer.providers.agent`."),
+        typer.Option(
+            metavar="HOST,HOST,...",
+            help="Run the instances on these machines (ssh destinations; OpenSSH "
+            "in BatchMode) instead of local processes: each runs `python -m trainer.providers.agent`.",
+        ),
     ] = None,
     coordinator: Annotated[
         str | None,
-        typer.Option(metavar="ADDRESS:PORT", help="With --hosts: this machine's address and a free port, as the "
-                     "hosts reach them."),
+        typer.Option(
+            metavar="ADDRESS:PORT",
+            help="With --hosts: this machine's address and a free port, as the hosts reach them.",
+        ),
     ] = None,
     slots: Annotated[int, typer.Option(min=1, help="With --hosts: instances per host at most.")] = 1,
     provider: Annotated[
         str | None,
-        typer.Option(metavar="NAME", help="Where instances come from (trainer.providers): local (worker processes "
-                     "here, the default), hosts (machines over ssh; --hosts sets it) or aws (EC2 spot instances)."),
+        typer.Option(
+            metavar="NAME",
+            help="Where instances come from (trainer.providers): local (worker processes "
+            "here, the default), hosts (machines over ssh; --hosts sets it) or aws (EC2 spot instances).",
+        ),
     ] = None,
     provider_options: Annotated[
         str | None,
-        typer.Option(metavar="JSON|@FILE", help="The provider's options as a JSON object, e.g. aws: "
-                     '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.providers.aws.AwsSpotConfig\'s fields).'),
+        typer.Option(
+            metavar="JSON|@FILE",
+            help="The provider's options as a JSON object, e.g. aws: "
+            '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.providers.aws.AwsSpotConfig\'s fields).',
+        ),
     ] = None,
     remote_python: Annotated[
         str, typer.Option(metavar="PATH", help="With --hosts: the interpreter with this project on the hosts.")
@@ -1233,38 +1285,50 @@ def train_cmd(
     ] = ".",
     timeout: Annotated[
         float | None,
-        typer.Option(metavar="SECONDS", min=1, help="Stop the job if it has not finished after this long "
-                     "(default: no deadline; a job runs until it has trained its steps, is cancelled or fails)."),
+        typer.Option(
+            metavar="SECONDS",
+            min=1,
+            help="Stop the job if it has not finished after this long "
+            "(default: no deadline; a job runs until it has trained its steps, is cancelled or fails).",
+        ),
     ] = None,
     keep_checkpoints: Annotated[
         int, typer.Option(min=0, metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
     ] = 0,
     heartbeat_timeout: Annotated[
-        float | None, typer.Option(min=0.5, metavar="SECONDS", help="A worker whose heartbeat is silent this long "
-                                   "is declared dead (one whose process exits is seen at once; default: "
-                                   "trainer.config.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.")
+        float | None,
+        typer.Option(
+            min=0.5,
+            metavar="SECONDS",
+            help="A worker whose heartbeat is silent this long "
+            "is declared dead (one whose process exits is seen at once; default: "
+            "trainer.config.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.",
+        ),
     ] = None,
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
     from trainer import (
+        PLANNERS,
         AvailabilityConfig,
         CheckpointConfig,
         ControlPlaneConfig,
+        EventError,
+        HostsError,
         JobConfig,
+        JobError,
         PlanningConfig,
+        ProfileFormatError,
         ProviderConfig,
+        RuntimeProfile,
+        ScheduleError,
         TrainConfig,
         UnknownModelError,
+        make_planner,
         model_config,
+        train,
     )
-    from trainer import ScheduleError
-    from trainer import EventError
-    from trainer import HostsError
-    from trainer import PLANNERS, make_planner
-    from trainer import ProfileFormatError, RuntimeProfile
     from trainer import PROVIDERS as providers
-    from trainer import JobError, train
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
@@ -1385,8 +1449,7 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 def _interrupted(config: Any) -> NoReturn:
     """Ctrl-C: the workers are stopped (`run_job` lets none outlive it); say in one line where the job stands and
     how to continue it, then exit 130."""
-    from trainer import checkpoint
-    from trainer import layer_names
+    from trainer import checkpoint, layer_names
 
     ckpt = config.checkpoint_dir
     try:
@@ -1455,16 +1518,12 @@ def profile_cmd(
     liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
     import tempfile
 
-    from trainer import MODELS
-    from trainer import ScheduleError
-    from trainer import START_METHODS
-    from trainer import measure
-    from trainer import ProfileError
-    from trainer import JobError
+    from trainer import MODELS, START_METHODS, JobError, ProfileError, ScheduleError, measure
 
     if workers < 2:
-        raise UserError(f"--workers must be >= 2 (an instance must leave and join to measure migrations), got "
-                        f"{workers}")
+        raise UserError(
+            f"--workers must be >= 2 (an instance must leave and join to measure migrations), got {workers}"
+        )
     if steps_per_strategy < 1:
         raise UserError(f"--steps-per-strategy must be >= 1, got {steps_per_strategy}")
     if rounds < 1:

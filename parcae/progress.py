@@ -116,7 +116,9 @@ class TrainProgress(JobObserver):
         self.alive = len(workers) if isinstance(workers, Sequence) else workers
         if info.get("resume_note"):  # where a resumed job continues from (and what it skipped)
             self.console.print(str(info["resume_note"]), highlight=False, soft_wrap=True)
-        if str(info.get("planner") or "").startswith("handed"):  # where plans can be handed in (trainer.control.planning.hand_plan)
+        if str(info.get("planner") or "").startswith(
+            "handed"
+        ):  # where plans can be handed in (trainer.control.planning.hand_plan)
             self.console.print(f"handed plans: coordinator {info.get('host')}:{info.get('port')}, job "
                                f"{info.get('job')!r}, token in {info.get('token_file')}", highlight=False,
                                soft_wrap=True)  # fmt: skip

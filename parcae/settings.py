@@ -389,13 +389,13 @@ def check_schedule(spec: Any, *, where: str) -> None:
     from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule, RRuleSchedule
 
     if not isinstance(spec, Mapping):
-        raise _fail(where, f"a schedule must be a mapping, got {spec!r}", "write e.g. `- cron: \"0 * * * *\"`")
+        raise _fail(where, f"a schedule must be a mapping, got {spec!r}", 'write e.g. `- cron: "0 * * * *"`')
     kinds = [k for k in ("cron", "interval", "rrule") if k in spec]
     if len(kinds) != 1:
         raise _fail(
             where,
             f"a schedule needs exactly one of cron, interval, rrule (got {', '.join(kinds) or 'none'})",
-            "write e.g. `cron: \"0 * * * *\"` or `interval: 600` (seconds)",
+            'write e.g. `cron: "0 * * * *"` or `interval: 600` (seconds)',
         )
     kind = kinds[0]
     tz = spec.get("timezone")

@@ -31,9 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
-import pandas as pd
-
 import tracking as _tracking  # log_comparison's ``tracking`` parameter is the store, not this
+
+import pandas as pd
 
 from liveput import PolicyResult
 
@@ -197,7 +197,6 @@ def log_comparison(
     return parent
 
 
-
 def _ensure_experiment(client: MlflowClient) -> str:
     return _tracking.ensure_experiment(client, SIMULATIONS_EXPERIMENT)
 
@@ -261,8 +260,9 @@ def load_comparison(comparison_id: str, tracking: str | os.PathLike[str] | None 
             timeline=pd.DataFrame(),
         )
         ideal = ideal if ideal is not None else _value(row, "metrics.ideal_samples")
-    return LoggedComparison(comparison_id=comparison_id, params=params, policies=policies, run_ids=run_ids,
-                            ideal_samples=ideal)
+    return LoggedComparison(
+        comparison_id=comparison_id, params=params, policies=policies, run_ids=run_ids, ideal_samples=ideal
+    )
 
 
 def comparison_from_mlflow(
@@ -290,16 +290,19 @@ def list_comparisons(tracking: str | os.PathLike[str] | None = None, max_results
     columns = ["comparison", "started", "trace", "hours", "model", "K", "policies"]
     if runs.empty:
         return pd.DataFrame(columns=columns)
-    return pd.DataFrame({
-        "comparison": runs["run_id"],
-        "started": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M:%S"),
-        "trace": runs["params.trace"],
-        "hours": runs["params.start_hour"].astype(float).map("{:.2f}".format) + "-"
-        + runs["params.end_hour"].astype(float).map("{:.2f}".format),
-        "model": runs["params.model"],
-        "K": runs["params.look_ahead"],
-        "policies": runs["params.policies"],
-    })[columns]
+    return pd.DataFrame(
+        {
+            "comparison": runs["run_id"],
+            "started": runs["start_time"].dt.strftime("%Y-%m-%d %H:%M:%S"),
+            "trace": runs["params.trace"],
+            "hours": runs["params.start_hour"].astype(float).map("{:.2f}".format)
+            + "-"
+            + runs["params.end_hour"].astype(float).map("{:.2f}".format),
+            "model": runs["params.model"],
+            "K": runs["params.look_ahead"],
+            "policies": runs["params.policies"],
+        }
+    )[columns]
 
 
 __all__ = [

@@ -76,7 +76,10 @@ def _address(coordinator: str) -> tuple[str, int]:
 
 @task(name="hand-plan-to-coordinator", persist_result=False)
 def hand_plan_to_coordinator(
-    plan: Mapping[str, Any], coordinator: str, job: str = "job", timeout_s: float = 10.0,
+    plan: Mapping[str, Any],
+    coordinator: str,
+    job: str = "job",
+    timeout_s: float = 10.0,
     token_file: str | None = None,
 ) -> dict[str, Any]:
     """Hand the plan's decision to the running job ``job`` whose coordinator listens at ``coordinator`` (HOST:PORT);
@@ -88,8 +91,7 @@ def hand_plan_to_coordinator(
     cannot run) raises `trainer.control.planning.HandPlanError` saying which; a (0, 0) decision (stop) is refused here:
     a handed plan never stops a job.
     """
-    from trainer import HandPlanError, hand_plan
-    from trainer import TOKEN_ENV, read_token_file
+    from trainer import TOKEN_ENV, HandPlanError, hand_plan, read_token_file
 
     host, port = _address(coordinator)
     d, p = (int(v) for v in plan["decision"])

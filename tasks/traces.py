@@ -8,7 +8,7 @@ the only one with retries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pandas as pd
@@ -58,7 +58,7 @@ def collect_spot_traces(
         store=TraceStore(store) if store else None,
         endpoint_url=endpoint_url,
     )
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     results = [
         collector.collect_fleet(now=now),
         collector.collect_prices(now - timedelta(hours=price_hours), now),

@@ -15,14 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final
 
+import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
+
 import pandas as pd
+from mlflow.exceptions import MlflowException  # noqa: E402
 from prefect import runtime, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from forecasting import Forecast
-import tracking  # first: it switches MLflow's telemetry off before MLflow is imported
-
-from mlflow.exceptions import MlflowException  # noqa: E402
 
 __all__ = [
     "PLANS_EXPERIMENT",
@@ -153,7 +153,7 @@ def publish_plan_report(plan: Mapping[str, Any], run_id: str) -> str:
 def publish_training_report(outcome: Mapping[str, Any]) -> str:
     """Prefect artifacts of a training run: the promotion decision (markdown), MAE by horizon (table)."""
     metrics = outcome["metrics"]
-    horizons = sorted(int(k[len("mae_h"):]) for k in metrics if re.fullmatch(r"mae_h\d+", k))
+    horizons = sorted(int(k[len("mae_h") :]) for k in metrics if re.fullmatch(r"mae_h\d+", k))
     create_table_artifact(
         table=[
             {"horizon": h, "mae": metrics[f"mae_h{h}"], "persistence_mae": metrics.get(f"persistence_mae_h{h}")}
@@ -219,9 +219,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
 def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: str) -> dict[str, Any]:
     """A Prefect markdown artifact (key ``training-summary``) of a finished training job; returns `train_summary`."""
     s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
-    rows = [
-        f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())
-    ]
+    rows = [f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())]
     resumed = f" (resumed from step {s['resumed_from']})" if s["resumed_from"] is not None else ""
     run = s["mlflow_run_id"]
     link = _run_link(tracking.connect(), run) if run else "no MLflow run (the store could not be used; see the log)"

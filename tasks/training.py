@@ -21,14 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import tracking
+
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
 from forecasting import Forecaster
-import tracking
 from tasks.tracking import artifact_key, run_markdown
-from trainer import JobConfig
-from trainer import JobObserver, ObserverList, PlanInfo, StepInfo
+from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo
 
 __all__ = [
     "RUN_FILE",
@@ -114,7 +114,7 @@ def previous_run(out_dir: str | Path) -> dict[str, Any] | None:
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: unreadable ({exc}); delete it to start the job's tracking afresh") from None
     if not isinstance(data, dict) or not isinstance(data.get("run_id"), str):
-        raise ValueError(f"{path}: expected {{\"run_id\": ..., \"tracking_uri\": ...}}; delete it or fix it")
+        raise ValueError(f'{path}: expected {{"run_id": ..., "tracking_uri": ...}}; delete it or fix it')
     return data
 
 
@@ -234,8 +234,7 @@ def train_job(
     With ``config.checkpoint.resume`` the job continues from the latest checkpoint in its out_dir (if any) and the
     MLflow run named in ``out_dir/mlflow-run.json`` is reopened, which records the interruption on it.
     """
-    from trainer import train
-    from trainer import MlflowJobObserver
+    from trainer import MlflowJobObserver, train
 
     out = Path(config.out_dir)
     uri = tracking.tracking_uri()

@@ -26,7 +26,6 @@ from typing import Any
 
 import boto3
 import pytest
-
 from _aws import fake_aws_account, isolate_aws
 
 from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY

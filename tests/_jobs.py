@@ -9,7 +9,6 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from trainer.control import run as _run
 from trainer.config import (
     AvailabilityConfig,
     CheckpointConfig,
@@ -21,6 +20,7 @@ from trainer.config import (
     TrainConfig,
     model_config,
 )
+from trainer.control import run as _run
 from trainer.control.coordinator import Coordinator
 from trainer.control.events import Schedule
 

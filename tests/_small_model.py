@@ -16,15 +16,29 @@ from liveput.throughput import ThroughputProfile
 
 # 8 layers of different sizes (parameters); 160 M in all, so stage transfers take ~0.1-2 s on the p3 table
 SMALL_LAYER_PARAMS: tuple[int, ...] = (
-    30_000_000, 12_000_000, 20_000_000, 8_000_000, 25_000_000, 15_000_000, 10_000_000, 40_000_000,
+    30_000_000,
+    12_000_000,
+    20_000_000,
+    8_000_000,
+    25_000_000,
+    15_000_000,
+    10_000_000,
+    40_000_000,
 )
 
 # iteration time (ms) for GBS 64; a handful of (d, p), min_p = 1
 SMALL_ITERATION_MS: dict[tuple[int, int], float] = {
-    (1, 1): 4000.0, (2, 1): 2100.0, (3, 1): 1500.0, (4, 1): 1200.0,
-    (1, 2): 2300.0, (2, 2): 1250.0, (3, 2): 900.0,
-    (1, 3): 1700.0, (2, 3): 950.0,
-    (1, 4): 1400.0, (2, 4): 800.0,
+    (1, 1): 4000.0,
+    (2, 1): 2100.0,
+    (3, 1): 1500.0,
+    (4, 1): 1200.0,
+    (1, 2): 2300.0,
+    (2, 2): 1250.0,
+    (3, 2): 900.0,
+    (1, 3): 1700.0,
+    (2, 3): 950.0,
+    (1, 4): 1400.0,
+    (2, 4): 800.0,
 }
 
 
@@ -34,8 +48,11 @@ def small_spec(layer_params: Sequence[int] = SMALL_LAYER_PARAMS, name: str = "sm
 
 def small_profile(iteration_ms: dict[tuple[int, int], float] | None = None, name: str = "small") -> ThroughputProfile:
     return ThroughputProfile(
-        model=name, global_batch=64, micro_batch=1,
-        iteration_ms=dict(SMALL_ITERATION_MS if iteration_ms is None else iteration_ms), min_p=1,
+        model=name,
+        global_batch=64,
+        micro_batch=1,
+        iteration_ms=dict(SMALL_ITERATION_MS if iteration_ms is None else iteration_ms),
+        min_p=1,
     )
 
 

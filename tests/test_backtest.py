@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pytest
-
 from _tables import canonical_table
+
 from forecasting.backtest import (
     BacktestResult,
     leave_one_trace_out,
@@ -79,8 +79,14 @@ class CheatingForecaster(BandForecaster):
         self.reach.append(longest)
         if len(future) == horizon:  # it saw the truth: a perfect forecast
             truth = future.to_numpy(dtype=float)
-            return Forecast(self.name, int(history["available"].iloc[-1]), 32, truth,
-                            {0.1: truth, 0.5: truth, 0.9: truth}, np.zeros(horizon))
+            return Forecast(
+                self.name,
+                int(history["available"].iloc[-1]),
+                32,
+                truth,
+                {0.1: truth, 0.5: truth, 0.9: truth},
+                np.zeros(horizon),
+            )
         return super().predict(history, horizon)
 
 

@@ -10,8 +10,8 @@ import warnings
 import numpy as np
 import pandas as pd
 import pytest
-
 from _tables import canonical_table
+
 from forecasting.backtest import rolling_origin
 from forecasting.baselines import (
     ArimaForecaster,

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from trainer.config import model_config
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint import CheckpointError
-from trainer.config import model_config
 from trainer.runtime.model import layer_names
 
 CFG = model_config("tiny-gpt")
@@ -175,8 +175,10 @@ def test_a_record_moved_to_another_shard_does_not_vouch_for_it(tmp_path):
     assert v.problems[0] == "step00000010.stage0.pt: its hash record step00000010.stage0.sha256 is for " \
                             "'step00000010.stage1.pt'"  # fmt: skip
     checkpoint.record_path(a).write_text("{not json")
-    assert checkpoint.verify_step(tmp_path, 10, NAMES, job=JOB).problems[0].startswith(
-        "step00000010.stage0.sha256: not a hash record (JSONDecodeError"
+    assert (
+        checkpoint.verify_step(tmp_path, 10, NAMES, job=JOB)
+        .problems[0]
+        .startswith("step00000010.stage0.sha256: not a hash record (JSONDecodeError")
     )
     with pytest.raises(CheckpointError, match=r"stage0\.pt: cannot be verified: step00000010\.stage0\.sha256 is not"):
         checkpoint.load(a, config=CFG, job=JOB, complete=False)
@@ -245,8 +247,10 @@ def test_the_record_is_written_after_the_shard_is_durable_and_directories_are_fs
         ("replace", "step00000010.stage0.sha256"), ("fsync", "dir"),
     ]  # fmt: skip
     monkeypatch.undo()
-    assert checkpoint.load(path, config=CFG, job=JOB, complete=False).layers["embed"]["param/weight"].equal(
-        layers(STAGES[0], seed=7)["embed"]["param/weight"]
+    assert (
+        checkpoint.load(path, config=CFG, job=JOB, complete=False)
+        .layers["embed"]["param/weight"]
+        .equal(layers(STAGES[0], seed=7)["embed"]["param/weight"])
     )
 
 

@@ -7,7 +7,6 @@ pointed at an empty location so the results do not depend on ../shared being pre
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -71,9 +70,24 @@ def test_simulate_writes_json_plot_and_table(runner, tmp_path):
     out_json = tmp_path / "nested" / "run.json"
     out_png = tmp_path / "plots" / "run.png"
     result = invoke(
-        runner, "simulate", "--trace", "p3", "--start-hour", "10", "--end-hour", "10.5",
-        "-p", "ideal", "--policy", "reactive", "-p", "parcae",
-        "--json", str(out_json), "--plot", str(out_png),
+        runner,
+        "simulate",
+        "--trace",
+        "p3",
+        "--start-hour",
+        "10",
+        "--end-hour",
+        "10.5",
+        "-p",
+        "ideal",
+        "--policy",
+        "reactive",
+        "-p",
+        "parcae",
+        "--json",
+        str(out_json),
+        "--plot",
+        str(out_png),
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(out_json.read_text())
@@ -96,8 +110,18 @@ def test_simulate_writes_json_plot_and_table(runner, tmp_path):
     assert header.startswith("trace p3: intervals 600-629 (30 x 60 s, hours 10.00-10.50), model gpt-1.5b, K=8")
     assert "prices as of 20" in header
     text = "\n".join(table)
-    for column in ("policy", "samples", "vs ideal", "samples/s", "instance-h", "cost $", "$/M samples",
-                   "migration s", "planner ms", "migrations"):
+    for column in (
+        "policy",
+        "samples",
+        "vs ideal",
+        "samples/s",
+        "instance-h",
+        "cost $",
+        "$/M samples",
+        "migration s",
+        "planner ms",
+        "migrations",
+    ):
         assert column in text
     ideal_row = next(line for line in table if line.split() and line.split()[0] == "ideal")
     assert "1.000" in ideal_row
@@ -139,9 +163,16 @@ def test_format_migrations():
 def test_tables_split_on_narrow_consoles():
     from types import SimpleNamespace
 
-    r = SimpleNamespace(samples=100237.9, throughput=27.84, instance_hours=14.63, cost_usd=8.96,
-                        cost_per_million_samples=89.34, migration_s=112.1, decision_ms_median=1.1,
-                        migrations={"pipeline": 3.0, "inter-stage": 0.933, "start": 1.0})
+    r = SimpleNamespace(
+        samples=100237.9,
+        throughput=27.84,
+        instance_hours=14.63,
+        cost_usd=8.96,
+        cost_per_million_samples=89.34,
+        migration_s=112.1,
+        decision_ms_median=1.1,
+        migrations={"pipeline": 3.0, "inter-stage": 0.933, "start": 1.0},
+    )
     results = {"parcae-oracle": r, "ideal": r}
     assert len(results_tables(results, 103787.7, 250)) == 1
     narrow = results_tables(results, 103787.7, 80)
@@ -279,15 +310,23 @@ def _bad_plan(**changes) -> dict:
         (_bad_plan(forecast=[]), ("forecast", "non-empty")),
         (_bad_plan(forecast=[{"prev_available": "32"}]), ("forecast[0].prev_available", "integer", '"32"')),
         (_bad_plan(forecast=[{"prev_available": 32}, {}]), ("forecast[1].prev_available is missing",)),
-        (_bad_plan(forecast=[{"prev_available": 8, "events": [[0, 1, 0.5], [0, 0, 0.4]]}]),
-         ("forecast[0].events", "sum to 0.9", "expected 1")),
-        (_bad_plan(forecast=[{"prev_available": 8, "events": [[0, 1]]}]),
-         ("forecast[0].events[0]", "[n_in, n_out, prob]")),
-        (_bad_plan(forecast=[{"prev_available": 8, "events": [[0, 9, 1.0]]}]),
-         ("forecast[0].events[0]", "infeasible", "n_out=9", "prev_available=8")),
+        (
+            _bad_plan(forecast=[{"prev_available": 8, "events": [[0, 1, 0.5], [0, 0, 0.4]]}]),
+            ("forecast[0].events", "sum to 0.9", "expected 1"),
+        ),
+        (
+            _bad_plan(forecast=[{"prev_available": 8, "events": [[0, 1]]}]),
+            ("forecast[0].events[0]", "[n_in, n_out, prob]"),
+        ),
+        (
+            _bad_plan(forecast=[{"prev_available": 8, "events": [[0, 9, 1.0]]}]),
+            ("forecast[0].events[0]", "infeasible", "n_out=9", "prev_available=8"),
+        ),
         (_bad_plan(state={"strategy": [3, 3]}), ("state.strategy", "3x3", "feasible")),
-        (_bad_plan(state={"strategy": [4, 8]}, forecast=[{"prev_available": 30}]),
-         ("infeasible forecast", "4x8", "32 instances", "forecast[0].prev_available is 30")),
+        (
+            _bad_plan(state={"strategy": [4, 8]}, forecast=[{"prev_available": 30}]),
+            ("infeasible forecast", "4x8", "32 instances", "forecast[0].prev_available is 30"),
+        ),
         (_bad_plan(state={"strategy": [2, 8], "migrating": "yes"}), ("state.migrating", '"yes"')),
         (_bad_plan(state={"leftover_ms": -1}), ("state.leftover_ms", "-1")),
         (_bad_plan(interval_s=0), ("interval_s", "> 0")),

@@ -12,10 +12,10 @@ import math
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from _aws import fake_aws_account, isolate_aws
 from _mlflow import temporary_mlflow_store
+from typer.testing import CliRunner
+
 from parcae.cli import app
 
 FORECAST_KEYS = {"model", "last_available", "capacity", "point", "quantiles", "preemption_prob", "events"}
@@ -43,8 +43,12 @@ def event_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     lines = [f"{i},add,n{i}" for i in range(8)]
     for quarter in range(8):
         base = (quarter * 15) * 60_000
-        lines += [f"{base + 600_000},remove,n0", f"{base + 600_500},remove,n1",
-                  f"{base + 780_000},add,n0", f"{base + 780_500},add,n1"]
+        lines += [
+            f"{base + 600_000},remove,n0",
+            f"{base + 600_500},remove,n1",
+            f"{base + 780_000},add,n0",
+            f"{base + 780_500},add,n1",
+        ]
     lines += [f"{119 * 60_000},remove,n7", f"{119 * 60_000 + 30_000},add,n7"]
     path = tmp_path_factory.mktemp("traces") / "synthetic-events.csv"
     path.write_text("\n".join(lines) + "\n")
@@ -69,8 +73,21 @@ def test_evaluate_writes_the_documented_json(runner: CliRunner, event_trace: Pat
     from forecasting.traces import load_trace
 
     out = tmp_path / "nested" / "scores.json"
-    result = runner.invoke(app, ["forecast", "evaluate", "--trace", str(event_trace), "--horizon", "4",
-                                 "--models", "persistence,ets", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "forecast",
+            "evaluate",
+            "--trace",
+            str(event_trace),
+            "--horizon",
+            "4",
+            "--models",
+            "persistence,ets",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert set(doc) == {"models"} and list(doc["models"]) == ["persistence", "ets"]
@@ -89,15 +106,36 @@ def test_evaluate_writes_the_documented_json(runner: CliRunner, event_trace: Pat
     assert "backtested 2 model(s)" in result.stderr  # the progress bar is on stderr
 
 
-def test_evaluate_refuses_unknown_traces_models_and_short_traces(runner: CliRunner, event_trace: Path,
-                                                                 tmp_path: Path) -> None:
+def test_evaluate_refuses_unknown_traces_models_and_short_traces(
+    runner: CliRunner, event_trace: Path, tmp_path: Path
+) -> None:
     out = tmp_path / "x.json"
-    assert_user_error(runner.invoke(app, ["forecast", "evaluate", "--trace", "no-such-trace", "--json", str(out)]),
-                      "unknown trace 'no-such-trace'")
-    assert_user_error(runner.invoke(app, ["forecast", "evaluate", "--trace", str(event_trace), "--models",
-                                          "persistence,prophet", "--json", str(out)]), "unknown model 'prophet'")
-    assert_user_error(runner.invoke(app, ["forecast", "evaluate", "--trace", str(event_trace), "--horizon", "200",
-                                          "--json", str(out)]), "too short")
+    assert_user_error(
+        runner.invoke(app, ["forecast", "evaluate", "--trace", "no-such-trace", "--json", str(out)]),
+        "unknown trace 'no-such-trace'",
+    )
+    assert_user_error(
+        runner.invoke(
+            app,
+            [
+                "forecast",
+                "evaluate",
+                "--trace",
+                str(event_trace),
+                "--models",
+                "persistence,prophet",
+                "--json",
+                str(out),
+            ],
+        ),
+        "unknown model 'prophet'",
+    )
+    assert_user_error(
+        runner.invoke(
+            app, ["forecast", "evaluate", "--trace", str(event_trace), "--horizon", "200", "--json", str(out)]
+        ),
+        "too short",
+    )
     assert not out.exists()
 
 
@@ -116,19 +154,36 @@ def test_predict_persistence_prints_forecast_json(runner: CliRunner) -> None:
 
 
 def test_predict_refuses_an_origin_outside_the_trace(runner: CliRunner) -> None:
-    assert_user_error(runner.invoke(app, ["forecast", "predict", "--model", "persistence", "--at", "99999"]),
-                      "--at 99999", "0-682")
+    assert_user_error(
+        runner.invoke(app, ["forecast", "predict", "--model", "persistence", "--at", "99999"]), "--at 99999", "0-682"
+    )
     assert_user_error(runner.invoke(app, ["forecast", "predict", "--trace", "nope"]), "unknown trace 'nope'")
 
 
 # --------------------------------------------------------------------------------------------------- train
 
 
-def test_train_logs_registers_and_predict_uses_the_outcome(runner: CliRunner, event_trace: Path,
-                                                           tmp_path: Path, mlflow_store: Path) -> None:
+def test_train_logs_registers_and_predict_uses_the_outcome(
+    runner: CliRunner, event_trace: Path, tmp_path: Path, mlflow_store: Path
+) -> None:
     out = tmp_path / "outcome.json"
-    result = runner.invoke(app, ["forecast", "train", "--trace", "gcp-v100", "--eval-trace", str(event_trace),
-                                 "--horizon", "4", "--n-estimators", "5", "--json", str(out)])
+    result = runner.invoke(
+        app,
+        [
+            "forecast",
+            "train",
+            "--trace",
+            "gcp-v100",
+            "--eval-trace",
+            str(event_trace),
+            "--horizon",
+            "4",
+            "--n-estimators",
+            "5",
+            "--json",
+            str(out),
+        ],
+    )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     assert set(doc) == {"run_id", "version", "promoted", "reason", "metrics"}
@@ -163,8 +218,9 @@ def no_aws(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def test_collect_without_credentials_names_the_fix(runner: CliRunner, no_aws, tmp_path: Path) -> None:
     store = tmp_path / "store"
-    result = runner.invoke(app, ["collect", "--store", str(store), "--region", "us-east-1",
-                                 "--endpoint-url", "http://127.0.0.1:9"])
+    result = runner.invoke(
+        app, ["collect", "--store", str(store), "--region", "us-east-1", "--endpoint-url", "http://127.0.0.1:9"]
+    )
     assert_user_error(result, "no AWS credentials", "AWS_PROFILE", "AWS_ACCESS_KEY_ID")
     # no region either: both problems are named
     result = runner.invoke(app, ["collect", "--store", str(store)])
@@ -172,18 +228,34 @@ def test_collect_without_credentials_names_the_fix(runner: CliRunner, no_aws, tm
     assert not store.exists()
 
 
-def test_collect_with_moto_writes_prices(runner: CliRunner, no_aws, monkeypatch: pytest.MonkeyPatch,
-                                         tmp_path: Path) -> None:
+def test_collect_with_moto_writes_prices(
+    runner: CliRunner, no_aws, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from moto import mock_aws
 
     fake_aws_account(monkeypatch)
     store = tmp_path / "store"
     with mock_aws():
-        result = runner.invoke(app, ["collect", "--store", str(store), "--region", "us-east-1",
-                                     "--instance-type", "m5.large", "--job-tag", "job-t"])
+        result = runner.invoke(
+            app,
+            [
+                "collect",
+                "--store",
+                str(store),
+                "--region",
+                "us-east-1",
+                "--instance-type",
+                "m5.large",
+                "--job-tag",
+                "job-t",
+            ],
+        )
     assert result.exit_code == 0, result.output
-    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines()
-            if line.split() and line.split()[0] in ("fleet_events", "spot_prices", "placement_scores")}
+    rows = {
+        line.split()[0]: line.split()[1:]
+        for line in result.stdout.splitlines()
+        if line.split() and line.split()[0] in ("fleet_events", "spot_prices", "placement_scores")
+    }
     assert rows["fleet_events"][0] == "0"
     assert int(rows["spot_prices"][0]) > 0 and (store / "spot_prices").is_dir()
     assert rows["placement_scores"] == ["0", "0", "1"]  # moto does not implement placement scores
@@ -192,15 +264,30 @@ def test_collect_with_moto_writes_prices(runner: CliRunner, no_aws, monkeypatch:
 
 def test_simulate_with_a_forecaster_drives_parcae(runner, tmp_path):
     out = tmp_path / "sim.json"
-    res = runner.invoke(app, ["simulate", "--start-hour", "10", "--end-hour", "10.5", "-p", "parcae",
-                              "--forecaster", "ets", "--json", str(out)])
+    res = runner.invoke(
+        app,
+        [
+            "simulate",
+            "--start-hour",
+            "10",
+            "--end-hour",
+            "10.5",
+            "-p",
+            "parcae",
+            "--forecaster",
+            "ets",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     data = json.loads(out.read_text())
     assert data["policies"]["parcae"]["samples"] > 0
 
 
 def test_simulate_rejects_an_unknown_forecaster(runner):
-    res = runner.invoke(app, ["simulate", "--start-hour", "10", "--end-hour", "10.5", "-p", "parcae",
-                              "--forecaster", "crystal-ball"])
+    res = runner.invoke(
+        app, ["simulate", "--start-hour", "10", "--end-hour", "10.5", "-p", "parcae", "--forecaster", "crystal-ball"]
+    )
     assert res.exit_code == 2
     assert "crystal-ball" in res.output and "Traceback" not in res.output

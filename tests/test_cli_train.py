@@ -5,17 +5,18 @@ from __future__ import annotations
 
 import json
 
-from typer.testing import CliRunner
-
 from _flow_fixtures import runtime_profile_file
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from typer.testing import CliRunner
+
 from parcae.cli import app
 
 
 def test_train_writes_the_report(tmp_path):
     out = tmp_path / "report.json"
-    res = CliRunner().invoke(app, ["train", "--workers", "2", "--steps", "3", "--out-dir", str(tmp_path / "run"),
-                                   "--json", str(out)])
+    res = CliRunner().invoke(
+        app, ["train", "--workers", "2", "--steps", "3", "--out-dir", str(tmp_path / "run"), "--json", str(out)]
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert len(report["loss"]) == 3
@@ -32,8 +33,9 @@ def test_train_rejects_events_and_trace_together(tmp_path):
 def test_train_names_a_bad_event(tmp_path):
     events = tmp_path / "events.json"
     events.write_text(json.dumps([{"step": 1, "kind": "teleport"}]))
-    res = CliRunner().invoke(app, ["train", "--workers", "2", "--steps", "3", "--events", str(events),
-                                   "--out-dir", str(tmp_path / "run")])
+    res = CliRunner().invoke(
+        app, ["train", "--workers", "2", "--steps", "3", "--events", str(events), "--out-dir", str(tmp_path / "run")]
+    )
     assert res.exit_code == 2, res.output
     assert "teleport" in res.output and "Traceback" not in res.output
 
@@ -48,9 +50,32 @@ def test_train_replays_a_trace_planned_by_liveput_on_a_profile(tmp_path, _no_orp
     each of the 3 boundaries, on a profile where 2x1 is by far the fastest (the rule would run two stages)."""
     profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1), max_instances=3)
     out = tmp_path / "report.json"
-    res = CliRunner().invoke(app, ["train", "--workers", "3", "--steps", "8", "--trace", "p3", "--start-interval", "49",
-                                   "--interval-seconds", "0.2", "--planner", "liveput", "--profile", str(profile),
-                                   "--look-ahead", "3", "--out-dir", str(tmp_path / "run"), "--json", str(out)])
+    res = CliRunner().invoke(
+        app,
+        [
+            "train",
+            "--workers",
+            "3",
+            "--steps",
+            "8",
+            "--trace",
+            "p3",
+            "--start-interval",
+            "49",
+            "--interval-seconds",
+            "0.2",
+            "--planner",
+            "liveput",
+            "--profile",
+            str(profile),
+            "--look-ahead",
+            "3",
+            "--out-dir",
+            str(tmp_path / "run"),
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     plans = report["plans"]

@@ -8,18 +8,18 @@ runs. Clients that are not mocked point at ``http://127.0.0.1:9`` so that a mist
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
 import botocore.endpoint
 import pandas as pd
 import pytest
+from _aws import fake_aws_account, isolate_aws
 from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from _aws import fake_aws_account, isolate_aws
 from forecasting.collect import (
     CollectError,
     InstanceObservation,
@@ -32,7 +32,7 @@ from forecasting.traces import load_trace, read_event_csv, to_intervals
 REGION = "us-east-1"
 NOWHERE = "http://127.0.0.1:9"  # discard port: stubbed clients must never send, and never off this host
 AMI = "ami-12c6146b"  # any id: moto does not validate AMIs unless told to
-T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
@@ -77,7 +77,13 @@ def no_duplicate_keys(df: pd.DataFrame, key: list[str]) -> bool:
 def test_store_appends_atomic_parts_and_dedups_on_read(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
     assert list(store.read("spot_prices").columns) == [
-        "region", "instance_type", "az", "product", "timestamp", "price", "observed_at"
+        "region",
+        "instance_type",
+        "az",
+        "product",
+        "timestamp",
+        "price",
+        "observed_at",
     ]
     row = {
         "region": REGION,
@@ -208,8 +214,12 @@ def test_fleet_interruptions_vanishing_and_short_lives(tmp_path: Path) -> None:
     m = lambda minutes: T0 + timedelta(minutes=minutes)  # noqa: E731
     col, stub = stubbed(tmp_path)
     # round 1: a and b run
-    round_trip(stub, [inst("i-a", "running", m(0)), inst("i-b", "running", m(0.5))], ["i-a", "i-b"],
-               [spot_request("i-a", "fulfilled", m(0)), spot_request("i-b", "fulfilled", m(0.5))])
+    round_trip(
+        stub,
+        [inst("i-a", "running", m(0)), inst("i-b", "running", m(0.5))],
+        ["i-a", "i-b"],
+        [spot_request("i-a", "fulfilled", m(0)), spot_request("i-b", "fulfilled", m(0.5))],
+    )
     # round 2: a gets its two-minute notice (still running), b was terminated by us, c came up
     round_trip(
         stub,
@@ -222,13 +232,18 @@ def test_fleet_interruptions_vanishing_and_short_lives(tmp_path: Path) -> None:
         [spot_request("i-a", "marked-for-termination", m(3))],
     )
     # round 3: a terminated (already recorded), c vanished, d lived and stopped between two rounds
-    r3 = [inst("i-a", "terminated", m(0), m(5), "Server.SpotInstanceTermination"),
-          inst("i-d", "stopped", m(6), m(6.5), "Server.SpotInstanceShutdown")]
+    r3 = [
+        inst("i-a", "terminated", m(0), m(5), "Server.SpotInstanceTermination"),
+        inst("i-d", "stopped", m(6), m(6.5), "Server.SpotInstanceShutdown"),
+    ]
     round_trip(stub, r3, ["i-a", "i-c", "i-d"], [])
     # round 4: the same answer again writes nothing
     stub.add_response("describe_instances", {"Reservations": [{"Instances": r3}]})
-    stub.add_response("describe_spot_instance_requests", {"SpotInstanceRequests": []}, {
-        "Filters": [{"Name": "instance-id", "Values": ["i-a", "i-d"]}]})
+    stub.add_response(
+        "describe_spot_instance_requests",
+        {"SpotInstanceRequests": []},
+        {"Filters": [{"Name": "instance-id", "Values": ["i-a", "i-d"]}]},
+    )
 
     written = [col.collect_fleet(now=m(t)).rows_written["fleet_events"] for t in (1, 5, 7, 8)]
     stub.assert_no_pending_responses()
@@ -262,16 +277,25 @@ def test_fleet_interruptions_vanishing_and_short_lives(tmp_path: Path) -> None:
 def test_restart_between_rounds_is_a_remove_and_an_add(tmp_path: Path) -> None:
     """A stop+start unseen by any round shows as a newer LaunchTime; the export orders remove before add."""
     store = TraceStore(tmp_path)
-    base = {"region": REGION, "instance_type": "p3.2xlarge", "az": "us-east-1a", "lifecycle": "spot",
-            "spot_request_id": ""}
+    base = {
+        "region": REGION,
+        "instance_type": "p3.2xlarge",
+        "az": "us-east-1a",
+        "lifecycle": "spot",
+        "spot_request_id": "",
+    }
     known = {"i-a": {**base, "instance_id": "i-a", "event": "add", "timestamp": pd.Timestamp(T0)}}
     restarted = InstanceObservation("i-a", REGION, "running", pd.Timestamp(T0 + timedelta(minutes=10)))
-    rows = fleet_transitions([restarted], known, {}, now=pd.Timestamp(T0 + timedelta(minutes=11)),
-                             job_tag="j", region=REGION)
-    assert [(r["event"], r["timestamp"]) for r in rows] == [("remove", restarted.launch_time),
-                                                             ("add", restarted.launch_time)]
-    store.append("fleet_events", [{**known["i-a"], "job_tag": "j", "state": "running", "reason": "running",
-                                   "observed_at": T0}])
+    rows = fleet_transitions(
+        [restarted], known, {}, now=pd.Timestamp(T0 + timedelta(minutes=11)), job_tag="j", region=REGION
+    )
+    assert [(r["event"], r["timestamp"]) for r in rows] == [
+        ("remove", restarted.launch_time),
+        ("add", restarted.launch_time),
+    ]
+    store.append(
+        "fleet_events", [{**known["i-a"], "job_tag": "j", "state": "running", "reason": "running", "observed_at": T0}]
+    )
     store.append("fleet_events", rows)
     csv = store.export_event_csv("j", tmp_path / "j.csv")
     assert csv.read_text().splitlines() == ["0,add,i-a", "600000,remove,i-a", "600000,add,i-a"]
@@ -285,7 +309,7 @@ def test_prices_with_moto_and_dedup(tmp_path: Path) -> None:
     store = TraceStore(tmp_path)
     with mock_aws():
         col = SpotCollector(regions=[REGION], instance_types=["m5.large"], store=store)
-        end = datetime.now(timezone.utc)
+        end = datetime.now(UTC)
         first = col.collect_prices(end - timedelta(hours=1), end)
         again = col.collect_prices(end - timedelta(hours=1), end)
     assert first.ok and first.rows_written["spot_prices"] > 0
@@ -299,17 +323,32 @@ def test_prices_with_moto_and_dedup(tmp_path: Path) -> None:
 
 
 def price(az: str, hour: int, value: str = "0.9") -> dict:
-    return {"AvailabilityZone": az, "InstanceType": "p3.2xlarge", "ProductDescription": "Linux/UNIX",
-            "SpotPrice": value, "Timestamp": T0 + timedelta(hours=hour)}
+    return {
+        "AvailabilityZone": az,
+        "InstanceType": "p3.2xlarge",
+        "ProductDescription": "Linux/UNIX",
+        "SpotPrice": value,
+        "Timestamp": T0 + timedelta(hours=hour),
+    }
 
 
 def test_prices_follow_every_page_and_empty_answers_are_fine(tmp_path: Path) -> None:
     col, stub = stubbed(tmp_path)
-    stub.add_response("describe_spot_price_history",
-                      {"SpotPriceHistory": [price("us-east-1a", 0), price("us-east-1b", 0)], "NextToken": "p2"})
-    stub.add_response("describe_spot_price_history", {"SpotPriceHistory": [price("us-east-1a", 1)], "NextToken": ""},
-                      {"InstanceTypes": ["p3.2xlarge"], "ProductDescriptions": ["Linux/UNIX"], "StartTime": T0,
-                       "EndTime": T0 + timedelta(days=1), "NextToken": "p2"})
+    stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [price("us-east-1a", 0), price("us-east-1b", 0)], "NextToken": "p2"},
+    )
+    stub.add_response(
+        "describe_spot_price_history",
+        {"SpotPriceHistory": [price("us-east-1a", 1)], "NextToken": ""},
+        {
+            "InstanceTypes": ["p3.2xlarge"],
+            "ProductDescriptions": ["Linux/UNIX"],
+            "StartTime": T0,
+            "EndTime": T0 + timedelta(days=1),
+            "NextToken": "p2",
+        },
+    )
     stub.add_response("describe_spot_price_history", {"SpotPriceHistory": []})
     assert col.collect_prices(T0, T0 + timedelta(days=1)).rows_written == {"spot_prices": 3}
     empty = col.collect_prices(T0, T0 + timedelta(days=1))
@@ -331,13 +370,18 @@ def test_placement_scores_unsupported_by_moto(tmp_path: Path) -> None:
 
 
 def test_placement_scores_recorded_and_client_errors_reported(tmp_path: Path) -> None:
-    col, stub = stubbed(tmp_path, instance_types=["p3.2xlarge", "p3.8xlarge", "g5.xlarge"],
-                        regions=[REGION, "us-west-2"])
+    col, stub = stubbed(
+        tmp_path, instance_types=["p3.2xlarge", "p3.8xlarge", "g5.xlarge"], regions=[REGION, "us-west-2"]
+    )
     stub.add_response(
         "get_spot_placement_scores",
         {"SpotPlacementScores": [{"Region": REGION, "Score": 7}, {"Region": "us-west-2", "Score": 3}]},
-        {"InstanceTypes": ["p3.2xlarge", "p3.8xlarge", "g5.xlarge"], "TargetCapacity": 8,
-         "SingleAvailabilityZone": False, "RegionNames": [REGION, "us-west-2"]},
+        {
+            "InstanceTypes": ["p3.2xlarge", "p3.8xlarge", "g5.xlarge"],
+            "TargetCapacity": 8,
+            "SingleAvailabilityZone": False,
+            "RegionNames": [REGION, "us-west-2"],
+        },
     )
     stub.add_client_error("get_spot_placement_scores", "UnauthorizedOperation", "not allowed")
     stub.add_client_error("get_spot_placement_scores", "InvalidAction", "no such action")
@@ -434,8 +478,9 @@ def test_throttle_with_retries_disabled_then_success(tmp_path: Path) -> None:
 
 
 def test_failed_region_does_not_block_the_others(tmp_path: Path) -> None:
-    col = SpotCollector(regions=[REGION, "eu-west-1"], job_tag="job-x", store=TraceStore(tmp_path),
-                        endpoint_url=NOWHERE, max_attempts=1)
+    col = SpotCollector(
+        regions=[REGION, "eu-west-1"], job_tag="job-x", store=TraceStore(tmp_path), endpoint_url=NOWHERE, max_attempts=1
+    )
     east, west = Stubber(col.client(REGION)), Stubber(col.client("eu-west-1"))
     east.add_response("describe_instances", {"Reservations": [{"Instances": [inst("i-a", "running", T0)]}]})
     east.add_response("describe_spot_instance_requests", {"SpotInstanceRequests": []})
@@ -453,8 +498,11 @@ def test_missing_credentials_name_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_p
     monkeypatch.delenv("AWS_ACCESS_KEY_ID")
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
     col = SpotCollector(store=TraceStore(tmp_path), endpoint_url=NOWHERE)
-    for collect in (col.collect_fleet, lambda: col.collect_prices(T0, T0 + timedelta(hours=1)),
-                    lambda: col.collect_placement_scores(1)):
+    for collect in (
+        col.collect_fleet,
+        lambda: col.collect_prices(T0, T0 + timedelta(hours=1)),
+        lambda: col.collect_placement_scores(1),
+    ):
         with pytest.raises(CollectError, match="no AWS credentials") as info:
             collect()
         assert "AWS_PROFILE" in str(info.value) and "AWS_ACCESS_KEY_ID" in str(info.value)
@@ -483,8 +531,9 @@ def test_round_trip_against_moto_server_on_loopback(tmp_path: Path) -> None:
         session = boto3.Session()  # credentials and region from the (faked) environment
         ec2 = session.client("ec2", endpoint_url=endpoint)
         store = TraceStore(tmp_path / "store")
-        col = SpotCollector(session, instance_types=["m5.large"], job_tag="srv", store=store,
-                            endpoint_url=endpoint, max_attempts=2)
+        col = SpotCollector(
+            session, instance_types=["m5.large"], job_tag="srv", store=store, endpoint_url=endpoint, max_attempts=2
+        )
         sent_to: list[str] = []
 
         def loopback_only(request, **_):
@@ -497,7 +546,7 @@ def test_round_trip_against_moto_server_on_loopback(tmp_path: Path) -> None:
         ec2.terminate_instances(InstanceIds=ids[:1])
         assert col.collect_fleet().rows_written == {"fleet_events": 1}
         assert col.collect_fleet().rows_written == {"fleet_events": 0}
-        end = datetime.now(timezone.utc)
+        end = datetime.now(UTC)
         assert col.collect_prices(end - timedelta(hours=1), end).rows_written["spot_prices"] > 0
         scores = col.collect_placement_scores(2)  # moto_server answers HTTP 500 with an HTML page
         assert scores.rows_written == {"placement_scores": 0} and scores.unsupported and not scores.errors

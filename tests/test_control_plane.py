@@ -15,15 +15,16 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from _jobs import coordinator as make_coordinator
+from _jobs import run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
-from trainer.control import coordinator
 from trainer.config import TrainConfig, model_config
+from trainer.control import coordinator
+from trainer.observe.observer import JobObserver
 from trainer.runtime.keys import HANDED_SEQ
 from trainer.runtime.keys import handed as handed_key
-from trainer.observe.observer import JobObserver
-from _jobs import coordinator as make_coordinator, run_job
 from trainer.runtime.store import SealedStore, StoreAuthError, connect_store, read_token_file, write_token_file
 
 CFG = model_config("tiny-gpt", dtype="float64")

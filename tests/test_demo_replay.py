@@ -10,11 +10,10 @@ planner or the replay, and this says whether the demo still shows every kind.
 
 from __future__ import annotations
 
-import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
-
 import dataclasses  # noqa: E402
 import inspect  # noqa: E402
 
+import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 import pytest  # noqa: E402
 
 from flows.pipeline import LIVE_KINDS, pipeline  # noqa: E402
@@ -25,8 +24,8 @@ from liveput.throughput import ThroughputProfile  # noqa: E402
 from trainer.config import TrainConfig, model_config  # noqa: E402
 from trainer.control.coordinator import check_schedule, schedule_state  # noqa: E402
 from trainer.control.events import EventGroup, group_events, parse_events  # noqa: E402
-from trainer.control.schedules import LocalTraceProvider, trace_strategy  # noqa: E402
 from trainer.control.planning import PlanRequest, make_planner  # noqa: E402
+from trainer.control.schedules import LocalTraceProvider, trace_strategy  # noqa: E402
 from trainer.observe.calibration import p2p_table  # noqa: E402
 from trainer.observe.profile import RuntimeProfile, runtime_spec  # noqa: E402
 

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-
 from _tables import canonical_table
+
 from forecasting.features import (
     ANCHOR_STEPS,
     ANCHOR_WINDOW,
@@ -252,9 +252,7 @@ def test_changing_the_future_does_not_change_past_features() -> None:
     t = 150
     mixed = pd.concat([df.iloc[: t + 1], other.iloc[t + 1 :]]).reset_index(drop=True)
     mixed.attrs = df.attrs
-    pd.testing.assert_frame_equal(
-        features_at(df, range(t + 1)), features_at(mixed, range(t + 1)), check_exact=True
-    )
+    pd.testing.assert_frame_equal(features_at(df, range(t + 1)), features_at(mixed, range(t + 1)), check_exact=True)
 
 
 def test_stack_steps_adds_the_step_and_the_event_ages_at_the_target(hand: pd.DataFrame) -> None:

@@ -11,18 +11,23 @@ running job (coordinator and worker processes, a `HandedPlanner`) in a thread of
 
 from __future__ import annotations
 
-
-import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
-
 import threading  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
+from tracking import TrackingError  # noqa: E402
+
+import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 import boto3  # noqa: E402
 import mlflow  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
+from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
+from _jobs import run_job  # noqa: E402
+from _tables import periodic_counts  # noqa: E402
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
@@ -31,10 +36,6 @@ from prefect.flows import load_flow_from_entrypoint  # noqa: E402
 from prefect.states import Failed  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
-from _aws import fake_aws_account, isolate_aws  # noqa: E402
-from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
-from _tables import periodic_counts  # noqa: E402
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from flows.collect_traces import collect_traces  # noqa: E402
 from flows.plan_interval import plan_interval  # noqa: E402
 from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
@@ -44,14 +45,12 @@ from forecasting.traces import load_trace  # noqa: E402
 from liveput.optimizer import JobState  # noqa: E402
 from liveput.throughput import load_profile  # noqa: E402
 from parcae.settings import check_deployments  # noqa: E402
-from tracking import TrackingError  # noqa: E402
 from tasks import retry_on  # noqa: E402
 from tasks.plan import hand_plan_to_coordinator  # noqa: E402
 from tasks.tracking import FLOW_RUN_TAG, FORECASTER_RUN_TAG, store_unavailable  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
-from trainer.observe.observer import JobObserver  # noqa: E402
 from trainer.control.planning import HandedPlanner, HandPlanError  # noqa: E402
-from _jobs import run_job  # noqa: E402
+from trainer.observe.observer import JobObserver  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 REGION = "us-east-1"
@@ -222,8 +221,9 @@ def test_plan_interval_hands_its_plan_to_a_running_job(trained, tmp_path: Path, 
     assert str(state.state_details.flow_run_id) in first["details"]["handed"]["source"]  # who sent it
     moved = [r for r in result["reconfigurations"] if r.get("step") == first["step"]]
     assert moved and list(moved[0]["strategy"]) == decision
-    assert [p["decision"] for p in result["plans"] if p["step"] > first["step"]] == \
-        [decision] * sum(p["step"] > first["step"] for p in result["plans"])  # the plan stands until replaced
+    assert [p["decision"] for p in result["plans"] if p["step"] > first["step"]] == [decision] * sum(
+        p["step"] > first["step"] for p in result["plans"]
+    )  # the plan stands until replaced
 
 
 def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,7 @@ def _typed_imports() -> dict[str, str]:
 
 
 def test_the_lazy_table_and_the_typed_imports_agree() -> None:
-    assert forecasting._HOMES == _typed_imports()
+    assert _typed_imports() == forecasting._HOMES
     assert sorted(forecasting.__all__) == sorted(forecasting._HOMES)
 
 
@@ -42,7 +42,9 @@ def test_every_public_name_resolves_to_its_home() -> None:
 
 def test_jsonio_alone_does_not_import_pandas_or_lightgbm() -> None:
     """A trainer worker imports `forecasting.jsonio` only; the face must not drag the models in."""
-    code = "import sys; from forecasting import jsonio; print(sorted({'pandas', 'lightgbm', 'pyarrow'} & {*sys.modules}))"
+    code = (
+        "import sys; from forecasting import jsonio; print(sorted({'pandas', 'lightgbm', 'pyarrow'} & {*sys.modules}))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

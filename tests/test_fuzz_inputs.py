@@ -177,8 +177,12 @@ def _json_text(value: st.SearchStrategy[object]) -> st.SearchStrategy[bytes]:
 
 
 _GAP = st.one_of(st.floats(0, 10**17), st.integers(1, 3600), st.integers(1, 3600), JSON_LEAF)
-_DATA = st.one_of(st.lists(st.integers(0, 40), max_size=30), st.lists(st.integers(0, 10**7), max_size=5),
-                  st.lists(JSON_LEAF, max_size=8), JSON_VALUE)
+_DATA = st.one_of(
+    st.lists(st.integers(0, 40), max_size=30),
+    st.lists(st.integers(0, 10**7), max_size=5),
+    st.lists(JSON_LEAF, max_size=8),
+    JSON_VALUE,
+)
 SKYPILOT = st.one_of(
     st.fixed_dictionaries({"metadata": st.fixed_dictionaries({"gap_seconds": _GAP}), "data": _DATA}),
     st.fixed_dictionaries({"metadata": st.fixed_dictionaries({"gap_seconds": _GAP}), "data": _DATA}),
@@ -244,6 +248,7 @@ def test_skypilot_json(content: bytes, interval_s: float) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- plan input
+
 
 def _often(good: st.SearchStrategy[object], junk: st.SearchStrategy[object] = JSON_LEAF) -> st.SearchStrategy:
     """Mostly ``good``, sometimes ``junk``: deep enough into the document to reach the planner. (Not

@@ -11,8 +11,6 @@ field and says what to do, with no traceback. The bounds themselves are module c
 
 from __future__ import annotations
 
-import _prefect_home  # noqa: F401 - before prefect (check_deployments loads the flows): a temporary PREFECT_HOME
-
 import ast  # noqa: E402
 import inspect  # noqa: E402
 import json  # noqa: E402
@@ -20,6 +18,7 @@ import random  # noqa: E402
 import re  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import _prefect_home  # noqa: F401 - before prefect (check_deployments loads the flows): a temporary PREFECT_HOME
 import pytest  # noqa: E402
 import yaml  # noqa: E402
 from typer.testing import CliRunner  # noqa: E402

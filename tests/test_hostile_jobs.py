@@ -16,17 +16,17 @@ from pathlib import Path
 
 import pytest
 import torch
+from _jobs import run_job, train
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from parcae.cli import app
-from trainer.runtime import checkpoint
-from trainer.control import run as run_module
 from trainer.config import TrainConfig, model_config
+from trainer.control import run as run_module
+from trainer.control.run import JobError
+from trainer.runtime import checkpoint
 from trainer.runtime.data import global_batch
 from trainer.runtime.pipeline import StageLayout, build_context
-from trainer.control.run import JobError
-from _jobs import run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-
 from _tables import canonical_table, periodic_counts
+
 from forecasting import traces as T
 from forecasting.corpus import DUPLICATES, training_corpus
 from forecasting.features import FEATURE_NAMES, STEP_FEATURE_NAMES

@@ -7,11 +7,11 @@ import math
 import random
 
 import pytest
-
 from _small_model import brute_force_min_missing, overlap, small_spec
+
 from liveput.migration import CostModel, assign_stages
 from liveput.model_spec import load_model_spec
-from liveput.network import MiB, GiB, P2PTable, P3_P2P, p2p_ms
+from liveput.network import P3_P2P, GiB, MiB, P2PTable, p2p_ms
 
 GPT = CostModel.reference("gpt-1.5b")
 
@@ -20,8 +20,16 @@ GPT = CostModel.reference("gpt-1.5b")
 
 @pytest.mark.parametrize(
     "nbytes, us",
-    [(4, 142.907), (8, 139.679), (1024, 137.372), (64 * 1024, 194.492), (MiB, 1428.108),
-     (32 * MiB, 38560.219), (512 * MiB, 601380.752), (GiB, 1198255.900)],
+    [
+        (4, 142.907),
+        (8, 139.679),
+        (1024, 137.372),
+        (64 * 1024, 194.492),
+        (MiB, 1428.108),
+        (32 * MiB, 38560.219),
+        (512 * MiB, 601380.752),
+        (GiB, 1198255.900),
+    ],
 )
 def test_p2p_at_table_points(nbytes, us):
     assert P3_P2P.ms(nbytes) == pytest.approx(us / 1000.0, rel=1e-12)
@@ -91,9 +99,7 @@ def test_gpt67b_group_rate():
     cm = CostModel.reference("gpt-6.7b")
     assert cm.comm_groups_ms(2, 12, add=False) == pytest.approx(35 + 115.6 * (2 + 12 + 1 + 24), rel=1e-12)
     assert cm.comm_groups_ms(2, 12, add=True) == pytest.approx(35 + 500 * (2 + 12 + 1 + 24), rel=1e-12)
-    assert cm.restart_ms(2, 12, add=True) == pytest.approx(
-        6600 + 2000 + 35 + 500 * 39 + 240 + 7961, rel=1e-12
-    )
+    assert cm.restart_ms(2, 12, add=True) == pytest.approx(6600 + 2000 + 35 + 500 * 39 + 240 + 7961, rel=1e-12)
 
 
 # ---------------------------------------------------------------------- other models' comm groups (§D.2)
@@ -212,7 +218,9 @@ def test_pipeline_sums_every_new_stages_missing_params():
     assert missing > per_stage[-1]  # ... so "last stage only" is strictly less
     cost = GPT.pipeline_ms(4, 6, missing, add=False)
     buggy = GPT.pipeline_ms(4, 6, per_stage[-1], add=False)
-    assert cost == pytest.approx(P3_P2P.ms(12 * sum(per_stage)) + max(GPT.stage_transfer_ms(6)) + GPT.restart_ms(4, 6, False))
+    assert cost == pytest.approx(
+        P3_P2P.ms(12 * sum(per_stage)) + max(GPT.stage_transfer_ms(6)) + GPT.restart_ms(4, 6, False)
+    )
     assert cost > buggy
 
 

@@ -21,8 +21,8 @@ import json
 import math
 
 import pytest
-
 from _small_model import small_cost, small_profile, small_spec
+
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan
 from liveput.scenarios import IntervalForecast, ScenarioStore
 
@@ -121,8 +121,13 @@ def test_plan_matches_brute_force(T, fname, sname):
     got = plan(store, forecast, current, PlannerConfig(interval_s=T, look_ahead=len(forecast)))
     assert got.expected_samples == pytest.approx(best, rel=1e-9, abs=1e-9)
     # the lazy (bounded) search and the exhaustive one agree
-    full = plan(ScenarioStore(PROFILE, COST), forecast, current,
-                PlannerConfig(interval_s=T, look_ahead=len(forecast)), exhaustive=True)
+    full = plan(
+        ScenarioStore(PROFILE, COST),
+        forecast,
+        current,
+        PlannerConfig(interval_s=T, look_ahead=len(forecast)),
+        exhaustive=True,
+    )
     assert full.expected_samples == pytest.approx(best, rel=1e-9, abs=1e-9)
     assert [s.strategy for s in full.steps] == [s.strategy for s in got.steps]
     # the returned steps are a sequence that really earns that total under the accounting rule
@@ -201,14 +206,10 @@ def test_ties_go_to_fewer_stages_then_fewer_instances(K):
     assert got.decision == (1, 2)
     assert [s.strategy for s in got.steps] == [(1, 2)] * K
     # fewer instances wins between equal-P strategies: drop (1, 3) and it is (1, 2) over (2, 2)
-    store2 = ScenarioStore(
-        small_profile({(1, 2): 1000.0, (2, 2): 1000.0}, name="flat2"), store.cost
-    )
+    store2 = ScenarioStore(small_profile({(1, 2): 1000.0, (2, 2): 1000.0}, name="flat2"), store.cost)
     assert plan(store2, [F.point(6)] * K, JobState(), PlannerConfig(look_ahead=K)).decision == (1, 2)
     # fewer stages comes first, even at more instances: (2, 2) beats (1, 3)
-    store3 = ScenarioStore(
-        small_profile({(1, 3): 1000.0, (2, 2): 1000.0}, name="flat3"), store.cost
-    )
+    store3 = ScenarioStore(small_profile({(1, 3): 1000.0, (2, 2): 1000.0}, name="flat3"), store.cost)
     assert plan(store3, [F.point(6)] * K, JobState(), PlannerConfig(look_ahead=K)).decision == (2, 2)
 
 
@@ -231,8 +232,10 @@ def test_plan_to_dict_is_json_serialisable():
     assert back["decision"] == list(got.decision)
     assert len(back["steps"]) == 3
     assert math.isclose(back["expected_samples"], got.expected_samples)
-    assert all(set(s) >= {"strategy", "migrating", "expected_samples", "expected_cost_ms", "reach", "kinds"}
-               for s in back["steps"])
+    assert all(
+        set(s) >= {"strategy", "migrating", "expected_samples", "expected_cost_ms", "reach", "kinds"}
+        for s in back["steps"]
+    )
     assert back["alternatives"] and all(isinstance(a["expected_samples"], float) for a in back["alternatives"])
 
 

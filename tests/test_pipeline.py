@@ -9,36 +9,34 @@ subprocess against the same Prefect server and MLflow store, is killed after its
 
 from __future__ import annotations
 
-import os
-
-import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
-
 import json  # noqa: E402
+import os
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 import boto3  # noqa: E402
 import mlflow  # noqa: E402
 import pytest  # noqa: E402
 import yaml  # noqa: E402
+from _aws import fake_aws_account, isolate_aws  # noqa: E402
+from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env  # noqa: E402
+from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
 from prefect.settings import PREFECT_API_URL  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
-from _aws import fake_aws_account, isolate_aws  # noqa: E402
-from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env  # noqa: E402
-from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from flows.train import train  # noqa: E402
 from parcae import settings  # noqa: E402
 from tasks.training import RUN_FILE  # noqa: E402
-from trainer.runtime import checkpoint # noqa: E402
 from trainer.config import model_config  # noqa: E402
+from trainer.runtime import checkpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: p3 scaled to 3 processes from interval 49: 3 alive, 2 from interval 51, 1 at 59-60, 2 again from 61.
@@ -244,7 +242,9 @@ def test_the_aws_provider_needs_credentials_and_a_valid_configuration(
     store: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     isolate_aws(monkeypatch, tmp_path)
-    state = train(**JOB, steps=STEPS, provider="aws", provider_options=AWS, out_dir=str(tmp_path / "job"), return_state=True)
+    state = train(
+        **JOB, steps=STEPS, provider="aws", provider_options=AWS, out_dir=str(tmp_path / "job"), return_state=True
+    )
     assert state.is_failed()
     assert "provider='aws'" in state.message and "credentials" in state.message.lower()
     assert "provider='local'" in state.message

@@ -10,7 +10,15 @@ from math import comb
 import pytest
 
 from liveput import (
-    IDLE, POLICY_NAMES, CostModel, IntervalForecast, JobState, ParcaePolicy, load_profile, make_policy, plan,
+    IDLE,
+    POLICY_NAMES,
+    CostModel,
+    IntervalForecast,
+    JobState,
+    ParcaePolicy,
+    load_profile,
+    make_policy,
+    plan,
 )
 from liveput.policies import BambooPolicy, IdealPolicy, IntervalEvent, ReactivePolicy, history_persistence
 
@@ -31,9 +39,7 @@ def brute_survive(d: int, p: int, k: int) -> float:
     subsets = list(itertools.combinations(range(d * p), k))
     for lost in subsets:
         lost = set(lost)
-        ok = all(
-            not (r * p + s in lost and r * p + (s + 1) % p in lost) for r in range(d) for s in range(p)
-        )
+        ok = all(not (r * p + s in lost and r * p + (s + 1) % p in lost) for r in range(d) for s in range(p))
         good += ok
     return good / len(subsets)
 
@@ -77,10 +83,10 @@ def _reactive_cost(s, add: bool, save: bool) -> float:
 
 def test_reactive_spill_and_drain():
     ev = [
-        IntervalEvent(0, 20, 0, 0),   # first interval: start on 20 with a rendezvous, nothing to save
-        IntervalEvent(1, 20, 2, 0),   # +2: restart on 22 with rendezvous + checkpoint: longer than 60 s
-        IntervalEvent(2, 22, 0, 0),   # no event: finish the leftover, train the rest
-        IntervalEvent(3, 22, 0, 6),   # -6: restart on 16, no rendezvous
+        IntervalEvent(0, 20, 0, 0),  # first interval: start on 20 with a rendezvous, nothing to save
+        IntervalEvent(1, 20, 2, 0),  # +2: restart on 22 with rendezvous + checkpoint: longer than 60 s
+        IntervalEvent(2, 22, 0, 0),  # no event: finish the leftover, train the rest
+        IntervalEvent(3, 22, 0, 6),  # -6: restart on 16, no rendezvous
         IntervalEvent(4, 16, 0, 12),  # 4 left: gpt-1.5b needs P >= 6, so nothing runs
     ]
     s20, t20 = _thr(20)
@@ -92,8 +98,8 @@ def test_reactive_spill_and_drain():
     c3 = _reactive_cost(s16, add=False, save=True)
     assert c0 < 60000 < c1 and c3 < 60000
     want = [
-        t20 * (60.0 - c0 / 1000),            # trains after the start
-        0.0,                                  # still restarting at the end of the interval
+        t20 * (60.0 - c0 / 1000),  # trains after the start
+        0.0,  # still restarting at the end of the interval
         t22 * (60.0 - (c1 - 60000) / 1000),  # pays only the leftover
         t16 * (60.0 - c3 / 1000),
         0.0,
@@ -111,9 +117,9 @@ def test_reactive_spill_and_drain():
 def test_reactive_concurrent_restart_while_busy():
     ev = [
         IntervalEvent(0, 20, 0, 0),
-        IntervalEvent(1, 20, 2, 0),   # spills 3.2 s into the next interval
-        IntervalEvent(2, 22, 0, 6),   # new event while busy: new restart + concurrent restart
-        IntervalEvent(3, 16, 0, 0),   # quiet: full interval
+        IntervalEvent(1, 20, 2, 0),  # spills 3.2 s into the next interval
+        IntervalEvent(2, 22, 0, 6),  # new event while busy: new restart + concurrent restart
+        IntervalEvent(3, 16, 0, 0),  # quiet: full interval
     ]
     s20, t20 = _thr(20)
     s22, _ = _thr(22)
@@ -145,8 +151,12 @@ def test_reactive_pays_a_restart_even_when_the_strategy_does_not_change():
 
 
 def test_ideal_trains_best_throughput_for_free():
-    ev = [IntervalEvent(0, 20, 0, 0), IntervalEvent(1, 20, 2, 0), IntervalEvent(2, 22, 0, 17),
-          IntervalEvent(3, 5, 3, 0)]
+    ev = [
+        IntervalEvent(0, 20, 0, 0),
+        IntervalEvent(1, 20, 2, 0),
+        IntervalEvent(2, 22, 0, 17),
+        IntervalEvent(3, 5, 3, 0),
+    ]
     res = _run(IdealPolicy(GPT_PROFILE, GPT_COST), ev)
     want = [_thr(20)[1] * 60, _thr(22)[1] * 60, 0.0, _thr(8)[1] * 60]
     assert [r.samples for r in res] == pytest.approx(want, rel=1e-12)

@@ -13,11 +13,13 @@ import logging
 import time
 from pathlib import Path
 
+import tracking
+
 import pandas as pd
 import pytest
-
 from _mlflow import temporary_mlflow_store
 from _tables import canonical_table, periodic_counts
+
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
 from forecasting.registry import (
@@ -27,7 +29,6 @@ from forecasting.registry import (
     trace_fingerprint,
     train_and_log,
 )
-import tracking
 
 HORIZON = 6
 FAST = dict(horizon_max=HORIZON, seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
@@ -87,8 +88,11 @@ def test_first_model_that_beats_persistence_is_promoted(first, store: Path) -> N
     assert first.reason.startswith("promoted: ") and "no champion yet" in first.reason
     m = first.metrics
     assert m["mae_mean"] < m["persistence_mae_mean"]
-    expected = {f"{p}{k}" for p in ("", "persistence_")
-                for k in ("mae_mean", "pinball", "coverage80", "brier", *(f"mae_h{h}" for h in range(1, HORIZON + 1)))}
+    expected = {
+        f"{p}{k}"
+        for p in ("", "persistence_")
+        for k in ("mae_mean", "pinball", "coverage80", "brier", *(f"mae_h{h}" for h in range(1, HORIZON + 1)))
+    }
     assert set(m) == expected
     assert champion_of(DEFAULT_REGISTERED_NAME) == 1
 
@@ -117,8 +121,7 @@ def test_first_model_that_beats_persistence_is_promoted(first, store: Path) -> N
 
 def test_model_worse_than_the_champion_is_not_promoted(first) -> None:
     weaker = dict(FAST, n_estimators=5)  # learns part of the pattern: better than persistence, worse than v1
-    outcome = train_and_log(lambda: LightGbmForecaster(**weaker), train_traces=TRAIN, eval_trace=EVAL,
-                            horizon=HORIZON)
+    outcome = train_and_log(lambda: LightGbmForecaster(**weaker), train_traces=TRAIN, eval_trace=EVAL, horizon=HORIZON)
     m = outcome.metrics
     assert first.metrics["mae_mean"] < m["mae_mean"] < m["persistence_mae_mean"], m  # the scenario holds
     assert not outcome.promoted and outcome.version == 2
@@ -137,8 +140,9 @@ def test_model_worse_than_the_champion_is_not_promoted(first) -> None:
 def test_champion_is_rescored_when_evaluated_on_another_trace(first) -> None:
     """The stored mae_mean of v1 is for another trace: v1 is backtested on this one; a tie does not promote."""
     other = ("periodic-eval-2", periodic(6, drop_at=4))
-    outcome = train_and_log(lambda: LightGbmForecaster(**FAST), train_traces=TRAIN, eval_trace=other,
-                            horizon=HORIZON, plots=False)
+    outcome = train_and_log(
+        lambda: LightGbmForecaster(**FAST), train_traces=TRAIN, eval_trace=other, horizon=HORIZON, plots=False
+    )
     m = outcome.metrics
     assert m["mae_mean"] < m["persistence_mae_mean"]
     # the same settings and data give the same model as v1, so the re-scored champion ties with it
@@ -151,9 +155,14 @@ def test_model_worse_than_persistence_is_not_promoted_even_without_champion(stor
     name = "misled-forecaster"
     # trained where drops come every 20 intervals, evaluated where they come every 35: it predicts drops
     # that do not happen
-    outcome = train_and_log(lambda: LightGbmForecaster(**FAST), train_traces=TRAIN,
-                            eval_trace=("every-35", periodic(5, period=35, drop_at=9)), horizon=HORIZON,
-                            registered_name=name, plots=False)
+    outcome = train_and_log(
+        lambda: LightGbmForecaster(**FAST),
+        train_traces=TRAIN,
+        eval_trace=("every-35", periodic(5, period=35, drop_at=9)),
+        horizon=HORIZON,
+        registered_name=name,
+        plots=False,
+    )
     m = outcome.metrics
     assert m["mae_mean"] > m["persistence_mae_mean"]
     assert not outcome.promoted and outcome.version == 1

@@ -7,13 +7,13 @@ Layout (parcae-reference §A.2, §C.2): instance k in [0, D*P) runs stage k % P 
 from __future__ import annotations
 
 import itertools
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import pytest
+from _small_model import small_cost, small_profile
 from scipy.stats import hypergeom
 
-from _small_model import small_cost, small_profile
 from liveput.migration import MigrationKind, assign_stages
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore
 
@@ -27,12 +27,14 @@ def _kind_index(kind: MigrationKind) -> int:
     return KINDS.index(kind)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _missing(P: int, p: int, survivors: tuple[int, ...]) -> int:
     return assign_stages(SPEC.layer_params, SPEC.partition(P), SPEC.partition(p), list(survivors))[1]
 
 
-def _one_scenario(D: int, P: int, d: int, p: int, survivors: tuple[int, ...], lost_active: int) -> tuple[MigrationKind, float]:
+def _one_scenario(
+    D: int, P: int, d: int, p: int, survivors: tuple[int, ...], lost_active: int
+) -> tuple[MigrationKind, float]:
     """Kind and cost of reaching (d, p) from (D, P) given the survivors per stage (the §D.1/§D.2 rules)."""
     if D * P == 0:
         # ScenarioStore's start rule: load every layer's state (a pipeline migration of the whole model)

@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from _flow_fixtures import free_port, runtime_profile_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,8 +123,8 @@ def test_the_train_deployment_runs_on_a_worker_and_logs_to_the_mlflow_server(
                       profile=str(profile), checkpoint_every=10, out_dir=str(tmp_path / "job"), resume=False)  # fmt: skip
     with temporary_settings({PREFECT_API_URL: servers["prefect"]}):
         run = run_deployment(name="train/on-demand", parameters=parameters, timeout=150, poll_interval=1)
-    assert run.state is not None and run.state.is_completed(), (
-        f"{run.state}\n" + "\n".join((tmp_path / "worker.log").read_text().splitlines()[-60:])
+    assert run.state is not None and run.state.is_completed(), f"{run.state}\n" + "\n".join(
+        (tmp_path / "worker.log").read_text().splitlines()[-60:]
     )
 
     client = MlflowClient(servers["mlflow"])

@@ -10,10 +10,10 @@ from liveput.simulator import comparison_table, plot_timeline, simulate
 
 # window (first, last interval) -> (Ideal, Tput-opt) of §G.3 (ll/hl/lh/hh, gpt-1.5b)
 WINDOWS = {
-    (90, 149): (149_502, 124_158),   # hl, 1.5-2.5 h
+    (90, 149): (149_502, 124_158),  # hl, 1.5-2.5 h
     (330, 389): (143_547, 107_545),  # hh, 5.5-6.5 h
-    (480, 539): (108_433, 73_255),   # lh, 8-9 h
-    (600, 659): (103_787, 98_820),   # ll, 10-11 h
+    (480, 539): (108_433, 73_255),  # lh, 8-9 h
+    (600, 659): (103_787, 98_820),  # ll, 10-11 h
 }
 POLICIES = ["ideal", "reactive", "parcae", "parcae-oracle"]
 
@@ -54,8 +54,21 @@ def test_timeline(runs, trace):
     rows = trace[(trace["interval"] >= window[0]) & (trace["interval"] <= window[1])]
     for name, r in res.items():
         tl = r.timeline
-        for col in ("interval", "available", "n_in", "n_out", "d", "p", "strategy", "instances", "samples",
-                    "throughput", "pause_s", "migrating", "cost_ms"):
+        for col in (
+            "interval",
+            "available",
+            "n_in",
+            "n_out",
+            "d",
+            "p",
+            "strategy",
+            "instances",
+            "samples",
+            "throughput",
+            "pause_s",
+            "migrating",
+            "cost_ms",
+        ):
             assert col in tl.columns, (name, col)
         assert len(tl) == 60
         assert tl["interval"].tolist() == rows["interval"].tolist()

@@ -32,7 +32,6 @@ from forecasting.traces import (
     resample,
     scale_trace,
     slice_hours,
-    to_intervals,
 )
 
 SHARED = T.shared_traces_dir()
@@ -462,8 +461,16 @@ def test_shared_names_are_derived_from_paths(tmp_path: Path, monkeypatch: pytest
     write(root, "parcae/aws/traces/p3.csv", "0,1\n0,2\n")
     write(root, "parcae/liveput/traces/p3trace.csv", "0,add,node1\n")
     write(root, "bamboo/traces/p3-trace.csv", "0,add,node1\r\n")
-    write(root, "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv", "0,0\n")
-    write(root, "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200_scaled.csv", "0.000,0\n")
+    write(
+        root,
+        "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv",
+        "0,0\n",
+    )
+    write(
+        root,
+        "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200_scaled.csv",
+        "0.000,0\n",
+    )
     write(root, "sky/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json", sky)
     write(root, "sky/preemption/4-node/aws-08-03-2023/us-east-1f_v100_1.json", sky)
     write(root, "sky/availability/1-node/aws-02-15-2023/us-east-1c_v100_1.json", sky)
@@ -505,20 +512,69 @@ MALFORMED = [
     ("add-live-node", "twice.csv", "0,add,a\r\n1000,add,a\r\n", read_event_csv, 2, "already alive"),
     ("negative-count", "neg.csv", "0,3\n60000,-1\n", read_count_csv, 2, "negative count"),
     ("count-decreasing", "cdec.csv", "60000,3\n0,2\n", read_count_csv, 2, "before the previous"),
-    ("json-no-gap", "nogap.json", '{\n  "metadata": {"note": 1},\n  "data": [1]\n}', read_skypilot_json, 2, "gap_seconds"),
+    (
+        "json-no-gap",
+        "nogap.json",
+        '{\n  "metadata": {"note": 1},\n  "data": [1]\n}',
+        read_skypilot_json,
+        2,
+        "gap_seconds",
+    ),
     ("json-no-metadata", "nometa.json", '{\n  "data": [1]\n}', read_skypilot_json, 1, "gap_seconds"),
-    ("json-data-negative", "negdata.json", '{"metadata": {"gap_seconds": 60},\n "data": [1, -2]}', read_skypilot_json, 2, "data[1]"),
-    ("json-data-float", "fdata.json", '{"metadata": {"gap_seconds": 60},\n "data": [1, 2.5]}', read_skypilot_json, 2, "data[1]"),
-    ("json-data-bool", "bdata.json", '{"metadata": {"gap_seconds": 60},\n "data": [true]}', read_skypilot_json, 2, "data[0]"),
-    ("json-data-not-list", "sdata.json", '{"metadata": {"gap_seconds": 60},\n\n "data": "1,2"}', read_skypilot_json, 3, "not a non-empty list"),
-    ("json-invalid", "broken.json", '{"metadata": {"gap_seconds": 60},\n "data": [1, 2', read_skypilot_json, 2, "invalid JSON"),
+    (
+        "json-data-negative",
+        "negdata.json",
+        '{"metadata": {"gap_seconds": 60},\n "data": [1, -2]}',
+        read_skypilot_json,
+        2,
+        "data[1]",
+    ),
+    (
+        "json-data-float",
+        "fdata.json",
+        '{"metadata": {"gap_seconds": 60},\n "data": [1, 2.5]}',
+        read_skypilot_json,
+        2,
+        "data[1]",
+    ),
+    (
+        "json-data-bool",
+        "bdata.json",
+        '{"metadata": {"gap_seconds": 60},\n "data": [true]}',
+        read_skypilot_json,
+        2,
+        "data[0]",
+    ),
+    (
+        "json-data-not-list",
+        "sdata.json",
+        '{"metadata": {"gap_seconds": 60},\n\n "data": "1,2"}',
+        read_skypilot_json,
+        3,
+        "not a non-empty list",
+    ),
+    (
+        "json-invalid",
+        "broken.json",
+        '{"metadata": {"gap_seconds": 60},\n "data": [1, 2',
+        read_skypilot_json,
+        2,
+        "invalid JSON",
+    ),
     ("empty-file", "empty.csv", "", read_event_csv, 1, "empty"),
     ("blank-file", "blank.csv", "\n\r\n  \n", read_count_csv, 1, "empty"),
     ("binary-garbage", "garbage.csv", bytes(range(256)) * 4, read_event_csv, 1, "binary"),
     ("invalid-utf8", "latin.csv", b"0,add,a\n1000,add,b\n\xff\xfe\x80,add,c\n", read_event_csv, 3, "binary"),
     ("gcp-bad-date", "gcp.txt", "2021-12-10, 10:00:00, 5\n2021-13-10, 10:00:00, 5\n", read_gcp_log, 2, "month"),
     ("gcp-columns", "gcp2.txt", "2021-12-10, 10:00:00, 5\n2021-12-10, 10:01:00\n", read_gcp_log, 2, "fields"),
-    ("skypilot-log-fail", "sky.txt", "0,2022-10-26T22:05:04.000Z,1\n1,2022-10-26T22:15:04.000Z,2\n", read_skypilot_log, 2, "fail must be 0 or 1"),
+    (
+        "skypilot-log-fail",
+        "sky.txt",
+        "0,2022-10-26T22:05:04.000Z,1\n1,2022-10-26T22:15:04.000Z,2\n",
+        read_skypilot_log,
+        2,
+        "fail must be 0 or 1",
+    ),
     ("aws-negative", "step.csv", "0,1\n10,-4\n", read_aws_step_csv, 2, "negative count"),
     ("unknown-format", "what.txt", "\nhello world\n", detect_format, 2, "unrecognised"),
 ]

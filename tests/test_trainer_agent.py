@@ -18,23 +18,23 @@ import boto3
 import pytest
 import torch
 import torch.distributed as dist
-
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
+from _jobs import run_job
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
-from trainer.runtime import checkpoint
+
+from trainer.config import TrainConfig, model_config
+from trainer.control.run import JobError
 from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
+from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
+from trainer.providers.local import InstanceProvider
+from trainer.runtime import checkpoint
 from trainer.runtime.keys import agent_exit as exit_key
 from trainer.runtime.keys import agent_signal as signal_key
 from trainer.runtime.keys import agent_signals as signals_key
 from trainer.runtime.keys import agent_start as start_key
 from trainer.runtime.keys import agent_up as up_key
-from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
-from trainer.config import TrainConfig, model_config
-from trainer.providers.local import InstanceProvider
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
-from trainer.control.run import JobError
-from _jobs import run_job
 from trainer.runtime.worker import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[1]

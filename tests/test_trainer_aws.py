@@ -16,18 +16,18 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
-from botocore.awsrequest import AWSResponse
-from moto import mock_aws
-
 from _aws import fake_aws_account, isolate_aws
 from _ec2_standin import NOTICE, FakeImds
 from _trainer_fixtures import until
+from botocore.awsrequest import AWSResponse
+from moto import mock_aws
+
 from trainer.providers.aws import (
     JOB_TAG_KEY,
     WORKER_TAG_KEY,
@@ -52,7 +52,7 @@ AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default 
 TOKEN = "s3cret-job-token-7f1c"
 PARAM = "/parcae/test-job/token"
 REPO = Path(__file__).resolve().parents[1]
-T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=timezone.utc)
+T0 = datetime(2026, 3, 1, 12, 0, 0, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
@@ -239,12 +239,16 @@ def test_start_tags_spot_instances_and_alive_follows_kill_and_stop(aws: dict[str
         raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
         script = base64.b64decode(raw).decode()
         assert TOKEN not in script
-        assert (f"exec /opt/parcae/.venv/bin/python -m trainer.providers.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
-                in script)
+        assert (
+            f"exec /opt/parcae/.venv/bin/python -m trainer.providers.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
+            in script
+        )
         assert f"trainer.providers.aws token --parameter {PARAM} --region {REGION}" in script
     params = p.launch_params(0)
-    assert params["InstanceMarketOptions"] == {"MarketType": "spot", "SpotOptions": {
-        "SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "2.5"}}
+    assert params["InstanceMarketOptions"] == {
+        "MarketType": "spot",
+        "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate", "MaxPrice": "2.5"},
+    }
     assert params["MetadataOptions"]["HttpTokens"] == "required"
 
     assert p.alive() == {0, 1}
@@ -296,8 +300,13 @@ def test_aws_errors_name_the_operation_and_the_fix(aws: dict[str, Any]) -> None:
     with pytest.raises(AwsProviderError, match=r"worker 2\): InsufficientInstanceCapacity: .*Fix: no spot capacity"):
         p.start(3)
     assert len(sent) == 3 and p.instance_ids() == {} and p.alive() == set()
-    states = {i["State"]["Name"] for r in aws["ec2"].describe_instances(
-        Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": ["test-job"]}])["Reservations"] for i in r["Instances"]}
+    states = {
+        i["State"]["Name"]
+        for r in aws["ec2"].describe_instances(Filters=[{"Name": f"tag:{JOB_TAG_KEY}", "Values": ["test-job"]}])[
+            "Reservations"
+        ]
+        for i in r["Instances"]
+    }
     assert states and states <= {"shutting-down", "terminated"}
     assert p.start(1) == [0]  # the failed call handed out no ids
     p.stop()
@@ -397,7 +406,7 @@ def test_eventbridge_events() -> None:
     assert n.time == T0 and n.deadline == T0.replace(minute=2) and n.worker is None
     r = parse_interruption_event(rebalance_event("i-1234567890abcdef0"))
     assert r is not None and (r.kind, r.action, r.deadline) == ("rebalance", None, None)
-    assert r.time == datetime(2026, 3, 1, 11, 58, 30, tzinfo=timezone.utc)
+    assert r.time == datetime(2026, 3, 1, 11, 58, 30, tzinfo=UTC)
     state_change = {**warning_event("i-1"), "detail-type": "EC2 Instance State-change Notification",
                     "detail": {"instance-id": "i-1", "state": "running"}}  # fmt: skip
     assert parse_interruption_event(state_change) is None
@@ -514,7 +523,6 @@ def test_watch_command_sends_sigterm_to_the_worker(imds: Any) -> None:
         if victim.poll() is None:
             victim.kill()
             victim.wait()
-
 
 
 def test_watch_command_refuses_a_pid_that_is_not_there(capsys: pytest.CaptureFixture[str]) -> None:

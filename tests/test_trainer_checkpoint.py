@@ -10,13 +10,20 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
+
+from trainer.config import TrainConfig, model_config
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint import CheckpointError
-from trainer.config import TrainConfig, model_config
 from trainer.runtime.model import Stage, build_layer, layer_names
-from trainer.runtime.pipeline import StageLayout, build_context, layer_state, load_layer_state, make_optimizer, train_step
+from trainer.runtime.pipeline import (
+    StageLayout,
+    build_context,
+    layer_state,
+    load_layer_state,
+    make_optimizer,
+    train_step,
+)
 
 CFG = model_config("tiny-gpt")
 TRAIN = TrainConfig()

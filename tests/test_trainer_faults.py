@@ -16,17 +16,17 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from _jobs import coordinator, run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
-from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
-from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import ScheduleError, check_schedule
 from trainer.control.events import EventError, EventGroup, group_events, parse_events
 from trainer.control.schedules import chaos_schedule
+from trainer.runtime import checkpoint
 from trainer.runtime.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
-from trainer.runtime.pipeline import EpochGroups, StepAbandoned, StageLayout, build_context, train_step
-from _jobs import coordinator, run_job
+from trainer.runtime.pipeline import EpochGroups, StageLayout, StepAbandoned, build_context, train_step
 from trainer.runtime.worker import EXIT_PREEMPTED
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -154,7 +154,10 @@ def test_check_schedule_plans_kills_like_the_coordinator():
     ]))  # fmt: skip
     epochs = check_schedule(CFG, TRAIN, 4, (2, 2), 10, groups)
     assert [(e.kind.value, e.notice) for e in epochs[1:]] == [
-        ("inter-stage", False), ("checkpoint-restart", True), ("checkpoint-restart", False)]
+        ("inter-stage", False),
+        ("checkpoint-restart", True),
+        ("checkpoint-restart", False),
+    ]
     with pytest.raises(ScheduleError, match=r"step 3: cannot kill workers \[7\]"):
         check_schedule(CFG, TRAIN, 4, (2, 2), 10, group_events(parse_events([{"step": 3, "kind": "kill",
                                                                               "instances": [7]}])))  # fmt: skip
@@ -224,7 +227,10 @@ def test_kills_and_restarts_train_the_same_run_as_one_process(tmp_path, capsys):
     wall = time.monotonic() - t0
     reconf = result["reconfigurations"]
     assert [(r["kind"], r["notice"], r["step"], r["steps_lost"]) for r in reconf] == [
-        ("inter-stage", False, 3, 0), ("checkpoint-restart", True, 5, 0), ("checkpoint-restart", False, 6, 2)]
+        ("inter-stage", False, 3, 0),
+        ("checkpoint-restart", True, 5, 0),
+        ("checkpoint-restart", False, 6, 2),
+    ]
     assert [r["lost"] for r in reconf] == [[1], [], [2]]
     assert [r["restore_step"] for r in reconf] == [None, 5, 6]
     assert reconf[0]["bytes_moved"] == reconf[0]["bytes_planned"] > 0  # the survivor sent stage 0 to worker 4
@@ -243,8 +249,10 @@ def test_kills_and_restarts_train_the_same_run_as_one_process(tmp_path, capsys):
     with capsys.disabled():
         print(f"\nfault job: {wall:.1f} s wall")
         for r in reconf:
-            print(f"  step {r['step']}: {r['kind']:<18} notice={r['notice']!s:<5} lost={r['lost']} "
-                  f"pause={r['pause_s'] * 1e3:.0f} ms detect={r['detect_s'] or 0:.2f} s steps_lost={r['steps_lost']}")
+            print(
+                f"  step {r['step']}: {r['kind']:<18} notice={r['notice']!s:<5} lost={r['lost']} "
+                f"pause={r['pause_s'] * 1e3:.0f} ms detect={r['detect_s'] or 0:.2f} s steps_lost={r['steps_lost']}"
+            )
 
 
 @pytest.mark.parametrize("seed", [1, 3])
@@ -269,8 +277,10 @@ def test_chaos_thirty_random_events_end_in_the_uninterrupted_model(tmp_path, cap
                for w in e["instances"])  # fmt: skip
     with capsys.disabled():
         lost = sum(r["steps_lost"] for r in result["reconfigurations"])
-        print(f"\nchaos job (seed {seed}): {counts} -> {len(result['reconfigurations'])} reconfigurations, "
-              f"{lost} steps recomputed, {wall:.1f} s wall")
+        print(
+            f"\nchaos job (seed {seed}): {counts} -> {len(result['reconfigurations'])} reconfigurations, "
+            f"{lost} steps recomputed, {wall:.1f} s wall"
+        )
 
 
 def test_an_instance_reclaimed_before_it_joins_is_left_out(tmp_path, monkeypatch):

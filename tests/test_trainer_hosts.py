@@ -13,17 +13,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
-
 from _ec2_standin import coordinator_host
 from _flow_fixtures import free_port
+from _jobs import run_job
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
+from typer.testing import CliRunner
+
 from parcae.cli import app
-from trainer.providers.agent import KILLED, RemoteJob
 from trainer.config import TrainConfig, model_config
+from trainer.providers.agent import KILLED, RemoteJob
 from trainer.providers.hosts import HostsError, SshHosts, hosts_job
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
-from _jobs import run_job
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -38,8 +38,12 @@ def fake_ssh(tmp_path: Path, fail_host: str | None = None) -> tuple[Path, Path]:
         'while [[ "$1" == -* ]]; do if [[ "$1" == -o ]]; then shift; fi; shift; done\n'
         'host="$1"; shift\n'
         f'echo "$host $*" >> {log}\n'
-        + (f'if [[ "$host" == {fail_host} ]]; then echo "ssh: connect to host {fail_host}: refused" >&2; '
-           "exit 255; fi\n" if fail_host else "")
+        + (
+            f'if [[ "$host" == {fail_host} ]]; then echo "ssh: connect to host {fail_host}: refused" >&2; '
+            "exit 255; fi\n"
+            if fail_host
+            else ""
+        )
         + 'exec bash -c "$*"\n'
     )
     ssh.chmod(0o755)

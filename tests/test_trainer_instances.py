@@ -10,16 +10,16 @@ import signal
 import time
 
 import pytest
-
+from _jobs import coordinator, train
 from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
+
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import check_schedule
 from trainer.control.events import group_events, parse_events
-from trainer.providers.local import LocalProcessProvider
-from trainer.control.schedules import LocalTraceProvider, trace_events, trace_schedule, trace_strategy
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.control.run import peak_instances
-from _jobs import coordinator, train
+from trainer.control.schedules import LocalTraceProvider, trace_events, trace_schedule, trace_strategy
+from trainer.providers.local import LocalProcessProvider
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()

@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from _jobs import coordinator, run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
-from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
-from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, UnknownModelError, model_config
 from trainer.control.coordinator import Coordinator, ScheduleError, check_schedule
 from trainer.control.events import Event, EventError, EventGroup, group_events, load_events, parse_events
+from trainer.control.run import JobError, parameters_checksum
+from trainer.runtime import checkpoint
 from trainer.runtime.migration import (
     Epoch,
     PlanError,
@@ -37,8 +39,6 @@ from trainer.runtime.migration import (
 )
 from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
-from trainer.control.run import JobError, parameters_checksum
-from _jobs import coordinator, run_job
 from trainer.runtime.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -86,8 +86,10 @@ def test_parse_events_sorts_and_groups():
     "raw, match",
     [
         ({"step": 2}, r"event 1: field 'kind': missing"),
-        ({"step": 2, "kind": "move"},
-         r"event 1: field 'kind': expected one of plan, add, preempt, kill, checkpoint-restart, got 'move'"),
+        (
+            {"step": 2, "kind": "move"},
+            r"event 1: field 'kind': expected one of plan, add, preempt, kill, checkpoint-restart, got 'move'",
+        ),
         ({"kind": "plan", "strategy": [1, 1]}, r"event 1: field 'step': missing"),
         ({"step": 0, "kind": "add", "workers": 1}, r"event 1: field 'step': expected an integer >= 1"),
         ({"step": "3", "kind": "add", "workers": 1}, r"event 1: field 'step'"),
@@ -361,9 +363,11 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
     with capsys.disabled():
         print(f"\nmigration equivalence job: {wall:.1f} s wall")
         for r in reconf:
-            print(f"  step {r['step']}: {r['kind']:<12} -> {r['strategy'][0]}x{r['strategy'][1]} "
-                  f"preempted={r['preempted']} pause={r['pause_s'] * 1e3:.0f} ms (hold {r['hold_s'] * 1e3:.0f} ms) "
-                  f"bytes={r['bytes_moved']} phases_ms={ {k: round(v * 1e3) for k, v in r['phases_s'].items()} }")
+            print(
+                f"  step {r['step']}: {r['kind']:<12} -> {r['strategy'][0]}x{r['strategy'][1]} "
+                f"preempted={r['preempted']} pause={r['pause_s'] * 1e3:.0f} ms (hold {r['hold_s'] * 1e3:.0f} ms) "
+                f"bytes={r['bytes_moved']} phases_ms={ {k: round(v * 1e3) for k, v in r['phases_s'].items()} }"
+            )
 
 
 def test_a_job_that_cannot_start_in_time_fails_cleanly(tmp_path):

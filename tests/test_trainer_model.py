@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
+
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
 from trainer.runtime.data import corpus, global_batch, micro_sizes, replica_rows, shard
 from trainer.runtime.gpt import Block, Embedding, Head
 from trainer.runtime.model import Stage, build_layer, build_layers, layer_names
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
-
 
 CFG = model_config("tiny-gpt")
 

@@ -18,17 +18,17 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-
+from _jobs import coordinator, run_job
 from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+
 from liveput.migration import MigrationKind
-from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
+from trainer.control.planning import RulePlanner
 from trainer.providers.local import LocalProcessProvider
+from trainer.runtime import checkpoint
 from trainer.runtime.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
 from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import StageLayout, build_context, parameters_checksum, train_step
-from trainer.control.planning import RulePlanner
-from _jobs import coordinator, run_job
 from trainer.runtime.worker import EXIT_PREEMPTED, Notice
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -192,7 +192,12 @@ def test_sigterm_to_the_last_holder_of_a_stage_hands_it_off_and_loses_nothing(tm
     result = job(tmp_path, 3, (1, 2), [], cloud)
     (r,) = result["reconfigurations"]
     assert (r["kind"], r["notice"], r["source"], r["preempted"], r["noticed"]) == (
-        "inter-stage", True, "sigterm", [1], [1])
+        "inter-stage",
+        True,
+        "sigterm",
+        [1],
+        [1],
+    )
     assert r["step"] >= 4 and r["steps_lost"] == 0 and not r["abandoned"]
     assert r["bytes_moved"] == r["bytes_planned"] > 0  # worker 1 sent stage 1, its last copy, to worker 2
     assert r["notice_to_exit_s"] > 0

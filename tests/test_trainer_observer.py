@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 import pytest
-
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
-from trainer.config import TrainConfig, model_config
-from trainer.observe.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
-from trainer.control.run import JobError
 from _jobs import run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+
+from trainer.config import TrainConfig, model_config
+from trainer.control.run import JobError
+from trainer.observe.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -78,7 +78,10 @@ def test_an_observer_sees_every_step_reconfiguration_and_checkpoint_once(tmp_pat
     records = rec.of("reconfiguration")
     assert records == result["reconfigurations"]
     assert [(r["kind"], r["notice"], r["step"]) for r in records] == [
-        ("intra-stage", True, 2), ("inter-stage", True, 4), ("checkpoint-restart", False, 6)]
+        ("intra-stage", True, 2),
+        ("inter-stage", True, 4),
+        ("checkpoint-restart", False, 6),
+    ]
     restore = records[2]["restore_step"]
     assert restore == 6 and records[2]["steps_lost"] >= 1
 

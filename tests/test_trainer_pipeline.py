@@ -26,17 +26,17 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
-from trainer.runtime import checkpoint
+
 from trainer.config import ModelConfig, TrainConfig, model_config
+from trainer.runtime import checkpoint
 from trainer.runtime.data import global_batch
 from trainer.runtime.model import build_layers, layer_names
 from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
-    load_layer_state,
     layer_state,
+    load_layer_state,
     make_optimizer,
     partition,
     train_step,

@@ -11,25 +11,21 @@ and a cost model built from tiny-gpt's real per-layer parameter counts, as `parc
 
 from __future__ import annotations
 
+from tracking import plan_metrics
+
 import pytest
 import torch
-
 from _flow_fixtures import runtime_profile_file
+from _jobs import coordinator, run_job, train
 from _tables import canonical_table
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
 from forecasting.traces import load_trace, scale_trace
-from tracking import plan_metrics
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
-from trainer.runtime import checkpoint
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import ScheduleError
-from trainer.control.schedules import trace_schedule, trace_strategy
-from trainer.runtime.migration import layer_sizes
-from trainer.runtime.model import layer_names
-from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.control.planning import (
     PLANNERS,
     HandedPlan,
@@ -47,9 +43,14 @@ from trainer.control.planning import (
     observed_change,
     observed_persistence,
 )
+from trainer.control.schedules import trace_schedule, trace_strategy
+from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, RecordingObserver
 from trainer.observe.profile import RuntimeProfile
+from trainer.runtime import checkpoint
+from trainer.runtime.migration import layer_sizes
+from trainer.runtime.model import layer_names
+from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.runtime.store import read_token_file
-from _jobs import coordinator, run_job, train
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -132,8 +133,11 @@ def test_rule_and_keep():
 
 
 def test_persistence_forecast_prices_the_change_just_observed():
-    assert observed_persistence(request((4, 3), (1, 2)), 3) == [IntervalForecast.point(4, 0, 1),
-                                                               IntervalForecast.point(3), IntervalForecast.point(3)]
+    assert observed_persistence(request((4, 3), (1, 2)), 3) == [
+        IntervalForecast.point(4, 0, 1),
+        IntervalForecast.point(3),
+        IntervalForecast.point(3),
+    ]
     assert observed_persistence(request((2,), (1, 2)), 2) == [IntervalForecast.point(2)] * 2
     assert observed_persistence(request((2, 5), (1, 2)), 1) == [IntervalForecast.point(2, 3, 0)]
     assert observed_change(request((4, 4, 1), (1, 2))) == IntervalForecast.point(4, 0, 3)

@@ -7,9 +7,9 @@ import json
 import math
 
 import pytest
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
-from _trainer_fixtures import _one_thread, _no_orphans  # noqa: F401  (autouse fixtures)
 from liveput.migration import CostConstants, CostModel, healthy_missing
 from liveput.optimizer import IDLE, JobState, PlannerConfig, plan
 from liveput.scenarios import IntervalForecast, ScenarioStore
@@ -18,8 +18,23 @@ from parcae.cli import app
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import check_schedule
 from trainer.control.events import group_events, parse_events
-from trainer.observe.calibration import Migration, calibrate, fit_build_ms, fit_group_costs, fit_line, fit_p2p, p2p_table
-from trainer.control.measure import feasible_strategies, iteration_times, measure, profile_schedule, visit_order, visit_rounds
+from trainer.control.measure import (
+    feasible_strategies,
+    iteration_times,
+    measure,
+    profile_schedule,
+    visit_order,
+    visit_rounds,
+)
+from trainer.observe.calibration import (
+    Migration,
+    calibrate,
+    fit_build_ms,
+    fit_group_costs,
+    fit_line,
+    fit_p2p,
+    p2p_table,
+)
 from trainer.observe.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
 
 SPEC = runtime_spec("tiny-gpt")
@@ -43,7 +58,7 @@ def test_the_schedule_visits_every_strategy_and_every_migration_kind(workers):
     kinds = {e.kind.value for e in main}
     assert {"intra-stage", "inter-stage", "pipeline"} <= kinds
     assert epochs[-1].kind.value == "checkpoint-restart"
-    assert epochs[2].start_step == sched.main_start and (epochs[2].D, epochs[2].P) == order[0]  # the add's epoch
+    assert epochs[2].start_step == sched.main_start and order[0] == (epochs[2].D, epochs[2].P)  # the add's epoch
     # every P of the visit is entered by a pipeline migration
     assert {e.P for e in main if e.kind.value == "pipeline"} == {p for _, p in strategies}
     if workers >= 3:  # two distinct group counts among the intra-stage migrations
@@ -144,15 +159,28 @@ def _synthetic(cost: CostModel) -> list[Migration]:
     stage1 = SPEC.stage_bytes(1)[0]
     return [
         Migration(2, 2, "intra-stage", (4, 1), (3, 1), 999.0, role="preempt"),  # contended: must not be fitted
-        Migration(3, 3, "inter-stage", (3, 1), (4, 1), 321.0, role="add", add=True, join_ms=2500.0,
-                  transfer_ms=p2p.ms(stage1), transfer_bytes=stage1, survivors=(3,)),
+        Migration(
+            3,
+            3,
+            "inter-stage",
+            (3, 1),
+            (4, 1),
+            321.0,
+            role="add",
+            add=True,
+            join_ms=2500.0,
+            transfer_ms=p2p.ms(stage1),
+            transfer_bytes=stage1,
+            survivors=(3,),
+        ),
         Migration(4, 9, "intra-stage", (4, 1), (3, 1), cost.intra_stage_ms(3, 1)),
         Migration(5, 15, "intra-stage", (3, 1), (2, 1), cost.intra_stage_ms(2, 1)),
         Migration(6, 21, "intra-stage", (2, 1), (1, 1), cost.intra_stage_ms(1, 1)),
         pipe(7, (1, 1), (1, 2)),
         pipe(8, (2, 2), (1, 4)),
-        Migration(9, 40, "checkpoint-restart", (1, 4), (1, 4), cost.checkpoint_restart_ms(1, 4, add=True),
-                  role="restart"),
+        Migration(
+            9, 40, "checkpoint-restart", (1, 4), (1, 4), cost.checkpoint_restart_ms(1, 4, add=True), role="restart"
+        ),
     ]
 
 
@@ -222,8 +250,8 @@ def test_float64_model_moves_twice_the_bytes():
         ("[1, 2]", "expected a JSON object"),
         (None, "field 'format'"),  # a liveput throughput table: a foreign file
         ("drop:constants", "field 'constants' is missing"),
-        ("set:constants.build_ms={\"two\": 3}", "constants.build_ms"),
-        ("set:constants.group_base_ms=\"fast\"", "constants.group_base_ms"),
+        ('set:constants.build_ms={"two": 3}', "constants.build_ms"),
+        ('set:constants.group_base_ms="fast"', "constants.group_base_ms"),
         ("set:spec.layers=[]", "spec.layers"),
         ("set:version=99", "field 'version'"),
     ],

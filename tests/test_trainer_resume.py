@@ -17,15 +17,15 @@ import time
 from pathlib import Path
 
 import pytest
-
+from _jobs import run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
-from trainer.runtime import checkpoint
+
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import ScheduleError
-from trainer.runtime.model import layer_names
 from trainer.observe.observer import RecordingObserver
+from trainer.runtime import checkpoint
+from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import StageLayout, build_context
-from _jobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -103,7 +103,10 @@ def uninterrupted(tmp_path_factory) -> tuple[Path, dict]:
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc to find the worker processes")
 def test_a_killed_driver_leaves_no_worker_and_the_job_resumes_where_it_was(tmp_path, uninterrupted):
     out, marker = tmp_path / "job", tmp_path / "killed.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
     proc = subprocess.run([sys.executable, "-c", DRIVER, str(out), str(marker), str(STEPS), json.dumps(EVENTS),
                            "forkserver"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)  # fmt: skip
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
@@ -174,7 +177,10 @@ def _layers(names=None) -> dict:
 def test_resume_refuses_checkpoints_of_another_job_or_model_and_corrupt_files(tmp_path):
     ckdir = tmp_path / "job" / "checkpoints"
     foreign = checkpoint.save(checkpoint.shard_path(ckdir, 6), _layers(), step=6, config=CFG, job="other-job")
-    with pytest.raises(ScheduleError, match=rf"cannot resume from .*: {foreign.name} \(step 6\) is not this job's checkpoint \(of job 'other-job'"):
+    with pytest.raises(
+        ScheduleError,
+        match=rf"cannot resume from .*: {foreign.name} \(step 6\) is not this job's checkpoint \(of job 'other-job'",
+    ):
         _job(tmp_path / "job", resume=True)
     foreign.unlink()
     other = model_config("tiny-gpt", dtype="float64", seed=3)
@@ -182,7 +188,9 @@ def test_resume_refuses_checkpoints_of_another_job_or_model_and_corrupt_files(tm
     with pytest.raises(ScheduleError, match=rf"{path}: checkpoint of another model config \(seed: file has 3"):
         _job(tmp_path / "job", resume=True)
     path.write_bytes(b"not a checkpoint")  # the only checkpoint, damaged: refused rather than restarted silently
-    with pytest.raises(ScheduleError, match=rf"no intact checkpoint; skipped step 6 \({path.name}: 16 bytes, its hash record says"):
+    with pytest.raises(
+        ScheduleError, match=rf"no intact checkpoint; skipped step 6 \({path.name}: 16 bytes, its hash record says"
+    ):
         _job(tmp_path / "job", resume=True)
     path.unlink()
     (ckdir / "notes.txt").write_text("mine")

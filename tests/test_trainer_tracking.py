@@ -18,21 +18,21 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import pytest
+import tracking
 
+import pytest
+from _jobs import run_job
 from _mlflow import temporary_mlflow_store
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
-import tracking
-from trainer.runtime import checkpoint
-from trainer.config import TrainConfig
-from trainer.observe.observer import PlanInfo, StepInfo
-from trainer.control.planning import RulePlanner
-from _jobs import run_job
-from trainer.observe.tracking import MlflowJobObserver, training_runs
-
 from mlflow import MlflowClient  # noqa: E402  (after tracking: telemetry off)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE  # noqa: E402
+
+from trainer.config import TrainConfig
+from trainer.control.planning import RulePlanner
+from trainer.observe.observer import PlanInfo, StepInfo
+from trainer.observe.tracking import MlflowJobObserver, training_runs
+from trainer.runtime import checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -77,12 +77,28 @@ def plan_details(decision: list[int]) -> dict[str, Any]:
         "decision": decision,
         "expected_samples": 5120.0,
         "decision_ms": 3.5,
-        "steps": [{"strategy": decision, "migrating": True, "expected_samples": 2400.0, "expected_cost_ms": 800.0,
-                   "reach": 0.9, "kinds": {"inter-stage": 1.0}},
-                  {"strategy": decision, "migrating": False, "expected_samples": 2720.0, "expected_cost_ms": 0.0,
-                   "reach": 0.85, "kinds": {}}],  # fmt: skip
-        "alternatives": [{"strategy": [2, 2], "expected_samples": 4800.0},
-                         {"strategy": [1, 4], "expected_samples": 0.0}],  # fmt: skip
+        "steps": [
+            {
+                "strategy": decision,
+                "migrating": True,
+                "expected_samples": 2400.0,
+                "expected_cost_ms": 800.0,
+                "reach": 0.9,
+                "kinds": {"inter-stage": 1.0},
+            },
+            {
+                "strategy": decision,
+                "migrating": False,
+                "expected_samples": 2720.0,
+                "expected_cost_ms": 0.0,
+                "reach": 0.85,
+                "kinds": {},
+            },
+        ],  # fmt: skip
+        "alternatives": [
+            {"strategy": [2, 2], "expected_samples": 4800.0},
+            {"strategy": [1, 4], "expected_samples": 0.0},
+        ],  # fmt: skip
     }
 
 

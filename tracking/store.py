@@ -62,7 +62,7 @@ def sqlite_path(uri: str) -> Path | None:
     """The database file of a ``sqlite:///`` URI (absolute), or None for any other scheme."""
     if not uri.startswith("sqlite:///"):
         return None
-    return Path(uri[len("sqlite:///"):].split("?", 1)[0]).resolve()
+    return Path(uri[len("sqlite:///") :].split("?", 1)[0]).resolve()
 
 
 def artifact_location(name: str, uri: str) -> str | None:
@@ -83,7 +83,9 @@ def configure(root: str | os.PathLike[str] | None = None) -> str:
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise TrackingError(f"cannot create the MLflow store folder {str(db.parent)!r} ({exc}); {_fix(uri)}") from exc
+            raise TrackingError(
+                f"cannot create the MLflow store folder {str(db.parent)!r} ({exc}); {_fix(uri)}"
+            ) from exc
     mlflow.set_tracking_uri(uri)
     mlflow.set_registry_uri(uri)
     return uri

@@ -63,76 +63,154 @@ _RENAMED = {"check_aws_credentials": "check_credentials"}
 if TYPE_CHECKING:
     from trainer.config import (
         DEFAULT_HB_TIMEOUT_S as DEFAULT_HB_TIMEOUT_S,
+    )
+    from trainer.config import (
         MODELS as MODELS,
+    )
+    from trainer.config import (
         START_METHODS as START_METHODS,
+    )
+    from trainer.config import (
         AvailabilityConfig as AvailabilityConfig,
+    )
+    from trainer.config import (
         CheckpointConfig as CheckpointConfig,
+    )
+    from trainer.config import (
         ConfigError as ConfigError,
+    )
+    from trainer.config import (
         ControlPlaneConfig as ControlPlaneConfig,
+    )
+    from trainer.config import (
         JobConfig as JobConfig,
+    )
+    from trainer.config import (
         ModelConfig as ModelConfig,
+    )
+    from trainer.config import (
         PlanningConfig as PlanningConfig,
+    )
+    from trainer.config import (
         ProviderConfig as ProviderConfig,
+    )
+    from trainer.config import (
         TrainConfig as TrainConfig,
+    )
+    from trainer.config import (
         UnknownModelError as UnknownModelError,
+    )
+    from trainer.config import (
         model_config as model_config,
+    )
+    from trainer.config import (
         register_model as register_model,
     )
     from trainer.control.coordinator import ScheduleError as ScheduleError
-    from trainer.control.events import EventError as EventError, Schedule as Schedule, load_events as load_events
-    from trainer.control.measure import cached_profile as cached_profile, measure as measure
+    from trainer.control.events import EventError as EventError
+    from trainer.control.events import Schedule as Schedule
+    from trainer.control.events import load_events as load_events
+    from trainer.control.measure import cached_profile as cached_profile
+    from trainer.control.measure import measure as measure
     from trainer.control.planning import (
         PLANNERS as PLANNERS,
+    )
+    from trainer.control.planning import (
         HandPlanError as HandPlanError,
+    )
+    from trainer.control.planning import (
         hand_plan as hand_plan,
+    )
+    from trainer.control.planning import (
         make_planner as make_planner,
     )
     from trainer.control.run import (
         JobError as JobError,
+    )
+    from trainer.control.run import (
         job_report as job_report,
+    )
+    from trainer.control.run import (
         job_schedule as job_schedule,
+    )
+    from trainer.control.run import (
         run_job as run_job,
+    )
+    from trainer.control.run import (
         train as train,
     )
     from trainer.control.schedules import chaos_schedule as chaos_schedule
     from trainer.corpus import corpus as corpus
     from trainer.observe.observer import (
         JobObserver as JobObserver,
+    )
+    from trainer.observe.observer import (
         ObserverList as ObserverList,
+    )
+    from trainer.observe.observer import (
         PlanInfo as PlanInfo,
+    )
+    from trainer.observe.observer import (
         StepInfo as StepInfo,
     )
     from trainer.observe.profile import (
         ProfileError as ProfileError,
+    )
+    from trainer.observe.profile import (
         ProfileFormatError as ProfileFormatError,
+    )
+    from trainer.observe.profile import (
         RuntimeProfile as RuntimeProfile,
     )
     from trainer.observe.tracking import MlflowJobObserver as MlflowJobObserver
     from trainer.providers import (
         PROVIDERS as PROVIDERS,
+    )
+    from trainer.providers import (
         Provider as Provider,
+    )
+    from trainer.providers import (
         ProviderError as ProviderError,
+    )
+    from trainer.providers import (
         provider as provider,
+    )
+    from trainer.providers import (
         register_provider as register_provider,
     )
     from trainer.providers.aws import check_credentials as check_aws_credentials  # noqa: F401 (renamed on the face)
-    from trainer.providers.aws_config import AwsConfigError as AwsConfigError, AwsSpotConfig as AwsSpotConfig
+    from trainer.providers.aws_config import AwsConfigError as AwsConfigError
+    from trainer.providers.aws_config import AwsSpotConfig as AwsSpotConfig
     from trainer.providers.hosts import HostsError as HostsError
     from trainer.runtime import checkpoint as checkpoint
-    from trainer.runtime.data import global_batch as global_batch, shard as shard
+    from trainer.runtime.data import global_batch as global_batch
+    from trainer.runtime.data import shard as shard
     from trainer.runtime.model import (
         ModelFamily as ModelFamily,
+    )
+    from trainer.runtime.model import (
         build_layers as build_layers,
+    )
+    from trainer.runtime.model import (
         layer_names as layer_names,
     )
     from trainer.runtime.pipeline import (
         StageLayout as StageLayout,
+    )
+    from trainer.runtime.pipeline import (
         build_context as build_context,
+    )
+    from trainer.runtime.pipeline import (
         micro_loss as micro_loss,
+    )
+    from trainer.runtime.pipeline import (
         parameters_checksum as parameters_checksum,
+    )
+    from trainer.runtime.pipeline import (
         train_step as train_step,
     )
-    from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV, read_token_file as read_token_file
+    from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV
+    from trainer.runtime.store import read_token_file as read_token_file
 
 __all__ = sorted(_HOMES)
 

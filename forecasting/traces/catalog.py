@@ -65,9 +65,7 @@ def _slug(text: str) -> str:
 _SKY_JSON_RE: Final = re.compile(
     r"(?P<kind>[^/]+)/(?P<n>\d+)-node/(?P<window>[^/]+)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.json$"
 )
-_SKY_LOG_RE: Final = re.compile(
-    r"(?P<window>(?P<date>\d{4}-\d{2}-\d{2})[^/]*)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.\w+$"
-)
+_SKY_LOG_RE: Final = re.compile(r"(?P<window>(?P<date>\d{4}-\d{2}-\d{2})[^/]*)/(?P<zone>[^/_]+)_(?P<type>[^/]+)\.\w+$")
 _AWS2020_RE: Final = re.compile(
     r"aws-spot-instances-(?P<family>[a-z0-9]+)-(?P<size>\d*x?large)-"
     r"(?:(?P<zone>[a-z]{2}-[a-z]+-\d[a-z])-)?(?P<dates>.+?)(?P<scaled>_scaled)?"

@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, Literal, TypeGuard, Unpack
 
@@ -74,7 +74,7 @@ MAX_LINE_CHARS: Final = 4096
 #: Largest time value (ms, s or h) a field may hold: 2**53 is where float64 stops counting exactly.
 MAX_TIME_VALUE: Final = 2**53
 #: Absolute times (UTC) a trace may carry: the canonical table stores them as datetime64[ns], which ends in 2262.
-TIME_RANGE: Final = (datetime(1900, 1, 1, tzinfo=timezone.utc), datetime(2200, 1, 1, tzinfo=timezone.utc))
+TIME_RANGE: Final = (datetime(1900, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
 
 
 # ------------------------------------------------------------------------------------ file reading
@@ -99,8 +99,10 @@ def _read_bytes(path: Path, expected: str) -> bytes:
         data = jsonio.read_bounded(fh, MAX_TRACE_BYTES)
     if data is None:
         raise TraceFormatError(
-            path, expected, reason=f"larger than {MAX_TRACE_BYTES:,} bytes, the most a trace file may hold; "
-            "cut it into shorter traces or write it at a coarser interval"
+            path,
+            expected,
+            reason=f"larger than {MAX_TRACE_BYTES:,} bytes, the most a trace file may hold; "
+            "cut it into shorter traces or write it at a coarser interval",
         )
     return data
 
@@ -354,7 +356,7 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
         count = _int(p, fmt, number, line, m.group(7), "count", MAX_INSTANCES)
         try:
             year, month, day, hour, minute, second = (int(g) for g in m.groups()[:6])
-            when = datetime(year, month, day, hour, minute, second, tzinfo=timezone.utc)
+            when = datetime(year, month, day, hour, minute, second, tzinfo=UTC)
         except ValueError as exc:
             raise _bad(p, fmt, number, line, str(exc)) from None
         _check_when(p, fmt, number, line, when)
@@ -369,9 +371,7 @@ def read_gcp_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
     start = journal[0][0]
     times = [(when - start).total_seconds() for when, _ in journal]
     counts = [count for _, count in journal]
-    events = from_count_series(
-        times, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt
-    )
+    events = from_count_series(times, counts, start_time=pd.Timestamp(start), name=p.stem, source=str(p), fmt=fmt)
     # the trace runs to the latest time the log names, even where that row was superseded
     events = replace(events, last_s=(latest - start).total_seconds())
     return _finish(events, p)
@@ -454,7 +454,7 @@ def read_skypilot_log(path: str | os.PathLike[str]) -> AvailabilityEvents:
         prev_tick = tick
         try:
             when = datetime.fromisoformat(when_text)
-            when = when.replace(tzinfo=timezone.utc) if when.tzinfo is None else when.astimezone(timezone.utc)
+            when = when.replace(tzinfo=UTC) if when.tzinfo is None else when.astimezone(UTC)
         except ValueError:
             raise _bad(p, fmt, number, line, f"{_short(when_text)} is not an ISO 8601 time") from None
         except OverflowError:  # an offset that moves the time past year 1 or 9999

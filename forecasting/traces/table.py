@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 
 from forecasting.traces.events import AvailabilityEvents, TraceFormatError
-from liveput import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE  # the planning grid is liveput's
 from forecasting.traces.formats import FORMATS
+from liveput import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE  # the planning grid is liveput's
 
 __all__ = [
     "COLUMNS",

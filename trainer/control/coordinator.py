@@ -38,9 +38,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from liveput import MigrationKind
-from trainer.runtime import checkpoint, keys
 from trainer.config import JobConfig, ModelConfig, TrainConfig
 from trainer.control.events import EventGroup
+from trainer.runtime import checkpoint, keys
 from trainer.runtime.migration import (
     Epoch,
     PlanError,
@@ -98,8 +98,14 @@ class ScheduleError(ValueError):
 
 
 def check_schedule(
-    model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
-    groups: Sequence[EventGroup], *, strategy_for: Callable[[int], tuple[int, int]] | None = None,
+    model: ModelConfig,
+    train: TrainConfig,
+    workers: int,
+    strategy: tuple[int, int],
+    steps: int,
+    groups: Sequence[EventGroup],
+    *,
+    strategy_for: Callable[[int], tuple[int, int]] | None = None,
 ) -> list[Epoch]:
     """Dry-run the schedule with the coordinator's own planning: the epochs it will publish, or `ScheduleError`.
 
@@ -132,8 +138,14 @@ class ScheduleState:
 
 
 def schedule_state(
-    model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
-    groups: Sequence[EventGroup], before_step: int, *,
+    model: ModelConfig,
+    train: TrainConfig,
+    workers: int,
+    strategy: tuple[int, int],
+    steps: int,
+    groups: Sequence[EventGroup],
+    before_step: int,
+    *,
     strategy_for: Callable[[int], tuple[int, int]] | None = None,
 ) -> ScheduleState:
     """The dry run (as `check_schedule`, which it also is for the events before `before_step`) after every event of
@@ -142,8 +154,14 @@ def schedule_state(
 
 
 def _dry_run(
-    model: ModelConfig, train: TrainConfig, workers: int, strategy: tuple[int, int], steps: int,
-    groups: Sequence[EventGroup], strategy_for: Callable[[int], tuple[int, int]] | None, until: int | None,
+    model: ModelConfig,
+    train: TrainConfig,
+    workers: int,
+    strategy: tuple[int, int],
+    steps: int,
+    groups: Sequence[EventGroup],
+    strategy_for: Callable[[int], tuple[int, int]] | None,
+    until: int | None,
 ) -> ScheduleState:
     if workers < 1:
         raise ScheduleError(f"workers must be >= 1, got {workers}")

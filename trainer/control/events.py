@@ -106,8 +106,7 @@ def _parse_one(raw: Any, where: str) -> Event:
         return EventError(f"{where}: field {_shown(field)}: {msg}")
 
     if not isinstance(raw, Mapping):
-        raise EventError(f"{where}: expected an object like {{\"step\": 3, \"kind\": \"plan\", ...}}, "
-                         f"got {_shown(raw)}")
+        raise EventError(f'{where}: expected an object like {{"step": 3, "kind": "plan", ...}}, got {_shown(raw)}')
     kind = raw.get("kind")
     if kind is None:
         raise fail("kind", f"missing; expected one of {', '.join(KINDS)}")
@@ -126,7 +125,7 @@ def _parse_one(raw: Any, where: str) -> Event:
         if s is None:
             if kind == "checkpoint-restart":
                 return Event(step, kind)
-            raise fail("strategy", "missing; a plan needs \"strategy\": [D, P]")
+            raise fail("strategy", 'missing; a plan needs "strategy": [D, P]')
         pair = isinstance(s, Sequence) and not isinstance(s, str) and len(s) == 2
         if not pair or not all(_is_int(v) and v >= 1 for v in s):
             raise fail("strategy", f"expected [D, P] with two integers >= 1, got {_shown(s)}")
@@ -134,13 +133,13 @@ def _parse_one(raw: Any, where: str) -> Event:
     if kind == "add":
         n = raw.get("workers")
         if n is None:
-            raise fail("workers", "missing; an add needs \"workers\": n")
+            raise fail("workers", 'missing; an add needs "workers": n')
         if not _is_int(n) or n < 1:
             raise fail("workers", f"expected an integer >= 1, got {_shown(n)}")
         return Event(step, kind, workers=n)
     ids = raw.get("instances")
     if ids is None:
-        raise fail("instances", f"missing; a {kind} needs \"instances\": [worker ids]")
+        raise fail("instances", f'missing; a {kind} needs "instances": [worker ids]')
     if not isinstance(ids, Sequence) or isinstance(ids, str) or not ids or not all(_is_int(v) and v >= 0 for v in ids):
         raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {_shown(ids)}")
     if len(set(ids)) != len(ids):
@@ -149,7 +148,7 @@ def _parse_one(raw: Any, where: str) -> Event:
     if not isinstance(notice, bool):
         raise fail("notice", f"expected true or false, got {_shown(notice)}")
     if kind == "kill" and notice:
-        raise fail("notice", "a kill has no notice; use {\"kind\": \"preempt\"} for a preemption with notice")
+        raise fail("notice", 'a kill has no notice; use {"kind": "preempt"} for a preemption with notice')
     ids_t = tuple(int(v) for v in ids)
     if not notice:  # a preemption without notice is a kill
         return Event(step, "kill", instances=ids_t, notice=False)
@@ -204,8 +203,14 @@ def group_events(events: Iterable[Event], source: str = "<events>") -> list[Even
                     raise EventError(f"{source}: step {step}: worker {w} is preempted twice")
                 (kill if e.kind == "kill" else preempt).append(w)
         groups.append(
-            EventGroup(step, strategy=strategy, add=sum(e.workers for e in evs), preempt=tuple(preempt),
-                       kill=tuple(kill), restart=bool(restarts))  # fmt: skip
+            EventGroup(
+                step,
+                strategy=strategy,
+                add=sum(e.workers for e in evs),
+                preempt=tuple(preempt),
+                kill=tuple(kill),
+                restart=bool(restarts),
+            )  # fmt: skip
         )
     return groups
 

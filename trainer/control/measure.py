@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,9 @@ class ProfileSchedule:
     restart_step: int
 
 
-def profile_schedule(workers: int, visit: Sequence[Strategy], steps_per_strategy: int, global_batch: int) -> ProfileSchedule:
+def profile_schedule(
+    workers: int, visit: Sequence[Strategy], steps_per_strategy: int, global_batch: int
+) -> ProfileSchedule:
     """The prologue (preempt with notice, then add), the visit, a checkpoint-restart, one last step.
 
     One job, `workers` processes, three parts:
@@ -167,7 +169,7 @@ def migrations_from_result(result: Mapping[str, Any], planned: Sequence[Any], sc
     for r in result["reconfigurations"]:
         n = r["epoch"]
         plan, prev = by_number.get(n), by_number.get(n - 1)
-        if plan is None or prev is None or plan.kind.value != r["kind"] or [plan.D, plan.P] != list(r["strategy"]):
+        if plan is None or prev is None or plan.kind.value != r["kind"] or list(r["strategy"]) != [plan.D, plan.P]:
             raise ProfileError(f"epoch {n} ({r['kind']} to {r['strategy']}) is not the planned one: the job did not "
                                "follow the profile's schedule")  # fmt: skip
         phases = {k.removesuffix("_s") + "_ms": 1000.0 * v for k, v in r["phases_s"].items()}
@@ -243,8 +245,8 @@ def measure(
     )
     from trainer.control.coordinator import check_schedule
     from trainer.control.events import Schedule, group_events, parse_events
-    from trainer.runtime.migration import layer_sizes
     from trainer.control.run import run_job
+    from trainer.runtime.migration import layer_sizes
 
     if workers < 2:
         raise ProfileError(TOO_FEW.format(workers))
@@ -281,7 +283,7 @@ def measure(
     if missing:
         raise ProfileError(f"no iteration time measured for {', '.join(f'{d}x{p}' for d, p in missing)}")
     spec = runtime_spec(mcfg, tcfg.micro_batch)
-    created = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    created = datetime.now(UTC).isoformat(timespec="seconds")
     machine = machine_info(start_method)
     label = f"parcae profile {created}: {model}, {workers} workers, {machine['usable_cores']} cores, {start_method}"
     throughput = ThroughputProfile(

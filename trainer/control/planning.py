@@ -26,8 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from liveput import DEFAULT_INTERVAL_S
-from liveput import DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from trainer.runtime.migration import PlanError, check_strategy
 
 if TYPE_CHECKING:

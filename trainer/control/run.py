@@ -19,13 +19,11 @@ import math
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from forecasting import jsonio
-from trainer.runtime import checkpoint
-from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.config import JobConfig, ModelConfig
 from trainer.control.coordinator import (
     HB_RUNNING_FACTOR,
@@ -35,14 +33,16 @@ from trainer.control.coordinator import (
     schedule_state,
 )
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
-from trainer.providers.local import LocalProcessProvider
-from trainer.control.schedules import LocalTraceProvider, trace_strategy
-from trainer.runtime.model import layer_names
-from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, StepInfo
-from trainer.runtime.pipeline import parameters_checksum
-from trainer.providers import provider
-from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.control.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
+from trainer.control.schedules import LocalTraceProvider, trace_strategy
+from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, StepInfo
+from trainer.providers import provider
+from trainer.providers.agent import AgentInstances, RemoteJob
+from trainer.providers.local import LocalProcessProvider
+from trainer.runtime import checkpoint
+from trainer.runtime.migration import PlanError, recovery_strategy
+from trainer.runtime.model import layer_names
+from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
@@ -934,8 +934,12 @@ def run_job(
             "layers": str(layers_dir),
             "replicas": {w: json.loads(coord.store.get(f"final/{w}")) for w in coord.current.members},
             "latest_checkpoint": coord.latest_checkpoint(),
-            "throughput": {"steps_per_s": trained / t_train, "samples_per_s": samples / t_train,
-                           "tokens_per_s": samples * model.block_size / t_train, "train_s": t_train},
+            "throughput": {
+                "steps_per_s": trained / t_train,
+                "samples_per_s": samples / t_train,
+                "tokens_per_s": samples * model.block_size / t_train,
+                "train_s": t_train,
+            },
             "events": coord.log,
             "states": {w: coord.states(w) for w in sorted(provider.exitcodes())},
             "exit_codes": dict(sorted(provider.exitcodes().items())),

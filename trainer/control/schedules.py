@@ -101,8 +101,9 @@ def trace_schedule(
             if fits:
                 events.append({"step": step, "kind": "plan", "strategy": list(new)})
             strategy = new
-    return Schedule(workers=n0, strategy=pick(n0), events=events, intervals=covered,
-                         steps_per_interval=steps_per_interval)
+    return Schedule(
+        workers=n0, strategy=pick(n0), events=events, intervals=covered, steps_per_interval=steps_per_interval
+    )
 
 
 def trace_events(

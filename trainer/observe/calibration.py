@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from liveput import CostConstants, CostModel, MigrationKind, MiB, ModelSpec, P2PTable, Strategy, healthy_missing
+from liveput import CostConstants, CostModel, MiB, MigrationKind, ModelSpec, P2PTable, Strategy, healthy_missing
 from trainer.observe.profile import ProfileError
 
 INTRA = MigrationKind.INTRA_STAGE.value
@@ -257,12 +257,22 @@ def calibrate(spec: ModelSpec, migrations: Sequence[Migration], ps: Iterable[int
     report = {
         "rows": rows,
         "constants": {
-            "group_base_ms": base, "group_remove_ms": per_group, "group_add_ms": per_group,
-            "p2p_latency_ms": lat, "p2p_mib_per_s": mib_s, "rendezvous_ms": rendezvous,
-            "build_ms": {str(p): v for p, v in build.items()}, "checkpoint_ms": ckpt,
+            "group_base_ms": base,
+            "group_remove_ms": per_group,
+            "group_add_ms": per_group,
+            "p2p_latency_ms": lat,
+            "p2p_mib_per_s": mib_s,
+            "rendezvous_ms": rendezvous,
+            "build_ms": {str(p): v for p, v in build.items()},
+            "checkpoint_ms": ckpt,
         },  # fmt: skip
         "sources": sources,
-        "points": {"intra": intra, "transfers": xfers, "build_residuals": {str(p): v for p, v in residuals.items()},
-                   "joins_ms": joins, "checkpoint_residuals": ckpts},  # fmt: skip
+        "points": {
+            "intra": intra,
+            "transfers": xfers,
+            "build_residuals": {str(p): v for p, v in residuals.items()},
+            "joins_ms": joins,
+            "checkpoint_residuals": ckpts,
+        },  # fmt: skip
     }
     return constants, report

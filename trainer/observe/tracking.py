@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import tracking as store  # first: it switches MLflow's telemetry off before MLflow is imported
-from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 
 # Imported here, not lazily in the logging thread: a flush at interpreter exit (atexit, after SIGTERM) cannot import
 # modules that register their own exit hooks (concurrent.futures: "can't register atexit after shutdown").
@@ -57,8 +56,9 @@ from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
-from trainer.runtime.checkpoint import find_shards  # noqa: E402
+from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.tracking_sender import MlflowSender, Point, RunEnd, transient  # noqa: E402
+from trainer.runtime.checkpoint import find_shards  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -86,6 +86,7 @@ KIND_COLOURS: Final = {
     "start": "tab:gray",
     "none": "tab:olive",
 }
+
 
 def _number(value: Any) -> float | None:
     try:

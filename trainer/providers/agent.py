@@ -38,8 +38,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.runtime import keys
 from trainer.providers.local import InstanceProvider, NoticeDeadlines
+from trainer.runtime import keys
 
 KILLED = -9  # exit code the driver reads for an instance reclaimed without its agent reporting (SIGKILL)
 EXIT_RESTART = 125  # = trainer.runtime.worker.EXIT_RESTART (not imported: the agent must not import torch's model code)
@@ -177,7 +177,6 @@ class RemoteJob:
     instances: Callable[[Any], AgentInstances]
 
 
-
 class AgentInstances(NoticeDeadlines):
     """The driver's view (`trainer.control.run`) of instances whose worker processes agents run: the same calls as
     `trainer.providers.local.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`: `trainer.providers.aws`'s spot
@@ -198,7 +197,9 @@ class AgentInstances(NoticeDeadlines):
         self.incarnation: dict[int, int] = {}
         self.exit_history: dict[int, list[int]] = {}
         self.reclaimed: list[tuple[int, float]] = []
-        self.notices: list[Any] = []  # the cloud's interruption notices passed on (trainer.providers.aws.InterruptionNotice)
+        self.notices: list[
+            Any
+        ] = []  # the cloud's interruption notices passed on (trainer.providers.aws.InterruptionNotice)
         self._codes: dict[int, int] = {}  # current process's exit code, once known
         self._released: set[int] = set()
         self._reclaim_at: dict[int, float] = {}
@@ -328,9 +329,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--id", type=int, required=True, help="this instance's worker id (the driver gave it)")
     p.add_argument("--host", required=True, help="the coordinator's store host, as this instance reaches it")
     p.add_argument("--port", type=int, required=True, help="the coordinator's store port")
-    p.add_argument("--imds", action="store_true",
-                   help="watch EC2's instance metadata for a spot interruption notice and pass it on to the worker "
-                        "as SIGTERM (endpoint: $AWS_EC2_METADATA_SERVICE_ENDPOINT, else AWS's link-local one)")
+    p.add_argument(
+        "--imds",
+        action="store_true",
+        help="watch EC2's instance metadata for a spot interruption notice and pass it on to the worker "
+        "as SIGTERM (endpoint: $AWS_EC2_METADATA_SERVICE_ENDPOINT, else AWS's link-local one)",
+    )
     p.add_argument("--imds-poll-s", type=float, default=5.0, help="seconds between IMDS polls (AWS advises 5)")
     a = p.parse_args(argv)
     agent = InstanceAgent(a.id, a.host, a.port, os.environ.get("PARCAE_TOKEN"))

@@ -267,7 +267,9 @@ class AwsSpotProvider(NumberedInstances):
         if not launched:
             return
         try:
-            aws_call("terminate_instances (rollback)", self.ec2.terminate_instances, InstanceIds=list(launched.values()))
+            aws_call(
+                "terminate_instances (rollback)", self.ec2.terminate_instances, InstanceIds=list(launched.values())
+            )
         except AwsProviderError as exc:  # keep them: stop() retries, and their ids must not be handed out again
             self._instances.update(launched)
             self._next_id = max(launched) + 1
@@ -357,7 +359,9 @@ class AwsSpotProvider(NumberedInstances):
                 return  # cancelled or replaced meanwhile
             del self._timers[w]
             try:
-                aws_call("terminate_instances (preempt)", self.ec2.terminate_instances, InstanceIds=[self._instances[w]])
+                aws_call(
+                    "terminate_instances (preempt)", self.ec2.terminate_instances, InstanceIds=[self._instances[w]]
+                )
             except AwsProviderError as exc:
                 self._deferred.append(exc)
 
@@ -481,13 +485,18 @@ def _token(a: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.providers.aws", description="The instance side of a parcae spot job.")
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.providers.aws", description="The instance side of a parcae spot job."
+    )
     sub = p.add_subparsers(dest="command", required=True)
     w = sub.add_parser("watch", help="signal a process when IMDS posts a spot interruption notice")
     w.add_argument("--pid", type=int, required=True, help="the process to signal (the worker)")
     w.add_argument("--signal", default="TERM", choices=["TERM", "INT", "USR1", "USR2"], help="default: TERM")
-    w.add_argument("--endpoint", default=None,
-                   help=f"the instance metadata service (default: $AWS_EC2_METADATA_SERVICE_ENDPOINT, else {IMDS_ENDPOINT})")
+    w.add_argument(
+        "--endpoint",
+        default=None,
+        help=f"the instance metadata service (default: $AWS_EC2_METADATA_SERVICE_ENDPOINT, else {IMDS_ENDPOINT})",
+    )
     w.add_argument("--poll-s", type=float, default=5.0, help="seconds between polls (AWS advises 5)")
     t = sub.add_parser("token", help="print the job token held in an SSM SecureString parameter")
     t.add_argument("--parameter", required=True)

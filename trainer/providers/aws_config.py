@@ -130,8 +130,9 @@ class AwsSpotConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
-            raise AwsConfigError(f"AwsSpotConfig: unknown field(s) {', '.join(unknown)}; "
-                                 f"known: {', '.join(sorted(known))}")
+            raise AwsConfigError(
+                f"AwsSpotConfig: unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            )
         missing = [name for name in _REQUIRED if name not in data]
         if missing:
             raise AwsConfigError(f"AwsSpotConfig: missing field(s) {', '.join(missing)}")

@@ -67,7 +67,6 @@ class AwsCredentialsError(AwsProviderError):
     """No usable AWS credentials or region: nothing can be launched."""
 
 
-
 def aws_error(operation: str, exc: Exception) -> AwsProviderError:
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})

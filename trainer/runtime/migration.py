@@ -235,11 +235,11 @@ def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: 
     """Raise `PlanError` unless D x P can run on `available` instances with `n_layers` layers."""
     if D < 1 or P < 1:
         raise PlanError(f"strategy {D}x{P}: D and P must be >= 1")
-    if P > n_layers:
+    if n_layers < P:
         raise PlanError(f"strategy {D}x{P}: P={P} exceeds the model's {n_layers} layers (a stage needs one)")
-    if global_batch is not None and D > global_batch:
+    if global_batch is not None and global_batch < D:
         raise PlanError(f"strategy {D}x{P}: D={D} replicas exceed global_batch={global_batch}")
-    if D * P > available:
+    if available < D * P:
         raise PlanError(f"strategy {D}x{P} needs {D * P} instances, only {available} are alive")
 
 
@@ -251,9 +251,7 @@ def classify(current: Epoch, d: int, p: int, survivors: Iterable[int]) -> Migrat
     return migration_kind(current.P, p, short=min(per_stage) < d)
 
 
-def assign(
-    current: Epoch, d: int, p: int, survivors: Iterable[int], layer_params: Sequence[int]
-) -> dict[int, Role]:
+def assign(current: Epoch, d: int, p: int, survivors: Iterable[int], layer_params: Sequence[int]) -> dict[int, Role]:
     """The next assignment worker -> (stage, replica) on `survivors`, moving the least state.
 
     Same P: survivors keep their stage (lowest old replicas first), holes are filled by idle instances, then by
@@ -477,7 +475,7 @@ def restart_epoch(
     arrival times start the pause); `lost`: members that died without notice."""
     ws = sorted(set(alive))
     if strategy is None:
-        if current.D * current.P <= len(ws):
+        if len(ws) >= current.D * current.P:
             strategy = (current.D, current.P)
         else:
             strategy = recovery_strategy(current, len(ws), n_layers, global_batch)

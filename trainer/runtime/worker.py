@@ -96,17 +96,15 @@ import torch
 import torch.distributed as dist
 
 from liveput import MigrationKind
-from trainer.runtime import checkpoint, keys
 from trainer.corpus import corpus
-from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
+from trainer.runtime import checkpoint, keys
 from trainer.runtime.migration import Epoch, state_bytes
 from trainer.runtime.model import layer_names
-from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
 from trainer.runtime.pipeline import (
     EpochGroups,
     LayerState,
-    StepAbandoned,
     StageContext,
+    StepAbandoned,
     build_context,
     close_epoch,
     init_epoch,
@@ -115,6 +113,8 @@ from trainer.runtime.pipeline import (
     parameters_checksum,
     train_step,
 )
+from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
+from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
 
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
