@@ -376,7 +376,8 @@ def _kind_rule_functions(srcs: list[Source]) -> Iterator[tuple[str, str]]:
 #: The names an interval length (the forecast's T, `DEFAULT_INTERVAL_S` in forecasting) goes by in signatures.
 INTERVAL_NAMES = frozenset({"interval_s", "interval_seconds"})
 
-#: The AWS constants that forecasting/collect.py and trainer/providers/aws.py both define, recognised by value (names move).
+#: The AWS constants forecasting/collect.py and the trainer's AWS provider (trainer/providers/) both defined,
+#: recognised by value (names move).
 AWS_CONSTANTS: tuple[tuple[str, Callable[[str, object], bool]], ...] = (
     ("job tag key 'parcae:job'", lambda name, v: v == "parcae:job"),
     (
