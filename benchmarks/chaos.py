@@ -1,9 +1,9 @@
 """Chaos benchmark: one job through a seeded random schedule of `--events` events (200 by default), and whether it
 still ends with the parameters of one uninterrupted process.
 
-The schedule is `trainer.control.schedules.chaos_schedule(workers, steps, n_events, seed)`: plans (a new D x P), preemptions
-with notice, kills without notice (SIGKILL mid-step; the survivors detect it through the heartbeat, abandon the step
-and regroup live, or — at most once — restart from the latest checkpoint when a layer lost its last holder) and
+The schedule is `trainer.control.schedules.chaos_schedule(workers, steps, n_events, seed)`: plans (a new D x P),
+preemptions with notice, kills without notice (SIGKILL mid-step; the survivors detect it through the heartbeat, abandon
+the step and regroup live, or — at most once — restart from the latest checkpoint when a layer lost its last holder) and
 added instances, at most two per step and at most `--max-workers` instances alive at once. Events of the same step
 form one reconfiguration. If `--steps` is not given, the job length starts at about `events / 1.6` steps and grows
 until `chaos_schedule` can place every event (it raises a ValueError when the steps are too few).

@@ -9,13 +9,14 @@ repeats, so drift on a shared machine hits both), and the table shows medians ov
         GPipe step with one flat gradient all-reduce per stage and the loss all-reduce.
   DDP   D spawned processes, gloo `init_process_group` (explicit timeout) on a TCPStore the parent hosts, the same
         network (`trainer.runtime.model.build_layers` as one `nn.Sequential`, same seed, same dtype) wrapped in
-        `torch.nn.parallel.DistributedDataParallel`, the same global batch of each step (`trainer.runtime.data.global_batch`,
-        `shard` into the replica's rows and micro-batches of `micro_batch`), gradients accumulated over the
-        micro-batches under `no_sync()` (one bucketed all-reduce per step, on the last micro-batch), one AdamW with
-        the same hyper-parameters, `torch.set_num_threads(1)` per process as `trainer.runtime.worker.process_main` does.
-        The loss is scaled as ours (sum of token cross-entropies / (global_batch * T), times D because DDP averages
-        gradients over replicas), so both sides train the same run: the table's last column is the largest
-        relative difference of their loss curves (float32: small but not zero, summation orders differ).
+        `torch.nn.parallel.DistributedDataParallel`, the same global batch of each step
+        (`trainer.runtime.data.global_batch`, `shard` into the replica's rows and micro-batches of `micro_batch`),
+        gradients accumulated over the micro-batches under `no_sync()` (one bucketed all-reduce per step, on the last
+        micro-batch), one AdamW with the same hyper-parameters, `torch.set_num_threads(1)` per process as
+        `trainer.runtime.worker.process_main` does. The loss is scaled as ours (sum of token cross-entropies /
+        (global_batch * T), times D because DDP averages gradients over replicas), so both sides train the same run: the
+        table's last column is the largest relative difference of their loss curves (float32: small but not zero,
+        summation orders differ).
 
 What is timed (both sides, the same span):
   steady  the goal metric. Steps `--warmup`..S-1, i.e. excluding process start-up (spawn, `import torch`), group
@@ -86,8 +87,8 @@ POLL_S = 0.005  # as the driver's
 class StepClock(JobObserver):
     """Times when steps `first` and `last` are committed, to the millisecond.
 
-    The driver feeds observers at most every `trainer.control.run.OBSERVE_S` (0.1 s), batching steps, so `StepInfo.time` is
-    too coarse for a span of a second or two. Instead, at `on_start` (whose info names the coordinator's store),
+    The driver feeds observers at most every `trainer.control.run.OBSERVE_S` (0.1 s), batching steps, so `StepInfo.time`
+    is too coarse for a span of a second or two. Instead, at `on_start` (whose info names the coordinator's store),
     a thread of ours, with its own TCPStore client, blocks in `wait` on the keys `loss/{first}` and `loss/{last}`,
     which the last stage's replica 0 sets as soon as it has applied that step (`trainer.runtime.worker`), and notes the
     wall time each appears. A blocking wait, not a poll: it adds no load to the workers' store while they train.
@@ -146,8 +147,8 @@ def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: Train
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=PG_TIMEOUT_S))
     try:
-        # one-off costs paid before the span, as our workers do while joining (`trainer.runtime.worker.Worker.join`): the
-        # first optimiser of a process imports torch._dynamo (~1 s), the corpus loads on first use
+        # one-off costs paid before the span, as our workers do while joining (`trainer.runtime.worker.Worker.join`):
+        # the first optimiser of a process imports torch._dynamo (~1 s), the corpus loads on first use
         torch.optim.AdamW(nn.Linear(1, 1).parameters())
         corpus()
         store.add("ready", 1)

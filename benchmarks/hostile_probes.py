@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import builtins
+import contextlib
 import datetime as dt
 import json
 import math
@@ -447,10 +448,9 @@ def run_argv(argv: list[str], cwd: Path, ctx: Ctx, stdin: bytes, timeout: float)
         timed_out = True
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
-    try:  # workers left in the group (a refusal that forgot its children)
+    # workers left in the group (a refusal that forgot its children)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
     return {"rc": p.returncode, "timed_out": timed_out, "wall_s": time.monotonic() - t0,
             "stdout": out.decode(errors="replace"), "stderr": err.decode(errors="replace")}  # fmt: skip
 

@@ -1,8 +1,8 @@
 """Policy comparison on the p3 trace's four one-hour segments, for every bundled model.
 
 Runs the trace-driven simulator with every policy on the segments the Parcae reference evaluated
-(hours 1.5-2.5, 5.5-6.5, 8-9, 10-11) and over the whole trace, and prints, per model and segment, samples trained relative to
-`ideal`, side by side with the reference simulator's numbers where parcae-reference §G.3 has them.
+(hours 1.5-2.5, 5.5-6.5, 8-9, 10-11) and over the whole trace, and prints, per model and segment, samples trained
+relative to `ideal`, side by side with the reference simulator's numbers where parcae-reference §G.3 has them.
 A policy that trains nothing on a segment "cannot make progress" there.
 
     python benchmarks/policy_comparison.py [--models gpt-1.5b,bert] [--look-ahead 8] [--json OUT.json]

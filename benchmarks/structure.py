@@ -128,14 +128,20 @@ class Function:
         return False
 
     def command_name(self) -> str | None:
-        """The name a ``@command("x")`` / ``@app.command("x")`` decorator gives the function, if any."""
+        """The name ``@command("x")``, ``@app.command("x")`` or ``@command(name="x")`` gives the function, if any."""
         for d in self.node.decorator_list:
-            if isinstance(d, ast.Call) and d.args and isinstance(d.args[0], ast.Constant):
-                f = d.func
-                if (isinstance(f, ast.Name) and f.id == "command") or (
-                    isinstance(f, ast.Attribute) and f.attr == "command"
-                ):
-                    return str(d.args[0].value)
+            if not isinstance(d, ast.Call):
+                continue
+            f = d.func
+            if not (
+                (isinstance(f, ast.Name) and f.id == "command")
+                or (isinstance(f, ast.Attribute) and f.attr == "command")
+            ):
+                continue
+            named = [k.value for k in d.keywords if k.arg == "name"]
+            for value in [*d.args[:1], *named]:
+                if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                    return value.value
         return None
 
 
@@ -361,6 +367,41 @@ def _field_defaults(s: Source) -> Iterator[tuple[str, ast.expr, int]]:
                     yield stmt.target.id, stmt.value, stmt.lineno
 
 
+def _persistence(srcs: list[Source]) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """Functions and classes with 'persist' in their name, as (definitions, adapters): an adapter calls another of them
+    (a factory, a change of signature), so it adds no second definition of the forecast."""
+    nodes = [(f.where, f.qualname, f.node) for f in functions(srcs) if "persist" in f.node.name.lower()]
+    nodes += [
+        (f"{s.path}:{n.lineno}", n.name, n)
+        for s in srcs
+        for n in ast.walk(s.tree)
+        if isinstance(n, ast.ClassDef) and "persist" in n.name.lower()
+    ]
+    definitions, adapters = [], []
+    for where, name, node in nodes:
+        called = {
+            c.func.id if isinstance(c.func, ast.Name) else c.func.attr
+            for c in ast.walk(node)
+            if isinstance(c, ast.Call) and isinstance(c.func, (ast.Name, ast.Attribute))
+        }
+        delegates = any("persist" in c.lower() and c != node.name for c in called)
+        (adapters if delegates else definitions).append((where, name))
+    return definitions, adapters
+
+
+def _dp_holders(srcs: list[Source]) -> Iterator[tuple[str, str]]:
+    """Classes other than ``Strategy`` with both D and P fields: a strategy under another name, or a concept built on
+    one (the trainer's epoch geometry); listed so that a rename cannot hide a second definition."""
+    for s in srcs:
+        for n in ast.walk(s.tree):
+            if isinstance(n, ast.ClassDef) and n.name != "Strategy":
+                fields = {
+                    t.target.id for t in n.body if isinstance(t, ast.AnnAssign) and isinstance(t.target, ast.Name)
+                }
+                if {"D", "P"} <= fields or {"d", "p"} <= fields:
+                    yield f"{s.path}:{n.lineno}", n.name
+
+
 def _kind_rule_functions(srcs: list[Source]) -> Iterator[tuple[str, str]]:
     """Functions that decide intra- vs inter-stage (mention both kinds): the migration-kind rule."""
     for f in functions(srcs):
@@ -376,7 +417,8 @@ def _kind_rule_functions(srcs: list[Source]) -> Iterator[tuple[str, str]]:
 #: The names an interval length (the forecast's T, `DEFAULT_INTERVAL_S` in forecasting) goes by in signatures.
 INTERVAL_NAMES = frozenset({"interval_s", "interval_seconds"})
 
-#: The AWS constants that forecasting/collect.py and trainer/providers/aws.py both define, recognised by value (names move).
+#: The AWS constants forecasting/collect.py and the trainer's AWS provider (trainer/providers/) both defined,
+#: recognised by value (names move).
 AWS_CONSTANTS: tuple[tuple[str, Callable[[str, object], bool]], ...] = (
     ("job tag key 'parcae:job'", lambda name, v: v == "parcae:job"),
     (
@@ -407,21 +449,25 @@ def concepts(repo: Path, srcs: list[Source]) -> str:
         )
     )
     out.append(
+        Concept("D x P under another name", "class with D and P fields, Strategy aside", list(_dp_holders(srcs)))
+    )
+    out.append(
         Concept(
             "persistence_forecast",
             "function named persistence_forecast",
             [(f.where, f.qualname) for f in funcs if f.node.name == "persistence_forecast"],
         )
     )
+    definitions, adapters = _persistence(srcs)
     out.append(
         Concept(
             "persistence forecasting",
-            "function or class with 'persist' in its name",
-            [
-                *((f.where, f.qualname) for f in funcs if "persist" in f.node.name.lower()),
-                *((f"{s.path}:{n.lineno}", n.name) for s, n in classes if "persist" in n.name.lower()),
-            ],
+            "function or class with 'persist' in its name that calls no other one",
+            definitions,
         )
+    )
+    out.append(
+        Concept("persistence adapters", "function or class with 'persist' in its name that calls another one", adapters)
     )
     out.append(
         Concept(

@@ -82,116 +82,46 @@ _HOMES: dict[str, str] = {
 if TYPE_CHECKING:
     from forecasting import features as features
     from forecasting import jsonio as jsonio
-    from forecasting.backtest import (
-        DEFAULT_START as DEFAULT_START,
-    )
-    from forecasting.backtest import (
-        BacktestResult as BacktestResult,
-    )
-    from forecasting.backtest import (
-        rolling_origin as rolling_origin,
-    )
-    from forecasting.baselines import (
-        ArimaForecaster as ArimaForecaster,
-    )
-    from forecasting.baselines import (
-        EtsForecaster as EtsForecaster,
-    )
-    from forecasting.baselines import (
-        PersistenceForecaster as PersistenceForecaster,
-    )
-    from forecasting.collect import (
-        CollectError as CollectError,
-    )
-    from forecasting.collect import (
-        SpotCollector as SpotCollector,
-    )
-    from forecasting.collect import (
-        TraceStore as TraceStore,
-    )
+    from forecasting.backtest import DEFAULT_START as DEFAULT_START
+    from forecasting.backtest import BacktestResult as BacktestResult
+    from forecasting.backtest import rolling_origin as rolling_origin
+    from forecasting.baselines import ArimaForecaster as ArimaForecaster
+    from forecasting.baselines import EtsForecaster as EtsForecaster
+    from forecasting.baselines import PersistenceForecaster as PersistenceForecaster
+    from forecasting.collect import CollectError as CollectError
+    from forecasting.collect import SpotCollector as SpotCollector
+    from forecasting.collect import TraceStore as TraceStore
     from forecasting.corpus import training_corpus as training_corpus
-    from forecasting.ec2 import (
-        ALIVE_STATES as ALIVE_STATES,
-    )
-    from forecasting.ec2 import (
-        FILTER_VALUES_MAX as FILTER_VALUES_MAX,
-    )
-    from forecasting.ec2 import (
-        JOB_TAG_KEY as JOB_TAG_KEY,
-    )
+    from forecasting.ec2 import ALIVE_STATES as ALIVE_STATES
+    from forecasting.ec2 import FILTER_VALUES_MAX as FILTER_VALUES_MAX
+    from forecasting.ec2 import JOB_TAG_KEY as JOB_TAG_KEY
     from forecasting.forecast import QUANTILES as QUANTILES
     from forecasting.forecast import Forecast as Forecast
     from forecasting.forecast import Forecaster as Forecaster
-    from forecasting.forecasters import (
-        FORECASTERS as FORECASTERS,
-    )
-    from forecasting.forecasters import (
-        ForecasterFactory as ForecasterFactory,
-    )
-    from forecasting.forecasters import (
-        UnknownForecasterError as UnknownForecasterError,
-    )
-    from forecasting.forecasters import (
-        fit_forecaster as fit_forecaster,
-    )
-    from forecasting.forecasters import (
-        make_forecaster as make_forecaster,
-    )
+    from forecasting.forecasters import FORECASTERS as FORECASTERS
+    from forecasting.forecasters import ForecasterFactory as ForecasterFactory
+    from forecasting.forecasters import UnknownForecasterError as UnknownForecasterError
+    from forecasting.forecasters import fit_forecaster as fit_forecaster
+    from forecasting.forecasters import make_forecaster as make_forecaster
     from forecasting.lgbm import LightGbmForecaster as LightGbmForecaster
-    from forecasting.registry import (
-        CHAMPION as CHAMPION,
-    )
-    from forecasting.registry import (
-        DEFAULT_REGISTERED_NAME as DEFAULT_REGISTERED_NAME,
-    )
-    from forecasting.registry import (
-        TrainOutcome as TrainOutcome,
-    )
-    from forecasting.registry import (
-        champion_version as champion_version,
-    )
-    from forecasting.registry import (
-        load_champion as load_champion,
-    )
-    from forecasting.registry import (
-        trace_fingerprint as trace_fingerprint,
-    )
-    from forecasting.registry import (
-        train_and_log as train_and_log,
-    )
-    from forecasting.traces import (
-        COLUMNS as COLUMNS,
-    )
-    from forecasting.traces import (
-        DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S,
-    )
-    from forecasting.traces import (
-        INTERVAL_S_RANGE as INTERVAL_S_RANGE,
-    )
-    from forecasting.traces import (
-        MAX_INSTANCES as MAX_INSTANCES,
-    )
-    from forecasting.traces import (
-        TraceFormatError as TraceFormatError,
-    )
-    from forecasting.traces import (
-        UnknownTraceError as UnknownTraceError,
-    )
-    from forecasting.traces import (
-        available_traces as available_traces,
-    )
-    from forecasting.traces import (
-        detect_format as detect_format,
-    )
-    from forecasting.traces import (
-        load_trace as load_trace,
-    )
-    from forecasting.traces import (
-        scale_trace as scale_trace,
-    )
-    from forecasting.traces import (
-        slice_hours as slice_hours,
-    )
+    from forecasting.registry import CHAMPION as CHAMPION
+    from forecasting.registry import DEFAULT_REGISTERED_NAME as DEFAULT_REGISTERED_NAME
+    from forecasting.registry import TrainOutcome as TrainOutcome
+    from forecasting.registry import champion_version as champion_version
+    from forecasting.registry import load_champion as load_champion
+    from forecasting.registry import trace_fingerprint as trace_fingerprint
+    from forecasting.registry import train_and_log as train_and_log
+    from forecasting.traces import COLUMNS as COLUMNS
+    from forecasting.traces import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
+    from forecasting.traces import INTERVAL_S_RANGE as INTERVAL_S_RANGE
+    from forecasting.traces import MAX_INSTANCES as MAX_INSTANCES
+    from forecasting.traces import TraceFormatError as TraceFormatError
+    from forecasting.traces import UnknownTraceError as UnknownTraceError
+    from forecasting.traces import available_traces as available_traces
+    from forecasting.traces import detect_format as detect_format
+    from forecasting.traces import load_trace as load_trace
+    from forecasting.traces import scale_trace as scale_trace
+    from forecasting.traces import slice_hours as slice_hours
 
 __all__ = sorted(_HOMES)
 

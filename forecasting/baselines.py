@@ -269,14 +269,30 @@ def _in_out(last: float, path: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class _RefitPerCall:
-    """``fit``, ``window_for`` and ``history_window`` of the models refitted per call on the last W values of N.
+    """``predict``, ``fit``, ``window_for`` and ``history_window`` of the models refitted per call on the last W
+    values of N; a subclass says how it fits in ``_refit``.
 
     Only the fallback's persistence spread is learnt in ``fit``; W is ``window`` if set, else
-    `reference_window` of the horizon. Subclasses are dataclasses with ``window`` and ``persistence``.
+    `reference_window` of the horizon. Subclasses are dataclasses with ``name``, ``window`` and ``persistence``.
     """
 
+    name: str
     window: int | None
     persistence: PersistenceForecaster
+
+    def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
+        """Persistence's answer under this model's name until W intervals have passed (the reference's warm-up),
+        then `_refit`'s."""
+        _check_history(history, horizon, self.name)
+        w = self.window_for(horizon)
+        base = self.persistence.predict(history, horizon)
+        if len(history) - 1 < w:
+            return _renamed(base, self.name)
+        return self._refit(history, horizon, w, base)
+
+    def _refit(self, history: pd.DataFrame, horizon: int, w: int, base: Forecast) -> Forecast:
+        """The forecast of the model fitted on the last ``w`` values; ``base`` is persistence's, its fallback."""
+        raise NotImplementedError
 
     def fit(self, histories: Sequence[pd.DataFrame]) -> Self:
         """The model is refitted per call on the recent window; only the persistence spread is learnt."""
@@ -363,13 +379,7 @@ class ArimaForecaster(_RefitPerCall):
     fallbacks: int = field(default=0, init=False)
     fits: int = field(default=0, init=False)
 
-    def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
-        _check_history(history, horizon, self.name)
-        w = self.window_for(horizon)
-        base = self.persistence.predict(history, horizon)
-        if len(history) - 1 < w:  # warm-up: the reference predicts flat until W intervals have passed
-            return _renamed(base, self.name)
-
+    def _refit(self, history: pd.DataFrame, horizon: int, w: int, base: Forecast) -> Forecast:
         cap = table_capacity(history)
         raw = history["available"].to_numpy(dtype=np.float64)[-w:]
         removed = history["n_out"].to_numpy(dtype=np.float64)[-w:] if "n_out" in history.columns else np.zeros(w)
@@ -443,12 +453,9 @@ class EtsForecaster(_RefitPerCall):
     fallbacks: int = field(default=0, init=False)
     fits: int = field(default=0, init=False)
 
-    def predict(self, history: pd.DataFrame, horizon: int) -> Forecast:
-        _check_history(history, horizon, self.name)
-        w = self.window_for(horizon)
-        base = self.persistence.predict(history, horizon)
+    def _refit(self, history: pd.DataFrame, horizon: int, w: int, base: Forecast) -> Forecast:
         a = history["available"].to_numpy(dtype=np.float64)[-w:]
-        if len(history) - 1 < w or np.std(a) == 0:
+        if np.std(a) == 0:
             return _renamed(base, self.name)
         fitted = self._ets(a, horizon, _origin_rng(self.seed, history))
         if fitted is None:

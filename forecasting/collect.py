@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -677,7 +678,7 @@ class SpotCollector:
         for region in self.regions:
             client = self.client(region)
             observed = self._guarded(
-                result, f"describe_instances[{region}]", lambda: self._describe_fleet(client, region)
+                result, f"describe_instances[{region}]", partial(self._describe_fleet, client, region)
             )
             if isinstance(observed, _Failed):
                 continue
@@ -690,7 +691,7 @@ class SpotCollector:
                 notices = self._guarded(
                     result,
                     f"describe_spot_instance_requests[{region}]",
-                    lambda: self._interruptions(client, sorted(ids)),
+                    partial(self._interruptions, client, sorted(ids)),
                 )
             if isinstance(notices, _Failed):
                 continue
@@ -734,7 +735,7 @@ class SpotCollector:
 
         for region in self.regions:
             client = self.client(region)
-            got = self._guarded(result, f"describe_spot_price_history[{region}]", lambda: fetch(client, region))
+            got = self._guarded(result, f"describe_spot_price_history[{region}]", partial(fetch, client, region))
             if not isinstance(got, _Failed):
                 rows += got
         result.rows_written["spot_prices"] = self.store.append("spot_prices", rows)

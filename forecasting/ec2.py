@@ -1,5 +1,6 @@
-"""EC2 names shared by the fleet collector (`forecasting.collect`) and the trainer's spot provider (`trainer.providers.aws`):
-the tag that marks a job's instances, the states that count as alive, the API's cap on filter values.
+"""EC2 names shared by the fleet collector (`forecasting.collect`) and the trainer's spot provider
+(`trainer.providers.aws`): the tag that marks a job's instances, the states that count as alive, the API's cap on
+filter values.
 
 Owns: these constants, one definition each. Pure: no boto3, no pandas (the face exports them cheaply). Must not
 touch: anything that calls AWS.

@@ -46,42 +46,39 @@ from liveput.throughput import (
 )
 
 if TYPE_CHECKING:
-    from liveput.optimizer import (
-        IDLE,
-        JobState,
-        Plan,
-        PlannerConfig,
-        PlanStep,
-        plan,
-        plan_interval,
-    )
-    from liveput.plan_input import (
-        MAX_EVENTS_PER_INTERVAL,
-        PlanInput,
-        PlanInputError,
-        parse_plan_input,
-        plan_of_input,
-    )
-    from liveput.policies import (
-        POLICIES,
-        POLICY_NAMES,
-        BambooConstants,
-        ParcaePolicy,
-        Policy,
-        PolicySetup,
-        make_policy,
-        oracle_forecast,
-    )
-    from liveput.scenarios import KINDS, IntervalForecast, Outcome, ScenarioStore, persistence_forecast
-    from liveput.simulator import (
-        PolicyResult,
-        SimulationConfig,
-        comparison_table,
-        events_of,
-        plot_timeline,
-        run_policy,
-        simulate,
-    )
+    from liveput.optimizer import IDLE as IDLE
+    from liveput.optimizer import JobState as JobState
+    from liveput.optimizer import Plan as Plan
+    from liveput.optimizer import PlannerConfig as PlannerConfig
+    from liveput.optimizer import PlanStep as PlanStep
+    from liveput.optimizer import plan as plan
+    from liveput.optimizer import plan_interval as plan_interval
+    from liveput.plan_input import MAX_EVENTS_PER_INTERVAL as MAX_EVENTS_PER_INTERVAL
+    from liveput.plan_input import PlanInput as PlanInput
+    from liveput.plan_input import PlanInputError as PlanInputError
+    from liveput.plan_input import parse_plan_input as parse_plan_input
+    from liveput.plan_input import plan_of_input as plan_of_input
+    from liveput.policies import POLICIES as POLICIES
+    from liveput.policies import POLICY_NAMES as POLICY_NAMES
+    from liveput.policies import BambooConstants as BambooConstants
+    from liveput.policies import ParcaePolicy as ParcaePolicy
+    from liveput.policies import Policy as Policy
+    from liveput.policies import PolicySetup as PolicySetup
+    from liveput.policies import make_policy as make_policy
+    from liveput.policies import oracle_forecast as oracle_forecast
+    from liveput.scenarios import KINDS as KINDS
+    from liveput.scenarios import IntervalForecast as IntervalForecast
+    from liveput.scenarios import Outcome as Outcome
+    from liveput.scenarios import ScenarioStore as ScenarioStore
+    from liveput.scenarios import persistence_forecast as persistence_forecast
+    from liveput.simulator import PolicyResult as PolicyResult
+    from liveput.simulator import SimulationConfig as SimulationConfig
+    from liveput.simulator import comparison_table as comparison_table
+    from liveput.simulator import events_of as events_of
+    from liveput.simulator import plot_timeline as plot_timeline
+    from liveput.simulator import run_policy as run_policy
+    from liveput.simulator import simulate as simulate
+
 
 #: The names of the planning modules, loaded on first use (scipy, pandas): name -> module.
 _LAZY: dict[str, str] = {

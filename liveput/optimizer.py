@@ -18,7 +18,7 @@ The DP is vectorised over predecessor x target with numpy; scenario outcomes com
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -154,14 +154,7 @@ def plan(
             else:
                 reach[i, :n_t], lo[i, :n_t], hi[i, :n_t] = store.bounds(f, states[i], targets)
         reach[:, n_t] = 1.0  # stopping (IDLE) is always possible and costs nothing
-        exact: dict[tuple[int, int], float] = {}
-
-        def cost(i: int, t: int) -> float:
-            if t >= n_t or lo[i, t] == hi[i, t]:
-                return float(lo[i, t])
-            if (i, t) not in exact:
-                exact[(i, t)] = store.pair(f, states[i], states[t])[1]
-            return exact[(i, t)]
+        cost = _lazy_cost(store, f, states, n_t, lo, hi)
 
         st, mig, val, left = rows.state, rows.migrating.astype(bool), rows.samples, rows.leftover
         q = reach[st]  # rows x targets
@@ -177,10 +170,7 @@ def plan(
         by_ub = np.argsort(-ub, axis=0, kind="stable")  # ties: lower row first, as a full argmax would
         may_migrate = valid & (r_lb < 0)
 
-        def useful(row: int, t: int) -> float:
-            c = cost(int(st[row]), t)
-            total = (c + rc[t] if c > 0 else left[row]) if mig[row] else c
-            return float(T * q[row, t] - total / 1000.0)
+        useful = _useful_time(cost, rows, q, rc, T)
 
         nxt = _NextRows()
         for t in range(n):
@@ -290,6 +280,37 @@ def plan_interval(
     elif store.profile is not profile or store.cost is not cost:
         raise ValueError("the scenario store caches another profile or cost model than the one planned with")
     return plan(store, forecast, current, PlannerConfig(interval_s, len(forecast)))
+
+
+def _lazy_cost(
+    store: ScenarioStore, f: IntervalForecast, states: list[Strategy], n_t: int, lo: np.ndarray, hi: np.ndarray
+) -> Callable[[int, int], float]:
+    """One interval's cost (ms) of the move from state i to target t: the bound where the bounds agree, else the
+    exact scenario sum, computed once per pair (the lazy part of the search)."""
+    exact: dict[tuple[int, int], float] = {}
+
+    def cost(i: int, t: int) -> float:
+        if t >= n_t or lo[i, t] == hi[i, t]:
+            return float(lo[i, t])
+        if (i, t) not in exact:
+            exact[(i, t)] = store.pair(f, states[i], states[t])[1]
+        return exact[(i, t)]
+
+    return cost
+
+
+def _useful_time(
+    cost: Callable[[int, int], float], rows: _Rows, q: np.ndarray, rc: list[float], T: float
+) -> Callable[[int, int], float]:
+    """The useful time r (s) of label ``row`` moving to target t, exactly: negative while the move is unfinished."""
+    st, mig, left = rows.state, rows.migrating.astype(bool), rows.leftover
+
+    def useful(row: int, t: int) -> float:
+        c = cost(int(st[row]), t)
+        total = (c + rc[t] if c > 0 else left[row]) if mig[row] else c
+        return float(T * q[row, t] - total / 1000.0)
+
+    return useful
 
 
 class _Rows:

@@ -123,6 +123,31 @@ class Policy:
     def _thr(self, s: Strategy) -> float:
         return 0.0 if s == IDLE else self.profile.throughput(*s)
 
+    def _concurrent_ms(self, s: Strategy) -> float:
+        """What a reconfiguration started while another is unfinished pays on top (§C.1)."""
+        return self.cost.concurrent_restart_ms(*s) if s != IDLE else 0.0
+
+    def _charged(
+        self,
+        acct: _RestartAccounting,
+        strategy: Strategy,
+        cost_ms: float,
+        concurrent_ms: float,
+        instances: int,
+        kinds: dict[str, float],
+    ) -> StepResult:
+        """The interval of ``strategy`` after ``acct`` is charged ``cost_ms`` started now: what it trained, paused."""
+        work_ms, pause_ms = acct.charge(cost_ms, concurrent_ms, self.T * 1000.0)
+        return StepResult(
+            strategy,
+            self._thr(strategy) * work_ms / 1000.0,
+            pause_ms / 1000.0,
+            cost_ms,
+            acct.busy,
+            instances,
+            kinds,
+        )
+
 
 class _RestartAccounting:
     """The remain/busy bookkeeping shared by every policy that pays reconfiguration time (§C.1, §H)."""
@@ -218,20 +243,13 @@ class ParcaePolicy(Policy):
                 for i, k in enumerate(KINDS)
                 if k != MigrationKind.NONE and o.kind[0, i] > 0
             }
-        rc = self.cost.concurrent_restart_ms(*target) if target != IDLE else 0.0
         acct = _RestartAccounting()
         acct.busy, acct.remain_ms = st.migrating, st.leftover_ms
-        work_ms, pause_ms = acct.charge(cost_ms, rc, self.T * 1000.0)
-        self.state = JobState(target, acct.busy, acct.remain_ms)
-        return StepResult(
-            target,
-            self._thr(target) * work_ms / 1000.0,
-            pause_ms / 1000.0,
-            cost_ms,
-            acct.busy,
-            event.available,
-            kinds if cost_ms > 0 else {},
+        result = self._charged(
+            acct, target, cost_ms, self._concurrent_ms(target), event.available, kinds if cost_ms > 0 else {}
         )
+        self.state = JobState(target, acct.busy, acct.remain_ms)
+        return result
 
 
 class ReactivePolicy(Policy):
@@ -263,16 +281,8 @@ class ReactivePolicy(Policy):
                 cost_ms = self.cost.checkpoint_restart_ms(*target, add=add, save=not first)
                 kinds = {(MigrationKind.START if first else MigrationKind.CHECKPOINT_RESTART).value: 1.0}
             self.strategy = target
-        rc = self.cost.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
-        work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
-        return StepResult(
-            self.strategy,
-            self._thr(self.strategy) * work_ms / 1000.0,
-            pause_ms / 1000.0,
-            cost_ms,
-            self.acct.busy,
-            event.available,
-            kinds,
+        return self._charged(
+            self.acct, self.strategy, cost_ms, self._concurrent_ms(self.strategy), event.available, kinds
         )
 
 
@@ -309,17 +319,8 @@ class OnDemandPolicy(Policy):
     ) -> StepResult:
         target = self.profile.best(self.instances) or IDLE
         cost_ms = self.cost.checkpoint_restart_ms(*target, add=True, save=False) if first and target != IDLE else 0.0
-        work_ms, pause_ms = self.acct.charge(cost_ms, 0.0, self.T * 1000.0)
         kinds = {MigrationKind.START.value: 1.0} if cost_ms else {}
-        return StepResult(
-            target,
-            self._thr(target) * work_ms / 1000.0,
-            pause_ms / 1000.0,
-            cost_ms,
-            self.acct.busy,
-            self.instances,
-            kinds,
-        )
+        return self._charged(self.acct, target, cost_ms, 0.0, self.instances, kinds)
 
 
 @dataclass(frozen=True)
@@ -430,16 +431,8 @@ class BambooPolicy(Policy):
                     kinds["redundancy-failover"] = float(1 - p_fail)
                 cost_ms = float(cost_ms)
                 self.strategy = target
-        rc = cm.concurrent_restart_ms(*self.strategy) if self.strategy != IDLE else 0.0
-        work_ms, pause_ms = self.acct.charge(cost_ms, rc, self.T * 1000.0)
-        return StepResult(
-            self.strategy,
-            self._thr(self.strategy) * work_ms / 1000.0,
-            pause_ms / 1000.0,
-            cost_ms,
-            self.acct.busy,
-            event.available,
-            kinds,
+        return self._charged(
+            self.acct, self.strategy, cost_ms, self._concurrent_ms(self.strategy), event.available, kinds
         )
 
 

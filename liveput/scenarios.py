@@ -430,12 +430,12 @@ class ScenarioStore:
         for s in range(P):
             nxt: dict[tuple[int, float, float], int] = defaultdict(int)
             for (lost, par, ser), ways in states.items():
-                for l in range(0, min(D, kmax - lost) + 1):
-                    c = D - l
+                for lost_now in range(0, min(D, kmax - lost) + 1):
+                    c = D - lost_now
                     short = c < d
                     serial = c == 0 or (s == P - 1 and c == 1 and d >= 2)
-                    key = (lost + l, max(par, t[s]) if short else par, ser + t[s] if serial else ser)
-                    nxt[key] += ways * comb(D, l)
+                    key = (lost + lost_now, max(par, t[s]) if short else par, ser + t[s] if serial else ser)
+                    nxt[key] += ways * comb(D, lost_now)
             states = nxt
         probs = np.zeros((kmax + 1, len(KINDS)))
         costs = np.zeros(kmax + 1)
@@ -467,7 +467,6 @@ class ScenarioStore:
             return hit[1]
         spec = self.cost.spec
         so = stage_overlap(spec.layer_params, spec.partition(P), spec.partition(p))
-        caps = {s: min(D, dem) for s, dem in so.demand.items()}
         max_demand = max(so.demand.values())
         if kmax == 0 or kmax <= D - max_demand:
             # Too few losses to leave any old stage with fewer replicas than new stages could use:
@@ -499,9 +498,9 @@ class ScenarioStore:
                             tuple(sorted(out.items())),
                         )
                     cl_out, t_out = memo
-                    for l, w in lmap:
-                        if lost + l <= kmax:
-                            nxt[(lost + l, cl_out, t_out)] += ways * w
+                    for lost_now, w in lmap:
+                        if lost + lost_now <= kmax:
+                            nxt[(lost + lost_now, cl_out, t_out)] += ways * w
             states, carry = nxt, nxt_carry
         law = [defaultdict(int) for _ in range(kmax + 1)]
         for (lost, _, table), ways in states.items():
@@ -523,11 +522,11 @@ class ScenarioStore:
             cap = min(D, dem)
             nxt: dict[tuple[int, ...], dict[int, int]] = defaultdict(lambda: defaultdict(int))
             for cvec, lmap in combos.items():
-                for l in range(0, min(D, kmax) + 1):
-                    c = min(D - l, cap)
+                for lost_now in range(0, min(D, kmax) + 1):
+                    c = min(D - lost_now, cap)
                     for l0, w0 in lmap.items():
-                        if l0 + l <= kmax:
-                            nxt[cvec + (c,)][l0 + l] += w0 * comb(D, l)
+                        if l0 + lost_now <= kmax:
+                            nxt[cvec + (c,)][l0 + lost_now] += w0 * comb(D, lost_now)
             combos = nxt
         return [(cvec, sorted(lmap.items())) for cvec, lmap in combos.items()]
 

@@ -2,8 +2,8 @@
 
 moto (a `moto_server` on 127.0.0.1) answers the EC2 API — run_instances, describe, terminate — but boots nothing.
 `Ec2StandIn` watches moto's instances of one job and does what EC2 would: a new instance runs its user data (the
-real boot script of `trainer.providers.aws.user_data`, with bash, in a process group of its own), a terminated one has its
-whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 whose spot
+real boot script of `trainer.providers.aws.user_data`, with bash, in a process group of its own), a terminated one has
+its whole process group SIGKILLed (a reclaim: no goodbye). Each instance gets its own IMDSv2 whose spot
 notice a test switches on (`FakeImds`), as AWS posts one two minutes before a reclaim.
 
 Imported as a top-level module (``from _ec2_standin import ...``): ``tests/`` is on ``sys.path`` under pytest.
@@ -19,7 +19,7 @@ import subprocess
 import threading
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -190,10 +190,8 @@ class Ec2StandIn:
     def _reclaim(self, iid: str) -> None:
         shell = self.booted[iid]
         if shell.poll() is None or _group_alive(shell.pid):
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             self.reclaimed.append(self.worker[iid])
         shell.wait()
         self._gone.add(iid)  # terminated instances stay listed: they must not boot or be reclaimed again
@@ -203,10 +201,8 @@ class Ec2StandIn:
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         for shell in self.booted.values():
-            try:
+            with suppress(ProcessLookupError):
                 os.killpg(shell.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             shell.wait()
         for imds in self.imds.values():
             imds.close()

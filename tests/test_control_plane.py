@@ -1,10 +1,11 @@
-"""The closed control plane (`trainer.runtime.store`): the coordinator's store listens only where asked, as the OS reports
-it; a client without the job's token can neither read a value nor write one that any reader accepts; values from
+"""The closed control plane (`trainer.runtime.store`): the coordinator's store listens only where asked, as the OS
+reports it; a client without the job's token can neither read a value nor write one that any reader accepts; values from
 token holders are untrusted input too (malformed ones are logged and ignored); the token reaches local workers
 through neither argv nor a file others can read."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -163,10 +164,8 @@ class Attacker(JobObserver):
         self.token = read_token_file(info["token_file"])
         for pid in os.listdir("/proc"):
             if pid.isdigit():
-                try:
+                with contextlib.suppress(OSError):
                     self.cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes())
-                except OSError:
-                    pass
         self.thread = threading.Thread(target=self._run, args=(info["port"],), daemon=True)
         self.thread.start()
 

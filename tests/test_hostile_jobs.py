@@ -6,6 +6,7 @@ tests/test_trainer_resume.py, the bounded inputs in tests/test_hostile_inputs.py
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -155,10 +156,8 @@ def _session(sid: int) -> list[str]:
     out = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and _is_worker_of(pid, sid):
-            try:
+            with contextlib.suppress(OSError):
                 out.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-            except OSError:
-                pass
     return out
 
 

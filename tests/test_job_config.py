@@ -55,8 +55,9 @@ def test_every_provider_is_in_one_registry():
     assert list(PROVIDERS) == ["local", "hosts", "aws"]
     assert provider("local").job({}) is None  # local worker processes
     assert provider("local").notice_grace_s({}) == 30.0
-    aws = {"region": "us-east-1", "image_id": "ami-0123456789abcdef0", "coordinator_host": "10.0.0.5", "coordinator_port": 29500,
-           "token_parameter": "/parcae/t", "job": "j", "iam_instance_profile": "parcae-worker"}  # fmt: skip
+    aws = {"region": "us-east-1", "image_id": "ami-0123456789abcdef0", "coordinator_host": "10.0.0.5",
+           "coordinator_port": 29500, "token_parameter": "/parcae/t", "job": "j",
+           "iam_instance_profile": "parcae-worker"}  # fmt: skip
     provider("aws").check(aws)
     assert provider("aws").notice_grace_s(aws) == 120.0  # AWS's two minutes
     with pytest.raises(ProviderError, match="unknown provider 'gcp'"):

@@ -235,7 +235,8 @@ def test_an_unreachable_tracking_server_fails_fast(monkeypatch: pytest.MonkeyPat
 
 
 AWS = dict(region="us-east-1", image_id="ami-0123456789abcdef0", job="parcae-job", coordinator_host="10.0.0.5",
-           coordinator_port=29500, token_parameter="/parcae/job-token", iam_instance_profile="parcae-worker")  # fmt: skip
+           coordinator_port=29500, token_parameter="/parcae/job-token",
+           iam_instance_profile="parcae-worker")  # fmt: skip
 
 
 def test_the_aws_provider_needs_credentials_and_a_valid_configuration(
@@ -272,7 +273,8 @@ def test_the_train_flow_runs_its_job_on_spot_instances(
         env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
         with Ec2StandIn(ec2, job, env, tmp_path) as standin:
             state = train(**JOB, steps=STEPS, profile=str(profile), checkpoint_every=CHECKPOINT_EVERY,
-                          provider="aws", provider_options=aws, out_dir=str(tmp_path / "job"), return_state=True)  # fmt: skip
+                          provider="aws", provider_options=aws, out_dir=str(tmp_path / "job"),
+                          return_state=True)  # fmt: skip
         states = [i["State"]["Name"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]]
     assert standin.error is None, standin.error
     assert state.is_completed(), state.message

@@ -9,6 +9,7 @@ environment naming the MLflow server, as an operator would run it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -44,20 +45,16 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, timeout_s: float 
 def _stop(proc: subprocess.Popen, first: int = signal.SIGINT, grace_s: float = 10.0) -> None:
     """Stop a process group: `first` (Prefect's worker only heeds SIGINT while runs are active), then SIGKILL."""
     if proc.poll() is not None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # whatever the leader left behind in its group
-        except ProcessLookupError:
-            pass
         return
     try:
         os.killpg(proc.pid, first)
         proc.wait(grace_s)
     except (ProcessLookupError, subprocess.TimeoutExpired):
         pass
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait(10)
 
 
@@ -87,7 +84,8 @@ def servers(tmp_path: Path) -> Iterator[dict[str, str]]:
 
     try:
         prefect, prefect_log = start("prefect-server", [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1",
-                                                        "--port", str(prefect_port), "--analytics-off"], tmp_path)  # fmt: skip
+                                                        "--port", str(prefect_port), "--analytics-off"],
+                                     tmp_path)  # fmt: skip
         mlflow_dir = tmp_path / "mlflow"
         mlflow_dir.mkdir()
         mlflow, mlflow_log = start("mlflow-server", [str(BIN / "mlflow"), "server", "--host", "127.0.0.1", "--port",
@@ -120,7 +118,8 @@ def test_the_train_deployment_runs_on_a_worker_and_logs_to_the_mlflow_server(
 
     profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1))
     parameters = dict(workers=3, steps=STEPS, interval_seconds=0.5, start_interval=49, planner="liveput",
-                      profile=str(profile), checkpoint_every=10, out_dir=str(tmp_path / "job"), resume=False)  # fmt: skip
+                      profile=str(profile), checkpoint_every=10, out_dir=str(tmp_path / "job"),
+                      resume=False)  # fmt: skip
     with temporary_settings({PREFECT_API_URL: servers["prefect"]}):
         run = run_deployment(name="train/on-demand", parameters=parameters, timeout=150, poll_interval=1)
     assert run.state is not None and run.state.is_completed(), f"{run.state}\n" + "\n".join(

@@ -485,12 +485,20 @@ def test_shared_names_are_derived_from_paths(tmp_path: Path, monkeypatch: pytest
         "p3-counts": "parcae/aws/traces/p3.csv",
         "parcae-p3-events": "parcae/liveput/traces/p3trace.csv",
         "bamboo-p3-events": "bamboo/traces/p3-trace.csv",
-        "aws2020-g4dn-us-east-1c": "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv",
-        "aws2020-g4dn-us-east-1c-scaled": "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200_scaled.csv",
+        "aws2020-g4dn-us-east-1c": (
+            "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv"
+        ),
+        "aws2020-g4dn-us-east-1c-scaled": (
+            "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200_scaled.csv"
+        ),
         "skypilot-16node-us-east-2b": "sky/availability/16-node/aws-08-27-2023/us-east-2b_v100_1.json",
         "skypilot-4node-us-east-1f": "sky/preemption/4-node/aws-08-03-2023/us-east-1f_v100_1.json",
-        "skypilot-1node-us-east-1c-v100-1-aws-02-15-2023": "sky/availability/1-node/aws-02-15-2023/us-east-1c_v100_1.json",
-        "skypilot-1node-us-east-1c-v100-1-aws-04-22-2023": "sky/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json",
+        "skypilot-1node-us-east-1c-v100-1-aws-02-15-2023": (
+            "sky/availability/1-node/aws-02-15-2023/us-east-1c_v100_1.json"
+        ),
+        "skypilot-1node-us-east-1c-v100-1-aws-04-22-2023": (
+            "sky/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json"
+        ),
         "skypilot-log-us-west-2a-k80-8": "log/2022-10-26T22-05/us-west-2a_k80_8.txt",
     }
     assert load_trace("skypilot-16node-us-east-2b").attrs["capacity"] == 16

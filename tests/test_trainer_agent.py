@@ -1,5 +1,5 @@
-"""Tests of trainer.providers.agent: the instance agent and the driver's view of instances it runs — and a whole job on "EC2
-spot instances": boto3 against a moto_server on 127.0.0.1, each instance a local process group running its real
+"""Tests of trainer.providers.agent: the instance agent and the driver's view of instances it runs — and a whole job on
+"EC2 spot instances": boto3 against a moto_server on 127.0.0.1, each instance a local process group running its real
 boot script (`_ec2_standin`), with a spot notice through IMDSv2 and a reclaim without notice.
 """
 

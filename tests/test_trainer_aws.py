@@ -1,5 +1,5 @@
-"""Tests of trainer.providers.aws: the EC2 spot provider against moto, its notices, the boot script, the credential check,
-and the on-instance IMDSv2 watcher against a local fake IMDS.
+"""Tests of trainer.providers.aws: the EC2 spot provider against moto, its notices, the boot script, the credential
+check, and the on-instance IMDSv2 watcher against a local fake IMDS.
 
 Everything is offline. AWS is moto (`mock_aws`, fake credentials, no config files, no instance metadata). moto
 launches spot instances through run_instances but creates no spot request for them and cannot emit notices, so the
@@ -195,8 +195,8 @@ def test_boot_script_reads_the_token_from_ssm_and_execs_the_agent(tmp_path: Path
     assert set(calls) == {"token", "agent"}
     assert calls["token"] == f"token -m trainer.providers.aws token --parameter {PARAM} --region {REGION} env=unset"
     # exec: the agent is the boot shell's process (what cloud-init waits on), with the token in its environment
-    assert calls["agent"] == (f"agent -m trainer.providers.agent --id 7 --host 10.0.1.10 --port 29500 --imds pid={shell.pid} "
-                              f"env={TOKEN} cwd={tmp_path}")  # fmt: skip
+    assert calls["agent"] == (f"agent -m trainer.providers.agent --id 7 --host 10.0.1.10 --port 29500 "
+                              f"--imds pid={shell.pid} env={TOKEN} cwd={tmp_path}")  # fmt: skip
 
 
 def test_boot_script_stops_when_the_token_cannot_be_read(tmp_path: Path) -> None:
@@ -240,8 +240,8 @@ def test_start_tags_spot_instances_and_alive_follows_kill_and_stop(aws: dict[str
         script = base64.b64decode(raw).decode()
         assert TOKEN not in script
         assert (
-            f"exec /opt/parcae/.venv/bin/python -m trainer.providers.agent --id {w} --host 10.0.1.10 --port 29500 --imds"
-            in script
+            f"exec /opt/parcae/.venv/bin/python -m trainer.providers.agent --id {w} --host 10.0.1.10 --port 29500"
+            " --imds" in script
         )
         assert f"trainer.providers.aws token --parameter {PARAM} --region {REGION}" in script
     params = p.launch_params(0)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
@@ -32,7 +34,7 @@ def test_registry_defaults_and_unknown_names():
         model_config(n_embd=66)
     t = TrainConfig()
     assert (t.global_batch, t.micro_batch, t.lr, t.seed) == (16, 2, 3e-3, 0)
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         t.lr = 1.0  # frozen
     assert ModelConfig.from_dict(CFG.to_dict()) == CFG
 
@@ -89,7 +91,7 @@ def test_layer_names_and_types():
     assert layer_names(CFG) == ["embed", "block.0", "block.1", "block.2", "block.3", "head"]
     assert CFG.n_layers_total == 6
     layers = build_layers(CFG)
-    assert [type(l) for l in layers] == [Embedding, Block, Block, Block, Block, Head]
+    assert [type(layer) for layer in layers] == [Embedding, Block, Block, Block, Block, Head]
     with pytest.raises(IndexError):
         build_layer(CFG, 6)
 

@@ -285,8 +285,9 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
     assert (recovery["step"], recovery["kind"], recovery["source"]) == (3, "intra-stage", "failure")
     assert (recovery["strategy"], recovery["notice"], recovery["steps_lost"]) == ([1, 2], False, 0)
     (dead,) = [e for e in result["events"] if e["event"] == "dead"]
-    assert dead["workers"] == [3] and dead["reason"].startswith("its process was killed" if signum == signal.SIGKILL
-                                                                else "heartbeat lost: silent for more than the 1 s")  # fmt: skip
+    assert dead["workers"] == [3] and dead["reason"].startswith(
+        "its process was killed" if signum == signal.SIGKILL else "heartbeat lost: silent for more than the 1 s"
+    )
     assert result["exit_codes"] == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}  # (a hung one is fenced: killed)
     assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
     assert_same_run(result)

@@ -1,7 +1,7 @@
-"""Tests of job observers (`trainer.observe.observer`) as the driver (`trainer.control.run`) calls them on a real job: every committed
-step once and in order (the steps a checkpoint-restart recomputes again, after its record), every reconfiguration
-once when its record is complete, every complete checkpoint, then `on_end` — and an observer that raises never fails
-the job, while an interrupt stops it and is reported to the others (`on_error`) before it propagates."""
+"""Tests of job observers (`trainer.observe.observer`) as the driver (`trainer.control.run`) calls them on a real job:
+every committed step once and in order (the steps a checkpoint-restart recomputes again, after its record), every
+reconfiguration once when its record is complete, every complete checkpoint, then `on_end` — and an observer that raises
+never fails the job, while an interrupt stops it and is reported to the others (`on_error`) before it propagates."""
 
 from __future__ import annotations
 

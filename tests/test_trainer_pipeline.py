@@ -1,5 +1,5 @@
-"""Tests of trainer.runtime.pipeline: geometry, the per-layer migration unit, and the key property — every D x P strategy
-(real gloo processes) trains exactly the same run as a single process.
+"""Tests of trainer.runtime.pipeline: geometry, the per-layer migration unit, and the key property — every D x P
+strategy (real gloo processes) trains exactly the same run as a single process.
 
 The equivalence is checked in float64 (`ModelConfig.dtype`): another D changes the order in which gradients are
 summed, and in float32 Adam's first steps amplify that rounding in near-zero gradients to ~1e-5 in a few weights.

@@ -1,5 +1,5 @@
-"""`trainer.observe.profile` / `parcae profile`: the visit schedule, the calibration on synthetic measurements (known constants
-recovered), the profile file and its errors, one real profiling job feeding the planner, and the CLI."""
+"""`trainer.observe.profile` / `parcae profile`: the visit schedule, the calibration on synthetic measurements (known
+constants recovered), the profile file and its errors, one real profiling job feeding the planner, and the CLI."""
 
 from __future__ import annotations
 

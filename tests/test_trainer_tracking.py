@@ -2,8 +2,8 @@
 
 Every test logs into one temporary SQLite store for the module (``MLFLOW_TRACKING_URI``, see ``_mlflow``), never the
 repository's ``mlruns/``. The hook calls are a synthetic but realistic job replayed by hand (`StepInfo`, `PlanInfo`,
-records shaped as `Coordinator.records()`, checkpoint shard files named as `trainer.runtime.checkpoint` names them), so the
-tests check exactly what lands in the store. A store that blocks is a monkeypatched `log_batch` waiting on an Event:
+records shaped as `Coordinator.records()`, checkpoint shard files named as `trainer.runtime.checkpoint` names them), so
+the tests check exactly what lands in the store. A store that blocks is a monkeypatched `log_batch` waiting on an Event:
 the assertions are about what returned while it was blocked, never about time.
 """
 

@@ -26,7 +26,6 @@ from forecasting.traces.catalog import (
 from forecasting.traces.events import AvailabilityEvents, TraceFormatError, from_count_series
 from forecasting.traces.formats import (
     FORMATS,
-    MAX_INSTANCES,
     MAX_LINE_CHARS,
     MAX_TIME_VALUE,
     MAX_TRACE_BYTES,
@@ -43,14 +42,13 @@ from forecasting.traces.formats import (
 )
 from forecasting.traces.table import (
     COLUMNS,
-    DEFAULT_INTERVAL_S,
-    INTERVAL_S_RANGE,
     MAX_INTERVALS,
     resample,
     scale_trace,
     slice_hours,
     to_intervals,
 )
+from liveput import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE, MAX_INSTANCES  # the grid and the count bound are liveput's
 
 __all__ = [
     "BUNDLED",

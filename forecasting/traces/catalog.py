@@ -19,9 +19,8 @@ import pandas as pd
 
 from forecasting.traces.events import TraceFormatError
 from forecasting.traces.formats import detect_format, read_events
-from forecasting.traces.table import DEFAULT_INTERVAL_S, to_intervals
-
-__all__ = ["BUNDLED", "DATA_DIR", "UnknownTraceError", "available_traces", "load_trace", "shared_traces_dir"]
+from forecasting.traces.table import to_intervals
+from liveput import DEFAULT_INTERVAL_S  # the planning grid is liveput's
 
 DATA_DIR: Final = Path(__file__).resolve().parents[1] / "data"
 

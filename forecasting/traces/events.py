@@ -16,9 +16,6 @@ from typing import Any, TypedDict, Unpack
 import numpy as np
 import pandas as pd
 
-__all__ = ["AvailabilityEvents", "EventsMeta", "TraceFormatError", "from_count_series"]
-
-
 # --------------------------------------------------------------------------------------------- errors
 
 

@@ -25,24 +25,6 @@ from forecasting import jsonio
 from forecasting.traces.events import AvailabilityEvents, EventsMeta, TraceFormatError, from_count_series
 from liveput import MAX_INSTANCES  # the bound every count shares (plans too)
 
-__all__ = [
-    "FORMATS",
-    "MAX_INSTANCES",
-    "MAX_LINE_CHARS",
-    "MAX_TIME_VALUE",
-    "MAX_TRACE_BYTES",
-    "TIME_RANGE",
-    "detect_format",
-    "events_from_log",
-    "read_aws_step_csv",
-    "read_count_csv",
-    "read_event_csv",
-    "read_events",
-    "read_gcp_log",
-    "read_skypilot_json",
-    "read_skypilot_log",
-]
-
 #: Format name -> the line (or document) shape it expects; used verbatim in error messages.
 FORMATS: Final[dict[str, str]] = {
     "event-csv": "ts_ms,add|remove,node",

@@ -16,18 +16,7 @@ import pandas as pd
 
 from forecasting.traces.events import AvailabilityEvents, TraceFormatError
 from forecasting.traces.formats import FORMATS
-from liveput import DEFAULT_INTERVAL_S, INTERVAL_S_RANGE  # the planning grid is liveput's
-
-__all__ = [
-    "COLUMNS",
-    "DEFAULT_INTERVAL_S",
-    "INTERVAL_S_RANGE",
-    "MAX_INTERVALS",
-    "resample",
-    "scale_trace",
-    "slice_hours",
-    "to_intervals",
-]
+from liveput import DEFAULT_INTERVAL_S  # the planning grid is liveput's
 
 COLUMNS: Final = (
     "interval",
