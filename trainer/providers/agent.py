@@ -28,6 +28,7 @@ cloud no longer lists the instance as alive (it was reclaimed without notice: th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal as _signal
 import subprocess
@@ -137,11 +138,11 @@ class InstanceAgent:
             if not self._pending or int(store.add(keys.heartbeat(self.worker), 0)) <= self._hb_at_start:
                 return
             pending, self._pending = self._pending, []
+        proc = self.proc
+        assert proc is not None  # `run` delivers only once it has spawned the worker
         for s in pending:
-            try:
-                self.proc.send_signal(s)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):  # the worker ended meanwhile
+                proc.send_signal(s)
 
     def _await_restart(self, store: Any) -> bool:
         """After an EXIT_RESTART: True once the driver asks for the next process, False if the job ended first."""

@@ -199,7 +199,7 @@ def parse_interruption_event(event: Mapping[str, Any], notice_s: float = NOTICE_
         return None
     detail = event.get("detail")
     instance_id = detail.get("instance-id") if isinstance(detail, Mapping) else None
-    if not isinstance(instance_id, str) or not instance_id:
+    if not isinstance(detail, Mapping) or not isinstance(instance_id, str) or not instance_id:
         raise InterruptionEventError(f"{kind!r} event {event.get('id', '?')}: no detail.instance-id")
     when = parse_time(event["time"]) if isinstance(event.get("time"), str) else None
     if kind == _REBALANCE:
@@ -430,7 +430,7 @@ class AwsSpotProvider(NumberedInstances):
                     for req in page.get("SpotInstanceRequests", []):
                         notice = spot_request_notice(req, self.config.notice_s)
                         w = self.worker_of(notice.instance_id) if notice is not None else None
-                        if w is not None:
+                        if notice is not None and w is not None:
                             out.append(_with_worker(notice, w))
             except (ClientError, BotoCoreError) as exc:
                 raise aws_error("describe_spot_instance_requests", exc) from exc

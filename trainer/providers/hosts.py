@@ -104,7 +104,9 @@ class SshHosts(NumberedInstances):
     def _handshake(self, w: int, proc: subprocess.Popen[bytes], host: str) -> int:
         """Read the remote PID, send the token; HostsError if ssh fails first."""
         out: list[bytes] = []
-        reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+        stdout, stdin = proc.stdout, proc.stdin
+        assert stdout is not None and stdin is not None  # `_launch` pipes both
+        reader = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.start_timeout_s)
         line = out[0].strip() if out else b""
@@ -114,8 +116,8 @@ class SshHosts(NumberedInstances):
                              + (f"ssh exited with {code}" if code is not None else
                                 f"no answer within {self.start_timeout_s:.0f} s") +
                              f"); check `{' '.join(self.ssh)} {host} true` and the workdir {self.workdir!r}")  # fmt: skip
-        proc.stdin.write(self.token.encode() + b"\n")
-        proc.stdin.close()
+        stdin.write(self.token.encode() + b"\n")
+        stdin.close()
         return int(line)
 
     def preempt(self, ids: Iterable[int], notice_s: float) -> None:

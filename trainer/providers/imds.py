@@ -9,6 +9,7 @@ on to the worker as SIGTERM).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -128,7 +129,7 @@ class InstanceActionWatcher:
         ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)}
         req = urllib.request.Request(self.endpoint + self.TOKEN_PATH, method="PUT", data=b"", headers=ttl)
         with self._opener.open(req, timeout=self.timeout_s) as resp:
-            token = resp.read().decode("ascii", "replace").strip()
+            token: str = resp.read().decode("ascii", "replace").strip()
         if not token:
             raise ValueError(f"IMDS at {self.endpoint} returned an empty session token")
         return token
@@ -205,8 +206,6 @@ def watch_process(pid: int, signal_name: str = "TERM", *, poll_s: float = 5.0, e
             watcher.stop()
             return 0
     print(f"parcae watch: sending {sig.name} to {pid}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
     return 0

@@ -23,8 +23,9 @@ import signal as _signal
 import threading
 import time
 from collections.abc import Iterable
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from trainer.config import START_METHODS
 from trainer.runtime.worker import WorkerSpec, process_main
@@ -147,13 +148,16 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
         self.host, self.port, self.token, self.driver_key = host, port, token, driver_key
         self.start_method = start_method
-        self.ctx = mp.get_context(start_method)
+        # (two literal calls, so each context keeps its type: `get_context(str)` is typed as a bare BaseContext)
+        self.ctx: SpawnContext | ForkServerContext = (
+            mp.get_context("forkserver") if start_method == "forkserver" else mp.get_context("spawn")
+        )
         if start_method == "forkserver":
             # the server imports these once; every worker is forked from it with torch (and dynamo, which the first
             # optimiser imports) already loaded: ~0.1 s to start instead of ~2.5 s of CPU
             self.ctx.set_forkserver_preload(["torch", "torch._dynamo", "trainer.runtime.worker"])
         super().__init__()
-        self.procs: dict[int, Any] = {}
+        self.procs: dict[int, BaseProcess] = {}
         self.exit_history: dict[int, list[int]] = {}
         self._reclaim_at: dict[int, float] = {}
         self.reclaimed: list[tuple[int, float]] = []  # (id, wall time) of processes killed at a notice's deadline
