@@ -2,18 +2,19 @@
 
 Owns: `AwsSpotProvider` (the `InstanceProvider` that launches, lists and terminates a job's one-time spot instances
 and gathers their interruption notices), `aws_spot_provider` and `check_credentials` (fail fast before anything is
-launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in SSM
-(`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
+launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in
+SSM (`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
 (`spot_request_notice`, `parse_interruption_event`). Also the package's AWS face: it re-exports the spot
 configuration and the errors. Must not touch: the job's control plane (`trainer.control.coordinator` — the driver tells
 workers, a provider never does), planning, training, the trace store (`forecasting.collect` records the same fleet
 through the same `parcae:job` tag).
 
-Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`), `trainer.providers.aws_errors` (what
-each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2 watcher the instance agent runs;
-`python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the agent on the instance, `AgentInstances` on the driver).
-README §AWS has the IAM permissions and the three ways a notice arrives. moto (the tests) creates no spot request
-and emits no notice, so the notice paths are tested on real-shaped API responses and events.
+Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`),
+`trainer.providers.aws_errors` (what each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2
+watcher the instance agent runs; `python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the
+agent on the instance, `AgentInstances` on the driver). README §AWS has the IAM permissions and the three ways a notice
+arrives. moto (the tests) creates no spot request and emits no notice, so the notice paths are tested on real-shaped API
+responses and events.
 """
 
 from __future__ import annotations
@@ -100,11 +101,11 @@ def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session |
 
 
 def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> RemoteJob:
-    """What `trainer.control.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.providers.agent.RemoteJob`):
-    the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
-    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.providers.agent`. Instances
-    of the same job still running (left by a driver that was killed) are terminated when the job starts.
-    Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
+    """What `trainer.control.run.run_job` needs to drive a job on spot instances of `config` (a
+    `trainer.providers.agent.RemoteJob`): the coordinator listens on `coordinator_port` (all interfaces) and is reached
+    at `coordinator_host`, with a fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by
+    `trainer.providers.agent`. Instances of the same job still running (left by a driver that was killed) are terminated
+    when the job starts. Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
     check_credentials(session, config.region)
     token = secrets.token_urlsafe(32)
     publish_token(config, token, session=session)

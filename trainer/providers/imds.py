@@ -1,10 +1,11 @@
-"""On the instance: the IMDSv2 spot interruption watcher, which the instance agent runs (`trainer.providers.agent --imds`).
+"""On the instance: the IMDSv2 spot interruption watcher, which the instance agent runs
+(`trainer.providers.agent --imds`).
 
 Owns: `InstanceActionWatcher` (polls `spot/instance-action`), `imds_watcher` (one that reports errors once and calls
-back on the notice), `watch_process` (`python -m trainer.providers.aws watch --pid PID`: signal a process on the notice) and
-`parse_time` (AWS's timestamps). Standard library only: it runs beside the worker, before anything heavy is loaded.
-Must not touch: the cloud API on the driver's side (`trainer.providers.aws`), the job's store (`trainer.providers.agent` passes the notice
-on to the worker as SIGTERM).
+back on the notice), `watch_process` (`python -m trainer.providers.aws watch --pid PID`: signal a process on the notice)
+and `parse_time` (AWS's timestamps). Standard library only: it runs beside the worker, before anything heavy is loaded.
+Must not touch: the cloud API on the driver's side (`trainer.providers.aws`), the job's store (`trainer.providers.agent`
+passes the notice on to the worker as SIGTERM).
 """
 
 from __future__ import annotations

@@ -91,8 +91,8 @@ class NumberedInstances(InstanceProvider):
 
 class NoticeDeadlines:
     """A preemption with notice as clouds give it, for the driver's view of instances (`LocalProcessProvider`,
-    `trainer.providers.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they have
-    their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
+    `trainer.providers.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they
+    have their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
     `reclaimed`. The class using it provides `signal`, `kill`, `exitcodes` and the two attributes."""
 
     _reclaim_at: dict[int, float]
@@ -134,8 +134,8 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
     every process an instance ran are kept (`exit_history`), the current one is `exitcode(id)`.
 
     It plays the cloud: `preempt(ids, notice_s)` gives notice as clouds do — SIGTERM now (the worker reports it to
-    the job, `trainer.runtime.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the driver
-    calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
+    the job, `trainer.runtime.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the
+    driver calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
     notice the worker already received some other way (a signal from outside the job). `signal(ids, signum)`
     sends any signal.
     """
