@@ -1,77 +1,16 @@
 """One worker process per instance: joins the job, trains its stage, live-migrates at step boundaries, survives the
 death of its peers.
 
-Owns: the worker's state machine, the per-step boundary check, the per-step commit, the heartbeat thread (which
-also reports preemption notices: SIGTERM), periodic checkpoint shards, the state hand-off of a migration (transfer
-group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch, and its own
-measurements in the store. Must not touch: planning (it follows the `Epoch`
-the coordinator published; `trainer.runtime.migration`), the training maths (`trainer.runtime.pipeline.train_step`), other
-workers' processes.
+Owns: the worker's state machine (`WorkerState`, `Worker`), the per-step boundary check and commit, the heartbeat
+thread (which also reports preemption notices: `Notice`, SIGTERM), periodic checkpoint shards, the state hand-off of
+a migration (transfer group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch,
+and its own measurements in the store.
+Must not touch: planning (it follows the `Epoch` the coordinator published; `trainer.runtime.migration`), the
+training maths (`trainer.runtime.pipeline.train_step`), other workers' processes.
 
-State machine (`WorkerState`):
-
-    JOINING --registered--> STANDBY --epoch 1 gives a role--> TRAINING
-                            STANDBY --a later epoch gives a role--> MIGRATING (receives its layers)
-                            STANDBY --a checkpoint-restart epoch gives a role--> TRAINING (loads the checkpoint)
-    TRAINING --boundary decided "epoch:n"--> MIGRATING
-    TRAINING --a peer died / the epoch was declared broken--> RECOVERING (the step in flight is abandoned, nothing
-                                                              of it applied; reports the step, waits; before the
-                                                              epoch's first step was applied: back to the state it
-                                                              migrated from)
-    RECOVERING --the coordinator's recovery epoch--> MIGRATING (a live migration without notice; redoes the step)
-    MIGRATING --role in epoch n--> TRAINING          (same step: no committed step is lost or repeated)
-    MIGRATING --no role--> STANDBY                   (drops its layers once the migration committed)
-    MIGRATING --listed as preempted--> PREEMPTED     (after sending what the plan asks and the migration committed;
-                                                      exit 13)
-    MIGRATING --the hand-off broke--> RECOVERING     (the migration is rolled back: nothing of it installed)
-    TRAINING --boundary decided "restart:n"--> RESTARTING (replica 0 writes its stage's checkpoint shard; exit 125)
-    RECOVERING --the coordinator orders a checkpoint-restart--> RESTARTING (exit 125: state discarded)
-    STANDBY --preempted--> PREEMPTED;  STANDBY --job done--> DONE;  TRAINING --last step--> DONE (exit 0)
-    any --error--> FAILED (exit 1; 2 for a wrong token; 3 when the coordinator aborts the job)
-
-RESTARTING ends the process: a checkpoint-restart is what torchrun does — the driver starts a fresh process for
-the same instance id, which joins as STANDBY and takes its role in the checkpoint-restart epoch.
-
-What changes at a migration: the epoch, the strategy (D, P, layer bounds), this worker's (stage, replica) and its
-**rank — ranks are not stable across epochs** (rank = stage * D + replica of the new epoch; the worker id is the
-stable identity), the process groups (fresh ones on `PrefixStore(f"epoch{n}")`), and the layers held (kept by
-global index when the stage's range is unchanged, else rebuilt and installed from the kept snapshots plus the
-received layers). The step counter, the data order and the optimiser state carry over unchanged.
-
-Failure detection: a daemon thread with its own TCPStore client bumps `hb/{id}` every `hb_interval_s` (a client
-blocked in a call blocks other threads using it, stack.md §4b); the coordinator declares the worker dead when the
-counter stops and flags the epoch broken. Inside a step every op is waited on with the flag checked every 20 ms
-(`trainer.runtime.pipeline`), so survivors give up within a bounded time whether the dead peer is one they talk to or
-not — and a worker whose own op fails flags the epoch itself, so its peers need not wait for the heartbeat.
-A step's optimiser updates are applied only if the store's once-only commit decision for (epoch, step) says
-"apply" (every rank finished its collectives); hence all survivors agree on how many steps they applied.
-
-State hand-off: the layers of the epoch's `transfers` move in a separate gloo group of just the senders and
-receivers (`PrefixStore(f"xfer{n}")`, rank = position in id order), so a worker under a preemption notice can send
-without being part of the new epoch's training group. It is a standalone gloo group like an epoch's (never the
-default group, which could not be given up while an op is pending), and its sends and receives are waited on as a
-step's are (`pipeline.EpochGroups`: the abort flag is checked every 20 ms). Each (src, dst) pair sends one message:
-a dict {layer name: `pipeline.layer_state`} as `torch.save` bytes (loaded back with `weights_only=True`), preceded
-by its length — shapes, dtypes and optimiser keys travel with the data, and for these CPU models (MBs) serialising
-costs little next to group formation (stack.md §4d: 335 MB/s vs 1.1 GB/s for flat tensors). Pairs are processed in
-one global order, so blocking sends cannot deadlock.
-
-Commit and rollback of a migration: the migration into epoch n commits with n's first step (its once-only commit
-decision, `ctl/e{n}/decide/{start}`, also taken in a one-rank epoch). Until then an old member keeps its old stage
-(`_base`), and old members without a role in n (preempted or dropped) wait for the decision before leaving. A
-death during the hand-off — of a sender, a receiver or a member forming n's groups — makes the coordinator flag the
-epochs broken and seal the decision "abort"; every wait of the hand-off (arrivals, group formation, which runs in a
-helper thread on a store client of its own, each send and receive) checks that flag every few ms, so survivors give
-up within the heartbeat timeout, not the group timeout. They report (`ctl/e{n}/abandon/{id}`) holding the old
-state and wait for the epoch the coordinator plans from it (`ctl/e{n}/next`).
-
-Preemption notices: `process_main` installs a SIGTERM handler (what a cloud sends: AWS's spot interruption
-watcher, GCP's preemption, `LocalProcessProvider.preempt`) that only notes the time; the C-level handler also
-writes the signal number to a self-pipe (`signal.set_wakeup_fd`), which wakes the heartbeat thread even while the
-main thread is blocked in a gloo call. That thread writes `ctl/notice/{id}` = signal time + the job's
-`notice_grace_s` and keeps beating; training goes on until the driver decides the preemption at a boundary (the
-worker then hands off the layers whose last copy it holds and exits 13) — or the deadline passes and the provider
-kills it (a death like any other).
+Where to look next: `docs/worker.md` (the state machine and its exit codes, what changes at a migration, failure
+detection, the state hand-off, commit and rollback, preemption notices, in detail), `trainer.runtime.keys` (the store
+keys it reads and writes), `trainer.control.coordinator` (the other side of every decision).
 """
 
 from __future__ import annotations
