@@ -31,8 +31,8 @@ class UnknownModelError(ValueError):
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A registered model: the module of its family (the `trainer.runtime.model.ModelFamily` protocol: layer names, layer
-    builder, loss) and the shape its `ModelConfig` starts from."""
+    """A registered model: the module of its family (the `trainer.runtime.model.ModelFamily` protocol: layer names,
+    layer builder, loss) and the shape its `ModelConfig` starts from."""
 
     family: str
     shape: Mapping[str, int]

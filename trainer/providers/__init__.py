@@ -2,13 +2,14 @@
 
 Owns: `Provider` (a name, its options' check, how it builds the job's instances, the grace of its preemption
 notices) and `PROVIDERS` — `local` (worker processes on this machine), `hosts` (instance agents on machines you
-have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through boto3: `trainer.providers.aws`). The command line, the
-flows, the tasks and the settings checks all look providers up here, so each supports every provider it holds.
+have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through boto3: `trainer.providers.aws`). The
+command line, the flows, the tasks and the settings checks all look providers up here, so each supports every provider
+it holds.
 Must not touch: the providers' own machinery (imported only when a provider is used, so that looking a name up
 costs nothing), training, the coordinator.
 
-A new provider: write its `RemoteJob` builder (see `trainer.providers.agent.RemoteJob`), then `register_provider(Provider(
-name, summary, check, job, notice_grace_s))`.
+A new provider: write its `RemoteJob` builder (see `trainer.providers.agent.RemoteJob`), then
+`register_provider(Provider(name, summary, check, job, notice_grace_s))`.
 """
 
 from __future__ import annotations

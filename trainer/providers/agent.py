@@ -6,14 +6,14 @@ when the driver asks for a checkpoint-restart, pass a preemption notice on to it
 side: a cloud `InstanceProvider` for starting and reclaiming instances, the store for everything the local
 provider learns from its child processes) — both speaking the `agent/...` keys of `trainer.runtime.keys` — and
 `python -m trainer.providers.agent`.
-Must not touch: the job's control plane (`trainer.control.coordinator`), what a worker does (`trainer.runtime.worker`), the cloud
-API (`trainer.providers.aws`), the IMDS watcher it runs (`trainer.providers.imds`).
+Must not touch: the job's control plane (`trainer.control.coordinator`), what a worker does (`trainer.runtime.worker`),
+the cloud API (`trainer.providers.aws`), the IMDS watcher it runs (`trainer.providers.imds`).
 
 Why an agent: `trainer.control.run`'s driver learns how each worker process ended from its exit code and asks for a
 fresh process on the same instance after a checkpoint-restart (what torchelastic's agent does). A local process
 is the driver's child; a process on another machine is not, so the agent reports for it through the job's store
-(`trainer.runtime.keys`: agent/{id}/up, exit and start per process; signals the driver asks it to pass on, which is how a
-preemption notice the driver learns of — a trace replay, a spot request's status — reaches a worker elsewhere).
+(`trainer.runtime.keys`: agent/{id}/up, exit and start per process; signals the driver asks it to pass on, which is how
+a preemption notice the driver learns of — a trace replay, a spot request's status — reaches a worker elsewhere).
 
 A worker that ends with any code but EXIT_RESTART ends the agent with the same code (the instance is then the
 cloud's to reclaim). SIGTERM or SIGINT to the agent — the cloud's preemption notice, from the IMDS watcher this
@@ -28,6 +28,7 @@ cloud no longer lists the instance as alive (it was reclaimed without notice: th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal as _signal
 import subprocess
@@ -137,11 +138,11 @@ class InstanceAgent:
             if not self._pending or int(store.add(keys.heartbeat(self.worker), 0)) <= self._hb_at_start:
                 return
             pending, self._pending = self._pending, []
+        proc = self.proc
+        assert proc is not None  # `run` delivers only once it has spawned the worker
         for s in pending:
-            try:
-                self.proc.send_signal(s)
-            except ProcessLookupError:
-                pass
+            with contextlib.suppress(ProcessLookupError):  # the worker ended meanwhile
+                proc.send_signal(s)
 
     def _await_restart(self, store: Any) -> bool:
         """After an EXIT_RESTART: True once the driver asks for the next process, False if the job ended first."""
@@ -167,8 +168,8 @@ def _worker_command(worker: int, host: str, port: int) -> list[str]:
 
 @dataclass(frozen=True)
 class RemoteJob:
-    """How `trainer.control.run.run_job` drives a job whose instances are elsewhere: the coordinator listens on `port` (all
-    interfaces) and the agents reach it at `host`; `token` is the job's (required: the port is reachable from other
+    """How `trainer.control.run.run_job` drives a job whose instances are elsewhere: the coordinator listens on `port`
+    (all interfaces) and the agents reach it at `host`; `token` is the job's (required: the port is reachable from other
     machines); `instances(store)` builds the driver's `AgentInstances` on the coordinator's store."""
 
     host: str
@@ -179,9 +180,9 @@ class RemoteJob:
 
 class AgentInstances(NoticeDeadlines):
     """The driver's view (`trainer.control.run`) of instances whose worker processes agents run: the same calls as
-    `trainer.providers.local.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`: `trainer.providers.aws`'s spot
-    instances) starting and reclaiming instances and the store (`store`, the coordinator's) telling how their
-    processes ended.
+    `trainer.providers.local.LocalProcessProvider`, with the cloud (`cloud`, an `InstanceProvider`:
+    `trainer.providers.aws`'s spot instances) starting and reclaiming instances and the store (`store`, the
+    coordinator's) telling how their processes ended.
 
     An instance whose worker ended for good (any code but a checkpoint-restart's) is handed back to the cloud at
     once (`cloud.kill`): a spot instance costs money until terminated. `preempt(ids, notice_s)` passes a SIGTERM

@@ -2,18 +2,19 @@
 
 Owns: `AwsSpotProvider` (the `InstanceProvider` that launches, lists and terminates a job's one-time spot instances
 and gathers their interruption notices), `aws_spot_provider` and `check_credentials` (fail fast before anything is
-launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in SSM
-(`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
+launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in
+SSM (`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
 (`spot_request_notice`, `parse_interruption_event`). Also the package's AWS face: it re-exports the spot
 configuration and the errors. Must not touch: the job's control plane (`trainer.control.coordinator` — the driver tells
 workers, a provider never does), planning, training, the trace store (`forecasting.collect` records the same fleet
 through the same `parcae:job` tag).
 
-Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`), `trainer.providers.aws_errors` (what
-each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2 watcher the instance agent runs;
-`python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the agent on the instance, `AgentInstances` on the driver).
-README §AWS has the IAM permissions and the three ways a notice arrives. moto (the tests) creates no spot request
-and emits no notice, so the notice paths are tested on real-shaped API responses and events.
+Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`),
+`trainer.providers.aws_errors` (what each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2
+watcher the instance agent runs; `python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the
+agent on the instance, `AgentInstances` on the driver). README §AWS has the IAM permissions and the three ways a notice
+arrives. moto (the tests) creates no spot request and emits no notice, so the notice paths are tested on real-shaped API
+responses and events.
 """
 
 from __future__ import annotations
@@ -100,11 +101,11 @@ def publish_token(config: AwsSpotConfig, token: str, *, session: boto3.Session |
 
 
 def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> RemoteJob:
-    """What `trainer.control.run.run_job` needs to drive a job on spot instances of `config` (a `trainer.providers.agent.RemoteJob`):
-    the coordinator listens on `coordinator_port` (all interfaces) and is reached at `coordinator_host`, with a
-    fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by `trainer.providers.agent`. Instances
-    of the same job still running (left by a driver that was killed) are terminated when the job starts.
-    Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
+    """What `trainer.control.run.run_job` needs to drive a job on spot instances of `config` (a
+    `trainer.providers.agent.RemoteJob`): the coordinator listens on `coordinator_port` (all interfaces) and is reached
+    at `coordinator_host`, with a fresh token published to SSM; instances are `AwsSpotProvider`'s, their workers run by
+    `trainer.providers.agent`. Instances of the same job still running (left by a driver that was killed) are terminated
+    when the job starts. Fails fast (`AwsCredentialsError`, `AwsProviderError`) before anything is launched."""
     check_credentials(session, config.region)
     token = secrets.token_urlsafe(32)
     publish_token(config, token, session=session)
@@ -199,7 +200,7 @@ def parse_interruption_event(event: Mapping[str, Any], notice_s: float = NOTICE_
         return None
     detail = event.get("detail")
     instance_id = detail.get("instance-id") if isinstance(detail, Mapping) else None
-    if not isinstance(instance_id, str) or not instance_id:
+    if not isinstance(detail, Mapping) or not isinstance(instance_id, str) or not instance_id:
         raise InterruptionEventError(f"{kind!r} event {event.get('id', '?')}: no detail.instance-id")
     when = parse_time(event["time"]) if isinstance(event.get("time"), str) else None
     if kind == _REBALANCE:
@@ -430,7 +431,7 @@ class AwsSpotProvider(NumberedInstances):
                     for req in page.get("SpotInstanceRequests", []):
                         notice = spot_request_notice(req, self.config.notice_s)
                         w = self.worker_of(notice.instance_id) if notice is not None else None
-                        if w is not None:
+                        if notice is not None and w is not None:
                             out.append(_with_worker(notice, w))
             except (ClientError, BotoCoreError) as exc:
                 raise aws_error("describe_spot_instance_requests", exc) from exc

@@ -2,8 +2,8 @@
 
 Owns: the tags that mark a job's instances (`JOB_TAG_KEY`, `WORKER_TAG_KEY`), AWS's notice (`NOTICE_S`),
 `AwsSpotConfig` (`AwsConfigError` names the field that is wrong) and `user_data`, the boot script that reads the job
-token from SSM and `exec`s the instance agent. Pure: no boto3 call. Must not touch: launching (`trainer.providers.aws`), what
-runs on the instance (`trainer.providers.agent`, `trainer.providers.imds`).
+token from SSM and `exec`s the instance agent. Pure: no boto3 call. Must not touch: launching (`trainer.providers.aws`),
+what runs on the instance (`trainer.providers.agent`, `trainer.providers.imds`).
 """
 
 from __future__ import annotations
@@ -142,8 +142,8 @@ class AwsSpotConfig:
 def user_data(config: AwsSpotConfig, worker: int) -> str:
     """The boot script of worker `worker`'s instance (cloud-init runs it as root at first boot).
 
-    It holds no secret: it reads the token from SSM, then `exec`s the instance agent (`trainer.providers.agent`), which runs
-    the worker process (restarting it when the driver asks for a checkpoint-restart), reports how it ended through
+    It holds no secret: it reads the token from SSM, then `exec`s the instance agent (`trainer.providers.agent`), which
+    runs the worker process (restarting it when the driver asks for a checkpoint-restart), reports how it ended through
     the job's store, and watches IMDSv2 for a spot interruption notice (`--imds`), which it passes on to the worker
     as SIGTERM. `set -e`: a token that cannot be read stops the boot, with the `token` command's message in
     /var/log/cloud-init-output.log.
@@ -152,7 +152,8 @@ def user_data(config: AwsSpotConfig, worker: int) -> str:
     py = q(config.python)
     return (
         "#!/bin/bash\n"
-        f"# parcae worker {int(worker)}: written by trainer.providers.aws.user_data; no secret here (the token is in SSM)\n"
+        f"# parcae worker {int(worker)}: written by trainer.providers.aws.user_data; "
+        "no secret here (the token is in SSM)\n"
         "set -euo pipefail\n"
         f"cd {q(config.workdir)}\n"
         f'PARCAE_TOKEN="$({py} -m trainer.providers.aws token --parameter {q(config.token_parameter)} '

@@ -1,15 +1,15 @@
 """Hosts: a job's instances on machines you already have (a lab cluster, reserved VMs), reached with OpenSSH.
 
 Owns: `SshHosts` (the `InstanceProvider` that starts an instance agent on a host over ssh and reclaims it) and
-`hosts_job` (a `trainer.providers.agent.RemoteJob` on them). Must not touch: the job's control plane, the agent's protocol
-(`trainer.providers.agent`), what a worker does.
+`hosts_job` (a `trainer.providers.agent.RemoteJob` on them). Must not touch: the job's control plane, the agent's
+protocol (`trainer.providers.agent`), what a worker does.
 
 Each instance is one `python -m trainer.providers.agent --id N --host H --port P` on a host, started by the `ssh` client
 (BatchMode: keys or an agent, never a password prompt). The remote shell prints its PID, reads the job token from
 stdin (never argv: `ps` on the host) and `exec`s the agent, so that PID is the agent's; the agent's and its
-worker's output go to ssh's stderr, which is ours (stdout is a pipe nobody reads after the PID). A host takes up to `slots`
-instances at once; `start` fills the least busy host first. `kill` SIGKILLs the agent's children (the worker) and
-the agent on the host (`pkill -P`, `kill`), then the local ssh client. An instance is alive while its ssh client
+worker's output go to ssh's stderr, which is ours (stdout is a pipe nobody reads after the PID). A host takes up to
+`slots` instances at once; `start` fills the least busy host first. `kill` SIGKILLs the agent's children (the worker)
+and the agent on the host (`pkill -P`, `kill`), then the local ssh client. An instance is alive while its ssh client
 runs (the client ends when the agent does). The hosts need this project installed at `workdir` with `python`, and
 the coordinator's port reachable (the token guards against mis-wiring; keep the port on a private network).
 """
@@ -66,7 +66,8 @@ class SshHosts(NumberedInstances):
         """The shell command run on the host for instance `worker`."""
         q = shlex.quote
         return (f"cd {q(self.workdir)} && echo $$ && IFS= read -r PARCAE_TOKEN && export PARCAE_TOKEN && "
-                f"exec {q(self.python)} -m trainer.providers.agent --id {int(worker)} --host {q(self.coordinator_host)} "
+                f"exec {q(self.python)} -m trainer.providers.agent --id {int(worker)} "
+                f"--host {q(self.coordinator_host)} "
                 f"--port {self.coordinator_port} 1>&2")  # fmt: skip
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
@@ -104,18 +105,21 @@ class SshHosts(NumberedInstances):
     def _handshake(self, w: int, proc: subprocess.Popen[bytes], host: str) -> int:
         """Read the remote PID, send the token; HostsError if ssh fails first."""
         out: list[bytes] = []
-        reader = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+        stdout, stdin = proc.stdout, proc.stdin
+        assert stdout is not None and stdin is not None  # `_launch` pipes both
+        reader = threading.Thread(target=lambda: out.append(stdout.readline()), daemon=True)
         reader.start()
         reader.join(self.start_timeout_s)
         line = out[0].strip() if out else b""
         if not line.isdigit():
             code = proc.poll()
-            raise HostsError(f"instance {w} on {host}: ssh did not start the agent ("
-                             + (f"ssh exited with {code}" if code is not None else
-                                f"no answer within {self.start_timeout_s:.0f} s") +
-                             f"); check `{' '.join(self.ssh)} {host} true` and the workdir {self.workdir!r}")  # fmt: skip
-        proc.stdin.write(self.token.encode() + b"\n")
-        proc.stdin.close()
+            why = f"ssh exited with {code}" if code is not None else f"no answer within {self.start_timeout_s:.0f} s"
+            raise HostsError(
+                f"instance {w} on {host}: ssh did not start the agent ({why}); "
+                f"check `{' '.join(self.ssh)} {host} true` and the workdir {self.workdir!r}"
+            )
+        stdin.write(self.token.encode() + b"\n")
+        stdin.close()
         return int(line)
 
     def preempt(self, ids: Iterable[int], notice_s: float) -> None:
@@ -141,8 +145,8 @@ class SshHosts(NumberedInstances):
 
 
 def hosts_job(hosts: Sequence[str], coordinator_host: str, coordinator_port: int, **kw: Any) -> RemoteJob:
-    """A `trainer.providers.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`, checked now, before any coordinator starts) with a
-    fresh token."""
+    """A `trainer.providers.agent.RemoteJob` on `hosts` (`SshHosts(**kw)`, checked now, before any coordinator starts)
+    with a fresh token."""
     token = secrets.token_urlsafe(32)
     cloud = SshHosts(hosts, coordinator_host, coordinator_port, token, **kw)
     return RemoteJob(host=coordinator_host, port=int(coordinator_port), token=token,

@@ -1,14 +1,16 @@
-"""On the instance: the IMDSv2 spot interruption watcher, which the instance agent runs (`trainer.providers.agent --imds`).
+"""On the instance: the IMDSv2 spot interruption watcher, which the instance agent runs
+(`trainer.providers.agent --imds`).
 
 Owns: `InstanceActionWatcher` (polls `spot/instance-action`), `imds_watcher` (one that reports errors once and calls
-back on the notice), `watch_process` (`python -m trainer.providers.aws watch --pid PID`: signal a process on the notice) and
-`parse_time` (AWS's timestamps). Standard library only: it runs beside the worker, before anything heavy is loaded.
-Must not touch: the cloud API on the driver's side (`trainer.providers.aws`), the job's store (`trainer.providers.agent` passes the notice
-on to the worker as SIGTERM).
+back on the notice), `watch_process` (`python -m trainer.providers.aws watch --pid PID`: signal a process on the notice)
+and `parse_time` (AWS's timestamps). Standard library only: it runs beside the worker, before anything heavy is loaded.
+Must not touch: the cloud API on the driver's side (`trainer.providers.aws`), the job's store (`trainer.providers.agent`
+passes the notice on to the worker as SIGTERM).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -128,7 +130,7 @@ class InstanceActionWatcher:
         ttl = {"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)}
         req = urllib.request.Request(self.endpoint + self.TOKEN_PATH, method="PUT", data=b"", headers=ttl)
         with self._opener.open(req, timeout=self.timeout_s) as resp:
-            token = resp.read().decode("ascii", "replace").strip()
+            token: str = resp.read().decode("ascii", "replace").strip()
         if not token:
             raise ValueError(f"IMDS at {self.endpoint} returned an empty session token")
         return token
@@ -205,8 +207,6 @@ def watch_process(pid: int, signal_name: str = "TERM", *, poll_s: float = 5.0, e
             watcher.stop()
             return 0
     print(f"parcae watch: sending {sig.name} to {pid}", file=sys.stderr, flush=True)
-    try:
+    with contextlib.suppress(ProcessLookupError):  # it ended meanwhile
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
     return 0

@@ -23,8 +23,9 @@ import signal as _signal
 import threading
 import time
 from collections.abc import Iterable
+from multiprocessing.context import ForkServerContext, SpawnContext
+from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
 
 from trainer.config import START_METHODS
 from trainer.runtime.worker import WorkerSpec, process_main
@@ -90,8 +91,8 @@ class NumberedInstances(InstanceProvider):
 
 class NoticeDeadlines:
     """A preemption with notice as clouds give it, for the driver's view of instances (`LocalProcessProvider`,
-    `trainer.providers.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they have
-    their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
+    `trainer.providers.agent.AgentInstances`): `preempt(ids, notice_s)` sends SIGTERM (unless `notify` is False: they
+    have their notice already) and `_reclaim_due()` kills whatever still runs at the deadline, listing it in
     `reclaimed`. The class using it provides `signal`, `kill`, `exitcodes` and the two attributes."""
 
     _reclaim_at: dict[int, float]
@@ -133,8 +134,8 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
     every process an instance ran are kept (`exit_history`), the current one is `exitcode(id)`.
 
     It plays the cloud: `preempt(ids, notice_s)` gives notice as clouds do — SIGTERM now (the worker reports it to
-    the job, `trainer.runtime.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the driver
-    calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
+    the job, `trainer.runtime.worker.Notice`) — and SIGKILLs whatever still runs at the deadline (`poll`, which the
+    driver calls all along; `reclaimed` lists those it killed). With `notify=False` it only enforces the deadline of a
     notice the worker already received some other way (a signal from outside the job). `signal(ids, signum)`
     sends any signal.
     """
@@ -147,13 +148,16 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
             raise ValueError(f"start_method must be one of {START_METHODS}, got {start_method!r}")
         self.host, self.port, self.token, self.driver_key = host, port, token, driver_key
         self.start_method = start_method
-        self.ctx = mp.get_context(start_method)
+        # (two literal calls, so each context keeps its type: `get_context(str)` is typed as a bare BaseContext)
+        self.ctx: SpawnContext | ForkServerContext = (
+            mp.get_context("forkserver") if start_method == "forkserver" else mp.get_context("spawn")
+        )
         if start_method == "forkserver":
             # the server imports these once; every worker is forked from it with torch (and dynamo, which the first
             # optimiser imports) already loaded: ~0.1 s to start instead of ~2.5 s of CPU
             self.ctx.set_forkserver_preload(["torch", "torch._dynamo", "trainer.runtime.worker"])
         super().__init__()
-        self.procs: dict[int, Any] = {}
+        self.procs: dict[int, BaseProcess] = {}
         self.exit_history: dict[int, list[int]] = {}
         self._reclaim_at: dict[int, float] = {}
         self.reclaimed: list[tuple[int, float]] = []  # (id, wall time) of processes killed at a notice's deadline

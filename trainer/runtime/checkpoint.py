@@ -49,10 +49,11 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from io import BufferedIOBase
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import torch
 
@@ -212,7 +213,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _write_atomic(path: Path, write) -> None:
+def _write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """`write(f)` into a temporary file beside `path`, fsync it, rename it over `path`, fsync the directory."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
@@ -227,7 +228,7 @@ def _write_atomic(path: Path, write) -> None:
     _fsync_dir(path.parent)
 
 
-def _sha256(f: BinaryIO) -> tuple[int, str]:
+def _sha256(f: BufferedIOBase) -> tuple[int, str]:
     f.seek(0)
     digest = hashlib.file_digest(f, "sha256").hexdigest()
     size = f.tell()
@@ -341,7 +342,7 @@ def _parse_record(path: Path) -> ShardRecord | None:
     return rec
 
 
-def _check_bytes(shard: Path, f: BinaryIO, rec: ShardRecord) -> str | None:
+def _check_bytes(shard: Path, f: BufferedIOBase, rec: ShardRecord) -> str | None:
     """What is wrong with the open shard `f` against its record, or None when it matches."""
     if rec.file != shard.name:
         return f"{shard.name}: its hash record {record_path(shard).name} is for {rec.file!r}"
@@ -430,7 +431,7 @@ def latest_intact(directory: str | os.PathLike[str], layers: Sequence[str], *, j
     """The newest intact, complete checkpoint of job `job` (a model of `layers`) in `directory`, and the newer ones
     skipped (corrupt, foreign, unverified, incomplete) with why. Verifies hashes, does not unpickle: `load` the
     files to also check the model config and finiteness."""
-    skipped = []
+    skipped: list[Verdict] = []
     for s in checkpoint_steps(Path(directory)):
         v = verify_step(directory, s, layers, job=job)
         if v.intact:
@@ -442,13 +443,13 @@ def latest_intact(directory: str | os.PathLike[str], layers: Sequence[str], *, j
 # ---- loading
 
 
-def _read(path: Path, *, allow_unverified: bool) -> dict:
+def _read(path: Path, *, allow_unverified: bool) -> dict[str, Any]:
     try:
         rec = _parse_record(record_path(path))
     except _BadRecord as e:
         raise CheckpointError(f"{path}: cannot be verified: {record_path(path).name} is {e}") from None
-    try:
-        f = open(path, "rb")
+    try:  # opened apart from the `with`: only the open's own errors mean "no such file" or "unreadable"
+        f = open(path, "rb")  # noqa: SIM115 — closed by the `with f:` below
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such checkpoint file") from None
     except OSError as e:
@@ -484,14 +485,14 @@ def load(
     """Read, verify and merge checkpoint file(s), refusing a file that differs from its hash record, one without a
     record (unless `allow_unverified`), non-finite values, another job, another model config, a step mismatch
     between shards, a layer in two shards, or (with `complete`) a missing layer. Errors name the file."""
-    paths = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
-    if not paths:
+    files = [Path(paths)] if isinstance(paths, (str, os.PathLike)) else [Path(p) for p in paths]
+    if not files:
         raise CheckpointError("no checkpoint files given")
     expected = config.to_dict()
     layers: dict[str, LayerState] = {}
     origin: dict[str, Path] = {}
     step: int | None = None
-    for path in paths:
+    for path in files:
         data = _read(path, allow_unverified=allow_unverified)
         if data["job"] != job:
             raise ForeignCheckpointError(f"{path}: checkpoint of job {data['job']!r}, expected job {job!r}")
@@ -506,7 +507,7 @@ def load(
         if step is None:
             step = data["step"]
         elif data["step"] != step:
-            raise CheckpointError(f"{path}: step {data['step']} but {paths[0]} has step {step}")
+            raise CheckpointError(f"{path}: step {data['step']} but {files[0]} has step {step}")
         bad = _non_finite(data["layers"])
         if bad is not None:
             name, key, nan, inf = bad
@@ -519,7 +520,7 @@ def load(
     if complete:
         missing = [n for n in layer_names(config) if n not in layers]
         if missing:
-            raise CheckpointError(f"{', '.join(map(str, paths))}: incomplete checkpoint, missing layers {missing}")
+            raise CheckpointError(f"{', '.join(map(str, files))}: incomplete checkpoint, missing layers {missing}")
     assert step is not None
     return Checkpoint(step=step, job=job, config=config, layers=layers)
 

@@ -67,4 +67,4 @@ def shard(
     """The micro-batches (x, y) of `replica` out of the global batch (x, y); see `replica_rows`."""
     rows = replica_rows(len(x), replica, n_replicas)
     xs, ys = x[rows.start : rows.stop], y[rows.start : rows.stop]
-    return list(zip(xs.split(micro_batch), ys.split(micro_batch), strict=True))
+    return list(zip(torch.split(xs, micro_batch), torch.split(ys, micro_batch), strict=True))

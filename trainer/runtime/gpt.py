@@ -1,4 +1,5 @@
-"""The example network: a small GPT (nanoGPT-style) as an ordered list of named layers — one `trainer.runtime.model` family.
+"""The example network: a small GPT (nanoGPT-style) as an ordered list of named layers — one
+`trainer.runtime.model` family.
 
 Owns: the network maths — `Embedding` (token + position), `Block` (pre-LN causal self-attention + MLP), `Head`
 (final LayerNorm + Linear to logits) — their names, their deterministic initialisation and the token
@@ -43,7 +44,8 @@ class Embedding(nn.Module):
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         pos = torch.arange(idx.shape[1], device=idx.device)
-        return self.wte(idx) + self.wpe(pos)
+        out: torch.Tensor = self.wte(idx) + self.wpe(pos)  # (nn.Module calls are typed Any)
+        return out
 
 
 class CausalSelfAttention(nn.Module):
@@ -61,7 +63,8 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        out: torch.Tensor = self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return out
 
 
 class MLP(nn.Module):
@@ -71,7 +74,8 @@ class MLP(nn.Module):
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.c_proj(F.gelu(self.c_fc(x)))
+        out: torch.Tensor = self.c_proj(F.gelu(self.c_fc(x)))
+        return out
 
 
 class Block(nn.Module):
@@ -86,7 +90,8 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
+        out: torch.Tensor = x + self.mlp(self.ln_2(x))
+        return out
 
 
 class Head(nn.Module):
@@ -98,7 +103,8 @@ class Head(nn.Module):
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.ln_f(x))
+        out: torch.Tensor = self.lm_head(self.ln_f(x))
+        return out
 
 
 @torch.no_grad()

@@ -3,15 +3,16 @@
 
 Owns: the names of the keys, what each holds (below), and which of them only the driver may write (`DRIVER_ONLY`,
 which `trainer.runtime.store` signs and checks). Pure: no store, no torch (the agent imports it before torch). Must not
-touch: what is done with the values (`trainer.control.coordinator` decides, `trainer.runtime.worker` acts, `trainer.providers.agent` reports),
-the sealing (`trainer.runtime.store`, which also owns its own ``auth/*`` keys).
+touch: what is done with the values (`trainer.control.coordinator` decides, `trainer.runtime.worker` acts,
+`trainer.providers.agent` reports), the sealing (`trainer.runtime.store`, which also owns its own ``auth/*`` keys).
 
 Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step):
 
   job/spec                 JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
   auth/salt, auth/check     the salt the job's key is derived with (plain), and a sealed check value: a client
                            whose token does not open it is refused (a worker exits with EXIT_TOKEN); see
-                           `trainer.runtime.store`. Every other value is sealed with the job's key, counters (add) aside
+                           `trainer.runtime.store`. Every other value is sealed with the job's key, counters (add)
+                           aside
   epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
   ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
   ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
@@ -31,9 +32,9 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
   ctl/decided/{s}          when the boundary before step s was resolved (wall clock)
   ctl/preempt/{id}         the last epoch number a preempted worker takes part in (standby workers exit after it)
   ctl/notice/{id}, ctl/notices
-                           a preemption notice the worker received (SIGTERM, `trainer.runtime.worker`): its deadline (wall
-                           clock: time of the signal + the job's `notice_grace_s`); then the id appended to the list
-                           the driver polls with the heartbeats
+                           a preemption notice the worker received (SIGTERM, `trainer.runtime.worker`): its
+                           deadline (wall clock: time of the signal + the job's `notice_grace_s`); then the id
+                           appended to the list the driver polls with the heartbeats
   ctl/exit/{id}            when the worker's process ended normally (a notice's notice-to-exit time)
   ctl/restart/{id}         the worker's process must exit (EXIT_RESTART) for a checkpoint-restart
   ctl/e{n}/abort           epoch n is broken (a member died, or a worker saw a collective fail): members abandon
@@ -59,8 +60,9 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
   plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
                            (`trainer.control.planning.HandedPlanner`); absent otherwise
   plan/seq, plan/handed/{i}
-                           plans handed in by `trainer.control.planning.hand_plan` clients: the counter, then plan i as JSON
-                           {"strategy", "source", "sent_at"} (the client increments the counter, then writes the plan)
+                           plans handed in by `trainer.control.planning.hand_plan` clients: the counter, then plan
+                           i as JSON {"strategy", "source", "sent_at"} (the client increments the counter, then
+                           writes the plan)
   ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
   ctl/error/{id}, ctl/rejected/{id}
                            why the worker failed (`message`); ctl/abort: why the job was aborted; ctl/done: it ended
@@ -78,7 +80,8 @@ from __future__ import annotations
 import re
 
 # What only the driver writes: the job, its epochs, the orders to leave, restart, stop, the agents' orders. A token
-# holder (a worker) cannot forge these: the driver signs them (Ed25519) inside the sealed value (`trainer.runtime.store`).
+# holder (a worker) cannot forge these: the driver signs them (Ed25519) inside the sealed value
+# (`trainer.runtime.store`).
 DRIVER_ONLY = re.compile(
     r"job/spec|epoch/.*|ctl/preempt/\d+|ctl/restart/\d+|ctl/e\d+/next|ctl/done|ctl/abort|plan/accepts"
     r"|agent/\d+/(start|signal)/\d+"
@@ -221,7 +224,7 @@ def loss(s: int) -> str:
     return f"loss/{s}"
 
 
-# -- plans handed in from outside (`trainer.control.planning.hand_plan`) ---------------------------------------------------
+# -- plans handed in from outside (`trainer.control.planning.hand_plan`) -----------------------------------------------
 ACCEPTS = "plan/accepts"
 HANDED_SEQ = "plan/seq"
 
@@ -231,7 +234,7 @@ def handed(i: int) -> str:
     return f"plan/handed/{i}"
 
 
-# -- instance agents (`trainer.providers.agent`) -----------------------------------------------------------------------------
+# -- instance agents (`trainer.providers.agent`) -----------------------------------------------------------------------
 def agent_up(w: int, k: int) -> str:
     return f"agent/{w}/up/{k}"
 

@@ -12,9 +12,10 @@ The three kinds (reference §D.1; names from `liveput.migration.MigrationKind`, 
   replicas go to standby, nothing moves;
 * **inter-stage** — P unchanged but some stage is short: survivors keep their stage and idle instances (then
   spare replicas of other stages) fill the holes, receiving the stage's layers from a surviving holder;
-* **pipeline** — P changes: the layers are re-cut (`trainer.runtime.pipeline.partition`); each new stage's first replica is
-  the survivor that already holds the most of its layers (`liveput.migration.assign_stages`, an optimal matching),
-  the other slots go to the free instances holding most of the stage; every slot fetches only what it lacks.
+* **pipeline** — P changes: the layers are re-cut (`trainer.runtime.pipeline.partition`); each new stage's first
+  replica is the survivor that already holds the most of its layers (`liveput.migration.assign_stages`, an optimal
+  matching), the other slots go to the free instances holding most of the stage; every slot fetches only what it
+  lacks.
 
 Unlike the reference, which fetches into each stage's replica 0 and then broadcasts to the other replicas, every
 new holder of a layer fetches it directly from an old holder, with sources chosen to balance bytes sent; an old
@@ -33,6 +34,7 @@ departing=..., number=...)` plans the replacement from the base epoch's holders 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from collections import defaultdict
@@ -445,10 +447,8 @@ def plan_recovery(
     survivors = sorted(alive_set - dead - gone)
     n_layers = len(sizes.params)
     options = [strategy] if strategy is not None else []
-    try:
+    with contextlib.suppress(PlanError):  # no default for these survivors: only `strategy` is tried
         options.append(recovery_strategy(current, len(survivors), n_layers, global_batch))
-    except PlanError:
-        pass
     for d, p in dict.fromkeys(options):
         try:
             return next_epoch(current, step, sorted(alive_set - dead), sizes, (d, p), sorted(gone), global_batch,

@@ -51,7 +51,8 @@ def layer_names(cfg: ModelConfig) -> list[str]:
 
 def param_dtype(cfg: ModelConfig) -> torch.dtype:
     """The torch dtype of parameters and activations."""
-    return getattr(torch, cfg.dtype)
+    dtype: torch.dtype = getattr(torch, cfg.dtype)  # one of trainer.config.DTYPES (ModelConfig checks)
+    return dtype
 
 
 def layer_seed(seed: int, index: int) -> int:

@@ -4,8 +4,8 @@ Owns: the strategy's geometry (`StageLayout`: which global rank runs which stage
 stage holds), process groups of a reconfiguration epoch (`init_epoch` / `close_epoch`), the per-rank training
 state (`StageContext`: the rank's `Stage`, one optimiser per layer), the training step (`train_step`) and the unit
 that migrations move (`layer_state` / `load_layer_state`).
-Must not touch: the model's maths (`trainer.runtime.model`), the data (`trainer.runtime.data`), files (`trainer.runtime.checkpoint`),
-the choice of strategy (the coordinator).
+Must not touch: the model's maths (`trainer.runtime.model`), the data (`trainer.runtime.data`), files
+(`trainer.runtime.checkpoint`), the choice of strategy (the coordinator).
 
 Design choices
 --------------
@@ -51,10 +51,12 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import cast
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime.data import global_batch, micro_sizes, shard
@@ -198,7 +200,7 @@ class EpochGroups:
 
     epoch: int
     rank: int
-    world: dist.ProcessGroup
+    world: dist.ProcessGroup | None  # None once `close_epoch` released it, and in a stand-in for groups never formed
     dp: dist.ProcessGroup | None
     abort: Callable[[], str | None] | None = None
     check_s: float = 0.02
@@ -224,17 +226,21 @@ class EpochGroups:
             self.waiter.stuck = True
             raise StepAbandoned(f"epoch {self.epoch}: issuing an op failed: {e}") from e
 
+    def _live(self, group: dist.ProcessGroup | None) -> dist.ProcessGroup:
+        assert group is not None, f"epoch {self.epoch}: its groups were closed"
+        return group
+
     def send(self, tensor: torch.Tensor, dst: int) -> object:
         """Start sending `tensor` to world rank `dst`; the caller keeps `tensor` alive until `wait`."""
-        return self._issue(lambda: self.world.send([tensor], dst, 0))
+        return self._issue(lambda: self._live(self.world).send([tensor], dst, 0))
 
     def recv(self, tensor: torch.Tensor, src: int) -> None:
         """Receive into `tensor` from world rank `src` (waits)."""
-        self.wait(self._issue(lambda: self.world.recv([tensor], src, 0)))
+        self.wait(self._issue(lambda: self._live(self.world).recv([tensor], src, 0)))
 
-    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup) -> object:
+    def all_reduce(self, tensor: torch.Tensor, group: dist.ProcessGroup | None) -> object:
         """Start a sum all-reduce of `tensor` in place over `group` (`world` or `dp`)."""
-        return self._issue(lambda: group.allreduce([tensor]))
+        return self._issue(lambda: self._live(group).allreduce([tensor]))
 
     def abandon(self) -> None:
         """Give the groups up after a `StepAbandoned`: keep them referenced (never destroyed) and never use them."""
@@ -243,8 +249,15 @@ class EpochGroups:
             _GRAVEYARD.append((self.world, self.dp, self.waiter))
 
 
+def gloo_group(store: Store, prefix: str, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
+    """A standalone gloo group of `size` ranks (this one `rank`) that rendezvous on `PrefixStore(prefix, store)`."""
+    group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)
+    # torch's stubs class gloo's group as a bare `Backend`; its binding has ProcessGroup's send, recv and allreduce
+    return cast(dist.ProcessGroup, group)
+
+
 def init_epoch(
-    store: dist.Store,
+    store: Store,
     epoch: int,
     strategy: StageLayout,
     rank: int,
@@ -256,11 +269,11 @@ def init_epoch(
 
     Blocks until every rank of the epoch (resp. of the stage) has joined, or `timeout`.
     """
-    world = dist.ProcessGroupGloo(dist.PrefixStore(f"epoch{epoch}", store), rank, strategy.world_size, timeout)
+    world = gloo_group(store, f"epoch{epoch}", rank, strategy.world_size, timeout)
     stage, replica = strategy.coords(rank)
     dp = None
     if strategy.D > 1:
-        dp = dist.ProcessGroupGloo(dist.PrefixStore(f"epoch{epoch}/dp{stage}", store), replica, strategy.D, timeout)
+        dp = gloo_group(store, f"epoch{epoch}/dp{stage}", replica, strategy.D, timeout)
     return EpochGroups(epoch=epoch, rank=rank, world=world, dp=dp, abort=abort, check_s=check_s)
 
 
@@ -268,7 +281,7 @@ def close_epoch(groups: EpochGroups | None = None) -> None:
     """Leave an epoch at a step boundary (no op pending). Dropping the last reference to `groups` releases them;
     a default group some caller initialised itself is destroyed. Abandoned groups are never released."""
     if groups is not None and not groups.abandoned:
-        groups.world = groups.dp = None  # type: ignore[assignment]
+        groups.world = groups.dp = None
         groups.waiter.close()
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -421,10 +434,10 @@ def micro_loss(cfg: ModelConfig, outputs: torch.Tensor, targets: torch.Tensor, g
 def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
     # One flat all-reduce per stage: gloo's per-op latency (~1 ms) dominates for small layers. Replicas run the same
     # graph, so they agree on which parameters have a gradient; the others stay None (AdamW skips them).
-    params = [p for p in params if p.grad is not None]
-    if not params:
-        return params, None
-    return params, torch.cat([p.grad.reshape(-1) for p in params])
+    with_grad = [(p, grad) for p in params if (grad := p.grad) is not None]
+    if not with_grad:
+        return [], None
+    return [p for p, _ in with_grad], torch.cat([grad.reshape(-1) for _, grad in with_grad])
 
 
 def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
@@ -456,6 +469,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         if ctx.is_first:
             inp = xm
         else:
+            assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
             inp = torch.empty(m, T, C, dtype=dtype)
             g.recv(inp, ctx.prev_rank)
             inp.requires_grad_()
@@ -464,11 +478,13 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             out = micro_loss(ctx.model, out, ym, B)
             loss += out.detach()
         else:
+            assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
             act = out.detach()
             sends.append((g.send(act, ctx.next_rank), act))
         inputs.append(inp)
         outputs.append(out)
     for work, _ in sends:
+        assert g is not None  # only a rank with a neighbour sends
         g.wait(work)
 
     # Backward, in reverse: gradients of the outputs come from the next stage (or the loss), go to the previous.
@@ -477,12 +493,15 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         if ctx.is_last:
             out.backward()
         else:
+            assert g is not None and ctx.next_rank is not None
             grad = torch.empty(m, T, C, dtype=dtype)
             g.recv(grad, ctx.next_rank)
             out.backward(grad)
         if not ctx.is_first:
+            assert g is not None and ctx.prev_rank is not None and inp.grad is not None
             sends.append((g.send(inp.grad, ctx.prev_rank), inp.grad))
     for work, _ in sends:
+        assert g is not None  # only a rank with a neighbour sends
         g.wait(work)
 
     # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over

@@ -31,10 +31,11 @@ from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 
-import torch.distributed as dist
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.ciphers.aead import AESSIV
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # imported from torch._C, not re-exported
+from torch.distributed.distributed_c10d import Store
 
 from trainer.runtime.keys import DRIVER_ONLY  # what only the driver writes: signed as well as sealed
 
@@ -105,7 +106,7 @@ def _bytes(value: str | bytes | bytearray | Sequence[int]) -> bytes:
     return value.encode() if isinstance(value, str) else bytes(value)
 
 
-class SealedStore(dist.Store):
+class SealedStore(Store):
     """A store whose values are sealed with the job's key: the same interface as the `TCPStore` it wraps (so it
     serves `PrefixStore` and gloo's rendezvous too). `get` returns the authentic frames' plaintexts joined (an
     appended value is one frame per `append`); frames that do not authenticate are skipped and counted in
@@ -113,7 +114,7 @@ class SealedStore(dist.Store):
     pybind trampoline loses its Python methods when its Python object is collected)."""
 
     def __init__(
-        self, inner: dist.Store, key: bytes, *, signer: Ed25519PrivateKey | None = None,
+        self, inner: Store, key: bytes, *, signer: Ed25519PrivateKey | None = None,
         driver: Ed25519PublicKey | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
@@ -138,7 +139,8 @@ class SealedStore(dist.Store):
 
     @property
     def port(self) -> int:
-        return self.inner.port  # type: ignore[attr-defined]
+        port: int = self.inner.port  # type: ignore[attr-defined]  # a TCPStore's (what host_store/connect_store wrap)
+        return port
 
     def _seal(self, key: str, value: str | bytes) -> bytes:
         data = _bytes(value)
@@ -197,13 +199,13 @@ class SealedStore(dist.Store):
 
     # -- the Store interface ----------------------------------------------------------------------------------
     def set(self, key: str, value: str | bytes) -> None:
-        self.inner.set(key, self._seal(key, value))
+        self.inner.set(key, self._seal(key, value))  # type: ignore[arg-type]  # stub gap: values may be bytes
 
     def get(self, key: str) -> bytes:
         return self._open(key, bytes(self.inner.get(key)))
 
     def append(self, key: str, value: str | bytes) -> None:
-        self.inner.append(key, self._seal(key, value))
+        self.inner.append(key, self._seal(key, value))  # type: ignore[attr-defined]  # stub gap: Store.append
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         """TCPStore's compare-and-set on sealed values; a value holding a forgery counts as its authentic part
@@ -211,7 +213,7 @@ class SealedStore(dist.Store):
         exp = _bytes(expected)
         want, new = (self._seal(key, exp) if exp else b""), self._seal(key, desired)
         for _ in range(16):
-            cur = bytes(self.inner.compare_set(key, want, new))
+            cur = bytes(self.inner.compare_set(key, want, new))  # type: ignore[arg-type]  # stub gap: bytes values
             if cur == new:
                 return _bytes(desired)
             if cur == want:  # absent, with a non-empty expectation (TCPStore returns the expectation)
@@ -221,7 +223,7 @@ class SealedStore(dist.Store):
                 return b"".join(plain)
             # strip the forgery atomically (from exactly what we saw), then decide again
             clean = self._seal(key, b"".join(plain)) if plain else (want or new)
-            self.inner.compare_set(key, cur, clean)
+            self.inner.compare_set(key, cur, clean)  # type: ignore[arg-type]  # stub gap: bytes values
         raise StoreAuthError(f"store key {key!r} keeps being rewritten by a client without the job's token")
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
@@ -265,7 +267,8 @@ class SealedStore(dist.Store):
         return False
 
     def clone(self) -> SealedStore:
-        return SealedStore(self.inner.clone(), self._key, signer=self._signer, driver=self._driver)
+        inner = self.inner.clone()  # type: ignore[attr-defined]  # stub gap: Store.clone
+        return SealedStore(inner, self._key, signer=self._signer, driver=self._driver)
 
 
 def _listener(host: str, port: int) -> socket.socket:
@@ -289,8 +292,8 @@ def host_store(host: str, port: int, token: str, timeout_s: float) -> SealedStor
     bound = sock.getsockname()[1]
     fd = sock.detach()  # the store owns the descriptor from here on (it closes it)
     try:
-        raw = dist.TCPStore(host, bound, world_size=None, is_master=True, wait_for_workers=False,
-                            timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)  # fmt: skip
+        raw = TCPStore(host, bound, world_size=None, is_master=True, wait_for_workers=False,
+                       timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)  # fmt: skip
     except BaseException:
         os.close(fd)
         raise
@@ -310,7 +313,7 @@ def connect_store(
     public key, hex: given to local workers at start), else with the one the store publishes, read once here.
     Connection errors are the TCPStore's (RuntimeError)."""
     where = f"coordinator at {host}:{port}"
-    raw = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
+    raw = TCPStore(host, port, is_master=False, timeout=timedelta(seconds=timeout_s))
     if not token:
         raise StoreAuthError(f"the {where} requires a token and none was given")
     if not raw.check([SALT_KEY, CHECK_KEY]):

@@ -1,77 +1,16 @@
 """One worker process per instance: joins the job, trains its stage, live-migrates at step boundaries, survives the
 death of its peers.
 
-Owns: the worker's state machine, the per-step boundary check, the per-step commit, the heartbeat thread (which
-also reports preemption notices: SIGTERM), periodic checkpoint shards, the state hand-off of a migration (transfer
-group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch, and its own
-measurements in the store. Must not touch: planning (it follows the `Epoch`
-the coordinator published; `trainer.runtime.migration`), the training maths (`trainer.runtime.pipeline.train_step`), other
-workers' processes.
+Owns: the worker's state machine (`WorkerState`, `Worker`), the per-step boundary check and commit, the heartbeat
+thread (which also reports preemption notices: `Notice`, SIGTERM), periodic checkpoint shards, the state hand-off of
+a migration (transfer group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch,
+and its own measurements in the store.
+Must not touch: planning (it follows the `Epoch` the coordinator published; `trainer.runtime.migration`), the
+training maths (`trainer.runtime.pipeline.train_step`), other workers' processes.
 
-State machine (`WorkerState`):
-
-    JOINING --registered--> STANDBY --epoch 1 gives a role--> TRAINING
-                            STANDBY --a later epoch gives a role--> MIGRATING (receives its layers)
-                            STANDBY --a checkpoint-restart epoch gives a role--> TRAINING (loads the checkpoint)
-    TRAINING --boundary decided "epoch:n"--> MIGRATING
-    TRAINING --a peer died / the epoch was declared broken--> RECOVERING (the step in flight is abandoned, nothing
-                                                              of it applied; reports the step, waits; before the
-                                                              epoch's first step was applied: back to the state it
-                                                              migrated from)
-    RECOVERING --the coordinator's recovery epoch--> MIGRATING (a live migration without notice; redoes the step)
-    MIGRATING --role in epoch n--> TRAINING          (same step: no committed step is lost or repeated)
-    MIGRATING --no role--> STANDBY                   (drops its layers once the migration committed)
-    MIGRATING --listed as preempted--> PREEMPTED     (after sending what the plan asks and the migration committed;
-                                                      exit 13)
-    MIGRATING --the hand-off broke--> RECOVERING     (the migration is rolled back: nothing of it installed)
-    TRAINING --boundary decided "restart:n"--> RESTARTING (replica 0 writes its stage's checkpoint shard; exit 125)
-    RECOVERING --the coordinator orders a checkpoint-restart--> RESTARTING (exit 125: state discarded)
-    STANDBY --preempted--> PREEMPTED;  STANDBY --job done--> DONE;  TRAINING --last step--> DONE (exit 0)
-    any --error--> FAILED (exit 1; 2 for a wrong token; 3 when the coordinator aborts the job)
-
-RESTARTING ends the process: a checkpoint-restart is what torchrun does — the driver starts a fresh process for
-the same instance id, which joins as STANDBY and takes its role in the checkpoint-restart epoch.
-
-What changes at a migration: the epoch, the strategy (D, P, layer bounds), this worker's (stage, replica) and its
-**rank — ranks are not stable across epochs** (rank = stage * D + replica of the new epoch; the worker id is the
-stable identity), the process groups (fresh ones on `PrefixStore(f"epoch{n}")`), and the layers held (kept by
-global index when the stage's range is unchanged, else rebuilt and installed from the kept snapshots plus the
-received layers). The step counter, the data order and the optimiser state carry over unchanged.
-
-Failure detection: a daemon thread with its own TCPStore client bumps `hb/{id}` every `hb_interval_s` (a client
-blocked in a call blocks other threads using it, stack.md §4b); the coordinator declares the worker dead when the
-counter stops and flags the epoch broken. Inside a step every op is waited on with the flag checked every 20 ms
-(`trainer.runtime.pipeline`), so survivors give up within a bounded time whether the dead peer is one they talk to or
-not — and a worker whose own op fails flags the epoch itself, so its peers need not wait for the heartbeat.
-A step's optimiser updates are applied only if the store's once-only commit decision for (epoch, step) says
-"apply" (every rank finished its collectives); hence all survivors agree on how many steps they applied.
-
-State hand-off: the layers of the epoch's `transfers` move in a separate gloo group of just the senders and
-receivers (`PrefixStore(f"xfer{n}")`, rank = position in id order), so a worker under a preemption notice can send
-without being part of the new epoch's training group. It is a standalone gloo group like an epoch's (never the
-default group, which could not be given up while an op is pending), and its sends and receives are waited on as a
-step's are (`pipeline.EpochGroups`: the abort flag is checked every 20 ms). Each (src, dst) pair sends one message:
-a dict {layer name: `pipeline.layer_state`} as `torch.save` bytes (loaded back with `weights_only=True`), preceded
-by its length — shapes, dtypes and optimiser keys travel with the data, and for these CPU models (MBs) serialising
-costs little next to group formation (stack.md §4d: 335 MB/s vs 1.1 GB/s for flat tensors). Pairs are processed in
-one global order, so blocking sends cannot deadlock.
-
-Commit and rollback of a migration: the migration into epoch n commits with n's first step (its once-only commit
-decision, `ctl/e{n}/decide/{start}`, also taken in a one-rank epoch). Until then an old member keeps its old stage
-(`_base`), and old members without a role in n (preempted or dropped) wait for the decision before leaving. A
-death during the hand-off — of a sender, a receiver or a member forming n's groups — makes the coordinator flag the
-epochs broken and seal the decision "abort"; every wait of the hand-off (arrivals, group formation, which runs in a
-helper thread on a store client of its own, each send and receive) checks that flag every few ms, so survivors give
-up within the heartbeat timeout, not the group timeout. They report (`ctl/e{n}/abandon/{id}`) holding the old
-state and wait for the epoch the coordinator plans from it (`ctl/e{n}/next`).
-
-Preemption notices: `process_main` installs a SIGTERM handler (what a cloud sends: AWS's spot interruption
-watcher, GCP's preemption, `LocalProcessProvider.preempt`) that only notes the time; the C-level handler also
-writes the signal number to a self-pipe (`signal.set_wakeup_fd`), which wakes the heartbeat thread even while the
-main thread is blocked in a gloo call. That thread writes `ctl/notice/{id}` = signal time + the job's
-`notice_grace_s` and keeps beating; training goes on until the driver decides the preemption at a boundary (the
-worker then hands off the layers whose last copy it holds and exits 13) — or the deadline passes and the provider
-kills it (a death like any other).
+Where to look next: `docs/worker.md` (the state machine and its exit codes, what changes at a migration, failure
+detection, the state hand-off, commit and rollback, preemption notices, in detail), `trainer.runtime.keys` (the store
+keys it reads and writes), `trainer.control.coordinator` (the other side of every decision).
 """
 
 from __future__ import annotations
@@ -91,9 +30,11 @@ import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
+from typing import TypeVar
 
 import torch
-import torch.distributed as dist
+from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
 from trainer.corpus import corpus
@@ -107,6 +48,7 @@ from trainer.runtime.pipeline import (
     StepAbandoned,
     build_context,
     close_epoch,
+    gloo_group,
     init_epoch,
     layer_state,
     make_optimizer,
@@ -114,11 +56,12 @@ from trainer.runtime.pipeline import (
     train_step,
 )
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
-from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, StoreAuthError, connect_store
+from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, SealedStore, StoreAuthError, connect_store
 
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
 POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
+_T = TypeVar("_T")
 
 
 class WorkerState(enum.Enum):
@@ -235,7 +178,8 @@ def _pack(bundle: Mapping[str, LayerState]) -> torch.Tensor:
 
 
 def _unpack(data: torch.Tensor) -> dict[str, LayerState]:
-    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+    bundle: dict[str, LayerState] = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
+    return bundle
 
 
 @dataclass(frozen=True)
@@ -257,8 +201,8 @@ class Worker:
         self.spec = spec
         self.id = spec.worker_id
         self.state = WorkerState.JOINING
-        self.store: dist.Store | None = None
-        self.job: JobSpec | None = None
+        self._store: SealedStore | None = None  # both set by `join`: read them as `store` and `job`
+        self._job: JobSpec | None = None
         self.epoch: Epoch | None = None  # the epoch this worker trains in (None when standby)
         self.next: Epoch | None = None  # the epoch it is migrating into
         self.ctx: StageContext | None = None
@@ -276,14 +220,31 @@ class Worker:
         self._base: tuple[Epoch, StageContext] | None = None  # (epoch migrated from, its stage) while uncommitted
         self._reported: int | None = None  # the broken epoch this worker reported in (it waits for ctl/e{n}/next)
         self._failed_at: float | None = None  # when the work lost to a failure started (the next arrival's time)
-        self._form_store: dist.Store | None = None  # the store client group formation uses (its own thread)
+        self._form_store: Store | None = None  # the store client group formation uses (its own thread)
 
     # -- plumbing ----------------------------------------------------------------------------------------
+    @property
+    def store(self) -> SealedStore:
+        """The coordinator's store, as this worker's main thread talks to it."""
+        assert self._store is not None, f"worker {self.id} has not joined"
+        return self._store
+
+    @property
+    def job(self) -> JobSpec:
+        """The job, as the coordinator published it."""
+        assert self._job is not None, f"worker {self.id} has not joined"
+        return self._job
+
+    def _held(self) -> tuple[Epoch, StageContext]:
+        """The epoch this worker trains in and its stage: both set from entering an epoch until leaving it."""
+        assert self.epoch is not None and self.ctx is not None, f"worker {self.id} holds no epoch ({self.state.name})"
+        return self.epoch, self.ctx
+
     def _to(self, new: WorkerState) -> None:
         if new is not WorkerState.FAILED and new not in _NEXT.get(self.state, set()):
             raise RuntimeError(f"worker {self.id}: illegal transition {self.state.name} -> {new.name}")
         self.state = new
-        if self.store is not None:
+        if self._store is not None:
             stepped = (WorkerState.TRAINING, WorkerState.MIGRATING, WorkerState.RECOVERING, WorkerState.DONE)
             at = self.step if new in stepped else "-"
             self.store.append(keys.states(self.id), f"{new.name}@{at};")
@@ -310,11 +271,12 @@ class Worker:
         for the decision, and once the epoch is declared broken they try to write "abort" — whichever was written
         first is what every rank does.
         """
-        n, world = self.epoch.number, self.epoch.strategy.world_size
-        if world == 1 and not (self._uncommitted and step == self.epoch.start_step):
+        epoch, _ = self._held()
+        n, world = epoch.number, epoch.strategy.world_size
+        if world == 1 and not (self._uncommitted and step == epoch.start_step):
             return True  # (a migration's first step is decided in the store even on one rank: it commits it)
         key = keys.decide(n, step)
-        marks = [keys.commit(n, step, w) for w in self.epoch.members]
+        marks = [keys.commit(n, step, w) for w in epoch.members]
         self.store.set(keys.commit(n, step, self.id), "1")
         if self.store.check(marks):
             return self.store.compare_set(key, "", APPLY).decode() == APPLY
@@ -327,7 +289,7 @@ class Worker:
             delay = min(2 * delay, 0.002)
         return self.store.get(key).decode() == APPLY
 
-    def _poll(self, ready) -> None:
+    def _poll(self, ready: Callable[[], bool]) -> None:
         """Wait until `ready()` is true, checking for an abort. Backs off from 1 to 20 ms: a hold can last seconds
         (an added instance starting) and busy-polling the store would steal the CPU that instance needs."""
         delay = POLL_MIN_S
@@ -344,11 +306,11 @@ class Worker:
         """Connect, check the token, read the job, register. -> STANDBY"""
         s = self.spec
         try:
-            self.store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            self._store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
         except StoreAuthError as e:
             raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
         self.store.append(keys.states(self.id), "JOINING@-;")
-        self.job = JobSpec.from_json(self.store.get(keys.JOB_SPEC))
+        self._job = JobSpec.from_json(self.store.get(keys.JOB_SPEC))
         # Pay one-off costs while joining rather than inside a migration's pause: the first optimiser built in a
         # process imports torch._dynamo (~1 s), and the corpus is loaded on first use.
         make_optimizer(torch.nn.Linear(1, 1), self.job.train)
@@ -398,13 +360,14 @@ class Worker:
             delay = min(2 * delay, POLL_MAX_S)
 
     # -- TRAINING ----------------------------------------------------------------------------------------
-    def _boundary(self, step: int) -> tuple[str, Epoch | int] | None:
+    def _boundary(self, step: int) -> Epoch | int | None:
         """The decision for the boundary before `step`, taken once for everyone (see trainer.control.coordinator):
-        None to train on, ("epoch", the next epoch) or ("restart", the restart epoch's number)."""
+        None to train on, the next `Epoch` to migrate into, or the number of the checkpoint-restart epoch."""
+        current, _ = self._held()
         key = keys.boundary(step)
         v = self.store.compare_set(key, "", TRAIN).decode()
         if v == HOLD:
-            number = self.epoch.number
+            number = current.number
 
             def decided() -> bool:
                 reason = self._epoch_abort(number)
@@ -416,16 +379,17 @@ class Worker:
             v = self.store.get(key).decode()
         if v == TRAIN:
             return None
-        kind, number = v.split(":", 1)
-        if int(number) <= self.epoch.number:
+        kind, target = v.split(":", 1)
+        if int(target) <= current.number:
             return None  # decided for an epoch we are already past: we are redoing steps after a recovery
         if kind == "restart":
-            return ("restart", int(number))
-        return ("epoch", Epoch.from_json(self.store.get(keys.epoch(number))))
+            return int(target)
+        return Epoch.from_json(self.store.get(keys.epoch(int(target))))
 
     def _save(self, directory: str, step: int) -> None:
         """Write this stage's shard of the checkpoint of `step` (replica 0 only) and record it for the coordinator."""
-        ctx, job, n = self.ctx, self.job, self.epoch.number
+        (epoch, ctx), job = self._held(), self.job
+        n = epoch.number
         if ctx.replica != 0 or (step, n) in self._saved:
             return
         path = checkpoint.shard_path(directory, step, ctx.stage)
@@ -442,27 +406,26 @@ class Worker:
             self._arrived = number
 
     def _train(self) -> None:
-        ctx, job = self.ctx, self.job
+        (_, ctx), job = self._held(), self.job
         reporter = ctx.is_last and ctx.replica == 0
         try:
             while True:
                 decision = self._boundary(self.step)
-                if decision is not None:
-                    kind, what = decision
-                    if kind == "epoch":
-                        self.next = what
-                        self._to(WorkerState.MIGRATING)
-                    else:  # a checkpoint-restart here: checkpoint this boundary, then make way for a fresh process
-                        self._save(job.checkpoint_dir, self.step)
-                        self._arrive(int(what))
-                        self._to(WorkerState.RESTARTING)
+                if isinstance(decision, Epoch):
+                    self.next = decision
+                    self._to(WorkerState.MIGRATING)
+                    return
+                if decision is not None:  # a checkpoint-restart: checkpoint this boundary, make way for a fresh process
+                    self._save(job.checkpoint_dir, self.step)
+                    self._arrive(decision)
+                    self._to(WorkerState.RESTARTING)
                     return
                 if self.step >= job.steps:
                     break
                 step = self.step
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
-                loss = train_step(ctx, step, commit=lambda: self._commit(step))
+                loss = train_step(ctx, step, commit=partial(self._commit, step))
                 self.last_step_end = time.time()
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
                     self._uncommitted, self._base = False, None
@@ -492,8 +455,10 @@ class Worker:
     def _abandon(self, reason: str) -> None:
         """Give up the broken epoch's groups and step; report the step to redo (= the steps we applied). A worker
         whose epoch's migration is not committed yet goes back to the state it migrated from."""
-        n = self.epoch.number
-        self.ctx.groups.abandon()
+        epoch, ctx = self._held()
+        n = epoch.number
+        assert ctx.groups is not None  # (an epoch's stage is built with its groups)
+        ctx.groups.abandon()
         # flag the epoch ourselves: a peer waiting on a live-but-abandoned rank would otherwise wait for the heartbeat
         self.store.compare_set(keys.epoch_abort(n), "", f"worker {self.id}: {reason}")
         # the pause of a failure starts when the abandoned step started: its partial work is lost too
@@ -513,6 +478,7 @@ class Worker:
 
     def _recover(self) -> None:
         """Wait for the epoch the coordinator plans from the survivors (a live migration) or a restart order."""
+        assert self._reported is not None  # RECOVERING is entered through `_report`
         key = keys.epoch_next(self._reported)
         self._poll(lambda: self.store.check([key]))
         self.next = Epoch.from_json(self.store.get(keys.epoch(int(self.store.get(key)))))
@@ -532,7 +498,8 @@ class Worker:
                                        f"this worker holds epoch {old.number}'s state")  # fmt: skip
                 self._arrive(n, self._failed_at)
                 self._failed_at = None
-                close_epoch(self.ctx.groups)
+                _, held = self._held()
+                close_epoch(held.groups)
             else:  # joining from standby: the old members must be at the boundary before groups can form
                 self._failed_at = None
                 self._poll(lambda: self._check_epoch(n) or self.store.add(keys.arrived(n), 0) >= len(new.previous))
@@ -574,25 +541,26 @@ class Worker:
     def _drop(self) -> None:
         self.ctx, self.epoch, self.next = None, None, None
 
-    def _form_client(self) -> dist.Store:
+    def _form_client(self) -> Store:
         """The store client group formation uses: its own, as formation blocks in store waits in another thread."""
         if self._form_store is None:
             s = self.spec
             self._form_store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
         return self._form_store
 
-    def _form(self, make: Callable[[dist.Store], object], number: int) -> object:
+    def _form(self, make: Callable[[Store], _T], number: int) -> _T:
         """Form process groups (`make(store)`) in a helper thread, checking epoch `number`'s abort flag every few ms:
         gloo's rendezvous cannot be interrupted, so a dead peer would hold us until the group timeout.
         `MigrationAbandoned` if the epoch is flagged or formation fails."""
         store = self._form_client()
-        box: dict[str, object] = {}
+        formed: list[_T] = []
+        errors: list[BaseException] = []
 
         def run() -> None:
             try:
-                box["groups"] = make(store)
+                formed.append(make(store))
             except BaseException as e:  # noqa: BLE001 — handed to the main thread
-                box["error"] = e
+                errors.append(e)
 
         t = threading.Thread(target=run, name="parcae-form", daemon=True)
         t.start()
@@ -608,9 +576,9 @@ class Worker:
                 raise MigrationAbandoned(f"epoch {number} broke while forming its groups: {reason}")
             self._control()
             delay = min(2 * delay, 0.01)
-        if "error" in box:
-            raise MigrationAbandoned(f"forming the groups of epoch {number} failed: {box['error']}")
-        return box["groups"]
+        if errors:
+            raise MigrationAbandoned(f"forming the groups of epoch {number} failed: {errors[0]}")
+        return formed[0]
 
     def _transfer(self, epoch: Epoch) -> dict[str, LayerState]:
         """Send and receive this worker's share of `epoch.transfers`; returns what it received, by layer name.
@@ -618,8 +586,7 @@ class Worker:
         parties = epoch.transfer_parties
         n = epoch.number
         rank = parties.index(self.id)
-        world = self._form(lambda store: dist.ProcessGroupGloo(dist.PrefixStore(f"xfer{n}", store), rank,
-                                                               len(parties), self._pg_timeout()), n)  # fmt: skip
+        world = self._form(lambda store: gloo_group(store, f"xfer{n}", rank, len(parties), self._pg_timeout()), n)
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         names = layer_names(self.job.model)
         pairs: dict[tuple[int, int], list[int]] = {}
@@ -630,7 +597,7 @@ class Worker:
         try:
             for (src, dst), layers in sorted(pairs.items()):
                 if src == self.id:
-                    ctx = self.ctx
+                    _, ctx = self._held()
                     bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i]) for i in layers}
                     data = _pack(bundle)
                     size = torch.tensor([data.numel()], dtype=torch.int64)
@@ -692,7 +659,7 @@ class Worker:
                 ctx.load_layer_states({**kept, **received})  # KeyError if a layer were lost
         # until the first step is applied, keep what we migrated from (a shared module is unchanged until then)
         self._uncommitted = not fresh
-        self._base = (self.epoch, old) if not fresh and old is not None else None
+        self._base = self._held() if not fresh and old is not None else None  # still (the old epoch, `old`) here
         self.ctx, self.epoch, self.next = ctx, epoch, None
         self.step = epoch.start_step
         self.watch = max(self.watch, epoch.number + 1)
@@ -756,7 +723,7 @@ class Worker:
             print(message, file=sys.stderr, flush=True)
         try:
             self._to(WorkerState.FAILED)
-            if self.store is not None:
+            if self._store is not None:
                 self.store.set(keys.message(kind, self.id), message)
                 self.store.set(keys.final(self.id), str(self.incarnation))
         except Exception:  # the store itself may be what failed
