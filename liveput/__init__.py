@@ -61,6 +61,7 @@ if TYPE_CHECKING:
         PlanInputError,
         parse_plan_input,
         plan_of_input,
+        shown,
     )
     from liveput.policies import (
         POLICIES,
@@ -87,8 +88,8 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("IDLE", "JobState", "Plan", "PlannerConfig", "PlanStep", "plan", "plan_interval"),
                     "liveput.optimizer"),
-    **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input"),
-                    "liveput.plan_input"),
+    **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input",
+                     "shown"), "liveput.plan_input"),
     **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",
                      "make_policy", "oracle_forecast"), "liveput.policies"),
     **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),
