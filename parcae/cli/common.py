@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 EXIT_USER_ERROR = 2
@@ -127,6 +128,20 @@ def strict_json(doc: Any, what: str) -> str:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         warn(f"{what}: {', '.join(bad[:3])}{more} not finite; written as null")
     return jsonio.dumps_strict(doc, indent=2)
+
+
+def write_json(path: Path, doc: Any) -> None:
+    """Write ``doc`` to ``path`` (a ``--json`` option's file) as strict JSON, and say so on stderr."""
+    text = strict_json(doc, f"--json {path}")
+    write_file(path, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
+    stderr().print(f"wrote {path}", soft_wrap=True)
+
+
+def progress_bar() -> Progress:
+    """The bar of a long command (description, bar, done/total, elapsed), on stderr: stdout is the result."""
+    return Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr()
+    )
 
 
 def fmt(value: float | None, spec: str) -> str:

@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -26,12 +25,13 @@ from parcae.cli.common import (
     check_outputs,
     fmt,
     key_error_message,
+    progress_bar,
     register,
     stderr,
     stdout,
     strict_json,
     warn,
-    write_file,
+    write_json,
 )
 from parcae.cli.traces import load_window
 
@@ -291,9 +291,7 @@ def forecast_train(
         soft_wrap=True,
     )
     if json_out is not None:
-        text = strict_json(outcome.to_dict(), f"--json {json_out}")
-        write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
-        stderr().print(f"wrote {json_out}", soft_wrap=True)
+        write_json(json_out, outcome.to_dict())
 
 
 @forecast_command(
@@ -322,9 +320,7 @@ def forecast_evaluate(
     n_origins = _check_horizon(horizon, table, name)
     corpus = corpus_without(name, table) if set(kinds) - {CHAMPION_MODEL} else {}
     results: dict[str, dict[str, Any]] = {}
-    with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=stderr()
-    ) as progress:
+    with progress_bar() as progress:
         task = progress.add_task("", total=n_origins * len(kinds))
         for kind in kinds:
             progress.update(task, description=f"fitting {kind}")
@@ -352,9 +348,7 @@ def forecast_evaluate(
             for k, r in results.items()
         }
     }
-    text = strict_json(doc, f"--json {json_out}")
-    write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
-    stderr().print(f"wrote {json_out}", soft_wrap=True)
+    write_json(json_out, doc)
 
 
 @forecast_command("predict", help="Forecast the intervals after one origin of a trace; print the Forecast as JSON.")

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from typer.core import TyperOption
 
@@ -23,10 +22,11 @@ from parcae.cli.common import (
     command,
     fmt,
     key_error_message,
+    progress_bar,
     stderr,
     stdout,
-    strict_json,
     write_file,
+    write_json,
 )
 from parcae.cli.forecast import CHAMPION_MODEL, FORECAST_MODELS, build_forecaster, corpus_without
 from parcae.cli.traces import load_window
@@ -235,13 +235,7 @@ def simulate(
     h1 = (float(window["start_s"].iloc[-1]) + iv) / 3600.0
     trace_name = str(df.attrs.get("name") or trace)
 
-    with Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=stderr(),
-    ) as progress:
+    with progress_bar() as progress:
         task = progress.add_task(f"simulating {policies[0]}", total=n_intervals * len(policies))
 
         def on_step() -> None:
@@ -288,9 +282,7 @@ def simulate(
             "look_ahead": look_ahead,
             "policies": {name: _summary(r) for name, r in results.items()},
         }
-        text = strict_json(doc, f"--json {json_out}")
-        write_file(json_out, "JSON", lambda p: p.write_text(text + "\n", encoding="utf-8"))
-        stderr().print(f"wrote {json_out}", soft_wrap=True)
+        write_json(json_out, doc)
     if plot is not None:
         title = f"{trace_name} intervals {first}-{last}, {model}, K={look_ahead}"
         write_file(plot, "plot", lambda p: plot_timeline(results, p, title=title, interval_s=interval_seconds))
