@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def unknown_trace_message(exc: Any) -> str:
+def _unknown_trace_message(exc: Any) -> str:
     """The library's message, with the list of names cut to close matches when it is long."""
     known = list(exc.known)
     if len(known) <= 12:
@@ -40,7 +40,7 @@ def load_window(
     try:
         df = load_trace(trace, interval_s)
     except UnknownTraceError as exc:
-        raise UserError(unknown_trace_message(exc)) from None
+        raise UserError(_unknown_trace_message(exc)) from None
     except TraceFormatError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:  # unreadable file (permissions, a directory, ...)
