@@ -633,8 +633,8 @@ def main() -> None:
     for spec in args.tree:
         label, _, path = spec.rpartition("=")
         tree = Path(path).resolve()
-        if not (tree / "parcae" / "cli.py").is_file():
-            ap.error(f"--tree {spec}: {tree} is not a parcae checkout (no parcae/cli.py)")
+        if not ((tree / "parcae" / "cli.py").is_file() or (tree / "parcae" / "cli" / "__init__.py").is_file()):
+            ap.error(f"--tree {spec}: {tree} is not a parcae checkout (no parcae/cli.py or parcae/cli/)")
         trees[label or tree.name] = tree
     todo = [p for p in probes() if not args.only or p.category in args.only]
     if not todo:

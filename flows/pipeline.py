@@ -52,12 +52,15 @@ def where_to_look(uri: str) -> str:
         mlflow_line = f"  MLflow:  open {uri} (experiments training, plans, forecaster)"
     else:
         mlflow_line = (f"  MLflow:  .venv/bin/mlflow ui --workers 1 --backend-store-uri {uri}\n"
-                       "           then open http://127.0.0.1:5000 (experiments training, plans, forecaster)")  # fmt: skip
+                       "           then open http://127.0.0.1:5000 "
+                       "(experiments training, plans, forecaster)")  # fmt: skip
     if api:
         prefect_line = f"  Prefect: open {api.removesuffix('/api')} (flow runs pipeline and train, their artifacts)"
     else:
-        prefect_line = (f"  Prefect: PREFECT_HOME={home} .venv/bin/prefect server start --host 127.0.0.1 --port 4200\n"
-                        "           then open http://127.0.0.1:4200 (flow runs pipeline and train, their artifacts)")  # fmt: skip
+        prefect_line = (f"  Prefect: PREFECT_HOME={home} .venv/bin/prefect server start --host 127.0.0.1 "
+                        "--port 4200\n"
+                        "           then open http://127.0.0.1:4200 "
+                        "(flow runs pipeline and train, their artifacts)")  # fmt: skip
     return "Where to look:\n" + mlflow_line + "\n" + prefect_line
 
 
@@ -95,8 +98,8 @@ def pipeline(
     job = train(
         model=model, workers=workers, steps=steps, trace=trace, interval_seconds=interval_seconds,
         step_seconds=step_seconds, start_interval=start_interval, planner="liveput", profile=profile,
-        look_ahead=horizon, checkpoint_every=checkpoint_every, out_dir=out_dir or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}",
-        resume=False, seed=seed,
+        look_ahead=horizon, checkpoint_every=checkpoint_every,
+        out_dir=out_dir or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}", resume=False, seed=seed,
     )  # fmt: skip
     look = where_to_look(uri)
     logger.info("%s", look)

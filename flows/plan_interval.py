@@ -31,6 +31,9 @@ from tasks.plan import forecast_next_intervals, hand_plan_to_coordinator, plan_n
 from tasks.traces import load_availability_trace
 from tasks.tracking import log_plan_run, publish_plan_report
 
+#: The flow's default ``state``: a job not running yet (one value, built once: JobState is frozen).
+NOT_RUNNING = JobState()
+
 
 @flow(
     name="plan-interval",
@@ -44,7 +47,7 @@ def plan_interval(
     trace: str = "p3",
     at_interval: int | None = None,
     look_ahead: int = DEFAULT_LOOK_AHEAD,
-    state: JobState = JobState(),
+    state: JobState = NOT_RUNNING,
     interval_s: float = DEFAULT_INTERVAL_S,
     coordinator: str | None = None,
     job: str = "job",

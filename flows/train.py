@@ -15,11 +15,12 @@ which records the interruption. A finished job is not re-run. Long-running: no f
 the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
 from scratch; resuming is a decision, taken by running the flow again).
 
-``provider="aws"`` (``provider_options``: `trainer.providers.aws.AwsSpotConfig`'s fields, credentials from boto3's standard chain) runs
-the same job on EC2 spot instances: each runs its worker under the instance agent (`trainer.providers.agent`), the trace's
-changes are applied to the fleet (instances launched and terminated as the replay says: a drill), and the cloud's
-own interruption notices are handled as they come (two minutes of grace). The credentials and the configuration
-are checked before anything is launched; every instance is terminated when the job ends, fails or is killed.
+``provider="aws"`` (``provider_options``: `trainer.providers.aws.AwsSpotConfig`'s fields, credentials from boto3's
+standard chain) runs the same job on EC2 spot instances: each runs its worker under the instance agent
+(`trainer.providers.agent`), the trace's changes are applied to the fleet (instances launched and terminated as the
+replay says: a drill), and the cloud's own interruption notices are handled as they come (two minutes of grace).
+The credentials and the configuration are checked before anything is launched; every instance is terminated when
+the job ends, fails or is killed.
 """
 
 from __future__ import annotations

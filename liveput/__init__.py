@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from liveput.plan_input import PlanInputError as PlanInputError
     from liveput.plan_input import parse_plan_input as parse_plan_input
     from liveput.plan_input import plan_of_input as plan_of_input
+    from liveput.plan_input import shown as shown
     from liveput.policies import POLICIES as POLICIES
     from liveput.policies import POLICY_NAMES as POLICY_NAMES
     from liveput.policies import BambooConstants as BambooConstants
@@ -84,8 +85,8 @@ if TYPE_CHECKING:
 _LAZY: dict[str, str] = {
     **dict.fromkeys(("IDLE", "JobState", "Plan", "PlannerConfig", "PlanStep", "plan", "plan_interval"),
                     "liveput.optimizer"),
-    **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input"),
-                    "liveput.plan_input"),
+    **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input",
+                     "shown"), "liveput.plan_input"),
     **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",
                      "make_policy", "oracle_forecast"), "liveput.policies"),
     **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),

@@ -23,7 +23,7 @@ from liveput.optimizer import IDLE, JobState, plan_interval
 from liveput.scenarios import IntervalForecast
 from liveput.throughput import ThroughputProfile, load_profile
 
-__all__ = ["MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input"]
+__all__ = ["MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input", "shown"]
 
 _TOP_FIELDS: Final = ("model", "interval_s", "state", "forecast")
 _STATE_FIELDS: Final = ("strategy", "migrating", "leftover_ms")
@@ -58,7 +58,7 @@ class PlanInput:
         return None
 
 
-def _shown(value: Any) -> str:
+def shown(value: Any) -> str:
     """A value as a message shows it: its JSON, at most 60 characters (a hostile input can be megabytes)."""
     try:
         text = json.dumps(value)
@@ -98,7 +98,7 @@ def _int_field(v: Any, path: str, minimum: int = 0) -> int:
     """An instance count: an integer in [minimum, `forecasting.traces.MAX_INSTANCES`]."""
     if not _is_int(v) or not minimum <= v <= MAX_INSTANCES:
         raise PlanInputError(
-            f"plan input: {path} must be an integer from {minimum} to {MAX_INSTANCES:,}, got {_shown(v)}"
+            f"plan input: {path} must be an integer from {minimum} to {MAX_INSTANCES:,}, got {shown(v)}"
         )
     return int(v)
 
@@ -107,9 +107,9 @@ def _model_name(model: Any) -> str:
     if model is None:
         raise PlanInputError('plan input: model is missing (a bundled model name, e.g. "gpt-1.5b")')
     if not isinstance(model, str):
-        raise PlanInputError(f"plan input: model must be a string, got {_shown(model)}")
+        raise PlanInputError(f"plan input: model must be a string, got {shown(model)}")
     if len(model) > 100:
-        raise PlanInputError(f'plan input: model {_shown(model)} is not a bundled model name (e.g. "gpt-1.5b")')
+        raise PlanInputError(f'plan input: model {shown(model)} is not a bundled model name (e.g. "gpt-1.5b")')
     return model
 
 
@@ -122,11 +122,11 @@ def _load_model(model: str) -> tuple[ThroughputProfile, CostModel]:
 
 def _parse_interval_s(raw: Any) -> float:
     if not _is_number(raw) or raw <= 0:
-        raise PlanInputError(f"plan input: interval_s must be a number of seconds > 0, got {_shown(raw)}")
+        raise PlanInputError(f"plan input: interval_s must be a number of seconds > 0, got {shown(raw)}")
     low, high = INTERVAL_S_RANGE
     if not low <= raw <= high:
         raise PlanInputError(f"plan input: interval_s must be a number of seconds in [{low:g}, {high:g}], "
-                             f"got {_shown(raw)}")  # fmt: skip
+                             f"got {shown(raw)}")  # fmt: skip
     return float(raw)
 
 
@@ -140,7 +140,7 @@ def _parse_state(raw: Any, profile: ThroughputProfile) -> JobState:
     if not (isinstance(strategy, list) and len(strategy) == 2 and all(_is_int(x) and x >= 0 for x in strategy)):
         raise PlanInputError(
             f"plan input: state.strategy must be [D, P] with integers >= 0 ([0, 0] = not running), "
-            f"got {_shown(strategy)}"
+            f"got {shown(strategy)}"
         )
     s = (int(strategy[0]), int(strategy[1]))
     if s != IDLE and not profile.is_feasible(*s):
@@ -150,21 +150,21 @@ def _parse_state(raw: Any, profile: ThroughputProfile) -> JobState:
         )
     migrating = raw.get("migrating", False)
     if not isinstance(migrating, bool):
-        raise PlanInputError(f"plan input: state.migrating must be true or false, got {_shown(migrating)}")
+        raise PlanInputError(f"plan input: state.migrating must be true or false, got {shown(migrating)}")
     leftover = raw.get("leftover_ms", 0)
     if not _is_number(leftover) or leftover < 0:
-        raise PlanInputError(f"plan input: state.leftover_ms must be a number >= 0, got {_shown(leftover)}")
+        raise PlanInputError(f"plan input: state.leftover_ms must be a number >= 0, got {shown(leftover)}")
     return JobState(s, migrating, float(leftover))
 
 
 def _parse_event(ev: Any, at: str, n: int) -> tuple[int, int, float]:
     if not (isinstance(ev, list) and len(ev) == 3):
-        raise PlanInputError(f"plan input: {at} must be [n_in, n_out, prob], got {_shown(ev)}")
+        raise PlanInputError(f"plan input: {at} must be [n_in, n_out, prob], got {shown(ev)}")
     n_in = _int_field(ev[0], f"{at}[0] (n_in)")
     n_out = _int_field(ev[1], f"{at}[1] (n_out)")
     prob = ev[2]
     if not _is_number(prob) or not 0.0 <= prob <= 1.0:
-        raise PlanInputError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {_shown(prob)}")
+        raise PlanInputError(f"plan input: {at}[2] (prob) must be a probability in [0, 1], got {shown(prob)}")
     if n_out > n:
         raise PlanInputError(
             f"plan input: {at} is infeasible: n_out={n_out} preemptions but only prev_available={n} instances alive"
@@ -186,7 +186,7 @@ def _parse_interval(raw: Any, i: int) -> IntervalForecast:
         return IntervalForecast.point(n)
     if not isinstance(events, list) or not events:
         raise PlanInputError(f"plan input: {where}.events must be a non-empty array of [n_in, n_out, prob], "
-                             f"got {_shown(events)}")  # fmt: skip
+                             f"got {shown(events)}")  # fmt: skip
     if len(events) > MAX_EVENTS_PER_INTERVAL:
         raise PlanInputError(f"plan input: {where}.events has {len(events):,} entries, more than the "
                              f"{MAX_EVENTS_PER_INTERVAL} an interval may have; merge the unlikely ones")  # fmt: skip
@@ -209,7 +209,7 @@ def parse_plan_input(doc: Any) -> PlanInput:
     interval_s = _parse_interval_s(doc.get("interval_s", DEFAULT_INTERVAL_S))
     forecast = doc.get("forecast")
     if not isinstance(forecast, list) or not forecast:
-        got = "missing" if forecast is None else _shown(forecast) if forecast == [] else _type_name(forecast)
+        got = "missing" if forecast is None else shown(forecast) if forecast == [] else _type_name(forecast)
         raise PlanInputError(f"plan input: forecast must be a non-empty array of intervals, got {got}")
     if len(forecast) > MAX_LOOK_AHEAD:
         raise PlanInputError(f"plan input: the forecast's length K must be in [1, {MAX_LOOK_AHEAD}] intervals, "

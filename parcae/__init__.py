@@ -1,13 +1,13 @@
-"""parcae: liveput-optimised DNN training on preemptible (spot) instances.
+"""parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line and
+the checks the flows run first.
 
-The package holds the user-facing entry point, the ``parcae`` command line (:mod:`parcae.cli`):
+Map:
 
-- ``parcae simulate`` replays a spot-availability trace (:mod:`forecasting.traces`) and compares the
-  policies of :mod:`liveput.policies` (Parcae's liveput planner against reactive restarts, Bamboo, the
-  ideal bound and on-demand) in samples, dollars and migrations;
-- ``parcae plan`` runs the liveput planner (:mod:`liveput.optimizer`) once on a JSON forecast and prints
-  the D x P plan as JSON;
-- ``parcae traces`` lists the trace names ``--trace`` accepts.
+- `cli`          the command line, one module per command group (``parcae --help``; `parcae.cli` lists them);
+- `settings`     fail-fast checks of a flow's parameters, of ``prefect.yaml`` and of the stores (`SettingError`);
+- `progress`     what ``parcae train`` shows on stderr while a job runs (a trainer observer);
+- `simulations`  a ``parcae simulate --mlflow`` comparison laid out as MLflow runs, and rebuilt from them.
 
-The planning and simulation logic lives in :mod:`liveput`, the trace data in :mod:`forecasting`.
+Must not touch: the work itself — planning and simulation (`liveput`), traces and forecasters (`forecasting`), the
+trainer (`trainer`), each reached through its face; Prefect lives in `flows/` and `tasks/`.
 """

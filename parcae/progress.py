@@ -25,6 +25,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextC
 from trainer import JobObserver, StepInfo
 
 
+def _pair(strategy: Sequence[int]) -> tuple[int, int]:
+    """(D, P) as a tuple of ints: records from JSON carry strategies as lists."""
+    return int(strategy[0]), int(strategy[1])
+
+
 def strategy_text(strategy: Sequence[int] | None) -> str:
     """(D, P) as "DxP" ("-" when unknown)."""
     return "x".join(str(x) for x in strategy) if strategy else "-"
@@ -80,7 +85,7 @@ class TrainProgress(JobObserver):
         self._refresh = refresh_per_second
 
     # -- the bar ---------------------------------------------------------------------------------------------
-    def _fields(self) -> dict[str, str]:
+    def _fields(self) -> dict[str, Any]:  # str values; Any, as rich's **fields are typed
         return {
             "loss": "-" if self.loss is None else f"{self.loss:.4f}",
             "strategy": strategy_text(self.strategy),
@@ -111,7 +116,7 @@ class TrainProgress(JobObserver):
         self.total = int(info["steps"])
         self.steps_done = int(info.get("resumed_from") or 0)
         strategy = info.get("strategy")
-        self.strategy = (int(strategy[0]), int(strategy[1])) if strategy else None
+        self.strategy = _pair(strategy) if strategy else None
         workers = info.get("workers")
         self.alive = len(workers) if isinstance(workers, Sequence) else workers
         if info.get("resume_note"):  # where a resumed job continues from (and what it skipped)
@@ -138,7 +143,7 @@ class TrainProgress(JobObserver):
         # a step recomputed after a checkpoint-restart is reported again: the count goes back, truthfully
         self.steps_done = step.step + 1
         self.loss = step.loss
-        self.strategy = tuple(step.strategy)  # type: ignore[assignment]
+        self.strategy = _pair(step.strategy)
         self.alive = step.alive
         self._update()
 
@@ -146,7 +151,7 @@ class TrainProgress(JobObserver):
         self.reconfigurations += 1
         self.last_migration = migration_label(record)
         if record.get("strategy"):
-            self.strategy = tuple(record["strategy"])  # type: ignore[assignment]
+            self.strategy = _pair(record["strategy"])
         # while the bar is live, rich prints this above it; otherwise it is just the next line of the log
         self.console.print(format_reconfiguration(record), highlight=False, soft_wrap=True)
         self._update()

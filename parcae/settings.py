@@ -39,7 +39,7 @@ from typing import Any
 
 __all__ = [
     "FLOW_PARAMETERS",
-    "PLANNERS",
+    "PLANNERS",  # noqa: F822 — served by the module's __getattr__ (importing the trainer loads torch)
     "SettingError",
     "check_all",
     "check_aws",
@@ -75,7 +75,9 @@ class SettingError(ValueError):
             text = f"{len(self.problems)} configuration problems:\n" + "\n".join(f"- {p}" for p in self.problems)
         super().__init__(text)
 
-    def __reduce__(self):  # picklable (Prefect persists failed states; multiprocessing)
+    def __reduce__(
+        self,
+    ) -> tuple[type[SettingError], tuple[list[str]]]:  # picklable (Prefect persists failed states; multiprocessing)
         return (type(self), (self.problems,))
 
 
@@ -191,8 +193,12 @@ def check_plan_model(model: str, *, setting: str = "model") -> str:
 
 def check_count(value: Any, *, setting: str, minimum: int = 1, maximum: int | None = None) -> int:
     """An integer in ``[minimum, maximum]`` (a bool is not one)."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-    if not ok or (maximum is not None and value > maximum):
+    if (
+        not isinstance(value, int)
+        or isinstance(value, bool)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
         want = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
         raise _fail(setting, f"expected {want}, got {_shown(value)}", f"set it to {want}")
     return value
@@ -344,7 +350,8 @@ def check_resume(
 
 
 def check_aws(region: str | None = None, *, session: Any = None, setting: str = "provider='aws'") -> None:
-    """AWS credentials (and a region) are available to boto3 (`trainer.providers.aws.check_credentials`), else SettingError."""
+    """AWS credentials (and a region) are available to boto3 (`trainer.providers.aws.check_credentials`), else
+    SettingError."""
     try:
         from trainer import check_aws_credentials as check_credentials
     except ImportError as exc:  # the AWS provider is not part of this build
@@ -411,7 +418,8 @@ def check_schedule(spec: Any, *, where: str) -> None:
                 # Prefect 3.9 reads a zero interval as "Unknown schedule type"; say what is wrong instead
                 raise ValueError(f"interval must be > 0 seconds, got {raw!r}")
             interval = timedelta(seconds=raw) if isinstance(raw, (int, float)) else raw
-            IntervalSchedule(**{k: v for k, v in {"interval": interval, "timezone": tz}.items() if v is not None})
+            interval_kw: dict[str, Any] = {"interval": interval, "timezone": tz}
+            IntervalSchedule(**{k: v for k, v in interval_kw.items() if v is not None})
         else:
             RRuleSchedule(**{k: v for k, v in {"rrule": spec["rrule"], "timezone": tz}.items() if v is not None})
     except Exception as exc:  # pydantic ValidationError, ValueError, OverflowError
@@ -493,13 +501,13 @@ def check_deployments(path: str | os.PathLike[str] = "prefect.yaml", *, load_flo
 
 
 def _check_entrypoint(root: Path, entrypoint: str, params: Any, where: str) -> list[str]:
-    from prefect.flows import load_flow_from_entrypoint
+    from prefect.flows import Flow, load_flow_from_entrypoint
 
     path, _, fn = entrypoint.partition(":")
     if not fn or not (root / path).is_file():
         return [f"{where}.entrypoint: {entrypoint!r} is not <file.py>:<flow function> of an existing file; fix it"]
     try:
-        flow = load_flow_from_entrypoint(f"{root / path}:{fn}")
+        flow: Flow[..., Any] = load_flow_from_entrypoint(f"{root / path}:{fn}")
     except Exception as exc:  # noqa: BLE001 - any import error is the user's to see
         return [f"{where}.entrypoint: {entrypoint!r} does not load ({type(exc).__name__}: {exc}); fix the flow"]
     try:

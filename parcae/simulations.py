@@ -161,7 +161,7 @@ def log_comparison(
     }  # fmt: skip
     extra = dict(tags or {})
     hours = f"{window[0]:.2f}-{window[1]:.2f}h"
-    parent = client.create_run(exp, run_name=f"{trace} {hours} {model} K={look_ahead}").info.run_id
+    parent: str = client.create_run(exp, run_name=f"{trace} {hours} {model} K={look_ahead}").info.run_id
 
     def log_parent_and_children() -> None:
         _tracking.log_batched(
@@ -179,7 +179,13 @@ def log_comparison(
             metrics = policy_metrics(result, ideal_samples)
             now = int(time.time() * 1000)
 
-            def log_child(run_id: str = run_id, name: str = name, result: Any = result) -> None:
+            def log_child(
+                run_id: str = run_id,
+                name: str = name,
+                result: Any = result,
+                metrics: dict[str, float] = metrics,
+                now: int = now,
+            ) -> None:
                 _tracking.log_batched(
                     client, run_id,
                     params={**common, "policy": name, "forecaster": _forecaster_of(name, forecaster)},

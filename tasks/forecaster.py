@@ -73,5 +73,6 @@ def champion_forecaster() -> tuple[Forecaster, str | None]:
     forecaster = load_champion()
     version = champion_version()
     # load_champion falls back to persistence when the champion cannot be rebuilt: no training run then
-    trained = version is not None and not isinstance(forecaster, PersistenceForecaster)
-    return forecaster, (version.run_id if trained else None)
+    if version is None or isinstance(forecaster, PersistenceForecaster):
+        return forecaster, None
+    return forecaster, version.run_id

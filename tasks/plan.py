@@ -83,8 +83,8 @@ def hand_plan_to_coordinator(
     token_file: str | None = None,
 ) -> dict[str, Any]:
     """Hand the plan's decision to the running job ``job`` whose coordinator listens at ``coordinator`` (HOST:PORT);
-    the job's `trainer.control.planning.HandedPlanner` applies it from its next interval boundary. The job's token (every
-    coordinator wants one) is read from ``token_file`` (the job's ``OUT_DIR/token``), else ``$PARCAE_TOKEN`` —
+    the job's `trainer.control.planning.HandedPlanner` applies it from its next interval boundary. The job's token
+    (every coordinator wants one) is read from ``token_file`` (the job's ``OUT_DIR/token``), else ``$PARCAE_TOKEN`` —
     never a flow parameter itself: those are shown in the UI.
 
     A refusal (unreachable, wrong job or token, a job that takes no handed plans or has ended, a strategy its model

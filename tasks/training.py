@@ -1,10 +1,11 @@
 """Tasks that produce training: the runtime profile a planner plans with, the job's live planner, the job itself.
 
 Wrappers over `trainer.observe.profile` (measure or load the runtime's throughput per D x P and its migration costs),
-`trainer.control.planning.make_planner` (rule, liveput, handed planners) and `trainer.control.run.train` (a local elastic job
-replaying a trace, logged to MLflow by `trainer.observe.tracking.MlflowJobObserver`). The Prefect side of a running job — a
-progress artifact, one markdown artifact per plan, a link to the MLflow run — is `PrefectJobObserver`, an observer
-like any other; the MLflow run file (``<out_dir>/mlflow-run.json``) is how a re-run of the flow finds its run.
+`trainer.control.planning.make_planner` (rule, liveput, handed planners) and `trainer.control.run.train` (a local
+elastic job replaying a trace, logged to MLflow by `trainer.observe.tracking.MlflowJobObserver`). The Prefect side of a
+running job — a progress artifact, one markdown artifact per plan, a link to the MLflow run — is
+`PrefectJobObserver`, an observer like any other; the MLflow run file (``<out_dir>/mlflow-run.json``) is how a re-run
+of the flow finds its run.
 
 No retries and no task timeout on `train_job`: a training job is long, restarting one blindly would throw its work
 away, and the trainer has its own deadline (``timeout_s``) after which it stops every worker process. A job killed
@@ -49,8 +50,9 @@ RUN_FILE: Final = "mlflow-run.json"
 
 @task(name="runtime-profile", persist_result=False)
 def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
-    """The runtime profile (`trainer.observe.profile.RuntimeProfile`) and where it came from: loaded from ``path`` (default
-    ``runs/profile-<model>-<workers>.json``), or measured now and cached there (`trainer.observe.profile.cached_profile`)."""
+    """The runtime profile (`trainer.observe.profile.RuntimeProfile`) and where it came from: loaded from ``path``
+    (default ``runs/profile-<model>-<workers>.json``), or measured now and cached there
+    (`trainer.observe.profile.cached_profile`)."""
     from trainer import cached_profile
 
     logger = get_run_logger()

@@ -25,7 +25,9 @@ from hypothesis import strategies as st
 
 import forecasting.traces as traces
 import forecasting.traces.table as trace_table
-from parcae.cli import UserError, _read_plan_input, _strict_json, plan_from_input
+from parcae.cli import UserError, plan_from_input
+from parcae.cli.common import strict_json as _strict_json
+from parcae.cli.plan import _read_plan_input
 
 SMALL_INTERVALS = 20_000  # the table bound while fuzzing: 20,000 rows of 8 int64 columns are 1.3 MB
 PEAK_BYTES = 64 * 2**20  # most any one example may allocate (a file, its parse, its table)

@@ -177,10 +177,10 @@ def test_a_hostile_plan_file_is_named(tmp_path: Path, content: bytes, needles) -
 
 
 def test_the_plan_is_strict_json_even_when_a_number_overflows(monkeypatch: pytest.MonkeyPatch) -> None:
-    import parcae.cli
+    import parcae.cli.plan
 
     body = {"model": "gpt-1.5b", "steps": [{"expected_samples": float("inf")}], "total": float("nan")}
-    monkeypatch.setattr(parcae.cli, "plan_from_input", lambda doc, timing=False: body)
+    monkeypatch.setattr(parcae.cli.plan, "plan_from_input", lambda doc, timing=False: body)
     result = CliRunner().invoke(app, ["plan"], input=json.dumps(PLAN))
     assert result.exit_code == 0, result.output
 
@@ -326,7 +326,7 @@ def test_every_json_the_command_line_writes_is_strict() -> None:
     (allow_nan=False) or quotes a value in an error message (`cli._shown`); outputs go through `cli._strict_json`."""
     allowed = {("jsonio.py", "dumps_strict"), ("cli.py", "_shown")}
     found = []
-    for path in [*sorted((ROOT / "parcae").glob("*.py")), ROOT / "forecasting" / "jsonio.py"]:
+    for path in [*sorted((ROOT / "parcae").rglob("*.py")), ROOT / "forecasting" / "jsonio.py"]:
         tree = ast.parse(path.read_text())
         for fn in ast.walk(tree):
             if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -341,9 +341,9 @@ def test_every_json_the_command_line_writes_is_strict() -> None:
 
 
 def test_simulate_json_is_strict_when_a_summary_overflows(tmp_path: Path, monkeypatch) -> None:
-    import parcae.cli
+    import parcae.cli.simulate
 
-    monkeypatch.setattr(parcae.cli, "_summary", lambda result: {"samples": float("inf")})
+    monkeypatch.setattr(parcae.cli.simulate, "_summary", lambda result: {"samples": float("inf")})
     out = tmp_path / "sim.json"
     result = CliRunner().invoke(
         app, ["simulate", "--start-hour", "10", "--end-hour", "10.1", "-p", "ideal", "--json", str(out)]

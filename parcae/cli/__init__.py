@@ -1,0 +1,38 @@
+"""The ``parcae`` command line: one module per command group, assembled here into the Typer `app`.
+
+Map (``parcae --help`` lists the commands in the order `app` adds them below):
+
+- `common`    the `command` decorator, `UserError` (``error: <message>``, exit code 2), consoles, option checks;
+- `simulate`  ``parcae simulate`` (compare policies on a trace) and ``parcae simulations`` (a logged comparison);
+- `plan`      ``parcae plan`` (one planning step from a JSON forecast; the format: ``parcae plan --help``);
+- `traces`    ``parcae traces`` and the ``--trace`` loading the commands share;
+- `forecast`  ``parcae forecast train|evaluate|predict`` (a sub-app);
+- `collect`   ``parcae collect`` (EC2 spot fleet, prices and placement scores into the trace store);
+- `train`     ``parcae train`` and ``parcae profile`` (the elastic trainer).
+
+Must not touch: the work behind a command (liveput, forecasting, trainer, `parcae.simulations`): a command checks
+its options, calls one face and prints. Every JSON it writes is strict (`common.strict_json`). To add a command:
+one function decorated with ``@command()`` in the module of its group (``traces`` is the smallest example), raising
+`UserError` for a mistake the user can fix, and added to `app` below.
+"""
+
+import typer
+
+from parcae.cli import collect, plan, simulate, traces, train
+from parcae.cli.common import UserError, add_commands, command
+from parcae.cli.forecast import forecast_app
+from parcae.cli.plan import plan_from_input
+from parcae.cli.simulate import format_migrations, results_tables
+
+app = typer.Typer(
+    name="parcae",
+    help="Plan D x P training strategies on spot instances: simulate policies on traces, plan from forecasts.",
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,  # help text is printed as written: the plan input example must stay intact
+)
+add_commands(app, simulate.simulate, simulate.simulations, plan.plan, traces.traces)
+app.add_typer(forecast_app, name="forecast")
+add_commands(app, collect.collect, train.train_cmd, train.profile_cmd)
+
+__all__ = ["UserError", "app", "command", "format_migrations", "plan_from_input", "results_tables"]

@@ -1,0 +1,428 @@
+"""``parcae train`` (the elastic trainer on local processes, hosts or AWS) and ``parcae profile`` (measure it).
+
+Owns: turning the options into one `trainer.JobConfig` (a config error names its option: `TRAIN_OPTIONS`), the
+provider's options, Ctrl-C (`EXIT_INTERRUPTED`, the command that continues the job), the printed reports. Must not
+touch: running the job (`trainer.train`, `trainer.measure`), the live progress (`parcae.progress`).
+"""
+
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich import box
+from rich.table import Table
+from rich.text import Text
+
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
+from parcae.cli.common import UserError, check_writable, check_writable_dir, command, stderr, stdout, warn, write_file
+
+
+@command("train")
+def train_cmd(
+    workers: Annotated[int, typer.Option(min=1, help="Local worker processes (instances) at the start.")] = 4,
+    trace: Annotated[
+        str | None, typer.Option(metavar="NAME|PATH", help="Replay this spot trace, scaled to the workers.")
+    ] = None,
+    events: Annotated[
+        Path | None, typer.Option(metavar="FILE", help="A scripted schedule of events (JSON) instead of a trace.")
+    ] = None,
+    interval_seconds: Annotated[float, typer.Option(help="Wall time of one trace interval (time compression).")] = 2.0,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
+    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
+    out_dir: Annotated[
+        Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers (or the one to --resume).")
+    ] = Path("runs/train"),
+    json_out: Annotated[
+        Path | None, typer.Option("--json", metavar="OUT.json", help="Write the loss, throughput and migrations here.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = 0,
+    planner: Annotated[
+        str,
+        typer.Option(
+            metavar="rule|liveput|handed",
+            help="Who decides D x P at every interval boundary: rule (two stages once two instances are alive, as "
+            "many replicas as fit; with --events, the file's own plan events decide), liveput (the liveput "
+            "optimizer on --profile, persistence forecasts) or handed (plans handed in from outside; the current "
+            "strategy until one comes).",
+        ),
+    ] = "rule",
+    profile: Annotated[
+        Path | None,
+        typer.Option(metavar="PROFILE.json", help="A runtime profile written by `parcae profile` (for liveput)."),
+    ] = None,
+    look_ahead: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="K",
+            help="Intervals the liveput planner plans over (a trace's each priced at "
+            "its own 60 s: the replay compresses time, the plans do not).",
+        ),
+    ] = DEFAULT_LOOK_AHEAD,
+    start_interval: Annotated[int, typer.Option(min=0, metavar="N", help="Trace interval the replay starts at.")] = 0,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
+    ] = False,
+    hosts: Annotated[
+        str | None,
+        typer.Option(
+            metavar="HOST,HOST,...",
+            help="Run the instances on these machines (ssh destinations; OpenSSH "
+            "in BatchMode) instead of local processes: each runs `python -m trainer.providers.agent`.",
+        ),
+    ] = None,
+    coordinator: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ADDRESS:PORT",
+            help="With --hosts: this machine's address and a free port, as the hosts reach them.",
+        ),
+    ] = None,
+    slots: Annotated[int, typer.Option(min=1, help="With --hosts: instances per host at most.")] = 1,
+    provider: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME",
+            help="Where instances come from (trainer.providers): local (worker processes "
+            "here, the default), hosts (machines over ssh; --hosts sets it) or aws (EC2 spot instances).",
+        ),
+    ] = None,
+    provider_options: Annotated[
+        str | None,
+        typer.Option(
+            metavar="JSON|@FILE",
+            help="The provider's options as a JSON object, e.g. aws: "
+            '\'{"region": "us-east-1", "image_id": "ami-..."}\' (trainer.providers.aws.AwsSpotConfig\'s fields).',
+        ),
+    ] = None,
+    remote_python: Annotated[
+        str, typer.Option(metavar="PATH", help="With --hosts: the interpreter with this project on the hosts.")
+    ] = "python3",
+    remote_workdir: Annotated[
+        str, typer.Option(metavar="DIR", help="With --hosts: the project's folder on the hosts.")
+    ] = ".",
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            metavar="SECONDS",
+            min=1,
+            help="Stop the job if it has not finished after this long "
+            "(default: no deadline; a job runs until it has trained its steps, is cancelled or fails).",
+        ),
+    ] = None,
+    keep_checkpoints: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
+    ] = 0,
+    heartbeat_timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=0.5,
+            metavar="SECONDS",
+            help="A worker whose heartbeat is silent this long "
+            "is declared dead (one whose process exits is seen at once; default: "
+            "trainer.config.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.",
+        ),
+    ] = None,
+) -> None:
+    """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
+    on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
+    from trainer import (
+        DEFAULT_HB_TIMEOUT_S,
+        PLANNERS,
+        AvailabilityConfig,
+        CheckpointConfig,
+        ControlPlaneConfig,
+        EventError,
+        HostsError,
+        JobConfig,
+        JobError,
+        PlanningConfig,
+        ProfileFormatError,
+        ProviderConfig,
+        RuntimeProfile,
+        ScheduleError,
+        TrainConfig,
+        UnknownModelError,
+        make_planner,
+        model_config,
+        train,
+    )
+    from trainer import PROVIDERS as providers
+
+    if events is not None and trace is not None:
+        raise UserError("give --events or --trace, not both")
+    provider_name, options = _provider_options(provider, provider_options, hosts=hosts, coordinator=coordinator,
+                                               slots=slots, python=remote_python, workdir=remote_workdir)  # fmt: skip
+    if events is not None and not events.is_file():
+        raise UserError(f"--events: no such file {str(events)!r}")
+    if planner not in PLANNERS:
+        raise UserError(f"--planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
+    runtime = None
+    if profile is not None and planner != "liveput":
+        warn(f"--profile is used by --planner liveput only; {str(profile)!r} is ignored")
+    elif profile is not None:
+        try:
+            runtime = RuntimeProfile.load(profile)
+        except ProfileFormatError as exc:
+            raise UserError(f"--profile: {exc}") from None
+    live, forecasts = None, "none"
+    if planner != "rule" or events is None:  # an events file with the rule planner keeps its scripted plans
+        try:
+            live, forecasts = make_planner(
+                planner, profile=runtime, model=model, look_ahead=look_ahead,
+                interval_s=DEFAULT_INTERVAL_S if trace is not None else interval_seconds,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    from parcae.progress import TrainProgress
+
+    try:
+        config = JobConfig(
+            out_dir=str(out_dir),
+            model=model_config(model, seed=seed),  # `seed` seeds the initial weights and the data order too
+            train=TrainConfig(steps=steps, seed=seed),
+            availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
+                                            events_file=None if events is None else str(events),
+                                            start_interval=start_interval),
+            checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume),
+            control=ControlPlaneConfig(timeout_s=timeout,
+                                       notice_grace_s=providers[provider_name].notice_grace_s(options),
+                                       hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
+                                       else heartbeat_timeout),
+            provider=ProviderConfig(name=provider_name, options=options),
+            planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
+                                    profile=None if profile is None else str(profile)),
+        )  # fmt: skip
+    except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
+        raise UserError(_config_message(exc)) from None
+    if provider_name == "aws":  # boto3 would look for credentials only at the first call, after the job started
+        from parcae import settings
+
+        try:
+            settings.check_aws(options.get("region"), setting="--provider aws")
+        except settings.SettingError as exc:
+            raise UserError(str(exc)) from None
+    check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
+    if json_out is not None:
+        check_writable(json_out, "--json report")
+    try:
+        # a live bar on a terminal; piped, one line per reconfiguration (parcae.progress)
+        with TrainProgress(stderr()) as progress:
+            report = train(config, observer=progress, planner=live, json_out=json_out)
+    except KeyboardInterrupt:
+        _interrupted(config)
+    except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
+        raise UserError(str(exc)) from None
+    except JobError as exc:
+        raise UserError(f"the job failed: {exc}") from None
+    except HostsError as exc:
+        raise UserError(f"--hosts: {exc}") from None
+    out = stdout()
+    loss = report["loss"]
+    thr = report["throughput"]
+    out.print(
+        f"{model}: {len(loss)} steps, loss {loss[0]:.4f} -> {loss[-1]:.4f}, {thr['samples_per_s']:.1f} samples/s, "
+        f"checksum {report['final_checksum'][:16]}",
+        soft_wrap=True,  # one line, whatever the width: scripts grep it
+    )
+    table = Table(box=None)
+    for col in ("step", "kind", "notice", "strategy", "pause s", "MB moved", "steps lost"):
+        table.add_column(col, justify="right" if col not in ("kind",) else "left")
+    for r in report["reconfigurations"]:
+        strategy = "x".join(str(x) for x in r.get("strategy") or []) or "-"
+        table.add_row(str(r.get("step")), r["kind"], str(r["notice"]).lower(), strategy, f"{r['pause_s']:.3f}",
+                      f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
+    out.print(table)
+    if live is not None:
+        decisions = ", ".join(f"{p['decision'][0]}x{p['decision'][1]}" for p in report["plans"]) or "none"
+        out.print(f"{len(report['plans'])} plans by {live.name} ({decisions}); forecasts: {forecasts}",
+                  soft_wrap=True)  # fmt: skip
+    if json_out:
+        out.print(f"wrote {json_out}")
+
+
+#: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.
+TRAIN_OPTIONS = {
+    "availability.workers": "--workers", "availability.trace": "--trace", "availability.events_file": "--events",
+    "availability.interval_seconds": "--interval-seconds", "availability.start_interval": "--start-interval",
+    "availability": "--events/--trace", "train.steps": "--steps", "checkpoint.every": "--checkpoint-every",
+    "checkpoint.keep": "--keep-checkpoints", "control.timeout_s": "--timeout",
+    "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
+}  # fmt: skip
+
+
+def _config_message(exc: Exception) -> str:
+    """A `trainer.ConfigError` ("section.field: problem; fix") with the field named as its command-line option."""
+    text = str(exc)
+    field_name, sep, rest = text.partition(": ")
+    if field_name == "provider.options":  # the hosts provider's options are options of the command: --hosts, ...
+        if rest.startswith("hosts and coordinator "):
+            return "--hosts and --coordinator " + rest.removeprefix("hosts and coordinator ")
+        if rest.startswith(("hosts:", "coordinator:", "slots ")):
+            return "--" + rest
+        return f"--provider-options: {rest}"
+    return f"{TRAIN_OPTIONS[field_name]}: {rest}" if sep and field_name in TRAIN_OPTIONS else text
+
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+
+
+def _interrupted(config: Any) -> NoReturn:
+    """Ctrl-C: the workers are stopped (`run_job` lets none outlive it); say in one line where the job stands and
+    how to continue it, then exit 130."""
+    from trainer import checkpoint, layer_names
+
+    ckpt = config.checkpoint_dir
+    try:
+        point = checkpoint.latest_intact(Path(ckpt), layer_names(config.model), job=config.job)
+        where = (f"the last complete checkpoint is step {point.step} in {ckpt}"
+                 if point.step is not None else "no checkpoint was written yet")  # fmt: skip
+    except Exception:  # noqa: BLE001 — the one line must come out whatever the folder holds
+        where = f"checkpoints are in {ckpt}"
+    args = [a for a in sys.argv[1:] if a != "--resume"]
+    again = shlex.join(["parcae", *args, "--resume"])
+    stderr().print(Text(f"interrupted: the workers are stopped; {where}. Continue with: {again}",
+                         style="yellow"), soft_wrap=True)  # fmt: skip
+    raise typer.Exit(EXIT_INTERRUPTED)
+
+
+def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[str, dict[str, Any]]:
+    """The provider (`trainer.providers`) and its options from --provider and --provider-options (a JSON object,
+    or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
+    from liveput import shown
+    from trainer import PROVIDERS
+
+    shortcut = {k: v for k, v in hosts.items() if v is not None}
+    given = hosts.get("hosts") is not None or hosts.get("coordinator") is not None
+    name = name or ("hosts" if given else "local")
+    if name not in PROVIDERS:
+        raise UserError(f"--provider: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
+    options: dict[str, Any] = {}
+    if raw is not None:
+        text = raw
+        if raw.startswith("@"):
+            try:
+                text = Path(raw[1:]).read_text()
+            except OSError as exc:
+                raise UserError(f"--provider-options: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+        try:
+            options = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--provider-options: not JSON ({exc}); give an object such as "
+                            "'{\"region\": \"us-east-1\"}' or @FILE.json") from None  # fmt: skip
+        if not isinstance(options, dict):
+            raise UserError(f"--provider-options: expected a JSON object, got {shown(options)}")
+    if given:
+        if name != "hosts":
+            raise UserError(f"--hosts and --coordinator are the hosts provider's options, not {name!r}'s")
+        options = {**options, **shortcut}
+    return name, options
+
+
+@command("profile")
+def profile_cmd(
+    workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
+    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
+    rounds: Annotated[
+        int, typer.Option(help="Visits of every strategy; its iteration time is the fastest visit's.")
+    ] = 2,
+    out: Annotated[Path, typer.Option("--out", metavar="OUT.json", help="Where to write the profile.")] = Path(
+        "profile.json"
+    ),
+    json_flag: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of the tables.")] = False,
+    seed: Annotated[int, typer.Option(help="Seed of the model and the data order.")] = 0,
+    start_method: Annotated[
+        str, typer.Option(help="How worker processes start: spawn (cold, as real instances) or forkserver (warm).")
+    ] = "spawn",
+) -> None:
+    """Measure this machine's trainer: iteration time per D x P and the real migration costs, calibrated into the
+    liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
+    import tempfile
+
+    from trainer import MODELS, START_METHODS, JobError, ProfileError, ScheduleError, measure
+
+    if workers < 2:
+        raise UserError(
+            f"--workers must be >= 2 (an instance must leave and join to measure migrations), got {workers}"
+        )
+    if steps_per_strategy < 1:
+        raise UserError(f"--steps-per-strategy must be >= 1, got {steps_per_strategy}")
+    if rounds < 1:
+        raise UserError(f"--rounds must be >= 1, got {rounds}")
+    if model not in MODELS:
+        raise UserError(f"--model: unknown model {model!r}; known models: {', '.join(sorted(MODELS))}")
+    if start_method not in START_METHODS:
+        raise UserError(f"--start-method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    check_writable(out, "profile")
+    if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise UserError(f"cannot write profile {str(out)!r}: permission denied")
+    command_line = (f"parcae profile --workers {workers} --model {model} --steps-per-strategy {steps_per_strategy} "
+                    f"--rounds {rounds} --seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory(prefix="parcae-profile-") as tmp, stderr().status("profiling") as status:
+            prof = measure(model, workers, steps_per_strategy=steps_per_strategy, rounds=rounds, seed=seed,
+                           out_dir=Path(tmp) / "job", progress=status.update, start_method=start_method,
+                           command=command_line)  # fmt: skip
+    except (ProfileError, ScheduleError) as exc:
+        raise UserError(str(exc)) from None
+    except JobError as exc:
+        raise UserError(f"the profiling job failed: {exc}") from None
+    write_file(out, "profile", prof.to_json)
+    if json_flag:
+        typer.echo(prof.to_json(), nl=False)
+        stderr().print(f"wrote {out}", soft_wrap=True)
+        return
+    _print_profile(prof)
+    stdout().print(f"wrote {out}", soft_wrap=True)
+
+
+def _print_profile(prof: Any) -> None:
+    """The tables of `parcae profile`: iteration time per strategy, each migration against the model, the constants."""
+    out = stdout()
+    m = prof.measured
+    job, machine = m["job"], m["machine"]
+    out.print(f"{job['model']} on {job['workers']} workers ({machine['usable_cores']} cores, "
+              f"{machine['start_method']}): {job['steps']} steps in {job['wall_s']:.1f} s, "
+              f"global batch {job['global_batch']}")  # fmt: skip
+    thr = prof.throughput
+    table = Table(title="iteration time per strategy", box=box.SIMPLE, title_justify="left")
+    for col in ("D x P", "iteration ms", "samples/s", "epochs"):
+        table.add_column(col, justify="right")
+    for d, p in thr.strategies():
+        table.add_row(f"{d}x{p}", f"{thr.iteration_ms[(d, p)]:.1f}", f"{thr.throughput(d, p):.1f}",
+                      str(len(m["step_ms"].get(f"{d}x{p}", []))))  # fmt: skip
+    out.print(table)
+    table = Table(title="migrations: measured pause vs the calibrated model", box=box.SIMPLE, title_justify="left")
+    for col in ("epoch", "kind", "from", "to", "measured ms", "model ms", "fits"):
+        table.add_column(col, justify="left" if col in ("kind", "fits") else "right")
+    notes = []
+    for r in m["fit"]:
+        table.add_row(str(r["epoch"]), r["kind"], "x".join(map(str, r["from"])), "x".join(map(str, r["to"])),
+                      f"{r['measured_ms']:.0f}", f"{r['model_ms']:.0f}", r["used_for"] or "-")  # fmt: skip
+        if r["note"]:
+            notes.append(f"epoch {r['epoch']}: {r['note']}")
+    out.print(table)
+    for line in notes:
+        out.print(f"  {line}", soft_wrap=True)
+    c = m["calibration"]["constants"]
+    src = m["calibration"]["sources"]
+    table = Table(title="calibrated constants (liveput CostConstants)", box=box.SIMPLE, title_justify="left")
+    table.add_column("constant")
+    table.add_column("value", justify="right")
+    table.add_column("source")
+    rows = [("group_base_ms", f"{c['group_base_ms']:.1f}", src["group_base_ms"]),
+            ("group_remove_ms", f"{c['group_remove_ms']:.2f} / group", src["group_remove_ms"]),
+            ("p2p", f"{c['p2p_latency_ms']:.1f} ms + {c['p2p_mib_per_s'] or math.inf:.0f} MiB/s", src["p2p"]),
+            ("rendezvous_ms", f"{c['rendezvous_ms']:.0f}", src["rendezvous_ms"]),
+            ("checkpoint_ms", f"{c['checkpoint_ms']:.0f}", src["checkpoint_ms"])]  # fmt: skip
+    rows += [(f"build_ms[{p}]", f"{v:.1f}", src["build_ms"][p]) for p, v in c["build_ms"].items()]
+    for row in rows:
+        table.add_row(*row)
+    out.print(table)
