@@ -40,7 +40,6 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
     **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
-    "check_aws_credentials": "trainer.providers.aws",
     **dict.fromkeys(("JobError", "job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
     "ScheduleError": "trainer.control.coordinator",
@@ -58,7 +57,6 @@ _HOMES: dict[str, str] = {
     "corpus": "trainer.corpus",
     "checkpoint": "",  # the checkpoint module itself: a namespace (`trainer.checkpoint.latest_intact`)
 }  # fmt: skip
-_RENAMED = {"check_aws_credentials": "check_credentials"}
 
 if TYPE_CHECKING:
     from trainer.config import (
@@ -178,7 +176,6 @@ if TYPE_CHECKING:
     from trainer.providers import (
         register_provider as register_provider,
     )
-    from trainer.providers.aws import check_credentials as check_aws_credentials  # noqa: F401 (renamed on the face)
     from trainer.providers.aws_config import AwsConfigError as AwsConfigError
     from trainer.providers.aws_config import AwsSpotConfig as AwsSpotConfig
     from trainer.providers.hosts import HostsError as HostsError
@@ -212,7 +209,15 @@ if TYPE_CHECKING:
     from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV
     from trainer.runtime.store import read_token_file as read_token_file
 
-__all__ = sorted(_HOMES)
+__all__ = sorted([*_HOMES, "check_aws_credentials"])
+
+
+def check_aws_credentials(session: Any = None, region: str | None = None) -> dict[str, str]:
+    """`trainer.providers.aws.check_credentials`: boto3 finds usable credentials (and a region), else its error
+    naming what is missing. Imported on call: boto3 is the AWS provider's alone."""
+    from trainer.providers.aws import check_credentials
+
+    return check_credentials(session=session, region=region)
 
 
 def __getattr__(name: str) -> Any:
@@ -221,7 +226,7 @@ def __getattr__(name: str) -> Any:
     if home is None:
         raise AttributeError(f"module 'trainer' has no attribute {name!r}")
     value = (importlib.import_module("trainer.runtime.checkpoint") if not home
-             else getattr(importlib.import_module(home), _RENAMED.get(name, name)))  # fmt: skip
+             else getattr(importlib.import_module(home), name))  # fmt: skip
     globals()[name] = value
     return value
 
