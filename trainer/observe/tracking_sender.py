@@ -62,7 +62,8 @@ def transient(exc: BaseException) -> bool:
 
 
 class RunContent(Protocol):
-    """What the sender asks of the run it sends, always on its own thread (`trainer.observe.tracking.MlflowJobObserver`)."""
+    """What the sender asks of the run it sends, always on its own thread
+    (`trainer.observe.tracking.MlflowJobObserver`)."""
 
     run_id: str | None
 
