@@ -32,7 +32,7 @@ from trainer.runtime.migration import PlanError, check_strategy
 if TYPE_CHECKING:
     import pandas as pd
 
-    from liveput import IntervalForecast, Strategy
+    from liveput import CostModel, IntervalForecast, Strategy, ThroughputProfile
     from trainer.observe.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
@@ -304,18 +304,14 @@ class LiveputPlanner:
     name = "liveput"
 
     def __init__(
-        self,
-        profile: Any,
-        cost: Any,
-        *,
-        look_ahead: int = DEFAULT_LOOK_AHEAD,
-        interval_s: float = DEFAULT_INTERVAL_S,
-        forecast: Forecast | None = None,
+        self, profile: ThroughputProfile, cost: CostModel, *, forecast: Forecast | None = None, **horizon: Any
     ) -> None:
+        """`horizon`: ``look_ahead`` (K) and ``interval_s`` (T), as `liveput.PlannerConfig` takes them (its defaults,
+        its checks)."""
         from liveput import PlannerConfig, ScenarioStore
 
         self.profile, self.cost = profile, cost
-        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
+        self.config = PlannerConfig(**horizon)
         self.store = ScenarioStore(profile, cost)
         self.forecast: Forecast = forecast or observed_persistence
 
