@@ -526,3 +526,5 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
         assert artifact_names(client, obs.run_id, f"checkpoints/step-{step}") == {
             p.name for p in checkpoint.find_shards(ckpt, step)}  # fmt: skip
     assert "timeline.png" in artifact_names(client, obs.run_id)
+    job_json = read_json(client, obs.run_id, "job.json", tmp_path)  # the JobConfig the job ran with
+    assert (job_json["train"]["steps"], job_json["model"]["name"], job_json["job"]) == (12, "tiny-gpt", "tracked-real")

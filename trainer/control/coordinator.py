@@ -1,30 +1,14 @@
-"""The control plane of one elastic job: the store, membership, heartbeats, epochs, step boundaries, checkpoints
-and the log of reconfigurations.
+"""The control plane of one elastic job: the store it hosts, membership, heartbeats, epochs, step boundaries,
+checkpoints and the log of reconfigurations (`Coordinator`), and the schedule's dry run (`check_schedule`,
+`schedule_state`).
 
-Owns: a `torch.distributed.TCPStore` hosted here (stack.md §4b: `world_size=None, is_master=True,
-wait_for_workers=False`, so it outlives any worker), the job's published spec, the token check's public half,
-membership (worker ids that joined, minus those preempted or dead), failure detection (heartbeats), the preemption
-notices workers report, the current `Epoch` and whether its migration committed, the decision per step boundary, the
-latest complete checkpoint and the records of reconfigurations.
-Must not touch: tensors, process groups, training — workers do that; processes — the driver (`trainer.control.run`) and
-its `trainer.providers.local` provider start and stop them; which assignment and transfers an epoch has is
-`trainer.runtime.migration`'s pure planning, which the coordinator only calls.
+Owns: the decisions — who is a member, who is dead, which epoch is in force and whether its migration committed,
+what each step boundary does, which checkpoint is complete — and the records of reconfigurations. Must not touch:
+tensors, process groups, training (`trainer.runtime.worker`); processes (the driver, `trainer.control.run`, and its
+provider start and stop them); which assignment and transfers an epoch has (`trainer.runtime.migration` plans it).
 
-One process hosts it (`trainer.control.run.run_job` uses its own main thread). The keys in the store, what each holds and
-who writes it: `trainer.runtime.keys`.
-
-Migrations commit with their epoch's first step. Until then every holder of the epoch it migrates from (its
-`base`) keeps that state — old members keep their old layers, preempted and dropped ones wait before leaving — so a
-death during the hand-off (a sender, a receiver, a member forming the groups) is recovered: the coordinator flags
-both epochs broken (detection bounded by the heartbeat timeout, never the group timeout), seals the first step's
-decision to "abort", collects the survivors' reports and plans the replacement from the base epoch's holders
-(`recover`), or a checkpoint-restart when a layer lost its last holder. New epochs are only ever planned on top of
-a committed one (`committed`), so a rollback never goes back more than one epoch.
-
-Security (`trainer.runtime.store`): the store listens only on the requested host (loopback by default), and every value is
-sealed with the job's token (generated per job when none is given), so a client without it reads ciphertext only and
-what it writes is ignored. Values written by token holders are still untrusted input: the coordinator skips and
-logs a malformed notice or handed plan rather than crash on it.
+Where to look next: `docs/coordinator.md` (the store it hosts, how a migration commits or rolls back, security),
+`trainer.runtime.keys` (every key in the store, what it holds, who writes it).
 """
 
 from __future__ import annotations
@@ -35,7 +19,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ParamSpec
 
 from liveput import MigrationKind
 from trainer.config import JobConfig, ModelConfig, TrainConfig
@@ -54,6 +38,7 @@ from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import host_store, new_token
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
 
 # A silent worker whose process the provider sees running (schedulable: starved on a loaded machine, not hung) is
 # declared dead only this many bounds past its last heartbeat: evidence, not a guess.
@@ -97,36 +82,11 @@ class ScheduleError(ValueError):
     """A job or event schedule that cannot run; raised before any process starts."""
 
 
-def check_schedule(
-    model: ModelConfig,
-    train: TrainConfig,
-    workers: int,
-    strategy: tuple[int, int],
-    steps: int,
-    groups: Sequence[EventGroup],
-    *,
-    strategy_for: Callable[[int], tuple[int, int]] | None = None,
-) -> list[Epoch]:
-    """Dry-run the schedule with the coordinator's own planning: the epochs it will publish, or `ScheduleError`.
-
-    Checks every strategy against the instances alive at its step (initial ones + adds - preemptions - kills),
-    P against the layer count, D against the global batch, preempted and killed ids against who is alive, and event
-    steps against the job's length. A kill is planned as the coordinator will recover from it: a live migration
-    if every layer keeps a surviving holder, else a checkpoint-restart (its restore step is only known at run time;
-    the dry run uses the kill's step).
-
-    `strategy_for(n)` stands in for a live planner (`trainer.control.planning`), whose decisions are only known at run
-    time: a group without a plan gets the strategy it returns for the n instances alive after the group's adds and
-    preemptions, so ids, kills and recoveries are still checked (what a real planner decides is checked when it
-    decides).
-    """
-    return _dry_run(model, train, workers, strategy, steps, groups, strategy_for, None).epochs
-
-
 @dataclass(frozen=True)
 class ScheduleState:
     """Where a schedule's dry run stands before a boundary: the epoch in force, the instances alive (ids) and the id
-    the next added instance gets. A resumed job starts from it (`trainer.control.run.run_job` with `checkpoint.resume`)."""
+    the next added instance gets. A resumed job starts from it (`trainer.control.run.run_job` with
+    `checkpoint.resume`)."""
 
     epochs: list[Epoch]
     alive: tuple[int, ...]
@@ -144,25 +104,24 @@ def schedule_state(
     strategy: tuple[int, int],
     steps: int,
     groups: Sequence[EventGroup],
-    before_step: int,
+    before_step: int | None = None,
     *,
     strategy_for: Callable[[int], tuple[int, int]] | None = None,
 ) -> ScheduleState:
-    """The dry run (as `check_schedule`, which it also is for the events before `before_step`) after every event of
-    a step < `before_step`."""
-    return _dry_run(model, train, workers, strategy, steps, groups, strategy_for, before_step)
+    """The schedule's dry run with the coordinator's own planning, after every event of a step < `before_step`
+    (all of them when None, as `check_schedule` runs it), or `ScheduleError`.
 
+    Checks every strategy against the instances alive at its step (initial ones + adds - preemptions - kills),
+    P against the layer count, D against the global batch, preempted and killed ids against who is alive, and event
+    steps against the job's length. A kill is planned as the coordinator will recover from it: a live migration
+    if every layer keeps a surviving holder, else a checkpoint-restart (its restore step is only known at run time;
+    the dry run uses the kill's step).
 
-def _dry_run(
-    model: ModelConfig,
-    train: TrainConfig,
-    workers: int,
-    strategy: tuple[int, int],
-    steps: int,
-    groups: Sequence[EventGroup],
-    strategy_for: Callable[[int], tuple[int, int]] | None,
-    until: int | None,
-) -> ScheduleState:
+    `strategy_for(n)` stands in for a live planner (`trainer.control.planning`), whose decisions are only known at run
+    time: a group without a plan gets the strategy it returns for the n instances alive after the group's adds and
+    preemptions, so ids, kills and recoveries are still checked (what a real planner decides is checked when it
+    decides).
+    """
     if workers < 1:
         raise ScheduleError(f"workers must be >= 1, got {workers}")
     if steps < 1:
@@ -176,13 +135,14 @@ def _dry_run(
     n_layers = model.n_layers_total
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
     for g in sorted(groups, key=lambda g: g.step):
-        if until is not None and g.step >= until:
+        if before_step is not None and g.step >= before_step:
             break
         if not 1 <= g.step < steps:
             raise ScheduleError(f"event at step {g.step}: outside the job's boundaries 1..{steps - 1}")
         added = set(range(next_id, next_id + g.add))
         next_id += g.add
         alive |= added
+        new: Epoch | None
         try:
             plan = g.strategy
             if plan is None and strategy_for is not None and not g.restart:
@@ -205,18 +165,34 @@ def _dry_run(
                 if not alive:
                     raise PlanError(f"the kill leaves no instance alive (killed {sorted(g.kill)})")
                 if set(g.kill) & set(epoch.members):
-                    new = plan_recovery(epoch, g.step, alive, g.kill, sizes, train.global_batch)
-                    if new is None:
-                        new = restart_epoch(epoch, g.step, alive, n_layers, None, train.global_batch, lost=g.kill)
-                    epoch = new
-                    epochs.append(new)
+                    recovered = plan_recovery(epoch, g.step, alive, g.kill, sizes, train.global_batch)
+                    if recovered is None:
+                        recovered = restart_epoch(epoch, g.step, alive, n_layers, None, train.global_batch,
+                                                  lost=g.kill)  # fmt: skip
+                    epoch = recovered
+                    epochs.append(recovered)
         except PlanError as e:
             raise ScheduleError(f"event at step {g.step}: {e}") from None
     return ScheduleState(epochs, tuple(sorted(alive)), next_id)
 
 
+def _epochs_of(dry_run: Callable[_P, ScheduleState]) -> Callable[_P, list[Epoch]]:
+    """`dry_run` returning only the epochs it publishes, with the same parameters (one signature for both)."""
+
+    def check_schedule(*args: _P.args, **kwargs: _P.kwargs) -> list[Epoch]:
+        """Dry-run the whole schedule (`schedule_state`, which documents the checks, to the end): the epochs the
+        coordinator will publish, or `ScheduleError` — how the driver, the chaos schedules and the profile job check
+        a schedule before any process starts."""
+        return dry_run(*args, **kwargs).epochs
+
+    return check_schedule
+
+
+check_schedule = _epochs_of(schedule_state)
+
+
 class Coordinator:
-    """The job's control plane (see the module docstring for the store layout).
+    """The job's control plane (`docs/coordinator.md`; the store's keys: `trainer.runtime.keys`).
 
     Lifecycle: construct (binds the store, publishes the spec) -> `claim` the boundaries of scripted events and
     interval boundaries -> `expect` + workers join (`wait_joined`) -> `start` (epoch 1, at step 0 or at a resumed
@@ -267,6 +243,13 @@ class Coordinator:
         self.notices: dict[int, float] = {}  # worker -> deadline (wall clock) of the notice it reported
         self._rejected: set[tuple[str, str]] = set()  # malformed store values already logged
         self._handed_gap: dict[int, float] = {}  # handed-plan numbers taken but not written -> first seen missing
+
+    @property
+    def in_force(self) -> Epoch:
+        """The current epoch, for the calls that only come after `start` published epoch 1."""
+        if self.current is None:
+            raise RuntimeError("no epoch in force: the coordinator has not started (call `start` first)")
+        return self.current
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
@@ -388,7 +371,7 @@ class Coordinator:
         broken = self.current is not None and bool(ids & self.holders())
         if broken:
             # the epoch still training (an uncommitted migration's base) breaks only if one of its members died
-            cur = self.current
+            cur = self.in_force
             training = not self.committed(cur) and bool(ids & set(self.epoch(cur.base_number).members))
             self.break_epoch(f"{reason}: workers {sorted(ids)}", base=training)
         self.log.append({"event": "dead", "workers": sorted(ids), "reason": reason, "epoch_broken": broken})
@@ -407,7 +390,7 @@ class Coordinator:
         """The epochs a failure now breaks: the current one, and its base while its migration is uncommitted (its
         members may still be training there, or waiting at the boundary) — unless the base broke already and the
         current epoch is its replacement (the base's flag and reports are those of that earlier failure)."""
-        cur = self.current
+        cur = self.in_force
         if self.committed(cur) or cur.base_number in self._replaced:
             return [cur.number]
         return [cur.number, cur.base_number]
@@ -457,7 +440,7 @@ class Coordinator:
         """The live workers whose reports a recovery needs (after `seal`): the holders of the state it continues
         from — the current epoch's members, or those of its base when its migration rolls back (a worker that was
         joining holds nothing then)."""
-        cur = self.current
+        cur = self.in_force
         base = cur if self.committed(cur) else self.epoch(cur.base_number)
         return set(base.members) - self.dead
 
@@ -469,7 +452,7 @@ class Coordinator:
     def committed(self, epoch: Epoch | None = None) -> bool:
         """Whether `epoch` (default: the current one) is committed: its first step was applied. The first epoch and
         checkpoint-restart epochs (every member loads its state afresh) always are."""
-        e = self.current if epoch is None else epoch
+        e = self.in_force if epoch is None else epoch
         if e.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART) or e.number in self._committed:
             return True
         key = keys.decide(e.number, e.start_step)
@@ -482,7 +465,7 @@ class Coordinator:
         """After a failure: decide once whether the current epoch's migration committed. Its first step's decision
         is written "abort" unless it already says "apply" — then nothing of it can be applied any more, and every
         holder of its base rolls back. Returns whether it committed."""
-        e = self.current
+        e = self.in_force
         if self.committed(e):
             return True
         got = self.store.compare_set(keys.decide(e.number, e.start_step), "", ABORT).decode()
@@ -533,14 +516,14 @@ class Coordinator:
         """Preempt standby instances (no role in the current epoch, nothing to hand off): they exit at once."""
         ids = sorted(set(ids))
         for w in ids:
-            self.store.set(keys.preempt(w), str(self.current.number))
+            self.store.set(keys.preempt(w), str(self.in_force.number))
         self.preempted |= set(ids)
         self.log.append({"event": "preempt-standby", "workers": ids, "source": source})
 
     def ready(self) -> set[int]:
         """Members of the current epoch that have formed its groups and hold their layers."""
-        n = self.current.number
-        return {w for w in self.current.members if self.store.check([keys.ready(n, w)])}
+        n = self.in_force.number
+        return {w for w in self.in_force.members if self.store.check([keys.ready(n, w)])}
 
     def progress(self, w: int) -> int:
         """The step worker `w` started last (-1 before its first)."""
@@ -656,7 +639,7 @@ class Coordinator:
         A committed current epoch is recovered from its own members. An uncommitted one is abandoned: the
         replacement is planned from its base's holders — those it preempted still send what only they hold, its
         strategy is kept if the survivors allow it — so a death during a hand-off loses nothing that survives."""
-        cur = self.current
+        cur = self.in_force
         gb = self.spec.train.global_batch
         broken = self._broken_epochs()
         if self.committed(cur):
@@ -697,7 +680,7 @@ class Coordinator:
             self.store.set(keys.restart(w), "1")
         if step is not None:
             s = step if step in self._held else self.claim(step)
-            self._resolve(s, f"restart:{self.current.number + 1}")
+            self._resolve(s, f"restart:{self.in_force.number + 1}")
 
     def clear_restart(self, ids: Iterable[int]) -> None:
         for w in ids:
@@ -709,11 +692,12 @@ class Coordinator:
         if self.store.check([keys.CKPT_WRITTEN]):
             for item in self.store.get(keys.CKPT_WRITTEN).decode(errors="replace").split(";"):
                 parts = [_as_int(v) for v in item.split(":")] if item else []
-                if len(parts) != 3 or None in parts:
+                ints = [v for v in parts if v is not None]
+                if len(parts) != 3 or len(ints) != 3:
                     if item:
                         self._malformed(keys.CKPT_WRITTEN, item)
                     continue
-                s, n, k = parts
+                s, n, k = ints
                 out.setdefault((s, n), set()).add(k)
         return out
 
@@ -740,7 +724,7 @@ class Coordinator:
     ) -> Epoch:
         """Publish the checkpoint-restart epoch: the restarted processes (already joined) and any standby ones load
         checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first."""
-        cur = self.current
+        cur = self.in_force
         lost = self.dead & self.holders()
         broken = self._broken_epochs()
         epoch = restart_epoch(cur, restore_step, self.alive(), self.spec.model.n_layers_total, strategy,
@@ -869,8 +853,8 @@ class Coordinator:
         }  # fmt: skip
 
     def epoch_spans(self) -> list[dict[str, Any]]:
-        """One span per epoch: which steps it trained and for how long (`trainer.observe.profile` turns them into iteration
-        times per strategy).
+        """One span per epoch: which steps it trained and for how long (`trainer.observe.profile` turns them into
+        iteration times per strategy).
 
         steps [start_step, end_step): end_step is where the next epoch takes over (its start_step, plus the steps a
         checkpoint-restart after a failure threw away) or the job's end. train_s: from the last member being ready
@@ -920,7 +904,7 @@ class Coordinator:
         with the next call), unless it
         stays missing for `HANDED_GAP_S` (its client died, or the counter was bumped by someone else): then it is
         passed over. A plan that is not such a record is logged and passed over too."""
-        out = []
+        out: list[tuple[int, dict[str, Any] | None]] = []
         last = self.store.add(keys.HANDED_SEQ, 0)
         now = time.monotonic()
         for i in range(after + 1, last + 1):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from forecasting import jsonio
+from trainer.jsonfile import load_json
 
 KINDS = ("plan", "add", "preempt", "kill", "checkpoint-restart")
 _FIELDS = {
@@ -167,16 +167,8 @@ def parse_events(raw: Any, source: str = "<events>") -> list[Event]:
 
 def load_events(path: str | os.PathLike[str]) -> list[Event]:
     """Read and parse a schedule file."""
-    path = Path(path)
-    try:
-        raw = jsonio.loads(jsonio.read(path))  # bounded: size, nesting, UTF-8
-    except OSError as e:
-        raise EventError(f"{path}: cannot read the schedule ({e.strerror or e})") from None
-    except jsonio.JsonSyntaxError as e:
-        raise EventError(f"{path}: not valid JSON: {e.reason} at line {e.line} column {e.column}") from None
-    except jsonio.JsonInputError as e:  # too large, too deep, not UTF-8
-        raise EventError(f"{e.at(str(path))}; expected a JSON list of events (see trainer.control.events)") from None
-    return parse_events(raw, str(path))
+    raw = load_json(path, EventError, "the schedule", "expected a JSON list of events (see trainer.control.events)")
+    return parse_events(raw, str(Path(path)))
 
 
 def group_events(events: Iterable[Event], source: str = "<events>") -> list[EventGroup]:
@@ -218,8 +210,8 @@ def group_events(events: Iterable[Event], source: str = "<events>") -> list[Even
 @dataclass(frozen=True)
 class Schedule:
     """What `run_job` applies: start `workers` instances on `strategy` = (D, P), then apply `events` (this module's
-    format, or `Event`s); a trace's schedule (`trainer.control.schedules.trace_schedule`) also says how many intervals it
-    covers and how many steps one lasts (a live planner decides at each interval boundary)."""
+    format, or `Event`s); a trace's schedule (`trainer.control.schedules.trace_schedule`) also says how many intervals
+    it covers and how many steps one lasts (a live planner decides at each interval boundary)."""
 
     workers: int
     strategy: tuple[int, int]

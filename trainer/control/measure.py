@@ -1,11 +1,11 @@
-"""Measuring a runtime profile: one `trainer.control.run.run_job` whose scripted schedule visits every strategy and produces
-every migration kind, turned into a `trainer.observe.profile.RuntimeProfile`.
+"""Measuring a runtime profile: one `trainer.control.run.run_job` whose scripted schedule visits every strategy and
+produces every migration kind, turned into a `trainer.observe.profile.RuntimeProfile`.
 
-Owns: the schedule the job runs (`feasible_strategies`, `visit_order`, `visit_rounds`, `profile_schedule`: its
-docstring describes the prologue, the visit and the final checkpoint-restart), turning the job's result into
-measurements (`iteration_times`, `migrations_from_result`), `measure` and the cache of measured profiles
-(`profile_path`, `cached_profile`). Must not touch: processes, stores and training (`trainer.control.run` does that), the
-fits (`trainer.observe.calibration`), the file format (`trainer.observe.profile`).
+Owns: the schedule the job runs (`feasible_strategies`, `visit_order`, `visit_rounds`, `profile_schedule`: its docstring
+describes the prologue, the visit and the final checkpoint-restart), turning the job's result into measurements
+(`iteration_times`, `migrations_from_result`), `measure` and the cache of measured profiles (`profile_path`,
+`cached_profile`). Must not touch: processes, stores and training (`trainer.control.run` does that), the fits
+(`trainer.observe.calibration`), the file format (`trainer.observe.profile`).
 
 Iteration time of a strategy: the least over its visit epochs of `train_s / steps` (`Coordinator.epoch_spans`:
 last member ready to first member arriving at the next boundary, so no migration pause is in it). The least, not
@@ -81,7 +81,8 @@ def visit_rounds(order: Sequence[Strategy], rounds: int) -> list[Strategy]:
 
 @dataclass(frozen=True)
 class ProfileSchedule:
-    """The profile job: where it starts, its events (`trainer.control.events` format), its length, and where its parts are."""
+    """The profile job: where it starts, its events (`trainer.control.events` format), its length, and where its parts
+    are."""
 
     initial: Strategy
     events: tuple[dict[str, Any], ...]
@@ -203,6 +204,7 @@ def migrations_from_result(result: Mapping[str, Any], planned: Sequence[Any], sc
 def machine_info(start_method: str) -> dict[str, Any]:
     import torch
 
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -315,7 +317,8 @@ def measure(
 
 
 def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs") -> Path:
-    """Where a measured profile of ``model`` on ``workers`` processes is cached: ``runs/profile-<model>-<workers>.json``."""
+    """Where a measured profile of ``model`` on ``workers`` processes is cached:
+    ``runs/profile-<model>-<workers>.json``."""
     return Path(runs) / f"profile-{model}-{workers}.json"
 
 

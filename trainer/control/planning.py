@@ -32,7 +32,7 @@ from trainer.runtime.migration import PlanError, check_strategy
 if TYPE_CHECKING:
     import pandas as pd
 
-    from liveput import IntervalForecast, Strategy
+    from liveput import CostModel, IntervalForecast, Strategy, ThroughputProfile
     from trainer.observe.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
@@ -176,8 +176,8 @@ def keep_strategy(req: PlanRequest) -> Strategy:
 
 
 class RulePlanner:
-    """The trace replay's fixed rule (`trainer.control.schedules.trace_strategy`): two stages once two instances are alive,
-    as many replicas as fit. What a planned job does by default."""
+    """The trace replay's fixed rule (`trainer.control.schedules.trace_strategy`): two stages once two instances are
+    alive, as many replicas as fit. What a planned job does by default."""
 
     name = "rule"
 
@@ -241,8 +241,9 @@ class TraceForecast:
     def of_trace(
         cls, forecaster: Any, trace: str | pd.DataFrame, workers: int, start_interval: int = 0
     ) -> TraceForecast:
-        """The forecast of a replay of ``trace`` (a name or path for `forecasting.traces.load_trace`, or its table)
-        on ``workers`` instances from ``start_interval``, scaled as `trainer.control.schedules.trace_schedule` scales it."""
+        """The forecast of a replay of ``trace`` (a name or path for `forecasting.traces.load_trace`, or its table) on
+        ``workers`` instances from ``start_interval``, scaled as `trainer.control.schedules.trace_schedule` scales
+        it."""
         from forecasting import load_trace, scale_trace
 
         table = load_trace(trace) if isinstance(trace, str) else trace
@@ -303,18 +304,14 @@ class LiveputPlanner:
     name = "liveput"
 
     def __init__(
-        self,
-        profile: Any,
-        cost: Any,
-        *,
-        look_ahead: int = DEFAULT_LOOK_AHEAD,
-        interval_s: float = DEFAULT_INTERVAL_S,
-        forecast: Forecast | None = None,
+        self, profile: ThroughputProfile, cost: CostModel, *, forecast: Forecast | None = None, **horizon: Any
     ) -> None:
+        """`horizon`: ``look_ahead`` (K) and ``interval_s`` (T), as `liveput.PlannerConfig` takes them (its defaults,
+        its checks)."""
         from liveput import PlannerConfig, ScenarioStore
 
         self.profile, self.cost = profile, cost
-        self.config = PlannerConfig(interval_s=interval_s, look_ahead=look_ahead)
+        self.config = PlannerConfig(**horizon)
         self.store = ScenarioStore(profile, cost)
         self.forecast: Forecast = forecast or observed_persistence
 
@@ -322,7 +319,8 @@ class LiveputPlanner:
         from liveput import JobState, plan_interval
 
         forecast = list(self.forecast(req, self.config.look_ahead))
-        result = plan_interval(forecast, JobState(strategy=tuple(req.current)), self.profile, self.cost,
+        d, p = req.current
+        result = plan_interval(forecast, JobState(strategy=(d, p)), self.profile, self.cost,
                                interval_s=self.config.interval_s, store=self.store)  # fmt: skip
         details = {
             "model": getattr(self.profile, "model", None),

@@ -1,11 +1,12 @@
 """Run one elastic job end to end: a coordinator, the instances of a provider, a schedule, and optionally a live
 planner, observers and a resume from the job's last checkpoint.
 
-Owns: `run_job(config, schedule)` and `train(config)` (what `parcae train` and the train flow run), the driver loop
-that applies the schedule (`_Driver`: boundaries held and decided in order, notices, deaths -> live recovery or
-checkpoint-restart, the planner at interval boundaries, the observers), the resume point and the job's result.
-Must not touch: migration planning (`trainer.runtime.migration`), what a planner decides (`trainer.control.planning`), the store
-layout (`trainer.control.coordinator`), training (`trainer.runtime.worker`), where instances come from (`trainer.providers`).
+Owns: `run_job(config, schedule)` and `train(config)` (what `parcae train` and the train flow run), the driver loop that
+applies the schedule (`_Driver`: boundaries held and decided in order, notices, deaths -> live recovery or
+checkpoint-restart, the planner at interval boundaries, the observers), the resume point and the job's result. Must not
+touch: migration planning (`trainer.runtime.migration`), what a planner decides (`trainer.control.planning`), the store
+layout (`trainer.control.coordinator`), training (`trainer.runtime.worker`), where instances come from
+(`trainer.providers`).
 
 Where to look next: `docs/driver.md` (how a schedule, notices, kills, live planning, observers and resume are
 driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.control.events` (the schedule format).
@@ -13,6 +14,7 @@ driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.control
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -39,7 +41,7 @@ from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, StepIn
 from trainer.providers import provider
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.local import LocalProcessProvider
-from trainer.runtime import checkpoint
+from trainer.runtime import checkpoint, keys
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import parameters_checksum
@@ -331,10 +333,8 @@ class _Driver:
             error = e
         left = len(c.alive() - set(preempt))
         options: list[tuple[int, int] | None] = [None]
-        try:
-            options.append(recovery_strategy(c.current, left, c.spec.model.n_layers_total, c.spec.train.global_batch))
-        except PlanError:
-            pass
+        with contextlib.suppress(PlanError):
+            options.append(recovery_strategy(c.in_force, left, c.spec.model.n_layers_total, c.spec.train.global_batch))
         for option in options:
             try:
                 epoch = c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
@@ -409,12 +409,13 @@ class _Driver:
             if s in interval_steps:
                 self.plan_at(s, i, g)
             else:
+                i, g = by_step[s]  # a stop that is no interval boundary is a scheduled group's
                 self.apply(i, g)
             self._stops_left.discard(s)
             if g is not None and g.kill and g.step + 1 not in stops:
                 c.release(g.step + 1)
         # the final epoch trains to the end and writes its shards
-        self.wait(lambda: all(self.provider.exitcode(w) == EXIT_DONE for w in c.current.members), "the last step")
+        self.wait(lambda: all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members), "the last step")
 
     def prestart(self, first: int) -> None:
         """Start the processes of upcoming `add`s early (in schedule order, so ids stay as scheduled) while fewer than
@@ -462,18 +463,17 @@ class _Driver:
     def step_in_flight(self) -> int:
         """The latest step a member of the current epoch has started (-1 before any)."""
         c = self.coord
-        return max((c.progress(m) for m in c.current.members), default=-1)
+        return max((c.progress(m) for m in c.in_force.members), default=-1)
 
     def live_at(self, step: int) -> bool:
         """Some member of the current epoch has started `step`."""
         c = self.coord
-        return any(c.progress(m) >= step for m in c.current.members)
+        return any(c.progress(m) >= step for m in c.in_force.members)
 
     def plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
         """The interval boundary before step `s`: once training is live at `s - 1`, apply the boundary's
         availability events (group `g`, if any), ask the planner, and publish one reconfiguration (or let training
         pass); then the group's kills, as `apply` does."""
-        c = self.coord
         assert self.planner is not None
         self.await_boundary(s)  # the decision uses only the past: wait for the interval's last step
         self._deciding = True
@@ -503,7 +503,7 @@ class _Driver:
         alive = len(c.alive() - set(preempt))
         self.history.append(alive)
         self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
-        cur = c.current
+        cur = c.in_force
         req = PlanRequest(interval=s // self.steps_per_interval, step=s, alive=alive, current=(cur.D, cur.P),
                           history=tuple(self.history), n_layers=c.spec.model.n_layers_total,
                           global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
@@ -612,7 +612,7 @@ class _Driver:
 
     def _kill(self, step: int, victims: Sequence[int]) -> None:
         c = self.coord
-        members = set(c.current.members)
+        members = set(c.in_force.members)
         in_epoch = [v for v in victims if v in members]
 
         def started() -> bool:
@@ -671,7 +671,7 @@ class _Driver:
                 if survivors <= reports.keys():
                     break
                 if time.monotonic() > report_by:
-                    raise JobError(f"survivors {sorted(survivors - reports.keys())} of epoch {c.current.number} "
+                    raise JobError(f"survivors {sorted(survivors - reports.keys())} of epoch {c.in_force.number} "
                                    "did not report after it broke")  # fmt: skip
                 time.sleep(POLL_S)
             more = self.settle()  # a standby killed with the member must not be planned in
@@ -685,7 +685,7 @@ class _Driver:
             if not (c.dead & c.holders()):
                 self._no_death_recoveries += 1
                 if self._no_death_recoveries > 3:
-                    raise JobError(f"epoch {c.current.number} keeps breaking with every worker alive: "
+                    raise JobError(f"epoch {c.in_force.number} keeps breaking with every worker alive: "
                                    f"{c.epoch_broken()}")  # fmt: skip
             redo = {reports[w] for w in survivors if w in reports}
             if len(redo) > 1:
@@ -803,33 +803,33 @@ def run_job(
     """Train `config` (its steps, model, checkpoints, control plane, ...) on `schedule`: its `workers` initial
     instances starting at its `strategy` = (D, P), then its `events`.
 
-    Everything is validated before a process starts (impossible strategies, bad events, an out_dir holding an
-    earlier job's files, a foreign or corrupt checkpoint to resume from: `ScheduleError`, `EventError`); a job that
-    starts but fails raises `JobError` with the failing worker's message (or the planner's `PlanError`), and no
-    worker outlives the call. `events` are dicts in the `trainer.control.events` format or `Event`s; a checkpoint-restart
-    loads the latest complete periodic checkpoint. Added instances are started ahead of their event while fewer
-    than `config.provider.max_processes` worker processes run (default: the most the schedule has alive at once).
+    Everything is validated before a process starts (impossible strategies, bad events, an out_dir holding an earlier
+    job's files, a foreign or corrupt checkpoint to resume from: `ScheduleError`, `EventError`); a job that starts but
+    fails raises `JobError` with the failing worker's message (or the planner's `PlanError`), and no worker outlives the
+    call. `events` are dicts in the `trainer.control.events` format or `Event`s; a checkpoint-restart loads the latest
+    complete periodic checkpoint. Added instances are started ahead of their event while fewer than
+    `config.provider.max_processes` worker processes run (default: the most the schedule has alive at once).
 
-    `observer` is told about the job as it runs (`trainer.observe.observer`; one that raises is dropped). With a `planner`
-    (`trainer.control.planning`), the strategy is decided live at every interval boundary, each
+    `observer` is told about the job as it runs (`trainer.observe.observer`; one that raises is dropped). With a
+    `planner` (`trainer.control.planning`), the strategy is decided live at every interval boundary, each
     `schedule.steps_per_interval` steps; `events` must then be availability events only (add, preempt, kill). With
-    `config.checkpoint.resume`, the job starts from the latest complete checkpoint of the same job if there is one
-    (see the module docstring), else from scratch.
+    `config.checkpoint.resume`, the job starts from the latest complete checkpoint of the same job if there is one (see
+    the module docstring), else from scratch.
 
     A worker process that receives SIGTERM takes it as a preemption notice with `config.control.notice_grace_s`
     seconds of grace: the job hands its layers off at the next boundary and the worker exits; one still running
     at the deadline is killed and recovered from like any death (its record says `"source": "sigterm"`).
 
-    Instances are local worker processes, or, with `remote` (`trainer.providers.agent.RemoteJob`: EC2 spot instances from
-    `trainer.providers.aws.aws_job`, hosts over ssh), instances elsewhere whose workers an agent runs; the coordinator then
-    listens on `remote.port` and requires `remote.token`. Returns (JSON-serialisable)::
+    Instances are local worker processes, or, with `remote` (`trainer.providers.agent.RemoteJob`: EC2 spot instances
+    from `trainer.providers.aws.aws_job`, hosts over ssh), instances elsewhere whose workers an agent runs; the
+    coordinator then listens on `remote.port` and requires `remote.token`. Returns (JSON-serialisable)::
 
         {"loss": [loss of each step from first_step], "first_step": 0 or the step a resumed job started at,
          "resumed_from": that step or None, "resume_note": what resume found (None without resume),
          "reconfigurations": [one record per reconfiguration, see Coordinator.records],
          "epochs": [one span per epoch, see Coordinator.epoch_spans], "plans": [each planner decision, see
-         trainer.control.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of the
-         final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
+         trainer.control.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of
+         the final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
          epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s", "tokens_per_s",
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
@@ -914,7 +914,7 @@ def run_job(
     }  # fmt: skip
     try:
         driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
-        t_train = time.time() - float(coord.store.get("ctl/e1/decided"))
+        t_train = time.time() - float(coord.store.get(keys.epoch_decided(1)))
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
         driver.observe(final=True)
@@ -932,7 +932,7 @@ def run_job(
             "plans": [plan_info_dict(p) for p in driver.plans],
             "final_checksum": parameters_checksum(final.layers, layer_names(model)),
             "layers": str(layers_dir),
-            "replicas": {w: json.loads(coord.store.get(f"final/{w}")) for w in coord.current.members},
+            "replicas": {w: json.loads(coord.store.get(keys.replica_final(w))) for w in coord.in_force.members},
             "latest_checkpoint": coord.latest_checkpoint(),
             "throughput": {
                 "steps_per_s": trained / t_train,

@@ -11,12 +11,12 @@ events is `trainer.control.events`.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
 
-from trainer.control.events import Schedule
+from trainer.control.events import Event, Schedule
 
 
 def trace_strategy(n: int, n_layers: int = 6, global_batch: int = 16) -> tuple[int, int]:
@@ -108,7 +108,7 @@ def trace_schedule(
 
 def trace_events(
     trace: str | pd.DataFrame, workers: int, steps: int, steps_per_interval: int, seed: int = 0, **kw: Any
-) -> list[dict[str, Any]]:
+) -> Sequence[Event | Mapping[str, Any]]:
     """The events of `trace_schedule` (start the job with `trace_schedule(...).workers` instances)."""
     return trace_schedule(trace, workers, steps, steps_per_interval, seed, **kw).events
 
@@ -207,7 +207,9 @@ def chaos_schedule(
                     if any(x["step"] == step and x["kind"] == "plan" for x in events):
                         continue
                     n = len(alive)
-                    last = dry_run(events)[-1]  # the strategy in force: a plan must change it
+                    so_far = dry_run(events)
+                    assert so_far is not None, "every event placed so far passed the dry run"
+                    last = so_far[-1]  # the strategy in force: a plan must change it
                     options = [(d, p) for p in range(1, min(n, n_layers) + 1) for d in range(1, n // p + 1)
                                if d <= train.global_batch and (d, p) != (last.D, last.P)]  # fmt: skip
                     if not options:

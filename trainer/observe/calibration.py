@@ -208,9 +208,10 @@ def calibrate(spec: ModelSpec, migrations: Sequence[Migration], ps: Iterable[int
     """
     intra = [(_groups(*m.dst), m.pause_ms) for m in migrations if "group costs" in _uses(m)]
     base, per_group, group_how = fit_group_costs(intra)
-    xfers = [(m.transfer_bytes, m.transfer_ms) for m in migrations if "p2p" in _uses(m)]
+    # (`_uses` names "p2p" and "rendezvous_ms" only for migrations that measured them: the None checks restate it)
+    xfers = [(m.transfer_bytes, m.transfer_ms) for m in migrations if "p2p" in _uses(m) and m.transfer_ms is not None]
     lat, ms_per_byte, p2p_how = fit_p2p(xfers)
-    joins = [m.join_ms for m in migrations if "rendezvous_ms" in _uses(m)]
+    joins = [m.join_ms for m in migrations if "rendezvous_ms" in _uses(m) and m.join_ms is not None]
     if not joins:
         raise ProfileError("no added instance was measured: the profile needs an add to time a new instance's join")
     rendezvous = statistics.median(joins)
@@ -235,7 +236,7 @@ def calibrate(spec: ModelSpec, migrations: Sequence[Migration], ps: Iterable[int
     ckpt_how = f"checkpoint-restart pause minus the restart terms and the serial reload ({len(ckpts)} measured)"
     if statistics.median(ckpts) < 0:
         ckpt_how += "; negative, clamped to 0"
-    sources = {
+    sources: dict[str, str | dict[str, str]] = {
         "group_base_ms": group_how, "group_remove_ms": group_how,
         "group_add_ms": "= group_remove_ms: an added instance joins as standby before its epoch",
         "proc_ms": "0: not separable from group_base_ms", "extra_restart_ms": "0: not separable from rendezvous_ms",

@@ -1,9 +1,9 @@
 """Job observers: how the outside world watches a running job without slowing it down.
 
-Owns: the `JobObserver` interface the driver (`trainer.control.run`) calls as the job advances, `ObserverList` (fan-out to
-several observers) and `RecordingObserver` (keeps every call; tests and reports). Must not touch: training, the
-control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.observe.tracking`), the
-CLI's progress bar (`parcae.progress`).
+Owns: the `JobObserver` interface the driver (`trainer.control.run`) calls as the job advances, `ObserverList` (fan-out
+to several observers) and `RecordingObserver` (keeps every call; tests and reports). Must not touch: training, the
+control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.observe.tracking`),
+the CLI's progress bar (`parcae.progress`).
 
 Contract, for implementers:
 - The driver calls these methods from its own thread, between control decisions; a slow observer delays

@@ -20,6 +20,7 @@ from typing import Any
 
 from forecasting import jsonio
 from liveput import CostConstants, CostModel, Layer, ModelSpec, P2PTable, ThroughputProfile
+from trainer.jsonfile import load_json
 
 FORMAT = "parcae-runtime-profile"
 VERSION = 1
@@ -143,17 +144,10 @@ class RuntimeProfile:
     def load(cls, path: str | os.PathLike[str]) -> RuntimeProfile:
         """Read a profile written by `to_json`; a missing, malformed or foreign file raises `ProfileFormatError`
         naming the file and the field."""
-        p = Path(path)
-        try:
-            data = jsonio.loads(jsonio.read(p))  # bounded: size, nesting, UTF-8
-        except OSError as e:
-            raise ProfileFormatError(f"{p}: cannot read the profile ({e.strerror or e})") from None
-        except jsonio.JsonSyntaxError as e:
-            raise ProfileFormatError(f"{p}: not JSON ({e.reason} at line {e.line} column {e.column})") from None
-        except jsonio.JsonInputError as e:  # too large, too deep, not UTF-8
-            fix = "expected a runtime profile written by `parcae profile`"
-            raise ProfileFormatError(f"{e.at(str(p))}; {fix}") from None
-        return cls.from_dict(data, str(p))
+        expected = "expected a runtime profile written by `parcae profile`"
+        not_json = "not JSON ({reason} at line {line} column {column})"
+        data = load_json(path, ProfileFormatError, "the profile", expected, not_json)
+        return cls.from_dict(data, str(Path(path)))
 
 
 class _Reader:

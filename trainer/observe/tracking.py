@@ -1,12 +1,12 @@
 """The MLflow run of a training job: `MlflowJobObserver` logs a live-migrating job without ever blocking it.
 
-Owns: the observer that turns the driver's hooks (`trainer.observe.observer`) into one MLflow run per job, the runs of the
-plans the job's planning hook made, the timeline plot, and `training_runs` (the runs side by side). Must not
-touch: training, the control plane, the driver; where the store is (`tracking` decides); Prefect (a flow
-that wants its flow run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
+Owns: the observer that turns the driver's hooks (`trainer.observe.observer`) into one MLflow run per job, the runs of
+the plans the job's planning hook made, the timeline plot, and `training_runs` (the runs side by side). Must not touch:
+training, the control plane, the driver; where the store is (`tracking` decides); Prefect (a flow that wants its flow
+run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
 
 What the run holds (experiment "training"; a job resumed from a checkpoint can reopen its run with `run_id=`):
-  params     model, workers, strategy ("DxP"), steps, global_batch, planner, ... (every value of on_start's info);
+  params     model, workers, strategy ("DxP"), steps, global_batch, planner, ... (on_start's info, its config aside);
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip);
@@ -17,16 +17,17 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              (only if the buffer overflowed)
   tags       parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
              parcae.resumed (and the interruption's status, step and error), parcae.error, and the observer's tags
-  artifacts  migrations.json (every reconfiguration record, rewritten at each flush), plans.json (the plan runs),
+  artifacts  job.json (the job's `JobConfig.to_dict()`, on_start's "config"; a resume's: resume<n>.job.json),
+             migrations.json (every reconfiguration record, rewritten at each flush), plans.json (the plan runs),
              checkpoints/step-<N>/ (the checkpoint's shard files), timeline.png
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
-How it is sent: the hooks only queue (points, records, operations) with a `trainer.observe.tracking_sender.MlflowSender`,
-whose daemon thread logs them every `flush_every_s`, retries while the store is down, coalesces per-step points
-beyond `max_pending` (counted: `tracking_dropped_metrics`) and gives up `close_timeout_s` after the job ended; this
-module is the `RunContent` it sends — what each event becomes on the run. Reconfiguration, plan and checkpoint
-entries are never coalesced.
+How it is sent: the hooks only queue (points, records, operations) with a
+`trainer.observe.tracking_sender.MlflowSender`, whose daemon thread logs them every `flush_every_s`, retries while the
+store is down, coalesces per-step points beyond `max_pending` (counted: `tracking_dropped_metrics`) and gives up
+`close_timeout_s` after the job ended; this module is the `RunContent` it sends — what each event becomes on the run.
+Reconfiguration, plan and checkpoint entries are never coalesced.
 
 Preemption of the driver: `on_error` flushes everything queued and ends the run FAILED (KILLED for
 KeyboardInterrupt / SystemExit); SIGTERM and an exit without `on_end` end it KILLED (the sender's handlers).
@@ -37,6 +38,7 @@ re-logs every step after its checkpoint; a step logged twice keeps both points (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -108,12 +110,14 @@ def _param_value(value: Any) -> str:
 
 
 #: on_start values that are tags, not params (a param cannot change, and a resumed job listens elsewhere).
-_NOT_PARAMS: Final = frozenset({"job", "host", "port"})
+_NOT_PARAMS: Final = frozenset({"job", "host", "port", "config"})  # (the config is the run's job.json)
+#: The artifact that holds the job's `JobConfig.to_dict()` (on_start's ``"config"``); a resume's is resume<n>.job.json.
+JOB_ARTIFACT: Final = "job.json"
 
 
 def start_params(info: Mapping[str, Any]) -> dict[str, str]:
     """The params of a training run from on_start's info: every value but None, the job name and the coordinator's
-    address (tags), a (D, P) pair as "DxP", collections as JSON."""
+    address (tags) and the whole config (an artifact), a (D, P) pair as "DxP", collections as JSON."""
     return {k: _param_value(v) for k, v in info.items() if v is not None and k not in _NOT_PARAMS}
 
 
@@ -360,6 +364,7 @@ class MlflowJobObserver(JobObserver):
             self._log_resume(client, run, info, params)
         else:
             store.log_batched(client, self.run_id, params=params, tags=start_tags(info))
+            self._log_config(client, info, JOB_ARTIFACT)
         self._run_ready = True
         return True
 
@@ -384,6 +389,7 @@ class MlflowJobObserver(JobObserver):
             tags["parcae.interrupted_by"] = run.data.tags[ERROR_TAG]
         client.update_run(run_id, status="RUNNING")
         store.log_batched(client, run_id, params=new, tags=tags)
+        self._log_config(client, info, f"resume{n}.{JOB_ARTIFACT}")
         if ERROR_TAG in run.data.tags:
             client.delete_tag(run_id, ERROR_TAG)
         now, at = int(time.time() * 1000), int(start or 0)
@@ -395,6 +401,14 @@ class MlflowJobObserver(JobObserver):
         client.log_batch(run_id, metrics=metrics)  # last: a retry after a failure above does not count twice
         log.info("MLflow run %s reopened (resume %d, from step %s; last step logged %s)", run_id, n, start, last)
 
+    def _log_config(self, client: MlflowClient, info: Mapping[str, Any], name: str) -> None:
+        """The job's `JobConfig` as artifact `name`, when on_start's info carries it (an observer fed by hand may
+        not); rewritten whole by a retry."""
+        config = info.get("config")
+        if config is not None:
+            assert self.run_id is not None
+            client.log_dict(self.run_id, config, name)
+
     def send_artifacts(self, client: MlflowClient) -> bool:
         run_id = self.run_id
         assert run_id is not None
@@ -404,10 +418,10 @@ class MlflowJobObserver(JobObserver):
             self._records_dirty = False
         try:
             if records is not None:
-                client.log_dict(run_id, records, "migrations.json")
+                client.log_dict(run_id, records, "migrations.json")  # type: ignore[arg-type]  # a list dumps as well
                 store.log_batched(client, run_id, tags={f"{MIGRATIONS_TAG}{k}": v for k, v in kinds.items()})
             if self._plans_dirty:
-                client.log_dict(run_id, self._plans, "plans.json")
+                client.log_dict(run_id, self._plans, "plans.json")  # type: ignore[arg-type]  # (see above)
                 store.log_batched(client, run_id, tags={PLAN_RUNS_TAG: len(self._plans)})
                 self._plans_dirty = False
         except Exception:
@@ -475,23 +489,23 @@ class MlflowJobObserver(JobObserver):
             gb = self._global_batch
         try:
             now, at = int(time.time() * 1000), (last[0] if last else 0)
-            final: dict[str, float] = {
+            metrics: dict[str, float] = {
                 "total_pause_s": sum(_number(r.get("pause_s")) or 0.0 for r in records),
                 "total_steps_lost": sum(_number(r.get("steps_lost")) or 0.0 for r in records),
             }
             losses = (result or {}).get("loss") or []
             if losses:
-                final["final_loss"] = float(losses[-1])
+                metrics["final_loss"] = float(losses[-1])
             elif last is not None:
-                final["final_loss"] = last[1]
+                metrics["final_loss"] = last[1]
             throughput = (result or {}).get("throughput") or {}
             if _number(throughput.get("samples_per_s")) is not None:
-                final["mean_samples_per_s"] = float(throughput["samples_per_s"])
+                metrics["mean_samples_per_s"] = float(throughput["samples_per_s"])
             elif gb and first and last and last[2] > first[1] and len(timeline) > 1:
-                final["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
+                metrics["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
             if _number((result or {}).get("wall_s")) is not None:
-                final["wall_s"] = float(result["wall_s"])  # type: ignore[index]
-            client.log_batch(run_id, metrics=[Metric(k, v, now, at) for k, v in final.items()])
+                metrics["wall_s"] = float(result["wall_s"])
+            client.log_batch(run_id, metrics=[Metric(k, v, now, at) for k, v in metrics.items()])
             tags: dict[str, Any] = {}
             if error:
                 tags[ERROR_TAG] = error
@@ -510,10 +524,8 @@ class MlflowJobObserver(JobObserver):
                 self._sender.store_down(exc)
                 return False
             log.exception("MLflow run %s: ending the run failed", run_id)
-            try:
+            with contextlib.suppress(Exception):  # a last try at the status; the failure is logged above
                 client.set_terminated(run_id, status)
-            except Exception:
-                pass
         log.info("MLflow run %s ended %s", run_id, status)
         return True
 
@@ -538,7 +550,8 @@ def training_runs(
     base = ["run_id", "run_name", "status", "start_time", "end_time"]
     if exp is None:
         return pd.DataFrame(columns=base)
-    rows, token = [], None
+    rows: list[dict[str, Any]] = []
+    token = None
     while len(rows) < max_results:
         page = client.search_runs([exp.experiment_id], filter_string, max_results=min(1000, max_results - len(rows)),
                                   order_by=["attributes.start_time DESC"], page_token=token)  # fmt: skip

@@ -62,7 +62,8 @@ def transient(exc: BaseException) -> bool:
 
 
 class RunContent(Protocol):
-    """What the sender asks of the run it sends, always on its own thread (`trainer.observe.tracking.MlflowJobObserver`)."""
+    """What the sender asks of the run it sends, always on its own thread
+    (`trainer.observe.tracking.MlflowJobObserver`)."""
 
     run_id: str | None
 
@@ -186,12 +187,8 @@ class MlflowSender:
         self._restore_sigterm()
         self._thread.join(self.close_timeout_s + 5.0)
         if self._thread.is_alive():
-            pending, ops = self._unsent()
-            self.log.error(
-                "MLflow run %s in %s: a store call did not return within %.0f s; %d metric points and %d operations "
-                "(plan runs, checkpoint uploads) may not be logged, and the run may stay RUNNING",
-                self.content.run_id, self.uri, self.close_timeout_s, pending, ops,
-            )  # fmt: skip
+            self._log_unsent(f"a store call did not return within {self.close_timeout_s:.0f} s",
+                             "may not be logged, and the run may stay RUNNING")  # fmt: skip
 
     def _atexit(self) -> None:
         self.close("KILLED", None, "the driver process exited before the job ended")
@@ -366,13 +363,15 @@ class MlflowSender:
         with self.lock:
             return len(self._metrics) + len(self._overflow), len(self._ops)
 
-    def _give_up(self) -> None:
+    def _log_unsent(self, why: str, fate: str) -> None:
+        """Say what is still queued when the sender stops short (`why`) and what becomes of it (`fate`)."""
         pending, ops = self._unsent()
-        self.log.error(
-            "MLflow run %s in %s: gave up after %.0f s of store failures; %d metric points and %d operations (plan "
-            "runs, checkpoint uploads) were not logged and the run was not ended",
-            self.content.run_id, self.uri, self.close_timeout_s, pending, ops,
-        )  # fmt: skip
+        self.log.error("MLflow run %s in %s: %s; %d metric points and %d operations (plan runs, checkpoint uploads) %s",
+                       self.content.run_id, self.uri, why, pending, ops, fate)  # fmt: skip
+
+    def _give_up(self) -> None:
+        self._log_unsent(f"gave up after {self.close_timeout_s:.0f} s of store failures",
+                         "were not logged and the run was not ended")  # fmt: skip
 
 
 def _raise_system_exit(signum: int, frame: Any) -> None:
