@@ -16,6 +16,7 @@ The folder is laid out by layer, each sub-package with a face of its own (import
   runtime/    the worker's runtime: the model protocol and the example GPT, data, the pipeline step, migrations'
               hand-off, checkpoints, the worker, and the wire it speaks (sealed store, keys, spec)
   corpus      the bundled character corpus the example GPTs train on
+  jsonfile    a JSON file read with one clear error (schedules, profiles)
 
 Where a new piece plugs in: a model — a module with `layer_names`, `build_layer`, `loss`
 (`trainer.runtime.model.ModelFamily`; the GPT in `trainer/runtime/gpt.py` is the example), registered with
