@@ -23,8 +23,9 @@ from typer.testing import CliRunner
 
 from parcae.cli import app
 from trainer.config import TrainConfig, model_config
+from trainer.control import driver as driver_module
 from trainer.control import run as run_module
-from trainer.control.run import JobError
+from trainer.control.driver import JobError
 from trainer.runtime import checkpoint
 from trainer.runtime.data import global_batch
 from trainer.runtime.pipeline import StageLayout, build_context
@@ -41,7 +42,9 @@ def test_a_job_has_no_hidden_deadline(tmp_path, monkeypatch):
         offset[0] += 60.0
         return time.monotonic() + offset[0]
 
-    monkeypatch.setattr(run_module, "time", types.SimpleNamespace(**{**vars(time), "monotonic": monotonic}))
+    clock = types.SimpleNamespace(**{**vars(time), "monotonic": monotonic})
+    monkeypatch.setattr(run_module, "time", clock)
+    monkeypatch.setattr(driver_module, "time", clock)
     report = train(1, model=CFG, steps=4, out_dir=tmp_path / "job", checkpoint_every=0,
                               start_method="forkserver")  # fmt: skip
     assert len(report["loss"]) == 4 and offset[0] > 600
@@ -84,7 +87,7 @@ def test_a_silent_worker_is_declared_dead_only_on_evidence():
     coord = types.SimpleNamespace(hb_timeout_s=1.0, silent_for=lambda w: {1: 1.5, 2: 1.5, 3: 1.5, 4: 3.5}[w])
     provider = types.SimpleNamespace(running=lambda w: {1: True, 2: False, 3: None, 4: True}[w])
     driver = types.SimpleNamespace(coord=coord, provider=provider)
-    assert run_module._Driver._silent_and_dead(driver, {1, 2, 3, 4}) == {2, 3, 4}
+    assert driver_module.Driver._silent_and_dead(driver, {1, 2, 3, 4}) == {2, 3, 4}
 
 
 def test_a_job_on_a_loaded_machine_keeps_all_its_workers(tmp_path):

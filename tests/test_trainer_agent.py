@@ -24,7 +24,7 @@ from _jobs import run_job
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
 
 from trainer.config import TrainConfig, model_config
-from trainer.control.run import JobError
+from trainer.control.driver import JobError
 from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
 from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.providers.local import InstanceProvider

@@ -12,7 +12,7 @@ from _jobs import run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from trainer.config import TrainConfig, model_config
-from trainer.control.run import JobError
+from trainer.control.driver import JobError
 from trainer.observe.observer import JobObserver, ObserverList, RecordingObserver, StepInfo
 
 CFG = model_config("tiny-gpt", dtype="float64")

@@ -41,7 +41,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
     **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
-    **dict.fromkeys(("JobError", "job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
+    "JobError": "trainer.control.driver",
+    **dict.fromkeys(("job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
     "ScheduleError": "trainer.control.coordinator",
     "chaos_schedule": "trainer.control.schedules",
@@ -106,6 +107,7 @@ if TYPE_CHECKING:
         register_model as register_model,
     )
     from trainer.control.coordinator import ScheduleError as ScheduleError
+    from trainer.control.driver import JobError as JobError
     from trainer.control.events import EventError as EventError
     from trainer.control.events import Schedule as Schedule
     from trainer.control.events import load_events as load_events
@@ -122,9 +124,6 @@ if TYPE_CHECKING:
     )
     from trainer.control.planning import (
         make_planner as make_planner,
-    )
-    from trainer.control.run import (
-        JobError as JobError,
     )
     from trainer.control.run import (
         job_report as job_report,

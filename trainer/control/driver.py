@@ -1,0 +1,747 @@
+"""The driver loop: applies one job's schedule — the provider's processes on one side, the coordinator's decisions
+on the other — asks the live planner at interval boundaries, reacts to notices and deaths, and feeds the observers.
+
+Owns: `Driver` (boundaries held and decided in order, notices, deaths -> live recovery or checkpoint-restart, the
+planner at interval boundaries, the observers), `LivePlanning`, `JobError`. Must not touch: what a migration moves
+(`trainer.runtime.migration`), what a planner decides (`trainer.control.planning`), the store layout
+(`trainer.runtime.keys`), how a job is set up and its result (`trainer.control.run`).
+
+Where to look next: `docs/driver.md` (the manual), `trainer.control.run` (which builds and runs a `Driver`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.control.coordinator import (
+    HB_RUNNING_FACTOR,
+    Coordinator,
+)
+from trainer.control.events import EventGroup
+from trainer.control.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
+from trainer.observe.observer import ObserverList, PlanInfo, StepInfo
+from trainer.providers.agent import AgentInstances
+from trainer.providers.local import LocalProcessProvider
+from trainer.runtime import checkpoint
+from trainer.runtime.migration import PlanError, recovery_strategy
+from trainer.runtime.model import layer_names
+from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
+
+POLL_S = 0.005
+OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
+KILLED = -9  # exit code of a SIGKILLed process
+NOTICE_S = 120.0  # a preempted worker still running this long after its notice is killed (AWS: two minutes)
+NOTICE_MARGIN_S = 5.0  # a notice is folded into the next interval boundary only if it comes this long before the
+# deadline (time for the hand-off itself); else the preemption gets a boundary of its own at once
+NOTICE_POLL_S = 0.05  # notices are read from the store at most this often (with the heartbeats)
+GONE = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, 1, 3}  # exit codes a worker declared dead may show
+
+
+class JobError(RuntimeError):
+    """A job that started but did not finish: a worker failed, exited unexpectedly or the job timed out."""
+
+
+class Driver:
+    """Applies one job's schedule: the provider's processes on one side, the coordinator's decisions on the other;
+    asks the planner at interval boundaries and feeds the observers."""
+
+    def __init__(
+        self, coord: Coordinator, provider: LocalProcessProvider | AgentInstances, groups: Sequence[EventGroup],
+        live: LivePlanning, *, deadline: float, max_processes: int, observer: ObserverList | None = None,
+    ) -> None:  # fmt: skip
+        cfg = coord.config
+        self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), cfg.steps
+        self.deadline, self.pg_timeout_s = deadline, cfg.control.pg_timeout_s
+        self.max_processes = max_processes
+        self.keep_checkpoints = cfg.checkpoint.keep  # complete checkpoints kept on disk (0: all)
+        planner, intervals, steps_per_interval = live.planner, live.intervals, live.steps_per_interval
+        self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
+        self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
+        self._recovering = False
+        self._no_death_recoveries = 0
+        self._killed_outside: set[int] = set()  # processes found SIGKILLed by someone else than the driver
+        self._unscheduled: set[int] = set()  # instances lost without the schedule saying so (notices, deaths)
+        self._scripted_kills: set[int] = set()
+        self._fenced: set[int] = set()  # declared dead on a silent heartbeat alone (then killed): the instance lives
+        # preemption notices (SIGTERM): worker -> its deadline (monotonic clock); decided at a boundary
+        self._noticed: dict[int, float] = {}
+        self._notice_polled = 0.0
+        self._folding: set[int] = set()  # noticed workers waiting for the next interval boundary's decision
+        self._unplaceable: set[int] = set()  # noticed workers no one survives to take over from
+        self._deciding = False  # inside a boundary decision or a scripted kill: notices wait
+        self._stops_left: set[int] = set()  # scripted event steps and interval boundaries not decided yet
+        self._trained_from = (0.0, 0)  # (monotonic time, step) when training started: the step time estimate
+        # live planning
+        self.planner = planner
+        self.intervals = sorted(intervals)
+        self.steps_per_interval = steps_per_interval
+        self.plans: list[PlanInfo] = []
+        self.history: list[int] = []  # alive count at each interval boundary since the job (re)started
+        self._accepts_handed = bool(getattr(planner, "accepts_handed", False))
+        self._handed: HandedPlan | None = None
+        self._handed_seen = 0
+        # observers
+        self.observer = observer or ObserverList()
+        self._observing = False  # on_start was called
+        self._observed_at = 0.0
+        self._next_step = 0  # the next committed step to report
+        self._next_record = 1  # index in coord.epochs of the next reconfiguration to report
+        self._timeline: list[tuple[int, Any]] = []  # (start step, epoch): which epoch trains each step
+        self._alive_steps: list[tuple[int, int]] = []  # (step, alive instances from that step on), by step
+        self._timeline_n = 0
+
+    # -- waiting --------------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Raise `JobError` if a process ended with a code it was not expected to. One SIGKILLed from outside the
+        job (an instance reclaimed without notice, the OOM killer) is a death: the next `tick` recovers from it."""
+        self.provider.poll()
+        for w, code in self.provider.exitcodes().items():
+            if code == KILLED and code not in self.allowed.get(w, {EXIT_DONE}):
+                self.allowed[w] = set(GONE)
+                self._killed_outside.add(w)
+            elif code is not None and code not in self.allowed.get(w, {EXIT_DONE}):
+                c = self.coord
+                msg = c.message("error", w)
+                if not msg and code == EXIT_TOKEN:  # it could not write to the sealed store: it had no valid token
+                    msg = "the coordinator refused its token (see the worker's stderr)"
+                raise JobError(f"worker {w} exited with code {code}" + (f": {msg}" if msg else " (no message)"))
+
+    def tick(self) -> None:
+        self.check()
+        self.observe()
+        if self._recovering:
+            return
+        self.poll_notices()
+        stale = self._silent_and_dead(self.coord.check_heartbeats()) | self.vanished()
+        if stale or self.coord.epoch_broken():
+            self.recover(stale)
+            return
+        self.decide_notices()
+
+    def _silent_and_dead(self, silent: set[int]) -> set[int]:
+        """Of the workers whose heartbeat is silent past the bound, those to declare dead: all of them, except those
+        whose process the provider sees running (a starved process on a loaded machine keeps its place until
+        `HB_RUNNING_FACTOR` bounds have passed)."""
+        running = getattr(self.provider, "running", None)
+        if running is None or not silent:
+            return silent
+        c = self.coord
+        return {w for w in silent if running(w) is not True or c.silent_for(w) > HB_RUNNING_FACTOR * c.hb_timeout_s}
+
+    def vanished(self) -> set[int]:
+        """Instances the provider killed at their notice's deadline (before they had left), the schedule's kills, and
+        processes SIGKILLed from outside the job: dead at once (declared), no need to wait for their heartbeat to
+        stop."""
+        c = self.coord
+        out = set()
+        while self.provider.reclaimed:
+            w, at = self.provider.reclaimed.pop(0)
+            if w not in c.dead and not c.ended(w):
+                c.note_killed([w], at)
+                self.allowed[w] = set(GONE)
+                c.declare_dead([w], "killed at its notice's deadline")
+                out.add(w)
+        for w in sorted(self._killed_outside):
+            if w not in c.dead and not c.ended(w):
+                c.declare_dead([w], "its process was killed")
+                self._unscheduled.add(w)
+                out.add(w)
+        self._killed_outside.clear()
+        if self._scripted_kills - c.dead:  # the schedule's kills: their exit is the evidence, not a silent heartbeat
+            codes = self.provider.exitcodes()
+            for w in sorted(self._scripted_kills - c.dead):
+                if codes.get(w) == KILLED and not c.ended(w):
+                    c.declare_dead([w], "its process was killed")
+                    out.add(w)
+        return out
+
+    def wait(self, cond: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
+        end = self.deadline if timeout_s is None else min(self.deadline, time.monotonic() + timeout_s)
+        while not cond():
+            self.tick()
+            if time.monotonic() > end:
+                raise JobError(f"timed out waiting for {what}")
+            time.sleep(POLL_S)
+
+    def settle(self) -> set[int]:
+        """Wait until every alive instance's heartbeat is fresh; returns those that went silent meanwhile (the caller
+        declares them dead). Typically returns at once; a silent one takes up to the heartbeat timeout."""
+        c = self.coord
+        silent: set[int] = set()
+        end = time.monotonic() + c.hb_timeout_s + 1.0
+        while True:
+            silent |= self._silent_and_dead(c.check_heartbeats(every_s=0))
+            if not (c.unsettled() - silent) or time.monotonic() > end:
+                return silent
+            self.check()
+            time.sleep(POLL_S)
+
+    def start_instances(self, n: int | Sequence[int], next_id: int = 0) -> list[int]:
+        """Start `n` new instances, or the instances with ids `n` (then later ones are numbered from `next_id`)."""
+        ids = self.provider.start(n) if isinstance(n, int) else self.provider.start_ids(n, next_id)
+        self.coord.expect(ids)
+        for w in ids:
+            self.allowed[w] = {EXIT_DONE}
+        return ids
+
+    def wait_joined(self, ids: Sequence[int], what: str = "") -> list[int]:
+        """Wait until the new process of each of `ids` registered; returns those that did. An instance reclaimed
+        before its worker registered (its process killed from outside: a spot instance taken back while it boots)
+        never joined the job: it is declared dead and left out, instead of holding the job until its timeout.
+        `what`: if given, losing one is a `JobError` saying that it is needed for `what`."""
+        c = self.coord
+
+        def gone() -> set[int]:
+            codes = self.provider.exitcodes()
+            return {w for w in ids if codes.get(w) == KILLED}
+
+        joined = c.wait_joined(ids, self.deadline - time.monotonic(), self.check, gone)
+        lost = sorted(set(ids) - set(joined))
+        if lost:
+            if what:
+                raise JobError(f"instances {lost} were reclaimed before their workers joined; {what} needs them")
+            for w in lost:
+                self.allowed[w] = set(GONE)
+            self._unscheduled |= set(lost)
+            self._killed_outside -= set(lost)
+            c.note({"event": "lost-before-join", "workers": lost})
+            c.declare_dead(lost, "reclaimed before its worker joined")
+        return joined
+
+    # -- preemption notices -----------------------------------------------------------------------------------
+    def poll_notices(self) -> None:
+        """Read the notices workers reported (SIGTERM) since the last poll. One for a worker the driver already
+        preempted (a scripted preemption's own SIGTERM) or declared dead changes nothing; any other is pending until
+        a boundary decides it, and the provider kills the worker at its deadline (what the cloud does)."""
+        now = time.monotonic()
+        c = self.coord
+        if now - self._notice_polled < NOTICE_POLL_S or c.current is None:
+            return
+        self._notice_polled = now
+        for w, deadline in c.new_notices().items():
+            if w in c.preempted or w in c.dead or w in self._noticed:
+                continue
+            left = deadline - time.time()
+            self._noticed[w] = now + left
+            self._unscheduled.add(w)
+            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+            self.provider.preempt([w], max(0.0, left), notify=False)
+            c.note({"event": "notice", "worker": w, "source": "sigterm", "deadline": deadline,
+                    "step": self.step_in_flight()})  # fmt: skip
+
+    def _pending_notices(self) -> dict[int, float]:
+        c = self.coord
+        self._noticed = {w: d for w, d in self._noticed.items() if w not in c.preempted and w not in c.dead}
+        self._folding &= self._noticed.keys()
+        return self._noticed
+
+    def _step_s(self, at_step: int) -> float:
+        """Seconds per step so far (for when a boundary will come)."""
+        t0, s0 = self._trained_from
+        return (time.monotonic() - t0) / max(1, at_step - s0)
+
+    def decide_notices(self) -> None:
+        """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves
+        at once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a
+        planned job folded into the next interval boundary's decision if it comes at least `NOTICE_MARGIN_S` before
+        the earliest deadline, into a scheduled event's decision if the claim lands on its boundary. The
+        reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed workers send the
+        layers whose last copy they hold, then exit)."""
+        pending = self._pending_notices()
+        c = self.coord
+        if not pending or self._deciding or self._recovering or c.current is None:
+            return
+        if not c.committed():
+            return  # new epochs are planned on top of a committed one: at most a step away
+        standby = sorted(w for w in pending if w not in c.current.members and w in c.alive())
+        if standby:
+            c.preempt_standby(standby)
+            self.alive_from(self.step_in_flight())
+        members = sorted(w for w in pending if w in c.current.members and w not in self._unplaceable)
+        if not members:
+            return
+        p = self.step_in_flight()
+        first = p + 1
+        if first >= self.steps:
+            return  # the job ends before any boundary: the noticed workers finish it
+        deadline = min(pending[w] for w in members)
+        if self.planner is not None:
+            upcoming = [b for b in self._stops_left if b in self.intervals and b >= first]
+            if upcoming:
+                b = min(upcoming)
+                eta = time.monotonic() + (b - p) * self._step_s(p)
+                if eta <= deadline - NOTICE_MARGIN_S:
+                    new = set(members) - self._folding
+                    if new:
+                        c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
+                    self._folding |= new
+                    return
+        s = c.claim(first)
+        if s in self._stops_left:
+            return  # the boundary of a decision the schedule makes anyway: the notices are folded into it
+        if s >= self.steps:
+            c.release(s)
+            return
+        silent = self.settle()
+        if silent:
+            self.release_after(s, silent)
+            return
+        self._deciding = True
+        try:
+            leaving = [w for w in members if w in c.alive()]
+            self.reconfigure(s, None, leaving, (), leaving)
+        finally:
+            self._deciding = False
+
+    def reconfigure(
+        self, s: int, strategy: tuple[int, int] | None, preempt: Sequence[int], added: Sequence[int],
+        noticed: Sequence[int], source: str = "schedule",
+    ) -> None:  # fmt: skip
+        """`Coordinator.reconfigure`, made to fit instances the schedule did not expect to lose (notices, deaths):
+        if the strategy no longer fits, keep P and as many replicas as survive (else one pipeline of as many stages);
+        if nobody survives to take over from the noticed workers, decide without them (they run to their deadline,
+        then die like any worker)."""
+        c = self.coord
+        try:
+            epoch = c.reconfigure(s, strategy, preempt, added, noticed=noticed, source=source)
+            self.alive_from(epoch.start_step if epoch is not None else s)
+            return
+        except PlanError as e:
+            if not self._unscheduled:
+                raise  # (the schedule's dry run says this cannot happen)
+            error = e
+        left = len(c.alive() - set(preempt))
+        options: list[tuple[int, int] | None] = [None]
+        with contextlib.suppress(PlanError):
+            options.append(recovery_strategy(c.in_force, left, c.spec.model.n_layers_total, c.spec.train.global_batch))
+        for option in options:
+            try:
+                epoch = c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
+                self.alive_from(epoch.start_step if epoch is not None else s)
+                c.note({"event": "plan-dropped", "step": s, "strategy": list(strategy or ()), "reason": str(error),
+                        "instead": list(option) if option else None})  # fmt: skip
+                return
+            except PlanError:
+                continue
+        if not noticed:
+            raise error
+        c.note({"event": "notice-unplaceable", "step": s, "workers": list(noticed), "reason": str(error)})
+        self._unplaceable |= set(noticed)
+        self.reconfigure(s, strategy, [w for w in preempt if w not in noticed], added, (), source)
+
+    def release_after(self, s: int, silent: set[int]) -> None:
+        """A boundary claimed for a notice, when instances fell silent meanwhile: let training pass it and recover
+        (the notices are decided afterwards)."""
+        self.coord.release(s)
+        self.recover(silent)
+
+    def _departures(self, preempt: Iterable[int]) -> tuple[list[int], list[int]]:
+        """The preemptions a boundary decision makes: the scheduled ones still possible, plus every pending notice
+        (folded). Returns (all preempted, those from notices)."""
+        c = self.coord
+        alive = c.alive()
+        noticed = sorted(w for w in self._pending_notices() if w in alive)
+        scheduled = [w for w in preempt if w in alive and w not in noticed]
+        return sorted(set(scheduled) | set(noticed)), noticed
+
+    def await_boundary(self, s: int) -> None:
+        """Wait until training is live at step s-1 (decisions use only the past, and a notice can still be decided
+        before s) and the current epoch is committed (nothing is planned on top of a migration that may still roll
+        back)."""
+        c = self.coord
+        if s - 1 >= c.first_step:
+            self.wait(lambda: self.live_at(s - 1) and c.committed(),
+                      f"training to start step {s - 1} (before deciding step {s})")  # fmt: skip
+
+    # -- the schedule -----------------------------------------------------------------------------------------
+    def run(
+        self,
+        workers: Sequence[int],
+        strategy: tuple[int, int],
+        start_info: Mapping[str, Any],
+        *,
+        next_id: int = 0,
+        restore_step: int = 0,
+        assignment: Mapping[int, tuple[int, int]] | None = None,
+    ) -> None:
+        """Start `workers` (ids) on `strategy` (at `restore_step`, loading its checkpoint, when resumed), then apply
+        the schedule and the planner's decisions, boundary by boundary, until the last step."""
+        c = self.coord
+        by_step = {g.step: (i, g) for i, g in enumerate(self.groups)}
+        stops = sorted(by_step.keys() | set(self.intervals))
+        holds = set(stops) | {g.step + 1 for g in self.groups if g.kill}
+        for s in sorted(holds):
+            c.claim(s)
+        self._stops_left = set(stops)
+        ids = self.start_instances(workers, next_id)
+        self.wait_joined(ids, f"the job's start on {strategy[0]}x{strategy[1]}")
+        c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
+        self.alive_from(restore_step)
+        self._trained_from = (time.monotonic(), restore_step)
+        self.history = [len(c.alive())]
+        self._next_step = restore_step
+        self.observer.on_start(start_info)
+        self._observing = True
+        interval_steps = set(self.intervals)
+        for s in stops:
+            i, g = by_step.get(s, (None, None))
+            if s in interval_steps:
+                self.plan_at(s, i, g)
+            else:
+                i, g = by_step[s]  # a stop that is no interval boundary is a scheduled group's
+                self.apply(i, g)
+            self._stops_left.discard(s)
+            if g is not None and g.kill and g.step + 1 not in stops:
+                c.release(g.step + 1)
+        # the final epoch trains to the end and writes its shards
+        self.wait(lambda: all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members), "the last step")
+
+    def prestart(self, first: int) -> None:
+        """Start the processes of upcoming `add`s early (in schedule order, so ids stay as scheduled) while fewer than
+        `max_processes` run: an added instance is then ready at its step instead of holding training ~2-3 s while
+        it imports torch. The coordinator admits it only at its event (`Coordinator.alive`)."""
+        for i in range(first, len(self.groups)):
+            g = self.groups[i]
+            if not g.add or i in self._started:
+                continue
+            if len(self.provider.alive()) + g.add > self.max_processes:
+                return
+            self._started[i] = self.start_instances(g.add)
+
+    def apply(self, i: int, g: EventGroup) -> None:
+        """Decide scheduled group `g` at its held boundary, just in time: once training is live at the step before
+        (`await_boundary`), so that a notice received meanwhile can still get an earlier boundary of its own."""
+        c = self.coord
+        self.prestart(i)
+        if g.add and i not in self._started:
+            self._started[i] = self.start_instances(g.add)
+        added = self._started.get(i, [])
+        self.await_boundary(g.step)
+        self._deciding = True
+        try:
+            added = self.wait_joined(added)
+            silent = self.settle()  # plan only with instances known to be alive
+            if silent:
+                self.recover(silent)
+            if g.restart:
+                c.admit(added)
+                self.checkpoint_restart(g.step, g.strategy, on_demand=True)
+            else:
+                preempt, noticed = self._departures(g.preempt)
+                self.reconfigure(g.step, g.strategy, preempt, added, noticed)
+                for w in preempt:
+                    self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+                # the schedule's own preemptions get their notice now (SIGTERM); the workers' reports of it change
+                # nothing (they are preempted already); noticed ones have theirs
+                self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
+        finally:
+            self._deciding = False
+        if g.kill:
+            self.kill(g.step, g.kill)
+
+    def step_in_flight(self) -> int:
+        """The latest step a member of the current epoch has started (-1 before any)."""
+        c = self.coord
+        return max((c.progress(m) for m in c.in_force.members), default=-1)
+
+    def live_at(self, step: int) -> bool:
+        """Some member of the current epoch has started `step`."""
+        c = self.coord
+        return any(c.progress(m) >= step for m in c.in_force.members)
+
+    def plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
+        """The interval boundary before step `s`: once training is live at `s - 1`, apply the boundary's
+        availability events (group `g`, if any), ask the planner, and publish one reconfiguration (or let training
+        pass); then the group's kills, as `apply` does."""
+        assert self.planner is not None
+        self.await_boundary(s)  # the decision uses only the past: wait for the interval's last step
+        self._deciding = True
+        try:
+            self._plan_at(s, i, g)
+        finally:
+            self._deciding = False
+        if g is not None and g.kill:
+            self.kill(s, g.kill)
+
+    def _plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
+        c = self.coord
+        assert self.planner is not None
+        self.prestart(0)
+        added: list[int] = []
+        scheduled: tuple[int, ...] = ()
+        if g is not None and i is not None:
+            if g.add and i not in self._started:
+                self._started[i] = self.start_instances(g.add)
+            added = self.wait_joined(self._started.get(i, []))
+            scheduled = g.preempt
+        silent = self.settle()  # plan only with instances known to be alive
+        if silent:
+            self.recover(silent)
+        c.admit(added)
+        preempt, noticed = self._departures(scheduled)
+        alive = len(c.alive() - set(preempt))
+        self.history.append(alive)
+        self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
+        cur = c.in_force
+        req = PlanRequest(interval=s // self.steps_per_interval, step=s, alive=alive, current=(cur.D, cur.P),
+                          history=tuple(self.history), n_layers=c.spec.model.n_layers_total,
+                          global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
+        t0 = time.perf_counter()
+        decision, details = self.planner(req)
+        took = time.perf_counter() - t0
+        decision = check_decision(self.planner.name, decision, req)
+        info = PlanInfo(interval=req.interval, step=s, alive=alive, current=req.current, decision=decision,
+                        decision_s=took, planner=self.planner.name, details=dict(details))  # fmt: skip
+        self.plans.append(info)
+        c.note({"event": "plan", **plan_info_dict(info)})
+        self.observer.on_plan(info)
+        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")  # s is held: it starts there
+        self.alive_from(s)
+        for w in preempt:
+            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+        self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
+
+    # -- observers ----------------------------------------------------------------------------------------------
+    def observe(self, force: bool = False, final: bool = False) -> None:
+        """Feed the observers what happened since the last call (at most every OBSERVE_S unless `force`): committed
+        steps in order, complete reconfiguration records (a record after the steps before its boundary), complete
+        checkpoints; and read the plans handed in. `final`: the job is over, deliver every remaining record."""
+        if not self._observing:
+            return
+        now = time.monotonic()
+        if not (force or final) and now - self._observed_at < OBSERVE_S:
+            return
+        self._observed_at = now
+        c = self.coord
+        if self._accepts_handed:
+            self._read_handed()
+        new = c.committed_losses(self._next_step)
+        for s, loss in new:
+            self._deliver_records(upto=s)
+            e = self._epoch_of(s)
+            self.observer.on_step(StepInfo(step=s, loss=loss, strategy=(e.D, e.P), alive=self.alive_at(s),
+                                           time=time.time()))  # fmt: skip
+            self._next_step = s + 1
+        self._deliver_records(upto=self._next_step, final=final)
+        fresh = c.new_checkpoints()
+        for s in fresh:
+            self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
+        if fresh and self.keep_checkpoints:
+            checkpoint.prune(c.spec.checkpoint_dir, self.keep_checkpoints, layers=layer_names(c.spec.model),
+                             job=c.spec.job)  # fmt: skip
+
+    def _deliver_records(self, upto: int, final: bool = False) -> None:
+        """Report, in order, the reconfigurations that start at a step <= `upto` and are complete."""
+        c = self.coord
+        while self._next_record < len(c.epochs):
+            e = c.epochs[self._next_record]
+            if not final and (e.start_step > upto or not c.record_complete(e)):
+                return
+            self.observer.on_reconfiguration(c.record(e))
+            self._next_record += 1
+
+    def alive_from(self, step: int) -> None:
+        """Record that the instances alive now (`Coordinator.alive`) train from `step` on: each step's
+        ``alive`` then says who was there when it trained, not when it was reported. A record at a step already
+        passed (a recovery redoing it, a checkpoint-restart rewinding) replaces the later ones."""
+        self._alive_steps = [(s, n) for s, n in self._alive_steps if s < step] + [(step, len(self.coord.alive()))]
+
+    def alive_at(self, step: int) -> int:
+        """The instances alive while `step` trained (`alive_from`)."""
+        for s, n in reversed(self._alive_steps):
+            if s <= step:
+                return n
+        return len(self.coord.alive())
+
+    def _epoch_of(self, step: int) -> Any:
+        """The epoch that trained committed `step`: the latest one starting at or before it, where an epoch starting
+        at step r replaces every epoch that started at r or later (a checkpoint-restart rewinds to r)."""
+        epochs = self.coord.epochs
+        if len(epochs) != self._timeline_n:
+            timeline: list[tuple[int, Any]] = []
+            for e in epochs:
+                while timeline and timeline[-1][0] >= e.start_step:
+                    timeline.pop()
+                timeline.append((e.start_step, e))
+            self._timeline, self._timeline_n = timeline, len(epochs)
+        return next((e for start, e in reversed(self._timeline) if start <= step), self._timeline[0][1])
+
+    def _read_handed(self) -> None:
+        for seq, raw in self.coord.handed_plans(self._handed_seen):
+            self._handed_seen = seq
+            if raw is None:  # malformed, or never written: the coordinator logged it
+                continue
+            d, p = raw["strategy"]
+            self._handed = HandedPlan(strategy=(int(d), int(p)), source=str(raw.get("source", "")), seq=seq,
+                                      sent_at=float(raw.get("sent_at", 0.0)), received_at=time.time())  # fmt: skip
+            self.coord.note({"event": "handed-plan", **self._handed.to_dict()})
+
+    def kill(self, step: int, victims: Sequence[int]) -> None:
+        """SIGKILL `victims` once they have started `step` (standby victims: once training has), then wait until the
+        coordinator has noticed and the job has recovered."""
+        c = self.coord
+        victims = [v for v in victims if v not in c.dead and v not in c.preempted]  # (gone after a notice)
+        if not victims:
+            return
+        was, self._deciding = self._deciding, True
+        try:
+            self._kill(step, victims)
+        finally:
+            self._deciding = was
+
+    def _kill(self, step: int, victims: Sequence[int]) -> None:
+        c = self.coord
+        members = set(c.in_force.members)
+        in_epoch = [v for v in victims if v in members]
+
+        def started() -> bool:
+            # every member has formed the epoch's groups (a kill inside group formation is only noticed at the
+            # group timeout), and the victims are inside step `step`
+            if c.ready() != members:
+                return False
+            if in_epoch:
+                return all(c.progress(v) >= step for v in in_epoch)
+            return any(c.progress(m) >= step for m in members)
+
+        self.wait(started, f"workers {sorted(victims)} to start step {step}")
+        for v in victims:
+            self.allowed[v] = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART}
+        self._scripted_kills |= set(victims)
+        at = time.time()
+        self.provider.kill(victims)
+        c.note_killed(victims, at)
+        self.wait(lambda: set(victims) <= c.dead, f"the death of {sorted(victims)} to be detected")
+
+    # -- failures ---------------------------------------------------------------------------------------------
+    def recover(self, stale: Iterable[int]) -> None:
+        """The current epoch broke, or heartbeats stopped, or the provider reclaimed a noticed instance: declare the
+        dead, fix whether the current migration committed (`Coordinator.seal`), collect the survivors' reports,
+        then continue with a live migration or, failing that, a checkpoint-restart. A death during a migration's
+        hand-off is detected like any other (heartbeat timeout) and rolls the migration back."""
+        c = self.coord
+        self._recovering = True
+        try:
+            dead = set(stale)
+            report_by = time.monotonic() + self.pg_timeout_s + 2 * c.hb_timeout_s + 5
+            while True:
+                if dead:
+                    for w in dead:
+                        self.allowed[w] = set(GONE)
+                    self._unscheduled |= set(dead) - self._scripted_kills
+                    self._fenced |= dead - c.dead  # (those `vanished` found dead are declared already)
+                    c.declare_dead(dead, f"heartbeat lost: silent for more than the {c.hb_timeout_s:g} s bound "
+                                         "(hb_timeout_s, parcae train --heartbeat-timeout)")  # fmt: skip
+                    self.provider.kill(dead)  # fence: a hung worker must not come back into the job
+                if not c.epoch_broken():
+                    # a standby instance (or a preempted one that had handed off) died: nothing to redo
+                    self.alive_from(self.step_in_flight())
+                    return
+                c.break_epoch(c.epoch_broken() or "")  # a worker's own flag: every party of the migration sees it
+                c.seal()
+                survivors = c.reporters()
+                if not survivors:
+                    reports: dict[int, int] = {}
+                    break
+                dead = self._silent_and_dead(c.check_heartbeats(every_s=0.02)) | self.vanished()
+                if dead:
+                    continue
+                self.check()
+                reports = c.abandoned()
+                if survivors <= reports.keys():
+                    break
+                if time.monotonic() > report_by:
+                    raise JobError(f"survivors {sorted(survivors - reports.keys())} of epoch {c.in_force.number} "
+                                   "did not report after it broke")  # fmt: skip
+                time.sleep(POLL_S)
+            more = self.settle()  # a standby killed with the member must not be planned in
+            if more:
+                self._fenced |= more - c.dead
+                c.declare_dead(more)
+                self.provider.kill(more)
+                for w in more:
+                    self.allowed[w] = set(GONE)
+                survivors -= more
+            if not (c.dead & c.holders()):
+                self._no_death_recoveries += 1
+                if self._no_death_recoveries > 3:
+                    raise JobError(f"epoch {c.in_force.number} keeps breaking with every worker alive: "
+                                   f"{c.epoch_broken()}")  # fmt: skip
+            redo = {reports[w] for w in survivors if w in reports}
+            if len(redo) > 1:
+                raise JobError(f"survivors disagree on the step to redo: {reports}")
+            if redo:
+                r = redo.pop()
+            else:  # nobody survived: the step is the one the dead started last
+                r = max(c.progress(w) for w in c.holders())
+            if c.recover(r) is None:
+                self.checkpoint_restart(r, None, on_demand=False, survivors=sorted(survivors))
+            else:
+                self.alive_from(r)
+        finally:
+            self._recovering = False
+
+    def _revive(self) -> list[int]:
+        """No instance is left alive: those whose workers were declared dead on a silent heartbeat alone (fenced:
+        hung, or starved past every bound) still exist, so the checkpoint-restart starts fresh workers on them
+        instead of failing the job. Instances the schedule killed or the cloud reclaimed are not among them, nor
+        instances elsewhere (only local processes: fencing an agent's instance may have handed it back)."""
+        c = self.coord
+        if getattr(self.provider, "running", None) is None:  # fencing an instance elsewhere may have ended it
+            return []
+        ids = sorted((self._fenced & c.dead) - c.preempted - self._scripted_kills)
+        if ids:
+            c.revive(ids)
+            self._fenced -= set(ids)
+            self._unscheduled -= set(ids)
+        return ids
+
+    def checkpoint_restart(
+        self, step: int, strategy: tuple[int, int] | None, *, on_demand: bool, survivors: Sequence[int] = ()
+    ) -> None:
+        """What torchrun does: stop every worker process of the epoch, start fresh ones, load the latest complete
+        checkpoint into `strategy`, continue. On demand (at the held boundary before `step`) the members first
+        write the checkpoint of `step`; after a failure the survivors' state is discarded."""
+        c = self.coord
+        was, self._recovering = self._recovering, True
+        try:
+            revived = self._revive() if not on_demand and not c.alive() else []
+            ids = c.restart_members()
+            # holders under a notice whose hand-off was rolled back: their state is discarded too, and they leave
+            leaving = [] if on_demand else c.leaving_members()
+            for w in ids:
+                self.allowed[w] = {EXIT_RESTART, KILLED} if w in revived else {EXIT_RESTART}
+            for w in leaving:
+                self.allowed[w] = {EXIT_RESTART, EXIT_PREEMPTED, KILLED}
+            c.order_restart([*ids, *leaving] if not on_demand else (), step=step if on_demand else None)
+            self.wait(lambda: all(self.provider.exitcode(w) is not None for w in [*ids, *leaving]),
+                      f"workers {ids} to exit for a checkpoint-restart", self.pg_timeout_s + 30)  # fmt: skip
+            self.check()
+            restore = c.latest_checkpoint()
+            if on_demand and restore != step:
+                raise JobError(f"checkpoint-restart at step {step}: the latest complete checkpoint is {restore}")
+            c.clear_restart(ids)
+            c.expect(ids)
+            self.provider.restart(ids)
+            for w in ids:
+                self.allowed[w] = {EXIT_DONE}
+            self.wait_joined(ids, "the checkpoint-restart")
+            self.observe(force=True)  # the old processes are gone: report every step they committed first
+            c.publish_restart(restore, strategy, ids if on_demand else survivors, steps_lost=step - restore)
+            self.alive_from(restore)
+            self._next_step = min(self._next_step, restore)  # the recomputed steps are reported again
+        finally:
+            self._recovering = was
+
+
+@dataclass(frozen=True)
+class LivePlanning:
+    """A job's live planner: asked at each of the `intervals` boundaries (every `steps_per_interval` steps)."""
+
+    planner: Planner | None = None
+    intervals: Sequence[int] = ()
+    steps_per_interval: int = 0
