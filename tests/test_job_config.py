@@ -103,3 +103,38 @@ def test_the_cli_checks_aws_credentials_before_any_job_starts(tmp_path, monkeypa
                                  "--provider-options", f"@{spot}"])  # fmt: skip
     assert r.exit_code == 2 and "--provider aws" in r.stderr and "credentials" in r.stderr.lower(), r.output
     assert not (tmp_path / "job").exists()
+
+
+def test_a_job_resumes_only_with_the_settings_it_was_started_with(tmp_path):
+    """The folder's job.json (what the earlier run wrote) against the resumed job's settings: more steps, another
+    deadline or retention are fine; another seed, model or schedule is refused, naming what changed."""
+    from trainer.config import TrainConfig, model_config
+    from trainer.control.resume import check_same_job
+    from trainer.control.run import JOB_FILE
+
+    before = JobConfig(out_dir=str(tmp_path), model=model_config("tiny-gpt"), train=TrainConfig(steps=10),
+                       availability=AvailabilityConfig(workers=2, trace="p3"))  # fmt: skip
+    where = tmp_path / JOB_FILE
+    previous = json.loads(json.dumps(before.to_dict()))
+    check_same_job(previous, before.replace(train={"steps": 20}, control={"timeout_s": 60.0},
+                                            checkpoint={"keep": 2, "resume": True}), where)  # fmt: skip
+    with pytest.raises(ValueError, match=r"train\.seed: 0 -> 1.*availability\.workers: 2 -> 3"):
+        check_same_job(previous, before.replace(train={"seed": 1}, availability={"workers": 3}), where)
+    with pytest.raises(ValueError, match=r"model\.name: 'tiny-gpt' -> 'small-gpt'"):
+        check_same_job(previous, before.replace(model=model_config("small-gpt")), where)
+
+
+def test_the_cli_refuses_to_resume_a_job_with_other_settings(tmp_path):
+    from typer.testing import CliRunner
+
+    from parcae.cli import app
+    from trainer.config import TrainConfig, model_config
+
+    out = tmp_path / "job"
+    out.mkdir()
+    started = JobConfig(out_dir=str(out), model=model_config("tiny-gpt"), train=TrainConfig(steps=40),
+                        availability=AvailabilityConfig(workers=2))  # fmt: skip
+    (out / "job.json").write_text(json.dumps(started.to_dict()))
+    r = CliRunner().invoke(app, ["train", "--workers", "2", "--out-dir", str(out), "--resume", "--seed", "7"])
+    assert r.exit_code == 2 and "started with other settings" in r.stderr and "train.seed: 0 -> 7" in r.stderr
+    assert "Traceback" not in r.output and not (out / "layers").exists()

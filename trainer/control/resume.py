@@ -1,6 +1,7 @@
 """Resume: where a killed or finished job continues from, and what its folders must hold for that.
 
-Owns: `resume_point` (the newest intact checkpoint of the job: hash records verified, then loaded; a finished job
+Owns: `check_same_job` (a resumed job must be the job its folder holds: `job.json`, the `JobConfig` the earlier run
+wrote), `resume_point` (the newest intact checkpoint of the job: hash records verified, then loaded; a finished job
 refused unless it trains more steps), `finished_step`, `clear_for_resume`. Must not touch: the driver, the store.
 Where to look next: `trainer.runtime.checkpoint` (the files), `docs/driver.md` (Resume).
 """
@@ -8,10 +9,11 @@ Where to look next: `trainer.runtime.checkpoint` (the files), `docs/driver.md` (
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from trainer.config import ModelConfig
+from trainer.config import JobConfig, ModelConfig
 from trainer.control.coordinator import ScheduleError
 from trainer.runtime import checkpoint
 from trainer.runtime.model import layer_names
@@ -92,3 +94,42 @@ def clear_for_resume(layers_dir: Path, ckpt_dir: Path, restore: int) -> None:
         if others:
             raise ScheduleError(f"{d} holds files that are not this job's checkpoints ({', '.join(others[:3])}); "
                                 "move them away to resume")  # fmt: skip
+
+
+#: What a resumed job must share with the run that wrote its folder: what it trains, on which schedule, how often
+#: it checkpoints (the schedule restarts at the resume step). The rest may change on resume: more steps, deadlines,
+#: heartbeats, retention, the provider, the planner.
+SAME_ON_RESUME: dict[str, tuple[str, ...] | None] = {
+    "job": None,
+    "model": None,
+    "train": ("global_batch", "micro_batch", "lr", "betas", "weight_decay", "seed"),
+    "availability": None,
+    "checkpoint": ("every", "dir"),
+}
+
+
+def check_same_job(previous: Mapping[str, Any], config: JobConfig, where: Path) -> None:
+    """`ScheduleError` naming each setting in which `config` differs from `previous` (the `JobConfig.to_dict` an
+    earlier run of the job wrote to `where`) among `SAME_ON_RESUME`: resuming it with other settings would not
+    continue that job."""
+    now = config.to_dict()
+    changed = []
+    for section, fields in SAME_ON_RESUME.items():
+        before, after = previous.get(section), now[section]
+        if not isinstance(after, dict):
+            if before != after:
+                changed.append(f"{section}: {before!r} -> {after!r}")
+            continue
+        before = before if isinstance(before, Mapping) else {}
+        for name in fields or sorted(after):
+            old, new = before.get(name), after[name]
+            if isinstance(old, list):
+                old = list(old)
+            if isinstance(new, tuple):
+                new = list(new)
+            if old != new:
+                changed.append(f"{section}.{name}: {old!r} -> {new!r}")
+    if changed:
+        raise ScheduleError(f"cannot resume the job in {where.parent}: it was started with other settings "
+                            f"({'; '.join(changed)}); resume with the same ones, or give a fresh output folder "
+                            "(--out-dir) for a new job")  # fmt: skip

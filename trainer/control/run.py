@@ -33,7 +33,7 @@ from trainer.control.coordinator import (
 from trainer.control.driver import Driver, JobError, LivePlanning
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
 from trainer.control.planning import Planner, plan_info_dict
-from trainer.control.resume import clear_for_resume, resume_point
+from trainer.control.resume import check_same_job, clear_for_resume, resume_point
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
 from trainer.observe.observer import JobObserver, ObserverList
 from trainer.providers import provider
@@ -140,6 +140,8 @@ def run_job(
     layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
     restore, note = 0, None
     if config.checkpoint.resume:
+        if (out / JOB_FILE).is_file():  # written by an earlier run of this job (`_write_job_file`)
+            check_same_job(jsonio.loads(jsonio.read(out / JOB_FILE)), config, out / JOB_FILE)
         found = resume_point(ckpt_dir, layers_dir, model, job, steps)
         restore = found[0] if found else 0
         clear_for_resume(layers_dir, ckpt_dir, restore)
