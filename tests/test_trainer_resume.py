@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from _jobs import run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
@@ -209,3 +210,14 @@ def test_resume_without_a_complete_checkpoint_starts_from_scratch(tmp_path):
     assert result["resumed_from"] is None and result["first_step"] == 0 and len(result["loss"]) == 4
     assert "no complete checkpoint" in result["resume_note"] and "started from step 0" in result["resume_note"]
     assert not part.exists()  # the killed run's incomplete checkpoint was cleared
+
+
+def test_every_checkpoint_records_the_settings_of_the_job_that_wrote_it(uninterrupted):
+    """A checkpoint says what wrote it: the job's whole `JobConfig` as a dict, beside the layers."""
+    out, _ = uninterrupted
+    shards = sorted((out / "checkpoints").glob("*.pt"))
+    assert shards
+    for shard in shards:
+        data = torch.load(shard, map_location="cpu", weights_only=True)
+        assert data["settings"]["job"] == "job" and data["settings"]["train"]["steps"] == STEPS
+        assert data["settings"]["model"] == CFG.to_dict() and data["settings"]["checkpoint"]["every"] == 3

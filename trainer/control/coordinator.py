@@ -210,7 +210,7 @@ class Coordinator:
         self.config = config
         self.spec = JobSpec(config.model, config.train, config.steps, config.job, config.layers_dir, ctl.pg_timeout_s,
                             config.checkpoint_dir, config.checkpoint.every, ctl.hb_interval_s,
-                            float(ctl.notice_grace_s))  # fmt: skip
+                            float(ctl.notice_grace_s), config.to_dict())  # fmt: skip
         hb_timeout_s, store_timeout_s, model = ctl.hb_timeout_s, ctl.store_timeout_s, config.model
         self.host = host
         self.hb_timeout_s = hb_timeout_s

@@ -7,15 +7,15 @@ construction (it stores and returns `trainer.runtime.pipeline.layer_state` snaps
 saves its shard, the driver picks the resume point and prunes).
 
 Format. A **shard** file holds `{"format": FORMAT, "layers": {name: layer_state}, "step": s, "config": ModelConfig
-as a dict, "job": job_id}` (read with `torch.load(weights_only=True)`: a checkpoint is data, never code). A
-checkpoint is **one shard or several**: a single process writes `step{s:08d}.pt` with every layer; a distributed job
-lets one replica of each stage write `step{s:08d}.stage{k}.pt` with that stage's layers (no gather through a single
-rank). Beside each shard its **hash record** `step{s:08d}[.stage{k}].sha256` (JSON, `RECORD_FORMAT`: `file`, `size`,
-`sha256` of the shard's bytes, `step`, `job`, `model`, `layers` it holds, `model_layers` — every layer of the model,
-so a record says on its own what a complete checkpoint is). The record is the manifest written **last**: only after
-the shard is durable (fsync'ed, renamed, directory fsync'ed). The shards of one step are written by different
-processes at different times, so each carries its own record rather than one manifest per step that someone would
-have to write after all of them.
+as a dict, "job": job_id, "settings": the job's JobConfig as a dict}` (read with `torch.load(weights_only=True)`: a
+checkpoint is data, never code). A checkpoint is **one shard or several**: a single process writes `step{s:08d}.pt`
+with every layer; a distributed job lets one replica of each stage write `step{s:08d}.stage{k}.pt` with that stage's
+layers (no gather through a single rank). Beside each shard its **hash record** `step{s:08d}[.stage{k}].sha256`
+(JSON, `RECORD_FORMAT`: `file`, `size`, `sha256` of the shard's bytes, `step`, `job`, `model`, `layers` it holds,
+`model_layers` — every layer of the model, so a record says on its own what a complete checkpoint is). The record is
+the manifest written **last**: only after the shard is durable (fsync'ed, renamed, directory fsync'ed). The shards
+of one step are written by different processes at different times, so each carries its own record rather than one
+manifest per step that someone would have to write after all of them.
 
 States of a step's checkpoint (`verify_step`): **intact** — every shard matches its record (size, sha256, file name,
 step), the records agree on the job and cover every layer of the model exactly once; **corrupt** — a shard differs
@@ -252,8 +252,10 @@ def save(
     step: int,
     config: ModelConfig,
     job: str,
+    settings: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write `layers` (all of them or one stage's shard) durably to `path`, then its hash record; returns the path.
+    `settings`: the job's `JobConfig.to_dict()`, recorded beside the layers (what wrote this checkpoint).
 
     Refuses (CheckpointError, nothing written) a state with NaN or Inf in any tensor, naming the layer."""
     path = Path(path)
@@ -273,6 +275,7 @@ def save(
         "step": int(step),
         "config": config.to_dict(),
         "job": str(job),
+        "settings": dict(settings or {}),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     record = record_path(path)

@@ -8,7 +8,9 @@ decisions (the coordinator makes them), training (the worker). The keys themselv
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from trainer.config import ModelConfig, TrainConfig
 
@@ -36,6 +38,8 @@ class JobSpec:
     # the grace a preemption notice gives (a worker's SIGTERM: deadline = signal + grace): GCP's 30 s by default,
     # AWS gives 120 s. The worker reports it; the driver decides the hand-off before it and the provider enforces it
     notice_grace_s: float = 30.0
+    # the job's settings as a whole (`JobConfig.to_dict`), recorded in every checkpoint it writes
+    settings: Mapping[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({
@@ -43,6 +47,7 @@ class JobSpec:
             "steps": self.steps, "job": self.job, "layers_dir": self.layers_dir, "pg_timeout_s": self.pg_timeout_s,
             "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
             "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
+            "settings": dict(self.settings),
         })  # fmt: skip
 
     @classmethod
@@ -51,4 +56,4 @@ class JobSpec:
         train = {**d["train"], "betas": tuple(d["train"]["betas"])}
         return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
                    d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
-                   d.get("notice_grace_s", 30.0))  # fmt: skip
+                   d.get("notice_grace_s", 30.0), d.get("settings", {}))  # fmt: skip

@@ -393,7 +393,7 @@ class Worker:
         if ctx.replica != 0 or (step, n) in self._saved:
             return
         path = checkpoint.shard_path(directory, step, ctx.stage)
-        checkpoint.save(path, ctx.layer_states(), step=step, config=job.model, job=job.job)
+        checkpoint.save(path, ctx.layer_states(), step=step, config=job.model, job=job.job, settings=job.settings)
         self._saved.add((step, n))
         self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{ctx.stage};")
 
@@ -444,7 +444,9 @@ class Worker:
             return
         if ctx.replica == 0:  # one shard per stage, written by its first replica
             path = checkpoint.shard_path(job.layers_dir, job.steps, ctx.stage)
-            checkpoint.save(path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job)
+            checkpoint.save(
+                path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job, settings=job.settings
+            )
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
         final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest}
         self.store.set(keys.replica_final(self.id), json.dumps(final))
