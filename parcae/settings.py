@@ -517,10 +517,19 @@ def _check_entrypoint(root: Path, entrypoint: str, params: Any, where: str) -> l
     if flow.name not in FLOW_PARAMETERS:
         return []
     defaults = {k: p.default for k, p in inspect.signature(flow.fn).parameters.items() if p.default is not p.empty}
+    arguments = {**defaults, **validated}
     try:
-        check_all(*flow_checks(flow.name, {**defaults, **validated}, where=f"{where}.parameters."))
+        check_all(*flow_checks(flow.name, arguments, where=f"{where}.parameters."))
     except SettingError as exc:
         return exc.problems
+    # a flow that runs a training job builds its `JobConfig` from its arguments (`job_config` beside the flow):
+    # build it here too, so that what only the config checks (a provider's options, ...) fails before the deploy
+    build = getattr(sys.modules.get(flow.fn.__module__), "job_config", None)
+    if callable(build):
+        try:
+            build(arguments)
+        except ValueError as exc:  # trainer.ConfigError: "section.field: problem; fix"
+            return [f"{where}.parameters: {exc}"]
     return []
 
 

@@ -352,3 +352,16 @@ def test_simulate_json_is_strict_when_a_summary_overflows(tmp_path: Path, monkey
     doc = json.loads(out.read_text(), parse_constant=lambda token: pytest.fail(f"{token} in the JSON"))
     assert doc["policies"]["ideal"]["samples"] is None
     assert f"warning: --json {out}: policies.ideal.samples not finite; written as null" in result.stderr
+
+
+def test_a_train_deployment_whose_job_config_cannot_be_built_is_refused(tmp_path: Path, monkeypatch, capsys):
+    """The provider's options are checked by the JobConfig the train flow builds: a deployment with bad ones is
+    refused before `prefect deploy`, not at its first run."""
+
+    def change(dep):
+        if dep["name"] == "on-demand":
+            dep["parameters"].update(provider="hosts", provider_options={"hosts": ["gpu1"]})
+
+    code, err = _run_settings(_deployments(tmp_path, change), monkeypatch, capsys)
+    assert code == 2 and "OK" not in err
+    assert_clear(err, "'on-demand'.parameters", "provider.options", "hosts and coordinator go together")
