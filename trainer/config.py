@@ -157,6 +157,10 @@ def _need(ok: bool, where: str, problem: str, fix: str) -> None:
         raise ConfigError(f"{where}: {problem}; {fix}")
 
 
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _finite_positive(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -172,8 +176,18 @@ class CheckpointConfig:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        _need(self.every >= 0, "checkpoint.every", f"must be >= 0 (0: never), got {self.every}", "give a step count")
-        _need(self.keep >= 0, "checkpoint.keep", f"must be >= 0 (0: keep all), got {self.keep}", "give a count")
+        _need(
+            _is_int(self.every) and self.every >= 0,
+            "checkpoint.every",
+            f"must be an integer >= 0 (0: never), got {self.every!r}",
+            "give a step count",
+        )
+        _need(
+            _is_int(self.keep) and self.keep >= 0,
+            "checkpoint.keep",
+            f"must be an integer >= 0 (0: keep all), got {self.keep!r}",
+            "give a count",
+        )
 
 
 @dataclass(frozen=True)
@@ -192,7 +206,12 @@ class ControlPlaneConfig:
     timeout_s: float | None = None
 
     def __post_init__(self) -> None:
-        _need(0 <= self.port <= 65535, "control.port", f"must be 0..65535, got {self.port}", "give a free port or 0")
+        _need(
+            _is_int(self.port) and 0 <= self.port <= 65535,
+            "control.port",
+            f"must be an integer in 0..65535, got {self.port!r}",
+            "give a free port or 0",
+        )
         for name in ("pg_timeout_s", "store_timeout_s", "hb_interval_s", "hb_timeout_s"):
             v = getattr(self, name)
             _need(_finite_positive(v), f"control.{name}", f"must be a positive number of seconds, got {v!r}",
@@ -233,8 +252,9 @@ class ProviderConfig:
             raise ConfigError(f"provider.options: {exc}") from None
         _need(self.start_method in START_METHODS, "provider.start_method",
               f"must be one of {', '.join(START_METHODS)}, got {self.start_method!r}", "choose one")  # fmt: skip
-        _need(self.max_processes is None or self.max_processes >= 1, "provider.max_processes",
-              f"must be >= 1 or None, got {self.max_processes}", "give a count")  # fmt: skip
+        _need(self.max_processes is None or (_is_int(self.max_processes) and self.max_processes >= 1),
+              "provider.max_processes",
+              f"must be >= 1 or None, got {self.max_processes!r}", "give a count")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -254,7 +274,12 @@ class AvailabilityConfig:
     kill_fraction: float = 0.5
 
     def __post_init__(self) -> None:
-        _need(self.workers >= 1, "availability.workers", f"must be >= 1, got {self.workers}", "give a count")
+        _need(
+            _is_int(self.workers) and self.workers >= 1,
+            "availability.workers",
+            f"must be an integer >= 1, got {self.workers!r}",
+            "give a count",
+        )
         _need(self.trace is None or self.events_file is None, "availability",
               "give an events file or a trace, not both", "drop one")  # fmt: skip
         _need(_finite_positive(self.interval_seconds) and self.interval_seconds <= 86_400,
@@ -262,10 +287,12 @@ class AvailabilityConfig:
               f"{self.interval_seconds!r}", "give seconds")  # fmt: skip
         _need(_finite_positive(self.step_seconds), "availability.step_seconds",
               f"must be a positive number of seconds, got {self.step_seconds!r}", "give seconds")  # fmt: skip
-        _need(self.start_interval >= 0, "availability.start_interval", f"must be >= 0, got {self.start_interval}",
+        _need(_is_int(self.start_interval) and self.start_interval >= 0, "availability.start_interval",
+              f"must be an integer >= 0, got {self.start_interval!r}",
               "give an interval index")  # fmt: skip
-        _need(0.0 <= self.kill_fraction <= 1.0, "availability.kill_fraction",
-              f"must be in [0, 1], got {self.kill_fraction}", "give a fraction")  # fmt: skip
+        _need(isinstance(self.kill_fraction, (int, float)) and 0.0 <= self.kill_fraction <= 1.0,
+              "availability.kill_fraction",
+              f"must be in [0, 1], got {self.kill_fraction!r}", "give a fraction")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -278,7 +305,12 @@ class PlanningConfig:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        _need(self.look_ahead >= 1, "planning.look_ahead", f"must be >= 1, got {self.look_ahead}", "give K >= 1")
+        _need(
+            _is_int(self.look_ahead) and self.look_ahead >= 1,
+            "planning.look_ahead",
+            f"must be an integer >= 1, got {self.look_ahead!r}",
+            "give K >= 1",
+        )
 
 
 @dataclass(frozen=True)
