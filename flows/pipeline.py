@@ -32,7 +32,7 @@ import tracking
 from prefect import flow, get_run_logger
 
 from flows.train import train
-from forecasting import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.traces import load_availability_trace, load_training_corpus

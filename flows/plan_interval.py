@@ -23,8 +23,7 @@ from typing import Any
 
 from prefect import flow
 
-from forecasting import DEFAULT_INTERVAL_S
-from liveput import DEFAULT_LOOK_AHEAD, JobState
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, JobState
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.plan import forecast_next_intervals, hand_plan_to_coordinator, plan_next_interval

@@ -15,7 +15,7 @@ from typing import Any
 
 from prefect import flow
 
-from forecasting import DEFAULT_INTERVAL_S
+from liveput import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.traces import load_availability_trace, load_training_corpus

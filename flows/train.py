@@ -33,8 +33,7 @@ import tracking
 
 from prefect import flow, get_run_logger, runtime
 
-from forecasting import DEFAULT_INTERVAL_S
-from liveput import DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report

@@ -227,7 +227,7 @@ def check_look_ahead(value: Any, *, setting: str = "look_ahead") -> int:
 
 def check_interval(value: Any, *, setting: str = "interval_s") -> float:
     """An interval T (seconds) in `forecasting.traces.INTERVAL_S_RANGE`."""
-    from forecasting import INTERVAL_S_RANGE
+    from liveput import INTERVAL_S_RANGE
 
     return check_seconds(value, setting=setting, low=INTERVAL_S_RANGE[0], high=INTERVAL_S_RANGE[1])
 
@@ -262,7 +262,7 @@ def _each(check: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _instances(value: Any, *, setting: str) -> int:
-    from forecasting import MAX_INSTANCES
+    from liveput import MAX_INSTANCES
 
     return check_count(value, setting=setting, maximum=MAX_INSTANCES)
 

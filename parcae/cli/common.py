@@ -109,8 +109,7 @@ def check_look_ahead(look_ahead: int, what: str = "--look-ahead") -> None:
 def check_interval(interval_s: float, what: str) -> float:
     """An interval T in `forecasting.traces.INTERVAL_S_RANGE` (a finer grid multiplies the work, a coarser one
     plans a day at a time)."""
-    from forecasting import INTERVAL_S_RANGE
-    from liveput import shown
+    from liveput import INTERVAL_S_RANGE, shown
 
     low, high = INTERVAL_S_RANGE
     if not (math.isfinite(interval_s) and low <= interval_s <= high):

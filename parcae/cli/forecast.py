@@ -17,7 +17,8 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from forecasting import DEFAULT_INTERVAL_S, FORECASTERS
+from forecasting import FORECASTERS
+from liveput import DEFAULT_INTERVAL_S
 from parcae.cli.common import (
     F,
     UserError,
