@@ -74,27 +74,38 @@ def test_a_client_without_the_token_reads_only_ciphertext(coord):
     assert json.loads(connect_store("127.0.0.1", coord.port, "s3cret", 10).get("job/spec"))["job"] == "job-a"
 
 
+def landed(raw, key: str) -> None:
+    """Wait until the server has applied `raw`'s writes: a TCPStore client's set and append are not answered, so
+    without a round trip on the same connection a later read by another client may come first."""
+    raw.get(key)
+
+
 def test_what_a_client_without_the_token_writes_is_ignored(coord, monkeypatch):
     raw = raw_client(coord.port)
     raw.set("ctl/abort", "pwned")  # would stop every worker
     raw.set("ctl/done", "1")
+    landed(raw, "ctl/done")
     assert not coord.store.check(["ctl/abort"]) and not coord.store.check(["ctl/done"])
     raw.append("ctl/notices", "0,")  # a forged notice for a real worker, and junk that crashed the driver
     raw.append("ctl/notices", "junk,")
     raw.set("ctl/notice/0", repr(time.time() + 5))
+    landed(raw, "ctl/notice/0")
     assert coord.new_notices() == {}
     raw.add(HANDED_SEQ, 1)  # a plan injected past hand_plan's checks
     raw.set(handed_key(1), json.dumps({"strategy": [1, 1], "source": "attacker", "sent_at": 0}))
+    landed(raw, handed_key(1))
     assert coord.handed_plans(0) == []  # as good as not written yet...
     monkeypatch.setattr(coordinator, "HANDED_GAP_S", 0.0)
     assert coord.handed_plans(0) == [(1, None)]  # ...and passed over once it stays so
     # a once-only decision cannot be pre-empted by a forged value: the real first writer still wins
     raw.set("ctl/boundary/3", "train")
+    landed(raw, "ctl/boundary/3")  # the forgery is there before the first real writer comes
     assert coord.store.compare_set("ctl/boundary/3", "", "hold") == b"hold"
     assert coord.store.compare_set("ctl/boundary/3", "", "train") == b"hold"
     # a forged frame appended to a sealed value is skipped, the sealed part still reads
     coord.store.append("ctl/states/0", "JOINING@-;")
     raw.append("ctl/states/0", "forged")
+    landed(raw, "ctl/states/0")
     assert coord.states(0) == ["JOINING@-"]
     assert coord.store.rejected["ctl/states/0"] >= 1
 

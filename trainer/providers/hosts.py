@@ -16,6 +16,7 @@ the coordinator's port reachable (the token guards against mis-wiring; keep the 
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import shlex
 import subprocess
@@ -113,6 +114,9 @@ class SshHosts(NumberedInstances):
         line = out[0].strip() if out else b""
         if not line.isdigit():
             code = proc.poll()
+            if code is None and out:  # the pipe closed (EOF): ssh is exiting; its status follows in a moment
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = proc.wait(timeout=5)
             why = f"ssh exited with {code}" if code is not None else f"no answer within {self.start_timeout_s:.0f} s"
             raise HostsError(
                 f"instance {w} on {host}: ssh did not start the agent ({why}); "
