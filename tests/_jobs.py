@@ -74,7 +74,7 @@ def train(
 ) -> dict[str, Any]:  # fmt: skip
     """`trainer.control.run.train` of a `JobConfig` from the names `parcae train` has (trace, events_file, strategy,
     interval_seconds, step_seconds, start_interval, kill_fraction; checkpoint_every defaults to 10 as there)."""
-    avail = {k: settings.pop(k) for k in list(settings) if k in {f for f in AvailabilityConfig.__dataclass_fields__}}
+    avail = {k: settings.pop(k) for k in list(settings) if k in AvailabilityConfig.__dataclass_fields__}
     if "events_file" in avail and avail["events_file"] is not None:
         avail["events_file"] = str(avail["events_file"])
     settings.setdefault("checkpoint_every", 10)

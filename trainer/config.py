@@ -161,6 +161,11 @@ def _is_int(x: object) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+def _need_count(value: Any, where: str, minimum: int, fix: str, meaning: str = "") -> None:
+    """`value` is an integer >= `minimum` (not a bool, a float or a string from a JSON config)."""
+    _need(_is_int(value) and value >= minimum, where, f"must be an integer >= {minimum}{meaning}, got {value!r}", fix)
+
+
 def _finite_positive(x: float | None) -> bool:
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x) and x > 0
 
@@ -176,18 +181,8 @@ class CheckpointConfig:
     resume: bool = False
 
     def __post_init__(self) -> None:
-        _need(
-            _is_int(self.every) and self.every >= 0,
-            "checkpoint.every",
-            f"must be an integer >= 0 (0: never), got {self.every!r}",
-            "give a step count",
-        )
-        _need(
-            _is_int(self.keep) and self.keep >= 0,
-            "checkpoint.keep",
-            f"must be an integer >= 0 (0: keep all), got {self.keep!r}",
-            "give a count",
-        )
+        _need_count(self.every, "checkpoint.every", 0, "give a step count", " (0: never)")
+        _need_count(self.keep, "checkpoint.keep", 0, "give a count", " (0: keep all)")
 
 
 @dataclass(frozen=True)
@@ -252,9 +247,8 @@ class ProviderConfig:
             raise ConfigError(f"provider.options: {exc}") from None
         _need(self.start_method in START_METHODS, "provider.start_method",
               f"must be one of {', '.join(START_METHODS)}, got {self.start_method!r}", "choose one")  # fmt: skip
-        _need(self.max_processes is None or (_is_int(self.max_processes) and self.max_processes >= 1),
-              "provider.max_processes",
-              f"must be >= 1 or None, got {self.max_processes!r}", "give a count")  # fmt: skip
+        if self.max_processes is not None:
+            _need_count(self.max_processes, "provider.max_processes", 1, "give a count, or None")
 
 
 @dataclass(frozen=True)
@@ -274,12 +268,7 @@ class AvailabilityConfig:
     kill_fraction: float = 0.5
 
     def __post_init__(self) -> None:
-        _need(
-            _is_int(self.workers) and self.workers >= 1,
-            "availability.workers",
-            f"must be an integer >= 1, got {self.workers!r}",
-            "give a count",
-        )
+        _need_count(self.workers, "availability.workers", 1, "give a count")
         _need(self.trace is None or self.events_file is None, "availability",
               "give an events file or a trace, not both", "drop one")  # fmt: skip
         _need(_finite_positive(self.interval_seconds) and self.interval_seconds <= 86_400,
@@ -287,9 +276,7 @@ class AvailabilityConfig:
               f"{self.interval_seconds!r}", "give seconds")  # fmt: skip
         _need(_finite_positive(self.step_seconds), "availability.step_seconds",
               f"must be a positive number of seconds, got {self.step_seconds!r}", "give seconds")  # fmt: skip
-        _need(_is_int(self.start_interval) and self.start_interval >= 0, "availability.start_interval",
-              f"must be an integer >= 0, got {self.start_interval!r}",
-              "give an interval index")  # fmt: skip
+        _need_count(self.start_interval, "availability.start_interval", 0, "give an interval index")
         _need(isinstance(self.kill_fraction, (int, float)) and 0.0 <= self.kill_fraction <= 1.0,
               "availability.kill_fraction",
               f"must be in [0, 1], got {self.kill_fraction!r}", "give a fraction")  # fmt: skip
@@ -305,12 +292,7 @@ class PlanningConfig:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        _need(
-            _is_int(self.look_ahead) and self.look_ahead >= 1,
-            "planning.look_ahead",
-            f"must be an integer >= 1, got {self.look_ahead!r}",
-            "give K >= 1",
-        )
+        _need_count(self.look_ahead, "planning.look_ahead", 1, "give K >= 1")
 
 
 @dataclass(frozen=True)

@@ -94,9 +94,6 @@ def _hosts_args(options: Mapping[str, Any]) -> tuple[list[str], str, int, dict[s
     if not isinstance(hosts, (str, list, tuple)):
         raise ProviderError(f"hosts: expected ssh destinations (a list, or 'a,b,c'), got {hosts!r}")
     names = hosts.split(",") if isinstance(hosts, str) else [str(h) for h in hosts]
-    slots = options.get("slots", 1)
-    if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
-        raise ProviderError(f"slots must be an integer >= 1, got {slots!r}")
     address, _, port = str(where).rpartition(":")
     if not address or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise ProviderError(f"coordinator: expected ADDRESS:PORT (e.g. 10.0.0.5:29500), got {where!r}")

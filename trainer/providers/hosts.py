@@ -50,8 +50,8 @@ class SshHosts(NumberedInstances):
             raise ValueError(f"hosts: expected ssh destinations such as 'gpu1' or 'me@10.0.0.7', got {hosts!r}")
         if len(set(hosts)) != len(hosts):
             raise ValueError(f"hosts: {sorted({h for h in hosts if hosts.count(h) > 1})} listed twice; use slots")
-        if slots < 1:
-            raise ValueError(f"slots must be >= 1, got {slots}")
+        if not isinstance(slots, int) or isinstance(slots, bool) or slots < 1:
+            raise ValueError(f"slots must be an integer >= 1, got {slots!r}")
         if not token:
             raise ValueError("a job on other hosts needs a token")
         self.hosts, self.slots = list(hosts), slots
