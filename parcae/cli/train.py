@@ -5,7 +5,6 @@ provider's options, Ctrl-C (`EXIT_INTERRUPTED`, the command that continues the j
 touch: running the job (`trainer.train`, `trainer.measure`), the live progress (`parcae.progress`).
 """
 
-import json
 import math
 import os
 import shlex
@@ -295,6 +294,7 @@ def _interrupted(config: Any) -> NoReturn:
 def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[str, dict[str, Any]]:
     """The provider (`trainer.providers`) and its options from --provider and --provider-options (a JSON object,
     or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
+    from forecasting import jsonio
     from liveput import shown
     from trainer import PROVIDERS
 
@@ -304,18 +304,16 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
     if name not in PROVIDERS:
         raise UserError(f"--provider: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
     options: dict[str, Any] = {}
-    if raw is not None:
-        text = raw
-        if raw.startswith("@"):
-            try:
-                text = Path(raw[1:]).read_text()
-            except OSError as exc:
-                raise UserError(f"--provider-options: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+    if raw is not None:  # within `forecasting.jsonio`'s bounds on size and nesting, as every JSON input
         try:
-            options = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--provider-options: not JSON ({exc}); give an object such as "
+            options = jsonio.loads(jsonio.read(raw[1:]) if raw.startswith("@") else raw)
+        except OSError as exc:
+            raise UserError(f"--provider-options: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+        except jsonio.JsonSyntaxError as exc:
+            raise UserError(f"--provider-options: not JSON ({exc.at('')}); give an object such as "
                             "'{\"region\": \"us-east-1\"}' or @FILE.json") from None  # fmt: skip
+        except jsonio.JsonInputError as exc:
+            raise UserError(f"--provider-options: {exc.at('')}") from None
         if not isinstance(options, dict):
             raise UserError(f"--provider-options: expected a JSON object, got {shown(options)}")
     if given:
