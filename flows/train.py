@@ -51,10 +51,11 @@ from trainer import (
 )
 
 
-def check_train_settings(arguments: Mapping[str, Any]) -> None:
-    """Every fail-fast check of the train flow's ``arguments`` at once (one `SettingError` listing all problems):
-    its parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's), the
-    tracking store, the job folder and, for AWS, the credentials and configuration."""
+def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
+    """Every fail-fast check of the train flow's ``arguments`` (one `SettingError` listing the problems): its
+    parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's), the tracking
+    store, the job folder, then the `JobConfig` they make (the provider's options too: `trainer.providers`) and,
+    for AWS, the credentials. Returns that `JobConfig`."""
     uri = tracking.tracking_uri()
     out_dir, resume = arguments["out_dir"], arguments["resume"]
 
@@ -65,18 +66,16 @@ def check_train_settings(arguments: Mapping[str, Any]) -> None:
             raise settings.SettingError(f"out_dir: {exc}") from None
         settings.check_resume(out_dir, resume, previous, uri)
 
-    def config_ok() -> None:
-        try:
-            job_config(arguments)
-        except ValueError as exc:  # trainer.config.ConfigError: "section.field: problem; fix"
-            field_name, _, rest = str(exc).partition(": ")
-            where = arguments["provider"] if field_name == "provider.options" else field_name
-            raise settings.SettingError(f"{where}: {rest}") from None
-
     settings.check_all(*settings.flow_checks("train", arguments), lambda: settings.check_tracking(uri), resume_ok)
-    settings.check_all(config_ok)  # the provider's options too (`trainer.providers`)
+    try:
+        config = job_config(arguments)
+    except ValueError as exc:  # trainer.ConfigError: "section.field: problem; fix"
+        field_name, _, rest = str(exc).partition(": ")
+        where = arguments["provider"] if field_name == "provider.options" else field_name
+        raise settings.SettingError(f"{where}: {rest}") from None
     if arguments["provider"] == "aws":
         settings.check_aws((arguments.get("provider_options") or {}).get("region"))
+    return config
 
 
 def job_config(arguments: Mapping[str, Any]) -> JobConfig:
@@ -130,8 +129,7 @@ def train(
     Returns the summary (`tasks.tracking.train_summary`).
     """
     arguments = dict(locals())  # the flow's arguments: nothing else is bound yet
-    check_train_settings(arguments)
-    config = job_config(arguments)  # built once, checked above, passed down unchanged
+    config = check_train_settings(arguments)  # built once, checked, passed down unchanged
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
     if planner == "liveput":
