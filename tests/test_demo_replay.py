@@ -28,6 +28,7 @@ from trainer.control.planning import PlanRequest, make_planner  # noqa: E402
 from trainer.control.schedules import LocalTraceProvider, trace_strategy  # noqa: E402
 from trainer.observe.calibration import p2p_table  # noqa: E402
 from trainer.observe.profile import RuntimeProfile, runtime_spec  # noqa: E402
+from trainer.runtime.model import n_layers
 
 DEMO = {k: p.default for k, p in inspect.signature(pipeline.fn).parameters.items()}
 
@@ -68,7 +69,7 @@ def dry_run_demo(profile: RuntimeProfile) -> list[tuple[int, str, tuple[int, int
     )  # fmt: skip
     model, train = model_config(DEMO["model"]), TrainConfig(steps=steps)
     events = {g.step: g for g in group_events(parse_events(sched.events))}
-    strategy = trace_strategy(sched.workers, model.n_layers_total)
+    strategy = trace_strategy(sched.workers, n_layers(model))
     decided: list[EventGroup] = []
     history = [sched.workers]
     for s in range(spi, steps, spi):
@@ -77,7 +78,7 @@ def dry_run_demo(profile: RuntimeProfile) -> list[tuple[int, str, tuple[int, int
         alive = (set(state.alive) | set(range(state.next_id, state.next_id + g.add))) - set(g.preempt)
         history.append(len(alive))
         req = PlanRequest(interval=s // spi, step=s, alive=len(alive), current=(state.epoch.D, state.epoch.P),
-                          history=tuple(history), n_layers=model.n_layers_total, global_batch=train.global_batch,
+                          history=tuple(history), n_layers=n_layers(model), global_batch=train.global_batch,
                           handed=None)  # fmt: skip
         decision, _ = planner(req)
         decided.append(dataclasses.replace(g, strategy=tuple(decision)))

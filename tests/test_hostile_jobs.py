@@ -26,8 +26,8 @@ from trainer.config import TrainConfig, model_config
 from trainer.control import driver as driver_module
 from trainer.control import run as run_module
 from trainer.control.driver import JobError
+from trainer.examples.gpt import global_batch
 from trainer.runtime import checkpoint
-from trainer.runtime.data import global_batch
 from trainer.runtime.pipeline import StageLayout, build_context
 
 CFG = model_config("tiny-gpt", dtype="float64")

@@ -15,7 +15,7 @@ from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import TrainConfig, model_config
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint import CheckpointError
-from trainer.runtime.model import Stage, build_layer, layer_names
+from trainer.runtime.model import Stage, build_layer, layer_names, spec_of
 from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
@@ -59,7 +59,7 @@ def test_round_trip_into_another_cut(trained, tmp_path):
     for stage in range(3):
         idx = strategy.layers(stage)
         stage_mod = Stage([build_layer(CFG, i) for i in idx], idx.start, idx.stop)
-        opts = {i: make_optimizer(stage_mod.layer(i), TRAIN) for i in idx}
+        opts = {i: make_optimizer(stage_mod.layer(i), spec_of(CFG, TRAIN)) for i in idx}
         for i in idx:
             load_layer_state(stage_mod.layer(i), opts[i], ckpt.layers[names[i]])
         shard = {names[i]: layer_state(stage_mod.layer(i), opts[i]) for i in idx}
@@ -104,7 +104,7 @@ def test_other_job_or_other_model_config_is_refused(trained, tmp_path):
     other_seed = r"ck\.pt: checkpoint of another model config \(seed: file has 0, expected 7\)"
     with pytest.raises(CheckpointError, match=other_seed):
         checkpoint.load(path, config=model_config(seed=7), job=JOB)
-    with pytest.raises(CheckpointError, match=r"n_layer: file has 4, expected 2"):
+    with pytest.raises(CheckpointError, match=r"args.n_layer: file has 4, expected 2"):
         checkpoint.load(path, config=model_config(n_layer=2), job=JOB)
 
 

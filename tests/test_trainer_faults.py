@@ -26,13 +26,14 @@ from trainer.control.events import EventError, EventGroup, group_events, parse_e
 from trainer.control.schedules import chaos_schedule
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import Epoch, first_epoch, layer_sizes, plan_recovery, restart_epoch
+from trainer.runtime.model import n_layers
 from trainer.runtime.pipeline import EpochGroups, StageLayout, StepAbandoned, build_context, train_step
 from trainer.runtime.worker import EXIT_PREEMPTED
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
 SIZES = layer_sizes(CFG)
-N = CFG.n_layers_total
+N = n_layers(CFG)
 
 
 @pytest.fixture(autouse=True)

@@ -38,13 +38,13 @@ from trainer.runtime.migration import (
     plan_transfers,
     state_bytes,
 )
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, n_layers
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.runtime.worker import EXIT_PREEMPTED, EXIT_TOKEN, TokenError, Worker, WorkerSpec, process_main
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
-N = CFG.n_layers_total  # 6: embed, 4 blocks, head
+N = n_layers(CFG)  # 6: embed, 4 blocks, head
 STEPS = 10
 
 # 2x2 on workers 0-3, then: intra-stage; inter-stage forced by a preemption whose victim holds the last copy of its

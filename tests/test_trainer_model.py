@@ -1,4 +1,5 @@
-"""Tests of trainer.config, trainer.runtime.data and trainer.runtime.model (single process, no torch.distributed)."""
+"""Tests of trainer.config, trainer.runtime.data, trainer.runtime.model and the example GPT (single process, no
+torch.distributed)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
-from trainer.runtime.data import corpus, global_batch, micro_sizes, replica_rows, shard
-from trainer.runtime.gpt import Block, Embedding, Head
-from trainer.runtime.model import Stage, build_layer, build_layers, layer_names
+from trainer.corpus import corpus
+from trainer.examples.gpt import Block, Embedding, Head, global_batch
+from trainer.runtime.data import micro_sizes, replica_rows, shard
+from trainer.runtime.model import Stage, build_layer, build_layers, layer_names, n_layers
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.runtime.trainspec import SpecError
 
 CFG = model_config("tiny-gpt")
 
@@ -21,8 +24,9 @@ CFG = model_config("tiny-gpt")
 
 
 def test_registry_defaults_and_unknown_names():
-    assert CFG.name == "tiny-gpt" and (CFG.n_layer, CFG.n_embd, CFG.n_head, CFG.block_size) == (4, 64, 4, 32)
-    assert CFG.vocab_size == corpus().vocab_size == len(corpus().chars)
+    assert CFG.name == "tiny-gpt"
+    assert CFG.args == {"n_layer": 4, "n_embd": 64, "n_head": 4, "block_size": 32}
+    assert corpus().vocab_size == len(corpus().chars)
     assert ModelConfig() == CFG
     assert model_config("tiny-gpt", seed=3).seed == 3
     assert set(MODELS) >= {"tiny-gpt"}
@@ -30,8 +34,8 @@ def test_registry_defaults_and_unknown_names():
         model_config("gpt-9")
     with pytest.raises(UnknownModelError, match="gpt-9"):
         ModelConfig(name="gpt-9")
-    with pytest.raises(ValueError, match="divisible by n_head"):
-        model_config(n_embd=66)
+    with pytest.raises(SpecError, match="divisible by n_head"):
+        layer_names(model_config(n_embd=66))
     t = TrainConfig()
     assert (t.global_batch, t.micro_batch, t.lr, t.seed) == (16, 2, 3e-3, 0)
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -89,7 +93,7 @@ def test_shard_errors():
 
 def test_layer_names_and_types():
     assert layer_names(CFG) == ["embed", "block.0", "block.1", "block.2", "block.3", "head"]
-    assert CFG.n_layers_total == 6
+    assert n_layers(CFG) == 6
     layers = build_layers(CFG)
     assert [type(layer) for layer in layers] == [Embedding, Block, Block, Block, Block, Head]
     with pytest.raises(IndexError):
@@ -120,7 +124,7 @@ def test_stage_slices_compose_to_the_whole_model():
     x, _ = global_batch(0, TrainConfig(), 32)
     whole = Stage(layers, 0, 6)(x[:2])
     parts = Stage(layers[3:], 3, 6)(Stage(layers[:3], 0, 3)(x[:2]))
-    assert whole.shape == (2, 32, CFG.vocab_size)
+    assert whole.shape == (2, 32, corpus().vocab_size)
     assert torch.equal(whole, parts)
     s = Stage(layers[1:3], 1, 3)
     assert s.indices == range(1, 3) and s.layer(2) is layers[2]
@@ -133,5 +137,5 @@ def test_stage_slices_compose_to_the_whole_model():
 def test_single_process_training_reduces_the_loss():
     ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
     losses = [train_step(ctx, s) for s in range(20)]
-    assert losses[0] == pytest.approx(torch.log(torch.tensor(float(CFG.vocab_size))).item(), rel=0.05)
+    assert losses[0] == pytest.approx(torch.log(torch.tensor(float(corpus().vocab_size))).item(), rel=0.05)
     assert sum(losses[-5:]) / 5 < 0.8 * losses[0]

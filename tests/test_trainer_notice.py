@@ -27,7 +27,7 @@ from trainer.control.planning import RulePlanner
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, n_layers
 from trainer.runtime.pipeline import StageLayout, build_context, parameters_checksum, train_step
 from trainer.runtime.worker import EXIT_PREEMPTED, Notice
 
@@ -180,7 +180,7 @@ def test_a_rolled_back_migration_is_replanned_from_its_base(tmp_path):
     assert plan_recovery(base, 4, [0], [1, 2], sizes, number=3) is None
     # a migration that is not rolled back is numbered and based as before
     assert next_epoch(base, 4, [0, 1, 2], sizes, preempt=[1]).base is None
-    assert first_epoch(1, 2, [0, 1], CFG.n_layers_total).base_number == 0
+    assert first_epoch(1, 2, [0, 1], n_layers(CFG)).base_number == 0
 
 
 # ------------------------------------------------------------------------------------------------- notices

@@ -29,9 +29,9 @@ import torch.nn.functional as F
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 
 from trainer.config import ModelConfig, TrainConfig, model_config
+from trainer.examples.gpt import global_batch
 from trainer.runtime import checkpoint
-from trainer.runtime.data import global_batch
-from trainer.runtime.model import build_layers, layer_names
+from trainer.runtime.model import build_layers, layer_names, spec_of
 from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
@@ -116,7 +116,7 @@ def test_micro_batched_per_layer_step_equals_plain_full_batch_adamw(reference):
     opt = torch.optim.AdamW(model.parameters(), lr=TRAIN.lr, betas=TRAIN.betas, weight_decay=TRAIN.weight_decay)
     losses = []
     for step in range(STEPS):
-        x, y = global_batch(step, TRAIN, CFG.block_size)
+        x, y = global_batch(step, TRAIN, CFG.args["block_size"])
         loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
         opt.zero_grad()
         loss.backward()
@@ -156,23 +156,23 @@ def test_layer_state_round_trip_continues_the_same_run():
 
 def test_layer_state_before_the_first_step_and_errors():
     layer, other = build_layers(CFG, 1, 3)
-    opt = make_optimizer(layer, TRAIN)
+    opt = make_optimizer(layer, spec_of(CFG, TRAIN))
     fresh = layer_state(layer, opt)
     assert {k.split("/")[0] for k in fresh} == {"param"}
-    load_layer_state(other, make_optimizer(other, TRAIN), fresh)
+    load_layer_state(other, make_optimizer(other, spec_of(CFG, TRAIN)), fresh)
     assert all(torch.equal(a, b) for a, b in zip(layer.parameters(), other.parameters()))
     with pytest.raises(ValueError, match="optimizer does not own"):
-        load_layer_state(layer, make_optimizer(other, TRAIN), fresh)
+        load_layer_state(layer, make_optimizer(other, spec_of(CFG, TRAIN)), fresh)
     head = build_layers(CFG, 5, 6)[0]
     with pytest.raises(ValueError, match="missing"):
-        load_layer_state(head, make_optimizer(head, TRAIN), fresh)
+        load_layer_state(head, make_optimizer(head, spec_of(CFG, TRAIN)), fresh)
     partial = {k: v for k, v in fresh.items()}
-    partial["exp_avg/ln_1.weight"] = torch.zeros(CFG.n_embd)
+    partial["exp_avg/ln_1.weight"] = torch.zeros(CFG.args["n_embd"])
     with pytest.raises(ValueError, match="lacks"):
-        load_layer_state(other, make_optimizer(other, TRAIN), partial)
+        load_layer_state(other, make_optimizer(other, spec_of(CFG, TRAIN)), partial)
     block32 = build_layers(CFG32, 1, 2)[0]
     with pytest.raises(ValueError, match="torch.float64, layer has .* torch.float32"):
-        load_layer_state(block32, make_optimizer(block32, TRAIN), fresh)
+        load_layer_state(block32, make_optimizer(block32, spec_of(CFG, TRAIN)), fresh)
 
 
 # ------------------------------------------------------------------------------------------- worker pool

@@ -48,13 +48,13 @@ from trainer.observe.observer import JobObserver, ObserverList, PlanInfo, Record
 from trainer.observe.profile import RuntimeProfile
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import layer_sizes
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, n_layers
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.runtime.store import read_token_file
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
-N = CFG.n_layers_total  # 6
+N = n_layers(CFG)  # 6
 
 
 @pytest.fixture(autouse=True)

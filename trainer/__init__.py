@@ -13,15 +13,18 @@ The folder is laid out by layer, each sub-package with a face of its own (import
   providers/  where instances come from: the `PROVIDERS` registry (local processes, hosts over ssh, EC2 spot), the
               instance agent, the on-instance IMDS watcher
   observe/    observers (`JobObserver`), MLflow tracking, the runtime profile and its calibration
-  runtime/    the worker's runtime: the model protocol and the example GPT, data, the pipeline step, migrations'
-              hand-off, checkpoints, the worker, and the wire it speaks (sealed store, keys, spec)
+  examples/   the built-in models (the example GPTs), written against the public `TrainSpec` contract
+  runtime/    the worker's runtime: the training spec and its checks, the model's stages, data, the pipeline
+              step, migrations' hand-off, checkpoints and their export, the worker, and the wire it speaks (sealed
+              store, keys, spec)
   corpus      the bundled character corpus the example GPTs train on
   jsonfile    a JSON file read with one clear error (schedules, profiles)
 
-Where a new piece plugs in: a model — a module with `layer_names`, `build_layer`, `loss`
-(`trainer.runtime.model.ModelFamily`; the GPT in `trainer/runtime/gpt.py` is the example), registered with
-`register_model`; a provider — `register_provider(Provider(...))` in `trainer/providers/__init__.py`; a planner —
-`trainer/control/planning.py` (`make_planner`, `PLANNERS`).
+Where a new piece plugs in: a model — a function returning a `TrainSpec` (layers, batch, loss, optimizer), named
+``module:function`` on the command line or registered with `register_model` / a ``parcae.models`` entry point (the
+GPTs in `trainer/examples/gpt.py` are written against that contract); a provider —
+`register_provider(Provider(...))` in `trainer/providers/__init__.py`; a planner — `trainer/control/planning.py`
+(`make_planner`, `PLANNERS`).
 
 Names resolve on first use (PEP 562): the settings checks read `MODELS` or `PROVIDERS` without loading torch.
 None of it imports Prefect.
@@ -52,11 +55,15 @@ _HOMES: dict[str, str] = {
     "MlflowJobObserver": "trainer.observe.tracking",
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
     **dict.fromkeys(("TOKEN_ENV", "read_token_file"), "trainer.runtime.store"),
-    **dict.fromkeys(("ModelFamily", "build_layers", "layer_names"), "trainer.runtime.model"),
+    **dict.fromkeys(("build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
+    **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
+                    "trainer.runtime.trainspec"),
     **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
                     "trainer.runtime.pipeline"),
-    **dict.fromkeys(("global_batch", "shard"), "trainer.runtime.data"),
+    **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
+    "global_batch": "trainer.examples.gpt",
     "corpus": "trainer.corpus",
+    **dict.fromkeys(("Exported", "export_state_dict", "write_state_dict"), "trainer.runtime.export"),
     "checkpoint": "",  # the checkpoint module itself: a namespace (`trainer.checkpoint.latest_intact`)
 }  # fmt: skip
 
@@ -139,6 +146,7 @@ if TYPE_CHECKING:
     )
     from trainer.control.schedules import chaos_schedule as chaos_schedule
     from trainer.corpus import corpus as corpus
+    from trainer.examples.gpt import global_batch as global_batch
     from trainer.observe.observer import (
         JobObserver as JobObserver,
     )
@@ -180,16 +188,20 @@ if TYPE_CHECKING:
     from trainer.providers.aws_config import AwsSpotConfig as AwsSpotConfig
     from trainer.providers.hosts import HostsError as HostsError
     from trainer.runtime import checkpoint as checkpoint
-    from trainer.runtime.data import global_batch as global_batch
+    from trainer.runtime.data import StepSampler as StepSampler
+    from trainer.runtime.data import TokenWindows as TokenWindows
     from trainer.runtime.data import shard as shard
-    from trainer.runtime.model import (
-        ModelFamily as ModelFamily,
-    )
+    from trainer.runtime.export import Exported as Exported
+    from trainer.runtime.export import export_state_dict as export_state_dict
+    from trainer.runtime.export import write_state_dict as write_state_dict
     from trainer.runtime.model import (
         build_layers as build_layers,
     )
     from trainer.runtime.model import (
         layer_names as layer_names,
+    )
+    from trainer.runtime.model import (
+        spec_of as spec_of,
     )
     from trainer.runtime.pipeline import (
         StageLayout as StageLayout,
@@ -208,6 +220,13 @@ if TYPE_CHECKING:
     )
     from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV
     from trainer.runtime.store import read_token_file as read_token_file
+    from trainer.runtime.trainspec import Layer as Layer
+    from trainer.runtime.trainspec import SpecError as SpecError
+    from trainer.runtime.trainspec import TrainSpec as TrainSpec
+    from trainer.runtime.trainspec import check_job as check_job
+    from trainer.runtime.trainspec import check_spec as check_spec
+    from trainer.runtime.trainspec import fingerprint as fingerprint
+    from trainer.runtime.trainspec import load_spec as load_spec
 
 __all__ = sorted([*_HOMES, "check_aws_credentials"])
 

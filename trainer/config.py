@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,93 +27,107 @@ from liveput import DEFAULT_LOOK_AHEAD
 
 
 class UnknownModelError(ValueError):
-    """A model name that is not in `MODELS`."""
+    """A model name that is neither registered (`MODELS`, a ``parcae.models`` entry point) nor ``module:function``."""
 
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A registered model: the module of its family (the `trainer.runtime.model.ModelFamily` protocol: layer names,
-    layer builder, loss) and the shape its `ModelConfig` starts from."""
+    """A registered model: the ``module:function`` that returns its `trainer.runtime.trainspec.TrainSpec` (the
+    contract a user's own model is written against) and the args its `ModelConfig` starts from."""
 
-    family: str
-    shape: Mapping[str, int]
+    entry: str
+    args: Mapping[str, Any]
 
 
 #: The registry of models, by name. "tiny-gpt" is the CPU demo network (~0.2 M parameters, 6 layers in all);
-#: "small-gpt" is a larger one for benchmarks that want stages with visible compute.
+#: "small-gpt" is a larger one for benchmarks that want stages with visible compute. Both are specs written against
+#: the public contract (`trainer/examples/gpt.py`). Installed packages add names through the ``parcae.models``
+#: entry-point group; any ``module:function`` path works without registering.
 MODELS: dict[str, ModelEntry] = {}
 
 
-def register_model(name: str, family: str, **shape: int) -> ModelEntry:
-    """Register model `name`: its family's module (imported when a job uses it) and its shape fields."""
+def register_model(name: str, entry: str, **args: Any) -> ModelEntry:
+    """Register model `name`: the ``module:function`` returning its spec (imported when a job uses it) and its
+    default args."""
     if name in MODELS:
         raise ValueError(f"model {name!r} is registered already")
-    MODELS[name] = ModelEntry(family, dict(shape))
+    if ":" in name or ":" not in entry:
+        raise ValueError(f"register_model({name!r}, {entry!r}): the name has no ':', the entry is module:function")
+    MODELS[name] = ModelEntry(entry, dict(args))
     return MODELS[name]
 
 
-register_model("tiny-gpt", "trainer.runtime.gpt", n_layer=4, n_embd=64, n_head=4, block_size=32)
-register_model("small-gpt", "trainer.runtime.gpt", n_layer=8, n_embd=128, n_head=4, block_size=64)
+def model_entry(name: str) -> ModelEntry | None:
+    """The registered entry of `name`, if any (entry points and ``module:function`` paths resolve in
+    `trainer.runtime.trainspec.resolve`)."""
+    return MODELS.get(name)
 
 
-DTYPES = ("float32", "float64")
+register_model("tiny-gpt", "trainer.examples.gpt:spec", n_layer=4, n_embd=64, n_head=4, block_size=32)
+register_model("small-gpt", "trainer.examples.gpt:spec", n_layer=8, n_embd=128, n_head=4, block_size=64)
 
 
-def _corpus_vocab_size() -> int:
-    from trainer.corpus import corpus  # lazily: building the corpus costs ~0.1 s, and a config may not need it
+ENTRY_POINT_GROUP = "parcae.models"
 
-    return corpus().vocab_size
+
+def installed_models() -> dict[str, str]:
+    """Model names installed packages register under the ``parcae.models`` entry-point group -> their
+    ``module:function``."""
+    from importlib.metadata import entry_points  # only for a name that is not registered here
+
+    return {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def _known_model(name: str) -> bool:
+    return name in MODELS or ":" in name or name in installed_models()
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The network: a GPT over the bundled character corpus.
-
-    `vocab_size` defaults to the corpus vocabulary; `seed` fixes every layer's initial weights (each layer from its
-    own generator, so the cut into stages does not matter — see `trainer.runtime.model.layer_seed`). `dtype` is a torch
-    dtype name, kept as a string so configs stay plain data. `model_config(name)` gives a registered shape; the
-    constructor takes the fields as given (the name must still be registered).
-    """
+    """The network, by reference: `name` (a registered model, an installed ``parcae.models`` entry point, or a
+    ``module:function`` returning a `TrainSpec`) and the keyword `args` its function is called with (plain JSON
+    data: configs cross process boundaries and are stored in checkpoints). `seed` fixes every layer's initial
+    weights (each layer from its own generator, so the cut into stages does not matter — see
+    `trainer.runtime.trainspec.layer_seed`). A registered model's args start from its registered defaults."""
 
     name: str = "tiny-gpt"
-    vocab_size: int = field(default_factory=_corpus_vocab_size)
-    n_layer: int = 4
-    n_embd: int = 64
-    n_head: int = 4
-    block_size: int = 32
+    args: Mapping[str, Any] = field(default_factory=dict)
     seed: int = 0
-    # "float64" makes runs that differ only in summation order (other D) agree to ~1e-12 rather than ~1e-5:
-    # Adam's first steps amplify float32 rounding in near-zero gradients. Used by the equivalence tests.
-    dtype: str = "float32"
 
     def __post_init__(self) -> None:
-        if self.name not in MODELS:
-            raise UnknownModelError(f"unknown model {self.name!r}; known models: {', '.join(sorted(MODELS))}")
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if min(self.vocab_size, self.n_layer, self.n_embd, self.block_size) < 1:
-            raise ValueError(f"model dimensions must be positive: {self}")
+        _need(isinstance(self.name, str) and bool(self.name), "model.name", f"must be a model name, got "
+              f"{self.name!r}", "give a registered name or module:function")  # fmt: skip
+        if not _known_model(self.name):
+            known = ", ".join(sorted({*MODELS, *installed_models()}))
+            raise UnknownModelError(f"model.name: unknown model {self.name!r}; known models: {known}, or give "
+                                    "module:function (mypkg.train:spec)")  # fmt: skip
+        _need(isinstance(self.args, Mapping) and all(isinstance(k, str) for k in self.args), "model.args",
+              f"must be a mapping of argument names to values, got {self.args!r}",
+              "give the spec's keyword arguments as a JSON object")  # fmt: skip
+        entry = MODELS.get(self.name)  # a registered model's args are its defaults, so equal configs compare equal
+        try:
+            canonical = json.loads(json.dumps({**(entry.args if entry else {}), **self.args}, sort_keys=True))
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"model.args: must be plain JSON data ({exc}); give numbers, strings, lists and "
+                              "objects") from None  # fmt: skip
+        object.__setattr__(self, "args", canonical)
+        _need(_is_int(self.seed), "model.seed", f"must be an integer, got {self.seed!r}", "give an integer seed")
 
-    @property
-    def n_layers_total(self) -> int:
-        """Layers in the ordered list the pipeline cuts: embed + n_layer blocks + head."""
-        return self.n_layer + 2
+    def __hash__(self) -> int:
+        return hash((self.name, json.dumps(self.args, sort_keys=True), self.seed))
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {"name": self.name, "args": dict(self.args), "seed": self.seed}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+    def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
         return cls(**d)
 
 
-def model_config(name: str = "tiny-gpt", **overrides: Any) -> ModelConfig:
-    """The registered shape of `name`, with `overrides` (e.g. seed=3) applied."""
-    if name not in MODELS:
-        raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(sorted(MODELS))}")
-    return ModelConfig(name=name, **{**MODELS[name].shape, **overrides})
+def model_config(name: str = "tiny-gpt", seed: int = 0, **args: Any) -> ModelConfig:
+    """Model `name` with the keyword `args` (over a registered model's defaults), e.g.
+    ``model_config("tiny-gpt", dtype="float64")``."""
+    return ModelConfig(name=name, args=args, seed=seed)
 
 
 @dataclass(frozen=True)
@@ -130,8 +145,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     seed: int = 0
     steps: int = 100
+    schedule: str = "gpipe"  # the pipeline schedule within a step: "gpipe" or "1f1b" (trainer.runtime.pipeline)
 
     def __post_init__(self) -> None:
+        _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
+              "choose one")  # fmt: skip
         if self.global_batch < 1 or self.micro_batch < 1:
             raise ValueError(f"global_batch and micro_batch must be >= 1, got {self.global_batch}, {self.micro_batch}")
         if self.lr <= 0:

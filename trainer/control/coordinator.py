@@ -34,6 +34,8 @@ from trainer.runtime.migration import (
     plan_recovery,
     restart_epoch,
 )
+from trainer.runtime.model import model_fingerprint
+from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import host_store, new_token
 
@@ -128,11 +130,11 @@ def schedule_state(
         raise ScheduleError(f"steps must be >= 1, got {steps}")
     D, P = strategy
     try:
-        epoch = first_epoch(D, P, range(workers), model.n_layers_total, train.global_batch)
+        epoch = first_epoch(D, P, range(workers), layer_count(model), train.global_batch)
     except PlanError as e:
         raise ScheduleError(f"initial strategy: {e}") from None
     sizes = layer_sizes(model)
-    n_layers = model.n_layers_total
+    n_layers = layer_count(model)
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
     for g in sorted(groups, key=lambda g: g.step):
         if before_step is not None and g.step >= before_step:
@@ -210,7 +212,7 @@ class Coordinator:
         self.config = config
         self.spec = JobSpec(config.model, config.train, config.steps, config.job, config.layers_dir, ctl.pg_timeout_s,
                             config.checkpoint_dir, config.checkpoint.every, ctl.hb_interval_s,
-                            float(ctl.notice_grace_s), config.to_dict())  # fmt: skip
+                            float(ctl.notice_grace_s), config.to_dict(), model_fingerprint(config.model))  # fmt: skip
         hb_timeout_s, store_timeout_s, model = ctl.hb_timeout_s, ctl.store_timeout_s, config.model
         self.host = host
         self.hb_timeout_s = hb_timeout_s
@@ -578,7 +580,7 @@ class Coordinator:
     ) -> Epoch:
         """Publish epoch 1 over `workers` (they must have joined): at step 0, or — a resumed job — at
         `restore_step`, every member loading the checkpoint of that step (complete in the checkpoint directory)."""
-        epoch = first_epoch(strategy[0], strategy[1], workers, self.spec.model.n_layers_total,
+        epoch = first_epoch(strategy[0], strategy[1], workers, layer_count(self.spec.model),
                             self.spec.train.global_batch, restore_step=restore_step,
                             assignment=assignment)  # fmt: skip
         self.first_step = restore_step
@@ -727,7 +729,7 @@ class Coordinator:
         cur = self.in_force
         lost = self.dead & self.holders()
         broken = self._broken_epochs()
-        epoch = restart_epoch(cur, restore_step, self.alive(), self.spec.model.n_layers_total, strategy,
+        epoch = restart_epoch(cur, restore_step, self.alive(), layer_count(self.spec.model), strategy,
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
             for n in broken:

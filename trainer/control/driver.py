@@ -30,6 +30,7 @@ from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names
+from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
 POLL_S = 0.005
@@ -318,7 +319,7 @@ class Driver:
         left = len(c.alive() - set(preempt))
         options: list[tuple[int, int] | None] = [None]
         with contextlib.suppress(PlanError):
-            options.append(recovery_strategy(c.in_force, left, c.spec.model.n_layers_total, c.spec.train.global_batch))
+            options.append(recovery_strategy(c.in_force, left, layer_count(c.spec.model), c.spec.train.global_batch))
         for option in options:
             try:
                 epoch = c.reconfigure(s, option, preempt, added, noticed=noticed, source=source)
@@ -489,7 +490,7 @@ class Driver:
         self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
         cur = c.in_force
         req = PlanRequest(interval=s // self.steps_per_interval, step=s, alive=alive, current=(cur.D, cur.P),
-                          history=tuple(self.history), n_layers=c.spec.model.n_layers_total,
+                          history=tuple(self.history), n_layers=layer_count(c.spec.model),
                           global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
         t0 = time.perf_counter()
         decision, details = self.planner(req)

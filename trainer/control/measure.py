@@ -17,9 +17,11 @@ first step, which falls in the prologue and is never used.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import tempfile
 import time
@@ -224,6 +226,7 @@ def measure(
     rounds: int = 2,
     strategies: Iterable[Strategy] | None = None,
     seed: int = 0,
+    model_args: Mapping[str, Any] | None = None,
     out_dir: str | os.PathLike[str],
     progress: Callable[[str], None] | None = None,
     start_method: str = "spawn",
@@ -249,13 +252,18 @@ def measure(
     from trainer.control.events import Schedule, group_events, parse_events
     from trainer.control.run import run_job
     from trainer.runtime.migration import layer_sizes
+    from trainer.runtime.model import n_layers as layer_count
+    from trainer.runtime.trainspec import check_job
 
     if workers < 2:
         raise ProfileError(TOO_FEW.format(workers))
     say = progress or (lambda _msg: None)
-    mcfg = model_config(model, seed=seed)
-    n_layers = mcfg.n_layers_total
-    feasible = feasible_strategies(workers, n_layers, TrainConfig().global_batch)
+    mcfg = model_config(model, seed=seed, **dict(model_args or {}))
+    # the spec's own batch size (the built-in GPTs': TrainConfig's), checked before any process starts
+    batch = check_job(JobConfig(out_dir=str(out_dir), model=mcfg, train=TrainConfig(seed=seed)),
+                      batch_given=False).train.global_batch  # fmt: skip
+    n_layers = layer_count(mcfg)
+    feasible = feasible_strategies(workers, n_layers, batch)
     if strategies is None:
         chosen = feasible
     else:
@@ -266,9 +274,8 @@ def measure(
             raise ProfileError(f"strategy {d}x{p} is not feasible on {workers} workers with {n_layers} layers "
                                f"(feasible: {', '.join(f'{a}x{b}' for a, b in feasible)})")  # fmt: skip
     order = visit_rounds(visit_order(chosen), rounds)
-    tcfg = TrainConfig(seed=seed)
-    sched = profile_schedule(workers, order, steps_per_strategy, tcfg.global_batch)
-    tcfg = TrainConfig(seed=seed, steps=sched.steps)
+    sched = profile_schedule(workers, order, steps_per_strategy, batch)
+    tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch)
     say(f"profiling {model} on {workers} workers: {len(set(order))} strategies, {sched.steps} steps")
     t0 = time.monotonic()
     job = JobConfig(out_dir=str(out_dir), model=mcfg, train=tcfg, checkpoint=CheckpointConfig(every=0),
@@ -316,26 +323,31 @@ def measure(
                                      f"start_method={start_method!r})")  # fmt: skip
 
 
-def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs") -> Path:
-    """Where a measured profile of ``model`` on ``workers`` processes is cached:
-    ``runs/profile-<model>-<workers>.json``."""
-    return Path(runs) / f"profile-{model}-{workers}.json"
+def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs",
+                 model_args: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+    """Where a measured profile of ``model`` (with ``model_args``) on ``workers`` processes is cached:
+    ``runs/profile-<model>-<workers>.json``; a ``module:function`` or a file path becomes a file-name-safe slug, and
+    args add a digest of themselves (another shape is another profile)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("_.") or "model"
+    if model_args:
+        slug += "-" + hashlib.sha256(json.dumps(dict(model_args), sort_keys=True).encode()).hexdigest()[:8]
+    return Path(runs) / f"profile-{slug}-{workers}.json"
 
 
 def cached_profile(
     model: str, workers: int, path: str | os.PathLike[str] | None = None, *,
-    progress: Callable[[str], None] | None = None,
+    progress: Callable[[str], None] | None = None, model_args: Mapping[str, Any] | None = None,
 ) -> tuple[RuntimeProfile, str]:  # fmt: skip
     """The runtime profile at ``path`` (default `profile_path`) and where it came from; measured now (one job of
     ``workers`` processes, under a minute for tiny-gpt) and written there when the file does not exist, so the next
     job reuses it. A file that is not a profile raises `ProfileFormatError` naming it."""
-    target = Path(path) if path else profile_path(model, workers)
+    target = Path(path) if path else profile_path(model, workers, model_args=model_args)
     if target.is_file():
         return RuntimeProfile.load(target), f"loaded {target}"
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".profile-{model}-{workers}-", dir=target.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=target.parent))
     try:
-        profile = measure(model, workers, out_dir=scratch / "job", progress=progress)
+        profile = measure(model, workers, out_dir=scratch / "job", progress=progress, model_args=model_args)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     profile.to_json(target)

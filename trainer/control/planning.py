@@ -453,6 +453,7 @@ def hand_plan(
     saying which. `source` names the sender in the job's log (e.g. the flow run).
     """
     from trainer.runtime import keys
+    from trainer.runtime.model import n_layers as layer_count
     from trainer.runtime.spec import JobSpec
     from trainer.runtime.store import StoreAuthError, connect_store
 
@@ -476,7 +477,7 @@ def hand_plan(
                             "HandedPlanner); the plan was not handed in")  # fmt: skip
     d, p = s
     try:
-        check_strategy(d, p, d * p, spec.model.n_layers_total, spec.train.global_batch)
+        check_strategy(d, p, d * p, layer_count(spec.model), spec.train.global_batch)
     except PlanError as e:
         raise HandPlanError(f"job {job!r} cannot run this plan: {e}") from None
     i = store.add(keys.HANDED_SEQ, 1)

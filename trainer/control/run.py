@@ -41,8 +41,10 @@ from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
 from trainer.runtime.model import layer_names
+from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
+from trainer.runtime.trainspec import check_job
 
 WORKERS_PER_CORE = 4  # local worker processes a core can hold usefully (one torch thread each; beyond, they thrash)
 
@@ -111,7 +113,7 @@ def run_job(
          "epochs": [one span per epoch, see Coordinator.epoch_spans], "plans": [each planner decision, see
          trainer.control.planning.plan_info_dict], "final_checksum": sha256 of all parameters, "layers": directory of
          the final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
-         epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s", "tokens_per_s",
+         epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s",
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
     """
@@ -132,7 +134,7 @@ def run_job(
                 f"the schedule has {', '.join(f'{k} at step {st}' for k, st in planned)}: drop them "
                 "(e.g. trace_schedule(..., plans=False))"
             )
-        rule = lambda n: trace_strategy(n, model.n_layers_total, train_cfg.global_batch)  # noqa: E731
+        rule = lambda n: trace_strategy(n, layer_count(model), train_cfg.global_batch)  # noqa: E731
     elif steps_per_interval:
         raise ScheduleError(f"steps_per_interval={steps_per_interval} needs a planner (planner=...)")
     check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
@@ -220,7 +222,6 @@ def run_job(
             "throughput": {
                 "steps_per_s": trained / t_train,
                 "samples_per_s": samples / t_train,
-                "tokens_per_s": samples * model.block_size / t_train,
                 "train_s": t_train,
             },
             "events": coord.log,
@@ -256,7 +257,7 @@ def job_schedule(config: JobConfig, *, planned: bool) -> Schedule:
         return dataclasses.replace(sched, strategy=av.strategy or sched.strategy,
                                    steps_per_interval=sched.steps_per_interval if planned else 0)  # fmt: skip
     events = load_events(av.events_file) if av.events_file is not None else []
-    strategy = av.strategy or trace_strategy(av.workers, config.model.n_layers_total)
+    strategy = av.strategy or trace_strategy(av.workers, layer_count(config.model))
     return Schedule(workers=av.workers, strategy=strategy, events=events, steps_per_interval=spi)
 
 
@@ -272,6 +273,7 @@ def train(
     `planner` every interval if one is given; the report is `job_report(result)` (also written to `json_out`).
     With `config.checkpoint.resume` the job continues from the latest checkpoint in its out_dir (the same config
     gives the same schedule, which restarts there)."""
+    check_job(config)  # the spec imports, cuts, feeds and scores before any process starts
     remote = provider(config.provider.name).job(config.provider.options)  # None: local worker processes
     result = run_job(config, job_schedule(config, planned=planner is not None), observer=observer, planner=planner,
                      remote=remote)  # fmt: skip

@@ -163,10 +163,11 @@ def chaos_schedule(
     from trainer.config import TrainConfig, model_config
     from trainer.control.coordinator import ScheduleError, check_schedule
     from trainer.control.events import EventError, group_events, parse_events
+    from trainer.runtime.model import n_layers as layer_count
 
     model = model or model_config("tiny-gpt")
     train = train or TrainConfig()
-    n_layers = model.n_layers_total
+    n_layers = layer_count(model)
     rng = random.Random(seed)
     strategy = trace_strategy(workers, n_layers, train.global_batch)
     events: list[dict[str, Any]] = []

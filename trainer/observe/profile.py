@@ -54,20 +54,18 @@ def runtime_spec(model: Any, micro_batch: int = 2) -> RuntimeModelSpec:
     counted on the layers themselves (`trainer.runtime.migration.layer_sizes`)."""
     from trainer.config import model_config
     from trainer.runtime.migration import layer_sizes
-    from trainer.runtime.model import layer_names
+    from trainer.runtime.model import layer_names, spec_of
+    from trainer.runtime.trainspec import shape_profile
 
     cfg = model_config(model) if isinstance(model, str) else model
     params = layer_sizes(cfg).params
+    shapes = shape_profile(spec_of(cfg), cfg.seed)
     return RuntimeModelSpec(
         name=cfg.name, layers=tuple(Layer(n, int(p)) for n, p in zip(layer_names(cfg), params)), optim_states=2,
-        micro_batch=micro_batch, seq_len=cfg.block_size, hidden=cfg.n_embd,
-        source=f"trainer model {cfg.name} ({cfg.dtype}): parameters counted per layer",
-        param_bytes=_dtype_bytes(cfg.dtype),
+        micro_batch=micro_batch, seq_len=1, hidden=shapes.activation_per_row,
+        source=f"trainer model {cfg.name} ({shapes.param_bytes}-byte parameters): parameters counted per layer",
+        param_bytes=shapes.param_bytes,
     )  # fmt: skip
-
-
-def _dtype_bytes(dtype: str) -> int:
-    return {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}[dtype]
 
 
 def max_stages(n_layers: int) -> int:

@@ -1,8 +1,8 @@
 """The worker's runtime: the model protocol, the pipeline step, migrations' hand-off, checkpoints, the worker — and
 the wire it speaks to the coordinator.
 
-Map: `model` (the `ModelFamily` protocol and the per-layer build; the example GPT is `gpt`, its corpus
-`trainer.corpus`), `data` (the global batch of a step and its split), `pipeline` (per-epoch process groups,
+Map: `trainspec` (`TrainSpec`, the contract a model is written against: its loader and checks), `model` (the
+per-layer build and `Stage`), `data` (the split of a step's global batch), `pipeline` (per-epoch process groups,
 `StageLayout`, `train_step`: GPipe + DP all-reduce, all or nothing), `migration` (`Epoch`, the pure planning of
 migrations and recoveries, layer-state sizes), `checkpoint` (layer-keyed, hashed, atomic), `worker` (one process per
 instance), and the wire: `store` (the sealed TCPStore), `keys` (every key), `spec` (`JobSpec`, the boundary words).

@@ -58,7 +58,7 @@ from typing import Any, BinaryIO
 import torch
 
 from trainer.config import ModelConfig
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, model_fingerprint
 
 FORMAT = 1
 RECORD_FORMAT = 1
@@ -274,6 +274,7 @@ def save(
         "layers": {name: dict(state) for name, state in layers.items()},
         "step": int(step),
         "config": config.to_dict(),
+        "fingerprint": model_fingerprint(config),
         "job": str(job),
         "settings": dict(settings or {}),
     }
@@ -477,6 +478,19 @@ def _read(path: Path, *, allow_unverified: bool) -> dict[str, Any]:
     return data
 
 
+def _flat(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A model config's fields with its args spread out ("args.n_layer"), so a difference names the argument."""
+    out = {k: v for k, v in config.items() if k != "args"}
+    out.update({f"args.{k}": v for k, v in dict(config.get("args") or {}).items()})
+    return out
+
+
+def describe(path: str | os.PathLike[str]) -> tuple[ModelConfig, str, int]:
+    """The model config, job and step a verified shard was written for (its hash record vouches for the bytes)."""
+    data = _read(Path(path), allow_unverified=False)
+    return ModelConfig.from_dict(data["config"]), str(data["job"]), int(data["step"])
+
+
 def load(
     paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     *,
@@ -500,13 +514,16 @@ def load(
         if data["job"] != job:
             raise ForeignCheckpointError(f"{path}: checkpoint of job {data['job']!r}, expected job {job!r}")
         if data["config"] != expected:
-            diff = {
-                k: (data["config"].get(k), expected.get(k))
-                for k in sorted(expected.keys() | data["config"].keys())
-                if data["config"].get(k) != expected.get(k)
-            }
+            have, want = _flat(data["config"]), _flat(expected)
+            diff = {k: (have.get(k), want.get(k)) for k in sorted(want.keys() | have.keys())
+                    if have.get(k) != want.get(k)}  # fmt: skip
             detail = ", ".join(f"{k}: file has {a!r}, expected {b!r}" for k, (a, b) in diff.items())
             raise ForeignCheckpointError(f"{path}: checkpoint of another model config ({detail})")
+        if "fingerprint" in data and data["fingerprint"] != model_fingerprint(config):
+            raise ForeignCheckpointError(f"{path}: checkpoint of another spec: model {config.name!r} with these args "
+                                         "now builds layers of other names, shapes or dtypes than the ones saved "
+                                         "(the spec's code changed); resume with the code that wrote it, or start "
+                                         "a new job")  # fmt: skip
         if step is None:
             step = data["step"]
         elif data["step"] != step:

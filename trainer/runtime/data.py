@@ -1,38 +1,22 @@
-"""Training data: the per-step global batch over the bundled corpus (`trainer.corpus`), and its split.
+"""The split of a step's global batch into replicas and micro-batches.
 
-Owns: `global_batch(step, cfg)` and the split of a global batch into replicas and micro-batches.
-Must not touch: models, processes, torch.distributed.
+Owns: `replica_rows`, `micro_sizes` and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's
+`batch` is built from. Must not touch: models, processes, torch.distributed. The batch
+itself is the spec's (`TrainSpec.batch(step)`: a pure function of the step).
 
-The invariant the elastic trainer rests on: **the global batch of a step depends only on (seed, step)**, never on
-D or P, and `shard` partitions it exactly (every sequence lands in exactly one micro-batch of one replica).
-Hence any D x P strategy — and any sequence of strategies across migrations — sees the same data.
+The invariant the elastic trainer rests on: **the global batch of a step depends only on the step**, never on D or
+P, and `shard` partitions it exactly (every row lands in exactly one micro-batch of one replica). Hence any D x P
+strategy — and any sequence of strategies across migrations — sees the same data.
 """
 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 import torch
 
-from trainer.config import TrainConfig
-from trainer.corpus import corpus
-
-
-def step_seed(seed: int, step: int) -> int:
-    """A stable 63-bit seed for (seed, step); Python's hash() is salted per process, so it is not used."""
-    digest = hashlib.sha256(f"batch:{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def global_batch(step: int, cfg: TrainConfig, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Inputs and next-character targets of `step`, each (global_batch, block_size), from (cfg.seed, step) alone."""
-    tokens = corpus().tokens
-    gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
-    starts = torch.randint(0, len(tokens) - block_size - 1, (cfg.global_batch,), generator=gen)
-    offsets = torch.arange(block_size)
-    x = tokens[starts[:, None] + offsets]
-    y = tokens[starts[:, None] + offsets + 1]
-    return x, y
+from trainer.runtime.trainspec import leaves, rebuild
 
 
 def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range:
@@ -61,10 +45,82 @@ def micro_sizes(global_batch_size: int, replica: int, n_replicas: int, micro_bat
     return [min(micro_batch, n - i) for i in range(0, n, micro_batch)]
 
 
-def shard(
-    x: torch.Tensor, y: torch.Tensor, replica: int, n_replicas: int, micro_batch: int
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The micro-batches (x, y) of `replica` out of the global batch (x, y); see `replica_rows`."""
-    rows = replica_rows(len(x), replica, n_replicas)
-    xs, ys = x[rows.start : rows.stop], y[rows.start : rows.stop]
-    return list(zip(torch.split(xs, micro_batch), torch.split(ys, micro_batch), strict=True))
+def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> list[tuple[Any, Any]]:
+    """The micro-batches (x, y) of `replica` out of the global batch (x, y) — each a tensor or a tuple of tensors
+    sharing their leading (row) dimension; see `replica_rows`."""
+    n = leaves(x)[0].shape[0]
+    rows = replica_rows(n, replica, n_replicas)
+
+    def cut(tree: Any) -> list[Any]:
+        parts = [torch.split(t[rows.start : rows.stop], micro_batch) for t in leaves(tree)]
+        return [rebuild(tree, list(ts)) for ts in zip(*parts, strict=True)]
+
+    return list(zip(cut(x), cut(y), strict=True))
+
+
+# ------------------------------------------------------------------------------------------------ helpers for specs
+
+
+def _epoch_seed(seed: int, epoch: int) -> int:
+    digest = hashlib.sha256(f"epoch:{seed}:{epoch}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class StepSampler:
+    """The global batch of a step over a map-style dataset, for `TrainSpec.batch`: step s takes rows
+    [s*B, (s+1)*B) of a sequence of seeded per-epoch permutations, so every item is used once per epoch whatever
+    D x P and whatever preemptions (the batch is a pure function of the step). Items are collated with
+    `torch.utils.data.default_collate`; an item (x, y) gives the batch (X, Y)."""
+
+    def __init__(self, dataset: Any, batch_size: int, seed: int = 0) -> None:
+        self.n = len(dataset)
+        if self.n < 1:
+            raise ValueError("StepSampler: the dataset is empty; give it at least one item")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"StepSampler: batch_size must be an integer >= 1, got {batch_size!r}")
+        self.dataset, self.batch_size, self.seed = dataset, batch_size, seed
+        self._perm: tuple[int, torch.Tensor] | None = None
+
+    def permutation(self, epoch: int) -> torch.Tensor:
+        """The item order of `epoch` (cached: consecutive steps mostly share one)."""
+        if self._perm is None or self._perm[0] != epoch:
+            gen = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            self._perm = (epoch, torch.randperm(self.n, generator=gen))
+        return self._perm[1]
+
+    def indices(self, step: int) -> list[int]:
+        """The dataset indices of `step`'s rows."""
+        if step < 0:
+            raise ValueError(f"StepSampler: step must be >= 0, got {step}")
+        out = []
+        for r in range(step * self.batch_size, (step + 1) * self.batch_size):
+            out.append(int(self.permutation(r // self.n)[r % self.n]))
+        return out
+
+    def __call__(self, step: int) -> Any:
+        from torch.utils.data import default_collate
+
+        batch = default_collate([self.dataset[i] for i in self.indices(step)])
+        return tuple(batch) if isinstance(batch, list) else batch
+
+
+class TokenWindows:
+    """A map-style dataset of next-token windows over a token file (a flat array of token ids, memory-mapped, so
+    a file larger than memory is fine): item i is (tokens[i*T : i*T+T], tokens[i*T+1 : i*T+T+1]) as int64."""
+
+    def __init__(self, path: str, block_size: int, dtype: str = "uint16") -> None:
+        import numpy as np
+
+        self.tokens = np.memmap(path, dtype=np.dtype(dtype), mode="r")
+        self.block_size = block_size
+        if block_size < 1 or len(self.tokens) < block_size + 1:
+            raise ValueError(f"{path}: {len(self.tokens)} tokens cannot make a window of {block_size} + 1; give a "
+                             "longer file or a smaller block_size")  # fmt: skip
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = i * self.block_size
+        window = torch.from_numpy(self.tokens[start : start + self.block_size + 1].astype("int64"))
+        return window[:-1], window[1:]

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import ModelConfig
 from trainer.runtime.pipeline import StageLayout, partition
 
 Role = tuple[int, int]  # (stage, replica)
@@ -188,13 +188,14 @@ def layer_sizes(model: ModelConfig) -> LayerSizes:
     """Measured by building each layer and taking one optimiser step on zero gradients (the shapes are what count)."""
     import torch
 
-    from trainer.runtime.model import build_layer
+    from trainer.runtime.model import build_layer, n_layers, spec_of
     from trainer.runtime.pipeline import layer_state, make_optimizer
 
+    spec = spec_of(model)
     params, fresh, trained = [], [], []
-    for i in range(model.n_layers_total):
+    for i in range(n_layers(model)):
         layer = build_layer(model, i)
-        opt = make_optimizer(layer, TrainConfig())
+        opt = make_optimizer(layer, spec)
         params.append(sum(p.numel() for p in layer.parameters()))
         fresh.append(state_bytes(layer_state(layer, opt)))
         for p in layer.parameters():

@@ -9,10 +9,11 @@ Must not touch: the model's maths (`trainer.runtime.model`), the data (`trainer.
 
 Design choices
 --------------
-* **GPipe** (all forwards of a step, then all backwards): the simplest schedule to make *exactly* equivalent to
-  single-process training — every micro-batch sees the same weights and gradients are only accumulated — and a
-  step ends with no activation in flight, so a migration can interrupt cleanly at any step boundary. Its memory
-  cost (all micro-batches' activations alive at once) is not the constraint for these CPU models.
+* **GPipe or 1F1B within a step** (`schedule_order`, `TrainConfig.schedule`): GPipe runs all forwards, then all
+  backwards; 1F1B interleaves them after a warm-up, so at most P - stage micro-batches' activations are alive
+  instead of all of them. Both are *exactly* equivalent to single-process training — every micro-batch sees the
+  same weights and gradients are only accumulated — and a step ends with no activation in flight, so a migration
+  can interrupt cleanly at any step boundary.
 * **Hand-written send/recv** rather than `torch.distributed.pipelining`: a migration rebuilds stages and process
   groups with arbitrary layer ranges while the global batch stays fixed (uneven replica shards included);
   `PipelineStage` and its schedules assume a static world, a fixed number of micro-batches of one shape and
@@ -46,12 +47,13 @@ Design choices
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.distributed as dist
@@ -59,9 +61,9 @@ import torch.nn as nn
 from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.runtime.data import global_batch, micro_sizes, shard
-from trainer.runtime.model import Stage, build_layer, layer_names, param_dtype
-from trainer.runtime.model import loss as model_loss
+from trainer.runtime.data import shard
+from trainer.runtime.model import Stage, build_layer, n_layers, run_layer, spec_of
+from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, seeded_build
 
 LayerState = dict[str, torch.Tensor]
 
@@ -95,7 +97,7 @@ class StageLayout:
 
     @classmethod
     def even(cls, D: int, P: int, cfg: ModelConfig) -> StageLayout:
-        return cls(D, P, partition(cfg.n_layers_total, P))
+        return cls(D, P, partition(n_layers(cfg), P))
 
     @property
     def world_size(self) -> int:
@@ -287,9 +289,12 @@ def close_epoch(groups: EpochGroups | None = None) -> None:
         dist.destroy_process_group()
 
 
-def make_optimizer(layer: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The optimiser of one layer; every layer gets the same hyper-parameters."""
-    return torch.optim.AdamW(layer.parameters(), lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay)
+def make_optimizer(layer: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
+    """The optimiser of one layer: the spec's, over that layer's parameters only (its state moves with the layer)."""
+    opt = spec.optimizer(layer.parameters())
+    if not isinstance(opt, torch.optim.Optimizer):
+        raise TypeError(f"the spec's optimizer returned a {type(opt).__name__}, not a torch.optim.Optimizer")
+    return opt
 
 
 def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer) -> LayerState:
@@ -302,6 +307,8 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer) -> LayerStat
     for name, p in layer.named_parameters():
         out[f"param/{name}"] = p.detach().clone()
         for key, value in optimizer.state.get(p, {}).items():
+            if value is None:  # e.g. SGD's momentum_buffer without momentum: nothing to move
+                continue
             out[f"{key}/{name}"] = value.detach().clone() if torch.is_tensor(value) else torch.tensor(value)
     return out
 
@@ -354,9 +361,11 @@ class StageContext:
     optimizers: dict[int, torch.optim.Optimizer]  # by global layer index
     groups: EpochGroups | None = None
     names: list[str] = field(init=False)
+    spec: TrainSpec = field(init=False)
 
     def __post_init__(self) -> None:
-        all_names = layer_names(self.model)
+        self.spec = spec_of(self.model, self.train)
+        all_names = self.spec.names
         self.names = [all_names[i] for i in self.module.indices]
         if self.groups is None and self.strategy.world_size != 1:
             raise ValueError(f"a {self.strategy.D}x{self.strategy.P} strategy needs process groups")
@@ -405,13 +414,15 @@ def build_context(
     """The rank's context with freshly initialised layers (deterministic from the model seed)."""
     stage, replica = strategy.coords(rank)
     indices = strategy.layers(stage)
-    if indices.stop > model.n_layers_total:
-        raise ValueError(f"strategy bounds {strategy.bounds} exceed the model's {model.n_layers_total} layers")
-    if stage == strategy.P - 1 and indices.stop != model.n_layers_total:
-        raise ValueError(f"the last stage must end at layer {model.n_layers_total}, bounds are {strategy.bounds}")
-    layers = [build_layer(model, i) for i in indices]
+    total = n_layers(model)
+    if indices.stop > total:
+        raise ValueError(f"strategy bounds {strategy.bounds} exceed the model's {total} layers")
+    if stage == strategy.P - 1 and indices.stop != total:
+        raise ValueError(f"the last stage must end at layer {total}, bounds are {strategy.bounds}")
+    spec = spec_of(model, train)
+    layers = [build_layer(model, i, train) for i in indices]
     module = Stage(layers, indices.start, indices.stop)
-    optimizers = {i: make_optimizer(module.layer(i), train) for i in indices}
+    optimizers = {i: make_optimizer(module.layer(i), spec) for i in indices}
     return StageContext(model, train, strategy, stage, replica, module, optimizers, groups)
 
 
@@ -426,9 +437,41 @@ def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names:
     return h.hexdigest()
 
 
-def micro_loss(cfg: ModelConfig, outputs: torch.Tensor, targets: torch.Tensor, global_batch_size: int) -> torch.Tensor:
-    """This micro-batch's share of the global mean loss (the model family's `loss`)."""
-    return model_loss(cfg, outputs, targets, global_batch_size)
+def micro_loss(spec: TrainSpec, outputs: Any, targets: Any, global_batch_size: int) -> torch.Tensor:
+    """This micro-batch's share of the global mean loss: the spec's SUM over its rows / the global batch."""
+    return spec.loss(outputs, targets) / global_batch_size
+
+
+Signature = tuple[tuple[tuple[int, ...], torch.dtype], ...]
+
+
+def _signature(tree: Any) -> Signature:
+    return tuple((tuple(t.shape), t.dtype) for t in leaves(tree))
+
+
+@functools.lru_cache(maxsize=256)
+def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signature, tuple_in: bool,
+              ) -> tuple[Signature, bool]:  # fmt: skip
+    """What layer `first` receives for a micro-batch whose inputs have signature `inputs`: the shapes and dtypes of
+    the output of layers [0, first), computed on `meta` tensors (no memory, no compute), and whether it is a tuple.
+    Every rank derives it alike, so activations need no header."""
+    spec = spec_of(model, train)
+    x: Any = tuple(torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in inputs)
+    if not tuple_in:
+        x = x[0]
+    with torch.no_grad():
+        for i in range(first):
+            x = run_layer(seeded_build(spec, model.seed, i, "meta"), x)
+    return _signature(x), isinstance(x, tuple)
+
+
+def _empty_like_boundary(sig: Signature, is_tuple: bool) -> Any:
+    return rebuild((None,) if is_tuple else None, [torch.empty(shape, dtype=dtype) for shape, dtype in sig])
+
+
+def _differentiable(tree: Any) -> list[torch.Tensor]:
+    """The tensors of an activation that carry gradients between stages (the floating-point ones)."""
+    return [t for t in leaves(tree) if t.is_floating_point()]
 
 
 def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
@@ -447,79 +490,132 @@ def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
         offset += p.numel()
 
 
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def schedule_order(schedule: str, stage: int, P: int, M: int) -> list[tuple[str, int]]:
+    """The order in which `stage` of a P-stage pipeline runs the forward ("F", m) and backward ("B", m) of its M
+    micro-batches. GPipe: every forward, then every backward in reverse. 1F1B: P - 1 - stage warm-up forwards,
+    then one forward and one backward in turn, then the remaining backwards — at most P - stage micro-batches'
+    activations alive at once instead of M (the memory a GPU pipeline needs). Every stage derives its order alike,
+    so sends and receives between neighbours pair up in order."""
+    if schedule == "gpipe":
+        return [("F", m) for m in range(M)] + [("B", m) for m in reversed(range(M))]
+    if schedule != "1f1b":
+        raise ValueError(f"unknown pipeline schedule {schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    warm = min(P - 1 - stage, M)
+    order = [("F", m) for m in range(warm)]
+    for i in range(M - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", m) for m in range(M - warm, M)]
+
+
 def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None = None) -> float:
-    """One GPipe step of the global batch `step` on this rank; returns the global mean loss (on every rank).
+    """One step of the global batch `step` on this rank (GPipe or 1F1B, `TrainConfig.schedule`); returns the
+    global mean loss (on every rank). Either schedule only accumulates gradients, so both train the same run.
 
     Nothing is applied unless every op of the step completed and `commit()` (if given) returned True; otherwise
     `StepAbandoned` is raised with parameters and optimiser state untouched (see the module docstring).
     """
-    B, T, C = ctx.train.global_batch, ctx.model.block_size, ctx.model.n_embd
-    D, dtype = ctx.strategy.D, param_dtype(ctx.model)
+    spec, B, D = ctx.spec, ctx.train.global_batch, ctx.strategy.D
     g = ctx.groups
-    x, y = global_batch(step, ctx.train, T)
+    x, y = spec.batch(step)
     micro = shard(x, y, ctx.replica, D, ctx.train.micro_batch)
-    sizes = micro_sizes(B, ctx.replica, D, ctx.train.micro_batch)
     for opt in ctx.optimizers.values():
         opt.zero_grad(set_to_none=True)
+    inputs: dict[int, Any] = {}
+    outputs: dict[int, Any] = {}
+    sends: list[tuple[object, torch.Tensor]] = []  # every send stays pending (and its tensor alive) to the end
+    loss = torch.zeros((), dtype=torch.float64)
 
-    # Forward, every micro-batch: receive activations (or take token ids), run the stage, send on (or score).
-    inputs, outputs, sends = [], [], []
-    loss = torch.zeros((), dtype=dtype)
-    for (xm, ym), m in zip(micro, sizes, strict=True):
+    def forward(m: int) -> None:
+        # receive activations (or take the batch's inputs), run the stage, send on (or score); a receiver knows
+        # each activation's shapes from the spec alone (`_boundary`)
+        nonlocal loss
+        xm, ym = micro[m]
         if ctx.is_first:
             inp = xm
         else:
             assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
-            inp = torch.empty(m, T, C, dtype=dtype)
-            g.recv(inp, ctx.prev_rank)
-            inp.requires_grad_()
+            sig, is_tuple = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
+            inp = _empty_like_boundary(sig, is_tuple)
+            for t in leaves(inp):
+                g.recv(t, ctx.prev_rank)
+            for t in _differentiable(inp):
+                t.requires_grad_()
         out = ctx.module(inp)
         if ctx.is_last:
-            out = micro_loss(ctx.model, out, ym, B)
-            loss += out.detach()
+            out = micro_loss(spec, out, ym, B)
+            loss += out.detach().to(torch.float64)
         else:
             assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
-            act = out.detach()
-            sends.append((g.send(act, ctx.next_rank), act))
-        inputs.append(inp)
-        outputs.append(out)
-    for work, _ in sends:
-        assert g is not None  # only a rank with a neighbour sends
-        g.wait(work)
+            for t in leaves(out):
+                act = t.detach().contiguous()
+                sends.append((g.send(act, ctx.next_rank), act))
+        inputs[m], outputs[m] = inp, out
 
-    # Backward, in reverse: gradients of the outputs come from the next stage (or the loss), go to the previous.
-    sends = []
-    for inp, out, m in reversed(list(zip(inputs, outputs, sizes, strict=True))):
+    def backward(m: int) -> None:
+        # gradients of the outputs come from the next stage (or the loss), go to the previous; every floating-point
+        # tensor of an activation carries one (zeros where the stage did not use it)
+        inp, out = inputs.pop(m), outputs.pop(m)
         if ctx.is_last:
             out.backward()
         else:
             assert g is not None and ctx.next_rank is not None
-            grad = torch.empty(m, T, C, dtype=dtype)
-            g.recv(grad, ctx.next_rank)
-            out.backward(grad)
+            outs, grads = [], []
+            for t in _differentiable(out):
+                grad = torch.empty_like(t, memory_format=torch.contiguous_format)
+                g.recv(grad, ctx.next_rank)
+                if t.requires_grad:
+                    outs.append(t)
+                    grads.append(grad)
+            if outs:
+                torch.autograd.backward(outs, grads)
         if not ctx.is_first:
-            assert g is not None and ctx.prev_rank is not None and inp.grad is not None
-            sends.append((g.send(inp.grad, ctx.prev_rank), inp.grad))
+            assert g is not None and ctx.prev_rank is not None
+            for t in _differentiable(inp):
+                grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                sends.append((g.send(grad, ctx.prev_rank), grad))
+
+    for phase, m in schedule_order(ctx.train.schedule, ctx.stage, ctx.strategy.P, len(micro)):
+        (forward if phase == "F" else backward)(m)
     for work, _ in sends:
         assert g is not None  # only a rank with a neighbour sends
         g.wait(work)
 
     # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over
     # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
+    params, flat = _flat_grads(list(ctx.module.parameters()))
+    clip = spec.clip_grad_norm
     if g is not None:
-        params, flat = _flat_grads(list(ctx.module.parameters()))
         pending = []
         if g.dp is not None and flat is not None:
             pending.append(g.all_reduce(flat, g.dp))
-        pending.append(g.all_reduce(loss, g.world))
+        if clip is None:
+            pending.append(g.all_reduce(loss, g.world))
         for work in pending:
             g.wait(work)
-        if g.dp is not None and flat is not None:
-            _unflatten_grads(params, flat)
+    if clip is not None:
+        # the global norm needs the reduced gradients of every stage: replica 0 of each stage adds its square sum
+        sq = torch.zeros((), dtype=torch.float64)
+        if flat is not None and ctx.replica == 0:
+            sq = flat.to(torch.float64).square().sum()
+        both = torch.stack([loss, sq])
+        if g is not None:
+            g.wait(g.all_reduce(both, g.world))
+        loss, norm = both[0], float(both[1].sqrt())
+        if flat is not None and norm > clip:
+            flat.mul_(clip / (norm + 1e-6))
+    if flat is not None:
+        _unflatten_grads(params, flat)
 
     # Only now — every op done, and the step committed everywhere — does anything change.
     if commit is not None and not commit():
         raise StepAbandoned(f"step {step}: the commit was refused (the epoch broke before every rank finished)")
+    lr = spec.lr(step) if spec.lr is not None else None
     for opt in ctx.optimizers.values():
+        if lr is not None:
+            for group in opt.param_groups:
+                group["lr"] = lr
         opt.step()
     return float(loss)

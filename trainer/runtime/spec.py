@@ -40,6 +40,9 @@ class JobSpec:
     notice_grace_s: float = 30.0
     # the job's settings as a whole (`JobConfig.to_dict`), recorded in every checkpoint it writes
     settings: Mapping[str, Any] = field(default_factory=dict)
+    # the model's `trainer.runtime.model.model_fingerprint` where the coordinator runs: a worker whose code builds
+    # other layers (another version of the spec on its machine) refuses to join
+    fingerprint: str = ""
 
     def to_json(self) -> str:
         return json.dumps({
@@ -47,7 +50,7 @@ class JobSpec:
             "steps": self.steps, "job": self.job, "layers_dir": self.layers_dir, "pg_timeout_s": self.pg_timeout_s,
             "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
             "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
-            "settings": dict(self.settings),
+            "settings": dict(self.settings), "fingerprint": self.fingerprint,
         })  # fmt: skip
 
     @classmethod
@@ -56,4 +59,4 @@ class JobSpec:
         train = {**d["train"], "betas": tuple(d["train"]["betas"])}
         return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
                    d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
-                   d.get("notice_grace_s", 30.0), d.get("settings", {}))  # fmt: skip
+                   d.get("notice_grace_s", 30.0), d.get("settings", {}), d.get("fingerprint", ""))  # fmt: skip

@@ -37,10 +37,9 @@ import torch
 from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
-from trainer.corpus import corpus
 from trainer.runtime import checkpoint, keys
 from trainer.runtime.migration import Epoch, state_bytes
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, model_fingerprint, spec_of
 from trainer.runtime.pipeline import (
     EpochGroups,
     LayerState,
@@ -57,6 +56,7 @@ from trainer.runtime.pipeline import (
 )
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, SealedStore, StoreAuthError, connect_store
+from trainer.runtime.trainspec import SpecError
 
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
@@ -311,10 +311,14 @@ class Worker:
             raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
         self.store.append(keys.states(self.id), "JOINING@-;")
         self._job = JobSpec.from_json(self.store.get(keys.JOB_SPEC))
-        # Pay one-off costs while joining rather than inside a migration's pause: the first optimiser built in a
-        # process imports torch._dynamo (~1 s), and the corpus is loaded on first use.
-        make_optimizer(torch.nn.Linear(1, 1), self.job.train)
-        corpus()
+        # Pay one-off costs while joining rather than inside a migration's pause: loading the spec imports the
+        # user's module (and the example GPT's corpus), and the first optimiser built in a process imports
+        # torch._dynamo (~1 s).
+        make_optimizer(torch.nn.Linear(1, 1), spec_of(self.job.model, self.job.train))
+        if self.job.fingerprint and model_fingerprint(self.job.model) != self.job.fingerprint:
+            raise SpecError(f"model {self.job.model.name!r} builds other layers on this machine than where the job "
+                            "started (its fingerprint differs: another version of the spec's code); install the "
+                            "same version on every instance")  # fmt: skip
         # read the current epoch *before* registering: any epoch that includes us is published after that
         if self.store.check([keys.EPOCH_CURRENT]):
             self.watch = Epoch.from_json(self.store.get(keys.EPOCH_CURRENT)).number + 1
@@ -706,7 +710,7 @@ class Worker:
         except Aborted as e:  # the driver knows why (it says so itself): nothing to print here
             self._fail("error", str(e), quiet=True)
             return EXIT_ABORTED
-        except (Diverged, checkpoint.CheckpointError) as e:  # a user's problem: one clear line, no traceback
+        except (Diverged, checkpoint.CheckpointError, SpecError) as e:  # a user's problem: one clear line
             self._fail("error", f"worker {self.id} at step {self.step}: {e}")
             return EXIT_FAILED
         except BaseException as e:  # noqa: BLE001 — reported to the coordinator, then the process exits

@@ -1,0 +1,452 @@
+"""The training spec: what a user hands parcae to train their own model — and the loader and checks of one.
+
+Owns: `TrainSpec` and `Layer` (the contract users write against, re-exported as `parcae.TrainSpec` /
+`parcae.Layer`), `load_spec` (a `ModelConfig` -> its spec: a registered name, a ``parcae.models`` entry point or a
+``module:function`` path, called with the config's args), `check_spec` (everything that can be checked before a
+process starts) and the spec's `fingerprint` (part of a job's identity). Must not touch: torch.distributed,
+processes, files.
+
+What the runtime relies on, and why each rule exists:
+
+* **layers are ordered, named factories**: any stage can build any layer, so a migration moves a layer by
+  building it on the receiver and installing the sender's state. parcae seeds torch's generator per layer
+  (`layer_seed`) before calling the factory, so a layer's initial weights do not depend on
+  which stage builds it. A factory must build a new module each call, and no parameter may be shared between
+  layers (tied weights would couple two stages' optimisers).
+* **`batch(step)` is the global batch of a step, a pure function of the step**: any D x P split of it, and any
+  sequence of strategies across migrations, sees the same data. Inputs and targets are a tensor or a tuple of
+  tensors whose leading dimension is the row count, the same at every step (the global batch B).
+* **`loss(outputs, targets)` is a SUM over the rows given**: parcae divides by B, so the gradients summed over
+  micro-batches and replicas are exactly the gradient of the mean loss over the global batch, whatever the split.
+* **`optimizer(params)` is called once per layer**: a layer's optimiser state moves with the layer.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib
+import inspect
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Union, cast
+
+import torch
+import torch.nn as nn
+
+from trainer.config import (
+    MODELS,
+    JobConfig,
+    ModelConfig,
+    TrainConfig,
+    UnknownModelError,
+    installed_models,
+    model_entry,
+)
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+#: A batch side, an activation or an output: a tensor, or a tuple of tensors with one leading (row) dimension.
+Tree: TypeAlias = Union[torch.Tensor, tuple[torch.Tensor, ...]]  # noqa: UP007 — evaluated on 3.11 by dataclasses
+
+LAYER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
+
+
+class SpecError(ValueError):
+    """A training spec that cannot train: the message names the spec, the layer (where there is one) and the fix."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of a `TrainSpec`: a name (unique; checkpoints and migrations key layers by it) and a factory that
+    builds the module."""
+
+    name: str
+    build: Callable[[], nn.Module]
+
+
+@dataclass(frozen=True)
+class TrainSpec:
+    """A model and its training, in the form parcae can cut into stages and live-migrate.
+
+    `layers`: the ordered `Layer`s; `batch(step)`: the global batch of `step` as (inputs, targets); `loss(outputs,
+    targets)`: the SUM of the rows' losses (a scalar); `optimizer(params)`: the optimiser of one layer. Optional:
+    `lr(step)`: the learning rate of `step` (set on every layer's optimiser before it steps: a schedule that is a
+    function of the step has no state to migrate); `clip_grad_norm`: clip gradients to this global L2 norm.
+    """
+
+    layers: Sequence[Layer]
+    batch: Callable[[int], tuple[Any, Any]]  # (inputs, targets), each a Tree
+    loss: Callable[[Any, Any], torch.Tensor]  # (outputs, targets) -> a scalar
+    optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
+    lr: Callable[[int], float] | None = None
+    clip_grad_norm: float | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+
+    @property
+    def names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def resolve(name: str) -> tuple[str, dict[str, Any]]:
+    """The ``module:function`` path of model `name` and its default args: a registered name (`MODELS`), an entry
+    point of an installed package, or the path itself."""
+    entry = model_entry(name)
+    if entry is not None:
+        return entry.entry, dict(entry.args)
+    if ":" in name:
+        return name, {}
+    installed = installed_models()
+    if name in installed:
+        return installed[name], {}
+    known = sorted({*MODELS, *installed})
+    raise UnknownModelError(f"unknown model {name!r}; known models: {', '.join(known)}, or give module:function")
+
+
+def _import_function(path: str, where: str) -> Callable[..., Any]:
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise SpecError(f"{where}: {path!r} is not module:function; give e.g. mypkg.train:spec")
+    try:
+        module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+    except FileNotFoundError:
+        raise SpecError(f"{where}: no such file {module_name!r}; give the path of the spec's file (relative to "
+                        "the folder the job runs in) or an importable module name") from None  # fmt: skip
+    except ImportError as exc:
+        raise SpecError(f"{where}: cannot import module {module_name!r} ({exc}); make it importable where the job "
+                        "runs (pip install it, or add its folder to PYTHONPATH)") from None  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 — the user's module failed while it ran: say where, whatever it raised
+        raise SpecError(f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc}; fix the "
+                        "module") from None  # fmt: skip
+    fn = module
+    for part in attr.split("."):
+        if not hasattr(fn, part):
+            raise SpecError(f"{where}: module {module_name!r} has no {attr!r}; define it, or fix the name after ':'")
+        fn = getattr(fn, part)
+    if not callable(fn):
+        raise SpecError(f"{where}: {path!r} is a {type(fn).__name__}, not a function; point at a function that "
+                        "returns a parcae.TrainSpec")  # fmt: skip
+    return cast(Callable[..., Any], fn)
+
+
+def _import_file(path: str) -> Any:
+    """A spec's module given as a file (``path/to/train.py:spec``), imported once under a name of its own."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path).resolve()
+    if not file.is_file():
+        raise FileNotFoundError(path)
+    name = "parcae_spec_" + hashlib.sha256(str(file).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    found = importlib.util.spec_from_file_location(name, file)
+    assert found is not None and found.loader is not None  # a .py file always has a source loader
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    try:
+        found.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+@functools.lru_cache(maxsize=16)
+def load_spec(model: ModelConfig, train: TrainConfig | None = None) -> TrainSpec:
+    """The spec of `model`: its function called with the config's args (and `train=` — the job's `TrainConfig` —
+    when the function takes it, as the built-in GPTs do to read the batch size, learning rate and data seed).
+
+    Cached per process: every caller in a worker sees the same spec object (its batch function, its loss).
+    """
+    where = f"model {model.name!r}"
+    path, defaults = resolve(model.name)
+    fn = _import_function(path, where)
+    kwargs = {**defaults, **model.args}
+    params: Mapping[str, Any]
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it takes no `train`
+        params = {}
+    if "train" in params:
+        kwargs["train"] = train if train is not None else TrainConfig()
+    try:
+        spec = fn(**kwargs)
+    except TypeError as exc:
+        raise SpecError(f"{where}: calling {path}(**{model.args!r}) failed: {exc}; give the arguments it takes in "
+                        "--model-args (model.args)") from None  # fmt: skip
+    except (ValueError, KeyError) as exc:
+        raise SpecError(f"{where}: {path} refused its arguments {model.args!r}: {exc}; fix --model-args") from None
+    if not isinstance(spec, TrainSpec):
+        raise SpecError(f"{where}: {path} returned a {type(spec).__name__}, not a parcae.TrainSpec; return "
+                        "parcae.TrainSpec(layers=..., batch=..., loss=..., optimizer=...)")  # fmt: skip
+    _check_fields(spec, where)
+    return spec
+
+
+def _check_fields(spec: TrainSpec, where: str) -> None:
+    if not spec.layers:
+        raise SpecError(f"{where}: the spec has no layers; give at least one parcae.Layer")
+    seen: set[str] = set()
+    for i, layer in enumerate(spec.layers):
+        if not isinstance(layer, Layer):
+            raise SpecError(f"{where}: layers[{i}] is a {type(layer).__name__}, not a parcae.Layer; wrap it: "
+                            "parcae.Layer(name, factory)")  # fmt: skip
+        if not isinstance(layer.name, str) or not LAYER_NAME.match(layer.name):
+            raise SpecError(f"{where}: layers[{i}] has the name {layer.name!r}; use letters, digits, '_', '.', '-'")
+        if layer.name in seen:
+            raise SpecError(f"{where}: two layers are named {layer.name!r}; give every layer its own name")
+        seen.add(layer.name)
+        if not callable(layer.build):
+            raise SpecError(f"{where}: layer {layer.name!r}: its factory is a {type(layer.build).__name__}, not "
+                            "callable; give a function that builds the module (lambda: nn.Linear(8, 8))")  # fmt: skip
+    for name in ("batch", "loss", "optimizer"):
+        if not callable(getattr(spec, name)):
+            raise SpecError(f"{where}: the spec's {name} is not callable; give a function")
+    if spec.lr is not None and not callable(spec.lr):
+        raise SpecError(f"{where}: the spec's lr is not callable; give lr=lambda step: ... or leave it out")
+    if spec.clip_grad_norm is not None and not (
+        isinstance(spec.clip_grad_norm, (int, float)) and spec.clip_grad_norm > 0
+    ):
+        raise SpecError(f"{where}: clip_grad_norm {spec.clip_grad_norm!r} must be a positive number or None")
+
+
+# ------------------------------------------------------------------------------------------------ trees
+
+
+def leaves(tree: Any) -> tuple[torch.Tensor, ...]:
+    """The tensors of a tensor-or-tuple."""
+    return tree if isinstance(tree, tuple) else (tree,)
+
+
+def rebuild(like: Any, tensors: Sequence[torch.Tensor]) -> Tree:
+    """`tensors` in the form of `like` (a tensor or a tuple)."""
+    return tuple(tensors) if isinstance(like, tuple) else tensors[0]
+
+
+def is_tree(x: Any) -> bool:
+    return torch.is_tensor(x) or (isinstance(x, tuple) and len(x) > 0 and all(torch.is_tensor(t) for t in x))
+
+
+def rows(tree: Tree) -> int:
+    """The leading dimension shared by every tensor of `tree` (ValueError when they disagree or have none)."""
+    sizes = {t.shape[0] if t.dim() else None for t in leaves(tree)}
+    if None in sizes or len(sizes) != 1:
+        raise ValueError(f"tensors with leading dimensions {sorted(map(str, sizes))}: every tensor needs the same "
+                         "number of rows")  # fmt: skip
+    return int(next(iter(sizes)))  # type: ignore[arg-type]
+
+
+def to_meta(tree: Tree) -> Tree:
+    return rebuild(tree, [torch.empty_like(t, device="meta") for t in leaves(tree)])
+
+
+# ------------------------------------------------------------------------------------------------ checks
+
+
+@dataclass(frozen=True)
+class SpecSummary:
+    """What `check_spec` learnt: the global batch B (rows per step), the layer names and the spec's fingerprint."""
+
+    global_batch: int
+    names: tuple[str, ...]
+    fingerprint: str
+
+
+def layer_seed(seed: int, index: int) -> int:
+    """Stable seed of layer `index` (independent of process, stage cut and build order)."""
+    digest = hashlib.sha256(f"layer:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def seeded_build(spec: TrainSpec, seed: int, index: int, device: torch.device | str | None = None) -> nn.Module:
+    """Layer `index`, built with torch's generator seeded by (seed, index) (on `device`, e.g. "meta")."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(layer_seed(seed, index))
+        if device is None:
+            module = spec.layers[index].build()
+        else:
+            with torch.device(device):
+                module = spec.layers[index].build()
+    return module
+
+
+def _built(spec: TrainSpec, index: int, where: str, device: str | None) -> nn.Module:
+    name = spec.layers[index].name
+    try:
+        module = seeded_build(spec, 0, index, device)
+    except Exception as exc:  # noqa: BLE001 — a user's factory: report which layer, whatever it raised
+        raise SpecError(f"{where}: layer {name!r}: its factory raised {type(exc).__name__}: {exc}; fix the "
+                        "factory") from None  # fmt: skip
+    if not isinstance(module, nn.Module):
+        raise SpecError(f"{where}: layer {name!r}: its factory returned a {type(module).__name__}, not an "
+                        "nn.Module; return the module")  # fmt: skip
+    return module
+
+
+def fingerprint(spec: TrainSpec) -> str:
+    """sha256 over the layers' names and their parameters' and buffers' names, shapes and dtypes, built on the
+    `meta` device (no memory, no init cost): a worker or a checkpoint of another spec has another fingerprint."""
+    h = hashlib.sha256()
+    for i, layer in enumerate(spec.layers):
+        module = seeded_build(spec, 0, i, "meta")
+        h.update(f"layer:{layer.name}".encode())
+        for pname, t in [*module.named_parameters(), *module.named_buffers()]:
+            h.update(f"{pname}:{tuple(t.shape)}:{t.dtype}".encode())
+    return h.hexdigest()
+
+
+def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int | None = None) -> SpecSummary:
+    """Everything that can be checked before a process starts, each failure one `SpecError` naming the layer and
+    the fix: at least `stages` layers; factories that build a fresh module each call; no parameter shared between
+    layers; batches whose row count is the same at steps 0 and 1 for inputs and targets (and `global_batch`, when
+    given); every layer's output feeding the next on a sample of the batch; a scalar loss."""
+    _check_fields(spec, where)
+    n = len(spec.layers)
+    if n < stages:
+        raise SpecError(f"{where}: {n} layers cannot be cut into P={stages} stages; give at least {stages} layers "
+                        f"or use fewer stages")  # fmt: skip
+    # Built on `meta` (no memory, no init cost) to see parameter identity: a module made outside the factory, or a
+    # tensor two factories share, stays where it was made and is the same object at each call.
+    owner: dict[int, str] = {}
+    built = [_built(spec, i, where, "meta") for i in range(n)]  # all alive while ids are compared (ids are reused)
+    for layer, module in zip(spec.layers, built, strict=True):
+        for p in module.parameters():
+            if id(p) in owner and owner[id(p)] != layer.name:
+                raise SpecError(f"{where}: layers {owner[id(p)]!r} and {layer.name!r} share a parameter (tied "
+                                "weights); untie them: give each layer its own parameter, and if they must stay "
+                                "equal, copy the values in the factory instead of sharing the tensor")  # fmt: skip
+            owner[id(p)] = layer.name
+    for i, (layer, module) in enumerate(zip(spec.layers, built, strict=True)):
+        again = _built(spec, i, where, "meta")
+        if any(p is q for p in module.parameters() for q in again.parameters()):
+            raise SpecError(f"{where}: layer {layer.name!r}: its factory returns the same module each call; build "
+                            "a new one inside the factory (lambda: nn.Linear(8, 8), not one made outside)")  # fmt: skip
+    B = _check_batches(spec, where, global_batch)
+    try:
+        _check_flow(spec, where, "meta")
+    except SpecError:
+        # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
+        _check_flow(spec, where, None)
+    return SpecSummary(global_batch=B, names=tuple(spec.names), fingerprint=fingerprint(spec))
+
+
+def _batch(spec: TrainSpec, step: int, where: str) -> tuple[Tree, Tree]:
+    try:
+        out = spec.batch(step)
+    except Exception as exc:  # noqa: BLE001 — a user's function: name it, whatever it raised
+        raise SpecError(f"{where}: batch({step}) raised {type(exc).__name__}: {exc}; fix the batch function") from None
+    if not (isinstance(out, tuple) and len(out) == 2 and is_tree(out[0]) and is_tree(out[1])):
+        raise SpecError(f"{where}: batch({step}) must return (inputs, targets), each a tensor or a tuple of tensors; "
+                        f"it returned a {type(out).__name__}")  # fmt: skip
+    return out
+
+
+def _check_batches(spec: TrainSpec, where: str, global_batch: int | None) -> int:
+    counts = []
+    for step in (0, 1):
+        x, y = _batch(spec, step, where)
+        for side, tree in (("inputs", x), ("targets", y)):
+            try:
+                counts.append((step, side, rows(tree)))
+            except ValueError as exc:
+                raise SpecError(f"{where}: batch({step}) {side}: {exc}; give every tensor the batch's rows as its "
+                                "first dimension") from None  # fmt: skip
+    distinct = {c for _, _, c in counts}
+    if len(distinct) != 1:
+        shown = ", ".join(f"batch({s}) {side}: {c} rows" for s, side, c in counts)
+        raise SpecError(f"{where}: the global batch must have the same rows for inputs and targets at every step "
+                        f"({shown}); return the same number of rows every step")  # fmt: skip
+    B = distinct.pop()
+    if global_batch is not None and global_batch != B:
+        raise SpecError(f"{where}: batch() returns {B} rows but train.global_batch is {global_batch}; set "
+                        f"--global-batch {B} (or leave it out), or change the spec's batch size")  # fmt: skip
+    return B
+
+
+def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
+    """Run a two-row sample through every layer (built on `device`) and the loss: each output must feed the next."""
+    x, y = _batch(spec, 0, where)
+    k = min(2, rows(x))
+    out: Any = rebuild(x, [t[:k] for t in leaves(x)])
+    targets: Any = rebuild(y, [t[:k] for t in leaves(y)])
+    if device == "meta":
+        out, targets = to_meta(out), to_meta(targets)
+    prev = "the batch's inputs"
+    with torch.no_grad():
+        for i, layer in enumerate(spec.layers):
+            module = _built(spec, i, where, device)
+            try:
+                out = module(*out) if isinstance(out, tuple) else module(out)
+            except Exception as exc:  # noqa: BLE001 — a user's layer: say which one and from what
+                raise SpecError(f"{where}: layer {layer.name!r} cannot take the output of {prev} "
+                                f"({_shapes(out)}): {type(exc).__name__}: {exc}; make each layer accept what the "
+                                "previous one returns") from None  # fmt: skip
+            if not is_tree(out):
+                raise SpecError(f"{where}: layer {layer.name!r} returned a {type(out).__name__}; return a tensor or "
+                                "a tuple of tensors")  # fmt: skip
+            if rows(out) != k:
+                raise SpecError(f"{where}: layer {layer.name!r} turned {k} rows into {rows(out)}; keep the rows as "
+                                "the first dimension")  # fmt: skip
+            prev = f"layer {layer.name!r}"
+        try:
+            value = spec.loss(out, targets)
+        except Exception as exc:  # noqa: BLE001 — a user's loss
+            raise SpecError(f"{where}: loss(outputs of {prev}, targets) raised {type(exc).__name__}: {exc}; fix the "
+                            "loss") from None  # fmt: skip
+    if not (torch.is_tensor(value) and value.dim() == 0 and value.is_floating_point()):
+        shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
+        raise SpecError(f"{where}: loss must return a floating-point scalar (the SUM over the rows), got {shape}; "
+                        "use reduction='sum'")  # fmt: skip
+
+
+def _shapes(tree: Any) -> str:
+    if is_tree(tree):
+        return ", ".join(f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}" for t in leaves(tree))
+    return type(tree).__name__
+
+
+@dataclass(frozen=True)
+class ShapeProfile:
+    """What the cost model needs of a spec's shapes: the elements per row of the largest activation between two
+    layers (what a pipeline stage sends per row) and the bytes of one parameter element."""
+
+    activation_per_row: int
+    param_bytes: int
+
+
+def shape_profile(spec: TrainSpec, seed: int = 0) -> ShapeProfile:
+    """Measured on `meta` tensors: one row of batch(0) through every layer, and the layers' parameter dtypes."""
+    x, _ = spec.batch(0)
+    out: Any = to_meta(rebuild(x, [t[:1] for t in leaves(x)]))
+    most, size = 0, 4
+    with torch.no_grad():
+        for i in range(len(spec.layers)):
+            module = seeded_build(spec, seed, i, "meta")
+            size = next((p.element_size() for p in module.parameters()), size)
+            out = module(*out) if isinstance(out, tuple) else module(out)
+            if i < len(spec.layers) - 1:
+                most = max(most, sum(t.numel() for t in leaves(out)))
+    return ShapeProfile(activation_per_row=most, param_bytes=size)
+
+
+def check_job(config: JobConfig, *, batch_given: bool = True) -> JobConfig:
+    """The job's spec loaded and checked (`check_spec`) before anything starts; returns `config` with
+    `train.global_batch` set to the spec's rows when the caller did not give one (`batch_given=False`), and raises
+    `SpecError` when a given one disagrees with them."""
+    where = f"model {config.model.name!r}"
+    spec = load_spec(config.model, config.train)
+    stages = config.availability.strategy[1] if config.availability.strategy else 1
+    summary = check_spec(spec, where, stages=stages, global_batch=config.train.global_batch if batch_given else None)
+    if summary.global_batch != config.train.global_batch:
+        config = config.replace(train={"global_batch": summary.global_batch})
+        load_spec(config.model, config.train)  # the spec the job will load, checked above under the old batch size
+    return config
