@@ -8,13 +8,13 @@ repeats, so drift on a shared machine hits both), and the table shows medians ov
         worker processes, the coordinator, heartbeats, per-step boundary and commit decisions in the store, the
         GPipe step with one flat gradient all-reduce per stage and the loss all-reduce.
   DDP   D spawned processes, gloo `init_process_group` (explicit timeout) on a TCPStore the parent hosts, the same
-        network (`trainer.runtime.model.build_layers` as one `nn.Sequential`, same seed, same dtype) wrapped in
+        network (`trainer.build_layers` chained in order, same seed, same dtype) wrapped in
         `torch.nn.parallel.DistributedDataParallel`, the same global batch of each step
-        (`trainer.runtime.data.global_batch`, `shard` into the replica's rows and micro-batches of `micro_batch`),
+        (the spec's `batch(step)`, `shard` into the replica's rows and micro-batches of `micro_batch`),
         gradients accumulated over the micro-batches under `no_sync()` (one bucketed all-reduce per step, on the last
-        micro-batch), one AdamW with the same hyper-parameters, `torch.set_num_threads(1)` per process as
-        `trainer.runtime.worker.process_main` does. The loss is scaled as ours (sum of token cross-entropies /
-        (global_batch * T), times D because DDP averages gradients over replicas), so both sides train the same run: the
+        micro-batch), the spec's optimiser over all parameters, `torch.set_num_threads(1)` per process as
+        `trainer.runtime.worker.process_main` does. The loss is scaled as ours (the spec's sum over rows /
+        global_batch, times D because DDP averages gradients over replicas), so both sides train the same run: the
         table's last column is the largest relative difference of their loss curves (float32: small but not zero,
         summation orders differ).
 
@@ -31,7 +31,8 @@ What is timed (both sides, the same span):
           (the one-off costs our workers pay while joining; they then wait on the store) to every process having
           exited, after rank 0 saved the final state dict.
 
-    python benchmarks/ddp_overhead.py [--d 1 --d 2 --d 4] [--model tiny-gpt] [--steps 30] [--warmup 5]
+    python benchmarks/ddp_overhead.py [--d 1 --d 2 --d 4] [--model tiny-gpt|MODULE:FUNCTION] [--model-args JSON]
+                                      [--steps 30] [--warmup 5]
                                       [--repeats 3] [--json OUT.json]
 """
 
@@ -61,7 +62,6 @@ import torch.nn as nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel  # noqa: E402
 
 from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
-    MODELS,
     CheckpointConfig,
     ControlPlaneConfig,
     JobConfig,
@@ -70,8 +70,8 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     Schedule,  # noqa: E402
     TrainConfig,
     build_layers,  # noqa: E402
-    corpus,
-    global_batch,
+    check_job,
+    load_spec,
     micro_loss,  # noqa: E402
     model_config,
     run_job,  # noqa: E402
@@ -141,6 +141,19 @@ def run_ours(model: ModelConfig, train: TrainConfig, d: int, steps: int, warmup:
 
 
 # --------------------------------------------------------------------------------------------------------- DDP
+class Chain(nn.Module):
+    """The spec's layers in order, as one module (`nn.Sequential` cannot spread a tuple activation)."""
+
+    def __init__(self, layers: list[nn.Module]) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+
+    def forward(self, x: Any) -> Any:
+        for layer in self.layers:
+            x = layer(*x) if isinstance(x, tuple) else layer(x)
+        return x
+
+
 def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: TrainConfig, steps: int, warmup: int,
               out: str) -> None:  # fmt: skip
     """One DDP process: wait for the go, form the group, train `steps` steps, report times and losses."""
@@ -149,22 +162,22 @@ def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: Train
     try:
         # one-off costs paid before the span, as our workers do while joining (`trainer.runtime.worker.Worker.join`):
         # the first optimiser of a process imports torch._dynamo (~1 s), the corpus loads on first use
-        torch.optim.AdamW(nn.Linear(1, 1).parameters())
-        corpus()
+        spec = load_spec(model, train)  # imports the spec's module (the GPT's corpus) once, as our workers do
+        spec.optimizer(nn.Linear(1, 1).parameters())
         store.add("ready", 1)
         store.wait(["go"])
         dist.init_process_group("gloo", store=dist.PrefixStore("ddp", store), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=PG_TIMEOUT_S))  # fmt: skip
-        net = DistributedDataParallel(nn.Sequential(*build_layers(model)))
-        opt = torch.optim.AdamW(net.parameters(), lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
+        net = DistributedDataParallel(Chain(build_layers(model)))
+        opt = spec.optimizer(net.parameters())  # one optimiser over every layer (Adam is element-wise: the same run)
         losses = torch.zeros(steps, dtype=torch.float64)
         t_a = t_b = 0.0
         for step in range(steps):
-            x, y = global_batch(step, train, model.block_size)
+            x, y = spec.batch(step)
             micro = shard(x, y, rank, world, train.micro_batch)
             opt.zero_grad(set_to_none=True)
             for i, (xm, ym) in enumerate(micro):
-                loss = micro_loss(model, net(xm), ym, train.global_batch)
+                loss = micro_loss(spec, net(xm), ym, train.global_batch)
                 losses[step] += float(loss.detach())
                 if i < len(micro) - 1:
                     with net.no_sync():  # accumulate locally; all-reduce only with the last micro-batch
@@ -293,27 +306,31 @@ def table(res: dict[int, dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--d", type=int, action="append", help="data-parallel degree D (repeatable; default 1 2 4)")
-    ap.add_argument("--model", default="tiny-gpt", choices=sorted(MODELS), help="model (default tiny-gpt)")
-    ap.add_argument("--dtype", default="float32", choices=("float32", "float64"), help="model dtype (both sides)")
+    ap.add_argument("--model", default="tiny-gpt", help="a registered model or module:function returning a "
+                    "parcae.TrainSpec (default tiny-gpt)")  # fmt: skip
+    ap.add_argument("--model-args", default="{}", metavar="JSON", help="the model function's keyword arguments")
+    ap.add_argument("--dtype", choices=("float32", "float64"), help="the built-in GPTs' dtype (both sides)")
     ap.add_argument("--steps", type=int, default=30, help="training steps per run (default 30)")
     ap.add_argument("--warmup", type=int, default=5, help="first steps left out of the steady span (default 5)")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each side per D; the table shows medians")
     ap.add_argument("--json", metavar="OUT", help="write the medians, ratios and every run's numbers here")
     a = ap.parse_args(argv)
     ds = a.d or [1, 2, 4]
-    train = TrainConfig(steps=a.steps)
+    args = {**json.loads(a.model_args), **({"dtype": a.dtype} if a.dtype else {})}
+    model = model_config(a.model, **args)
+    # the spec's own rows per step (the built-in GPTs': TrainConfig's default)
+    train = check_job(JobConfig(model=model, train=TrainConfig(steps=a.steps)), batch_given=False).train
     if not 1 <= a.warmup < a.steps:
         ap.error(f"--warmup must be in [1, --steps), got {a.warmup} with --steps {a.steps}")
     if any(not 1 <= d <= train.global_batch for d in ds):
         ap.error(f"--d must be in [1, global_batch={train.global_batch}], got {ds}")
     if a.repeats < 1:
         ap.error("--repeats must be >= 1")
-    model = model_config(a.model, dtype=a.dtype)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         res = measure(model, train, ds, a.steps, a.warmup, a.repeats, Path(tmp))
     wall = time.monotonic() - t0
-    print(f"{a.model} ({a.dtype}), D x 1, no events: {a.steps} steps (steady span: steps {a.warmup}..{a.steps - 1}), "
+    print(f"{a.model} {args or ''}, D x 1, no events: {a.steps} steps (steady span: steps {a.warmup}..{a.steps - 1}), "
           f"global batch {train.global_batch}, micro-batch {train.micro_batch}, 1 torch thread per process; "
           f"medians of {a.repeats} runs per side; {wall:.1f} s wall")  # fmt: skip
     print(table(res))
@@ -322,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(f"  load average at the end: {load:.1f} on {os.cpu_count()} CPUs (a loaded machine widens the spread)")
     if a.json:
-        out = {"model": a.model, "dtype": a.dtype, "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
+        out = {"model": a.model, "model_args": args, "steps": a.steps, "warmup": a.warmup, "repeats": a.repeats,
                "global_batch": train.global_batch, "micro_batch": train.micro_batch, "goal_ratio": GOAL,
                "wall_s": wall, "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
                "by_d": {str(d): r for d, r in res.items()}}  # fmt: skip

@@ -19,7 +19,8 @@ repeated `--cycles` times; the table shows medians and the ratio checkpoint-rest
 With `--kill`, a last cycle adds a preemption without notice: a replica is SIGKILLed mid-step, the survivors detect
 it through the heartbeat (timeout 1 s), abandon the step and regroup live (reported apart, "kill-recovery").
 
-    python benchmarks/migration_pause.py [--model small-gpt] [--cycles 3] [--kill] [--json OUT.json]
+    python benchmarks/migration_pause.py [--model small-gpt|MODULE:FUNCTION] [--model-args JSON] [--cycles 3]
+                                         [--kill] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from trainer import (  # noqa: E402  # noqa: E402
     ProviderConfig,
     Schedule,  # noqa: E402
     TrainConfig,
+    check_job,
     model_config,
     run_job,  # noqa: E402
 )
@@ -67,12 +69,14 @@ def schedule(cycles: int, kill: bool, warmup: int = 3) -> tuple[list[dict], int]
     return events, s + GAP
 
 
-def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path) -> dict:
+def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path,
+            model_args: dict | None = None) -> dict:  # fmt: skip
     events, steps = schedule(cycles, kill)
     t0 = time.monotonic()
-    job = JobConfig(out_dir=str(out), model=model_config(model), train=TrainConfig(steps=steps),
+    job = JobConfig(out_dir=str(out), model=model_config(model, **(model_args or {})), train=TrainConfig(steps=steps),
                     checkpoint=CheckpointConfig(every=0), control=ControlPlaneConfig(timeout_s=900, pg_timeout_s=60),
                     provider=ProviderConfig(start_method=start_method))  # fmt: skip
+    job = check_job(job, batch_given=False)  # a spec's own rows per step
     result = run_job(job, Schedule(workers=4, strategy=(2, 2), events=events))
     wall = time.monotonic() - t0
     samples: dict[str, list[float]] = {k: [] for k in (*KINDS, "kill-recovery")}
@@ -103,7 +107,9 @@ def table(pause: dict[str, float], samples: dict[str, list[float]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="small-gpt", help="tiny-gpt or small-gpt (default)")
+    ap.add_argument("--model", default="small-gpt", help="tiny-gpt, small-gpt (default) or module:function "
+                    "returning a parcae.TrainSpec")  # fmt: skip
+    ap.add_argument("--model-args", default="{}", metavar="JSON", help="the model function's keyword arguments")
     ap.add_argument("--cycles", type=int, default=3, help="repetitions of each kind (default 3)")
     ap.add_argument("--kill", action="store_true", help="also measure a kill without notice, recovered live")
     ap.add_argument(
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT", help="write {'pause_s': {...}, ...} here")
     a = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        m = measure(a.model, a.cycles, a.kill, a.start_method, Path(tmp) / "job")
+        m = measure(a.model, a.cycles, a.kill, a.start_method, Path(tmp) / "job", json.loads(a.model_args))
     samples = m["samples"]
     pause = {k: statistics.median(samples[k]) for k in KINDS}
     extra = {k: statistics.median(v) for k, v in samples.items() if k not in KINDS and v}

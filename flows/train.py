@@ -75,7 +75,7 @@ def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
         raise settings.SettingError(f"{where}: {rest}") from None
     if arguments["provider"] == "aws":
         settings.check_aws((arguments.get("provider_options") or {}).get("region"))
-    return config
+    return settings.check_spec(config)
 
 
 def job_config(arguments: Mapping[str, Any]) -> JobConfig:
@@ -85,7 +85,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
     instances = ProviderConfig(name=a["provider"], options=dict(a.get("provider_options") or {}))  # checked first
     return JobConfig(
         out_dir=str(Path(a["out_dir"])),
-        model=model_config(a["model"], seed=a["seed"]),
+        model=model_config(a["model"], seed=a["seed"], **dict(a.get("model_args") or {})),
         train=TrainConfig(steps=a["steps"], seed=a["seed"]),
         availability=AvailabilityConfig(workers=a["workers"], trace=a["trace"], interval_seconds=a["interval_seconds"],
                                         step_seconds=a["step_seconds"], start_interval=a["start_interval"]),
@@ -100,6 +100,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
 @flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
 def train(
     model: str = "tiny-gpt",
+    model_args: dict[str, Any] | None = None,
     workers: int = 4,
     steps: int = 200,
     trace: str = "p3",
@@ -117,7 +118,8 @@ def train(
     seed: int = 0,
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
-    """Train ``model`` for ``steps`` steps on ``workers`` instances replaying ``trace`` from ``start_interval`` (one
+    """Train ``model`` (a registered name, or ``module:function`` returning a ``parcae.TrainSpec``, called with
+    ``model_args``) for ``steps`` steps on ``workers`` instances replaying ``trace`` from ``start_interval`` (one
     trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval. ``provider``: a
     `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts`` (machines over ssh)
     or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``.
@@ -133,7 +135,7 @@ def train(
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
     if planner == "liveput":
-        runtime_prof, profile_source = runtime_profile(model, workers, profile)
+        runtime_prof, profile_source = runtime_profile(model, workers, profile, model_args)
         forecaster, forecaster_run = champion_forecaster()
     # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
     plan_with, forecast = training_planner(

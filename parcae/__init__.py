@@ -1,5 +1,6 @@
-"""parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line and
-the checks the flows run first.
+"""parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line, the
+checks the flows run first, and the contract a user's own model is written against (`TrainSpec`, `Layer`, and the
+data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
 
 Map:
 
@@ -11,3 +12,29 @@ Map:
 Must not touch: the work itself — planning and simulation (`liveput`), traces and forecasters (`forecasting`), the
 trainer (`trainer`), each reached through its face; Prefect lives in `flows/` and `tasks/`.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+#: What a user's training module imports (``import parcae; parcae.TrainSpec(...)``), from the trainer's face.
+_CONTRACT = ("Layer", "StepSampler", "TokenWindows", "TrainSpec")
+
+if TYPE_CHECKING:
+    from trainer import Layer as Layer
+    from trainer import StepSampler as StepSampler
+    from trainer import TokenWindows as TokenWindows
+    from trainer import TrainSpec as TrainSpec
+
+__all__ = list(_CONTRACT)
+
+
+def __getattr__(name: str) -> Any:
+    """The contract's names, imported on first use (``parcae --help`` does not load torch)."""
+    if name not in _CONTRACT:
+        raise AttributeError(f"module 'parcae' has no attribute {name!r}")
+    import trainer
+
+    value = getattr(trainer, name)
+    globals()[name] = value
+    return value

@@ -35,7 +35,10 @@ import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer import JobConfig
 
 __all__ = [
     "FLOW_PARAMETERS",
@@ -47,7 +50,9 @@ __all__ = [
     "check_deployments",
     "check_interval",
     "check_look_ahead",
+    "check_arguments",
     "check_model",
+    "check_spec",
     "check_plan_model",
     "check_planner",
     "check_provider",
@@ -149,12 +154,41 @@ def check_provider(provider: str, *, setting: str = "provider") -> str:
 
 
 def check_model(model: str, *, setting: str = "model") -> str:
-    """A trainer model name (`trainer.config.MODELS`)."""
-    from trainer import MODELS
+    """A trainer model: a registered name (`trainer.MODELS`), an installed ``parcae.models`` entry point, or
+    ``module:function`` (whose spec `check_spec` loads and checks before the job starts)."""
+    from trainer import MODELS, ModelConfig, UnknownModelError
 
-    if model not in MODELS:
-        raise _fail(setting, f"unknown trainer model {model!r}", f"choose one of {', '.join(sorted(MODELS))}")
+    try:
+        ModelConfig(model)
+    except UnknownModelError:
+        raise _fail(setting, f"unknown trainer model {model!r}", f"choose one of {', '.join(sorted(MODELS))}, or "
+                    "give module:function returning a parcae.TrainSpec") from None  # fmt: skip
     return model
+
+
+def check_arguments(value: Any, *, setting: str = "model_args") -> dict[str, Any]:
+    """Keyword arguments given as an object of names to plain JSON values."""
+    from forecasting import jsonio
+
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise _fail(setting, f"must be an object of argument names to values, got {value!r}",
+                    'give e.g. {"hidden": 512}')  # fmt: skip
+    try:
+        jsonio.dumps_strict(dict(value))
+    except (TypeError, ValueError) as exc:
+        raise _fail(setting, f"must be plain JSON data ({exc})", "give numbers, strings, lists and objects") from None
+    return dict(value)
+
+
+def check_spec(config: JobConfig, *, setting: str = "model") -> JobConfig:
+    """The job's training spec imported and checked (`trainer.check_job`) before any process starts; returns the
+    `JobConfig` with the global batch the spec's batch() gives."""
+    from trainer import SpecError, check_job
+
+    try:
+        return check_job(config, batch_given=False)
+    except SpecError as exc:
+        raise SettingError(f"{setting}: {exc}") from None
 
 
 def _planners() -> tuple[str, ...]:
@@ -276,8 +310,9 @@ _non_negative = functools.partial(check_count, minimum=0)
 #: tracking store, AWS credentials, the job folder) stay in the flows.
 FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
     "train": {
-        "model": check_model, "trace": check_trace, "planner": check_planner, "provider": check_provider,
-        "workers": _positive, "steps": _positive, "interval_seconds": check_seconds, "step_seconds": check_seconds,
+        "model": check_model, "model_args": _optional(check_arguments), "trace": check_trace,
+        "planner": check_planner, "provider": check_provider, "workers": _positive, "steps": _positive,
+        "interval_seconds": check_seconds, "step_seconds": check_seconds,
         "start_interval": _non_negative, "look_ahead": check_look_ahead, "checkpoint_every": _positive,
         "timeout_s": _optional(check_seconds),
     },

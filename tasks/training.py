@@ -49,14 +49,15 @@ RUN_FILE: Final = "mlflow-run.json"
 
 
 @task(name="runtime-profile", persist_result=False)
-def runtime_profile(model: str, workers: int, path: str | None = None) -> tuple[Any, str]:
+def runtime_profile(model: str, workers: int, path: str | None = None,
+                    model_args: dict[str, Any] | None = None) -> tuple[Any, str]:  # fmt: skip
     """The runtime profile (`trainer.observe.profile.RuntimeProfile`) and where it came from: loaded from ``path``
     (default ``runs/profile-<model>-<workers>.json``), or measured now and cached there
     (`trainer.observe.profile.cached_profile`)."""
     from trainer import cached_profile
 
     logger = get_run_logger()
-    profile, origin = cached_profile(model, workers, path, progress=logger.info)
+    profile, origin = cached_profile(model, workers, path, progress=logger.info, model_args=model_args)
     logger.info("runtime profile of %s on %d processes: %s", model, workers, origin)
     return profile, origin
 

@@ -8,7 +8,7 @@ Map (``parcae --help`` lists the commands in the order `app` adds them below):
 - `traces`    ``parcae traces`` and the ``--trace`` loading the commands share;
 - `forecast`  ``parcae forecast train|evaluate|predict`` (a sub-app);
 - `collect`   ``parcae collect`` (EC2 spot fleet, prices and placement scores into the trace store);
-- `train`     ``parcae train`` and ``parcae profile`` (the elastic trainer).
+- `train`     ``parcae train``, ``parcae profile`` and ``parcae export`` (the elastic trainer).
 
 Must not touch: the work behind a command (liveput, forecasting, trainer, `parcae.simulations`): a command checks
 its options, calls one face and prints. Every JSON it writes is strict (`common.strict_json`). To add a command:
@@ -33,6 +33,6 @@ app = typer.Typer(
 )
 add_commands(app, simulate.simulate, simulate.simulations, plan.plan, traces.traces)
 app.add_typer(forecast_app, name="forecast")
-add_commands(app, collect.collect, train.train_cmd, train.profile_cmd)
+add_commands(app, collect.collect, train.train_cmd, train.profile_cmd, train.export_cmd)
 
 __all__ = ["UserError", "app", "command", "format_migrations", "plan_from_input", "results_tables"]

@@ -129,6 +129,27 @@ def strict_json(doc: Any, what: str) -> str:
     return jsonio.dumps_strict(doc, indent=2)
 
 
+def json_object_option(raw: str | None, what: str, example: str) -> dict[str, Any]:
+    """The JSON object an option holds inline or in @FILE (`{}` when the option is absent), read within
+    `forecasting.jsonio`'s bounds on size and nesting, as every JSON input."""
+    from forecasting import jsonio
+    from liveput import shown
+
+    if raw is None:
+        return {}
+    try:
+        doc = jsonio.loads(jsonio.read(raw[1:]) if raw.startswith("@") else raw)
+    except OSError as exc:
+        raise UserError(f"{what}: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+    except jsonio.JsonSyntaxError as exc:
+        raise UserError(f"{what}: not JSON ({exc.at('')}); give an object such as '{example}' or @FILE.json") from None
+    except jsonio.JsonInputError as exc:
+        raise UserError(f"{what}: {exc.at('')}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"{what}: expected a JSON object, got {shown(doc)}")
+    return doc
+
+
 def write_json(path: Path, doc: Any) -> None:
     """Write ``doc`` to ``path`` (a ``--json`` option's file) as strict JSON, and say so on stderr."""
     text = strict_json(doc, f"--json {path}")

@@ -18,7 +18,17 @@ from rich.table import Table
 from rich.text import Text
 
 from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
-from parcae.cli.common import UserError, check_writable, check_writable_dir, command, stderr, stdout, warn, write_file
+from parcae.cli.common import (
+    UserError,
+    check_writable,
+    check_writable_dir,
+    command,
+    json_object_option,
+    stderr,
+    stdout,
+    warn,
+    write_file,
+)
 
 
 @command("train")
@@ -32,7 +42,26 @@ def train_cmd(
     ] = None,
     interval_seconds: Annotated[float, typer.Option(help="Wall time of one trace interval (time compression).")] = 2.0,
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
-    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    model: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME|MODULE:FUNCTION",
+            help="The model: tiny-gpt or small-gpt (built in), a name an installed package registers "
+            "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
+        ),
+    ] = "tiny-gpt",
+    model_args: Annotated[
+        str | None,
+        typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
+    ] = None,
+    global_batch: Annotated[
+        int | None,
+        typer.Option(min=1, help="Rows per step (the built-in GPTs take it; a spec's batch() has its own: default)."),
+    ] = None,
+    schedule: Annotated[
+        str,
+        typer.Option(metavar="gpipe|1f1b", help="Pipeline schedule within a step (1f1b keeps fewer activations)."),
+    ] = "gpipe",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
     out_dir: Annotated[
         Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers (or the one to --resume).")
@@ -146,8 +175,10 @@ def train_cmd(
         ProviderConfig,
         RuntimeProfile,
         ScheduleError,
+        SpecError,
         TrainConfig,
         UnknownModelError,
+        check_job,
         make_planner,
         model_config,
         train,
@@ -181,11 +212,15 @@ def train_cmd(
             raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress
 
+    batch_size: dict[str, Any] = {"schedule": schedule}
+    if global_batch is not None:
+        batch_size["global_batch"] = global_batch
     try:
         config = JobConfig(
             out_dir=str(out_dir),
-            model=model_config(model, seed=seed),  # `seed` seeds the initial weights and the data order too
-            train=TrainConfig(steps=steps, seed=seed),
+            model=model_config(model, seed=seed, **json_object_option(model_args, "--model-args", '{"hidden": 512}')),
+            # `seed` seeds the initial weights and the data order too
+            train=TrainConfig(steps=steps, seed=seed, **batch_size),
             availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
                                             events_file=None if events is None else str(events),
                                             start_interval=start_interval),
@@ -200,6 +235,10 @@ def train_cmd(
         )  # fmt: skip
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
         raise UserError(_config_message(exc)) from None
+    try:  # the spec imports, cuts, feeds and scores before any process starts; it sets the global batch
+        config = check_job(config, batch_given=global_batch is not None)
+    except SpecError as exc:
+        raise UserError(str(exc)) from None
     if provider_name == "aws":  # boto3 would look for credentials only at the first call, after the job started
         from parcae import settings
 
@@ -294,8 +333,6 @@ def _interrupted(config: Any) -> NoReturn:
 def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[str, dict[str, Any]]:
     """The provider (`trainer.providers`) and its options from --provider and --provider-options (a JSON object,
     or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
-    from forecasting import jsonio
-    from liveput import shown
     from trainer import PROVIDERS
 
     shortcut = {k: v for k, v in hosts.items() if v is not None}
@@ -303,19 +340,7 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
     name = name or ("hosts" if given else "local")
     if name not in PROVIDERS:
         raise UserError(f"--provider: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
-    options: dict[str, Any] = {}
-    if raw is not None:  # within `forecasting.jsonio`'s bounds on size and nesting, as every JSON input
-        try:
-            options = jsonio.loads(jsonio.read(raw[1:]) if raw.startswith("@") else raw)
-        except OSError as exc:
-            raise UserError(f"--provider-options: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
-        except jsonio.JsonSyntaxError as exc:
-            raise UserError(f"--provider-options: not JSON ({exc.at('')}); give an object such as "
-                            "'{\"region\": \"us-east-1\"}' or @FILE.json") from None  # fmt: skip
-        except jsonio.JsonInputError as exc:
-            raise UserError(f"--provider-options: {exc.at('')}") from None
-        if not isinstance(options, dict):
-            raise UserError(f"--provider-options: expected a JSON object, got {shown(options)}")
+    options = json_object_option(raw, "--provider-options", '{"region": "us-east-1"}')
     if given:
         if name != "hosts":
             raise UserError(f"--hosts and --coordinator are the hosts provider's options, not {name!r}'s")
@@ -326,7 +351,18 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
 @command("profile")
 def profile_cmd(
     workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
-    model: Annotated[str, typer.Option(metavar="MODEL", help="Trainer model (tiny-gpt, small-gpt).")] = "tiny-gpt",
+    model: Annotated[
+        str,
+        typer.Option(
+            metavar="NAME|MODULE:FUNCTION",
+            help="The model: tiny-gpt or small-gpt (built in), a name an installed package registers "
+            "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
+        ),
+    ] = "tiny-gpt",
+    model_args: Annotated[
+        str | None,
+        typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
+    ] = None,
     steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
     rounds: Annotated[
         int, typer.Option(help="Visits of every strategy; its iteration time is the fastest visit's.")
@@ -344,7 +380,7 @@ def profile_cmd(
     liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
     import tempfile
 
-    from trainer import MODELS, START_METHODS, JobError, ProfileError, ScheduleError, measure
+    from trainer import START_METHODS, JobError, ModelConfig, ProfileError, ScheduleError, SpecError, measure
 
     if workers < 2:
         raise UserError(
@@ -354,21 +390,29 @@ def profile_cmd(
         raise UserError(f"--steps-per-strategy must be >= 1, got {steps_per_strategy}")
     if rounds < 1:
         raise UserError(f"--rounds must be >= 1, got {rounds}")
-    if model not in MODELS:
-        raise UserError(f"--model: unknown model {model!r}; known models: {', '.join(sorted(MODELS))}")
+    args = json_object_option(model_args, "--model-args", '{"hidden": 512}')
+    try:
+        ModelConfig(model, args=args)
+    except ValueError as exc:  # UnknownModelError, ConfigError
+        raise UserError(f"--model: {exc}") from None
     if start_method not in START_METHODS:
         raise UserError(f"--start-method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
     check_writable(out, "profile")
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UserError(f"cannot write profile {str(out)!r}: permission denied")
-    command_line = (f"parcae profile --workers {workers} --model {model} --steps-per-strategy {steps_per_strategy} "
+    from forecasting import jsonio
+
+    shown_args = f" --model-args {shlex.quote(jsonio.dumps_strict(args))}" if args else ""
+    command_line = (f"parcae profile --workers {workers} --model {model}{shown_args} "
+                    f"--steps-per-strategy {steps_per_strategy} "
                     f"--rounds {rounds} --seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(prefix="parcae-profile-") as tmp, stderr().status("profiling") as status:
             prof = measure(model, workers, steps_per_strategy=steps_per_strategy, rounds=rounds, seed=seed,
-                           out_dir=Path(tmp) / "job", progress=status.update, start_method=start_method,
+                           model_args=args, out_dir=Path(tmp) / "job", progress=status.update,
+                           start_method=start_method,
                            command=command_line)  # fmt: skip
-    except (ProfileError, ScheduleError) as exc:
+    except (ProfileError, ScheduleError, SpecError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
         raise UserError(f"the profiling job failed: {exc}") from None
@@ -424,3 +468,33 @@ def _print_profile(prof: Any) -> None:
     for row in rows:
         table.add_row(*row)
     out.print(table)
+
+
+@command("export")
+def export_cmd(
+    directory: Annotated[
+        Path, typer.Argument(metavar="DIR", help="A job's checkpoints/ or layers/ folder (its newest intact one).")
+    ],
+    out: Annotated[Path, typer.Option("--out", metavar="MODEL.pt|MODEL.safetensors", help="Where to write.")] = Path(
+        "model.pt"
+    ),
+    step: Annotated[int | None, typer.Option(min=0, help="Export this step's checkpoint, not the newest.")] = None,
+) -> None:
+    """Write a checkpoint's parameters as one state dict keyed "<layer name>.<parameter>", to load into a module of
+    the spec's layers outside parcae (the optimiser state stays in parcae's checkpoints)."""
+    from trainer import SpecError, checkpoint, export_state_dict, write_state_dict
+
+    if out.suffix not in (".pt", ".safetensors"):
+        raise UserError(f"--out: {str(out)!r} must end in .pt or .safetensors")
+    check_writable(out, "--out")
+    try:
+        exported = export_state_dict(directory, step)
+    except (checkpoint.CheckpointError, SpecError) as exc:
+        raise UserError(str(exc)) from None
+    try:
+        write_state_dict(exported.state, out)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    n = sum(t.numel() for t in exported.state.values())
+    stdout().print(f"wrote {out}: {len(exported.state)} tensors, {n:,} parameters of {exported.model} (job "
+                   f"{exported.job!r}, step {exported.step})", soft_wrap=True)  # fmt: skip

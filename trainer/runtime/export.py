@@ -1,0 +1,71 @@
+"""A checkpoint as one plain state dict, for use outside parcae.
+
+Owns: `export_state_dict` (the newest intact checkpoint of a folder — periodic checkpoints or a job's final
+`layers/` — merged into one state dict keyed ``"<layer name>.<parameter>"``) and `write_state_dict` (``.pt`` with
+torch, ``.safetensors`` with the safetensors library). Must not touch: training, processes. The keys load into a
+module whose children are named like the spec's layers (an ``nn.ModuleDict`` of layers whose names have no dots; a
+GPT's "block.0" into an ``nn.ModuleList`` attribute ``block``); the optimiser state stays in parcae's per-layer
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from trainer.runtime import checkpoint
+
+
+@dataclass(frozen=True)
+class Exported:
+    """What was exported: the state dict, and the model, job and step it is of."""
+
+    state: dict[str, torch.Tensor]
+    model: str
+    job: str
+    step: int
+
+
+def export_state_dict(directory: str | os.PathLike[str], step: int | None = None) -> Exported:
+    """The parameters of the checkpoint of `step` (default: the newest intact one) in `directory`."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise checkpoint.CheckpointError(f"{d}: no such folder; give a job's checkpoints/ or layers/ folder")
+    steps = [step] if step is not None else checkpoint.checkpoint_steps(d)
+    verdicts = [checkpoint.verify_step(d, s) for s in steps]
+    found = next((v for v in verdicts if v.intact), None)
+    if found is None:
+        why = "; ".join(map(str, verdicts)) or "no checkpoint files"
+        raise checkpoint.CheckpointError(f"{d}: no intact checkpoint to export ({why})")
+    config, job, at = checkpoint.describe(found.files[0])
+    ckpt = checkpoint.load(list(found.files), config=config, job=job)
+    from trainer.runtime.model import layer_names
+
+    state = {
+        f"{name}.{key.removeprefix('param/')}": tensor
+        for name in layer_names(config)
+        for key, tensor in ckpt.layers[name].items()
+        if key.startswith("param/")
+    }
+    return Exported(state=state, model=config.name, job=job, step=at)
+
+
+def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:
+    """Write `state` as ``.pt`` (torch.save) or ``.safetensors`` (needs the safetensors package)."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import save_file
+        except ImportError:
+            raise ValueError(f"{path}: writing .safetensors needs the safetensors package (pip install "
+                             "safetensors), or write a .pt file") from None  # fmt: skip
+        save_file({k: v.contiguous() for k, v in state.items()}, str(path))
+    elif path.suffix == ".pt":
+        torch.save(state, path)
+    else:
+        raise ValueError(f"{path}: give a .pt or .safetensors file name")
+    return path
