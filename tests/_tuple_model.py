@@ -1,0 +1,61 @@
+"""A user's model whose activations between stages are a tuple (hidden state, integer mask), for the tests: not
+a GPT, defined outside the package, trained through ``--model _tuple_model:spec``."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+import parcae
+
+FEATURES, HIDDEN, CLASSES, ROWS = 6, 16, 3, 24
+
+
+class Embed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(FEATURES, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mask = (x[:, : HIDDEN // 4].sum(dim=1, keepdim=True) > 0).long().expand(-1, HIDDEN)  # int: no gradient
+        return torch.tanh(self.proj(x)), mask
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return h + torch.tanh(self.lin(h)) * mask.to(h.dtype), mask
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return self.out(h * (1 + mask.to(h.dtype)))
+
+
+def spec(blocks: int = 3) -> parcae.TrainSpec:
+    data = torch.Generator().manual_seed(5)
+    X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
+    Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = torch.arange(step * ROWS, (step + 1) * ROWS) % len(X)
+        return X[rows], Y[rows]
+
+    return parcae.TrainSpec(
+        layers=[
+            parcae.Layer("embed", lambda: Embed().double()),
+            *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
+            parcae.Layer("head", lambda: Head().double()),
+        ],  # fmt: skip
+        batch=batch,
+        loss=lambda logits, y: nn.functional.cross_entropy(logits, y, reduction="sum"),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
+        clip_grad_norm=1.0,
+    )

@@ -1,0 +1,348 @@
+"""A user's own model through parcae: the `TrainSpec` contract, its checks, the data helpers, and equivalence — a
+CNN that is not ours (examples/digits_cnn.py) and a tuple-activation model (tests/_tuple_model.py) train the same
+run under every kind of migration as one uninterrupted process."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from _jobs import run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from typer.testing import CliRunner
+
+import parcae
+from parcae.cli import app
+from trainer import (
+    JobConfig,
+    Layer,
+    ModelConfig,
+    SpecError,
+    StageLayout,
+    StepSampler,
+    TrainConfig,
+    TrainSpec,
+    UnknownModelError,
+    build_context,
+    check_job,
+    check_spec,
+    checkpoint,
+    load_spec,
+    train_step,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
+
+# every kind: intra-stage, inter-stage under notice (the victim holds its stage's last copy), an addition, pipeline
+# migrations (P 2 -> 3 -> 2 under a preemption, then 3 replicas), a kill without notice, a checkpoint-restart
+EVERY_KIND = [
+    {"step": 2, "kind": "plan", "strategy": [1, 2]},
+    {"step": 3, "kind": "preempt", "instances": [2], "notice": True},
+    {"step": 4, "kind": "add", "workers": 1},
+    {"step": 4, "kind": "plan", "strategy": [2, 2]},
+    {"step": 6, "kind": "plan", "strategy": [1, 3]},
+    {"step": 8, "kind": "preempt", "instances": [0]},
+    {"step": 8, "kind": "plan", "strategy": [1, 2]},
+    {"step": 9, "kind": "plan", "strategy": [3, 1]},
+    {"step": 10, "kind": "kill", "instances": [3]},
+    {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]},
+]
+KINDS = ["intra-stage", "inter-stage", "inter-stage", "pipeline", "pipeline", "pipeline", "intra-stage",
+         "checkpoint-restart"]  # fmt: skip
+
+
+def uninterrupted(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[float], dict]:
+    ref = build_context(model, train, StageLayout.even(1, 1, model))
+    return [train_step(ref, s) for s in range(steps)], ref.layer_states()
+
+
+def assert_same_parameters(layers_dir: str | Path, steps: int, model: ModelConfig, want: dict, rtol: float) -> None:
+    final = checkpoint.load(checkpoint.find_shards(layers_dir, steps), config=model, job="job")
+    assert final.layers.keys() == want.keys()
+    for name, state in want.items():
+        for key in (k for k in state if k.startswith("param/")):
+            assert torch.allclose(final.layers[name][key], state[key], rtol=rtol, atol=1e-12), f"{name} {key}"
+
+
+# ------------------------------------------------------------------------------------------------ equivalence
+
+
+def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migration_kind(tmp_path, _no_orphans):
+    steps, out = 13, tmp_path / "run"
+    events = tmp_path / "events.json"
+    events.write_text(json.dumps(EVERY_KIND))
+    res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", '{"dtype": "float64"}', "--events",
+                                   str(events), "--workers", "4", "--steps", str(steps), "--out-dir", str(out),
+                                   "--json", str(tmp_path / "report.json")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [r["kind"] for r in report["reconfigurations"]] == KINDS
+    assert [r["notice"] for r in report["reconfigurations"]][-2:] == [False, True]
+
+    model = ModelConfig(DIGITS, args={"dtype": "float64"})
+    losses, layers = uninterrupted(model, TrainConfig(global_batch=32), steps)  # the spec's 32 rows, found by parcae
+    assert report["loss"] == pytest.approx(losses, rel=1e-6)
+    assert_same_parameters(out / "layers", steps, model, layers, rtol=1e-6)
+
+    # parcae export: one state dict that loads into the user's own modules, outside parcae
+    res = CliRunner().invoke(app, ["export", str(out / "layers"), "--out", str(tmp_path / "model.pt")])
+    assert res.exit_code == 0 and "8 tensors" in res.output and "step 13" in res.output, res.output
+    spec = load_spec(model)
+    mine = nn.ModuleDict({layer.name: layer.build() for layer in spec.layers})
+    mine.load_state_dict(torch.load(tmp_path / "model.pt"), strict=True)
+    for name, state in layers.items():
+        for key in (k for k in state if k.startswith("param/")):
+            got = mine.get_submodule(name).get_parameter(key.removeprefix("param/"))
+            assert torch.allclose(got, state[key], rtol=1e-6, atol=1e-12), f"{name} {key}"
+
+
+def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _no_orphans):
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is, for this process and its workers
+    model, train, steps = ModelConfig("_tuple_model:spec"), TrainConfig(global_batch=24), 9
+    schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]},
+                {"step": 4, "kind": "preempt", "instances": [1], "notice": True},
+                {"step": 5, "kind": "plan", "strategy": [1, 2]},
+                {"step": 7, "kind": "kill", "instances": [3]}]  # fmt: skip
+    result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    kinds = [(r["kind"], r["notice"]) for r in result["reconfigurations"]]
+    assert kinds == [("pipeline", True), ("inter-stage", True), ("pipeline", True), ("checkpoint-restart", False)]
+    losses, layers = uninterrupted(model, train, steps)
+    assert result["loss"] == pytest.approx(losses, rel=1e-6)
+    assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ the contract
+
+
+def test_the_contract_is_parcaes_face_and_the_gpts_are_specs_of_it():
+    assert parcae.TrainSpec is TrainSpec and parcae.Layer is Layer and parcae.StepSampler is StepSampler
+    spec = load_spec(ModelConfig("tiny-gpt"), TrainConfig(global_batch=8))
+    assert isinstance(spec, TrainSpec) and spec.names == ["embed", "block.0", "block.1", "block.2", "block.3", "head"]
+    assert check_spec(spec, "tiny-gpt", stages=6).global_batch == 8
+
+
+def test_check_job_takes_the_global_batch_from_the_spec_unless_one_is_given(tmp_path):
+    config = JobConfig(out_dir=str(tmp_path), model=ModelConfig(DIGITS, args={"batch_size": 20}))
+    assert check_job(config, batch_given=False).train.global_batch == 20
+    with pytest.raises(SpecError, match=r"batch\(\) returns 20 rows but train.global_batch is 16; set --global-batch"):
+        check_job(config)
+
+
+def test_model_names_and_args_are_checked_as_config():
+    assert ModelConfig("mypkg.train:spec").args == {}
+    with pytest.raises(UnknownModelError, match=r"unknown model 'gpt-9'.*or give module:function"):
+        ModelConfig("gpt-9")
+    with pytest.raises(ValueError, match=r"model.args: must be plain JSON data"):
+        ModelConfig("mypkg.train:spec", args={"f": object()})
+    assert ModelConfig("tiny-gpt") == ModelConfig("tiny-gpt", args={"n_layer": 4})  # registered args are defaults
+    assert hash(ModelConfig("tiny-gpt")) == hash(ModelConfig("tiny-gpt", args={"n_embd": 64}))
+
+
+def _spec(**change) -> TrainSpec:
+    fields = {
+        "layers": [Layer("a", lambda: nn.Linear(4, 4)), Layer("b", lambda: nn.Linear(4, 2))],
+        "batch": lambda step: (torch.ones(6, 4), torch.zeros(6, dtype=torch.long)),
+        "loss": lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum"),
+        "optimizer": lambda params: torch.optim.SGD(params, lr=0.1),
+    }
+    return TrainSpec(**{**fields, **change})
+
+
+shared = nn.Linear(4, 4)
+varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtype=torch.long))  # noqa: E731
+
+
+@pytest.mark.parametrize("spec, stages, match", [
+    (_spec(layers=[]), 1, r"the spec has no layers; give at least one parcae.Layer"),
+    (_spec(), 3, r"2 layers cannot be cut into P=3 stages; give at least 3 layers"),
+    (_spec(layers=[Layer("a", lambda: nn.Linear(4, 4)), Layer("a", lambda: nn.Linear(4, 2))]), 1,
+     r"two layers are named 'a'; give every layer its own name"),
+    (_spec(layers=[Layer("a", lambda: nn.Linear(4, 4)), Layer("b", nn.Linear(4, 2))]), 1,
+     r"layer 'b': its factory returned a Tensor|layer 'b': its factory raised"),
+    (_spec(layers=[Layer("a", lambda: shared), Layer("b", lambda: nn.Linear(4, 2))]), 1,
+     r"layer 'a': its factory returns the same module each call; build a new one inside the factory"),
+    (_spec(layers=[Layer("a", lambda: nn.Linear(4, 4)), Layer("b", lambda: nn.Sequential(nn.Linear(4, 4), shared))]),
+     1, r"layers? .*share a parameter|same module each call"),
+    (_spec(layers=[Layer("a", lambda: nn.Linear(4, 3)), Layer("b", lambda: nn.Linear(4, 2))]), 1,
+     r"layer 'b' cannot take the output of layer 'a' \(\(2, 3\) float32\).*make each layer accept"),
+    (_spec(batch=varying_rows), 1, r"the same rows for inputs and targets at every step \(batch\(0\) inputs: 6 rows"),
+    (_spec(batch=lambda s: (torch.ones(6, 4), torch.zeros(5, dtype=torch.long))), 1,
+     r"batch\(0\) targets: 5 rows"),
+    (_spec(batch=lambda s: torch.ones(6, 4)), 1, r"batch\(0\) must return \(inputs, targets\)"),
+    (_spec(loss=lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")), 1,
+     r"loss must return a floating-point scalar \(the SUM over the rows\), got \(2,\); use reduction='sum'"),
+    (_spec(layers=[Layer("a b", lambda: nn.Linear(4, 4))]), 1, r"has the name 'a b'; use letters"),
+])  # fmt: skip
+def test_a_bad_spec_is_one_message_naming_the_layer_and_the_fix(spec, stages, match):
+    with pytest.raises(SpecError, match=match):
+        check_spec(spec, "model 'mine'", stages=stages)
+
+
+def test_a_tied_weight_between_two_factories_is_refused():
+    emb = nn.Embedding(10, 4)
+
+    class Head(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = emb.weight  # tied to the embedding
+
+        def forward(self, h: torch.Tensor) -> torch.Tensor:
+            return h @ self.weight.T
+
+    class Embed(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = emb
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.emb(x)
+
+    spec = _spec(layers=[Layer("embed", Embed), Layer("head", Head)],
+                 batch=lambda s: (torch.zeros(6, dtype=torch.long), torch.zeros(6, dtype=torch.long)))  # fmt: skip
+    with pytest.raises(SpecError, match=r"layers 'embed' and 'head' share a parameter \(tied weights\); untie them"):
+        check_spec(spec, "model 'mine'")
+
+
+@pytest.mark.parametrize("name, match", [
+    ("no_such_module_xyz:spec", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
+    ("json:no_such_function", r"module 'json' has no 'no_such_function'; define it"),
+    ("json:__doc__", r"is a str, not a function"),
+    ("json:dumps", r"json:dumps returned a str, not a parcae.TrainSpec|calling json:dumps"),
+    ("missing/file.py:spec", r"no such file 'missing/file.py'"),
+])  # fmt: skip
+def test_a_spec_that_does_not_load_names_the_fix(name, match):
+    with pytest.raises(SpecError, match=match):
+        load_spec(ModelConfig(name))
+
+
+def test_bad_model_args_name_the_option():
+    with pytest.raises(SpecError, match=r"calling .*digits_cnn.py:spec\(\*\*\{'width': 3\}\) failed.*--model-args"):
+        load_spec(ModelConfig(DIGITS, args={"width": 3}))
+
+
+def test_parcae_train_answers_a_bad_spec_before_starting(tmp_path):
+    res = CliRunner().invoke(app, ["train", "--model", "no_such_module_xyz:spec", "--out-dir", str(tmp_path / "r")])
+    assert res.exit_code == 2 and "cannot import module 'no_such_module_xyz'" in res.output
+    res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", "[1]", "--out-dir", str(tmp_path)])
+    assert res.exit_code == 2 and "--model-args: expected a JSON object" in res.output
+
+
+def test_a_checkpoint_of_another_spec_is_refused(tmp_path):
+    src = tmp_path / "mine.py"
+    write = lambda width: src.write_text(  # noqa: E731
+        "import torch, torch.nn as nn\nimport parcae\n"
+        f"def spec():\n    return parcae.TrainSpec(layers=[parcae.Layer('a', lambda: nn.Linear(4, {width}))],\n"
+        f"        batch=lambda s: (torch.ones(2, 4), torch.ones(2, {width})),\n"
+        "        loss=lambda o, y: ((o - y) ** 2).sum(), optimizer=lambda p: torch.optim.SGD(p, lr=0.1))\n"
+    )
+    write(3)
+    model = ModelConfig(f"{src}:spec")
+    ctx = build_context(model, TrainConfig(global_batch=2), StageLayout.even(1, 1, model))
+    path = checkpoint.save(tmp_path / "ck.pt", ctx.layer_states(), step=1, config=model, job="job")
+    write(5)  # the spec's code changed under the same name: its layers have other shapes
+    from trainer.runtime import model as runtime_model
+    from trainer.runtime import trainspec
+
+    for name in [n for n in sys.modules if n.startswith("parcae_spec_")]:
+        del sys.modules[name]
+    trainspec.load_spec.cache_clear()
+    runtime_model.model_fingerprint.cache_clear()
+    with pytest.raises(checkpoint.ForeignCheckpointError, match=r"checkpoint of another spec.*the spec's code changed"):
+        checkpoint.load(path, config=model, job="job")
+
+
+# ------------------------------------------------------------------------------------------------ data helpers
+
+
+def test_export_names_what_is_wrong(tmp_path):
+    res = CliRunner().invoke(app, ["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "m.pt")])
+    assert res.exit_code == 2 and "no such folder" in res.output
+    res = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "m.bin")])
+    assert res.exit_code == 2 and "must end in .pt or .safetensors" in res.output
+    res = CliRunner().invoke(app, ["export", str(tmp_path), "--out", str(tmp_path / "m.pt")])
+    assert res.exit_code == 2 and "no intact checkpoint to export" in res.output
+
+
+def test_step_sampler_uses_every_item_once_per_epoch_whatever_the_split():
+    data = torch.utils.data.TensorDataset(torch.arange(10.0), torch.arange(10))
+    sampler = StepSampler(data, batch_size=4, seed=3)
+    rows = [i for step in range(5) for i in sampler.indices(step)]  # 20 rows: two epochs of 10
+    assert sorted(rows[:10]) == sorted(rows[10:]) == list(range(10)) and rows[:10] != rows[10:]
+    x, y = sampler(1)
+    assert x.shape == (4,) and torch.equal(x.long(), y) and sampler.indices(1) == StepSampler(data, 4, 3).indices(1)
+    assert StepSampler(data, 4, seed=4).indices(0) != sampler.indices(0)
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        StepSampler(data, 0)
+
+
+# ------------------------------------------------------------------------------------------------ 1F1B
+
+
+@pytest.mark.parametrize("P, M", [(1, 3), (3, 2), (3, 5), (4, 8)])
+def test_1f1b_runs_each_micro_batch_once_and_keeps_fewer_activations(P, M):
+    from trainer.runtime.pipeline import schedule_order
+
+    for stage in range(P):
+        for schedule in ("gpipe", "1f1b"):
+            order = schedule_order(schedule, stage, P, M)
+            assert sorted(order) == sorted([("F", m) for m in range(M)] + [("B", m) for m in range(M)])
+            assert all(order.index(("F", m)) < order.index(("B", m)) for m in range(M))
+        alive = peak = 0
+        for phase, _ in schedule_order("1f1b", stage, P, M):
+            alive += 1 if phase == "F" else -1
+            peak = max(peak, alive)
+        assert peak == min(P - stage, M)  # GPipe's peak is M
+
+
+def test_a_1f1b_job_trains_the_same_run_as_gpipe_across_migrations(tmp_path, _no_orphans):
+    model = ModelConfig(DIGITS, args={"dtype": "float64", "batch_size": 24})
+    train, steps = TrainConfig(global_batch=24, micro_batch=4, schedule="1f1b"), 6
+    schedule = [{"step": 2, "kind": "plan", "strategy": [1, 4]},
+                {"step": 4, "kind": "preempt", "instances": [3], "notice": True},
+                {"step": 4, "kind": "plan", "strategy": [1, 3]}]  # fmt: skip
+    result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "pipeline"]
+    losses, layers = uninterrupted(model, TrainConfig(global_batch=24, micro_batch=4), steps)  # GPipe, one process
+    assert result["loss"] == pytest.approx(losses, rel=1e-6)
+    assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
+
+
+def test_an_installed_package_registers_a_model_name_by_entry_point(tmp_path, monkeypatch):
+    """A package that declares `[project.entry-points."parcae.models"] digits = "..."` makes `--model digits` work:
+    here a dist-info folder on sys.path stands for the installed package."""
+    dist = tmp_path / "mymodels-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: mymodels\nVersion: 1.0\n")
+    (dist / "entry_points.txt").write_text(f"[parcae.models]\ndigits-cnn = {DIGITS}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spec = load_spec(ModelConfig("digits-cnn", args={"batch_size": 8}))
+    assert spec.names == ["conv1", "conv2", "hidden", "classes"]
+    with pytest.raises(UnknownModelError, match=r"known models: .*digits-cnn"):
+        ModelConfig("digits-cnm")
+
+
+@pytest.mark.parametrize("example, args, rows", [
+    ("digits_cnn.py", {"dtype": "float64", "batch_size": 12}, 12),
+    ("token_lm.py", {"dtype": "float64", "batch_size": 12, "tokens": str(ROOT / "README.md")}, 12),
+])  # fmt: skip
+def test_every_example_migrates_and_checkpoint_restarts_to_the_same_run(tmp_path, _no_orphans, example, args, rows):
+    model, train, steps = (
+        ModelConfig(f"{ROOT / 'examples' / example}:spec", args=args),
+        TrainConfig(global_batch=rows),
+        7,
+    )
+    schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]},
+                {"step": 3, "kind": "preempt", "instances": [0], "notice": True},
+                {"step": 4, "kind": "plan", "strategy": [1, 2]},
+                {"step": 5, "kind": "checkpoint-restart", "strategy": [2, 1]}]  # fmt: skip
+    result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    kinds = [r["kind"] for r in result["reconfigurations"]]
+    assert kinds[0] == "pipeline" and kinds[-1] == "checkpoint-restart", kinds
+    losses, layers = uninterrupted(model, train, steps)
+    assert result["loss"] == pytest.approx(losses, rel=1e-6)
+    assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
