@@ -22,7 +22,7 @@ $(BIN)/python:
 # torch first and explicitly: the CPU wheel on disk; an unpinned torch would download a CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,dev]'
+	$(BIN)/pip install --quiet -e '.[test,dev,hf]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -18,13 +18,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 #: What a user's training module imports (``import parcae; parcae.TrainSpec(...)``), from the trainer's face.
-_CONTRACT = ("Layer", "StepSampler", "TokenWindows", "TrainSpec")
+_CONTRACT = ("Layer", "StepSampler", "TokenWindows", "TrainSpec", "hf_decoder")
 
 if TYPE_CHECKING:
     from trainer import Layer as Layer
     from trainer import StepSampler as StepSampler
     from trainer import TokenWindows as TokenWindows
     from trainer import TrainSpec as TrainSpec
+    from trainer import hf_decoder as hf_decoder
 
 __all__ = list(_CONTRACT)
 

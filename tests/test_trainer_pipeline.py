@@ -73,6 +73,24 @@ def test_partition_and_strategy():
         build_context(CFG, TRAIN, StageLayout(1, 1, (0, 5)))
 
 
+def test_a_cut_by_parameter_counts_balances_the_costliest_stage():
+    tiny = (8640, 49792, 49792, 49792, 49792, 6823)  # tiny-gpt: embed, 4 blocks, head
+    assert partition(tiny, 4) == (0, 2, 3, 4, 6)  # the even cut (0, 1, 3, 4, 6) puts two blocks on stage 1
+    assert partition(tiny, 2) == partition(6, 2) and partition(tiny, 3) == partition(6, 3)
+    assert partition([1, 1, 1, 9], 2) == (0, 3, 4) and partition([9, 1, 1, 1], 2) == (0, 1, 4)
+    assert partition([0, 0, 0], 3) == (0, 1, 2, 3)  # layers without parameters still get a stage each
+    # the optimum over every cut: no other contiguous cut has a cheaper costliest stage
+    import itertools
+
+    costs = (5, 3, 8, 1, 1, 7, 2)
+    best = min(max(sum(costs[a:b]) for a, b in itertools.pairwise((0, *cut, 7)))
+               for cut in itertools.combinations(range(1, 7), 2))  # fmt: skip
+    bounds = partition(costs, 3)
+    assert max(sum(costs[a:b]) for a, b in itertools.pairwise(bounds)) == best
+    with pytest.raises(ValueError, match="P=4"):
+        partition([1, 2, 3], 4)
+
+
 # ------------------------------------------------------------------------------------- single-process reference
 
 

@@ -346,3 +346,32 @@ def test_every_example_migrates_and_checkpoint_restarts_to_the_same_run(tmp_path
     losses, layers = uninterrupted(model, train, steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-6)
     assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
+
+
+def test_dropout_is_refused_unless_the_spec_accepts_inexact_runs():
+    layers = [Layer("a", lambda: nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.1))), Layer("b", lambda: nn.Linear(4, 2))]
+    with pytest.raises(SpecError, match=r"layer 'a' has dropout p=0.1 \(Dropout '1'\).*TrainSpec\(exact=False\)"):
+        check_spec(_spec(layers=layers), "model 'mine'")
+    attention = [Layer("a", lambda: nn.TransformerEncoderLayer(4, 2, 8, dropout=0.2, batch_first=True)),
+                 Layer("b", lambda: nn.Linear(4, 2))]  # fmt: skip
+    with pytest.raises(SpecError, match=r"layer 'a' has dropout p=0.2"):
+        check_spec(_spec(layers=attention), "model 'mine'")
+    assert check_spec(_spec(layers=layers, exact=False), "model 'mine'").global_batch == 6
+
+
+def test_a_loss_normalised_by_a_count_is_the_global_token_mean_whatever_the_split(tmp_path, _no_orphans):
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_padded_model` is, for this process and its workers
+    import _padded_model as padded
+
+    model, train, steps = ModelConfig("_padded_model:spec"), TrainConfig(global_batch=padded.ROWS, micro_batch=2), 6
+    losses, layers = uninterrupted(model, train, steps)
+    # step 0, computed by hand on one module: the mean over the real tokens of the whole global batch
+    net = nn.Sequential(*(layer for layer in build_context(model, train, StageLayout.even(1, 1, model)).module.layers))
+    x, y = padded.data(0)
+    total, n = padded.loss(net(x), y)
+    assert losses[0] == pytest.approx(float(total.detach() / n), rel=1e-12)
+    schedule = [{"step": 2, "kind": "plan", "strategy": [3, 1]},  # 12 rows over 3 replicas: uneven token counts
+                {"step": 4, "kind": "plan", "strategy": [1, 3]}]  # fmt: skip
+    result = run_job(model, train, 3, (1, 3), steps, schedule, tmp_path / "job", timeout_s=80)
+    assert result["loss"] == pytest.approx(losses, rel=1e-9)
+    assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-9)

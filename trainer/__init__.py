@@ -62,6 +62,7 @@ _HOMES: dict[str, str] = {
                     "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     "global_batch": "trainer.examples.gpt",
+    "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
     **dict.fromkeys(("Exported", "export_state_dict", "write_state_dict"), "trainer.runtime.export"),
     "checkpoint": "",  # the checkpoint module itself: a namespace (`trainer.checkpoint.latest_intact`)
@@ -147,6 +148,7 @@ if TYPE_CHECKING:
     from trainer.control.schedules import chaos_schedule as chaos_schedule
     from trainer.corpus import corpus as corpus
     from trainer.examples.gpt import global_batch as global_batch
+    from trainer.examples.hf import hf_decoder as hf_decoder
     from trainer.observe.observer import (
         JobObserver as JobObserver,
     )

@@ -65,6 +65,8 @@ def model_entry(name: str) -> ModelEntry | None:
 
 register_model("tiny-gpt", "trainer.examples.gpt:spec", n_layer=4, n_embd=64, n_head=4, block_size=32)
 register_model("small-gpt", "trainer.examples.gpt:spec", n_layer=8, n_embd=128, n_head=4, block_size=64)
+#: A Llama-shaped decoder from a transformers config (parcae[hf]; `trainer.examples.hf.TINY_LLAMA`, random weights).
+register_model("tiny-llama", "trainer.examples.hf:spec")
 
 
 ENTRY_POINT_GROUP = "parcae.models"

@@ -35,7 +35,6 @@ from trainer.runtime.migration import (
     restart_epoch,
 )
 from trainer.runtime.model import model_fingerprint
-from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import host_store, new_token
 
@@ -129,12 +128,11 @@ def schedule_state(
     if steps < 1:
         raise ScheduleError(f"steps must be >= 1, got {steps}")
     D, P = strategy
+    sizes = layer_sizes(model)
     try:
-        epoch = first_epoch(D, P, range(workers), layer_count(model), train.global_batch)
+        epoch = first_epoch(D, P, range(workers), sizes.params, train.global_batch)
     except PlanError as e:
         raise ScheduleError(f"initial strategy: {e}") from None
-    sizes = layer_sizes(model)
-    n_layers = layer_count(model)
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
     for g in sorted(groups, key=lambda g: g.step):
         if before_step is not None and g.step >= before_step:
@@ -152,7 +150,7 @@ def schedule_state(
             if g.restart:
                 if g.preempt:
                     raise PlanError("a checkpoint-restart and preemptions in the same step: give them two steps")
-                new = restart_epoch(epoch, g.step, alive, n_layers, plan, train.global_batch)
+                new = restart_epoch(epoch, g.step, alive, sizes.params, plan, train.global_batch)
             else:
                 new = next_epoch(epoch, g.step, alive, sizes, plan, g.preempt, train.global_batch)
             alive -= set(g.preempt)
@@ -169,7 +167,7 @@ def schedule_state(
                 if set(g.kill) & set(epoch.members):
                     recovered = plan_recovery(epoch, g.step, alive, g.kill, sizes, train.global_batch)
                     if recovered is None:
-                        recovered = restart_epoch(epoch, g.step, alive, n_layers, None, train.global_batch,
+                        recovered = restart_epoch(epoch, g.step, alive, sizes.params, None, train.global_batch,
                                                   lost=g.kill)  # fmt: skip
                     epoch = recovered
                     epochs.append(recovered)
@@ -580,7 +578,7 @@ class Coordinator:
     ) -> Epoch:
         """Publish epoch 1 over `workers` (they must have joined): at step 0, or — a resumed job — at
         `restore_step`, every member loading the checkpoint of that step (complete in the checkpoint directory)."""
-        epoch = first_epoch(strategy[0], strategy[1], workers, layer_count(self.spec.model),
+        epoch = first_epoch(strategy[0], strategy[1], workers, self.sizes.params,
                             self.spec.train.global_batch, restore_step=restore_step,
                             assignment=assignment)  # fmt: skip
         self.first_step = restore_step
@@ -729,7 +727,7 @@ class Coordinator:
         cur = self.in_force
         lost = self.dead & self.holders()
         broken = self._broken_epochs()
-        epoch = restart_epoch(cur, restore_step, self.alive(), layer_count(self.spec.model), strategy,
+        epoch = restart_epoch(cur, restore_step, self.alive(), self.sizes.params, strategy,
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
             for n in broken:

@@ -72,9 +72,9 @@ def max_stages(n_layers: int) -> int:
     """The largest P the cost model can cut `n_layers` into (the reference rule needs P <= layers - 1).
 
     The cost model cuts stages with the reference's rule (`liveput.model_spec`: the embedding rides with the first
-    chunk, P <= layers - 1), the trainer cuts them evenly (`trainer.runtime.pipeline.partition`), so a profile stops at
-    P = layers - 1 and the formulas price slightly different stages than the ones measured; the fitted constants
-    absorb the difference (`measured["fit"]` shows each pause next to the model).
+    chunk, P <= layers - 1), the trainer balances them by parameter count (`trainer.runtime.pipeline.partition`), so
+    a profile stops at P = layers - 1 and the formulas price slightly different stages than the ones measured; the
+    fitted constants absorb the difference (`measured["fit"]` shows each pause next to the model).
     """
     return max(1, n_layers - 1)
 

@@ -212,7 +212,7 @@ def first_epoch(
     D: int,
     P: int,
     workers: Sequence[int],
-    n_layers: int,
+    layers: int | Sequence[int],
     global_batch: int | None = None,
     *,
     restore_step: int = 0,
@@ -221,9 +221,11 @@ def first_epoch(
     """Epoch 1: the first D*P workers in id order, worker i -> rank i (or the given `assignment`); the rest stand by.
 
     It starts at step 0 from the initial weights, or — a job resumed from its checkpoint of `restore_step` > 0 —
-    at that step as a checkpoint-restart epoch (every member loads the checkpoint into this cut)."""
-    check_strategy(D, P, len(workers), n_layers, global_batch)
-    strategy = StageLayout(D, P, partition(n_layers, P))
+    at that step as a checkpoint-restart epoch (every member loads the checkpoint into this cut). `layers`: the
+    per-layer parameter counts the stages are balanced by (`trainer.runtime.pipeline.partition`; a count: the even
+    cut)."""
+    check_strategy(D, P, len(workers), _count(layers), global_batch)
+    strategy = StageLayout(D, P, partition(layers, P))
     if assignment is None:
         assignment = {w: strategy.coords(r) for r, w in enumerate(sorted(workers)[: D * P])}
     elif not set(assignment) <= set(workers):
@@ -232,6 +234,10 @@ def first_epoch(
         return Epoch(1, restore_step, D, P, strategy.bounds, dict(assignment), MigrationKind.CHECKPOINT_RESTART,
                      restore_step=restore_step)  # fmt: skip
     return Epoch(1, 0, D, P, strategy.bounds, dict(assignment), MigrationKind.START)
+
+
+def _count(layers: int | Sequence[int]) -> int:
+    return layers if isinstance(layers, int) else len(layers)
 
 
 def check_strategy(D: int, P: int, available: int, n_layers: int, global_batch: int | None = None) -> None:
@@ -263,7 +269,7 @@ def assign(current: Epoch, d: int, p: int, survivors: Iterable[int], layer_param
     """
     alive = sorted(set(survivors))
     check_strategy(d, p, len(alive), len(layer_params))
-    bounds = partition(len(layer_params), p)
+    bounds = partition(layer_params, p)
     new: dict[int, Role] = {}
 
     def old_replicas(stage: int) -> list[int]:
@@ -395,7 +401,7 @@ def next_epoch(
     new = assign(current, d, p, survivors, sizes.params)
     if (d, p) == (current.D, current.P) and new == dict(current.assignment) and not (dead or force):
         return None
-    bounds = partition(n_layers, p)
+    bounds = partition(sizes.params, p)
     layer_bytes = sizes.state_bytes(step)
     transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted, lost=dead)
     n = current.number + 1 if number is None else number
@@ -463,7 +469,7 @@ def restart_epoch(
     current: Epoch,
     restore_step: int,
     alive: Iterable[int],
-    n_layers: int,
+    layers: int | Sequence[int],
     strategy: tuple[int, int] | None = None,
     global_batch: int | None = None,
     previous: Iterable[int] = (),
@@ -479,10 +485,10 @@ def restart_epoch(
         if len(ws) >= current.D * current.P:
             strategy = (current.D, current.P)
         else:
-            strategy = recovery_strategy(current, len(ws), n_layers, global_batch)
+            strategy = recovery_strategy(current, len(ws), _count(layers), global_batch)
     D, P = strategy
-    check_strategy(D, P, len(ws), n_layers, global_batch)
-    st = StageLayout(D, P, partition(n_layers, P))
+    check_strategy(D, P, len(ws), _count(layers), global_batch)
+    st = StageLayout(D, P, partition(layers, P))
     assignment = {w: st.coords(r) for r, w in enumerate(ws[: D * P])}
     dead = tuple(sorted(set(lost)))
     return Epoch(

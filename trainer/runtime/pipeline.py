@@ -68,11 +68,40 @@ from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, seeded_build
 LayerState = dict[str, torch.Tensor]
 
 
-def partition(n_layers: int, P: int) -> tuple[int, ...]:
-    """Even contiguous cut of `n_layers` into `P` stages: the P+1 boundaries (sizes differ by at most one)."""
-    if not 1 <= P <= n_layers:
-        raise ValueError(f"cannot cut {n_layers} layers into P={P} non-empty stages")
-    return tuple(k * n_layers // P for k in range(P + 1))
+def partition(layers: int | Sequence[float], P: int) -> tuple[int, ...]:
+    """The contiguous cut of the layers into `P` non-empty stages: the P+1 boundaries. `layers` as a count: the
+    even cut (sizes differ by at most one); as per-layer costs (parameter counts, by default): the cut whose
+    costliest stage costs least, ties to the one with the smallest sum of squared stage costs, then to the
+    earliest boundaries. A pure function: the coordinator and a dry run compute the same cut."""
+    n = layers if isinstance(layers, int) else len(layers)
+    if not 1 <= P <= n:
+        raise ValueError(f"cannot cut {n} layers into P={P} non-empty stages")
+    if isinstance(layers, int):
+        return tuple(k * n // P for k in range(P + 1))
+    return _balanced_cut(tuple(float(c) for c in layers), P)
+
+
+@functools.lru_cache(maxsize=256)
+def _balanced_cut(costs: tuple[float, ...], P: int) -> tuple[int, ...]:
+    # best[k][i]: the best (max, sum of squares, bounds) cut of layers [0, i) into k stages; O(P * n^2)
+    n = len(costs)
+    prefix = [0.0]
+    for c in costs:
+        prefix.append(prefix[-1] + c)
+    inf = (float("inf"), float("inf"), ())
+    best: list[list[tuple[float, float, tuple[int, ...]]]] = [[inf] * (n + 1) for _ in range(P + 1)]
+    best[0][0] = (0.0, 0.0, (0,))
+    for k in range(1, P + 1):
+        for i in range(k, n - (P - k) + 1):
+            for j in range(k - 1, i):
+                top, squares, bounds = best[k - 1][j]
+                if top == float("inf"):
+                    continue
+                stage = prefix[i] - prefix[j]
+                cand = (max(top, stage), squares + stage * stage, (*bounds, i))
+                if cand < best[k][i]:
+                    best[k][i] = cand
+    return best[P][n][2]
 
 
 @dataclass(frozen=True)
@@ -97,6 +126,7 @@ class StageLayout:
 
     @classmethod
     def even(cls, D: int, P: int, cfg: ModelConfig) -> StageLayout:
+        """D x P with the layers cut evenly by count."""
         return cls(D, P, partition(n_layers(cfg), P))
 
     @property
@@ -438,7 +468,8 @@ def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names:
 
 
 def micro_loss(spec: TrainSpec, outputs: Any, targets: Any, global_batch_size: int) -> torch.Tensor:
-    """This micro-batch's share of the global mean loss: the spec's SUM over its rows / the global batch."""
+    """This micro-batch's share of the global mean loss: the spec's SUM over its rows / the global batch (the
+    "rows" normalizer; with "count", `train_step` divides by the global count once it is known)."""
     return spec.loss(outputs, targets) / global_batch_size
 
 
@@ -527,11 +558,12 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
     outputs: dict[int, Any] = {}
     sends: list[tuple[object, torch.Tensor]] = []  # every send stays pending (and its tensor alive) to the end
     loss = torch.zeros((), dtype=torch.float64)
+    count = torch.zeros((), dtype=torch.float64)  # the items the loss counted (normalizer "count")
 
     def forward(m: int) -> None:
         # receive activations (or take the batch's inputs), run the stage, send on (or score); a receiver knows
         # each activation's shapes from the spec alone (`_boundary`)
-        nonlocal loss
+        nonlocal loss, count
         xm, ym = micro[m]
         if ctx.is_first:
             inp = xm
@@ -545,7 +577,11 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                 t.requires_grad_()
         out = ctx.module(inp)
         if ctx.is_last:
-            out = micro_loss(spec, out, ym, B)
+            if spec.normalizer == "count":
+                out, n = spec.loss(out, ym)
+                count += float(n)
+            else:
+                out = micro_loss(spec, out, ym, B)
             loss += out.detach().to(torch.float64)
         else:
             assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
@@ -585,25 +621,33 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
 
     # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over
     # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
+    # With normalizer "count" the loss and the gradients are sums until the global count is known: then divided.
     params, flat = _flat_grads(list(ctx.module.parameters()))
-    clip = spec.clip_grad_norm
+    totals = torch.stack([loss, count])
     if g is not None:
         pending = []
         if g.dp is not None and flat is not None:
             pending.append(g.all_reduce(flat, g.dp))
-        if clip is None:
-            pending.append(g.all_reduce(loss, g.world))
+        pending.append(g.all_reduce(totals, g.world))
         for work in pending:
             g.wait(work)
+    loss = totals[0]
+    if spec.normalizer == "count":
+        n = float(totals[1])
+        if not n > 0:
+            raise ValueError(f"step {step}: the loss counted {n} items over the global batch; a step needs some")
+        loss = loss / n
+        if flat is not None:
+            flat.div_(n)
+    clip = spec.clip_grad_norm
     if clip is not None:
         # the global norm needs the reduced gradients of every stage: replica 0 of each stage adds its square sum
         sq = torch.zeros((), dtype=torch.float64)
         if flat is not None and ctx.replica == 0:
             sq = flat.to(torch.float64).square().sum()
-        both = torch.stack([loss, sq])
         if g is not None:
-            g.wait(g.all_reduce(both, g.world))
-        loss, norm = both[0], float(both[1].sqrt())
+            g.wait(g.all_reduce(sq, g.world))
+        norm = float(sq.sqrt())
         if flat is not None and norm > clip:
             flat.mul_(clip / (norm + 1e-6))
     if flat is not None:

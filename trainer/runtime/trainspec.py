@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 #: A batch side, an activation or an output: a tensor, or a tuple of tensors with one leading (row) dimension.
 Tree: TypeAlias = Union[torch.Tensor, tuple[torch.Tensor, ...]]  # noqa: UP007 — evaluated on 3.11 by dataclasses
 
+NORMALIZERS = ("rows", "count")
 LAYER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -74,7 +75,11 @@ class TrainSpec:
     `layers`: the ordered `Layer`s; `batch(step)`: the global batch of `step` as (inputs, targets); `loss(outputs,
     targets)`: the SUM of the rows' losses (a scalar); `optimizer(params)`: the optimiser of one layer. Optional:
     `lr(step)`: the learning rate of `step` (set on every layer's optimiser before it steps: a schedule that is a
-    function of the step has no state to migrate); `clip_grad_norm`: clip gradients to this global L2 norm.
+    function of the step has no state to migrate); `clip_grad_norm`: clip gradients to this global L2 norm;
+    `exact` (default True): refuse dropout, whose masks would make a run depend on D x P (False allows it, and the
+    run is then only statistically the same under another strategy); `normalizer`: "rows" (the loss is a mean
+    over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
+    loss is the global sum over the global count, whatever the split).
     """
 
     layers: Sequence[Layer]
@@ -83,6 +88,8 @@ class TrainSpec:
     optimizer: Callable[[Iterable[nn.Parameter]], torch.optim.Optimizer]
     lr: Callable[[int], float] | None = None
     clip_grad_norm: float | None = None
+    exact: bool = True
+    normalizer: str = "rows"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -211,6 +218,8 @@ def _check_fields(spec: TrainSpec, where: str) -> None:
     for name in ("batch", "loss", "optimizer"):
         if not callable(getattr(spec, name)):
             raise SpecError(f"{where}: the spec's {name} is not callable; give a function")
+    if spec.normalizer not in NORMALIZERS:
+        raise SpecError(f"{where}: normalizer {spec.normalizer!r}; choose one of {', '.join(NORMALIZERS)}")
     if spec.lr is not None and not callable(spec.lr):
         raise SpecError(f"{where}: the spec's lr is not callable; give lr=lambda step: ... or leave it out")
     if spec.clip_grad_norm is not None and not (
@@ -330,6 +339,9 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
         if any(p is q for p in module.parameters() for q in again.parameters()):
             raise SpecError(f"{where}: layer {layer.name!r}: its factory returns the same module each call; build "
                             "a new one inside the factory (lambda: nn.Linear(8, 8), not one made outside)")  # fmt: skip
+    if spec.exact:
+        for layer, module in zip(spec.layers, built, strict=True):
+            _check_exact(module, layer.name, where)
     B = _check_batches(spec, where, global_batch)
     try:
         _check_flow(spec, where, "meta")
@@ -337,6 +349,17 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
         # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
         _check_flow(spec, where, None)
     return SpecSummary(global_batch=B, names=tuple(spec.names), fingerprint=fingerprint(spec))
+
+
+def _check_exact(module: nn.Module, name: str, where: str) -> None:
+    """No training-time randomness: dropout modules and attention dropout with p > 0."""
+    for sub_name, sub in module.named_modules():
+        p = sub.p if isinstance(sub, nn.modules.dropout._DropoutNd) else getattr(sub, "dropout", 0.0)
+        if isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0:
+            at = f"{type(sub).__name__} {sub_name!r}" if sub_name else type(sub).__name__
+            raise SpecError(f"{where}: layer {name!r} has dropout p={p} ({at}): its masks would make the run depend "
+                            "on D x P; set it to 0, or give TrainSpec(exact=False) to accept runs that differ "
+                            "between strategies")  # fmt: skip
 
 
 def _batch(spec: TrainSpec, step: int, where: str) -> tuple[Tree, Tree]:
@@ -402,6 +425,11 @@ def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
         except Exception as exc:  # noqa: BLE001 — a user's loss
             raise SpecError(f"{where}: loss(outputs of {prev}, targets) raised {type(exc).__name__}: {exc}; fix the "
                             "loss") from None  # fmt: skip
+    if spec.normalizer == "count":
+        if not (isinstance(value, tuple) and len(value) == 2):
+            raise SpecError(f"{where}: with normalizer='count' the loss returns (sum, count), got a "
+                            f"{type(value).__name__}; return e.g. (losses.sum(), mask.sum())")  # fmt: skip
+        value = value[0]
     if not (torch.is_tensor(value) and value.dim() == 0 and value.is_floating_point()):
         shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
         raise SpecError(f"{where}: loss must return a floating-point scalar (the SUM over the rows), got {shape}; "
