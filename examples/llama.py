@@ -21,9 +21,9 @@ CONFIG = {"model_type": "llama", "hidden_size": 128, "intermediate_size": 256, "
           "max_position_embeddings": 128}  # fmt: skip
 
 
-def spec(layers: int = 6, block_size: int = 64, tokens: str | None = None, weights: str | None = None, *,
-         train: Any) -> parcae.TrainSpec:  # fmt: skip
+def spec(layers: int = 6, block_size: int = 64, tokens: str | None = None, weights: str | None = None,
+         dtype: str = "float32", *, train: Any) -> parcae.TrainSpec:  # fmt: skip
     """`train` is the job's TrainConfig (parcae passes it to a spec function that asks): its global batch sets
     the rows per step. Without `tokens`, the windows come from parcae's bundled character corpus."""
     return parcae.hf_decoder({**CONFIG, "num_hidden_layers": layers}, tokens=tokens, block_size=block_size,
-                             weights=weights, train=train)  # fmt: skip
+                             weights=weights, dtype=dtype, train=train)  # fmt: skip

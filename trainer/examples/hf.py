@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from trainer.config import TrainConfig
 from trainer.corpus import corpus
 from trainer.runtime.data import StepSampler, TokenWindows
-from trainer.runtime.trainspec import Layer, TrainSpec
+from trainer.runtime.trainspec import Layer, SpecError, TrainSpec
 
 FAMILIES = ("llama", "gpt2")
 #: A Llama-shaped network small enough for a CPU test (~70 k parameters per decoder layer).
@@ -42,7 +42,7 @@ def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ValueError("Hugging Face models need the transformers package: pip install 'parcae[hf]'") from None
+        raise SpecError("Hugging Face models need the transformers package; pip install 'parcae[hf]'") from None
     return transformers
 
 
@@ -54,13 +54,13 @@ def load_config(config: Mapping[str, Any] | str) -> Any:
         path = Path(config)
         file = path / "config.json" if path.is_dir() else path
         if not file.is_file():
-            raise ValueError(f"config {config!r}: no such config.json; give a local folder or file (no hub access)")
+            raise SpecError(f"config {config!r}: no such config.json; give a local folder or file (no hub access)")
         config = json.loads(file.read_text())
     assert isinstance(config, Mapping)  # a config.json is an object, or its "model_type" check below fails
     fields = dict(config)
     kind = fields.pop("model_type", None)
     if kind not in FAMILIES:
-        raise ValueError(f"config: model_type {kind!r} is not supported; choose one of {', '.join(FAMILIES)}")
+        raise SpecError(f"config: model_type {kind!r} is not supported; choose one of {', '.join(FAMILIES)}")
     cfg = tf.AutoConfig.for_model(kind, **fields)
     for name in DROPOUTS:
         if hasattr(cfg, name):
@@ -182,7 +182,7 @@ def _read_weights(weights: str) -> dict[str, torch.Tensor]:
     path = Path(weights)
     files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
     if not files or not all(f.is_file() for f in files):
-        raise ValueError(f"weights {weights!r}: no .safetensors file there; give a local file or folder")
+        raise SpecError(f"weights {weights!r}: no .safetensors file there; give a local file or folder")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
@@ -219,14 +219,16 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
     if tokens is None:
         ids = corpus().tokens
         if cfg.vocab_size < corpus().vocab_size:
-            raise ValueError(f"vocab_size {cfg.vocab_size} < the corpus' {corpus().vocab_size} characters; give a "
+            raise SpecError(f"vocab_size {cfg.vocab_size} < the corpus' {corpus().vocab_size} characters; give a "
                              "tokens file or a larger vocab_size")  # fmt: skip
         windows: Any = torch.utils.data.TensorDataset(*_windows(ids, block_size))
     else:
         windows = TokenWindows(tokens, block_size, dtype=token_dtype)
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # a SUM over rows of per-row means
-        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="sum") / targets.shape[1]
+        if logits.dtype in (torch.float16, torch.bfloat16):  # the softmax in float32, as transformers does
+            logits = logits.float()
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum") / targets.shape[1]
 
     return TrainSpec(
         layers=[Layer(name, functools.partial(build, i)) for i, name in enumerate(names)],

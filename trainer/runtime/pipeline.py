@@ -482,22 +482,56 @@ def _signature(tree: Any) -> Signature:
 
 @functools.lru_cache(maxsize=256)
 def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signature, tuple_in: bool,
-              ) -> tuple[Signature, bool]:  # fmt: skip
+              ) -> tuple[Signature, bool] | None:  # fmt: skip
     """What layer `first` receives for a micro-batch whose inputs have signature `inputs`: the shapes and dtypes of
-    the output of layers [0, first), computed on `meta` tensors (no memory, no compute), and whether it is a tuple.
-    Every rank derives it alike, so activations need no header."""
+    the output of layers [0, first), computed on `meta` tensors (no memory, no compute), and whether it is a tuple;
+    None where a shape depends on the data (an op that cannot run on `meta`, such as `nonzero`). The sender and the
+    receiver of a boundary derive it alike: a derived activation needs no header, the others are preceded by one
+    (`_send_header`)."""
     spec = spec_of(model, train)
     x: Any = tuple(torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in inputs)
     if not tuple_in:
         x = x[0]
-    with torch.no_grad():
-        for i in range(first):
-            x = run_layer(seeded_build(spec, model.seed, i, "meta"), x)
+    try:
+        with torch.no_grad():
+            for i in range(first):
+                x = run_layer(seeded_build(spec, model.seed, i, "meta"), x)
+    except Exception:  # noqa: BLE001 — data-dependent shapes: both ends fall back to a header, never a guess
+        return None
     return _signature(x), isinstance(x, tuple)
 
 
 def _empty_like_boundary(sig: Signature, is_tuple: bool) -> Any:
     return rebuild((None,) if is_tuple else None, [torch.empty(shape, dtype=dtype) for shape, dtype in sig])
+
+
+#: The dtypes an activation header can name, by code, and the header's fixed length (int64 slots).
+HEADER_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+                 torch.int8, torch.uint8, torch.bool)  # fmt: skip
+HEADER_LEN = 64
+
+
+def _header(tree: Any) -> torch.Tensor:
+    """[n tensors, is a tuple, then per tensor: dtype code, ndim, *shape], zero-padded to `HEADER_LEN`."""
+    out = [len(leaves(tree)), int(isinstance(tree, tuple))]
+    for t in leaves(tree):
+        if t.dtype not in HEADER_DTYPES:
+            raise ValueError(f"an activation of dtype {t.dtype} cannot be described in a header; use one of "
+                             f"{', '.join(str(d) for d in HEADER_DTYPES)}")  # fmt: skip
+        out += [HEADER_DTYPES.index(t.dtype), t.dim(), *t.shape]
+    if len(out) > HEADER_LEN:
+        raise ValueError(f"an activation of {len(leaves(tree))} tensors is too large for a {HEADER_LEN}-slot header")
+    return torch.tensor(out + [0] * (HEADER_LEN - len(out)), dtype=torch.int64)
+
+
+def _from_header(header: torch.Tensor) -> tuple[Signature, bool]:
+    h = [int(v) for v in header]
+    n, is_tuple, i, sig = h[0], bool(h[1]), 2, []
+    for _ in range(n):
+        dtype, ndim = HEADER_DTYPES[h[i]], h[i + 1]
+        sig.append((tuple(h[i + 2 : i + 2 + ndim]), dtype))
+        i += 2 + ndim
+    return tuple(sig), is_tuple
 
 
 def _differentiable(tree: Any) -> list[torch.Tensor]:
@@ -569,8 +603,12 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             inp = xm
         else:
             assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
-            sig, is_tuple = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
-            inp = _empty_like_boundary(sig, is_tuple)
+            derived = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
+            if derived is None:
+                header = torch.empty(HEADER_LEN, dtype=torch.int64)
+                g.recv(header, ctx.prev_rank)
+                derived = _from_header(header)
+            inp = _empty_like_boundary(*derived)
             for t in leaves(inp):
                 g.recv(t, ctx.prev_rank)
             for t in _differentiable(inp):
@@ -585,6 +623,14 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             loss += out.detach().to(torch.float64)
         else:
             assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
+            derived = _boundary(ctx.model, ctx.train, ctx.module.last, _signature(xm), isinstance(xm, tuple))
+            if derived is None:
+                header = _header(out)
+                sends.append((g.send(header, ctx.next_rank), header))
+            elif derived != (_signature(out), isinstance(out, tuple)):
+                raise ValueError(f"the output of layer {ctx.module.last - 1} is {_signature(out)}, but its shapes "
+                                 f"derived on meta tensors are {derived[0]}: a shape that depends on the data must "
+                                 "come from an op without a meta kernel (e.g. nonzero)")  # fmt: skip
             for t in leaves(out):
                 act = t.detach().contiguous()
                 sends.append((g.send(act, ctx.next_rank), act))

@@ -187,11 +187,16 @@ def load_spec(model: ModelConfig, train: TrainConfig | None = None) -> TrainSpec
         kwargs["train"] = train if train is not None else TrainConfig()
     try:
         spec = fn(**kwargs)
+    except SpecError as exc:  # the spec function's own message, already naming the fix
+        raise SpecError(f"{where}: {exc}") from None
     except TypeError as exc:
         raise SpecError(f"{where}: calling {path}(**{model.args!r}) failed: {exc}; give the arguments it takes in "
                         "--model-args (model.args)") from None  # fmt: skip
     except (ValueError, KeyError) as exc:
         raise SpecError(f"{where}: {path} refused its arguments {model.args!r}: {exc}; fix --model-args") from None
+    except Exception as exc:  # noqa: BLE001 — a user's function (a missing data file, ...): name it, no traceback
+        raise SpecError(f"{where}: {path}(**{model.args!r}) raised {type(exc).__name__}: {exc}; fix the spec "
+                        "function or its arguments") from None  # fmt: skip
     if not isinstance(spec, TrainSpec):
         raise SpecError(f"{where}: {path} returned a {type(spec).__name__}, not a parcae.TrainSpec; return "
                         "parcae.TrainSpec(layers=..., batch=..., loss=..., optimizer=...)")  # fmt: skip
