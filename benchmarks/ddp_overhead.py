@@ -330,7 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         res = measure(model, train, ds, a.steps, a.warmup, a.repeats, Path(tmp))
     wall = time.monotonic() - t0
-    print(f"{a.model} {args or ''}, D x 1, no events: {a.steps} steps (steady span: steps {a.warmup}..{a.steps - 1}), "
+    shown = f"{a.model} {json.dumps(args)}" if args else a.model
+    print(f"{shown}, D x 1, no events: {a.steps} steps (steady span: steps {a.warmup}..{a.steps - 1}), "
           f"global batch {train.global_batch}, micro-batch {train.micro_batch}, 1 torch thread per process; "
           f"medians of {a.repeats} runs per side; {wall:.1f} s wall")  # fmt: skip
     print(table(res))
