@@ -39,7 +39,7 @@ class Head(nn.Module):
         return self.out(h * (1 + mask.to(h.dtype)))
 
 
-def spec(blocks: int = 3) -> parcae.TrainSpec:
+def spec(blocks: int = 3, costs: list[float] | None = None) -> parcae.TrainSpec:
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -48,12 +48,15 @@ def spec(blocks: int = 3) -> parcae.TrainSpec:
         rows = torch.arange(step * ROWS, (step + 1) * ROWS) % len(X)
         return X[rows], Y[rows]
 
+    layers = [
+        parcae.Layer("embed", lambda: Embed().double()),
+        *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
+        parcae.Layer("head", lambda: Head().double()),
+    ]
+    if costs is not None:  # per-layer cost hints: the stage cut balances them instead of parameter counts
+        layers = [parcae.Layer(layer.name, layer.build, cost) for layer, cost in zip(layers, costs, strict=True)]
     return parcae.TrainSpec(
-        layers=[
-            parcae.Layer("embed", lambda: Embed().double()),
-            *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
-            parcae.Layer("head", lambda: Head().double()),
-        ],  # fmt: skip
+        layers=layers,
         batch=batch,
         loss=lambda logits, y: nn.functional.cross_entropy(logits, y, reduction="sum"),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),

@@ -406,3 +406,18 @@ def test_a_spec_function_that_fails_on_its_data_is_one_message():
         r"FileNotFoundError",
     ):
         load_spec(ModelConfig(lm, args={"tokens": "no/such/tokens.bin"}))
+
+
+def test_cost_hints_decide_the_stage_cut_when_every_layer_has_one():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from trainer.runtime.migration import first_epoch, layer_sizes
+
+    plain = layer_sizes(ModelConfig("_tuple_model:spec"))
+    assert plain.cut == tuple(float(p) for p in plain.params)  # no hints: parameter counts
+    hinted = layer_sizes(ModelConfig("_tuple_model:spec", args={"costs": [1, 1, 1, 1, 9]}))
+    assert hinted.cut == (1.0, 1.0, 1.0, 1.0, 9.0)
+    assert first_epoch(1, 2, [0, 1], hinted.cut).bounds == (0, 4, 5)  # the costly head alone on its stage
+    assert first_epoch(1, 2, [0, 1], plain.cut).bounds != (0, 4, 5)
+    with pytest.raises(SpecError, match=r"layers \['b'\] have no cost while others do; give every layer a cost"):
+        check_spec(_spec(layers=[Layer("a", lambda: nn.Linear(4, 4), 2.0), Layer("b", lambda: nn.Linear(4, 2))]),
+                   "model 'mine'")  # fmt: skip

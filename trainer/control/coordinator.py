@@ -130,7 +130,7 @@ def schedule_state(
     D, P = strategy
     sizes = layer_sizes(model)
     try:
-        epoch = first_epoch(D, P, range(workers), sizes.params, train.global_batch)
+        epoch = first_epoch(D, P, range(workers), sizes.cut, train.global_batch)
     except PlanError as e:
         raise ScheduleError(f"initial strategy: {e}") from None
     alive, next_id, epochs = set(range(workers)), workers, [epoch]
@@ -150,7 +150,7 @@ def schedule_state(
             if g.restart:
                 if g.preempt:
                     raise PlanError("a checkpoint-restart and preemptions in the same step: give them two steps")
-                new = restart_epoch(epoch, g.step, alive, sizes.params, plan, train.global_batch)
+                new = restart_epoch(epoch, g.step, alive, sizes.cut, plan, train.global_batch)
             else:
                 new = next_epoch(epoch, g.step, alive, sizes, plan, g.preempt, train.global_batch)
             alive -= set(g.preempt)
@@ -167,7 +167,7 @@ def schedule_state(
                 if set(g.kill) & set(epoch.members):
                     recovered = plan_recovery(epoch, g.step, alive, g.kill, sizes, train.global_batch)
                     if recovered is None:
-                        recovered = restart_epoch(epoch, g.step, alive, sizes.params, None, train.global_batch,
+                        recovered = restart_epoch(epoch, g.step, alive, sizes.cut, None, train.global_batch,
                                                   lost=g.kill)  # fmt: skip
                     epoch = recovered
                     epochs.append(recovered)
@@ -578,7 +578,7 @@ class Coordinator:
     ) -> Epoch:
         """Publish epoch 1 over `workers` (they must have joined): at step 0, or — a resumed job — at
         `restore_step`, every member loading the checkpoint of that step (complete in the checkpoint directory)."""
-        epoch = first_epoch(strategy[0], strategy[1], workers, self.sizes.params,
+        epoch = first_epoch(strategy[0], strategy[1], workers, self.sizes.cut,
                             self.spec.train.global_batch, restore_step=restore_step,
                             assignment=assignment)  # fmt: skip
         self.first_step = restore_step
@@ -727,7 +727,7 @@ class Coordinator:
         cur = self.in_force
         lost = self.dead & self.holders()
         broken = self._broken_epochs()
-        epoch = restart_epoch(cur, restore_step, self.alive(), self.sizes.params, strategy,
+        epoch = restart_epoch(cur, restore_step, self.alive(), self.sizes.cut, strategy,
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
             for n in broken:

@@ -169,6 +169,12 @@ class LayerSizes:
     params: tuple[int, ...]
     fresh_bytes: tuple[int, ...]
     trained_bytes: tuple[int, ...]
+    costs: tuple[float, ...] = ()  # the spec's per-layer cost hints (`Layer.cost`), if it gives them
+
+    @property
+    def cut(self) -> tuple[float, ...]:
+        """What the stage cut balances (`trainer.runtime.pipeline.partition`): the hints, else parameter counts."""
+        return self.costs or tuple(float(p) for p in self.params)
 
     def state_bytes(self, start_step: int) -> tuple[int, ...]:
         """Bytes per layer of a migration at the boundary before `start_step`."""
@@ -202,7 +208,8 @@ def layer_sizes(model: ModelConfig) -> LayerSizes:
             p.grad = torch.zeros_like(p)
         opt.step()
         trained.append(state_bytes(layer_state(layer, opt)))
-    return LayerSizes(tuple(params), tuple(fresh), tuple(trained))
+    hints = tuple(float(layer.cost) for layer in spec.layers if layer.cost is not None)
+    return LayerSizes(tuple(params), tuple(fresh), tuple(trained), hints if len(hints) == len(params) else ())
 
 
 # ------------------------------------------------------------------------------------------- planning
@@ -212,7 +219,7 @@ def first_epoch(
     D: int,
     P: int,
     workers: Sequence[int],
-    layers: int | Sequence[int],
+    layers: int | Sequence[float],
     global_batch: int | None = None,
     *,
     restore_step: int = 0,
@@ -236,7 +243,7 @@ def first_epoch(
     return Epoch(1, 0, D, P, strategy.bounds, dict(assignment), MigrationKind.START)
 
 
-def _count(layers: int | Sequence[int]) -> int:
+def _count(layers: int | Sequence[float]) -> int:
     return layers if isinstance(layers, int) else len(layers)
 
 
@@ -260,7 +267,8 @@ def classify(current: Epoch, d: int, p: int, survivors: Iterable[int]) -> Migrat
     return migration_kind(current.P, p, short=min(per_stage) < d)
 
 
-def assign(current: Epoch, d: int, p: int, survivors: Iterable[int], layer_params: Sequence[int]) -> dict[int, Role]:
+def assign(current: Epoch, d: int, p: int, survivors: Iterable[int], layer_params: Sequence[int],
+           costs: Sequence[float] | None = None) -> dict[int, Role]:  # fmt: skip
     """The next assignment worker -> (stage, replica) on `survivors`, moving the least state.
 
     Same P: survivors keep their stage (lowest old replicas first), holes are filled by idle instances, then by
@@ -269,7 +277,7 @@ def assign(current: Epoch, d: int, p: int, survivors: Iterable[int], layer_param
     """
     alive = sorted(set(survivors))
     check_strategy(d, p, len(alive), len(layer_params))
-    bounds = partition(layer_params, p)
+    bounds = partition(layer_params if costs is None else costs, p)
     new: dict[int, Role] = {}
 
     def old_replicas(stage: int) -> list[int]:
@@ -398,10 +406,10 @@ def next_epoch(
     else:
         d, p = strategy
     check_strategy(d, p, len(survivors), n_layers, global_batch)
-    new = assign(current, d, p, survivors, sizes.params)
+    new = assign(current, d, p, survivors, sizes.params, sizes.cut)
     if (d, p) == (current.D, current.P) and new == dict(current.assignment) and not (dead or force):
         return None
-    bounds = partition(sizes.params, p)
+    bounds = partition(sizes.cut, p)
     layer_bytes = sizes.state_bytes(step)
     transfers = plan_transfers(current, new, bounds, layer_bytes, departing=preempted, lost=dead)
     n = current.number + 1 if number is None else number
@@ -469,7 +477,7 @@ def restart_epoch(
     current: Epoch,
     restore_step: int,
     alive: Iterable[int],
-    layers: int | Sequence[int],
+    layers: int | Sequence[float],
     strategy: tuple[int, int] | None = None,
     global_batch: int | None = None,
     previous: Iterable[int] = (),

@@ -61,11 +61,13 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Layer:
-    """One layer of a `TrainSpec`: a name (unique; checkpoints and migrations key layers by it) and a factory that
-    builds the module."""
+    """One layer of a `TrainSpec`: a name (unique; checkpoints and migrations key layers by it), a factory that
+    builds the module, and optionally its `cost` (e.g. measured time or FLOPs), which the stage cut balances instead
+    of parameter counts when every layer has one."""
 
     name: str
     build: Callable[[], nn.Module]
+    cost: float | None = None
 
 
 @dataclass(frozen=True)
@@ -217,9 +219,18 @@ def _check_fields(spec: TrainSpec, where: str) -> None:
         if layer.name in seen:
             raise SpecError(f"{where}: two layers are named {layer.name!r}; give every layer its own name")
         seen.add(layer.name)
+        if layer.cost is not None and not (
+            isinstance(layer.cost, (int, float)) and not isinstance(layer.cost, bool) and layer.cost > 0
+        ):
+            raise SpecError(f"{where}: layer {layer.name!r}: cost {layer.cost!r} must be a positive number")
         if not callable(layer.build):
             raise SpecError(f"{where}: layer {layer.name!r}: its factory is a {type(layer.build).__name__}, not "
                             "callable; give a function that builds the module (lambda: nn.Linear(8, 8))")  # fmt: skip
+    hinted = [layer.cost is not None for layer in spec.layers]
+    if any(hinted) and not all(hinted):
+        missing = [layer.name for layer in spec.layers if layer.cost is None]
+        raise SpecError(f"{where}: layers {missing[:3]} have no cost while others do; give every layer a cost, or "
+                        "none (the cut then balances parameter counts)")  # fmt: skip
     for name in ("batch", "loss", "optimizer"):
         if not callable(getattr(spec, name)):
             raise SpecError(f"{where}: the spec's {name} is not callable; give a function")
