@@ -20,6 +20,7 @@ import parcae
 from parcae.cli import app
 from trainer import (
     JobConfig,
+    JobObserver,
     Layer,
     ModelConfig,
     SpecError,
@@ -32,9 +33,11 @@ from trainer import (
     check_job,
     check_spec,
     checkpoint,
+    fingerprint,
     load_spec,
     train_step,
 )
+from trainer.observe.tracking import start_params
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
@@ -110,7 +113,12 @@ def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _
                 {"step": 4, "kind": "plan", "strategy": [1, 2]},
                 {"step": 6, "kind": "plan", "strategy": [2, 1]},
                 {"step": 7, "kind": "kill", "instances": [3]}]  # fmt: skip
-    result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    started: list[dict] = []
+    observer = type("Starts", (JobObserver,), {"on_start": lambda self, info: started.append(dict(info))})()
+    result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=80, observer=observer)
+    # what MLflow records of the spec (start_params): its args and its fingerprint, to tell runs of two specs apart
+    params = start_params(started[0])
+    assert params["model"] == "_tuple_model:spec" and params["model_fingerprint"] == fingerprint(load_spec(model))[:16]
     kinds = [(r["kind"], r["notice"]) for r in result["reconfigurations"]]
     assert kinds[0] == ("pipeline", True) and len(kinds) >= 3 and not kinds[-1][1], kinds  # the kill: no notice
     assert result["reconfigurations"][1]["step"] == 4 and result["reconfigurations"][1]["preempted"], kinds

@@ -41,6 +41,7 @@ from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
 from trainer.runtime.model import layer_names
+from trainer.runtime.model import model_fingerprint
 from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
@@ -190,7 +191,8 @@ def run_job(
     driver = Driver(coord, provider, groups, LivePlanning(planner, intervals, steps_per_interval),
                      deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     info = {
-        "job": job, "model": model.name, "workers": len(ids), "strategy": start, "steps": steps,
+        "job": job, "model": model.name, "model_args": dict(model.args) or None,
+        "model_fingerprint": model_fingerprint(model)[:16], "workers": len(ids), "strategy": start, "steps": steps,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
         "planner": planner.name if planner is not None else None,
