@@ -429,3 +429,16 @@ def test_cost_hints_decide_the_stage_cut_when_every_layer_has_one():
     with pytest.raises(SpecError, match=r"layers \['b'\] have no cost while others do; give every layer a cost"):
         check_spec(_spec(layers=[Layer("a", lambda: nn.Linear(4, 4), 2.0), Layer("b", lambda: nn.Linear(4, 2))]),
                    "model 'mine'")  # fmt: skip
+
+
+def test_a_device_this_machine_lacks_is_refused_before_the_job_starts(tmp_path, monkeypatch):
+    from trainer.runtime.devices import resolve_device
+
+    assert resolve_device("cpu", 3).type == "cpu"
+    with pytest.raises(ValueError, match=r"train.device: must be auto, cpu or cuda, got 'gpu'"):
+        TrainConfig(device="gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto", 0).type == "cpu"  # auto: CUDA where it exists, else the CPU
+    res = CliRunner().invoke(app, ["train", "--device", "cuda", "--workers", "1", "--steps", "2", "--out-dir",
+                                   str(tmp_path / "run")])  # fmt: skip
+    assert res.exit_code == 2 and "train.device is cuda but this machine has no CUDA device" in res.output, res.output

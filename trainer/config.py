@@ -148,8 +148,11 @@ class TrainConfig:
     seed: int = 0
     steps: int = 100
     schedule: str = "gpipe"  # the pipeline schedule within a step: "gpipe" or "1f1b" (trainer.runtime.pipeline)
+    device: str = "cpu"  # "cpu", "cuda" or "auto" (CUDA where it exists): trainer.runtime.devices
 
     def __post_init__(self) -> None:
+        _need(self.device in ("auto", "cpu", "cuda"), "train.device", f"must be auto, cpu or cuda, got {self.device!r}",
+              "choose one")  # fmt: skip
         _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
               "choose one")  # fmt: skip
         if self.global_batch < 1 or self.micro_batch < 1:

@@ -62,6 +62,14 @@ def train_cmd(
         str,
         typer.Option(metavar="gpipe|1f1b", help="Pipeline schedule within a step (1f1b keeps fewer activations)."),
     ] = "gpipe",
+    device: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|cpu|cuda",
+            help="Where workers train: auto is CUDA where it exists (one GPU per "
+            "worker where there are enough, shared in turn where not), else the CPU.",
+        ),
+    ] = "auto",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
     out_dir: Annotated[
         Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers (or the one to --resume).")
@@ -212,7 +220,7 @@ def train_cmd(
             raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress
 
-    batch_size: dict[str, Any] = {"schedule": schedule}
+    batch_size: dict[str, Any] = {"schedule": schedule, "device": device}
     if global_batch is not None:
         batch_size["global_batch"] = global_batch
     try:

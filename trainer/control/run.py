@@ -40,8 +40,8 @@ from trainer.providers import provider
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
-from trainer.runtime.model import layer_names
-from trainer.runtime.model import model_fingerprint
+from trainer.runtime.devices import resolve_device
+from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
@@ -276,6 +276,8 @@ def train(
     With `config.checkpoint.resume` the job continues from the latest checkpoint in its out_dir (the same config
     gives the same schedule, which restarts there)."""
     check_job(config)  # the spec imports, cuts, feeds and scores before any process starts
+    if config.provider.name == "local":  # the workers run here: a device this machine lacks is refused now
+        resolve_device(config.train.device, 0)
     remote = provider(config.provider.name).job(config.provider.options)  # None: local worker processes
     result = run_job(config, job_schedule(config, planned=planner is not None), observer=observer, planner=planner,
                      remote=remote)  # fmt: skip

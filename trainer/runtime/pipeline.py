@@ -335,12 +335,22 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer) -> LayerStat
     """
     out: LayerState = {}
     for name, p in layer.named_parameters():
-        out[f"param/{name}"] = p.detach().clone()
+        out[f"param/{name}"] = p.detach().to("cpu", copy=True)  # host memory: sent, checkpointed, compared
         for key, value in optimizer.state.get(p, {}).items():
             if value is None:  # e.g. SGD's momentum_buffer without momentum: nothing to move
                 continue
-            out[f"{key}/{name}"] = value.detach().clone() if torch.is_tensor(value) else torch.tensor(value)
+            out[f"{key}/{name}"] = (value.detach().to("cpu", copy=True) if torch.is_tensor(value)
+                                    else torch.tensor(value))  # fmt: skip
     return out
+
+
+def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.to(device, copy=True) if t.dim() > 0 else t.clone()
+
+
+def to_device(tree: Any, device: torch.device) -> Any:
+    """A tensor or tuple of tensors on `device` (the same tensors where they are there already)."""
+    return rebuild(tree, [t.to(device) for t in leaves(tree)])
 
 
 def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]) -> None:
@@ -371,7 +381,8 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
                 absent = [k for k in opt_keys if f"{k}/{name}" not in state]
                 if absent:
                     raise ValueError(f"parameter {name}: optimizer state lacks {absent}")
-                optimizer.state[p] = {k: state[f"{k}/{name}"].clone() for k in opt_keys}
+                # on the parameter's device, but a 0-dim value (Adam's step) stays on the host, as torch keeps it
+                optimizer.state[p] = {k: _on(state[f"{k}/{name}"], p.device) for k in opt_keys}
 
 
 @dataclass
@@ -390,6 +401,7 @@ class StageContext:
     module: Stage
     optimizers: dict[int, torch.optim.Optimizer]  # by global layer index
     groups: EpochGroups | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     names: list[str] = field(init=False)
     spec: TrainSpec = field(init=False)
 
@@ -440,8 +452,9 @@ def build_context(
     strategy: StageLayout,
     rank: int = 0,
     groups: EpochGroups | None = None,
+    device: torch.device | str = "cpu",
 ) -> StageContext:
-    """The rank's context with freshly initialised layers (deterministic from the model seed)."""
+    """The rank's context with freshly initialised layers (deterministic from the model seed) on `device`."""
     stage, replica = strategy.coords(rank)
     indices = strategy.layers(stage)
     total = n_layers(model)
@@ -450,10 +463,11 @@ def build_context(
     if stage == strategy.P - 1 and indices.stop != total:
         raise ValueError(f"the last stage must end at layer {total}, bounds are {strategy.bounds}")
     spec = spec_of(model, train)
-    layers = [build_layer(model, i, train) for i in indices]
+    dev = torch.device(device)
+    layers = [build_layer(model, i, train).to(dev) for i in indices]  # built on the host (seeded), then moved
     module = Stage(layers, indices.start, indices.stop)
     optimizers = {i: make_optimizer(module.layer(i), spec) for i in indices}
-    return StageContext(model, train, strategy, stage, replica, module, optimizers, groups)
+    return StageContext(model, train, strategy, stage, replica, module, optimizers, groups, dev)
 
 
 def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names: Sequence[str]) -> str:
@@ -582,7 +596,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
     Nothing is applied unless every op of the step completed and `commit()` (if given) returned True; otherwise
     `StepAbandoned` is raised with parameters and optimiser state untouched (see the module docstring).
     """
-    spec, B, D = ctx.spec, ctx.train.global_batch, ctx.strategy.D
+    spec, B, D, dev = ctx.spec, ctx.train.global_batch, ctx.strategy.D, ctx.device
     g = ctx.groups
     x, y = spec.batch(step)
     micro = shard(x, y, ctx.replica, D, ctx.train.micro_batch)
@@ -600,7 +614,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         nonlocal loss, count
         xm, ym = micro[m]
         if ctx.is_first:
-            inp = xm
+            inp = to_device(xm, dev)
         else:
             assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
             derived = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
@@ -608,19 +622,21 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                 header = torch.empty(HEADER_LEN, dtype=torch.int64)
                 g.recv(header, ctx.prev_rank)
                 derived = _from_header(header)
-            inp = _empty_like_boundary(*derived)
-            for t in leaves(inp):
+            staged = _empty_like_boundary(*derived)  # in host memory: gloo sends and receives there
+            for t in leaves(staged):
                 g.recv(t, ctx.prev_rank)
+            inp = to_device(staged, dev)
             for t in _differentiable(inp):
                 t.requires_grad_()
         out = ctx.module(inp)
         if ctx.is_last:
+            ym = to_device(ym, dev)
             if spec.normalizer == "count":
                 out, n = spec.loss(out, ym)
                 count += float(n)
             else:
                 out = micro_loss(spec, out, ym, B)
-            loss += out.detach().to(torch.float64)
+            loss += out.detach().to("cpu", torch.float64)
         else:
             assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
             derived = _boundary(ctx.model, ctx.train, ctx.module.last, _signature(xm), isinstance(xm, tuple))
@@ -632,7 +648,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                                  f"derived on meta tensors are {derived[0]}: a shape that depends on the data must "
                                  "come from an op without a meta kernel (e.g. nonzero)")  # fmt: skip
             for t in leaves(out):
-                act = t.detach().contiguous()
+                act = t.detach().to("cpu").contiguous()
                 sends.append((g.send(act, ctx.next_rank), act))
         inputs[m], outputs[m] = inp, out
 
@@ -646,17 +662,17 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             assert g is not None and ctx.next_rank is not None
             outs, grads = [], []
             for t in _differentiable(out):
-                grad = torch.empty_like(t, memory_format=torch.contiguous_format)
+                grad = torch.empty_like(t, device="cpu", memory_format=torch.contiguous_format)
                 g.recv(grad, ctx.next_rank)
                 if t.requires_grad:
                     outs.append(t)
-                    grads.append(grad)
+                    grads.append(grad.to(dev))
             if outs:
                 torch.autograd.backward(outs, grads)
         if not ctx.is_first:
             assert g is not None and ctx.prev_rank is not None
             for t in _differentiable(inp):
-                grad = t.grad if t.grad is not None else torch.zeros_like(t)
+                grad = (t.grad if t.grad is not None else torch.zeros_like(t)).to("cpu").contiguous()
                 sends.append((g.send(grad, ctx.prev_rank), grad))
 
     for phase, m in schedule_order(ctx.train.schedule, ctx.stage, ctx.strategy.P, len(micro)):
@@ -672,11 +688,15 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
     totals = torch.stack([loss, count])
     if g is not None:
         pending = []
+        staged = None  # the gradients in host memory, where gloo reduces them (the same tensor on the CPU)
         if g.dp is not None and flat is not None:
-            pending.append(g.all_reduce(flat, g.dp))
+            staged = flat.to("cpu")
+            pending.append(g.all_reduce(staged, g.dp))
         pending.append(g.all_reduce(totals, g.world))
         for work in pending:
             g.wait(work)
+        if staged is not None and flat is not None and staged is not flat:
+            flat.copy_(staged)
     loss = totals[0]
     if spec.normalizer == "count":
         n = float(totals[1])
@@ -690,7 +710,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         # the global norm needs the reduced gradients of every stage: replica 0 of each stage adds its square sum
         sq = torch.zeros((), dtype=torch.float64)
         if flat is not None and ctx.replica == 0:
-            sq = flat.to(torch.float64).square().sum()
+            sq = flat.to(torch.float64).square().sum().to("cpu")
         if g is not None:
             g.wait(g.all_reduce(sq, g.world))
         norm = float(sq.sqrt())

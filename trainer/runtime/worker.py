@@ -38,6 +38,7 @@ from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
 from trainer.runtime import checkpoint, keys
+from trainer.runtime.devices import DeviceError, resolve_device
 from trainer.runtime.migration import Epoch, state_bytes
 from trainer.runtime.model import layer_names, model_fingerprint, spec_of
 from trainer.runtime.pipeline import (
@@ -206,6 +207,7 @@ class Worker:
         self.epoch: Epoch | None = None  # the epoch this worker trains in (None when standby)
         self.next: Epoch | None = None  # the epoch it is migrating into
         self.ctx: StageContext | None = None
+        self.device = torch.device("cpu")  # set by `join` from the job's train.device (trainer.runtime.devices)
         self.step = 0
         self.watch = 1  # the next epoch number to look at
         self.last_step_end = 0.0
@@ -315,6 +317,7 @@ class Worker:
         # user's module (and the example GPT's corpus), and the first optimiser built in a process imports
         # torch._dynamo (~1 s).
         make_optimizer(torch.nn.Linear(1, 1), spec_of(self.job.model, self.job.train))
+        self.device = resolve_device(self.job.train.device, self.id)
         if self.job.fingerprint and model_fingerprint(self.job.model) != self.job.fingerprint:
             raise SpecError(f"model {self.job.model.name!r} builds other layers on this machine than where the job "
                             "started (its fingerprint differs: another version of the spec's code); install the "
@@ -651,9 +654,10 @@ class Worker:
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
         if old is not None and old.module.indices == want:
-            ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups)
+            ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups,
+                               old.device)  # fmt: skip
         else:
-            ctx = build_context(job.model, job.train, epoch.strategy, rank, groups)
+            ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 shards = checkpoint.find_shards(job.checkpoint_dir, epoch.restore_step)
                 ckpt = checkpoint.load(shards, config=job.model, job=job.job)
@@ -710,7 +714,7 @@ class Worker:
         except Aborted as e:  # the driver knows why (it says so itself): nothing to print here
             self._fail("error", str(e), quiet=True)
             return EXIT_ABORTED
-        except (Diverged, checkpoint.CheckpointError, SpecError) as e:  # a user's problem: one clear line
+        except (Diverged, checkpoint.CheckpointError, SpecError, DeviceError) as e:  # a user's problem: one line
             self._fail("error", f"worker {self.id} at step {self.step}: {e}")
             return EXIT_FAILED
         except BaseException as e:  # noqa: BLE001 — reported to the coordinator, then the process exits

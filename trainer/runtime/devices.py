@@ -1,0 +1,39 @@
+"""Which device a worker trains on.
+
+Owns: `DEVICES` and `resolve_device` ("cpu"; "cuda": one GPU per worker where there are enough, shared in turn where
+there are not; "auto": CUDA where it exists, else the CPU). Must not touch: training, process groups.
+
+Process groups stay gloo: tensors a collective or a send needs are staged through host memory
+(`trainer.runtime.pipeline`), so several workers may share one GPU. A worker's GPU is `PARCAE_DEVICE_INDEX` when the
+environment gives it (a host's agent, one per slot), else its worker id modulo the GPUs it sees.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+DEVICES = ("auto", "cpu", "cuda")
+DEVICE_INDEX_ENV = "PARCAE_DEVICE_INDEX"
+
+
+class DeviceError(ValueError):
+    """A device the job asks for that this machine does not have."""
+
+
+def resolve_device(kind: str, worker_id: int) -> torch.device:
+    """The torch device of worker `worker_id` for the job's `train.device`."""
+    if kind not in DEVICES:
+        raise DeviceError(f"train.device must be one of {', '.join(DEVICES)}, got {kind!r}")
+    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise DeviceError("train.device is cuda but this machine has no CUDA device (torch.cuda.is_available() is "
+                          "False); use --device auto or cpu, or a machine with a GPU")  # fmt: skip
+    count = torch.cuda.device_count()
+    given = os.environ.get(DEVICE_INDEX_ENV)
+    index = int(given) if given is not None and given.isdigit() else worker_id % count
+    if index >= count:
+        raise DeviceError(f"{DEVICE_INDEX_ENV}={index} but this machine has {count} CUDA device(s)")
+    return torch.device("cuda", index)
