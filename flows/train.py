@@ -86,7 +86,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
     return JobConfig(
         out_dir=str(Path(a["out_dir"])),
         model=model_config(a["model"], seed=a["seed"], **dict(a.get("model_args") or {})),
-        train=TrainConfig(steps=a["steps"], seed=a["seed"]),
+        train=TrainConfig(steps=a["steps"], seed=a["seed"], device=a.get("device", "auto")),
         availability=AvailabilityConfig(workers=a["workers"], trace=a["trace"], interval_seconds=a["interval_seconds"],
                                         step_seconds=a["step_seconds"], start_interval=a["start_interval"]),
         checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"]),
@@ -101,6 +101,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
 def train(
     model: str = "tiny-gpt",
     model_args: dict[str, Any] | None = None,
+    device: str = "auto",
     workers: int = 4,
     steps: int = 200,
     trace: str = "p3",
@@ -119,8 +120,9 @@ def train(
     timeout_s: float = 3600.0,
 ) -> dict[str, Any]:
     """Train ``model`` (a registered name, or ``module:function`` returning a ``parcae.TrainSpec``, called with
-    ``model_args``) for ``steps`` steps on ``workers`` instances replaying ``trace`` from ``start_interval`` (one
-    trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval. ``provider``: a
+    ``model_args``) on ``device`` (auto: CUDA where it exists, else the CPU) for ``steps`` steps on ``workers``
+    instances replaying ``trace`` from ``start_interval`` (one trace interval = ``interval_seconds /
+    step_seconds`` steps), re-planned every interval. ``provider``: a
     `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts`` (machines over ssh)
     or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``.
 

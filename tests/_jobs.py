@@ -24,6 +24,20 @@ from trainer.control import run as _run
 from trainer.control.coordinator import Coordinator
 from trainer.control.events import Schedule
 
+# 2x2 on workers 0-3, then: intra-stage; inter-stage forced by a preemption whose victim holds the last copy of its
+# stage; an added worker + inter-stage; pipeline 2 -> 3; pipeline 3 -> 2 under a preemption (last copy again);
+# pipeline 2 -> 1 with 3 replicas (uneven data shards). Every kind of live migration, for any model of >= 3 layers.
+EVERY_MIGRATION: list[dict[str, Any]] = [
+    {"step": 2, "kind": "plan", "strategy": [1, 2]},
+    {"step": 3, "kind": "preempt", "instances": [2], "notice": True},
+    {"step": 4, "kind": "add", "workers": 1},
+    {"step": 4, "kind": "plan", "strategy": [2, 2]},
+    {"step": 6, "kind": "plan", "strategy": [1, 3]},
+    {"step": 8, "kind": "preempt", "instances": [0]},
+    {"step": 8, "kind": "plan", "strategy": [1, 2]},
+    {"step": 9, "kind": "plan", "strategy": [3, 1]},
+]
+
 _CHECKPOINT = {"checkpoint_every": "every", "checkpoint_dir": "dir", "keep_checkpoints": "keep", "resume": "resume"}
 _CONTROL = ("host", "port", "pg_timeout_s", "store_timeout_s", "hb_interval_s", "hb_timeout_s", "notice_grace_s",
             "timeout_s")  # fmt: skip

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from _jobs import coordinator, run_job
+from _jobs import EVERY_MIGRATION, coordinator, run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
@@ -47,19 +47,7 @@ TRAIN = TrainConfig()
 N = n_layers(CFG)  # 6: embed, 4 blocks, head
 STEPS = 10
 
-# 2x2 on workers 0-3, then: intra-stage; inter-stage forced by a preemption whose victim holds the last copy of its
-# stage; an added worker + inter-stage; pipeline 2 -> 3; pipeline 3 -> 2 under a preemption (last copy again);
-# pipeline 2 -> 1 with 3 replicas (uneven data shards).
-SCHEDULE = [
-    {"step": 2, "kind": "plan", "strategy": [1, 2]},
-    {"step": 3, "kind": "preempt", "instances": [2], "notice": True},
-    {"step": 4, "kind": "add", "workers": 1},
-    {"step": 4, "kind": "plan", "strategy": [2, 2]},
-    {"step": 6, "kind": "plan", "strategy": [1, 3]},
-    {"step": 8, "kind": "preempt", "instances": [0]},
-    {"step": 8, "kind": "plan", "strategy": [1, 2]},
-    {"step": 9, "kind": "plan", "strategy": [3, 1]},
-]
+SCHEDULE = EVERY_MIGRATION  # every kind of live migration (tests/_jobs.py)
 
 
 @pytest.fixture(autouse=True)

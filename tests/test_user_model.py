@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from _jobs import run_job
+from _jobs import EVERY_MIGRATION, run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
@@ -45,14 +45,7 @@ DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
 # every kind: intra-stage, inter-stage under notice (the victim holds its stage's last copy), an addition, pipeline
 # migrations (P 2 -> 3 -> 2 under a preemption, then 3 replicas), a kill without notice, a checkpoint-restart
 EVERY_KIND = [
-    {"step": 2, "kind": "plan", "strategy": [1, 2]},
-    {"step": 3, "kind": "preempt", "instances": [2], "notice": True},
-    {"step": 4, "kind": "add", "workers": 1},
-    {"step": 4, "kind": "plan", "strategy": [2, 2]},
-    {"step": 6, "kind": "plan", "strategy": [1, 3]},
-    {"step": 8, "kind": "preempt", "instances": [0]},
-    {"step": 8, "kind": "plan", "strategy": [1, 2]},
-    {"step": 9, "kind": "plan", "strategy": [3, 1]},
+    *EVERY_MIGRATION,
     {"step": 10, "kind": "kill", "instances": [3]},
     {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]},
 ]

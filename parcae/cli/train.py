@@ -30,6 +30,20 @@ from parcae.cli.common import (
     write_file,
 )
 
+#: --model and --model-args, as `parcae train` and `parcae profile` take them.
+ModelOption = Annotated[
+    str,
+    typer.Option(
+        metavar="NAME|MODULE:FUNCTION",
+        help="The model: tiny-gpt or small-gpt (built in), a name an installed package registers "
+        "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
+    ),
+]
+ModelArgsOption = Annotated[
+    str | None,
+    typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
+]
+
 
 @command("train")
 def train_cmd(
@@ -42,18 +56,8 @@ def train_cmd(
     ] = None,
     interval_seconds: Annotated[float, typer.Option(help="Wall time of one trace interval (time compression).")] = 2.0,
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
-    model: Annotated[
-        str,
-        typer.Option(
-            metavar="NAME|MODULE:FUNCTION",
-            help="The model: tiny-gpt or small-gpt (built in), a name an installed package registers "
-            "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
-        ),
-    ] = "tiny-gpt",
-    model_args: Annotated[
-        str | None,
-        typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
-    ] = None,
+    model: ModelOption = "tiny-gpt",
+    model_args: ModelArgsOption = None,
     global_batch: Annotated[
         int | None,
         typer.Option(min=1, help="Rows per step (the built-in GPTs take it; a spec's batch() has its own: default)."),
@@ -359,18 +363,8 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
 @command("profile")
 def profile_cmd(
     workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
-    model: Annotated[
-        str,
-        typer.Option(
-            metavar="NAME|MODULE:FUNCTION",
-            help="The model: tiny-gpt or small-gpt (built in), a name an installed package registers "
-            "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
-        ),
-    ] = "tiny-gpt",
-    model_args: Annotated[
-        str | None,
-        typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
-    ] = None,
+    model: ModelOption = "tiny-gpt",
+    model_args: ModelArgsOption = None,
     steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
     rounds: Annotated[
         int, typer.Option(help="Visits of every strategy; its iteration time is the fastest visit's.")
