@@ -27,7 +27,7 @@ def digits(dtype: torch.dtype) -> torch.utils.data.TensorDataset:
 
 
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
-         seed: int = 0) -> parcae.TrainSpec:  # fmt: skip
+         seed: int = 0, autocast: str | None = None) -> parcae.TrainSpec:  # fmt: skip
     """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages."""
     dt = getattr(torch, dtype)
 
@@ -45,4 +45,5 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         batch=parcae.StepSampler(digits(dt), batch_size, seed=seed),
         loss=lambda logits, labels: F.cross_entropy(logits, labels, reduction="sum"),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
+        autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`)
     )

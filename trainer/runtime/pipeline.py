@@ -503,6 +503,8 @@ def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signat
     receiver of a boundary derive it alike: a derived activation needs no header, the others are preceded by one
     (`_send_header`)."""
     spec = spec_of(model, train)
+    if spec.autocast is not None:  # meta tensors do not autocast: the activations' dtypes come in a header
+        return None
     x: Any = tuple(torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in inputs)
     if not tuple_in:
         x = x[0]
@@ -607,6 +609,8 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
     sends: list[tuple[object, torch.Tensor]] = []  # every send stays pending (and its tensor alive) to the end
     loss = torch.zeros((), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)  # the items the loss counted (normalizer "count")
+    autocast = torch.autocast(dev.type, dtype=getattr(torch, spec.autocast or "bfloat16"),
+                              enabled=spec.autocast is not None)  # fmt: skip
 
     def forward(m: int) -> None:
         # receive activations (or take the batch's inputs), run the stage, send on (or score); a receiver knows
@@ -628,14 +632,16 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             inp = to_device(staged, dev)
             for t in _differentiable(inp):
                 t.requires_grad_()
-        out = ctx.module(inp)
+        with autocast:
+            out = ctx.module(inp)
+            if ctx.is_last:
+                ym = to_device(ym, dev)
+                if spec.normalizer == "count":
+                    out, n = spec.loss(out, ym)
+                    count += float(n)
+                else:
+                    out = micro_loss(spec, out, ym, B)
         if ctx.is_last:
-            ym = to_device(ym, dev)
-            if spec.normalizer == "count":
-                out, n = spec.loss(out, ym)
-                count += float(n)
-            else:
-                out = micro_loss(spec, out, ym, B)
             loss += out.detach().to("cpu", torch.float64)
         else:
             assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 Tree: TypeAlias = Union[torch.Tensor, tuple[torch.Tensor, ...]]  # noqa: UP007 — evaluated on 3.11 by dataclasses
 
 NORMALIZERS = ("rows", "count")
+AUTOCASTS = ("bfloat16", "float16")
 LAYER_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]*$")
 
 
@@ -81,7 +82,9 @@ class TrainSpec:
     `exact` (default True): refuse dropout, whose masks would make a run depend on D x P (False allows it, and the
     run is then only statistically the same under another strategy); `normalizer`: "rows" (the loss is a mean
     over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
-    loss is the global sum over the global count, whatever the split).
+    loss is the global sum over the global count, whatever the split); `autocast`: "bfloat16" or "float16" runs
+    each stage's forward and the loss under `torch.autocast` (parameters, gradients and optimiser state stay in
+    their dtype; activations cross stages in the autocast dtype).
     """
 
     layers: Sequence[Layer]
@@ -92,6 +95,7 @@ class TrainSpec:
     clip_grad_norm: float | None = None
     exact: bool = True
     normalizer: str = "rows"
+    autocast: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -234,6 +238,8 @@ def _check_fields(spec: TrainSpec, where: str) -> None:
     for name in ("batch", "loss", "optimizer"):
         if not callable(getattr(spec, name)):
             raise SpecError(f"{where}: the spec's {name} is not callable; give a function")
+    if spec.autocast is not None and spec.autocast not in AUTOCASTS:
+        raise SpecError(f"{where}: autocast {spec.autocast!r}; choose one of {', '.join(AUTOCASTS)}, or None")
     if spec.normalizer not in NORMALIZERS:
         raise SpecError(f"{where}: normalizer {spec.normalizer!r}; choose one of {', '.join(NORMALIZERS)}")
     if spec.lr is not None and not callable(spec.lr):
