@@ -39,7 +39,7 @@ class Head(nn.Module):
         return self.out(h * (1 + mask.to(h.dtype)))
 
 
-def spec(blocks: int = 3, costs: list[float] | None = None) -> parcae.TrainSpec:
+def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None) -> parcae.TrainSpec:
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -61,4 +61,6 @@ def spec(blocks: int = 3, costs: list[float] | None = None) -> parcae.TrainSpec:
         loss=lambda logits, y: nn.functional.cross_entropy(logits, y, reduction="sum"),
         optimizer=lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9),
         clip_grad_norm=1.0,
+        # a schedule of the step: lr 0 for the first `frozen_steps` steps (none by default), then the optimiser's
+        lr=None if frozen_steps is None else (lambda step: 0.0 if step < frozen_steps else 0.05),
     )

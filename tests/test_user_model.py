@@ -448,3 +448,16 @@ def test_bf16_autocast_trains_across_stages_close_to_one_process(tmp_path, _no_o
     assert result["loss"] == pytest.approx(losses, rel=2e-2)
     fp32, _ = uninterrupted(ModelConfig(DIGITS), train, steps)
     assert result["loss"] != pytest.approx(fp32, rel=1e-7)  # autocast did change the arithmetic
+
+
+def test_a_learning_rate_schedule_of_the_step_is_set_before_each_update():
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is
+    model = ModelConfig("_tuple_model:spec", args={"frozen_steps": 2})  # lr 0 for steps 0 and 1, then 0.05
+    ctx = build_context(model, TrainConfig(global_batch=24), StageLayout.even(1, 1, model))
+    before = [p.detach().clone() for p in ctx.module.parameters()]
+    train_step(ctx, 0)
+    train_step(ctx, 1)
+    assert all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))  # lr 0: no change
+    train_step(ctx, 2)
+    assert all(g["lr"] == 0.05 for opt in ctx.optimizers.values() for g in opt.param_groups)
+    assert not all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))
