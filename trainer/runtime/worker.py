@@ -414,7 +414,11 @@ class Worker:
 
     def _train(self) -> None:
         (_, ctx), job = self._held(), self.job
-        reporter = ctx.is_last and ctx.replica == 0
+        # Every replica of the last stage records the step's loss (the same all-reduced value) once the step is
+        # committed: one reporter killed between the decision and its write would leave an applied step without a
+        # loss while the survivors train on. Losing every last-stage replica loses that stage's layers too, which
+        # checkpoint-restarts and recomputes the steps after the checkpoint.
+        reporter = ctx.is_last
         try:
             while True:
                 decision = self._boundary(self.step)
