@@ -316,3 +316,18 @@ def test_bad_schedules_in_prefect_yaml_are_named(tmp_path: Path, capsys: pytest.
 
     assert settings.main([str(path)]) == 2  # the `make serve` pre-check
     assert capsys.readouterr().err.count("error: ") == 3
+
+
+def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no_orphans) -> None:
+    """A team's own model through the `train` flow: `model` is module:function (here a file path), `model_args` its
+    arguments; the job's global batch is the spec's rows, and the MLflow run says which spec trained."""
+    digits = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
+    state = train(model=digits, model_args={"batch_size": 12}, workers=2, trace="p3", start_interval=49,
+                  interval_seconds=0.2, step_seconds=0.1, planner="rule", steps=8, checkpoint_every=4,
+                  out_dir=str(store / "digits"), return_state=True)  # fmt: skip
+    assert state.is_completed(), state.message
+    summary = state.result()
+    run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
+    assert run.data.params["model"] == digits and json.loads(run.data.params["model_args"]) == {"batch_size": 12}
+    assert run.data.params["global_batch"] == "12" and len(run.data.params["model_fingerprint"]) == 16
+    assert summary["steps"] == 8
