@@ -11,6 +11,7 @@ Every bound is checked before the planner runs: K <= `MAX_LOOK_AHEAD`, ``interva
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -58,12 +59,13 @@ class PlanInput:
         return None
 
 
-def shown(value: Any) -> str:
-    """A value as a message shows it: its JSON, at most 60 characters (a hostile input can be megabytes)."""
-    try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
+def shown(value: Any, *, as_json: bool = True) -> str:
+    """A value as a message shows it: its JSON (or, `as_json=False`, its Python repr, for a setting given in Python),
+    at most 60 characters (a hostile input can be megabytes)."""
+    text = repr(value)
+    if as_json:
+        with contextlib.suppress(TypeError, ValueError):  # not JSON data: its repr
+            text = json.dumps(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from liveput import shown
+
 if TYPE_CHECKING:
     from trainer import JobConfig
 
@@ -94,6 +96,9 @@ class _Problem:
 
     def __str__(self) -> str:
         return f"{self.setting}: {self.problem}; {self.fix}"
+
+
+_repr = functools.partial(shown, as_json=False)  # a value in a message as Python shows it, at most 60 characters
 
 
 def _fail(setting: str, problem: str, fix: str) -> SettingError:
@@ -234,7 +239,7 @@ def check_count(value: Any, *, setting: str, minimum: int = 1, maximum: int | No
         or (maximum is not None and value > maximum)
     ):
         want = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum:,}"
-        raise _fail(setting, f"expected {want}, got {_shown(value)}", f"set it to {want}")
+        raise _fail(setting, f"expected {want}, got {_repr(value)}", f"set it to {want}")
     return value
 
 
@@ -248,7 +253,7 @@ def check_seconds(value: Any, *, setting: str, low: float = 0.0, high: float = m
     if not ok:
         bounded = low > 0 or high < math.inf
         want = f"a number of seconds in [{low:g}, {high:g}]" if bounded else "a number of seconds > 0"
-        raise _fail(setting, f"expected {want}, got {_shown(value)}", f"set it to {want}")
+        raise _fail(setting, f"expected {want}, got {_repr(value)}", f"set it to {want}")
     return float(value)
 
 
@@ -264,11 +269,6 @@ def check_interval(value: Any, *, setting: str = "interval_s") -> float:
     from liveput import INTERVAL_S_RANGE
 
     return check_seconds(value, setting=setting, low=INTERVAL_S_RANGE[0], high=INTERVAL_S_RANGE[1])
-
-
-def _shown(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _optional(check: Callable[..., Any]) -> Callable[..., Any]:
@@ -288,7 +288,7 @@ def _each(check: Callable[..., Any]) -> Callable[..., Any]:
         if values is None:
             return None
         if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-            raise _fail(setting, f"expected a list, got {_shown(values)}", "give a list, or null for the default")
+            raise _fail(setting, f"expected a list, got {_repr(values)}", "give a list, or null for the default")
         check_all(*(functools.partial(check, v, setting=f"{setting}[{i}]") for i, v in enumerate(values)))
         return values
 

@@ -34,13 +34,17 @@ events only — add, preempt, kill — and rejects plans and checkpoint-restarts
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from liveput import shown
 from trainer.jsonfile import load_json
+
+_repr = functools.partial(shown, as_json=False)  # a value in a message as Python shows it, at most 60 characters
 
 KINDS = ("plan", "add", "preempt", "kill", "checkpoint-restart")
 _FIELDS = {
@@ -95,31 +99,25 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _shown(value: Any) -> str:
-    """A value as an error message shows it: its repr, at most 60 characters (a file can hold megabytes)."""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _parse_one(raw: Any, where: str) -> Event:
     def fail(field: str, msg: str) -> EventError:
-        return EventError(f"{where}: field {_shown(field)}: {msg}")
+        return EventError(f"{where}: field {_repr(field)}: {msg}")
 
     if not isinstance(raw, Mapping):
-        raise EventError(f'{where}: expected an object like {{"step": 3, "kind": "plan", ...}}, got {_shown(raw)}')
+        raise EventError(f'{where}: expected an object like {{"step": 3, "kind": "plan", ...}}, got {_repr(raw)}')
     kind = raw.get("kind")
     if kind is None:
         raise fail("kind", f"missing; expected one of {', '.join(KINDS)}")
     if kind not in KINDS:
-        raise fail("kind", f"expected one of {', '.join(KINDS)}, got {_shown(kind)}")
+        raise fail("kind", f"expected one of {', '.join(KINDS)}, got {_repr(kind)}")
     unknown = sorted(set(raw) - _FIELDS[kind])
     if unknown:
-        raise fail(unknown[0], f"not a field of a {_shown(kind)} event (fields: {', '.join(sorted(_FIELDS[kind]))})")
+        raise fail(unknown[0], f"not a field of a {_repr(kind)} event (fields: {', '.join(sorted(_FIELDS[kind]))})")
     step = raw.get("step")
     if step is None:
         raise fail("step", "missing")
     if not _is_int(step) or step < 1:
-        raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {_shown(step)}")
+        raise fail("step", f"expected an integer >= 1 (the step before which it takes effect), got {_repr(step)}")
     if kind in ("plan", "checkpoint-restart"):
         s = raw.get("strategy")
         if s is None:
@@ -128,25 +126,25 @@ def _parse_one(raw: Any, where: str) -> Event:
             raise fail("strategy", 'missing; a plan needs "strategy": [D, P]')
         pair = isinstance(s, Sequence) and not isinstance(s, str) and len(s) == 2
         if not pair or not all(_is_int(v) and v >= 1 for v in s):
-            raise fail("strategy", f"expected [D, P] with two integers >= 1, got {_shown(s)}")
+            raise fail("strategy", f"expected [D, P] with two integers >= 1, got {_repr(s)}")
         return Event(step, kind, strategy=(int(s[0]), int(s[1])))
     if kind == "add":
         n = raw.get("workers")
         if n is None:
             raise fail("workers", 'missing; an add needs "workers": n')
         if not _is_int(n) or n < 1:
-            raise fail("workers", f"expected an integer >= 1, got {_shown(n)}")
+            raise fail("workers", f"expected an integer >= 1, got {_repr(n)}")
         return Event(step, kind, workers=n)
     ids = raw.get("instances")
     if ids is None:
         raise fail("instances", f'missing; a {kind} needs "instances": [worker ids]')
     if not isinstance(ids, Sequence) or isinstance(ids, str) or not ids or not all(_is_int(v) and v >= 0 for v in ids):
-        raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {_shown(ids)}")
+        raise fail("instances", f"expected a non-empty list of worker ids (integers >= 0), got {_repr(ids)}")
     if len(set(ids)) != len(ids):
-        raise fail("instances", f"worker ids repeat: {_shown(list(ids))}")
+        raise fail("instances", f"worker ids repeat: {_repr(list(ids))}")
     notice = raw.get("notice", kind == "preempt")
     if not isinstance(notice, bool):
-        raise fail("notice", f"expected true or false, got {_shown(notice)}")
+        raise fail("notice", f"expected true or false, got {_repr(notice)}")
     if kind == "kill" and notice:
         raise fail("notice", 'a kill has no notice; use {"kind": "preempt"} for a preemption with notice')
     ids_t = tuple(int(v) for v in ids)
