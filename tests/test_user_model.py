@@ -461,3 +461,8 @@ def test_a_learning_rate_schedule_of_the_step_is_set_before_each_update():
     train_step(ctx, 2)
     assert all(g["lr"] == 0.05 for opt in ctx.optimizers.values() for g in opt.param_groups)
     assert not all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))
+
+
+def test_a_model_config_of_an_older_parcae_is_named_not_a_traceback():
+    with pytest.raises(ValueError, match=r"model: unknown fields \['n_embd', 'n_layer'\].*start the job afresh"):
+        ModelConfig.from_dict({"name": "tiny-gpt", "n_layer": 4, "n_embd": 64, "seed": 0})

@@ -123,6 +123,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ModelConfig:
+        """The inverse of `to_dict`; other fields (a job.json or checkpoint of an older parcae, which stored a GPT's
+        shape as fields) are a `ConfigError` naming them."""
+        unknown = sorted(set(d) - {"name", "args", "seed"})
+        _need(not unknown, "model", f"unknown fields {unknown}", "a model is name, args and seed (parcae before model "
+              "args wrote its GPT shape as fields: start the job afresh)")  # fmt: skip
         return cls(**d)
 
 

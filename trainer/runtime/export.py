@@ -40,7 +40,10 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
     if found is None:
         why = "; ".join(map(str, verdicts)) or "no checkpoint files"
         raise checkpoint.CheckpointError(f"{d}: no intact checkpoint to export ({why})")
-    config, job, at = checkpoint.describe(found.files[0])
+    try:
+        config, job, at = checkpoint.describe(found.files[0])
+    except ValueError as exc:  # a checkpoint whose model config this parcae cannot read (ConfigError)
+        raise checkpoint.CheckpointError(f"{found.files[0]}: {exc}") from None
     ckpt = checkpoint.load(list(found.files), config=config, job=job)
     from trainer.runtime.model import layer_names
 
