@@ -213,7 +213,8 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
             missing = [v for v in wanted.values() if v not in state]
             if missing:
                 raise ValueError(f"weights {weights!r} lack {missing[:3]} for layer {names[i]!r}")
-            module.load_state_dict({k: state[v].to(dt) for k, v in wanted.items()})
+            if not any(p.is_meta for p in module.parameters()):  # on meta (parcae's checks) there is nothing to fill
+                module.load_state_dict({k: state[v].to(dt) for k, v in wanted.items()})
         return module
 
     if tokens is None:
