@@ -68,6 +68,7 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     JobObserver,  # noqa: E402
     ModelConfig,
     Schedule,  # noqa: E402
+    Stage,
     TrainConfig,
     build_layers,  # noqa: E402
     check_job,
@@ -141,19 +142,6 @@ def run_ours(model: ModelConfig, train: TrainConfig, d: int, steps: int, warmup:
 
 
 # --------------------------------------------------------------------------------------------------------- DDP
-class Chain(nn.Module):
-    """The spec's layers in order, as one module (`nn.Sequential` cannot spread a tuple activation)."""
-
-    def __init__(self, layers: list[nn.Module]) -> None:
-        super().__init__()
-        self.layers = nn.ModuleList(layers)
-
-    def forward(self, x: Any) -> Any:
-        for layer in self.layers:
-            x = layer(*x) if isinstance(x, tuple) else layer(x)
-        return x
-
-
 def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: TrainConfig, steps: int, warmup: int,
               out: str) -> None:  # fmt: skip
     """One DDP process: wait for the go, form the group, train `steps` steps, report times and losses."""
@@ -168,7 +156,8 @@ def _ddp_rank(rank: int, world: int, port: int, model: ModelConfig, train: Train
         store.wait(["go"])
         dist.init_process_group("gloo", store=dist.PrefixStore("ddp", store), rank=rank, world_size=world,
                                 timeout=timedelta(seconds=PG_TIMEOUT_S))  # fmt: skip
-        net = DistributedDataParallel(Chain(build_layers(model)))
+        layers = build_layers(model)  # every layer, in order, as one stage (`nn.Sequential` cannot spread a tuple)
+        net = DistributedDataParallel(Stage(layers, 0, len(layers)))
         opt = spec.optimizer(net.parameters())  # one optimiser over every layer (Adam is element-wise: the same run)
         losses = torch.zeros(steps, dtype=torch.float64)
         t_a = t_b = 0.0

@@ -12,7 +12,7 @@ from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import MODELS, ModelConfig, TrainConfig, UnknownModelError, model_config
 from trainer.corpus import corpus
 from trainer.examples.gpt import Block, Embedding, Head, global_batch
-from trainer.runtime.data import micro_sizes, replica_rows, shard
+from trainer.runtime.data import replica_rows, shard
 from trainer.runtime.model import Stage, build_layer, build_layers, layer_names, n_layers
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.runtime.trainspec import SpecError
@@ -73,7 +73,8 @@ def test_shard_partitions_the_global_batch_exactly(D):
     rows = []
     for r in range(D):
         micro = shard(x, y, r, D, 2)
-        assert [len(m[0]) for m in micro] == micro_sizes(16, r, D, 2)
+        n = len(replica_rows(16, r, D))
+        assert [len(m[0]) for m in micro] == [min(2, n - i) for i in range(0, n, 2)]  # all full but maybe the last
         assert all(1 <= len(xm) <= 2 for xm, _ in micro)
         rows += [xm for xm, _ in micro]
         assert len(replica_rows(16, r, D)) in (16 // D, -(-16 // D))  # floor or ceil

@@ -254,7 +254,7 @@ def test_a_checkpoint_of_another_spec_is_refused(tmp_path):
 
     for name in [n for n in sys.modules if n.startswith("parcae_spec_")]:
         del sys.modules[name]
-    trainspec.load_spec.cache_clear()
+    trainspec.clear_cache()
     runtime_model.model_fingerprint.cache_clear()
     with pytest.raises(checkpoint.ForeignCheckpointError, match=r"checkpoint of another spec.*the spec's code changed"):
         checkpoint.load(path, config=model, job="job")

@@ -55,7 +55,7 @@ _HOMES: dict[str, str] = {
     "MlflowJobObserver": "trainer.observe.tracking",
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
     **dict.fromkeys(("TOKEN_ENV", "read_token_file"), "trainer.runtime.store"),
-    **dict.fromkeys(("build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
+    **dict.fromkeys(("Stage", "build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
     **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
                     "trainer.runtime.trainspec"),
     **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
@@ -196,6 +196,9 @@ if TYPE_CHECKING:
     from trainer.runtime.export import Exported as Exported
     from trainer.runtime.export import export_state_dict as export_state_dict
     from trainer.runtime.export import write_state_dict as write_state_dict
+    from trainer.runtime.model import (
+        Stage as Stage,
+    )
     from trainer.runtime.model import (
         build_layers as build_layers,
     )

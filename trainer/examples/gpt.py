@@ -14,7 +14,6 @@ There is no dropout (it would make runs depend on RNG streams per stage) and no 
 from __future__ import annotations
 
 import functools
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ import torch.nn.functional as F
 
 from trainer.config import TrainConfig
 from trainer.corpus import corpus
-from trainer.runtime.trainspec import Layer, TrainSpec
+from trainer.runtime.trainspec import Layer, TrainSpec, stable_seed
 
 INIT_STD = 0.02
 
@@ -134,16 +133,10 @@ def build_layer(cfg: GptShape, index: int) -> nn.Module:
     return layer.to(getattr(torch, cfg.dtype))
 
 
-def step_seed(seed: int, step: int) -> int:
-    """A stable 63-bit seed for (seed, step); Python's hash() is salted per process, so it is not used."""
-    digest = hashlib.sha256(f"batch:{seed}:{step}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
 def global_batch(step: int, cfg: TrainConfig, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Inputs and next-character targets of `step`, each (global_batch, block_size), from (cfg.seed, step) alone."""
     tokens = corpus().tokens
-    gen = torch.Generator().manual_seed(step_seed(cfg.seed, step))
+    gen = torch.Generator().manual_seed(stable_seed("batch", cfg.seed, step))
     starts = torch.randint(0, len(tokens) - block_size - 1, (cfg.global_batch,), generator=gen)
     offsets = torch.arange(block_size)
     x = tokens[starts[:, None] + offsets]

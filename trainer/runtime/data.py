@@ -1,6 +1,6 @@
 """The split of a step's global batch into replicas and micro-batches.
 
-Owns: `replica_rows`, `micro_sizes` and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's
+Owns: `replica_rows` and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's
 `batch` is built from. Must not touch: models, processes, torch.distributed. The batch
 itself is the spec's (`TrainSpec.batch(step)`: a pure function of the step).
 
@@ -11,12 +11,11 @@ strategy — and any sequence of strategies across migrations — sees the same 
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
-from trainer.runtime.trainspec import leaves, rebuild
+from trainer.runtime.trainspec import leaves, rebuild, stable_seed
 
 
 def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range:
@@ -35,16 +34,6 @@ def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range
     return range(replica * global_batch_size // n_replicas, (replica + 1) * global_batch_size // n_replicas)
 
 
-def micro_sizes(global_batch_size: int, replica: int, n_replicas: int, micro_batch: int) -> list[int]:
-    """Sizes of the micro-batches of `replica`: all `micro_batch` except possibly a smaller last one.
-
-    Every stage of a pipeline computes this independently, so a receiving stage knows each activation's shape
-    without it being sent.
-    """
-    n = len(replica_rows(global_batch_size, replica, n_replicas))
-    return [min(micro_batch, n - i) for i in range(0, n, micro_batch)]
-
-
 def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> list[tuple[Any, Any]]:
     """The micro-batches (x, y) of `replica` out of the global batch (x, y) — each a tensor or a tuple of tensors
     sharing their leading (row) dimension; see `replica_rows`."""
@@ -59,11 +48,6 @@ def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> li
 
 
 # ------------------------------------------------------------------------------------------------ helpers for specs
-
-
-def _epoch_seed(seed: int, epoch: int) -> int:
-    digest = hashlib.sha256(f"epoch:{seed}:{epoch}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class StepSampler:
@@ -84,7 +68,7 @@ class StepSampler:
     def permutation(self, epoch: int) -> torch.Tensor:
         """The item order of `epoch` (cached: consecutive steps mostly share one)."""
         if self._perm is None or self._perm[0] != epoch:
-            gen = torch.Generator().manual_seed(_epoch_seed(self.seed, epoch))
+            gen = torch.Generator().manual_seed(stable_seed("epoch", self.seed, epoch))
             self._perm = (epoch, torch.randperm(self.n, generator=gen))
         return self._perm[1]
 

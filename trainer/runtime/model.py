@@ -18,7 +18,7 @@ from typing import Any
 import torch.nn as nn
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.runtime.trainspec import TrainSpec, fingerprint, load_spec, seeded_build
+from trainer.runtime.trainspec import TrainSpec, fingerprint, load_spec, run_layer, seeded_build
 
 
 def spec_of(cfg: ModelConfig, train: TrainConfig | None = None) -> TrainSpec:
@@ -55,11 +55,6 @@ def build_layers(cfg: ModelConfig, first: int = 0, last: int | None = None) -> l
     """Layers [first, last) of the global list (all of them by default)."""
     last = n_layers(cfg) if last is None else last
     return [build_layer(cfg, i) for i in range(first, last)]
-
-
-def run_layer(layer: nn.Module, x: Any) -> Any:
-    """A layer applied to an activation: a tuple is spread over the layer's arguments."""
-    return layer(*x) if isinstance(x, tuple) else layer(x)
 
 
 class Stage(nn.Module):

@@ -62,8 +62,8 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime.data import shard
-from trainer.runtime.model import Stage, build_layer, n_layers, run_layer, spec_of
-from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, seeded_build
+from trainer.runtime.model import Stage, build_layer, n_layers, spec_of
+from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 
 LayerState = dict[str, torch.Tensor]
 
@@ -346,11 +346,6 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer) -> LayerStat
 
 def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, copy=True) if t.dim() > 0 else t.clone()
-
-
-def to_device(tree: Any, device: torch.device) -> Any:
-    """A tensor or tuple of tensors on `device` (the same tensors where they are there already)."""
-    return rebuild(tree, [t.to(device) for t in leaves(tree)])
 
 
 def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]) -> None:

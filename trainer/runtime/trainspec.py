@@ -28,7 +28,7 @@ import hashlib
 import importlib
 import inspect
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union, cast
 
@@ -173,24 +173,43 @@ def _import_file(path: str) -> Any:
     return module
 
 
-@functools.lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=64)
+def _function(name: str) -> tuple[str, dict[str, Any], Callable[..., Any], bool]:
+    """Model `name`'s ``module:function`` path, default args, the function, and whether it takes `train`."""
+    path, defaults = resolve(name)
+    fn = _import_function(path, f"model {name!r}")
+    try:
+        takes_train = "train" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: it takes no `train`
+        takes_train = False
+    return path, defaults, fn, takes_train
+
+
 def load_spec(model: ModelConfig, train: TrainConfig | None = None) -> TrainSpec:
     """The spec of `model`: its function called with the config's args (and `train=` — the job's `TrainConfig` —
     when the function takes it, as the built-in GPTs do to read the batch size, learning rate and data seed).
 
-    Cached per process: every caller in a worker sees the same spec object (its batch function, its loss).
+    Cached per process by what the function sees: every caller in a worker gets the same spec object (its batch
+    function, its loss), and a function without `train` is called once whatever `train` the caller has.
     """
+    takes_train = _function(model.name)[3]
+    return _call(model, (train if train is not None else TrainConfig()) if takes_train else None)
+
+
+def clear_cache() -> None:
+    """Forget the specs this process loaded (a spec's module changed since: it is imported and called afresh)."""
+    _call.cache_clear()
+    _function.cache_clear()
+    _checked.cache_clear()
+
+
+@functools.lru_cache(maxsize=16)
+def _call(model: ModelConfig, train: TrainConfig | None) -> TrainSpec:
     where = f"model {model.name!r}"
-    path, defaults = resolve(model.name)
-    fn = _import_function(path, where)
+    path, defaults, fn, _ = _function(model.name)
     kwargs = {**defaults, **model.args}
-    params: Mapping[str, Any]
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: it takes no `train`
-        params = {}
-    if "train" in params:
-        kwargs["train"] = train if train is not None else TrainConfig()
+    if train is not None:
+        kwargs["train"] = train
     try:
         spec = fn(**kwargs)
     except SpecError as exc:  # the spec function's own message, already naming the fix
@@ -276,8 +295,14 @@ def rows(tree: Tree) -> int:
     return int(next(iter(sizes)))  # type: ignore[arg-type]
 
 
-def to_meta(tree: Tree) -> Tree:
-    return rebuild(tree, [torch.empty_like(t, device="meta") for t in leaves(tree)])
+def to_device(tree: Any, device: torch.device | str) -> Any:
+    """A tensor or tuple of tensors on `device` (the same tensors where they are there already; "meta": shapes only)."""
+    return rebuild(tree, [t.to(device) for t in leaves(tree)])
+
+
+def run_layer(layer: nn.Module, x: Any) -> Any:
+    """A layer applied to an activation: a tuple is spread over the layer's arguments."""
+    return layer(*x) if isinstance(x, tuple) else layer(x)
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -285,17 +310,22 @@ def to_meta(tree: Tree) -> Tree:
 
 @dataclass(frozen=True)
 class SpecSummary:
-    """What `check_spec` learnt: the global batch B (rows per step), the layer names and the spec's fingerprint."""
+    """What `check_spec` learnt: the global batch B (rows per step) and the layer names."""
 
     global_batch: int
     names: tuple[str, ...]
-    fingerprint: str
+
+
+def stable_seed(tag: str, seed: int, index: int) -> int:
+    """A 63-bit seed for (tag, seed, index), the same in every process (Python's hash() is salted per process): a
+    layer's initial weights ("layer"), an epoch's order of a dataset ("epoch"), a step's corpus batch ("batch")."""
+    digest = hashlib.sha256(f"{tag}:{seed}:{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def layer_seed(seed: int, index: int) -> int:
     """Stable seed of layer `index` (independent of process, stage cut and build order)."""
-    digest = hashlib.sha256(f"layer:{seed}:{index}".encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
+    return stable_seed("layer", seed, index)
 
 
 def seeded_build(spec: TrainSpec, seed: int, index: int, device: torch.device | str | None = None) -> nn.Module:
@@ -370,7 +400,7 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
     except SpecError:
         # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
         _check_flow(spec, where, None)
-    return SpecSummary(global_batch=B, names=tuple(spec.names), fingerprint=fingerprint(spec))
+    return SpecSummary(global_batch=B, names=tuple(spec.names))
 
 
 def _check_exact(module: nn.Module, name: str, where: str) -> None:
@@ -411,10 +441,14 @@ def _check_batches(spec: TrainSpec, where: str, global_batch: int | None) -> int
         raise SpecError(f"{where}: the global batch must have the same rows for inputs and targets at every step "
                         f"({shown}); return the same number of rows every step")  # fmt: skip
     B = distinct.pop()
+    _need_rows(B, global_batch, where)
+    return B
+
+
+def _need_rows(B: int, global_batch: int | None, where: str) -> None:
     if global_batch is not None and global_batch != B:
         raise SpecError(f"{where}: batch() returns {B} rows but train.global_batch is {global_batch}; set "
                         f"--global-batch {B} (or leave it out), or change the spec's batch size")  # fmt: skip
-    return B
 
 
 def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
@@ -424,13 +458,13 @@ def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
     out: Any = rebuild(x, [t[:k] for t in leaves(x)])
     targets: Any = rebuild(y, [t[:k] for t in leaves(y)])
     if device == "meta":
-        out, targets = to_meta(out), to_meta(targets)
+        out, targets = to_device(out, "meta"), to_device(targets, "meta")
     prev = "the batch's inputs"
     with torch.no_grad():
         for i, layer in enumerate(spec.layers):
             module = _built(spec, i, where, device)
             try:
-                out = module(*out) if isinstance(out, tuple) else module(out)
+                out = run_layer(module, out)
             except Exception as exc:  # noqa: BLE001 — a user's layer: say which one and from what
                 raise SpecError(f"{where}: layer {layer.name!r} cannot take the output of {prev} "
                                 f"({_shapes(out)}): {type(exc).__name__}: {exc}; make each layer accept what the "
@@ -476,13 +510,13 @@ class ShapeProfile:
 def shape_profile(spec: TrainSpec, seed: int = 0) -> ShapeProfile:
     """Measured on `meta` tensors: one row of batch(0) through every layer, and the layers' parameter dtypes."""
     x, _ = spec.batch(0)
-    out: Any = to_meta(rebuild(x, [t[:1] for t in leaves(x)]))
+    out: Any = to_device(rebuild(x, [t[:1] for t in leaves(x)]), "meta")
     most, size = 0, 4
     with torch.no_grad():
         for i in range(len(spec.layers)):
             module = seeded_build(spec, seed, i, "meta")
             size = next((p.element_size() for p in module.parameters()), size)
-            out = module(*out) if isinstance(out, tuple) else module(out)
+            out = run_layer(module, out)
             if i < len(spec.layers) - 1:
                 most = max(most, sum(t.numel() for t in leaves(out)))
     return ShapeProfile(activation_per_row=most, param_bytes=size)
@@ -492,11 +526,17 @@ def check_job(config: JobConfig, *, batch_given: bool = True) -> JobConfig:
     """The job's spec loaded and checked (`check_spec`) before anything starts; returns `config` with
     `train.global_batch` set to the spec's rows when the caller did not give one (`batch_given=False`), and raises
     `SpecError` when a given one disagrees with them."""
-    where = f"model {config.model.name!r}"
-    spec = load_spec(config.model, config.train)
+    model, train = config.model, config.train
     stages = config.availability.strategy[1] if config.availability.strategy else 1
-    summary = check_spec(spec, where, stages=stages, global_batch=config.train.global_batch if batch_given else None)
-    if summary.global_batch != config.train.global_batch:
+    # checked once per process and spec: `parcae train` (or the flow's settings check) asks, then `train` itself
+    summary = _checked(model, train if _function(model.name)[3] else None, stages)
+    if batch_given:
+        _need_rows(summary.global_batch, train.global_batch, f"model {model.name!r}")
+    elif summary.global_batch != train.global_batch:
         config = config.replace(train={"global_batch": summary.global_batch})
-        load_spec(config.model, config.train)  # the spec the job will load, checked above under the old batch size
     return config
+
+
+@functools.lru_cache(maxsize=16)
+def _checked(model: ModelConfig, train: TrainConfig | None, stages: int) -> SpecSummary:
+    return check_spec(load_spec(model, train), f"model {model.name!r}", stages=stages)
