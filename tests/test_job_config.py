@@ -52,9 +52,12 @@ def test_a_bad_setting_is_refused_naming_the_field(build, names):
 
 
 def test_every_provider_is_in_one_registry():
-    assert list(PROVIDERS) == ["local", "hosts", "aws"]
+    assert list(PROVIDERS) == ["local", "hosts", "aws", "market"]
     assert provider("local").job({}) is None  # local worker processes
     assert provider("local").notice_grace_s({}) == 30.0
+    assert [n for n, p in PROVIDERS.items() if p.fleet is not None] == ["market"]  # live fleets
+    assert [n for n, p in PROVIDERS.items() if not p.replays] == ["market"]  # it runs nothing else
+    assert provider("market").notice_grace_s({"trace": "p3", "notice_s": 5}) == 5.0
     aws = {"region": "us-east-1", "image_id": "ami-0123456789abcdef0", "coordinator_host": "10.0.0.5",
            "coordinator_port": 29500, "token_parameter": "/parcae/t", "job": "j",
            "iam_instance_profile": "parcae-worker"}  # fmt: skip

@@ -38,8 +38,9 @@ from typing import TYPE_CHECKING, Any
 #: Public name -> the module that defines it.
 _HOMES: dict[str, str] = {
     **dict.fromkeys(("AvailabilityConfig", "CheckpointConfig", "ConfigError", "ControlPlaneConfig",
-                     "DEFAULT_HB_TIMEOUT_S", "JobConfig", "MODELS", "ModelConfig", "PlanningConfig", "ProviderConfig",
-                     "START_METHODS", "TrainConfig", "UnknownModelError", "model_config", "register_model"),
+                     "DEFAULT_HB_TIMEOUT_S", "FleetConfig", "JobConfig", "MODELS", "ModelConfig", "PlanningConfig",
+                     "ProviderConfig", "START_METHODS", "TrainConfig", "UnknownModelError", "model_config",
+                     "register_model"),
                     "trainer.config"),
     **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
@@ -89,6 +90,9 @@ if TYPE_CHECKING:
     )
     from trainer.config import (
         ControlPlaneConfig as ControlPlaneConfig,
+    )
+    from trainer.config import (
+        FleetConfig as FleetConfig,
     )
     from trainer.config import (
         JobConfig as JobConfig,

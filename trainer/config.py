@@ -4,7 +4,8 @@ Owns: `JobConfig` — the one object that carries a job's settings end to end (b
 flow, validated on construction, passed down unchanged to the driver and the coordinator, written as `job.json`
 and recorded by MLflow) — and its sections: `ModelConfig` (what network is trained), `TrainConfig` (how: batch,
 optimiser, seed, steps), `AvailabilityConfig`, `CheckpointConfig`, `ControlPlaneConfig`, `ProviderConfig`,
-`PlanningConfig`; the registry of known model shapes. Must not touch: torch, processes, files — configs cross
+`PlanningConfig`, `FleetConfig` (a live fleet: the provider, not a trace, decides what exists); the registry of
+known model shapes. Must not touch: torch, processes, files — configs cross
 process boundaries (pickled to spawned workers, stored in checkpoints as plain dicts), so they stay plain data.
 
 Neither the model nor the training config changes at a migration: the global batch, micro-batch size and seed are
@@ -324,6 +325,36 @@ class PlanningConfig:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    """A live fleet: keep up to `max_instances` instances requested from the provider, which — not a trace —
+    decides what exists (None: no fleet; the instances come from `availability`). Training starts once
+    `min_instances` have joined and never waits for more. A refused request is retried after `backoff_s` (default:
+    a quarter interval), doubling up to `max_backoff_s` (default: one interval) while refusals continue."""
+
+    max_instances: int | None = None
+    min_instances: int = 1
+    backoff_s: float | None = None
+    max_backoff_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_instances is not None:
+            _need_count(self.max_instances, "fleet.max_instances", 1, "give a count, or None (no live fleet)")
+        _need_count(self.min_instances, "fleet.min_instances", 1, "give a count")
+        if self.max_instances is not None:
+            _need(self.min_instances <= self.max_instances, "fleet.min_instances",
+                  f"{self.min_instances} is above fleet.max_instances ({self.max_instances})",
+                  "lower it or raise the maximum")  # fmt: skip
+        for name in ("backoff_s", "max_backoff_s"):
+            v = getattr(self, name)
+            _need(v is None or _finite_positive(v), f"fleet.{name}",
+                  f"must be a positive number of seconds or None (the default), got {v!r}", "give seconds")  # fmt: skip
+
+    @property
+    def live(self) -> bool:
+        return self.max_instances is not None
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """Every setting of one training job, built once (by the command line or a flow), validated on construction,
     and passed down unchanged to the driver, the coordinator and the observers; `to_dict` is the form the job's
@@ -338,11 +369,28 @@ class JobConfig:
     control: ControlPlaneConfig = field(default_factory=ControlPlaneConfig)
     provider: ProviderConfig = field(default_factory=ProviderConfig)
     planning: PlanningConfig = field(default_factory=PlanningConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
 
     def __post_init__(self) -> None:
         _need(bool(self.job) and isinstance(self.job, str), "job", f"must be a non-empty name, got {self.job!r}",
               "name the job")  # fmt: skip
         _need(bool(str(self.out_dir)), "out_dir", "must be a folder", "give the job's output folder")
+        providers = importlib.import_module("trainer.providers")
+        chosen = providers.provider(self.provider.name)
+        if self.fleet.live:
+            av = self.availability
+            _need(av.trace is None and av.events_file is None, "fleet",
+                  "a live fleet takes what the provider gives; it replays no trace and no events file",
+                  "drop availability.trace / events_file (--trace, --events), or the fleet")  # fmt: skip
+            _need(
+                chosen.fleet is not None,
+                "fleet",
+                f"provider {self.provider.name!r} runs no live fleet",
+                f"choose one that does: {', '.join(n for n, p in providers.PROVIDERS.items() if p.fleet)}",
+            )
+        else:
+            _need(chosen.replays, "provider.name", f"provider {self.provider.name!r} runs a live fleet only",
+                  "give fleet.max_instances (parcae train --fleet N)")  # fmt: skip
 
     @property
     def steps(self) -> int:
@@ -365,7 +413,7 @@ class JobConfig:
         """The inverse of `to_dict` (JSON lists become the tuples the fields hold); unknown fields are errors."""
         sections = {"model": ModelConfig, "train": TrainConfig, "availability": AvailabilityConfig,
                     "checkpoint": CheckpointConfig, "control": ControlPlaneConfig, "provider": ProviderConfig,
-                    "planning": PlanningConfig}  # fmt: skip
+                    "planning": PlanningConfig, "fleet": FleetConfig}  # fmt: skip
         unknown = sorted(set(d) - {"job", "out_dir", *sections})
         _need(not unknown, "JobConfig", f"unknown fields {unknown}", f"use {['job', 'out_dir', *sections]}")
         kw: dict[str, Any] = {k: d[k] for k in ("job", "out_dir") if k in d}

@@ -54,7 +54,33 @@ def train_cmd(
     events: Annotated[
         Path | None, typer.Option(metavar="FILE", help="A scripted schedule of events (JSON) instead of a trace.")
     ] = None,
-    interval_seconds: Annotated[float, typer.Option(help="Wall time of one trace interval (time compression).")] = 2.0,
+    interval_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="Wall time of one interval: of the replayed trace (time compression; default 2), or between two "
+            "plans of a live fleet (default 60; under the local market, of one market-trace interval too).",
+        ),
+    ] = None,
+    fleet: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="N",
+            help="Train on a live fleet of up to N instances: the provider (e.g. --provider market), not a trace, "
+            "decides what exists; the job plans every --interval-seconds from the fleet's own history.",
+        ),
+    ] = None,
+    min_instances: Annotated[
+        int, typer.Option(min=1, metavar="N", help="With --fleet: start training once N instances have joined.")
+    ] = 1,
+    market_trace: Annotated[
+        str | None,
+        typer.Option(
+            metavar="NAME|PATH",
+            help="With --provider market: the trace the local market's capacity follows "
+            "(scaled to --fleet; the job never reads it). Sets --provider market.",
+        ),
+    ] = None,
     steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
     model: ModelOption = "tiny-gpt",
     model_args: ModelArgsOption = None,
@@ -130,7 +156,8 @@ def train_cmd(
         typer.Option(
             metavar="NAME",
             help="Where instances come from (trainer.providers): local (worker processes "
-            "here, the default), hosts (machines over ssh; --hosts sets it) or aws (EC2 spot instances).",
+            "here, the default), hosts (machines over ssh; --hosts sets it), aws (EC2 spot instances) or market "
+            "(a live fleet under a local spot market; --market-trace sets it).",
         ),
     ] = None,
     provider_options: Annotated[
@@ -179,6 +206,7 @@ def train_cmd(
         CheckpointConfig,
         ControlPlaneConfig,
         EventError,
+        FleetConfig,
         HostsError,
         JobConfig,
         JobError,
@@ -200,7 +228,17 @@ def train_cmd(
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
     provider_name, options = _provider_options(provider, provider_options, hosts=hosts, coordinator=coordinator,
-                                               slots=slots, python=remote_python, workdir=remote_workdir)  # fmt: skip
+                                               slots=slots, python=remote_python, workdir=remote_workdir,
+                                               market=market_trace)  # fmt: skip
+    if provider_name == "market":  # the market follows --start-interval and --seed as a replay does
+        options = {"start_interval": start_interval, "seed": seed, **options}
+        if fleet is None:
+            raise UserError("--provider market runs a live fleet: give its size, --fleet N")
+    if fleet is not None and (trace is not None or events is not None):
+        raise UserError("--fleet trains on what the provider gives: it replays no --trace and no --events "
+                        "(the local market follows a trace the job never reads: --market-trace)")  # fmt: skip
+    if interval_seconds is None:  # a replay's and the local market's time is compressed; a real fleet's is not
+        interval_seconds = 2.0 if fleet is None or provider_name == "market" else DEFAULT_INTERVAL_S
     if events is not None and not events.is_file():
         raise UserError(f"--events: no such file {str(events)!r}")
     if planner not in PLANNERS:
@@ -218,7 +256,7 @@ def train_cmd(
         try:
             live, forecasts = make_planner(
                 planner, profile=runtime, model=model, look_ahead=look_ahead,
-                interval_s=DEFAULT_INTERVAL_S if trace is not None else interval_seconds,
+                interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
             )  # fmt: skip
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -244,6 +282,7 @@ def train_cmd(
             provider=ProviderConfig(name=provider_name, options=options),
             planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
                                     profile=None if profile is None else str(profile)),
+            fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
         )  # fmt: skip
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
         raise UserError(_config_message(exc)) from None
@@ -304,6 +343,7 @@ TRAIN_OPTIONS = {
     "availability": "--events/--trace", "train.steps": "--steps", "checkpoint.every": "--checkpoint-every",
     "checkpoint.keep": "--keep-checkpoints", "control.timeout_s": "--timeout",
     "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
+    "fleet.max_instances": "--fleet", "fleet.min_instances": "--min-instances", "fleet": "--fleet",
 }  # fmt: skip
 
 
@@ -347,9 +387,10 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
     or @FILE holding one); the --hosts shortcut options make them the hosts provider's."""
     from trainer import PROVIDERS
 
+    market = hosts.pop("market", None)
     shortcut = {k: v for k, v in hosts.items() if v is not None}
     given = hosts.get("hosts") is not None or hosts.get("coordinator") is not None
-    name = name or ("hosts" if given else "local")
+    name = name or ("hosts" if given else "market" if market is not None else "local")
     if name not in PROVIDERS:
         raise UserError(f"--provider: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
     options = json_object_option(raw, "--provider-options", '{"region": "us-east-1"}')
@@ -357,6 +398,10 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
         if name != "hosts":
             raise UserError(f"--hosts and --coordinator are the hosts provider's options, not {name!r}'s")
         options = {**options, **shortcut}
+    if market is not None:
+        if name != "market":
+            raise UserError(f"--market-trace is the market provider's option, not {name!r}'s")
+        options = {**options, "trace": market}
     return name, options
 
 

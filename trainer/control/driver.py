@@ -23,9 +23,12 @@ from trainer.control.coordinator import (
     Coordinator,
 )
 from trainer.control.events import EventGroup
+from trainer.control.fleet import FleetController
 from trainer.control.planning import HandedPlan, Planner, PlanRequest, check_decision, plan_info_dict
+from trainer.control.schedules import trace_strategy
 from trainer.observe.observer import ObserverList, PlanInfo, StepInfo
 from trainer.providers.agent import AgentInstances
+from trainer.providers.fleet import Fleet
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import PlanError, recovery_strategy
@@ -487,9 +490,21 @@ class Driver:
         preempt, noticed = self._departures(scheduled)
         alive = len(c.alive() - set(preempt))
         self.history.append(alive)
+        decision = self._ask_planner(s, s // self.steps_per_interval, alive)
+        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")  # s is held: it starts there
+        self.alive_from(s)
+        for w in preempt:
+            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
+        self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
+
+    def _ask_planner(self, s: int, interval: int, alive: int) -> tuple[int, int]:
+        """The planner's checked decision for the interval that starts at boundary `s`, with `alive` instances
+        (`self.history` ends with it); logged and told to the observers."""
+        assert self.planner is not None
+        c = self.coord
         self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
         cur = c.in_force
-        req = PlanRequest(interval=s // self.steps_per_interval, step=s, alive=alive, current=(cur.D, cur.P),
+        req = PlanRequest(interval=interval, step=s, alive=alive, current=(cur.D, cur.P),
                           history=tuple(self.history), n_layers=layer_count(c.spec.model),
                           global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
         t0 = time.perf_counter()
@@ -501,11 +516,126 @@ class Driver:
         self.plans.append(info)
         c.note({"event": "plan", **plan_info_dict(info)})
         self.observer.on_plan(info)
-        c.reconfigure(s, decision, preempt, added, noticed=noticed, source="planner")  # s is held: it starts there
-        self.alive_from(s)
-        for w in preempt:
-            self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
-        self.provider.preempt([w for w in preempt if w not in noticed], NOTICE_S)
+        return decision
+
+    # -- a live fleet -----------------------------------------------------------------------------------------
+    def run_fleet(
+        self, fleet: FleetController, interval_s: float, start_info: Mapping[str, Any], *, restore_step: int = 0
+    ) -> None:
+        """Train on what a live fleet's provider (`trainer.providers.fleet.Fleet`) gives: ask it for up to
+        `fleet.max_instances`, start once `fleet.min_instances` have joined, then, every `interval_s` of wall
+        time, plan the next interval from the fleet's own history at the next step boundary. Instances that
+        arrive are admitted as they join (standby until a plan uses them); the cloud's notices and kills are
+        handled as any provider's are. Training never waits for capacity: it trains on what is alive."""
+        assert self.planner is not None, "a live fleet is planned every interval: it needs a planner"
+        c = self.coord
+        self._fleet = fleet
+        self._joining: set[int] = set()
+        self._asked_ids: set[int] = set()
+        self._gone_seen: set[int] = set()
+        ready: list[int] = []
+        while len(ready) < fleet.min_instances:
+            self.check()
+            ready += self._poll_fleet(admit=False)
+            if time.monotonic() > self.deadline:
+                raise JobError(f"timed out waiting for {fleet.min_instances} instances of the fleet to join "
+                               f"({len(ready)} did)")  # fmt: skip
+            time.sleep(POLL_S)
+        rule = trace_strategy(len(ready), layer_count(c.spec.model), c.spec.train.global_batch)
+        c.start(rule, ready, restore_step=restore_step)
+        now = time.monotonic()
+        self.alive_from(restore_step)
+        self._trained_from = (now, restore_step)
+        self.history = [len(c.alive())]
+        fleet.close(now, len(c.alive()))  # interval 0 ends when training starts
+        self._next_step = restore_step
+        self.observer.on_start(start_info)
+        self._observing = True
+        next_plan = now + interval_s
+        while not all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members):
+            self.tick()
+            self._poll_fleet(admit=True)
+            now = time.monotonic()
+            if now >= next_plan and self._plan_live(len(fleet.rows)):
+                next_plan += interval_s
+                if next_plan <= now:  # an interval missed (a long recovery) is not made up: the next is a whole one
+                    next_plan = now + interval_s
+            if time.monotonic() > self.deadline:
+                raise JobError("timed out waiting for the last step")
+            time.sleep(POLL_S)
+        fleet.close(time.monotonic(), len(c.alive()))  # the last interval, cut short by the job's end
+
+    def _poll_fleet(self, *, admit: bool) -> list[int]:
+        """Take the fleet's news: instances that arrived (their workers are expected), workers that joined (admitted
+        when `admit`, else returned for the job's start), the cloud's reclaims (counted); then ask for what the
+        fleet lacks. Returns the ids that joined."""
+        c, fleet = self.coord, self._fleet
+        provider = self.provider
+        assert isinstance(provider, Fleet)
+        for w in provider.arrivals():
+            c.expect([w])
+            self.allowed[w] = {EXIT_DONE}
+            self._joining.add(w)
+            if w not in self._asked_ids:  # a pending request's instance
+                fleet.granted_later(1)
+        codes = provider.exitcodes()
+        self._joining -= {w for w in self._joining if codes.get(w) is not None}  # reclaimed while booting
+        joined = sorted(self._joining & c.joined())
+        if joined:
+            c.wait_joined(joined, self.pg_timeout_s)  # (registered already: this starts their heartbeats' watch)
+            provider.joined(joined)
+            self._joining -= set(joined)
+            if admit:
+                c.admit(joined)
+                c.note({"event": "joined", "workers": joined, "step": self.step_in_flight()})
+        gone = (set(c.notices) | c.dead | c.preempted | self._killed_outside) - self._gone_seen
+        gone -= self._scripted_kills
+        if gone:
+            self._gone_seen |= gone
+            fleet.reclaimed(len(gone))
+        now = time.monotonic()
+        have = len(c.alive() - set(self._pending_notices())) + len(self._joining)
+        n = fleet.ask(now, have, provider.outstanding())
+        if n:
+            answer = provider.request(n)
+            fleet.answered(answer, now)
+            self._asked_ids |= set(answer.granted)
+            c.note({"event": "capacity", "asked": n, "granted": list(answer.granted), "refused": answer.refused,
+                    "pending": answer.pending, "reason": answer.reason})  # fmt: skip
+        return joined
+
+    def _plan_live(self, interval: int) -> bool:
+        """An interval of a live fleet is over: at the next step boundary training has not reached, fold the
+        pending notices in, close the fleet's interval and plan the next from its history. Returns False when the
+        boundary must wait (a migration in flight, a recovery): the caller asks again at its next poll."""
+        c = self.coord
+        if self._deciding or self._recovering or c.current is None or not c.committed():
+            return False
+        first = self.step_in_flight() + 1
+        if first >= self.steps:
+            return True  # the job ends before any boundary
+        s = c.claim(first)
+        if s >= self.steps:
+            c.release(s)
+            return True
+        silent = self.settle()
+        if silent:
+            self.release_after(s, silent)
+            return False
+        self._deciding = True
+        try:
+            preempt, noticed = self._departures(())
+            alive = len(c.alive() - set(preempt))
+            self._fleet.close(time.monotonic(), alive)
+            if alive < 1:  # every instance is leaving: the notices decide alone (nothing to plan for)
+                c.release(s)
+                return True
+            self.history.append(alive)
+            decision = self._ask_planner(s, interval, alive)
+            self.reconfigure(s, decision, preempt, (), noticed, source="planner")
+        finally:
+            self._deciding = False
+        return True
 
     # -- observers ----------------------------------------------------------------------------------------------
     def observe(self, force: bool = False, final: bool = False) -> None:

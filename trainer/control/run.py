@@ -32,12 +32,14 @@ from trainer.control.coordinator import (
 )
 from trainer.control.driver import Driver, JobError, LivePlanning
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
+from trainer.control.fleet import FleetController
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
 from trainer.observe.observer import JobObserver, ObserverList
-from trainer.providers import provider
+from trainer.providers import provider as find_provider
 from trainer.providers.agent import AgentInstances, RemoteJob
+from trainer.providers.fleet import FleetSetup
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
 from trainer.runtime.devices import resolve_device
@@ -120,6 +122,10 @@ def run_job(
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
+    if config.fleet.live:
+        if planner is None:
+            raise ScheduleError("a live fleet is planned every interval: give a planner (parcae train --planner)")
+        schedule = Schedule(workers=1, strategy=(1, 1), steps_per_interval=1)  # the fleet, not a schedule, decides
     workers, steps_per_interval = schedule.workers, schedule.steps_per_interval
     evs = parse_events(list(schedule.events))
     groups = group_events(evs)
@@ -161,15 +167,15 @@ def run_job(
                                     "checkpoint")  # fmt: skip
     ids: Sequence[int] = range(workers)
     next_id, start, assignment = workers, strategy, None
-    if restore:  # start where the schedule was at the resume step, and drop the events before it
+    if restore and not config.fleet.live:  # start where the schedule was at the resume step, drop earlier events
         state = schedule_state(model, train_cfg, workers, strategy, steps, groups, restore, strategy_for=rule)
         ids, next_id = state.alive, state.next_id
         start, assignment = (state.epoch.D, state.epoch.P), state.epoch.assignment
         groups = [g for g in groups if g.step >= restore]
     intervals: list[int] = []
-    if planner is not None:
+    if planner is not None and not config.fleet.live:
         intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
-    peak = max(len(ids), peak_instances(len(ids), groups))
+    peak = config.fleet.max_instances or max(len(ids), peak_instances(len(ids), groups))
     max_processes = config.provider.max_processes or peak
     if remote is None:
         _check_local_capacity(peak)
@@ -180,7 +186,19 @@ def run_job(
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
-    if remote is not None:
+    build_fleet = find_provider(config.provider.name).fleet
+    if config.fleet.live and build_fleet is not None:
+        interval_s = config.availability.interval_seconds
+        setup = FleetSetup(coord.host, coord.port, coord.token, coord.store.driver_key, config.provider.start_method,
+                           peak, interval_s, train_cfg.seed)  # fmt: skip
+        try:
+            built = build_fleet(config.provider.options, setup)
+        except BaseException:
+            coord.abort("the fleet could not start")
+            raise
+        assert isinstance(built, LocalProcessProvider | AgentInstances), "a fleet is a provider of instances too"
+        provider = built
+    elif remote is not None:
         provider = remote.instances(coord.store)
     else:
         provider = LocalProcessProvider(coord.host, coord.port, coord.token, config.provider.start_method,
@@ -199,8 +217,14 @@ def run_job(
         "steps_per_interval": steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
         "config": config.to_dict(),
     }  # fmt: skip
+    fleet = None
     try:
-        driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
+        if config.fleet.live:
+            info["fleet"] = dataclasses.asdict(config.fleet)
+            fleet = FleetController(config.fleet, config.availability.interval_seconds, time.monotonic())
+            driver.run_fleet(fleet, config.availability.interval_seconds, info, restore_step=restore)
+        else:
+            driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
         t_train = time.time() - float(coord.store.get(keys.epoch_decided(1)))
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
@@ -231,6 +255,9 @@ def run_job(
             "exit_codes": dict(sorted(provider.exitcodes().items())),
             "wall_s": time.monotonic() - t0,
         }
+        if fleet is not None:
+            result["fleet"] = [row.to_dict() for row in fleet.rows]
+            result["fleet_totals"] = dict(fleet.totals)
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
         why = "the job was interrupted" if isinstance(e, KeyboardInterrupt) else f"run_job failed: {type(e).__name__}"
         coord.abort(why)
@@ -278,7 +305,7 @@ def train(
     check_job(config)  # the spec imports, cuts, feeds and scores before any process starts
     if config.provider.name == "local":  # the workers run here: a device this machine lacks is refused now
         resolve_device(config.train.device, 0)
-    remote = provider(config.provider.name).job(config.provider.options)  # None: local worker processes
+    remote = find_provider(config.provider.name).job(config.provider.options)  # None: local worker processes
     result = run_job(config, job_schedule(config, planned=planner is not None), observer=observer, planner=planner,
                      remote=remote)  # fmt: skip
     report = job_report(result)
@@ -314,4 +341,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         "plans": [dict(p) for p in result.get("plans", [])],
         "final_checksum": result["final_checksum"],
         "wall_s": result["wall_s"],
+        **({"fleet": [dict(r) for r in result["fleet"]]} if "fleet" in result else {}),
     }

@@ -169,6 +169,29 @@ def timeline_figure(
     return fig
 
 
+def fleet_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
+    """A live fleet's history (`trainer.control.fleet.FleetRow`s): instances alive for each interval, and those
+    requested, granted, refused and reclaimed during it, against the job's wall time."""
+    fig = Figure(figsize=(10, 5), layout="constrained")
+    FigureCanvasAgg(fig)
+    alive, asks = fig.subplots(2, 1, sharex=True)
+    ts = [float(r["t"]) for r in rows]
+    alive.fill_between(ts, [r["alive"] for r in rows], step="post", color="tab:blue", alpha=0.3, label="alive")
+    alive.set_ylabel("instances")
+    alive.set_ylim(bottom=0)
+    for key, colour in (("requested", "tab:gray"), ("granted", "tab:green"), ("refused", "tab:red"),
+                        ("reclaimed", "tab:purple")):  # fmt: skip
+        asks.step(ts, [r[key] for r in rows], where="pre", color=colour, lw=1.2, label=key)
+    asks.set_ylabel("per interval")
+    asks.set_xlabel("seconds since the job started")
+    for ax in (alive, asks):
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize="small")
+    fig.suptitle(title or "the live fleet")
+    return fig
+
+
 class MlflowJobObserver(JobObserver):
     """Logs one training job to MLflow from a background thread; see the module docstring for what and how.
 
@@ -515,10 +538,15 @@ class MlflowJobObserver(JobObserver):
             if self._sender.failed:
                 tags["parcae.tracking.failed"] = self._sender.failed
             store.log_batched(client, run_id, tags=tags)
+            job = str((self._info or {}).get("job") or "job")
             if timeline:
-                job = str((self._info or {}).get("job") or "job")
                 fig = timeline_figure(timeline, records, f"{job}: availability, D x P and throughput")
                 client.log_figure(run_id, fig, "timeline.png")
+            fleet = (result or {}).get("fleet") or []
+            if fleet:  # a live fleet's history: the table to query, the figure to look at
+                columns = {k: [row[k] for row in fleet] for k in fleet[0]}
+                client.log_table(run_id, data=columns, artifact_file="fleet.json")
+                client.log_figure(run_id, fleet_figure(fleet, f"{job}: the live fleet"), "fleet.png")
             client.set_terminated(run_id, status)
         except Exception as exc:
             if transient(exc):

@@ -1,10 +1,11 @@
 """The registry of instance providers: where a job's instances come from, in one place.
 
 Owns: `Provider` (a name, its options' check, how it builds the job's instances, the grace of its preemption
-notices) and `PROVIDERS` — `local` (worker processes on this machine), `hosts` (instance agents on machines you
-have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through boto3: `trainer.providers.aws`). The
-command line, the flows, the tasks and the settings checks all look providers up here, so each supports every provider
-it holds.
+notices, its live fleet if it runs one) and `PROVIDERS` — `local` (worker processes on this machine), `hosts`
+(instance agents on machines you have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through
+boto3: `trainer.providers.aws`), `market` (a live fleet under a local spot market whose capacity follows a trace
+the job never reads: `trainer.providers.market`). The command line, the flows, the tasks and the settings checks
+all look providers up here, so each supports every provider it holds.
 Must not touch: the providers' own machinery (imported only when a provider is used, so that looking a name up
 costs nothing), training, the coordinator.
 
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from trainer.providers.agent import RemoteJob
+    from trainer.providers.fleet import Fleet, FleetSetup
 
 #: A preemption notice's grace when the provider has none of its own: GCP's 30 s (AWS gives two minutes).
 DEFAULT_NOTICE_GRACE_S = 30.0
@@ -33,13 +35,17 @@ class ProviderError(ValueError):
 class Provider:
     """One place instances come from. `check(options)` raises `ProviderError` for options that cannot work (before
     any instance starts); `job(options)` builds the job's instances elsewhere (None: local worker processes);
-    `notice_grace_s(options)` is how long its preemption notices come before the instance goes."""
+    `notice_grace_s(options)` is how long its preemption notices come before the instance goes. A provider that
+    runs a live fleet (`trainer.providers.fleet`) builds it with `fleet(options, setup)`; one whose instances only
+    the cloud decides has `replays` False (it runs no trace replay and no scripted events)."""
 
     name: str
     summary: str
     check: Callable[[Mapping[str, Any]], None]
     job: Callable[[Mapping[str, Any]], RemoteJob | None]
     notice_grace_s: Callable[[Mapping[str, Any]], float] = lambda _options: DEFAULT_NOTICE_GRACE_S
+    fleet: Callable[[Mapping[str, Any], FleetSetup], Fleet] | None = None
+    replays: bool = True
 
 
 PROVIDERS: dict[str, Provider] = {}
@@ -145,3 +151,30 @@ def _aws_job(options: Mapping[str, Any]) -> RemoteJob:
 
 register_provider(Provider("aws", "EC2 spot instances through boto3", _aws_config, _aws_job,
                            lambda options: float(_aws_config(options).notice_s)))  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ market
+
+
+def _market_options(options: Mapping[str, Any]) -> Any:
+    from trainer.providers.market import MarketError, MarketOptions
+
+    try:
+        return MarketOptions.from_mapping(options)
+    except MarketError as exc:
+        raise ProviderError(str(exc)) from None
+
+
+def _market_fleet(options: Mapping[str, Any], setup: FleetSetup) -> Fleet:
+    from trainer.providers.market import MarketError, MarketFleet
+
+    try:
+        return MarketFleet(setup, _market_options(options))
+    except MarketError as exc:
+        raise ProviderError(str(exc)) from None
+
+
+register_provider(Provider("market", "a live fleet under a local spot market that follows a trace the job never reads",
+                           _market_options, lambda _options: None,
+                           lambda options: float(_market_options(options).notice_s), fleet=_market_fleet,
+                           replays=False))  # fmt: skip

@@ -1,0 +1,92 @@
+"""The driver's side of a live fleet: how many instances to ask the provider for and when, and the fleet's history.
+
+Owns: `FleetController` (keep up to `FleetConfig.max_instances` requested; a refused or pending request backs off,
+doubling, so that a market without capacity gets no request storm; every answer, reclaim and interval counted) and
+`FleetRow` (one interval of the fleet's history: the JSON report's ``fleet`` rows, and what the planner forecasts
+from). Must not touch: processes, the store, the provider's market behind `trainer.providers.fleet.Fleet`, what the
+planner decides (`trainer.control.planning`).
+
+Pure: every call says what time it is, so the same answers give the same requests (tests drive it on a virtual
+clock against `trainer.providers.market.SpotMarket`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from trainer.config import FleetConfig
+from trainer.providers.fleet import CapacityAnswer
+
+# A refused request is retried after a quarter interval, doubling up to one interval: a fleet without capacity asks
+# about once an interval (no request storm), and one that gets it back fills up within an interval.
+FIRST_BACKOFF_INTERVALS = 0.25
+MAX_BACKOFF_INTERVALS = 1.0
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    """One interval of a live fleet: it ended `t` seconds after the job started; instances `requested`, `granted`,
+    `refused` and `reclaimed` (noticed or killed by the cloud) during it; `alive` for the next one."""
+
+    t: float
+    requested: int
+    granted: int
+    alive: int
+    refused: int
+    reclaimed: int
+
+    def to_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+class FleetController:
+    """Asks for capacity and keeps the history of one live fleet (`config`), with intervals of `interval_s`."""
+
+    def __init__(self, config: FleetConfig, interval_s: float, start: float) -> None:
+        if config.max_instances is None:
+            raise ValueError("a fleet controller needs fleet.max_instances")
+        self.max_instances, self.min_instances = config.max_instances, config.min_instances
+        self.base_backoff_s = config.backoff_s or FIRST_BACKOFF_INTERVALS * interval_s
+        self.max_backoff_s = max(self.base_backoff_s, config.max_backoff_s or MAX_BACKOFF_INTERVALS * interval_s)
+        self.start = start
+        self.rows: list[FleetRow] = []
+        self._backoff_s = self.base_backoff_s
+        self._next_ask = start
+        self._counts = {"requested": 0, "granted": 0, "refused": 0, "reclaimed": 0}
+        self.totals = dict(self._counts)
+
+    def ask(self, now: float, have: int, outstanding: int) -> int:
+        """How many instances to request now, with `have` alive or joining and `outstanding` granted but not
+        arrived or pending (0: none, or not yet: backing off)."""
+        want = self.max_instances - have - outstanding
+        return want if want > 0 and now >= self._next_ask else 0
+
+    def answered(self, answer: CapacityAnswer, now: float) -> None:
+        """Count `answer`; back off after a refusal or an open request, reset once a request is granted whole."""
+        self._add(requested=answer.asked, granted=len(answer.granted), refused=answer.refused)
+        if answer.refused or answer.pending:
+            self._next_ask = now + self._backoff_s
+            self._backoff_s = min(2 * self._backoff_s, self.max_backoff_s)
+        else:
+            self._backoff_s = self.base_backoff_s
+            self._next_ask = now
+
+    def granted_later(self, n: int) -> None:
+        """`n` instances of a pending request were granted (they arrived)."""
+        self._add(granted=n)
+
+    def reclaimed(self, n: int) -> None:
+        """The cloud took `n` instances (a notice, or a kill without one)."""
+        self._add(reclaimed=n)
+
+    def _add(self, **counts: int) -> None:
+        for k, v in counts.items():
+            self._counts[k] += v
+            self.totals[k] += v
+
+    def close(self, now: float, alive: int) -> FleetRow:
+        """End the interval at `now`, with `alive` instances for the next one."""
+        row = FleetRow(t=round(now - self.start, 3), alive=alive, **self._counts)
+        self.rows.append(row)
+        self._counts = dict.fromkeys(self._counts, 0)
+        return row

@@ -1,0 +1,70 @@
+"""A live fleet, as a provider offers it: capacity asked for, granted, refused or left pending, by the cloud.
+
+Owns: `Fleet` (the part of a provider that the cloud's capacity decides: `request`, `arrivals`, `outstanding`,
+`joined`), `CapacityAnswer` (what one request got) and `FleetSetup` (what the driver hands a provider to build its
+fleet). Must not touch: how many instances to ask for and when (`trainer.control.fleet`), the job's control plane,
+what a provider's market or cloud does behind the interface (`trainer.providers.market`, `trainer.providers.aws`).
+
+Why an interface of its own: the driver of a live fleet sees only what a cloud would tell it — which requests were
+granted and which refused, which instances came up, notices and deaths — never the capacity behind them. A job
+that cannot read the market cannot peek at its future either.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CapacityAnswer:
+    """What a request for `asked` instances got: the ids `granted` (they boot, then arrive: `Fleet.arrivals`),
+    how many were `refused` (with the cloud's `reason`, e.g. InsufficientInstanceCapacity) and how many were left
+    `pending` (an open request the cloud may fill later)."""
+
+    asked: int
+    granted: tuple[int, ...] = ()
+    refused: int = 0
+    pending: int = 0
+    reason: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.granted) + self.refused + self.pending != self.asked:
+            raise ValueError(f"an answer accounts for every instance asked: {self}")
+
+
+@dataclass(frozen=True)
+class FleetSetup:
+    """What a live fleet's provider needs from the job: the control plane its workers join (`host`, `port`,
+    `token`, the driver's key), how local worker processes start, the fleet's size and interval, and the seed."""
+
+    host: str
+    port: int
+    token: str
+    driver_key: str | None
+    start_method: str
+    max_instances: int
+    interval_s: float
+    seed: int
+
+
+class Fleet(abc.ABC):
+    """The capacity side of a provider that runs a live fleet (it is an `InstanceProvider` too: notices and kills
+    reach the driver as they do from any provider)."""
+
+    @abc.abstractmethod
+    def request(self, n: int) -> CapacityAnswer:
+        """Ask the cloud for `n` more instances."""
+
+    @abc.abstractmethod
+    def arrivals(self) -> list[int]:
+        """Granted instances whose worker process started since the last call (their workers join the job)."""
+
+    @abc.abstractmethod
+    def outstanding(self) -> int:
+        """Instances granted but not arrived yet, plus those of requests left pending."""
+
+    @abc.abstractmethod
+    def joined(self, ids: list[int]) -> None:
+        """The driver saw the workers of `ids` register: from now on a notice reaches them as one (SIGTERM, which
+        they take), where before an instance still booting is simply reclaimed."""
