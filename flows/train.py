@@ -42,6 +42,7 @@ from trainer import (
     AvailabilityConfig,
     CheckpointConfig,
     ControlPlaneConfig,
+    FleetConfig,
     JobConfig,
     PlanningConfig,
     ProviderConfig,
@@ -82,18 +83,24 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
     """The `JobConfig` of the train flow's (checked) ``arguments``: built once, passed down unchanged. The notice
     grace is the provider's (AWS: two minutes; else GCP's 30 s)."""
     a = arguments
-    instances = ProviderConfig(name=a["provider"], options=dict(a.get("provider_options") or {}))  # checked first
+    options = dict(a.get("provider_options") or {})
+    fleet = a.get("fleet")
+    if a["provider"] == "market":  # the local market follows the flow's trace, as a replay would (the job is blind)
+        options = {"trace": a["trace"], "start_interval": a["start_interval"], "seed": a["seed"], **options}
+    instances = ProviderConfig(name=a["provider"], options=options)  # checked first
     return JobConfig(
         out_dir=str(Path(a["out_dir"])),
         model=model_config(a["model"], seed=a["seed"], **dict(a.get("model_args") or {})),
         train=TrainConfig(steps=a["steps"], seed=a["seed"], device=a.get("device", "auto")),
-        availability=AvailabilityConfig(workers=a["workers"], trace=a["trace"], interval_seconds=a["interval_seconds"],
-                                        step_seconds=a["step_seconds"], start_interval=a["start_interval"]),
+        availability=AvailabilityConfig(workers=a["workers"], trace=None if fleet else a["trace"],
+                                        interval_seconds=a["interval_seconds"], step_seconds=a["step_seconds"],
+                                        start_interval=0 if fleet else a["start_interval"]),
         checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"]),
         control=ControlPlaneConfig(timeout_s=a["timeout_s"],
                                    notice_grace_s=provider(instances.name).notice_grace_s(instances.options)),
         provider=instances,
         planning=PlanningConfig(planner=a["planner"], look_ahead=a["look_ahead"], profile=a["profile"]),
+        fleet=FleetConfig(max_instances=fleet, min_instances=a.get("min_instances", 1)),
     )  # fmt: skip
 
 
@@ -113,6 +120,8 @@ def train(
     look_ahead: int = DEFAULT_LOOK_AHEAD,
     provider: str = "local",
     provider_options: dict[str, Any] | None = None,
+    fleet: int | None = None,
+    min_instances: int = 1,
     checkpoint_every: int = 20,
     out_dir: str = "runs/train",
     resume: bool = True,
@@ -124,7 +133,10 @@ def train(
     instances replaying ``trace`` from ``start_interval`` (one trace interval = ``interval_seconds /
     step_seconds`` steps), re-planned every interval. ``provider``: a
     `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts`` (machines over ssh)
-    or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``.
+    or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``. With ``fleet``
+    (a live fleet of up to that many instances, training once ``min_instances`` joined; ``provider="market"``: the
+    local spot market, its capacity following ``trace`` from ``start_interval``, one interval = ``interval_seconds``)
+    the provider, not a replay, decides what exists, and every interval is planned from the fleet's own history.
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
     the trace's 60 s, forecasting with the champion forecaster, else persistence), ``rule`` or ``handed`` (plans
@@ -141,8 +153,9 @@ def train(
         forecaster, forecaster_run = champion_forecaster()
     # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
     plan_with, forecast = training_planner(
-        planner, runtime_prof, forecaster, trace=trace, workers=workers, start_interval=start_interval,
-        look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S, forecaster_run=forecaster_run, model=model,
+        planner, runtime_prof, forecaster, trace=None if fleet else trace, workers=workers,
+        start_interval=start_interval, look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S,
+        forecaster_run=forecaster_run, model=model, fleet=fleet,
     )  # fmt: skip
     logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
     tags = {
@@ -157,6 +170,7 @@ def train(
         "parcae.forecaster_run_id": forecaster_run,
         "parcae.profile": profile_source,
         "parcae.provider": provider,
+        "parcae.fleet": fleet,
     }
     trained = train_job(
         config, planner=plan_with, tags={k: v for k, v in tags.items() if v not in (None, "")},

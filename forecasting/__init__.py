@@ -54,6 +54,7 @@ _HOMES: dict[str, str] = {
     "TraceFormatError": "traces",
     "UnknownTraceError": "traces",
     "available_traces": "traces",
+    "counts_table": "traces",
     "detect_format": "traces",
     "load_trace": "traces",
     "scale_trace": "traces",
@@ -118,6 +119,7 @@ if TYPE_CHECKING:
     from forecasting.traces import TraceFormatError as TraceFormatError
     from forecasting.traces import UnknownTraceError as UnknownTraceError
     from forecasting.traces import available_traces as available_traces
+    from forecasting.traces import counts_table as counts_table
     from forecasting.traces import detect_format as detect_format
     from forecasting.traces import load_trace as load_trace
     from forecasting.traces import scale_trace as scale_trace

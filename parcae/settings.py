@@ -314,7 +314,7 @@ FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
         "planner": check_planner, "provider": check_provider, "workers": _positive, "steps": _positive,
         "interval_seconds": check_seconds, "step_seconds": check_seconds,
         "start_interval": _non_negative, "look_ahead": check_look_ahead, "checkpoint_every": _positive,
-        "timeout_s": _optional(check_seconds),
+        "timeout_s": _optional(check_seconds), "fleet": _optional(_instances), "min_instances": _positive,
     },
     "pipeline": {
         "trace": check_trace, "train_traces": _each(check_trace), "horizon": check_look_ahead, "model": check_model,

@@ -71,13 +71,14 @@ def training_planner(
     profile: Any,
     forecaster: Forecaster | None,
     *,
-    trace: str,
+    trace: str | None,
     workers: int,
     start_interval: int,
     look_ahead: int,
     interval_s: float,
     forecaster_run: str | None = None,
     model: str | None = None,
+    fleet: int | None = None,
 ) -> tuple[Any, str]:
     """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
     (`trainer.control.planning.make_planner`).
@@ -89,7 +90,7 @@ def training_planner(
 
     planner, what = make_planner(
         kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
-        look_ahead=look_ahead, interval_s=interval_s, model=model,
+        look_ahead=look_ahead, interval_s=interval_s, model=model, fleet=fleet,
     )  # fmt: skip
     if kind == "liveput" and forecaster is not None:
         name = str(getattr(forecaster, "name", type(forecaster).__name__))
@@ -97,7 +98,8 @@ def training_planner(
             origin = f"the champion forecaster, trained in MLflow run {forecaster_run}"
         else:
             origin = "no champion forecaster in the MLflow registry; persistence is the fallback"
-        what = (f"{name} ({origin}) on {trace}'s past; persistence where it cannot forecast (said in each "
+        past = f"{trace}'s past" if trace is not None else "the fleet's own history"
+        what = (f"{name} ({origin}) on {past}; persistence where it cannot forecast (said in each "
                 "decision's details)")  # fmt: skip
     horizon = f"; look-ahead {look_ahead} x {interval_s:g} s" if kind == "liveput" else ""
     get_run_logger().info("%s planner%s; forecasts: %s", kind, horizon, what)
@@ -243,7 +245,8 @@ def train_job(
     uri = tracking.tracking_uri()
     before = previous_run(out) if config.checkpoint.resume else None
     reopen = before["run_id"] if before else None
-    model, trace = config.model.name, config.availability.trace
+    model = config.model.name
+    trace = config.availability.trace or (f"{config.provider.name}-fleet" if config.fleet.live else "job")
     run_name = f"train-{model}-{trace}-{time.strftime('%Y%m%d-%H%M%S')}"
     mlflow_obs = MlflowJobObserver(experiment=experiment, run_name=run_name, tags=tags, run_id=reopen, tracking=uri)
     prefect_obs = PrefectJobObserver(mlflow_obs, out, artifact_key(f"{model}-{trace}", empty="job"), config.steps)

@@ -22,7 +22,7 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
-from forecasting.traces import load_trace, scale_trace
+from forecasting.traces import counts_table, load_trace, scale_trace
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
 from trainer.config import TrainConfig, model_config
 from trainer.control.coordinator import ScheduleError
@@ -31,6 +31,7 @@ from trainer.control.planning import (
     HandedPlan,
     HandedPlanner,
     HandPlanError,
+    HistoryForecast,
     LiveputPlanner,
     PlanError,
     PlanRequest,
@@ -206,6 +207,28 @@ def test_trace_forecast_predicts_from_the_replayed_trace_s_past(lightgbm):
     assert empty.last == "persistence: the trace's past (to interval 2) ends at 0, the job has 1 alive"
     with pytest.raises(ValueError, match="start_interval 700 outside the trace's 683 intervals"):
         TraceForecast.of_trace(lightgbm, "p3", 4, start_interval=700)
+
+
+def test_a_fleet_s_forecast_comes_from_its_own_history(lightgbm):
+    """A live fleet has no trace: the champion predicts from the alive counts the job saw at its boundaries."""
+    source = HistoryForecast(lightgbm, capacity=4)
+    history = (2, 3, 4, 4, 3, 3, 2)
+    req = request(history, (1, 2))
+    got = source(req, 4)
+    want = lightgbm.predict(counts_table(history, 4), 3)
+    assert got == [IntervalForecast.point(3, 0, 1), *IntervalForecast.from_forecast(want)]
+    assert source.last == "lightgbm on the fleet's history"
+    assert counts_table(history, 4)["prev_available"].tolist() == [2, 2, 3, 4, 4, 3, 3]
+    # beyond what the model was trained for: persistence, and why
+    assert source(req, 5) == observed_persistence(req, 5)
+    assert source.last.startswith("persistence: lightgbm refused the fleet's history of 7 intervals")
+    planner, what = make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, fleet=4,
+                                 look_ahead=3)  # fmt: skip
+    assert what.startswith("lightgbm on the fleet's own history")
+    decision, details = planner(req)
+    assert details["forecast"] == "lightgbm on the fleet's history" and decision[0] * decision[1] <= 2
+    with pytest.raises(ValueError, match="its own history, not a trace"):
+        make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, fleet=4, trace="p3")
 
 
 def test_a_liveput_decision_records_its_forecast_source(lightgbm):

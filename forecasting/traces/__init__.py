@@ -43,6 +43,7 @@ from forecasting.traces.formats import (
 from forecasting.traces.table import (
     COLUMNS,
     MAX_INTERVALS,
+    counts_table,
     resample,
     scale_trace,
     slice_hours,
@@ -67,6 +68,7 @@ __all__ = [
     "TraceFormatError",
     "UnknownTraceError",
     "available_traces",
+    "counts_table",
     "detect_format",
     "events_from_log",
     "from_count_series",

@@ -3,12 +3,14 @@
 Owns: `COLUMNS` (one row per interval; ``df.attrs = {"name", "source", "interval_s", "capacity", "format"}``),
 binning events onto the grid exactly like the Parcae reference (`to_intervals`: a change at second ``t`` lands in
 interval ``floor(t / interval_s)``, gross adds and removes summed, empty intervals padded), and the operations on
-a table (`resample`, `slice_hours`, `scale_trace`). Must not touch: files (`forecasting.traces.formats`).
+a table (`resample`, `slice_hours`, `scale_trace`), and the table of a count observed once per interval
+(`counts_table`: a live fleet's own history). Must not touch: files (`forecasting.traces.formats`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
@@ -79,6 +81,30 @@ def _table(
     )
     df.attrs = dict(attrs)
     return df
+
+
+def counts_table(
+    counts: Sequence[int], capacity: int, interval_s: float = DEFAULT_INTERVAL_S, name: str = "counts"
+) -> pd.DataFrame:
+    """The canonical table of a count observed once per interval (a live fleet's alive instances): interval i has
+    ``available = counts[i]`` and ``prev_available = counts[i - 1]`` (the first: its own count, no burst at t = 0),
+    net changes as ``n_in`` / ``n_out``. What a forecaster predicts from when the history is a job's own."""
+    c = np.asarray(counts, dtype=np.int64)
+    if c.ndim != 1 or not len(c):
+        raise ValueError("counts_table needs at least one count")
+    if (c < 0).any() or (c > capacity).any():
+        raise ValueError(f"counts must be in 0..capacity ({capacity}), got {counts!r}")
+    prev = np.concatenate([c[:1], c[:-1]])
+    delta = c - prev
+    attrs = {
+        "name": name,
+        "source": name,
+        "interval_s": _check_interval(interval_s),
+        "capacity": int(capacity),
+        "format": "counts",
+    }
+    return _table(np.arange(len(c)), interval_s, None, prev, np.maximum(delta, 0), np.maximum(-delta, 0), c,
+                  int(capacity), attrs)  # fmt: skip
 
 
 def _interval_count(events: AvailabilityEvents, interval_s: float) -> int:

@@ -5,7 +5,8 @@ Owns: `PlanRequest` (what a planner is told at a boundary), the `Planner` protoc
 `RulePlanner` (the trace replay's fixed rule, `trainer.control.schedules.trace_strategy`), `LiveputPlanner` (the liveput
 optimizer, `liveput.plan_interval`, over a forecast of the next intervals) and `HandedPlanner` (plans handed in
 from outside, e.g. by the Prefect `plan_interval` flow, through `hand_plan`) —, the forecasts a liveput planner
-plans with (`observed_persistence`; `TraceForecast`, a fitted forecasting model on the replayed trace's past),
+plans with (`observed_persistence`; `TraceForecast`, a fitted forecasting model on the replayed trace's past;
+`HistoryForecast`, one on a live fleet's own history),
 `make_planner` (a planner by kind, as `parcae train` and the train flow build one) and the feasibility check every
 decision passes (`check_decision`). Must not touch: processes, epochs and the store layout (`trainer.control.run`'s
 driver asks the planner and publishes the reconfiguration; `trainer.control.coordinator` owns the keys `hand_plan`
@@ -43,6 +44,7 @@ __all__ = [
     "HandPlanError",
     "HandedPlan",
     "HandedPlanner",
+    "HistoryForecast",
     "LiveputPlanner",
     "PlanError",
     "PlanRequest",
@@ -280,6 +282,45 @@ class TraceForecast:
         return [first, *IntervalForecast.from_forecast(forecast)]
 
 
+@dataclass
+class HistoryForecast:
+    """The availability predictor of a live fleet: a fitted forecasting model (the registry's champion)
+    predicting from the job's own history — the alive count at each interval boundary (`PlanRequest.history`) as a
+    canonical table of `capacity` instances (`forecasting.counts_table`) — never from a trace.
+
+    The first of the K intervals is `observed_change`, the K-1 after it the model's. While the history is shorter
+    than the model's window (or the model refuses it otherwise), the decision is planned with
+    `observed_persistence` and `last` says why (the decision's details: "forecast").
+    """
+
+    forecaster: Any
+    capacity: int
+    interval_s: float = DEFAULT_INTERVAL_S
+    last: str = field(default="", init=False)
+
+    @property
+    def model(self) -> str:
+        return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
+
+    def __call__(self, req: PlanRequest, k: int) -> list[IntervalForecast]:
+        from forecasting import counts_table
+        from liveput import IntervalForecast
+
+        first = observed_change(req)
+        if k == 1:
+            self.last = "observed change only (look-ahead 1)"
+            return [first]
+        past = counts_table(req.history, max(self.capacity, *req.history), self.interval_s, name="fleet")
+        try:
+            forecast = self.forecaster.predict(past, k - 1)
+        except ValueError as exc:  # a history shorter than the forecaster's window
+            self.last = f"persistence: {self.model} refused the fleet's history of {len(req.history)} intervals ({exc})"
+            log.info("interval %d: %s", req.interval, self.last)
+            return observed_persistence(req, k)
+        self.last = f"{forecast.model} on the fleet's history"
+        return [first, *IntervalForecast.from_forecast(forecast)]
+
+
 def _forecast_name(forecast: Any) -> str:
     """How a decision's details name the forecasts it planned with (`Forecast`'s ``last``)."""
     if forecast is observed_persistence:
@@ -381,6 +422,7 @@ def make_planner(
     look_ahead: int = DEFAULT_LOOK_AHEAD,
     interval_s: float = DEFAULT_INTERVAL_S,
     model: str | None = None,
+    fleet: int | None = None,
 ) -> tuple[Planner, str]:
     """The live planner of kind ``kind`` (one of `PLANNERS`) and, in a sentence, the forecasts it plans with (for a
     run's tags and the job's report) — how `parcae train` and the train flow build their planner.
@@ -390,8 +432,9 @@ def make_planner(
     (`trainer.observe.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
     ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` (a fitted
     `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
-    ``start_interval`` (`TraceForecast`), or with `observed_persistence` when no forecaster is given. The other
-    kinds ignore ``profile``, ``forecaster`` and ``trace``.
+    ``start_interval`` (`TraceForecast`) — or, for a live fleet of up to ``fleet`` instances, on the fleet's own
+    history (`HistoryForecast`) —, or with `observed_persistence` when no forecaster is given. The other kinds
+    ignore ``profile``, ``forecaster``, ``trace`` and ``fleet``.
 
     Raises ValueError naming the fix: an unknown kind, a liveput planner without a profile or with another model's,
     a forecaster without the trace (and instances) it forecasts.
@@ -412,6 +455,12 @@ def make_planner(
     if forecaster is None:
         forecast: Forecast = observed_persistence
         what = "persistence (the alive count stays; the change seen at each boundary is priced)"
+    elif fleet is not None:
+        if trace is not None:
+            raise ValueError("a live fleet's forecasts come from its own history, not a trace: give one or the other")
+        forecast = HistoryForecast(forecaster, fleet, interval_s)
+        what = (f"{forecast.model} on the fleet's own history (persistence while it is too short, said in each "
+                "decision's details)")  # fmt: skip
     else:
         if trace is None or workers is None:
             raise ValueError("a forecaster forecasts from the replayed trace's past: give the trace and the job's "
