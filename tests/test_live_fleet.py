@@ -267,3 +267,45 @@ def test_parcae_train_names_the_fleet_s_fix():
     assert res.exit_code != 0 and "--fleet: provider 'local' runs no live fleet" in res.output
     res = runner.invoke(app, ["train", "--market-trace", "p3", "--provider", "local", "--fleet", "2"])
     assert res.exit_code != 0 and "--market-trace is the market provider's option" in res.output
+
+
+@pytest.mark.parametrize(
+    ("kill_fraction", "market_options"),
+    [(0.0, {}), (1.0, {"open_requests": True, "boot_s": 0.5})],
+    ids=["every-instance-noticed", "every-instance-killed-open-requests-boot-delay"],
+)
+def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(tmp_path, kill_fraction,
+                                                                               market_options):  # fmt: skip
+    """2 instances for 6 s, none for 4, then 2 again. With notices, the members checkpoint the boundary they stop at
+    and leave, and the job resumes there on the new instances (no step lost); killed without notice, it resumes
+    from the latest periodic checkpoint. Either way the losses are the uninterrupted run's, and the fleet's history
+    shows the empty intervals."""
+    steps = 160
+    market = tmp_path / "market.csv"
+    market.write_text("0,2\n360000,0\n600000,2\n3600000,2\n")
+    config = JobConfig(
+        out_dir=str(tmp_path / "job"), model=CFG, train=TrainConfig(steps=steps),
+        availability=AvailabilityConfig(interval_seconds=1.0), checkpoint=CheckpointConfig(every=5),
+        control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
+        provider=ProviderConfig(name="market", start_method="forkserver",
+                                options={"trace": str(market), "kill_fraction": kill_fraction, **market_options}),
+        planning=PlanningConfig(planner="rule"), fleet=FleetConfig(max_instances=2),
+    )  # fmt: skip
+    report = train(config, planner=RulePlanner())
+    assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
+    restarts = [r for r in report["reconfigurations"] if r["kind"] == "checkpoint-restart"]
+    assert len(restarts) == 1, report["reconfigurations"]
+    (restart,) = restarts
+    assert restart["pause_s"] > 2.0  # it waited for the market (four empty seconds, less the notice)
+    if kill_fraction == 0.0:
+        assert restart["notice"] and restart["source"] == "sigterm" and restart["steps_lost"] == 0
+    else:
+        assert not restart["notice"] and restart["restore_step"] % 5 == 0
+    alive = [r["alive"] for r in report["fleet"]]
+    assert 0 in alive and alive[-1] == 2  # the empty intervals are in the history, and the fleet came back
+    assert sum(r["reclaimed"] for r in report["fleet"]) == 2
+    refused_while_empty = [r["refused"] for r in report["fleet"] if r["alive"] == 0]
+    if market_options.get("open_requests"):
+        assert not any(refused_while_empty)  # an open request waits in the market instead
+    else:
+        assert sum(refused_while_empty) >= 2

@@ -520,6 +520,14 @@ class Coordinator:
         self.preempted |= set(ids)
         self.log.append({"event": "preempt-standby", "workers": ids, "source": source})
 
+    def left(self, ids: Iterable[int], step: int) -> None:
+        """`ids` left at boundary `step` under a notice with nobody to hand off to: their state is in the checkpoint
+        of that step (a live fleet the cloud took whole, `Driver.park`). Neither alive nor monitored from now on."""
+        ids = sorted(set(ids))
+        self.preempted |= set(ids)
+        self.stop_monitoring(ids)
+        self.log.append({"event": "left-checkpointed", "workers": ids, "step": step})
+
     def ready(self) -> set[int]:
         """Members of the current epoch that have formed its groups and hold their layers."""
         n = self.in_force.number
@@ -721,9 +729,11 @@ class Coordinator:
         strategy: tuple[int, int] | None,
         previous: Iterable[int],
         steps_lost: int = 0,
+        source: str | None = None,
     ) -> Epoch:
         """Publish the checkpoint-restart epoch: the restarted processes (already joined) and any standby ones load
-        checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first."""
+        checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first. `source`: what
+        made it (default: "failure" after a loss, else "schedule")."""
         cur = self.in_force
         lost = self.dead & self.holders()
         broken = self._broken_epochs()
@@ -742,7 +752,7 @@ class Coordinator:
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
-        self._publish(epoch, "failure" if lost or steps_lost else "schedule")
+        self._publish(epoch, source or ("failure" if lost or steps_lost else "schedule"))
         self.log.append({"step": restore_step, "event": "checkpoint-restart", "strategy": [epoch.D, epoch.P],
                          "lost": list(lost), "steps_lost": steps_lost})  # fmt: skip
         return epoch

@@ -80,6 +80,7 @@ class Driver:
         self._deciding = False  # inside a boundary decision or a scripted kill: notices wait
         self._stops_left: set[int] = set()  # scripted event steps and interval boundaries not decided yet
         self._trained_from = (0.0, 0)  # (monotonic time, step) when training started: the step time estimate
+        self._fleet: FleetController | None = None  # a live fleet's requests and history (`run_fleet`)
         # live planning
         self.planner = planner
         self.intervals = sorted(intervals)
@@ -334,6 +335,9 @@ class Driver:
                 continue
         if not noticed:
             raise error
+        if self._fleet is not None and not (c.alive() - set(preempt)):
+            self.park(s, sorted(set(preempt) & set(c.in_force.members)))  # the cloud takes every instance
+            return
         c.note({"event": "notice-unplaceable", "step": s, "workers": list(noticed), "reason": str(error)})
         self._unplaceable |= set(noticed)
         self.reconfigure(s, strategy, [w for w in preempt if w not in noticed], added, (), source)
@@ -571,7 +575,7 @@ class Driver:
         fleet lacks. Returns the ids that joined."""
         c, fleet = self.coord, self._fleet
         provider = self.provider
-        assert isinstance(provider, Fleet)
+        assert isinstance(provider, Fleet) and fleet is not None
         for w in provider.arrivals():
             c.expect([w])
             self.allowed[w] = {EXIT_DONE}
@@ -604,6 +608,53 @@ class Driver:
                     "pending": answer.pending, "reason": answer.reason})  # fmt: skip
         return joined
 
+    def park(self, s: int, members: Sequence[int]) -> None:
+        """A live fleet whose every instance has a notice: at the held boundary `s` the members write the checkpoint
+        of step `s` and exit (their instances are going); the job waits for the fleet to come back
+        (`await_capacity`), then restarts from that checkpoint on the new instances — no step is lost."""
+        c = self.coord
+        was, self._recovering = self._recovering, True
+        try:
+            for w in members:
+                self.allowed[w] = {EXIT_RESTART, EXIT_PREEMPTED, KILLED}
+            c.note({"event": "fleet-parked", "step": s, "workers": list(members)})
+            c.order_restart(members, step=s)
+            self.wait(lambda: all(self.provider.exitcode(w) is not None for w in members),
+                      f"workers {list(members)} to checkpoint step {s} and leave", self.pg_timeout_s + 30)  # fmt: skip
+            self.check()
+            c.clear_restart(members)
+            restore = c.latest_checkpoint()  # s, unless the cloud killed one before its shard was written
+            c.left(members, s)
+            self.observe(force=True)  # every step the members committed, before the restart rewinds
+            self.await_capacity(f"every instance has a notice; the job restarts from the checkpoint of step {restore}")
+            c.publish_restart(restore, None, members, steps_lost=s - restore, source="sigterm")  # pause from s
+            self.alive_from(restore)
+            self._next_step = min(self._next_step, restore)
+        finally:
+            self._recovering = was
+
+    def await_capacity(self, why: str) -> None:
+        """A live fleet without an instance alive: keep asking the provider (with backoff) until
+        `FleetConfig.min_instances` instances have joined; training resumes on them."""
+        assert self._fleet is not None
+        c = self.coord
+        fleet = self._fleet
+        c.note({"event": "fleet-empty", "reason": why, "step": self.step_in_flight()})
+        t0 = time.monotonic()
+        row_at = t0 + fleet.interval_s
+        while len(c.alive()) < fleet.min_instances:
+            self.check()
+            self._poll_fleet(admit=True)
+            now = time.monotonic()
+            if now >= row_at:  # the fleet's history goes on, empty intervals too
+                fleet.close(now, len(c.alive()))
+                self.history.append(len(c.alive()))
+                row_at += fleet.interval_s
+            if now > self.deadline:
+                raise JobError(f"timed out waiting for capacity: {why}")
+            time.sleep(POLL_S)
+        c.note({"event": "fleet-back", "workers": sorted(c.alive()), "waited_s": round(time.monotonic() - t0, 3)})
+
     def _plan_live(self, interval: int) -> bool:
         """An interval of a live fleet is over: at the next step boundary training has not reached, fold the
         pending notices in, close the fleet's interval and plan the next from its history. Returns False when the
@@ -622,11 +673,13 @@ class Driver:
         if silent:
             self.release_after(s, silent)
             return False
+        fleet = self._fleet
+        assert fleet is not None
         self._deciding = True
         try:
             preempt, noticed = self._departures(())
             alive = len(c.alive() - set(preempt))
-            self._fleet.close(time.monotonic(), alive)
+            fleet.close(time.monotonic(), alive)
             if alive < 1:  # every instance is leaving: the notices decide alone (nothing to plan for)
                 c.release(s)
                 return True
@@ -861,6 +914,8 @@ class Driver:
             for w in ids:
                 self.allowed[w] = {EXIT_DONE}
             self.wait_joined(ids, "the checkpoint-restart")
+            if not c.alive() and self._fleet is not None:  # the cloud took every instance: wait for capacity
+                self.await_capacity(f"every instance was lost; the job restarts from the checkpoint of step {restore}")
             self.observe(force=True)  # the old processes are gone: report every step they committed first
             c.publish_restart(restore, strategy, ids if on_demand else survivors, steps_lost=step - restore)
             self.alive_from(restore)

@@ -46,6 +46,7 @@ class FleetController:
         if config.max_instances is None:
             raise ValueError("a fleet controller needs fleet.max_instances")
         self.max_instances, self.min_instances = config.max_instances, config.min_instances
+        self.interval_s = interval_s
         self.base_backoff_s = config.backoff_s or FIRST_BACKOFF_INTERVALS * interval_s
         self.max_backoff_s = max(self.base_backoff_s, config.max_backoff_s or MAX_BACKOFF_INTERVALS * interval_s)
         self.start = start
