@@ -1,6 +1,7 @@
 """Retrain: fit a forecaster on the corpus, backtest it on a held-out trace, register it, promote if better.
 
-    training corpus (all distinct traces but eval_trace) --+
+    training corpus (all distinct traces but eval_trace, --+
+      and the live fleets' histories in the trace store)   |
                                                            +--train_forecaster--> MLflow run + registry version
     eval_trace --------------------------------------------+     (champion alias if it beats persistence and
                                                                    the current champion) --> Prefect report
@@ -11,6 +12,7 @@ persisted as JSON so other processes can read it (`run_deployment(...).state.res
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from prefect import flow
@@ -35,13 +37,17 @@ def retrain_forecaster(
     forecaster_params: dict[str, Any] | None = None,
     plots: bool = True,
     interval_s: float = DEFAULT_INTERVAL_S,
+    trace_store: str | None = None,
 ) -> dict[str, Any]:
-    """Train on ``train_traces`` (default: every known trace), evaluate on ``eval_trace`` at ``horizon``.
+    """Train on ``train_traces`` (default: every known trace) and the live fleets' histories in ``trace_store``
+    (default: ``$PARCAE_TRACE_STORE``, else ``./trace-store``, where parcae's fleet jobs record them), evaluate on
+    ``eval_trace`` at ``horizon``.
 
     ``forecaster_params``: `LightGbmForecaster` arguments (e.g. a small ``n_estimators``).
     """
     settings.check_all(*settings.flow_checks("retrain-forecaster", locals()))  # locals(): the flow's arguments
-    corpus = load_training_corpus(train_traces, exclude=[eval_trace], interval_s=interval_s)
+    store = trace_store or os.environ.get("PARCAE_TRACE_STORE") or "trace-store"
+    corpus = load_training_corpus(train_traces, exclude=[eval_trace], interval_s=interval_s, store=store)
     evaluation = load_availability_trace(eval_trace, interval_s=interval_s)
     outcome = train_forecaster(corpus, (eval_trace, evaluation), horizon, forecaster_params, plots).to_dict()
     publish_training_report(outcome)

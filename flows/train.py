@@ -99,7 +99,8 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
         control=ControlPlaneConfig(timeout_s=a["timeout_s"],
                                    notice_grace_s=provider(instances.name).notice_grace_s(instances.options)),
         provider=instances,
-        planning=PlanningConfig(planner=a["planner"], look_ahead=a["look_ahead"], profile=a["profile"]),
+        planning=PlanningConfig(planner=a["planner"], look_ahead=a["look_ahead"], profile=a["profile"],
+                                accept_plans=a.get("accept_plans", False)),
         fleet=FleetConfig(max_instances=fleet, min_instances=a.get("min_instances", 1)),
     )  # fmt: skip
 
@@ -122,6 +123,7 @@ def train(
     provider_options: dict[str, Any] | None = None,
     fleet: int | None = None,
     min_instances: int = 1,
+    accept_plans: bool = False,
     checkpoint_every: int = 20,
     out_dir: str = "runs/train",
     resume: bool = True,
@@ -137,6 +139,8 @@ def train(
     (a live fleet of up to that many instances, training once ``min_instances`` joined; ``provider="market"``: the
     local spot market, its capacity following ``trace`` from ``start_interval``, one interval = ``interval_seconds``)
     the provider, not a replay, decides what exists, and every interval is planned from the fleet's own history.
+    ``accept_plans``: the job also takes the plans the scheduled plan-interval flow hands it (registered for them
+    on its MLflow run); its own planner decides when none came within two intervals.
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
     the trace's 60 s, forecasting with the champion forecaster, else persistence), ``rule`` or ``handed`` (plans
@@ -156,6 +160,7 @@ def train(
         planner, runtime_prof, forecaster, trace=None if fleet else trace, workers=workers,
         start_interval=start_interval, look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S,
         forecaster_run=forecaster_run, model=model, fleet=fleet,
+        accept_plans_for_s=2 * interval_seconds if accept_plans else None,
     )  # fmt: skip
     logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
     tags = {

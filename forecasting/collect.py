@@ -5,13 +5,16 @@ job's own spot fleet and what the spot market looks like, and records the answer
 :mod:`forecasting.traces` can turn into the canonical per-interval table. It must not import the planner
 (liveput, simulator, CLI, trainer): collection has to run on a small cron box with only boto3 and pandas.
 
-Three tables, each a folder of immutable part files under ``TraceStore.root``:
+Four tables, each a folder of immutable part files under ``TraceStore.root``:
 
 * ``fleet_events``: one row per state transition of an instance tagged ``parcae:job=<job tag>``
   (``add`` when it is pending/running, ``remove`` when it shuts down, stops, terminates, vanishes, or gets
   a spot interruption notice);
 * ``spot_prices``: ``describe_spot_price_history`` rows;
-* ``placement_scores``: ``get_spot_placement_scores`` rows.
+* ``placement_scores``: ``get_spot_placement_scores`` rows;
+* ``fleet_intervals``: one row per interval of a live fleet a parcae job ran (what it requested, was granted
+  and refused, what the cloud reclaimed, what was alive), written by the job's driver as each interval ends —
+  the fleet's own history, which `TraceStore.fleet_histories` turns into canonical tables for the forecaster.
 
 Credentials and region come from boto3's standard chain (environment, config files, SSO, instance
 profile), or from a ``boto3.Session`` the caller builds; never from arguments of this module.
@@ -112,6 +115,24 @@ TABLES: Final[dict[str, _Table]] = {
             ]
         ),
         ("region", "az_id", "instance_types", "target_capacity", "timestamp"),
+    ),
+    "fleet_intervals": _Table(
+        pa.schema(
+            [
+                ("job_tag", pa.string()),  # one run of a job's driver
+                ("provider", pa.string()),
+                ("interval", pa.int64()),
+                ("interval_s", pa.float64()),  # the interval the planner prices (a compressed market: the trace's)
+                ("capacity", pa.int64()),  # the fleet's maximum
+                ("requested", pa.int64()),
+                ("granted", pa.int64()),
+                ("refused", pa.int64()),
+                ("reclaimed", pa.int64()),
+                ("alive", pa.int64()),  # for the next interval
+                ("timestamp", _TS),  # when the interval ended
+            ]
+        ),
+        ("job_tag", "interval"),
     ),
 }
 
@@ -260,6 +281,26 @@ class TraceStore:
             tmp.unlink(missing_ok=True)
         _fsync_dir(directory)
         return len(new)
+
+    # ------------------------------------------------------------------------- live fleets' histories
+
+    def fleet_histories(self, min_intervals: int = 2) -> dict[str, pd.DataFrame]:
+        """Every live fleet's history in ``fleet_intervals`` with at least ``min_intervals`` intervals, as the
+        canonical table of its alive count (`forecasting.traces.counts_table`), keyed ``fleet:<job tag>``."""
+        from forecasting.traces import counts_table
+
+        df = self.read("fleet_intervals")
+        out: dict[str, pd.DataFrame] = {}
+        for tag, rows in df.groupby("job_tag", sort=True):
+            rows = rows.sort_values("interval")
+            if len(rows) < min_intervals:
+                continue
+            capacity = int(max(rows["capacity"].max(), rows["alive"].max(), 1))
+            interval_s = float(rows["interval_s"].iloc[0])
+            table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"fleet:{tag}")
+            table.attrs["source"] = str(self.root / "fleet_intervals")
+            out[f"fleet:{tag}"] = table
+        return out
 
     # ------------------------------------------------------------------------- fleet trace export
 

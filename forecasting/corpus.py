@@ -16,14 +16,16 @@ Rules, in order (the names are ``available_traces()`` names):
 * keep at most ``max_intervals`` of each trace, the most recent, so that training stays fast and no
   month-long trace drowns the others.
 
-Without ``../shared/traces`` the corpus is the bundled ``p3`` and ``gcp-v100``.
+Without ``../shared/traces`` the corpus is the bundled ``p3`` and ``gcp-v100``. Given a trace store, the live
+fleets' own histories it holds (``fleet:<job tag>``, `forecasting.collect.TraceStore.fleet_histories`) join the
+candidates under the same rules.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
-from typing import Final
+from typing import Any, Final
 
 import numpy as np
 import pandas as pd
@@ -57,31 +59,38 @@ def training_corpus(
     *,
     min_capacity: int = 4,
     max_intervals: int = 20_000,
+    store: Any = None,
 ) -> dict[str, pd.DataFrame]:
     """Distinct multi-instance traces as canonical tables at ``interval_s``, keyed by name.
 
     ``names`` restricts the candidates (default: every name of ``available_traces()``); explicitly
     named traces are still subject to the capacity/flat/duplicate rules. ``exclude`` removes traces by
     name *and* every other trace with the same count series (a held-out trace's copies). The order is
-    that of ``available_traces()``, so the corpus is deterministic.
+    that of ``available_traces()``, so the corpus is deterministic. ``store`` (a `forecasting.collect.TraceStore`)
+    adds the live fleets' histories it holds on the corpus's grid (those named, when ``names`` is given), after
+    the named traces, in job-tag order.
     """
     known = available_traces()
     excluded = set(exclude)
+    fleets: dict[str, pd.DataFrame] = {}
+    if store is not None:  # (a history on another grid than the corpus's is left out)
+        fleets = {n: t for n, t in store.fleet_histories().items() if t.attrs["interval_s"] == interval_s}
     candidates = list(known) if names is None else [n for n in known if n in set(names)]
     if names is not None:
-        unknown = set(names) - set(known)
+        unknown = set(names) - set(known) - set(fleets)
         if unknown:
             raise KeyError(f"unknown trace names {sorted(unknown)}; known: {', '.join(sorted(known))}")
+        fleets = {n: t for n, t in fleets.items() if n in set(names)}
 
     seen: set[str] = set()
     for name in excluded & set(known):
         seen.add(_fingerprint(load_trace(name, interval_s)))
 
     corpus: dict[str, pd.DataFrame] = {}
-    for name in candidates:
+    for name in [*candidates, *fleets]:
         if name in excluded or _is_skipped_name(name):
             continue
-        table = load_trace(name, interval_s)
+        table = fleets[name] if name in fleets else load_trace(name, interval_s)
         if int(table.attrs["capacity"]) < min_capacity:
             continue
         if not np.any(np.diff(table["available"].to_numpy()) != 0):

@@ -1,6 +1,7 @@
 """Tasks that produce forecasts of the next intervals, the liveput plan over them, and a plan handed to a job.
 
-Wrappers over a `forecasting.forecast.Forecaster`, `liveput.plan_interval` and `trainer.control.planning.hand_plan`. No
+Wrappers over a `forecasting.forecast.Forecaster`, `liveput.plan_interval` and `trainer.control.planning.hand_plan`,
+and the running jobs that take handed plans (their MLflow runs' registration, their fleets' histories). No
 retries: forecasting and planning are pure computations on local data, so a failure is a bug or a bad input; and a
 plan is for the coming interval, so handing it over again later would apply a stale one.
 """
@@ -16,9 +17,9 @@ import pandas as pd
 from prefect import runtime, task
 
 from forecasting import Forecast, Forecaster
-from liveput import CostModel, IntervalForecast, JobState, load_profile, plan_interval
+from liveput import DEFAULT_INTERVAL_S, CostModel, IntervalForecast, JobState, load_profile, plan_interval
 
-__all__ = ["forecast_next_intervals", "hand_plan_to_coordinator", "plan_next_interval"]
+__all__ = ["fleet_history", "forecast_next_intervals", "hand_plan_to_coordinator", "plan_next_interval", "running_jobs"]
 
 
 @task(name="forecast-next-intervals", persist_result=False)
@@ -103,3 +104,49 @@ def hand_plan_to_coordinator(
     token = read_token_file(token_file) if token_file else os.environ.get(TOKEN_ENV)
     hand_plan(host, port, (d, p), job=job, token=token, source=source, timeout_s=timeout_s)
     return {"coordinator": f"{host}:{port}", "job": job, "strategy": [d, p], "source": source}
+
+
+# ------------------------------------------------------------------------------------------------ running jobs
+
+
+@task(name="running-jobs", persist_result=False)
+def running_jobs() -> list[dict[str, Any]]:
+    """The jobs running now that take handed plans: the RUNNING training runs registered with
+    `trainer.ACCEPTS_PLANS_TAG` (a job started with ``accept_plans``), newest first — each as its run id, job name,
+    coordinator, token file, wall-clock interval, runtime profile, fleet history (trace store and tag) and the
+    strategy it trains now (its latest ``dp_D`` / ``dp_P``; None before its first step)."""
+    import tracking
+
+    from trainer import ACCEPTS_PLANS_TAG
+
+    client = tracking.connect()
+    exp = client.get_experiment_by_name(tracking.TRAINING_EXPERIMENT)
+    if exp is None:
+        return []
+    runs = client.search_runs([exp.experiment_id], f"attributes.status = 'RUNNING' and tags.`{ACCEPTS_PLANS_TAG}` = "
+                              "'true'", order_by=["attributes.start_time DESC"])  # fmt: skip
+    out = []
+    for run in runs:
+        t, m = run.data.tags, run.data.metrics
+        current = (int(m["dp_D"]), int(m["dp_P"])) if "dp_D" in m and "dp_P" in m else None
+        out.append({"run_id": run.info.run_id, "job": t.get("parcae.job", "job"),
+                    "coordinator": t.get("parcae.coordinator"), "token_file": t.get("parcae.token_file"),
+                    "interval_seconds": float(t.get("parcae.interval_seconds", DEFAULT_INTERVAL_S)),
+                    "profile": t.get("parcae.profile_path"), "trace_store": t.get("parcae.trace_store"),
+                    "fleet_tag": t.get("parcae.fleet_tag"), "current": current})  # fmt: skip
+    return out
+
+
+@task(name="fleet-history", persist_result=False)
+def fleet_history(job: Mapping[str, Any]) -> pd.DataFrame:
+    """A running job's own history (`forecasting.TraceStore.fleet_histories`: the alive count per interval its
+    driver recorded), as a canonical table; ValueError when it has none yet."""
+    from forecasting import TraceStore
+
+    if not job.get("trace_store") or not job.get("fleet_tag"):
+        raise ValueError(f"job {job['job']!r} records no fleet history (it runs no live fleet)")
+    histories = TraceStore(job["trace_store"]).fleet_histories(min_intervals=1)
+    name = f"fleet:{job['fleet_tag']}"
+    if name not in histories:
+        raise ValueError(f"job {job['job']!r} has no interval in {job['trace_store']} yet")
+    return histories[name]

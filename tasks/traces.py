@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -77,10 +78,15 @@ def collect_spot_traces(
 
 @task(name="load-training-corpus", persist_result=False)
 def load_training_corpus(
-    names: Sequence[str] | None, exclude: Sequence[str] = (), interval_s: float = DEFAULT_INTERVAL_S
+    names: Sequence[str] | None,
+    exclude: Sequence[str] = (),
+    interval_s: float = DEFAULT_INTERVAL_S,
+    store: str | None = None,
 ) -> dict[str, pd.DataFrame]:
-    """The distinct traces a forecaster trains on (all known ones by default), without ``exclude`` and copies."""
-    return training_corpus(names, interval_s, exclude)
+    """The distinct traces a forecaster trains on (all known ones by default), without ``exclude`` and copies,
+    and the live fleets' own histories in the trace store at ``store`` (if it exists)."""
+    found = TraceStore(store) if store is not None and Path(store).is_dir() else None
+    return training_corpus(names, interval_s, exclude, store=found)
 
 
 @task(name="load-availability-trace", persist_result=False)

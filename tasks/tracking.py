@@ -84,12 +84,17 @@ def log_plan_run(
     history: pd.DataFrame,
     training_run_id: str | None = None,
     experiment: str = PLANS_EXPERIMENT,
+    job_run_id: str | None = None,
 ) -> str:
     """Log one plan as an MLflow run of ``experiment``; returns the run id.
 
     ``history`` is the past the forecast was made from (its name and last interval are the run's trace
-    and interval). A run whose logging fails is marked FAILED, so a half-logged plan is never FINISHED.
+    and interval); ``training_run_id`` is the forecaster's training run, ``job_run_id`` the training run of the
+    job the plan is for (`trainer.TRAINING_RUN_TAG`, as the job's own plan runs; `trainer.DECIDED_BY_TAG` says
+    "plan-interval"). A run whose logging fails is marked FAILED, so a half-logged plan is never FINISHED.
     """
+    from trainer import DECIDED_BY_TAG, TRAINING_RUN_TAG
+
     client = tracking.connect()
     exp_id = tracking.experiment_id(experiment)
     trace, origin = str(history.attrs.get("name", "")), int(history["interval"].iloc[-1])
@@ -99,6 +104,8 @@ def log_plan_run(
         ("prefect.flow_run_name", runtime.flow_run.name),
         ("prefect.deployment", runtime.deployment.name),
         (FORECASTER_RUN_TAG, training_run_id),
+        (TRAINING_RUN_TAG, job_run_id),
+        (DECIDED_BY_TAG, "plan-interval"),
     ):
         if value:
             tags[key] = str(value)

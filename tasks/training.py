@@ -79,6 +79,7 @@ def training_planner(
     forecaster_run: str | None = None,
     model: str | None = None,
     fleet: int | None = None,
+    accept_plans_for_s: float | None = None,
 ) -> tuple[Any, str]:
     """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
     (`trainer.control.planning.make_planner`).
@@ -90,7 +91,7 @@ def training_planner(
 
     planner, what = make_planner(
         kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
-        look_ahead=look_ahead, interval_s=interval_s, model=model, fleet=fleet,
+        look_ahead=look_ahead, interval_s=interval_s, model=model, fleet=fleet, accept_plans_for_s=accept_plans_for_s,
     )  # fmt: skip
     if kind == "liveput" and forecaster is not None:
         name = str(getattr(forecaster, "name", type(forecaster).__name__))
@@ -101,6 +102,8 @@ def training_planner(
         past = f"{trace}'s past" if trace is not None else "the fleet's own history"
         what = (f"{name} ({origin}) on {past}; persistence where it cannot forecast (said in each "
                 "decision's details)")  # fmt: skip
+        if accept_plans_for_s is not None:
+            what = f"plans handed in when fresh (each stands {accept_plans_for_s:g} s), else {what}"
     horizon = f"; look-ahead {look_ahead} x {interval_s:g} s" if kind == "liveput" else ""
     get_run_logger().info("%s planner%s; forecasts: %s", kind, horizon, what)
     return planner, what

@@ -6,8 +6,10 @@ Imported as a top-level module (``from _aws import ...``): ``tests/`` is on ``sy
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+from botocore.awsrequest import AWSResponse
 
 #: Every variable through which botocore could find credentials, a region, an endpoint or a proxy.
 AWS_VARS = (
@@ -38,3 +40,26 @@ def fake_aws_account(monkeypatch: pytest.MonkeyPatch, region: str | None = None)
         monkeypatch.setenv("AWS_REGION", region)
     # moto loads thousands of default AMIs per backend (seconds); AMI ids are not validated without them
     monkeypatch.setenv("MOTO_EC2_LOAD_DEFAULT_AMIS", "false")
+
+
+def answer(events: Any, operation: str, responses: list[Any]) -> list[dict[str, Any]]:
+    """Answer the next calls of EC2/STS `operation` (on a client's or a session's `events`) with `responses`, in
+    order: a response dict, an (AWS error code, message) pair, or None (let moto answer that one). Once they run
+    out, moto answers. Returns the request of every call made while responses remained."""
+    sent: list[dict[str, Any]] = []
+
+    def before_call(params: dict[str, Any], **_: Any) -> Any:
+        if not responses:
+            return None
+        r = responses.pop(0)
+        sent.append(params)
+        if r is None:
+            return None
+        if isinstance(r, tuple):
+            err = {"Error": {"Code": r[0], "Message": r[1]}, "ResponseMetadata": {"HTTPStatusCode": 400}}
+            return AWSResponse("https://aws.local", 400, {}, None), err
+        return AWSResponse("https://aws.local", 200, {}, None), {**r, "ResponseMetadata": {"HTTPStatusCode": 200}}
+
+    service = "sts" if operation == "GetCallerIdentity" else "ec2"
+    events.register(f"before-call.{service}.{operation}", before_call)
+    return sent

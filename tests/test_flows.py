@@ -293,3 +293,92 @@ def test_retry_conditions_retry_only_transient_failures() -> None:
     assert not retry(None, None, Failed(data=MlflowException("bad", error_code=INVALID_PARAMETER_VALUE)))
     assert not retry(None, None, Failed(data=ValueError("horizon must be a positive integer")))
     assert retry_on(TimeoutError)(None, None, Failed(data=TimeoutError()))
+
+
+def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_plan(trained, tmp_path: Path,
+                                                                                   _no_orphans) -> None:  # fmt: skip
+    """Two live-fleet jobs under the local market (2 instances each), registered for handed plans on their MLflow
+    runs (`--accept-plans`: the rule planner decides when no plan is fresh). One run of the flow with
+    ``running_jobs`` finds both, plans each from its own fleet history on its runtime profile (2x1 is the fastest:
+    the rule would keep 1x2), hands each its plan and logs a plan run tied to each job's training run; each job
+    applies its own plan. Once they have ended, the flow plans nothing and says so."""
+    from trainer import JobObserver, MlflowJobObserver, ObserverList
+    from trainer.config import (
+        AvailabilityConfig,
+        CheckpointConfig,
+        ControlPlaneConfig,
+        FleetConfig,
+        JobConfig,
+        PlanningConfig,
+        ProviderConfig,
+    )
+    from trainer.control.planning import make_planner
+    from trainer.control.run import train as train_config
+
+    profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1))
+    market = tmp_path / "market.csv"
+    market.write_text("0,2\n3600000,2\n")
+    started = {name: threading.Event() for name in ("job-a", "job-b")}
+    outcome: dict[str, Any] = {}
+    observers: dict[str, MlflowJobObserver] = {}
+
+    class Started(JobObserver):
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def on_step(self, step: Any) -> None:
+            if step.step >= 5:
+                started[self.name].set()
+
+    def job(name: str) -> None:
+        config = JobConfig(
+            job=name, out_dir=str(tmp_path / name), train=TrainConfig(steps=500),
+            availability=AvailabilityConfig(interval_seconds=2.0), checkpoint=CheckpointConfig(every=0),
+            control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
+            provider=ProviderConfig(name="market", start_method="forkserver", options={"trace": str(market)}),
+            planning=PlanningConfig(planner="rule", profile=str(profile), accept_plans=True),
+            fleet=FleetConfig(max_instances=2, min_instances=2, trace_store=str(tmp_path / "store")),
+        )  # fmt: skip
+        planner, _ = make_planner("rule", accept_plans_for_s=4.0)
+        observers[name] = MlflowJobObserver(run_name=name, flush_every_s=0.2)
+        try:
+            outcome[name] = train_config(config, observer=ObserverList([observers[name], Started(name)]),
+                                         planner=planner)  # fmt: skip
+        except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
+            outcome[name] = exc
+        finally:
+            started[name].set()
+
+    threads = [threading.Thread(target=job, args=(name,), name=name) for name in started]
+    for t in threads:
+        t.start()
+    try:
+        assert all(e.wait(120) for e in started.values()), outcome
+        assert not any(isinstance(v, BaseException) for v in outcome.values()), outcome
+        assert all(observers[n].flush(30) for n in started)  # their registration and first steps are in MLflow
+        state = plan_interval(running_jobs=True, look_ahead=LOOK_AHEAD, return_state=True)
+    finally:
+        for t in threads:
+            t.join(240)
+    assert not any(t.is_alive() for t in threads)
+    assert not any(isinstance(v, BaseException) for v in outcome.values()), outcome
+    assert state.is_completed(), state.message
+    planned = {j["job"]: j for j in state.result()["jobs"]}
+    assert sorted(planned) == ["job-a", "job-b"], planned
+    client = mlflow.MlflowClient()
+    for name, j in planned.items():
+        assert j["planned"] and j["decision"] == [2, 1], j
+        assert j["training_run_id"] == observers[name].run_id and j["handed"]["job"] == name
+        plan_run = client.get_run(j["mlflow_run_id"])
+        assert plan_run.data.tags["parcae.training_run_id"] == observers[name].run_id
+        assert plan_run.data.tags["parcae.decided_by"] == "plan-interval"
+        # the job applied its own plan at a boundary, then its rule took over again once the plan was stale
+        plans = outcome[name]["plans"]
+        handed = [p for p in plans if p["details"].get("source") == "handed"]
+        assert handed and all(p["decision"] == [2, 1] for p in handed), plans
+        assert str(state.state_details.flow_run_id) in handed[0]["details"]["handed"]["source"]
+        assert any(r["strategy"] == [2, 1] for r in outcome[name]["reconfigurations"])
+        assert any(p["details"].get("source") == "rule" for p in plans)  # its own planner, before and after
+    # nothing runs now: nothing is planned, and the flow says so
+    idle = plan_interval(running_jobs=True, look_ahead=LOOK_AHEAD)
+    assert idle == {"jobs": [], "note": "no running job takes handed plans: nothing planned"}

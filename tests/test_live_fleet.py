@@ -9,6 +9,7 @@ through `parcae train` exactly as the issue writes it.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import mlflow
 import pytest
@@ -17,6 +18,7 @@ from _mlflow import temporary_mlflow_store
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
+from forecasting import TraceStore, training_corpus
 from parcae.cli import app
 from trainer.config import (
     AvailabilityConfig,
@@ -176,7 +178,7 @@ def test_a_fleet_replays_nothing_and_the_market_runs_only_a_fleet(tmp_path):
     with pytest.raises(ConfigError, match="replays no trace"):
         JobConfig(out_dir=str(tmp_path), provider=market, fleet=FleetConfig(max_instances=4),
                   availability=AvailabilityConfig(trace="p3"))  # fmt: skip
-    with pytest.raises(ConfigError, match="provider 'local' runs no live fleet; choose one that does: market"):
+    with pytest.raises(ConfigError, match="provider 'local' runs no live fleet; choose one that does: aws, market"):
         JobConfig(out_dir=str(tmp_path), fleet=FleetConfig(max_instances=4))
     with pytest.raises(ConfigError, match="fleet.min_instances: 5 is above fleet.max_instances"):
         FleetConfig(max_instances=4, min_instances=5)
@@ -213,7 +215,8 @@ def test_a_job_under_the_local_market_trains_the_uninterrupted_run(tmp_path, sto
         control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
         provider=ProviderConfig(name="market", start_method="forkserver",
                                 options={"trace": str(market), "seed": 1, "kill_fraction": 0.0}),
-        planning=PlanningConfig(planner="rule"), fleet=FleetConfig(max_instances=4, min_instances=2),
+        planning=PlanningConfig(planner="rule"),
+        fleet=FleetConfig(max_instances=4, min_instances=2, trace_store=str(tmp_path / "store")),
     )  # fmt: skip
     assert market_capacity(str(market), 4)[:13] == [4] * 12 + [2]
     obs = MlflowJobObserver(flush_every_s=0.5)
@@ -236,22 +239,34 @@ def test_a_job_under_the_local_market_trains_the_uninterrupted_run(tmp_path, sto
     assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 10
     assert all(p["planner"] == "rule" and p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
     assert [p["alive"] for p in plans] == alive[1 : len(plans) + 1]  # each plan is made from the fleet's history
+    # the trace store holds the fleet's history, one row per interval, and the forecaster's corpus takes it
+    history = report["fleet_history"]
+    assert history["rows"] == len(rows) and not history["errors"]
+    stored = TraceStore(tmp_path / "store").read("fleet_intervals")
+    assert stored["alive"].tolist() == alive and set(stored["interval_s"]) == {60.0}  # the trace's own interval
+    assert set(stored["job_tag"]) == {history["job_tag"]} and history["job_tag"].startswith("job@")
+    corpus = training_corpus(store=TraceStore(tmp_path / "store"))
+    fleet_table = corpus[f"fleet:{history['job_tag']}"]
+    assert fleet_table["available"].tolist() == alive and int(fleet_table["capacity"].iloc[0]) == 4
     # the job's MLflow run holds the fleet's history, as a table and a figure
-    client = mlflow.MlflowClient()
+    client = mlflow.MlflowClient(obs.uri)  # (not the process's global URI, which another test may have set)
     assert {"fleet.json", "fleet.png"} <= {a.path for a in client.list_artifacts(obs.run_id)}
-    table = mlflow.artifacts.load_dict(f"runs:/{obs.run_id}/fleet.json")
+    table = json.loads(Path(client.download_artifacts(obs.run_id, "fleet.json", str(tmp_path))).read_text())
     assert table["columns"] == ["t", "requested", "granted", "alive", "refused", "reclaimed"]
     assert [row[3] for row in table["data"]] == alive
 
 
 def test_parcae_train_under_the_market_as_the_issue_writes_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PARCAE_TRACE_STORE", raising=False)
     out = tmp_path / "OUT.json"
     res = CliRunner().invoke(app, ["train", "--provider", "market", "--market-trace", "p3", "--fleet", "4",
                                    "--steps", "150", "--interval-seconds", "1", "--json", str(out)])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert len(report["loss"]) == 150 and report["loss"][-1] < report["loss"][0]
+    assert report["fleet_history"]["store"] == "trace-store" and (tmp_path / "trace-store" / "fleet_intervals").is_dir()
+    assert "fleet_history" not in report or report["fleet_history"]["rows"] == len(report["fleet"])
     assert report["fleet"] and report["plans"]
     assert report["fleet"][0]["granted"] >= 1
     assert torch.isfinite(torch.tensor(report["loss"])).all()
@@ -289,7 +304,7 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
         control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
         provider=ProviderConfig(name="market", start_method="forkserver",
                                 options={"trace": str(market), "kill_fraction": kill_fraction, **market_options}),
-        planning=PlanningConfig(planner="rule"), fleet=FleetConfig(max_instances=2),
+        planning=PlanningConfig(planner="rule"), fleet=FleetConfig(max_instances=2, record_history=False),
     )  # fmt: skip
     report = train(config, planner=RulePlanner())
     assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
@@ -309,3 +324,29 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
         assert not any(refused_while_empty)  # an open request waits in the market instead
     else:
         assert sum(refused_while_empty) >= 2
+
+
+def test_fleet_histories_in_the_trace_store_join_the_forecaster_s_corpus(tmp_path):
+    from tasks.traces import load_training_corpus
+
+    store = TraceStore(tmp_path / "store")
+    rows = [{"job_tag": tag, "provider": "market", "interval": i, "interval_s": interval_s, "capacity": 8,
+             "requested": 1, "granted": 1, "refused": 0, "reclaimed": 0, "alive": n,
+             "timestamp": "2026-12-01T00:00:00Z"}
+            for tag, interval_s, counts in [("a@1", 60.0, [4, 6, 8, 8, 5]), ("flat@1", 60.0, [4, 4, 4]),
+                                            ("fast@1", 1.0, [2, 3, 4]), ("short@1", 60.0, [8])]
+            for i, n in enumerate(counts)]  # fmt: skip
+    store.append("fleet_intervals", rows)
+    histories = store.fleet_histories()
+    assert sorted(histories) == ["fleet:a@1", "fleet:fast@1", "fleet:flat@1"]  # one interval is no history
+    assert histories["fleet:a@1"]["available"].tolist() == [4, 6, 8, 8, 5]
+    corpus = training_corpus(store=store)
+    assert "fleet:a@1" in corpus  # the flat one teaches nothing, the 1 s one is on another grid
+    assert "fleet:flat@1" not in corpus and "fleet:fast@1" not in corpus
+    assert list(training_corpus(["p3", "fleet:a@1"], store=store)) == ["p3", "fleet:a@1"]
+    assert list(training_corpus(["p3"], store=store)) == ["p3"]  # named traces only, when names are given
+    with pytest.raises(KeyError, match="fleet:nope"):
+        training_corpus(["fleet:nope"], store=store)
+    # the retrain flow's task reads the store when it exists, and ignores one that does not
+    assert "fleet:a@1" in load_training_corpus.fn(None, store=str(tmp_path / "store"))
+    assert not any(n.startswith("fleet:") for n in load_training_corpus.fn(None, store=str(tmp_path / "none")))

@@ -333,9 +333,11 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     assert summary["steps"] == 8
 
 
-def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans) -> None:
+def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """provider="market" with a fleet of 3: the market's capacity follows p3 from interval 49 (the job is blind to
     it), liveput plans every interval from the fleet's own history; the MLflow run holds the fleet's table."""
+    monkeypatch.setenv("PARCAE_TRACE_STORE", str(store / "trace-store"))
     state = train(model="tiny-gpt", workers=3, fleet=3, provider="market", trace="p3", start_interval=49,
                   interval_seconds=1.0, planner="liveput", profile=str(profile), steps=40, checkpoint_every=10,
                   out_dir=str(store / "fleet"), return_state=True)  # fmt: skip
@@ -353,3 +355,4 @@ def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, pr
     job = json.loads((store / "fleet" / "job.json").read_text())
     assert job["fleet"]["max_instances"] == 3 and job["provider"]["options"]["trace"] == "p3"
     assert job["availability"]["trace"] is None
+    assert (store / "trace-store" / "fleet_intervals").is_dir()  # the fleet's history, where collected traces go

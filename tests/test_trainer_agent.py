@@ -250,3 +250,72 @@ def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(mo
     states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
               for i in r["Instances"]}  # fmt: skip
     assert len(states) == 4 and set(states.values()) == {"terminated"}
+
+
+def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(moto_server, tmp_path):
+    """`--provider aws --fleet 3` on moto_server, instances booted by the stand-in: the first request finds
+    capacity for two only (InsufficientInstanceCapacity, injected at the botocore layer: moto cannot refuse), the
+    retry after the backoff gets the third; worker 1's instance has a spot notice through IMDSv2 from boot; once
+    worker 2 has joined, the cloud reclaims worker 0 without notice. The job trains on what is alive, asks for
+    replacements, and ends with the uninterrupted run's losses; nothing is left running."""
+    from _aws import answer
+
+    from trainer.config import (
+        AvailabilityConfig,
+        CheckpointConfig,
+        ControlPlaneConfig,
+        FleetConfig,
+        JobConfig,
+        PlanningConfig,
+        ProviderConfig,
+    )
+    from trainer.control.planning import RulePlanner
+    from trainer.control.run import job_schedule
+    from trainer.control.run import run_job as run_config
+
+    host = coordinator_host()
+    job, steps = "fleet-e2e", 150
+    options = dict(region=REGION, image_id=AMI, job=job, coordinator_host=host, coordinator_port=free_port(),
+                   token_parameter=PARAM, iam_instance_profile="parcae-worker", python=sys.executable,
+                   workdir=str(REPO))  # fmt: skip
+    sent = answer(moto_server.events, "RunInstances",
+                  [None, None, ("InsufficientInstanceCapacity", "There is no Spot capacity available")])  # fmt: skip
+    remote = aws_job(AwsSpotConfig(**options), session=moto_server)
+    config = JobConfig(
+        out_dir=str(tmp_path / "job"), model=CFG, train=TrainConfig(steps=steps),
+        availability=AvailabilityConfig(interval_seconds=2.0), checkpoint=CheckpointConfig(every=5),
+        control=ControlPlaneConfig(notice_grace_s=120, timeout_s=300),
+        provider=ProviderConfig(name="aws", options=options), planning=PlanningConfig(planner="rule"),
+        fleet=FleetConfig(max_instances=3, min_instances=2, record_history=False),
+    )  # fmt: skip
+    ec2 = moto_server.client("ec2")
+    joined_2 = lambda st: st.add("ctl/joins/2", 0) >= 1  # noqa: E731 — the instance the retry got
+    cloud = Cloud((joined_2, reclaim(ec2, job, ["0"])))
+    env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
+    with Ec2StandIn(ec2, job, env, tmp_path, notice_at_boot=(1,)) as standin:
+        try:
+            result = run_config(config, job_schedule(config, planned=True), planner=RulePlanner(), remote=remote,
+                                observer=cloud)  # fmt: skip
+        except JobError as e:
+            boots = "\n".join(f"--- instance of worker {w}:\n{standin.log(w)[-2000:]}" for w in sorted(standin.logs))
+            raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
+        until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
+              "every boot script to end")  # fmt: skip
+    cloud.finish()
+    assert standin.error is None, standin.error
+    assert cloud.done == [0], "the cloud reclaimed worker 0 once worker 2 had joined"
+    assert len(sent) == 3  # two granted, the third refused
+    first = result["fleet"][0]
+    assert first["refused"] == 1 and first["requested"] <= 4, result["fleet"]  # no storm before the start
+    totals = result["fleet_totals"]
+    assert totals["granted"] >= 4 and totals["reclaimed"] >= 2, totals  # replacements were asked for
+    losses, _ = reference(steps)
+    assert result["loss"] == pytest.approx(losses, rel=1e-5)
+    recs = result["reconfigurations"]
+    assert any(r["source"] == "sigterm" and 1 in r["preempted"] and r["steps_lost"] == 0 for r in recs), recs
+    assert any(not r["notice"] for r in recs), recs  # worker 0 was reclaimed without notice
+    assert "spot interruption notice" in standin.log(1)
+    assert 0 in standin.reclaimed
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
+              for i in r["Instances"]}  # fmt: skip
+    assert len(states) >= 4 and set(states.values()) == {"terminated"}

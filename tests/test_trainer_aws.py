@@ -22,10 +22,9 @@ from typing import Any
 
 import boto3
 import pytest
-from _aws import fake_aws_account, isolate_aws
+from _aws import answer, fake_aws_account, isolate_aws
 from _ec2_standin import NOTICE, FakeImds
 from _trainer_fixtures import until
-from botocore.awsrequest import AWSResponse
 from moto import mock_aws
 
 from trainer.providers.aws import (
@@ -89,29 +88,6 @@ def config(**kw: Any) -> AwsSpotConfig:
 def provider(aws: dict[str, Any], **kw: Any) -> AwsSpotProvider:
     return AwsSpotProvider(config(subnet_id=aws["subnet"], security_group_ids=[aws["sg"]], **kw),
                            session=aws["session"])  # fmt: skip
-
-
-def answer(events: Any, operation: str, responses: list[Any]) -> list[dict[str, Any]]:
-    """Answer the next calls of EC2/STS `operation` (on a client's or a session's `events`) with `responses`, in
-    order: a response dict, an (AWS error code, message) pair, or None (let moto answer that one). Once they run
-    out, moto answers. Returns the request of every call made while responses remained."""
-    sent: list[dict[str, Any]] = []
-
-    def before_call(params: dict[str, Any], **_: Any) -> Any:
-        if not responses:
-            return None
-        r = responses.pop(0)
-        sent.append(params)
-        if r is None:
-            return None
-        if isinstance(r, tuple):
-            err = {"Error": {"Code": r[0], "Message": r[1]}, "ResponseMetadata": {"HTTPStatusCode": 400}}
-            return AWSResponse("https://aws.local", 400, {}, None), err
-        return AWSResponse("https://aws.local", 200, {}, None), {**r, "ResponseMetadata": {"HTTPStatusCode": 200}}
-
-    service = "sts" if operation == "GetCallerIdentity" else "ec2"
-    events.register(f"before-call.{service}.{operation}", before_call)
-    return sent
 
 
 def instance(ec2: Any, instance_id: str) -> dict[str, Any]:

@@ -282,6 +282,22 @@ def test_handed_planner_applies_the_latest_feasible_plan():
     assert HandedPlanner(RulePlanner()).name == "handed+rule"
 
 
+def test_a_handed_plan_past_its_age_gives_the_job_s_own_planner_the_decision():
+    import time
+
+    fresh = HandedPlan((1, 3), "flow-run-9", seq=4, sent_at=time.time(), received_at=time.time())
+    old = HandedPlan((1, 3), "flow-run-9", seq=4, sent_at=time.time() - 100, received_at=time.time() - 100)
+    planner = HandedPlanner(RulePlanner(), max_age_s=60)
+    assert planner(request((4, 4), (2, 2), handed=fresh))[0] == (1, 3)
+    decision, details = planner(request((4, 4), (2, 2), handed=old))
+    assert decision == (2, 2) and details["source"] == "rule" and details["stale"]["max_age_s"] == 60
+    with pytest.raises(ValueError, match="max_age_s"):
+        HandedPlanner(max_age_s=0)
+    wrapped, what = make_planner("rule", accept_plans_for_s=120)
+    assert isinstance(wrapped, HandedPlanner) and wrapped.name == "handed+rule" and wrapped.max_age_s == 120
+    assert what.startswith("handed in from outside when fresh (each stands 120 s); else none (the rule planner")
+
+
 def test_hand_plan_authenticates_and_checks_the_job(tmp_path):
     c = coordinator(CFG, TRAIN, 10, str(tmp_path), job="job-a", token="s3cret")
     where = rf"coordinator at 127\.0\.0\.1:{c.port}"

@@ -53,7 +53,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner"), "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
     **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo"), "trainer.observe.observer"),
-    "MlflowJobObserver": "trainer.observe.tracking",
+    **dict.fromkeys(("ACCEPTS_PLANS_TAG", "DECIDED_BY_TAG", "MlflowJobObserver", "TRAINING_RUN_TAG"),
+                    "trainer.observe.tracking"),
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
     **dict.fromkeys(("TOKEN_ENV", "read_token_file"), "trainer.runtime.store"),
     **dict.fromkeys(("Stage", "build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
@@ -174,6 +175,9 @@ if TYPE_CHECKING:
     from trainer.observe.profile import (
         RuntimeProfile as RuntimeProfile,
     )
+    from trainer.observe.tracking import ACCEPTS_PLANS_TAG as ACCEPTS_PLANS_TAG
+    from trainer.observe.tracking import DECIDED_BY_TAG as DECIDED_BY_TAG
+    from trainer.observe.tracking import TRAINING_RUN_TAG as TRAINING_RUN_TAG
     from trainer.observe.tracking import MlflowJobObserver as MlflowJobObserver
     from trainer.providers import (
         PROVIDERS as PROVIDERS,

@@ -314,11 +314,14 @@ class AvailabilityConfig:
 @dataclass(frozen=True)
 class PlanningConfig:
     """Who decides D x P at each interval boundary (`planner`: a `trainer.control.planning.PLANNERS` name; None: the
-    schedule's own plan events), over `look_ahead` intervals, with the runtime profile at `profile` (liveput)."""
+    schedule's own plan events), over `look_ahead` intervals, with the runtime profile at `profile` (liveput);
+    `accept_plans`: the job also takes plans handed in by the scheduled plan-interval flow (its own planner decides
+    when none came in time), and registers itself for them (its MLflow run's tags)."""
 
     planner: str | None = None
     look_ahead: int = DEFAULT_LOOK_AHEAD
     profile: str | None = None
+    accept_plans: bool = False
 
     def __post_init__(self) -> None:
         _need_count(self.look_ahead, "planning.look_ahead", 1, "give K >= 1")
@@ -329,12 +332,16 @@ class FleetConfig:
     """A live fleet: keep up to `max_instances` instances requested from the provider, which — not a trace —
     decides what exists (None: no fleet; the instances come from `availability`). Training starts once
     `min_instances` have joined and never waits for more. A refused request is retried after `backoff_s` (default:
-    a quarter interval), doubling up to `max_backoff_s` (default: one interval) while refusals continue."""
+    a quarter interval), doubling up to `max_backoff_s` (default: one interval) while refusals continue. The fleet's
+    history goes, one row per interval, to the trace store at `trace_store` (default: ``$PARCAE_TRACE_STORE``, else
+    ``./trace-store``), unless `record_history` is False."""
 
     max_instances: int | None = None
     min_instances: int = 1
     backoff_s: float | None = None
     max_backoff_s: float | None = None
+    trace_store: str | None = None
+    record_history: bool = True
 
     def __post_init__(self) -> None:
         if self.max_instances is not None:
@@ -382,12 +389,9 @@ class JobConfig:
             _need(av.trace is None and av.events_file is None, "fleet",
                   "a live fleet takes what the provider gives; it replays no trace and no events file",
                   "drop availability.trace / events_file (--trace, --events), or the fleet")  # fmt: skip
-            _need(
-                chosen.fleet is not None,
-                "fleet",
-                f"provider {self.provider.name!r} runs no live fleet",
-                f"choose one that does: {', '.join(n for n, p in providers.PROVIDERS.items() if p.fleet)}",
-            )
+            fleets = ", ".join(n for n, p in providers.PROVIDERS.items() if p.runs_fleet)
+            _need(chosen.runs_fleet, "fleet", f"provider {self.provider.name!r} runs no live fleet",
+                  f"choose one that does: {fleets}")  # fmt: skip
         else:
             _need(chosen.replays, "provider.name", f"provider {self.provider.name!r} runs a live fleet only",
                   "give fleet.max_instances (parcae train --fleet N)")  # fmt: skip

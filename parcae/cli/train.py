@@ -122,6 +122,14 @@ def train_cmd(
         Path | None,
         typer.Option(metavar="PROFILE.json", help="A runtime profile written by `parcae profile` (for liveput)."),
     ] = None,
+    accept_plans: Annotated[
+        bool,
+        typer.Option(
+            "--accept-plans",
+            help="Also take plans handed in from outside (the scheduled plan-interval flow plans for every job "
+            "that does): each stands two intervals; --planner decides when none came in time.",
+        ),
+    ] = False,
     look_ahead: Annotated[
         int,
         typer.Option(
@@ -257,6 +265,7 @@ def train_cmd(
             live, forecasts = make_planner(
                 planner, profile=runtime, model=model, look_ahead=look_ahead,
                 interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
+                accept_plans_for_s=2 * interval_seconds if accept_plans else None,
             )  # fmt: skip
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -281,7 +290,7 @@ def train_cmd(
                                        else heartbeat_timeout),
             provider=ProviderConfig(name=provider_name, options=options),
             planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
-                                    profile=None if profile is None else str(profile)),
+                                    profile=None if profile is None else str(profile), accept_plans=accept_plans),
             fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
         )  # fmt: skip
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option

@@ -534,7 +534,8 @@ class Driver:
         assert self.planner is not None, "a live fleet is planned every interval: it needs a planner"
         c = self.coord
         self._fleet = fleet
-        self._joining: set[int] = set()
+        self._joining: set[int] = set()  # arrived, their workers not registered yet
+        self._waiting: set[int] = set()  # registered before the job started
         self._asked_ids: set[int] = set()
         self._gone_seen: set[int] = set()
         ready: list[int] = []
@@ -592,13 +593,19 @@ class Driver:
             if admit:
                 c.admit(joined)
                 c.note({"event": "joined", "workers": joined, "step": self.step_in_flight()})
+            else:
+                self._waiting |= set(joined)  # joined before the job starts: its first members
+        if admit:
+            self._waiting.clear()  # the job has started: those are its members now
+        else:
+            self._waiting -= {w for w in self._waiting if codes.get(w) is not None}
         gone = (set(c.notices) | c.dead | c.preempted | self._killed_outside) - self._gone_seen
         gone -= self._scripted_kills
         if gone:
             self._gone_seen |= gone
             fleet.reclaimed(len(gone))
         now = time.monotonic()
-        have = len(c.alive() - set(self._pending_notices())) + len(self._joining)
+        have = len((c.alive() | self._waiting) - set(self._pending_notices())) + len(self._joining)
         n = fleet.ask(now, have, provider.outstanding())
         if n:
             answer = provider.request(n)

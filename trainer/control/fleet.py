@@ -12,6 +12,7 @@ clock against `trainer.providers.market.SpotMarket`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 from trainer.config import FleetConfig
@@ -40,9 +41,13 @@ class FleetRow:
 
 
 class FleetController:
-    """Asks for capacity and keeps the history of one live fleet (`config`), with intervals of `interval_s`."""
+    """Asks for capacity and keeps the history of one live fleet (`config`), with intervals of `interval_s`;
+    `on_row(index, row)` is told each interval as it ends."""
 
-    def __init__(self, config: FleetConfig, interval_s: float, start: float) -> None:
+    def __init__(
+        self, config: FleetConfig, interval_s: float, start: float,
+        on_row: Callable[[int, FleetRow], None] | None = None,
+    ) -> None:  # fmt: skip
         if config.max_instances is None:
             raise ValueError("a fleet controller needs fleet.max_instances")
         self.max_instances, self.min_instances = config.max_instances, config.min_instances
@@ -51,6 +56,7 @@ class FleetController:
         self.max_backoff_s = max(self.base_backoff_s, config.max_backoff_s or MAX_BACKOFF_INTERVALS * interval_s)
         self.start = start
         self.rows: list[FleetRow] = []
+        self.on_row = on_row  # told each row as its interval ends (e.g. the trace store's writer)
         self._backoff_s = self.base_backoff_s
         self._next_ask = start
         self._counts = {"requested": 0, "granted": 0, "refused": 0, "reclaimed": 0}
@@ -90,4 +96,6 @@ class FleetController:
         row = FleetRow(t=round(now - self.start, 3), alive=alive, **self._counts)
         self.rows.append(row)
         self._counts = dict.fromkeys(self._counts, 0)
+        if self.on_row is not None:
+            self.on_row(len(self.rows) - 1, row)
         return row

@@ -379,22 +379,29 @@ class HandedPlanner:
     """The latest plan handed in from outside (`hand_plan`, e.g. by the Prefect `plan_interval` flow) if it can run
     in the coming interval; else `fallback`'s decision; else the current strategy (`keep_strategy`).
 
-    A handed plan stands until another replaces it (a late flow run leaves the previous plan in force). One that
-    cannot run with the instances alive at a boundary is rejected there — not applied, and the reason is in the
-    details ("rejected") the driver logs and in a warning — and considered again at the next boundary. Details:
-    "source" ("handed", the fallback's name, or "keep"), "handed" (the plan applied: who sent it, when it was sent
-    and received), "rejected", "fallback" (the fallback's details).
+    A handed plan stands until another replaces it (a late flow run leaves the previous plan in force) — or, with
+    `max_age_s`, until it is that old (received that long ago): the job's own `fallback` decides again when no
+    fresh plan arrives in time. One that cannot run with the instances alive at a boundary is rejected there — not
+    applied, and the reason is in the details ("rejected") the driver logs and in a warning — and considered again
+    at the next boundary. Details: "source" ("handed", the fallback's name, or "keep"), "handed" (the plan applied:
+    who sent it, when it was sent and received), "rejected", "stale" (a plan past its age), "fallback" (the
+    fallback's details).
     """
 
     accepts_handed = True  # the driver lets `hand_plan` clients write to the job only for such a planner
 
-    def __init__(self, fallback: Planner | None = None) -> None:
-        self.fallback = fallback
+    def __init__(self, fallback: Planner | None = None, max_age_s: float | None = None) -> None:
+        if max_age_s is not None and not max_age_s > 0:
+            raise ValueError(f"max_age_s must be > 0 seconds or None, got {max_age_s!r}")
+        self.fallback, self.max_age_s = fallback, max_age_s
         self.name = "handed" if fallback is None else f"handed+{fallback.name}"
 
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
         details: dict[str, Any] = {}
         h = req.handed
+        if h is not None and self.max_age_s is not None and time.time() - h.received_at > self.max_age_s:
+            details["stale"] = {**h.to_dict(), "max_age_s": self.max_age_s}
+            h = None
         if h is not None:
             why = infeasibility(h.strategy, req)
             if why is None:
@@ -423,6 +430,7 @@ def make_planner(
     interval_s: float = DEFAULT_INTERVAL_S,
     model: str | None = None,
     fleet: int | None = None,
+    accept_plans_for_s: float | None = None,
 ) -> tuple[Planner, str]:
     """The live planner of kind ``kind`` (one of `PLANNERS`) and, in a sentence, the forecasts it plans with (for a
     run's tags and the job's report) — how `parcae train` and the train flow build their planner.
@@ -434,11 +442,20 @@ def make_planner(
     `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
     ``start_interval`` (`TraceForecast`) — or, for a live fleet of up to ``fleet`` instances, on the fleet's own
     history (`HistoryForecast`) —, or with `observed_persistence` when no forecaster is given. The other kinds
-    ignore ``profile``, ``forecaster``, ``trace`` and ``fleet``.
+    ignore ``profile``, ``forecaster``, ``trace`` and ``fleet``. With ``accept_plans_for_s``, a rule or liveput
+    planner also takes plans handed in from outside (the scheduled plan-interval flow's): each stands that many
+    seconds, and the planner decides again when no fresh one has come (`HandedPlanner`'s fallback).
 
     Raises ValueError naming the fix: an unknown kind, a liveput planner without a profile or with another model's,
     a forecaster without the trace (and instances) it forecasts.
     """
+    if accept_plans_for_s is not None and kind != "handed":
+        own, what = make_planner(kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers,
+                                 start_interval=start_interval, look_ahead=look_ahead, interval_s=interval_s,
+                                 model=model, fleet=fleet)  # fmt: skip
+        return HandedPlanner(own, max_age_s=accept_plans_for_s), (
+            f"handed in from outside when fresh (each stands {accept_plans_for_s:g} s); else {what}"
+        )
     if kind == "rule":
         return RulePlanner(), "none (the rule planner: two stages once two are alive, as many replicas as fit)"
     if kind == "handed":

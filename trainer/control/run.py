@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from forecasting import jsonio
+from liveput import DEFAULT_INTERVAL_S
 from trainer.config import JobConfig
 from trainer.control.coordinator import (
     Coordinator,
@@ -36,10 +37,11 @@ from trainer.control.fleet import FleetController
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
+from trainer.observe.fleet_history import FleetHistoryWriter, trace_store_root
 from trainer.observe.observer import JobObserver, ObserverList
 from trainer.providers import provider as find_provider
 from trainer.providers.agent import AgentInstances, RemoteJob
-from trainer.providers.fleet import FleetSetup
+from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
 from trainer.runtime.devices import resolve_device
@@ -187,7 +189,12 @@ def run_job(
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
     build_fleet = find_provider(config.provider.name).fleet
-    if config.fleet.live and build_fleet is not None:
+    if config.fleet.live and remote is not None:  # a fleet elsewhere (AWS): its agents run the workers
+        if remote.fleet is None:
+            coord.abort("the provider runs no live fleet")
+            raise ScheduleError(f"provider {config.provider.name!r} runs no live fleet elsewhere")
+        provider = remote.fleet(coord.store)
+    elif config.fleet.live and build_fleet is not None:
         interval_s = config.availability.interval_seconds
         setup = FleetSetup(coord.host, coord.port, coord.token, coord.store.driver_key, config.provider.start_method,
                            peak, interval_s, train_cfg.seed)  # fmt: skip
@@ -214,14 +221,23 @@ def run_job(
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
         "planner": planner.name if planner is not None else None,
+        "accepts_plans": bool(getattr(planner, "accepts_handed", False)),
+        "interval_seconds": config.availability.interval_seconds, "profile": config.planning.profile,
         "steps_per_interval": steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
         "config": config.to_dict(),
     }  # fmt: skip
-    fleet = None
+    fleet, history = None, None
     try:
         if config.fleet.live:
             info["fleet"] = dataclasses.asdict(config.fleet)
-            fleet = FleetController(config.fleet, config.availability.interval_seconds, time.monotonic())
+            interval_s = config.availability.interval_seconds
+            if config.fleet.record_history:
+                priced_s = DEFAULT_INTERVAL_S if isinstance(provider, Fleet) and provider.compressed else interval_s
+                tag = f"{job}@{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{coord.port}"
+                history = FleetHistoryWriter(trace_store_root(config.fleet.trace_store), tag, config.provider.name,
+                                             priced_s, peak)  # fmt: skip
+                info["fleet_history"] = {"store": str(history.root), "job_tag": tag}
+            fleet = FleetController(config.fleet, interval_s, time.monotonic(), on_row=history)
             driver.run_fleet(fleet, config.availability.interval_seconds, info, restore_step=restore)
         else:
             driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
@@ -258,6 +274,8 @@ def run_job(
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
+            if history is not None:
+                result["fleet_history"] = history.summary()
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
         why = "the job was interrupted" if isinstance(e, KeyboardInterrupt) else f"run_job failed: {type(e).__name__}"
         coord.abort(why)
@@ -342,4 +360,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         "final_checksum": result["final_checksum"],
         "wall_s": result["wall_s"],
         **({"fleet": [dict(r) for r in result["fleet"]]} if "fleet" in result else {}),
+        **({"fleet_history": dict(result["fleet_history"])} if "fleet_history" in result else {}),
     }

@@ -122,13 +122,35 @@ def start_params(info: Mapping[str, Any]) -> dict[str, str]:
     return {k: _param_value(v) for k, v in info.items() if v is not None and k not in _NOT_PARAMS}
 
 
+#: A running job that takes plans handed in from outside registers itself with these tags on its MLflow run:
+#: ``parcae.accepts_plans`` ("true"), where its coordinator listens (``parcae.coordinator``), where an authorised
+#: client reads its token (``parcae.token_file``: a path, never the token), its wall-clock interval, its runtime
+#: profile and, for a live fleet, where its history is recorded (``parcae.trace_store``, ``parcae.fleet_tag``).
+ACCEPTS_PLANS_TAG: Final = "parcae.accepts_plans"
+#: Who decided a plan: on the job's own plan runs, "handed" (a plan handed in) or the job's planner (its
+#: fallback, when none came in time); on a plan-interval flow's, "plan-interval".
+DECIDED_BY_TAG: Final = "parcae.decided_by"
+
+
 def start_tags(info: Mapping[str, Any]) -> dict[str, str]:
-    """The tags of a training run from on_start's info: the job, where its coordinator listens, the resume step."""
+    """The tags of a training run from on_start's info: the job, where its coordinator listens, the resume step,
+    and — for a job that takes handed plans — its registration (`ACCEPTS_PLANS_TAG`)."""
     tags = {JOB_TAG: str(info.get("job") or "job")}
     if info.get("host") is not None and info.get("port") is not None:
         tags["parcae.coordinator"] = f"{info['host']}:{info['port']}"
     if info.get("resumed_from") is not None:
         tags["parcae.resumed_from_step"] = str(info["resumed_from"])
+    if info.get("accepts_plans"):
+        tags[ACCEPTS_PLANS_TAG] = "true"
+        history = info.get("fleet_history") or {}
+        for tag, value in (("parcae.token_file", info.get("token_file")),
+                           ("parcae.interval_seconds", info.get("interval_seconds")),
+                           ("parcae.profile_path", info.get("profile")),
+                           ("parcae.trace_store", history.get("store")), ("parcae.fleet_tag", history.get("job_tag")),
+                           ("parcae.fleet_max", (info.get("fleet") or {}).get("max_instances"))):  # fmt: skip
+            if value is not None:  # paths absolute: a client elsewhere in the machine reads them
+                paths = ("parcae.token_file", "parcae.trace_store", "parcae.profile_path")
+                tags[tag] = str(Path(value).resolve()) if tag in paths else str(value)
     return tags
 
 
@@ -464,7 +486,7 @@ class MlflowJobObserver(JobObserver):
         details = json.loads(json.dumps(dict(plan.details), default=str))
         job = str((self._info or {}).get("job") or "job")
         tags = {TRAINING_RUN_TAG: run_id, JOB_TAG: job, "decision": store.strategy_label(plan.decision),
-                "planner": plan.planner}  # fmt: skip
+                "planner": plan.planner, DECIDED_BY_TAG: str(details.get("source") or plan.planner)}  # fmt: skip
         tags.update({k: v for k, v in self.tags.items() if k.startswith(_SHARED_TAG_PREFIXES)})
         params = {"interval": plan.interval, "step": plan.step, "alive": plan.alive, "planner": plan.planner,
                   "current_strategy": store.strategy_label(plan.current)}  # fmt: skip

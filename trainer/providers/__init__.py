@@ -36,8 +36,9 @@ class Provider:
     """One place instances come from. `check(options)` raises `ProviderError` for options that cannot work (before
     any instance starts); `job(options)` builds the job's instances elsewhere (None: local worker processes);
     `notice_grace_s(options)` is how long its preemption notices come before the instance goes. A provider that
-    runs a live fleet (`trainer.providers.fleet`) builds it with `fleet(options, setup)`; one whose instances only
-    the cloud decides has `replays` False (it runs no trace replay and no scripted events)."""
+    runs a live fleet (`trainer.providers.fleet`) of local processes builds it with `fleet(options, setup)`; one
+    whose fleet runs elsewhere has `remote_fleet` (its `RemoteJob.fleet` builds it); one whose instances only the
+    cloud decides has `replays` False (it runs no trace replay and no scripted events)."""
 
     name: str
     summary: str
@@ -46,6 +47,11 @@ class Provider:
     notice_grace_s: Callable[[Mapping[str, Any]], float] = lambda _options: DEFAULT_NOTICE_GRACE_S
     fleet: Callable[[Mapping[str, Any], FleetSetup], Fleet] | None = None
     replays: bool = True
+    remote_fleet: bool = False  # its `RemoteJob` builds a live fleet of instances elsewhere (`RemoteJob.fleet`)
+
+    @property
+    def runs_fleet(self) -> bool:
+        return self.fleet is not None or self.remote_fleet
 
 
 PROVIDERS: dict[str, Provider] = {}
@@ -150,7 +156,7 @@ def _aws_job(options: Mapping[str, Any]) -> RemoteJob:
 
 
 register_provider(Provider("aws", "EC2 spot instances through boto3", _aws_config, _aws_job,
-                           lambda options: float(_aws_config(options).notice_s)))  # fmt: skip
+                           lambda options: float(_aws_config(options).notice_s), remote_fleet=True))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ market

@@ -170,12 +170,15 @@ def _worker_command(worker: int, host: str, port: int) -> list[str]:
 class RemoteJob:
     """How `trainer.control.run.run_job` drives a job whose instances are elsewhere: the coordinator listens on `port`
     (all interfaces) and the agents reach it at `host`; `token` is the job's (required: the port is reachable from other
-    machines); `instances(store)` builds the driver's `AgentInstances` on the coordinator's store."""
+    machines); `instances(store)` builds the driver's `AgentInstances` on the coordinator's store, and
+    `fleet(store)`, where the provider runs a live fleet, its `trainer.providers.fleet.Fleet` (an `AgentInstances`
+    too) instead."""
 
     host: str
     port: int
     token: str
     instances: Callable[[Any], AgentInstances]
+    fleet: Callable[[Any], AgentInstances] | None = None
 
 
 class AgentInstances(NoticeDeadlines):

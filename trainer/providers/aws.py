@@ -46,10 +46,12 @@ from trainer.providers.aws_errors import (
     aws_error,
     client_config,
 )
+from trainer.providers.fleet import CapacityAnswer, Fleet
 from trainer.providers.imds import IMDS_ENDPOINT, parse_time, watch_process
 from trainer.providers.local import InstanceProvider, NumberedInstances
 
 __all__ = [
+    "CAPACITY_CODES",
     "JOB_TAG_KEY",
     "WORKER_TAG_KEY",
     "NOTICE_S",
@@ -58,6 +60,7 @@ __all__ = [
     "publish_token",
     "AwsConfigError",
     "AwsCredentialsError",
+    "AwsFleet",
     "AwsProviderError",
     "AwsSpotConfig",
     "AwsSpotProvider",
@@ -110,12 +113,14 @@ def aws_job(config: AwsSpotConfig, *, session: boto3.Session | None = None) -> R
     token = secrets.token_urlsafe(32)
     publish_token(config, token, session=session)
 
-    def instances(store: Any) -> AgentInstances:
-        cloud = AwsSpotProvider(config, session=session)
-        cloud.stop()  # what a killed earlier run of this job left running (by its tag): no longer this job's
-        return AgentInstances(cloud, store)
+    def cloud() -> AwsSpotProvider:
+        provider = AwsSpotProvider(config, session=session)
+        provider.stop()  # what a killed earlier run of this job left running (by its tag): no longer this job's
+        return provider
 
-    return RemoteJob(host=config.coordinator_host, port=config.coordinator_port, token=token, instances=instances)
+    return RemoteJob(host=config.coordinator_host, port=config.coordinator_port, token=token,
+                     instances=lambda store: AgentInstances(cloud(), store),
+                     fleet=lambda store: AwsFleet(cloud(), store))  # fmt: skip
 
 
 # ----------------------------------------------------------------------------------------------- credentials
@@ -459,6 +464,53 @@ class AwsSpotProvider(NumberedInstances):
             return {i["InstanceId"] for page in pages for r in page.get("Reservations", []) for i in r["Instances"]}
         except (ClientError, BotoCoreError) as exc:
             raise aws_error("describe_instances", exc) from exc
+
+
+# ------------------------------------------------------------------------------------------------ a live fleet
+
+#: The launch errors that mean "no capacity for you now" — the market's answer, recorded and retried with backoff —
+#: rather than a configuration to fix (which fails the job with AWS's message and our fix).
+CAPACITY_CODES: Final = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
+    "VcpuLimitExceeded",
+})  # fmt: skip
+
+
+class AwsFleet(AgentInstances, Fleet):
+    """A live fleet of one-time EC2 spot instances (`AwsSpotProvider`), their workers run by instance agents.
+
+    A request launches instances one by one until the cloud refuses one with a capacity error (`CAPACITY_CODES`):
+    the rest of the request is refused, with AWS's code as the reason (the driver retries with backoff). Any other
+    launch error is a configuration to fix and fails the job. A granted instance arrives at once (its agent starts
+    the worker when it boots; one reclaimed while it boots is seen as killed); the cloud's interruption notices
+    reach its agent, and through it the worker, as in any AWS job."""
+
+    def __init__(self, cloud: AwsSpotProvider, store: Any, **kw: Any) -> None:
+        super().__init__(cloud, store, **kw)
+        self._arrived: list[int] = []
+
+    def request(self, n: int) -> CapacityAnswer:
+        granted: list[int] = []
+        try:
+            for _ in range(n):
+                granted += self.start(1)
+        except AwsProviderError as exc:
+            if exc.code not in CAPACITY_CODES:
+                raise
+            self._arrived += granted
+            return CapacityAnswer(n, tuple(granted), refused=n - len(granted), reason=exc.code)
+        self._arrived += granted
+        return CapacityAnswer(n, tuple(granted))
+
+    def arrivals(self) -> list[int]:
+        out, self._arrived = self._arrived, []
+        return out
+
+    def outstanding(self) -> int:
+        return 0  # a granted instance has arrived already: its worker joins when it has booted
+
+    def joined(self, ids: list[int]) -> None:
+        """(An agent holds a notice until its worker can take it: nothing to do.)"""
 
 
 def _with_worker(notice: InterruptionNotice, worker: int) -> InterruptionNotice:

@@ -50,7 +50,10 @@ class FleetSetup:
 
 class Fleet(abc.ABC):
     """The capacity side of a provider that runs a live fleet (it is an `InstanceProvider` too: notices and kills
-    reach the driver as they do from any provider)."""
+    reach the driver as they do from any provider). `compressed`: its time is compressed (a local market
+    following a trace), so its intervals stand for the trace's own (60 s) when they are priced or recorded."""
+
+    compressed: bool = False
 
     @abc.abstractmethod
     def request(self, n: int) -> CapacityAnswer:

@@ -206,6 +206,8 @@ class MarketFleet(LocalProcessProvider, Fleet):
     and arrive; reclaimed ones get SIGTERM with the market's notice (SIGKILL at its deadline), or SIGKILL at once —
     and one whose worker has not registered yet is killed at once, as a spot instance reclaimed while it boots is."""
 
+    compressed = True  # one market interval stands for one of the trace's
+
     def __init__(
         self, setup: FleetSetup, options: MarketOptions, *, clock: Callable[[], float] = time.monotonic
     ) -> None:  # fmt: skip

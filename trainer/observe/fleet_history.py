@@ -1,0 +1,58 @@
+"""A live fleet's history, recorded where collected spot traces go: one row per interval into the trace store.
+
+Owns: `FleetHistoryWriter` (appends each `trainer.control.fleet.FleetRow` to the ``fleet_intervals`` table of a
+`forecasting.TraceStore` as the interval ends, so that a crash keeps every interval but the one in flight) and
+`trace_store_root` (where: the fleet config's `trace_store`, else ``$PARCAE_TRACE_STORE``, else ``./trace-store``,
+as the ``collect-traces`` flow). Must not touch: what the rows say (`trainer.control.fleet`), training.
+
+A failed write (a full disk, a read-only folder) does not stop the job: it is logged, counted, and the job's
+report says it (``fleet_history.errors``), never silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from forecasting import TraceStore
+
+log = logging.getLogger(__name__)
+
+
+def trace_store_root(configured: str | None) -> Path:
+    """The trace store a fleet's history goes to."""
+    return Path(configured or os.environ.get("PARCAE_TRACE_STORE") or "trace-store")
+
+
+@dataclass
+class FleetHistoryWriter:
+    """Writes the rows of one live fleet (`job_tag`: one run of a job's driver) into the store at `root`.
+    `interval_s` is the interval the planner prices (a compressed market's: the trace's), `capacity` the fleet's
+    maximum."""
+
+    root: Path
+    job_tag: str
+    provider: str
+    interval_s: float
+    capacity: int
+    rows: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def __call__(self, interval: int, row: Any) -> None:
+        record = {"job_tag": self.job_tag, "provider": self.provider, "interval": interval,
+                  "interval_s": self.interval_s, "capacity": self.capacity, "requested": row.requested,
+                  "granted": row.granted, "refused": row.refused, "reclaimed": row.reclaimed, "alive": row.alive,
+                  "timestamp": pd.Timestamp.now(tz="UTC")}  # fmt: skip
+        try:
+            self.rows += TraceStore(self.root).append("fleet_intervals", [record])
+        except (OSError, ValueError) as exc:
+            self.errors.append(f"interval {interval}: {exc}")
+            log.warning("the fleet's history could not be written to %s: %s", self.root, exc)
+
+    def summary(self) -> dict[str, Any]:
+        return {"store": str(self.root), "job_tag": self.job_tag, "rows": self.rows, "errors": list(self.errors)}
