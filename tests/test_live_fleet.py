@@ -295,7 +295,7 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
     and leave, and the job resumes there on the new instances (no step lost); killed without notice, it resumes
     from the latest periodic checkpoint. Either way the losses are the uninterrupted run's, and the fleet's history
     shows the empty intervals."""
-    steps = 160
+    steps = 100
     market = tmp_path / "market.csv"
     market.write_text("0,2\n360000,0\n600000,2\n3600000,2\n")
     config = JobConfig(

@@ -335,17 +335,17 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
 
 def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """provider="market" with a fleet of 3: the market's capacity follows p3 from interval 49 (the job is blind to
+    """provider="market" with a fleet of 2: the market's capacity follows p3 from interval 49 (the job is blind to
     it), liveput plans every interval from the fleet's own history; the MLflow run holds the fleet's table."""
     monkeypatch.setenv("PARCAE_TRACE_STORE", str(store / "trace-store"))
-    state = train(model="tiny-gpt", workers=3, fleet=3, provider="market", trace="p3", start_interval=49,
-                  interval_seconds=1.0, planner="liveput", profile=str(profile), steps=40, checkpoint_every=10,
+    state = train(model="tiny-gpt", workers=3, fleet=2, provider="market", trace="p3", start_interval=49,
+                  interval_seconds=1.0, planner="liveput", profile=str(profile), steps=20, checkpoint_every=10,
                   out_dir=str(store / "fleet"), return_state=True)  # fmt: skip
     assert state.is_completed(), state.message
     summary = state.result()
-    assert summary["steps"] == 40
+    assert summary["steps"] == 20
     run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
-    assert run.data.tags["parcae.fleet"] == "3" and run.data.tags["parcae.provider"] == "market"
+    assert run.data.tags["parcae.fleet"] == "2" and run.data.tags["parcae.provider"] == "market"
     assert run.info.run_name.startswith("train-tiny-gpt-market-fleet-")
     config = json.loads(run.data.params["config"]) if "config" in run.data.params else None
     assert config is None or config["availability"]["trace"] is None  # the job itself replays nothing
@@ -353,6 +353,6 @@ def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, pr
     assert table["columns"] == ["t", "requested", "granted", "alive", "refused", "reclaimed"]
     assert table["data"] and max(row[3] for row in table["data"]) >= 1
     job = json.loads((store / "fleet" / "job.json").read_text())
-    assert job["fleet"]["max_instances"] == 3 and job["provider"]["options"]["trace"] == "p3"
+    assert job["fleet"]["max_instances"] == 2 and job["provider"]["options"]["trace"] == "p3"
     assert job["availability"]["trace"] is None
     assert (store / "trace-store" / "fleet_intervals").is_dir()  # the fleet's history, where collected traces go
