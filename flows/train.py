@@ -95,7 +95,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
         availability=AvailabilityConfig(workers=a["workers"], trace=None if fleet else a["trace"],
                                         interval_seconds=a["interval_seconds"], step_seconds=a["step_seconds"],
                                         start_interval=0 if fleet else a["start_interval"]),
-        checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"]),
+        checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"], uri=a.get("checkpoint_uri")),
         control=ControlPlaneConfig(timeout_s=a["timeout_s"],
                                    notice_grace_s=provider(instances.name).notice_grace_s(instances.options)),
         provider=instances,
@@ -125,6 +125,7 @@ def train(
     min_instances: int = 1,
     accept_plans: bool = False,
     checkpoint_every: int = 20,
+    checkpoint_uri: str | None = None,
     out_dir: str = "runs/train",
     resume: bool = True,
     seed: int = 0,
@@ -139,7 +140,9 @@ def train(
     (a live fleet of up to that many instances, training once ``min_instances`` joined; ``provider="market"``: the
     local spot market, its capacity following ``trace`` from ``start_interval``, one interval = ``interval_seconds``)
     the provider, not a replay, decides what exists, and every interval is planned from the fleet's own history.
-    ``accept_plans``: the job also takes the plans the scheduled plan-interval flow hands it (registered for them
+    ``checkpoint_uri`` (``file:///dir`` or ``s3://bucket/prefix``): a copy of every complete checkpoint that
+    survives the machine; a resumed job on a fresh one starts from the newest there. ``accept_plans``: the job also
+    takes the plans the scheduled plan-interval flow hands it (registered for them
     on its MLflow run); its own planner decides when none came within two intervals.
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at

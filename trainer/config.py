@@ -202,16 +202,22 @@ def _finite_positive(x: float | None) -> bool:
 @dataclass(frozen=True)
 class CheckpointConfig:
     """Periodic checkpoints: every `every` steps (0: never) into `dir` (default: `<out_dir>/checkpoints`), the
-    newest `keep` complete ones kept (0: all); `resume` continues the job from its latest intact one."""
+    newest `keep` complete ones kept (0: all); `resume` continues the job from its latest intact one. `uri`
+    (``file:///path`` or ``s3://bucket/prefix``) keeps a copy of each complete checkpoint where it survives the
+    instance that wrote it; a resumed job on a fresh machine starts from the newest one there."""
 
     every: int = 10
     dir: str | None = None
     keep: int = 0
     resume: bool = False
+    uri: str | None = None
 
     def __post_init__(self) -> None:
         _need_count(self.every, "checkpoint.every", 0, "give a step count", " (0: never)")
         _need_count(self.keep, "checkpoint.keep", 0, "give a count", " (0: keep all)")
+        _need(self.uri is None or (isinstance(self.uri, str) and self.uri.startswith(("file:///", "s3://"))),
+              "checkpoint.uri", f"expected file:///path or s3://bucket/prefix, got {self.uri!r}",
+              "give a folder as file:///abs/path, or an S3 bucket and prefix")  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -101,6 +101,14 @@ def train_cmd(
         ),
     ] = "auto",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
+    checkpoint_uri: Annotated[
+        str | None,
+        typer.Option(
+            metavar="file:///DIR|s3://BUCKET/PREFIX",
+            help="Also keep each complete checkpoint here, where it survives this machine; --resume on a fresh "
+            "machine starts from the newest one there.",
+        ),
+    ] = None,
     out_dir: Annotated[
         Path, typer.Option(metavar="DIR", help="Fresh folder for checkpoints and layers (or the one to --resume).")
     ] = Path("runs/train"),
@@ -283,7 +291,8 @@ def train_cmd(
             availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
                                             events_file=None if events is None else str(events),
                                             start_interval=start_interval),
-            checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume),
+            checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume,
+                                        uri=checkpoint_uri),
             control=ControlPlaneConfig(timeout_s=timeout,
                                        notice_grace_s=providers[provider_name].notice_grace_s(options),
                                        hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
@@ -350,7 +359,7 @@ TRAIN_OPTIONS = {
     "availability.workers": "--workers", "availability.trace": "--trace", "availability.events_file": "--events",
     "availability.interval_seconds": "--interval-seconds", "availability.start_interval": "--start-interval",
     "availability": "--events/--trace", "train.steps": "--steps", "checkpoint.every": "--checkpoint-every",
-    "checkpoint.keep": "--keep-checkpoints", "control.timeout_s": "--timeout",
+    "checkpoint.keep": "--keep-checkpoints", "checkpoint.uri": "--checkpoint-uri", "control.timeout_s": "--timeout",
     "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
     "fleet.max_instances": "--fleet", "fleet.min_instances": "--min-instances", "fleet": "--fleet",
 }  # fmt: skip

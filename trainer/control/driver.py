@@ -31,6 +31,7 @@ from trainer.providers.agent import AgentInstances
 from trainer.providers.fleet import Fleet
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint_mirror import MirrorUploader
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names
 from trainer.runtime.model import n_layers as layer_count
@@ -63,6 +64,7 @@ class Driver:
         self.deadline, self.pg_timeout_s = deadline, cfg.control.pg_timeout_s
         self.max_processes = max_processes
         self.keep_checkpoints = cfg.checkpoint.keep  # complete checkpoints kept on disk (0: all)
+        self.uploader: MirrorUploader | None = None  # copies of complete checkpoints elsewhere (checkpoint.uri)
         planner, intervals, steps_per_interval = live.planner, live.intervals, live.steps_per_interval
         self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
@@ -722,9 +724,16 @@ class Driver:
         fresh = c.new_checkpoints()
         for s in fresh:
             self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
-        if fresh and self.keep_checkpoints:
-            checkpoint.prune(c.spec.checkpoint_dir, self.keep_checkpoints, layers=layer_names(c.spec.model),
-                             job=c.spec.job)  # fmt: skip
+            if self.uploader is not None:  # a copy where it survives this machine (it prunes after each copy)
+                self.uploader.submit(s)
+        if fresh and self.keep_checkpoints and self.uploader is None:
+            self.prune_local()
+
+    def prune_local(self, _step: int | None = None) -> None:
+        """Keep the newest `keep_checkpoints` complete checkpoints on this machine's disk."""
+        c = self.coord
+        checkpoint.prune(c.spec.checkpoint_dir, self.keep_checkpoints, layers=layer_names(c.spec.model),
+                         job=c.spec.job)  # fmt: skip
 
     def _deliver_records(self, upto: int, final: bool = False) -> None:
         """Report, in order, the reconfigurations that start at a step <= `upto` and are complete."""

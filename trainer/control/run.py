@@ -44,6 +44,7 @@ from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
+from trainer.runtime.checkpoint_mirror import MirrorUploader, mirror_for
 from trainer.runtime.devices import resolve_device
 from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.model import n_layers as layer_count
@@ -149,7 +150,10 @@ def run_job(
     check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
     out = Path(config.out_dir)
     layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
-    restore, note = 0, None
+    restore, note, fetched = 0, None, None
+    mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
+    if config.checkpoint.resume and mirror is not None:  # a fresh machine: the newest copy comes back first
+        fetched = mirror.fetch_latest(ckpt_dir, layer_names(model), job=job)
     if config.checkpoint.resume:
         if (out / JOB_FILE).is_file():  # written by an earlier run of this job (`_write_job_file`)
             check_same_job(jsonio.loads(jsonio.read(out / JOB_FILE)), config, out / JOB_FILE)
@@ -161,6 +165,8 @@ def run_job(
                 f"resume: {ckpt_dir} holds no complete checkpoint of job {job!r}; started from step 0")  # fmt: skip
         if found and found[2]:
             note += f" (skipped {'; '.join(found[2])})"
+        if fetched is not None and mirror is not None:
+            note += f"; the checkpoint of step {fetched} was fetched from {mirror.uri}"
     else:
         for d in (layers_dir, ckpt_dir):
             if d.exists() and any(d.iterdir()):
@@ -215,6 +221,9 @@ def run_job(
     deadline = math.inf if timeout_s is None else t0 + timeout_s  # no hidden deadline: a job runs until it is done
     driver = Driver(coord, provider, groups, LivePlanning(planner, intervals, steps_per_interval),
                      deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
+    if mirror is not None:
+        driver.uploader = MirrorUploader(mirror, ckpt_dir, config.checkpoint.keep,
+                                         on_upload=driver.prune_local if config.checkpoint.keep else None)  # fmt: skip
     info = {
         "job": job, "model": model.name, "model_args": dict(model.args) or None,
         "model_fingerprint": model_fingerprint(model)[:16], "workers": len(ids), "strategy": start, "steps": steps,
@@ -271,6 +280,9 @@ def run_job(
             "exit_codes": dict(sorted(provider.exitcodes().items())),
             "wall_s": time.monotonic() - t0,
         }
+        if driver.uploader is not None:
+            driver.uploader.close()  # every complete checkpoint copied before the job says it is done
+            result["checkpoint_uri"] = driver.uploader.summary()
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
@@ -361,4 +373,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         "wall_s": result["wall_s"],
         **({"fleet": [dict(r) for r in result["fleet"]]} if "fleet" in result else {}),
         **({"fleet_history": dict(result["fleet_history"])} if "fleet_history" in result else {}),
+        **({"checkpoint_uri": dict(result["checkpoint_uri"])} if "checkpoint_uri" in result else {}),
     }
