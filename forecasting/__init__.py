@@ -63,6 +63,7 @@ _HOMES: dict[str, str] = {
     # the model registry
     "CHAMPION": "registry",
     "DEFAULT_REGISTERED_NAME": "registry",
+    "PERSISTENCE_KIND": "registry",
     "TrainOutcome": "registry",
     "champion_version": "registry",
     "load_champion": "registry",
@@ -107,6 +108,7 @@ if TYPE_CHECKING:
     from forecasting.lgbm import LightGbmForecaster as LightGbmForecaster
     from forecasting.registry import CHAMPION as CHAMPION
     from forecasting.registry import DEFAULT_REGISTERED_NAME as DEFAULT_REGISTERED_NAME
+    from forecasting.registry import PERSISTENCE_KIND as PERSISTENCE_KIND
     from forecasting.registry import TrainOutcome as TrainOutcome
     from forecasting.registry import champion_version as champion_version
     from forecasting.registry import load_champion as load_champion

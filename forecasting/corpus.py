@@ -16,9 +16,9 @@ Rules, in order (the names are ``available_traces()`` names):
 * keep at most ``max_intervals`` of each trace, the most recent, so that training stays fast and no
   month-long trace drowns the others.
 
-Without ``../shared/traces`` the corpus is the bundled ``p3`` and ``gcp-v100``. Given a trace store, the live
-fleets' own histories it holds (``fleet:<job tag>``, `forecasting.collect.TraceStore.fleet_histories`) join the
-candidates under the same rules.
+Without ``../shared/traces`` the corpus is the bundled ``p3``, ``gcp-v100`` and four Nov 2020 AWS curves
+(``aws2020-*``). Given a trace store, the live fleets' own histories it holds (``fleet:<job tag>``,
+`forecasting.collect.TraceStore.fleet_histories`) join the candidates under the same rules.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ where that is):
   (``LightGbmForecaster.save``) as the run artifact ``forecaster/``, from which it is rebuilt exactly.
 * Promotion: the new version gets the alias ``champion`` only if its backtest ``mae_mean`` beats
   persistence's and the current champion's. The run records the decision (tag ``promotion``, tag
-  ``promotion.reason``, artifact ``promotion.json``).
+  ``promotion.reason``, artifact ``promotion.json``). When nothing beats persistence and there is no champion yet,
+  persistence itself is registered (`forecasting.persistence_model`, version tag ``kind = persistence``) and
+  promoted, so the registry always has a champion; a learned model must then beat persistence to replace it.
 * `load_champion` rebuilds the champion forecaster; without one it answers with an unfitted
   `PersistenceForecaster` and logs a warning that says how to train one.
 
@@ -70,6 +72,8 @@ DEFAULT_REGISTERED_NAME: Final = "availability-forecaster"
 CHAMPION: Final = "champion"
 #: Run artifact folder holding ``LightGbmForecaster.save`` output.
 FORECASTER_ARTIFACT: Final = "forecaster"
+#: The model-version tag ``kind`` of a registered persistence champion (`forecasting/persistence_model.py`).
+PERSISTENCE_KIND: Final = "persistence"
 _MEDIAN_KEY: Final = "q0.5"
 _INPUT_EXAMPLE_ROWS: Final = 5
 _HOW_TO_TRAIN: Final = "train and register one with `parcae forecast train`"
@@ -86,7 +90,9 @@ class TrainOutcome:
     ``coverage80``, ``brier`` of the new model, the same prefixed ``persistence_``, and
     ``champion_mae_mean`` when there was a champion to compare with. ``reason`` starts with
     ``"promoted: "`` or ``"not promoted: "`` and gives the numbers. ``forecaster`` is the fitted
-    in-memory model (not serialised by `to_dict`).
+    in-memory model (not serialised by `to_dict`). ``persistence_version``: when nothing beat persistence and there
+    was no champion, persistence itself was registered as this version and promoted (the registry then always has a
+    champion, and the reason says so).
     """
 
     run_id: str
@@ -95,6 +101,7 @@ class TrainOutcome:
     reason: str
     metrics: dict[str, float]
     forecaster: Forecaster | None = field(default=None, repr=False, compare=False)
+    persistence_version: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +110,7 @@ class TrainOutcome:
             "promoted": self.promoted,
             "reason": self.reason,
             "metrics": {k: _json_number(v) for k, v in self.metrics.items()},
+            "persistence_version": self.persistence_version,
         }
 
 
@@ -229,6 +237,13 @@ def _current_champion(
     same_basis = run.data.params.get("eval_fingerprint") == fingerprint and run.data.params.get("horizon") == str(
         horizon
     )
+    if mv.tags.get("kind") == PERSISTENCE_KIND:  # persistence is the champion: beating it means beating persistence
+        stored = run.data.metrics.get("persistence_mae_mean")
+        if stored is not None and same_basis:
+            return _Champion(version, mv.run_id, float(stored), "persistence, its run's metric"), ""
+        base = PersistenceForecaster()
+        result = rolling_origin(base, eval_table, horizon, max_history=base.history_window(horizon))
+        return _Champion(version, mv.run_id, result.mae_mean, "persistence, re-scored on this evaluation trace"), ""
     if stored is not None and same_basis:
         return _Champion(version, mv.run_id, float(stored), "its run's metric"), ""
     try:
@@ -400,8 +415,14 @@ def train_and_log(
 
         where = f"on {eval_name} at horizon {horizon}"
         promoted, reason = _decide(metrics["mae_mean"], metrics["persistence_mae_mean"], champion, why_not, where)
+        persistence_version = None
         if promoted:
             client.set_registered_model_alias(registered_name, CHAMPION, str(version))
+        elif champion is None:  # nothing beats persistence and there is no champion: persistence is the champion
+            persistence_version = _register_persistence(client, registered_name, metrics["persistence_mae_mean"])
+            client.set_registered_model_alias(registered_name, CHAMPION, str(persistence_version))
+            reason += (f"; persistence registered as version {persistence_version} and promoted as the champion "
+                       "(no learned model beats it yet)")  # fmt: skip
         tag = "promoted" if promoted else reason
         mlflow.set_tags({"promotion": tag[:5000], "promotion.reason": reason[:5000]})
         client.set_model_version_tag(registered_name, str(version), "promotion", tag[:5000])
@@ -411,6 +432,7 @@ def train_and_log(
                 "promoted": promoted,
                 "reason": reason,
                 "version": version,
+                "persistence_version": persistence_version,
                 "registered_name": registered_name,
                 "eval_trace": eval_name,
                 "horizon": horizon,
@@ -427,7 +449,24 @@ def train_and_log(
             },
             "promotion.json",
         )
-    return TrainOutcome(run_id, version, promoted, reason, metrics, forecaster)
+    return TrainOutcome(run_id, version, promoted, reason, metrics, forecaster, persistence_version)
+
+
+def _register_persistence(client: Any, registered_name: str, mae: float) -> int:
+    """Log persistence as a model of the active run, register it, tag the version ``kind = persistence``."""
+    import mlflow
+
+    example = pd.DataFrame({"available": [3.0, 4.0]})
+    with warnings.catch_warnings():  # MLflow 3.17 compares DataFrame columns with a range (Pandas4Warning)
+        warnings.filterwarnings("ignore", message="Operation with range is deprecated", module="mlflow")
+        info = mlflow.pyfunc.log_model(name="persistence", python_model=str(Path(__file__).with_name(
+            "persistence_model.py")), input_example=example, registered_model_name=registered_name,
+            pip_requirements=[f"pandas=={pd.__version__}"])  # fmt: skip
+    version = int(info.registered_model_version)
+    client.set_model_version_tag(registered_name, str(version), "kind", PERSISTENCE_KIND)
+    client.set_model_version_tag(registered_name, str(version), "mae_mean", f"{mae:.6g}")
+    client.set_model_version_tag(registered_name, str(version), "promotion", "persistence: no learned model beats it")
+    return version
 
 
 # ------------------------------------------------------------------------------------------- loading
@@ -464,6 +503,10 @@ def load_champion(
     version = aliases[CHAMPION]
     try:
         mv = client.get_model_version(registered_name, str(version))
+        if mv.tags.get("kind") == PERSISTENCE_KIND:
+            log.info("the champion (version %s of %r) is persistence: no learned model beats it", version,
+                     registered_name)  # fmt: skip
+            return PersistenceForecaster()
         return _download_forecaster(client, mv.run_id)
     except (MlflowException, OSError, ValueError, KeyError, LightGBMError) as exc:
         log.warning(

@@ -13,6 +13,7 @@ import pandas as pd
 from prefect import get_run_logger, task
 
 from forecasting import (
+    PERSISTENCE_KIND,
     Forecaster,
     PersistenceForecaster,
     TrainOutcome,
@@ -66,12 +67,14 @@ def train_forecaster(
     persist_result=False,
 )
 def champion_forecaster() -> tuple[Forecaster, str | None]:
-    """The champion forecaster and the MLflow run that trained it.
-
-    Without a usable champion: an unfitted persistence model (`load_champion` logs why) and None.
+    """The champion forecaster and the MLflow run that trained it (persistence itself, when no learned model beat
+    it: `forecasting.registry`). Without a usable champion: an unfitted persistence model (`load_champion` logs
+    why) and None.
     """
     forecaster = load_champion()
     version = champion_version()
+    if version is not None and version.tags.get("kind") == PERSISTENCE_KIND:
+        return forecaster, version.run_id  # persistence is the champion: the run that registered it says why
     # load_champion falls back to persistence when the champion cannot be rebuilt: no training run then
     if version is None or isinstance(forecaster, PersistenceForecaster):
         return forecaster, None

@@ -270,8 +270,9 @@ def test_sample_budget_water_fills() -> None:
 
 def test_corpus_without_shared_is_the_bundled_traces(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("PARCAE_SHARED_TRACES", str(tmp_path / "absent"))
-    assert list(training_corpus()) == ["p3", "gcp-v100"]
-    assert list(training_corpus(exclude=("p3",))) == ["gcp-v100"]
+    aws2020 = ["aws2020-g4dn-us-east-1c", "aws2020-g4dn-us-east-1d", "aws2020-p2", "aws2020-p2-us-east-1e"]
+    assert list(training_corpus()) == ["p3", "gcp-v100", *aws2020]
+    assert list(training_corpus(exclude=("p3",))) == ["gcp-v100", *aws2020]
     capped = training_corpus(max_intervals=500)
     assert all(len(t) == 500 for t in capped.values())
     full = training_corpus()

@@ -151,7 +151,9 @@ def test_champion_is_rescored_when_evaluated_on_another_trace(first) -> None:
     assert "re-scored on this evaluation trace" in outcome.reason and "champion version 1" in outcome.reason
 
 
-def test_model_worse_than_persistence_is_not_promoted_even_without_champion(store: Path, caplog) -> None:
+def test_without_a_champion_persistence_itself_is_registered_and_promoted(store: Path, caplog) -> None:
+    """Nothing beats persistence and there is no champion: persistence becomes the champion (the registry always
+    has one), the run says so, and a later learned model must beat persistence to replace it."""
     name = "misled-forecaster"
     # trained where drops come every 20 intervals, evaluated where they come every 35: it predicts drops
     # that do not happen
@@ -165,18 +167,35 @@ def test_model_worse_than_persistence_is_not_promoted_even_without_champion(stor
     )
     m = outcome.metrics
     assert m["mae_mean"] > m["persistence_mae_mean"]
-    assert not outcome.promoted and outcome.version == 1
-    assert champion_of(name) is None
+    assert not outcome.promoted and outcome.version == 1 and outcome.persistence_version == 2
+    assert champion_of(name) == 2  # persistence
     assert "champion_mae_mean" not in m
     assert outcome.reason.startswith("not promoted: ") and "does not beat persistence" in outcome.reason
-    assert client().get_run(outcome.run_id).data.tags["promotion"] == outcome.reason
+    assert outcome.reason.endswith("persistence registered as version 2 and promoted as the champion (no learned "
+                                   "model beats it yet)")  # fmt: skip
+    assert client().get_run(outcome.run_id).data.tags["promotion.reason"] == outcome.reason
     assert client().list_artifacts(outcome.run_id, "plots") == []
+    version = client().get_model_version(name, "2")
+    assert version.tags["kind"] == "persistence" and version.run_id == outcome.run_id
+    assert outcome.to_dict()["persistence_version"] == 2
 
-    # a registered model without a champion: load_champion falls back too
+    # the champion is persistence: loaded as such, without a warning
     with caplog.at_level(logging.WARNING, logger="forecasting.registry"):
         model = load_champion(name)
-    assert isinstance(model, PersistenceForecaster) and not model.fitted
-    assert "no 'champion' alias" in caplog.text and "parcae forecast train" in caplog.text
+    assert isinstance(model, PersistenceForecaster)
+    assert not [r for r in caplog.records if r.name == "forecasting.registry" and r.levelno >= logging.WARNING]
+    # as an MLflow model too: the last count stays
+    import mlflow.pyfunc
+
+    served = mlflow.pyfunc.load_model(f"models:/{name}/2")
+    assert served.predict(pd.DataFrame({"available": [4.0, 3.0, 2.0]})).tolist() == [2.0, 2.0, 2.0]
+
+    # the same misled model again: compared with the champion (persistence), still not promoted, nothing new
+    again = train_and_log(lambda: LightGbmForecaster(**FAST), train_traces=TRAIN,
+                          eval_trace=("every-35", periodic(5, period=35, drop_at=9)), horizon=HORIZON,
+                          registered_name=name, plots=False)  # fmt: skip
+    assert not again.promoted and again.persistence_version is None and champion_of(name) == 2
+    assert again.metrics["champion_mae_mean"] == pytest.approx(m["persistence_mae_mean"])
 
 
 # ---------------------------------------------------------------------------------------------- loading

@@ -485,9 +485,6 @@ def test_shared_names_are_derived_from_paths(tmp_path: Path, monkeypatch: pytest
         "p3-counts": "parcae/aws/traces/p3.csv",
         "parcae-p3-events": "parcae/liveput/traces/p3trace.csv",
         "bamboo-p3-events": "bamboo/traces/p3-trace.csv",
-        "aws2020-g4dn-us-east-1c": (
-            "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv"
-        ),
         "aws2020-g4dn-us-east-1c-scaled": (
             "bamboo/doc/data/aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200_scaled.csv"
         ),
@@ -501,6 +498,7 @@ def test_shared_names_are_derived_from_paths(tmp_path: Path, monkeypatch: pytest
         ),
         "skypilot-log-us-west-2a-k80-8": "log/2022-10-26T22-05/us-west-2a_k80_8.txt",
     }
+    assert names["aws2020-g4dn-us-east-1c"] == T.BUNDLED["aws2020-g4dn-us-east-1c"]  # the bundled copy wins
     assert load_trace("skypilot-16node-us-east-2b").attrs["capacity"] == 16
     assert load_trace("p3-counts").attrs["name"] == "p3-counts"
     monkeypatch.setenv("PARCAE_SHARED_TRACES", str(tmp_path / "missing"))

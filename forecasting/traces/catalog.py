@@ -24,10 +24,19 @@ from liveput import DEFAULT_INTERVAL_S  # the planning grid is liveput's
 
 DATA_DIR: Final = Path(__file__).resolve().parents[1] / "data"
 
+_AWS2020: Final = DATA_DIR / "aws2020"
 #: Traces shipped inside the package (see data/ATTRIBUTION.md); always available, even without ../shared.
 BUNDLED: Final[dict[str, Path]] = {
     "p3": DATA_DIR / "p3.csv",
     "gcp-v100": DATA_DIR / "gcp-v100.txt",
+    # Bamboo's Nov 2020 AWS measurements (step curves; the multi-row ones, under their shared names)
+    "aws2020-g4dn-us-east-1c": _AWS2020
+    / "aws-spot-instances-g4dn-xlarge-us-east-1c-2020-11-20-1930-to-2020-11-21-2200.csv",
+    "aws2020-g4dn-us-east-1d": _AWS2020
+    / "aws-spot-instances-g4dn-xlarge-us-east-1d-2020-11-23-1730-to-2020-11-24-1530.csv",
+    "aws2020-p2": _AWS2020 / "aws-spot-instances-p2-xlarge-2020-11-20-to-2020-11-23.csv",
+    "aws2020-p2-us-east-1e": _AWS2020
+    / "aws-spot-instances-p2-xlarge-us-east-1e-2020-11-23-1700-to-2020-11-24-0700.csv",
 }
 
 
