@@ -1,23 +1,26 @@
-"""Pipeline: the end-to-end demo — collect traces, retrain the forecaster, train under a replayed spot trace.
+"""Pipeline: the end-to-end demo — collect traces, retrain the forecaster, train under a local spot market.
 
     bundled (and shared) traces --load_training_corpus--> corpus           (the collection step of the demo)
     corpus + held-out trace --train_forecaster--> forecaster run, registry version, champion if it beats
-                                                  persistence --> Prefect report
-    train (subflow): the trace replayed on local processes, re-planned every interval by the liveput planner on
-                     the measured runtime profile, forecasting with the champion (else persistence, and it says so)
+                                                  persistence (else persistence itself is the champion, and the
+                                                  run says so) --> Prefect report
+    train (subflow): a live fleet under the local market, whose capacity follows the trace (the job never reads
+                     it), re-planned every interval by the liveput planner on the measured runtime profile, from
+                     the fleet's own history and the champion's forecasts
     --> where to look: the `mlflow ui` and `prefect server` commands
 
 On AWS the collection step is the ``collect-traces`` flow (EC2 -> the trace store); the demo has no cloud, so the
 bundled traces are its collected data. `make demo` runs this flow on an ephemeral Prefect API (no server) with
 the local MLflow store under ``mlruns/``.
 
-The demo's settings (small-gpt on 3 processes, p3 from interval 49, five steps per interval) replay a stretch of
-p3 where the availability drops from 3 to 2 and to 1 and comes back, with preemptions with and without notice: the
-job migrates several times (each kind that the planner's choices call for), checkpoints every 20 steps, and the
-whole run takes a few minutes on 2 cores (the runtime profile is measured once and cached under ``runs/``).
-small-gpt rather than tiny-gpt: its steps are compute-bound, so two replicas beat one even on 2 cores and the
-planner's choices (2x1 while two instances live, 1x1 on one, from the rule's starting 1x2) exercise every live
-migration kind; tiny-gpt's steps are so short that D=1 and D=2 trade places with the machine's load.
+The demo's settings (small-gpt on a fleet of up to 3, the market following p3 from interval 49, one interval every
+2 s) put the job under a stretch of p3 where the capacity drops from 3 to 2 and to 1 and comes back, with reclaims
+with and without notice: the job trains as soon as two instances have joined, migrates several times (each kind
+that the planner's choices call for), checkpoints every 20 steps, and the whole run takes a few minutes on 2 cores
+(the runtime profile is measured once and cached under ``runs/``). small-gpt rather than tiny-gpt: its steps are
+compute-bound, so two replicas beat one even on 2 cores and the planner's choices (2x1 while two instances live,
+1x1 on one, from the rule's starting 1x2) exercise every live migration kind; tiny-gpt's steps are so short that
+D=1 and D=2 trade places with the machine's load.
 """
 
 from __future__ import annotations
@@ -73,7 +76,7 @@ def pipeline(
     model: str = "small-gpt",
     workers: int = 3,
     steps: int = 120,
-    interval_seconds: float = 0.5,
+    interval_seconds: float = 2.0,
     step_seconds: float = 0.1,
     start_interval: int = 49,
     checkpoint_every: int = 20,
@@ -96,8 +99,10 @@ def pipeline(
     publish_training_report(outcome)
     logger.info("forecaster version %s: %s", outcome["version"], outcome["reason"])
     job = train(
-        model=model, workers=workers, steps=steps, trace=trace, interval_seconds=interval_seconds,
-        step_seconds=step_seconds, start_interval=start_interval, planner="liveput", profile=profile,
+        model=model, workers=workers, fleet=workers, min_instances=min(2, workers), provider="market", steps=steps,
+        trace=trace,
+        interval_seconds=interval_seconds, step_seconds=step_seconds, start_interval=start_interval,
+        planner="liveput", profile=profile,
         look_ahead=horizon, checkpoint_every=checkpoint_every,
         out_dir=out_dir or f"runs/pipeline-{time.strftime('%Y%m%d-%H%M%S')}", resume=False, seed=seed,
     )  # fmt: skip
@@ -131,7 +136,8 @@ def main() -> int:
     if missing:
         print(f"  note: no {', no '.join(missing)} migration in this run: the liveput planner chose only "
               f"{', '.join(sorted(set(job['decisions'])))} on the runtime profile measured here ({job['profile']}); "
-              "which kinds a replay produces follows from those choices")  # fmt: skip
+              "which kinds a run produces follows from those choices and from when the market's capacity "
+              "changed")  # fmt: skip
     print(result["where_to_look"])
     return 0
 

@@ -1,11 +1,14 @@
-"""The demo's replay (the `pipeline` flow's defaults) produces every live migration kind under the planner's choices.
+"""The demo's stretch of p3 (the `pipeline` flow's defaults) produces every live migration kind under the planner's
+choices.
 
-`make demo` plans with the liveput planner on a runtime profile it measures on the machine, so which migrations the
-job makes follows from those choices. This dry-runs the demo's job — its trace, start interval, instances, steps
-and look-ahead, read from the flow's own defaults — with the real planner and the coordinator's own planning
-(`trainer.control.coordinator.schedule_state`), for profiles measured by `make demo` on this 2-core machine, and checks
-that each of them leads to an intra-stage, an inter-stage and a pipeline migration. Change the demo's settings, the
-planner or the replay, and this says whether the demo still shows every kind.
+`make demo` trains under the local market, whose capacity follows that stretch, and plans with the liveput planner
+on a runtime profile it measures on the machine, so which migrations the job makes follows from those choices. This
+dry-runs the market's capacity as a replay would deliver it — one change per interval boundary, seven steps an
+interval (the wall-clock market is no more deterministic than a cloud) — with the demo's trace, start interval,
+instances, steps and look-ahead read from the flow's own defaults, the real planner and the coordinator's own
+planning (`trainer.control.coordinator.schedule_state`), for profiles measured by `make demo` on this 2-core
+machine, and checks that each of them leads to an intra-stage, an inter-stage and a pipeline migration. Change the
+demo's stretch or the planner, and this says whether the demo can still show every kind.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from trainer.observe.profile import RuntimeProfile, runtime_spec  # noqa: E402
 from trainer.runtime.model import n_layers
 
 DEMO = {k: p.default for k, p in inspect.signature(pipeline.fn).parameters.items()}
+INTERVAL_S, STEP_S = 2.0, 0.3  # 7 steps an interval: `make demo` here made 120 steps in 18 intervals of 2 s
 
 #: Iteration ms per D x P of small-gpt on 3 processes, from `make demo` runs here (`runs/profile-small-gpt-3.json`
 #: of fresh clones), each strategy's fastest visit. The first is a profile of two rounds. The second is the earlier
@@ -58,9 +62,9 @@ def dry_run_demo(profile: RuntimeProfile) -> list[tuple[int, str, tuple[int, int
     liveput planner asked at every interval boundary as the driver asks it (after the boundary's additions and
     preemptions with notice, before its kills), the coordinator planning each step as it would."""
     workers, steps = DEMO["workers"], DEMO["steps"]
-    replay = LocalTraceProvider(DEMO["trace"], workers, DEMO["interval_seconds"], DEMO["seed"],
+    replay = LocalTraceProvider(DEMO["trace"], workers, INTERVAL_S, DEMO["seed"],
                                 start_interval=DEMO["start_interval"])  # fmt: skip
-    sched = replay.schedule(steps, DEMO["step_seconds"], plans=False)
+    sched = replay.schedule(steps, STEP_S, plans=False)
     spi = sched.steps_per_interval
     planner, _ = make_planner(
         "liveput", profile=profile, forecaster=PersistenceForecaster(), trace=DEMO["trace"], workers=workers,
