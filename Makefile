@@ -40,7 +40,7 @@ lint: $(STAMP)
 	done; exit $$status
 
 # The end-to-end pipeline (flows/pipeline.py: collect the bundled traces, retrain the forecaster, train under the
-# replayed p3 trace with per-interval liveput plans) on an ephemeral Prefect API (no server; its database in
+# local spot market following p3, with per-interval liveput plans) on an ephemeral Prefect API (no server; its database in
 # $(PREFECT_HOME)) and the local MLflow store under mlruns/ (unless MLFLOW_TRACKING_URI says otherwise); it ends by
 # printing the `mlflow ui` and `prefect server` commands that show the results. The runtime profile is measured
 # on the first run and cached in runs/.
