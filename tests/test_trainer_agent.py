@@ -196,6 +196,19 @@ def left_and_joined(left: int, joined: int) -> Condition:
     return lambda st: st.check([exit_key(left, 0)]) and st.add(key, 0) >= 1  # (a counter: read with add)
 
 
+def on_standin(standin: Ec2StandIn, run: Any) -> Any:
+    """`run()` a job whose instances `standin` boots; a failure shows each instance's boot log; returns once every
+    boot script has ended (nothing left running)."""
+    try:
+        result = run()
+    except JobError as e:
+        boots = "\n".join(f"--- instance of worker {w}:\n{standin.log(w)[-2000:]}" for w in sorted(standin.logs))
+        raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
+    until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
+          "every boot script to end")  # fmt: skip
+    return result
+
+
 def reference(steps: int) -> tuple[list[float], dict[str, Any]]:
     """Losses and final layer states of one uninterrupted process."""
     ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
@@ -221,15 +234,9 @@ def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(mo
         # notice from boot: its agent passes it on, the worker hands stage 1 off and leaves. Then the cloud
         # reclaims 2 and 3 without notice: stage 1 has no holder left, so worker 0's agent restarts it from the
         # latest checkpoint.
-        try:
-            result = run_job(CFG, TRAIN, 3, (1, 2), steps, [{"step": 2, "kind": "add", "workers": 1}],
-                             tmp_path / "job", remote=remote, checkpoint_every=4, timeout_s=180, notice_grace_s=120,
-                             observer=cloud)  # fmt: skip
-        except JobError as e:
-            boots = "\n".join(f"--- instance of worker {w}:\n{standin.log(w)[-2000:]}" for w in sorted(standin.logs))
-            raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
-        until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
-              "every boot script to end")  # fmt: skip
+        result = on_standin(standin, lambda: run_job(
+            CFG, TRAIN, 3, (1, 2), steps, [{"step": 2, "kind": "add", "workers": 1}], tmp_path / "job",
+            remote=remote, checkpoint_every=4, timeout_s=180, notice_grace_s=120, observer=cloud))  # fmt: skip
     cloud.finish()
     assert standin.error is None, standin.error
     logs = {w: standin.log(w) for w in range(4)}
@@ -293,14 +300,12 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     cloud = Cloud((joined_2, reclaim(ec2, job, ["0"])))
     env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
     with Ec2StandIn(ec2, job, env, tmp_path, notice_at_boot=(1,)) as standin:
-        try:
-            result = run_config(config, job_schedule(config, planned=True), planner=RulePlanner(), remote=remote,
-                                observer=cloud)  # fmt: skip
-        except JobError as e:
-            boots = "\n".join(f"--- instance of worker {w}:\n{standin.log(w)[-2000:]}" for w in sorted(standin.logs))
-            raise AssertionError(f"{e}\nstand-in: {standin.error!r}\n{boots}") from e
-        until(lambda: not standin.booted or all(s.poll() is not None for s in standin.booted.values()),
-              "every boot script to end")  # fmt: skip
+        result = on_standin(
+            standin,
+            lambda: run_config(
+                config, job_schedule(config, planned=True), planner=RulePlanner(), remote=remote, observer=cloud
+            ),
+        )
     cloud.finish()
     assert standin.error is None, standin.error
     assert cloud.done == [0], "the cloud reclaimed worker 0 once worker 2 had joined"

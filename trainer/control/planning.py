@@ -216,8 +216,37 @@ def observed_persistence(req: PlanRequest, k: int) -> list[IntervalForecast]:
     return persistence_forecast(req.alive, k, first=observed_change(req))
 
 
+class _FittedForecast:
+    """What `TraceForecast` and `HistoryForecast` share: a fitted model's K-1 intervals after the observed change,
+    and persistence — said in `last` — where the model refuses the history."""
+
+    forecaster: Any
+    last: str
+
+    @property
+    def model(self) -> str:
+        return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
+
+    def _observed_only(self, req: PlanRequest) -> list[IntervalForecast]:
+        self.last = "observed change only (look-ahead 1)"
+        return [observed_change(req)]
+
+    def _predict(self, req: PlanRequest, k: int, past: pd.DataFrame, what: str) -> list[IntervalForecast] | None:
+        """The K intervals from the model's forecast of `past`, or None (and `last` says why) when it refuses it."""
+        from liveput import IntervalForecast
+
+        try:
+            forecast = self.forecaster.predict(past, k - 1)
+        except ValueError as exc:  # e.g. a history shorter than the forecaster's window
+            self.last = f"persistence: {self.model} refused {what} ({exc})"
+            log.info("interval %d: %s", req.interval, self.last)
+            return None
+        self.last = str(forecast.model)
+        return [observed_change(req), *IntervalForecast.from_forecast(forecast)]
+
+
 @dataclass
-class TraceForecast:
+class TraceForecast(_FittedForecast):
     """Parcae's availability predictor for a replayed trace (reference §A.3): a fitted forecasting model
     (`forecasting.forecast.Forecaster`, e.g. the registry's champion) predicting from the trace's past.
 
@@ -253,17 +282,9 @@ class TraceForecast:
             raise ValueError(f"start_interval {start_interval} outside the trace's {len(table)} intervals")
         return cls(forecaster, scale_trace(table, workers), start_interval)
 
-    @property
-    def model(self) -> str:
-        return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
-
     def __call__(self, req: PlanRequest, k: int) -> list[IntervalForecast]:
-        from liveput import IntervalForecast
-
-        first = observed_change(req)
         if k == 1:
-            self.last = "observed change only (look-ahead 1)"
-            return [first]
+            return self._observed_only(req)
         past = self.table.iloc[: self.start_interval + req.interval]
         seen = None if past.empty else int(past["available"].iloc[-1])
         if seen != req.alive:
@@ -272,18 +293,11 @@ class TraceForecast:
                          f"{'nothing' if seen is None else seen}, the job has {req.alive} alive")  # fmt: skip
             log.info("interval %d: %s", req.interval, self.last)
             return observed_persistence(req, k)
-        try:
-            forecast = self.forecaster.predict(past, k - 1)
-        except ValueError as exc:  # e.g. a history shorter than the forecaster's window
-            self.last = f"persistence: {self.model} refused the history ({exc})"
-            log.info("interval %d: %s", req.interval, self.last)
-            return observed_persistence(req, k)
-        self.last = str(forecast.model)
-        return [first, *IntervalForecast.from_forecast(forecast)]
+        return self._predict(req, k, past, "the history") or observed_persistence(req, k)
 
 
 @dataclass
-class HistoryForecast:
+class HistoryForecast(_FittedForecast):
     """The availability predictor of a live fleet: a fitted forecasting model (the registry's champion)
     predicting from the job's own history — the alive count at each interval boundary (`PlanRequest.history`) as a
     canonical table of `capacity` instances (`forecasting.counts_table`) — never from a trace.
@@ -298,27 +312,17 @@ class HistoryForecast:
     interval_s: float = DEFAULT_INTERVAL_S
     last: str = field(default="", init=False)
 
-    @property
-    def model(self) -> str:
-        return str(getattr(self.forecaster, "name", type(self.forecaster).__name__))
-
     def __call__(self, req: PlanRequest, k: int) -> list[IntervalForecast]:
         from forecasting import counts_table
-        from liveput import IntervalForecast
 
-        first = observed_change(req)
         if k == 1:
-            self.last = "observed change only (look-ahead 1)"
-            return [first]
+            return self._observed_only(req)
         past = counts_table(req.history, max(self.capacity, *req.history), self.interval_s, name="fleet")
-        try:
-            forecast = self.forecaster.predict(past, k - 1)
-        except ValueError as exc:  # a history shorter than the forecaster's window
-            self.last = f"persistence: {self.model} refused the fleet's history of {len(req.history)} intervals ({exc})"
-            log.info("interval %d: %s", req.interval, self.last)
+        out = self._predict(req, k, past, f"the fleet's history of {len(req.history)} intervals")
+        if out is None:
             return observed_persistence(req, k)
-        self.last = f"{forecast.model} on the fleet's history"
-        return [first, *IntervalForecast.from_forecast(forecast)]
+        self.last += " on the fleet's history"
+        return out
 
 
 def _forecast_name(forecast: Any) -> str:
