@@ -186,7 +186,7 @@ def test_train_logs_registers_and_predict_uses_the_outcome(
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
-    assert set(doc) == {"run_id", "version", "promoted", "reason", "metrics"}
+    assert set(doc) == {"run_id", "version", "promoted", "reason", "metrics", "persistence_version"}
     assert doc["version"] == 1 and doc["reason"].startswith("promoted: " if doc["promoted"] else "not promoted: ")
     assert {"mae_mean", "persistence_mae_mean", "mae_h4", "brier"} <= set(doc["metrics"])
     assert doc["run_id"] in result.stdout and doc["reason"] in result.stdout
