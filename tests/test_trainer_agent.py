@@ -319,7 +319,11 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     losses, _ = reference(steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     recs = result["reconfigurations"]
-    assert any(r["source"] == "sigterm" and 1 in r["preempted"] and r["steps_lost"] == 0 for r in recs), recs
+    # worker 1 took its notice and left cleanly: handed off live if it was a member by then, else as a standby
+    # (which instances joined first, and so started the job, is the boot order's)
+    handed_off = any(r["source"] == "sigterm" and 1 in r["preempted"] and r["steps_lost"] == 0 for r in recs)
+    standby = any(e.get("event") == "preempt-standby" and 1 in e["workers"] for e in result["events"])
+    assert (handed_off or standby) and result["exit_codes"][1] == EXIT_PREEMPTED, (recs, result["exit_codes"])
     assert any(not r["notice"] for r in recs), recs  # worker 0 was reclaimed without notice
     assert "spot interruption notice" in standin.log(1)
     assert 0 in standin.reclaimed

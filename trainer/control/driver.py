@@ -556,7 +556,7 @@ class Driver:
         self.history = [len(c.alive())]
         fleet.close(now, len(c.alive()))  # interval 0 ends when training starts
         self._next_step = restore_step
-        self.observer.on_start(start_info)
+        self.observer.on_start({**start_info, "workers": len(ready), "strategy": rule})  # what the fleet gave
         self._observing = True
         next_plan = now + interval_s
         while not all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members):
