@@ -81,3 +81,34 @@ class Cloud(JobObserver):
             self.thread.join(timeout=10)
         assert self.error is None, f"the cloud script failed: {self.error!r}"
         assert self.done == list(range(len(self.script))), f"cloud actions taken: {self.done}"
+
+
+# ----------------------------------------------------------------------------------------------- the local market
+
+
+def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, interval_s: float = 1.0,
+               options: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
+               planning: dict[str, Any] | None = None, **fields: Any) -> Any:  # fmt: skip
+    """A live-fleet job under the local market whose capacity is the CSV `market` (`ts_ms,count`): the rule
+    planner, a 2 s notice grace, a 300 s deadline; `options`, `fleet`, `planning` and `fields` add to or override
+    the market's options, the `FleetConfig`, the `PlanningConfig` and the `JobConfig`."""
+    from trainer.config import (
+        AvailabilityConfig,
+        ControlPlaneConfig,
+        FleetConfig,
+        JobConfig,
+        PlanningConfig,
+        ProviderConfig,
+        TrainConfig,
+    )
+
+    return JobConfig(
+        out_dir=str(out_dir), train=TrainConfig(steps=steps),
+        availability=AvailabilityConfig(interval_seconds=interval_s),
+        control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
+        provider=ProviderConfig(name="market", start_method="forkserver",
+                                options={"trace": str(market), **(options or {})}),
+        planning=PlanningConfig(**{"planner": "rule", **(planning or {})}),
+        fleet=FleetConfig(max_instances=max_instances, **(fleet or {})),
+        **fields,
+    )  # fmt: skip

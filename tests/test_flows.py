@@ -27,7 +27,7 @@ from _aws import fake_aws_account, isolate_aws  # noqa: E402
 from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
 from _jobs import run_job  # noqa: E402
 from _tables import periodic_counts  # noqa: E402
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
+from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
@@ -303,15 +303,7 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
     the rule would keep 1x2), hands each its plan and logs a plan run tied to each job's training run; each job
     applies its own plan. Once they have ended, the flow plans nothing and says so."""
     from trainer import JobObserver, MlflowJobObserver, ObserverList
-    from trainer.config import (
-        AvailabilityConfig,
-        CheckpointConfig,
-        ControlPlaneConfig,
-        FleetConfig,
-        JobConfig,
-        PlanningConfig,
-        ProviderConfig,
-    )
+    from trainer.config import CheckpointConfig
     from trainer.control.planning import make_planner
     from trainer.control.run import train as train_config
 
@@ -331,14 +323,17 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
                 started[self.name].set()
 
     def job(name: str) -> None:
-        config = JobConfig(
-            job=name, out_dir=str(tmp_path / name), train=TrainConfig(steps=500),
-            availability=AvailabilityConfig(interval_seconds=2.0), checkpoint=CheckpointConfig(every=0),
-            control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
-            provider=ProviderConfig(name="market", start_method="forkserver", options={"trace": str(market)}),
-            planning=PlanningConfig(planner="rule", profile=str(profile), accept_plans=True),
-            fleet=FleetConfig(max_instances=2, min_instances=2, trace_store=str(tmp_path / "store")),
-        )  # fmt: skip
+        config = market_job(
+            tmp_path / name,
+            market,
+            steps=500,
+            max_instances=2,
+            interval_s=2.0,
+            job=name,
+            checkpoint=CheckpointConfig(every=0),
+            planning={"profile": str(profile), "accept_plans": True},
+            fleet={"min_instances": 2, "trace_store": str(tmp_path / "store")},
+        )
         planner, _ = make_planner("rule", accept_plans_for_s=4.0)
         observers[name] = MlflowJobObserver(run_name=name, flush_every_s=0.2)
         try:

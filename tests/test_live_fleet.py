@@ -15,7 +15,7 @@ import mlflow
 import pytest
 import torch
 from _mlflow import temporary_mlflow_store
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
 from forecasting import TraceStore, training_corpus
@@ -24,10 +24,8 @@ from trainer.config import (
     AvailabilityConfig,
     CheckpointConfig,
     ConfigError,
-    ControlPlaneConfig,
     FleetConfig,
     JobConfig,
-    PlanningConfig,
     ProviderConfig,
     TrainConfig,
     model_config,
@@ -209,15 +207,16 @@ def test_a_job_under_the_local_market_trains_the_uninterrupted_run(tmp_path, sto
     steps = 200
     market = tmp_path / "market.csv"  # ts_ms,count: 4 for 12 intervals of 60 s, then 2
     market.write_text("0,4\n720000,2\n3600000,2\n")
-    config = JobConfig(
-        out_dir=str(tmp_path / "job"), model=CFG, train=TrainConfig(steps=steps),
-        availability=AvailabilityConfig(interval_seconds=1.0), checkpoint=CheckpointConfig(every=10),
-        control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
-        provider=ProviderConfig(name="market", start_method="forkserver",
-                                options={"trace": str(market), "seed": 1, "kill_fraction": 0.0}),
-        planning=PlanningConfig(planner="rule"),
-        fleet=FleetConfig(max_instances=4, min_instances=2, trace_store=str(tmp_path / "store")),
-    )  # fmt: skip
+    config = market_job(
+        tmp_path / "job",
+        market,
+        steps=steps,
+        max_instances=4,
+        model=CFG,
+        checkpoint=CheckpointConfig(every=10),
+        options={"seed": 1, "kill_fraction": 0.0},
+        fleet={"min_instances": 2, "trace_store": str(tmp_path / "store")},
+    )
     assert market_capacity(str(market), 4)[:13] == [4] * 12 + [2]
     obs = MlflowJobObserver(flush_every_s=0.5)
     report = train(config, planner=RulePlanner(), observer=obs)
@@ -298,14 +297,16 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
     steps = 100
     market = tmp_path / "market.csv"
     market.write_text("0,2\n360000,0\n600000,2\n3600000,2\n")
-    config = JobConfig(
-        out_dir=str(tmp_path / "job"), model=CFG, train=TrainConfig(steps=steps),
-        availability=AvailabilityConfig(interval_seconds=1.0), checkpoint=CheckpointConfig(every=5),
-        control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
-        provider=ProviderConfig(name="market", start_method="forkserver",
-                                options={"trace": str(market), "kill_fraction": kill_fraction, **market_options}),
-        planning=PlanningConfig(planner="rule"), fleet=FleetConfig(max_instances=2, record_history=False),
-    )  # fmt: skip
+    config = market_job(
+        tmp_path / "job",
+        market,
+        steps=steps,
+        max_instances=2,
+        model=CFG,
+        checkpoint=CheckpointConfig(every=5),
+        options={"kill_fraction": kill_fraction, **market_options},
+        fleet={"record_history": False},
+    )
     report = train(config, planner=RulePlanner())
     assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
     restarts = [r for r in report["reconfigurations"] if r["kind"] == "checkpoint-restart"]
