@@ -83,14 +83,15 @@ def peak_instances(workers: int, groups: Sequence[EventGroup]) -> int:
 
 def run_job(
     config: JobConfig,
-    schedule: Schedule,
+    schedule: Schedule | None,
     *,
     observer: JobObserver | None = None,
     planner: Planner | None = None,
     remote: RemoteJob | None = None,
 ) -> dict[str, Any]:
     """Train `config` (its steps, model, checkpoints, control plane, ...) on `schedule`: its `workers` initial
-    instances starting at its `strategy` = (D, P), then its `events`.
+    instances starting at its `strategy` = (D, P), then its `events`; or, for a live fleet (`config.fleet`, no
+    schedule), on what its provider grants, planned every wall-clock interval.
 
     Everything is validated before a process starts (impossible strategies, bad events, an out_dir holding an earlier
     job's files, a foreign or corrupt checkpoint to resume from: `ScheduleError`, `EventError`); a job that starts but
@@ -125,65 +126,23 @@ def run_job(
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
-    if config.fleet.live:
+    if config.fleet.live:  # the fleet, not a schedule, decides what exists
         if planner is None:
             raise ScheduleError("a live fleet is planned every interval: give a planner (parcae train --planner)")
-        schedule = Schedule(workers=1, strategy=(1, 1), steps_per_interval=1)  # the fleet, not a schedule, decides
-    workers, steps_per_interval = schedule.workers, schedule.steps_per_interval
-    evs = parse_events(list(schedule.events))
-    groups = group_events(evs)
-    strategy = (int(schedule.strategy[0]), int(schedule.strategy[1]))
-    rule = None
-    if planner is not None:
-        if steps_per_interval < 1:
-            raise ScheduleError(f"a job with a live planner needs steps_per_interval >= 1, got {steps_per_interval}")
-        planned = sorted({(e.kind, e.step) for e in evs if e.kind in ("plan", "checkpoint-restart")})
-        if planned:
-            raise ScheduleError(
-                f"a job with a live planner ({planner.name}) takes availability events only (add, preempt, kill); "
-                f"the schedule has {', '.join(f'{k} at step {st}' for k, st in planned)}: drop them "
-                "(e.g. trace_schedule(..., plans=False))"
-            )
-        rule = lambda n: trace_strategy(n, layer_count(model), train_cfg.global_batch)  # noqa: E731
-    elif steps_per_interval:
-        raise ScheduleError(f"steps_per_interval={steps_per_interval} needs a planner (planner=...)")
-    check_schedule(model, train_cfg, workers, strategy, steps, groups, strategy_for=rule)
+        restore, note = _resume(config)
+        most = config.fleet.max_instances
+        assert most is not None, "FleetConfig.live means max_instances is set"
+        start = _Start(ids=range(0), next_id=0, strategy=(1, 1), peak=most)
+    else:
+        if schedule is None:
+            raise ScheduleError("a job without a live fleet needs a schedule (trainer.control.events.Schedule)")
+        replay = _Replay.checked(config, schedule, planner)
+        restore, note = _resume(config)
+        start = replay.start(restore)
     out = Path(config.out_dir)
     layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
-    restore, note, fetched = 0, None, None
     mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
-    if config.checkpoint.resume and mirror is not None:  # a fresh machine: the newest copy comes back first
-        fetched = mirror.fetch_latest(ckpt_dir, layer_names(model), job=job)
-    if config.checkpoint.resume:
-        if (out / JOB_FILE).is_file():  # written by an earlier run of this job (`_write_job_file`)
-            check_same_job(jsonio.loads(jsonio.read(out / JOB_FILE)), config, out / JOB_FILE)
-        found = resume_point(ckpt_dir, layers_dir, model, job, steps)
-        restore = found[0] if found else 0
-        clear_for_resume(layers_dir, ckpt_dir, restore)
-        note = (f"resumed from the checkpoint of step {restore} in {ckpt_dir} ({len(found[1])} files); "
-                f"steps 0..{restore - 1} were trained by an earlier run" if found else
-                f"resume: {ckpt_dir} holds no complete checkpoint of job {job!r}; started from step 0")  # fmt: skip
-        if found and found[2]:
-            note += f" (skipped {'; '.join(found[2])})"
-        if fetched is not None and mirror is not None:
-            note += f"; the checkpoint of step {fetched} was fetched from {mirror.uri}"
-    else:
-        for d in (layers_dir, ckpt_dir):
-            if d.exists() and any(d.iterdir()):
-                raise ScheduleError(f"{d} already holds files (of an earlier job?); give a fresh output folder "
-                                    "(--out-dir), or resume (--resume) to continue that job from its last "
-                                    "checkpoint")  # fmt: skip
-    ids: Sequence[int] = range(workers)
-    next_id, start, assignment = workers, strategy, None
-    if restore and not config.fleet.live:  # start where the schedule was at the resume step, drop earlier events
-        state = schedule_state(model, train_cfg, workers, strategy, steps, groups, restore, strategy_for=rule)
-        ids, next_id = state.alive, state.next_id
-        start, assignment = (state.epoch.D, state.epoch.P), state.epoch.assignment
-        groups = [g for g in groups if g.step >= restore]
-    intervals: list[int] = []
-    if planner is not None and not config.fleet.live:
-        intervals = [b for b in range(steps_per_interval, steps, steps_per_interval) if b >= restore]
-    peak = config.fleet.max_instances or max(len(ids), peak_instances(len(ids), groups))
+    peak = start.peak
     max_processes = config.provider.max_processes or peak
     if remote is None:
         _check_local_capacity(peak)
@@ -219,20 +178,21 @@ def run_job(
     obs = ObserverList([observer])
     timeout_s = config.control.timeout_s
     deadline = math.inf if timeout_s is None else t0 + timeout_s  # no hidden deadline: a job runs until it is done
-    driver = Driver(coord, provider, groups, LivePlanning(planner, intervals, steps_per_interval),
+    driver = Driver(coord, provider, start.groups, LivePlanning(planner, start.intervals, start.steps_per_interval),
                      deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     if mirror is not None:
         driver.uploader = MirrorUploader(mirror, ckpt_dir, config.checkpoint.keep,
                                          on_upload=driver.prune_local if config.checkpoint.keep else None)  # fmt: skip
     info = {
         "job": job, "model": model.name, "model_args": dict(model.args) or None,
-        "model_fingerprint": model_fingerprint(model)[:16], "workers": len(ids), "strategy": start, "steps": steps,
+        "model_fingerprint": model_fingerprint(model)[:16], "workers": len(start.ids), "strategy": start.strategy,
+        "steps": steps,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
         "planner": planner.name if planner is not None else None,
         "accepts_plans": bool(getattr(planner, "accepts_handed", False)),
         "interval_seconds": config.availability.interval_seconds, "profile": config.planning.profile,
-        "steps_per_interval": steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
+        "steps_per_interval": start.steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
         "config": config.to_dict(),
     }  # fmt: skip
     fleet, history = None, None
@@ -249,7 +209,8 @@ def run_job(
             fleet = FleetController(config.fleet, interval_s, time.monotonic(), on_row=history)
             driver.run_fleet(fleet, config.availability.interval_seconds, info, restore_step=restore)
         else:
-            driver.run(ids, start, info, next_id=next_id, restore_step=restore, assignment=assignment)
+            driver.run(start.ids, start.strategy, info, next_id=start.next_id, restore_step=restore,
+                       assignment=start.assignment)  # fmt: skip
         t_train = time.time() - float(coord.store.get(keys.epoch_decided(1)))
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
@@ -302,6 +263,110 @@ def run_job(
     return result
 
 
+@dataclasses.dataclass(frozen=True)
+class _Start:
+    """Where the driver begins: the instances alive (`ids`; the next one added gets `next_id`), the strategy and
+    layer assignment they start on, the schedule's events still to come, the live planner's interval boundaries
+    and the most instances the job has at once (`peak`). A live fleet starts with none of these: it decides."""
+
+    ids: Sequence[int]
+    next_id: int
+    strategy: tuple[int, int]
+    peak: int
+    assignment: Any = None
+    groups: Sequence[EventGroup] = ()
+    intervals: Sequence[int] = ()
+    steps_per_interval: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """A replayed schedule, checked against the job before anything starts (`checked`), then started where the
+    schedule is at the resume step (`start`)."""
+
+    config: JobConfig
+    schedule: Schedule
+    groups: list[EventGroup]
+    strategy: tuple[int, int]
+    planned: bool
+    rule: Any = None
+
+    @classmethod
+    def checked(cls, config: JobConfig, schedule: Schedule, planner: Planner | None) -> _Replay:
+        model, train_cfg = config.model, config.train
+        evs = parse_events(list(schedule.events))
+        spi = schedule.steps_per_interval
+        rule = None
+        if planner is not None:
+            if spi < 1:
+                raise ScheduleError(f"a job with a live planner needs steps_per_interval >= 1, got {spi}")
+            planned = sorted({(e.kind, e.step) for e in evs if e.kind in ("plan", "checkpoint-restart")})
+            if planned:
+                raise ScheduleError(
+                    f"a job with a live planner ({planner.name}) takes availability events only (add, preempt, "
+                    f"kill); the schedule has {', '.join(f'{k} at step {st}' for k, st in planned)}: drop them "
+                    "(e.g. trace_schedule(..., plans=False))"
+                )
+            rule = lambda n: trace_strategy(n, layer_count(model), train_cfg.global_batch)  # noqa: E731
+        elif spi:
+            raise ScheduleError(f"steps_per_interval={spi} needs a planner (planner=...)")
+        groups = group_events(evs)
+        strategy = (int(schedule.strategy[0]), int(schedule.strategy[1]))
+        check_schedule(model, train_cfg, schedule.workers, strategy, config.steps, groups, strategy_for=rule)
+        return cls(config, schedule, groups, strategy, planner is not None, rule)
+
+    def start(self, restore: int) -> _Start:
+        model, train_cfg, steps, workers = (
+            self.config.model,
+            self.config.train,
+            self.config.steps,
+            self.schedule.workers,
+        )
+        ids: Sequence[int] = range(workers)
+        next_id, strategy, assignment, groups = workers, self.strategy, None, self.groups
+        if restore:  # start where the schedule was at the resume step, drop earlier events
+            state = schedule_state(model, train_cfg, workers, strategy, steps, groups, restore,
+                                   strategy_for=self.rule)  # fmt: skip
+            ids, next_id = state.alive, state.next_id
+            strategy, assignment = (state.epoch.D, state.epoch.P), state.epoch.assignment
+            groups = [g for g in groups if g.step >= restore]
+        spi = self.schedule.steps_per_interval
+        intervals = [b for b in range(spi, steps, spi) if b >= restore] if self.planned else []
+        return _Start(ids=ids, next_id=next_id, strategy=strategy, assignment=assignment, groups=groups,
+                      intervals=intervals, steps_per_interval=spi,
+                      peak=max(len(ids), peak_instances(len(ids), groups)))  # fmt: skip
+
+
+def _resume(config: JobConfig) -> tuple[int, str | None]:
+    """The step the job starts at and what resume found: 0 and None without `config.checkpoint.resume`, whose
+    out_dir must then hold no earlier job's files. With a `checkpoint.uri`, once the out_dir is known to be this
+    job's, the newest complete checkpoint there is fetched first (a fresh machine)."""
+    out, model, job, steps = Path(config.out_dir), config.model, config.job, config.steps
+    layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
+    if not config.checkpoint.resume:
+        for d in (layers_dir, ckpt_dir):
+            if d.exists() and any(d.iterdir()):
+                raise ScheduleError(f"{d} already holds files (of an earlier job?); give a fresh output folder "
+                                    "(--out-dir), or resume (--resume) to continue that job from its last "
+                                    "checkpoint")  # fmt: skip
+        return 0, None
+    if (out / JOB_FILE).is_file():  # written by an earlier run of this job (`_write_job_file`)
+        check_same_job(jsonio.loads(jsonio.read(out / JOB_FILE)), config, out / JOB_FILE)
+    mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
+    fetched = mirror.fetch_latest(ckpt_dir, layer_names(model), job=job) if mirror is not None else None
+    found = resume_point(ckpt_dir, layers_dir, model, job, steps)
+    restore = found[0] if found else 0
+    clear_for_resume(layers_dir, ckpt_dir, restore)
+    note = (f"resumed from the checkpoint of step {restore} in {ckpt_dir} ({len(found[1])} files); "
+            f"steps 0..{restore - 1} were trained by an earlier run" if found else
+            f"resume: {ckpt_dir} holds no complete checkpoint of job {job!r}; started from step 0")  # fmt: skip
+    if found and found[2]:
+        note += f" (skipped {'; '.join(found[2])})"
+    if fetched is not None and mirror is not None:
+        note += f"; the checkpoint of step {fetched} was fetched from {mirror.uri}"
+    return restore, note
+
+
 def job_schedule(config: JobConfig, *, planned: bool) -> Schedule:
     """The schedule `config.availability` describes: a replayed trace (`LocalTraceProvider`: one interval lasts
     `interval_seconds`, i.e. `interval_seconds / step_seconds` steps; with a live planner (`planned`) its
@@ -336,8 +401,8 @@ def train(
     if config.provider.name == "local":  # the workers run here: a device this machine lacks is refused now
         resolve_device(config.train.device, 0)
     remote = find_provider(config.provider.name).job(config.provider.options)  # None: local worker processes
-    result = run_job(config, job_schedule(config, planned=planner is not None), observer=observer, planner=planner,
-                     remote=remote)  # fmt: skip
+    schedule = None if config.fleet.live else job_schedule(config, planned=planner is not None)
+    result = run_job(config, schedule, observer=observer, planner=planner, remote=remote)
     report = job_report(result)
     if json_out is not None:
         Path(json_out).parent.mkdir(parents=True, exist_ok=True)
