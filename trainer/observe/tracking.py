@@ -197,13 +197,17 @@ def fleet_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
     fig = Figure(figsize=(10, 5), layout="constrained")
     FigureCanvasAgg(fig)
     alive, asks = fig.subplots(2, 1, sharex=True)
-    ts = [float(r["t"]) for r in rows]
-    alive.fill_between(ts, [r["alive"] for r in rows], step="post", color="tab:blue", alpha=0.3, label="alive")
+    # a row closes its interval at t: its counts cover (previous t, t], its alive the next interval; the job
+    # starts at 0 with nothing alive, so the first interval is drawn from 0 like the others
+    ts = [0.0] + [float(r["t"]) for r in rows]
+    alive.fill_between(ts, [0] + [r["alive"] for r in rows], step="post", color="tab:blue", alpha=0.3,
+                       label="alive")  # fmt: skip
     alive.set_ylabel("instances")
     alive.set_ylim(bottom=0)
     for key, colour in (("requested", "tab:gray"), ("granted", "tab:green"), ("refused", "tab:red"),
                         ("reclaimed", "tab:purple")):  # fmt: skip
-        asks.step(ts, [r[key] for r in rows], where="pre", color=colour, lw=1.2, label=key)
+        counts = [r[key] for r in rows]
+        asks.step(ts, counts[:1] + counts, where="pre", color=colour, lw=1.2, label=key)
     asks.set_ylabel("per interval")
     asks.set_xlabel("seconds since the job started")
     for ax in (alive, asks):
