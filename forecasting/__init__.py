@@ -6,7 +6,9 @@ What is here, and where it lives:
 - the interface: `Forecaster` (``fit`` / ``predict`` / ``history_window``) and the `Forecast` it returns
   (`forecasting.forecast`);
 - the models: `FORECASTERS` (name -> factory), `make_forecaster`, `fit_forecaster` (`forecasting.forecasters`),
-  and the classes themselves (`forecasting.baselines`, `forecasting.lgbm`);
+  and the classes themselves (`forecasting.baselines`, `forecasting.lgbm`); the online skill gate that keeps a
+  learned point forecast only where it beat persistence on the trace's own past (`SkillGated`, `skill_gated`:
+  `forecasting.skill_gate`);
 - evaluation: `rolling_origin`, `BacktestResult` (`forecasting.backtest`);
 - traces: `load_trace` and the trace catalog (`available_traces`), the canonical per-interval table
   (`forecasting.traces`), the training corpus (`forecasting.corpus`);
@@ -42,6 +44,8 @@ _HOMES: dict[str, str] = {
     "EtsForecaster": "baselines",
     "PersistenceForecaster": "baselines",
     "LightGbmForecaster": "lgbm",
+    "SkillGated": "skill_gate",
+    "skill_gated": "skill_gate",
     # evaluation
     "DEFAULT_START": "backtest",
     "BacktestResult": "backtest",
@@ -114,6 +118,8 @@ if TYPE_CHECKING:
     from forecasting.registry import load_champion as load_champion
     from forecasting.registry import trace_fingerprint as trace_fingerprint
     from forecasting.registry import train_and_log as train_and_log
+    from forecasting.skill_gate import SkillGated as SkillGated
+    from forecasting.skill_gate import skill_gated as skill_gated
     from forecasting.traces import COLUMNS as COLUMNS
     from forecasting.traces import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
     from forecasting.traces import INTERVAL_S_RANGE as INTERVAL_S_RANGE

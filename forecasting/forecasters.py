@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # the models are imported when built: the CLI reads the names
     from forecasting.baselines import ArimaForecaster, EtsForecaster, PersistenceForecaster
     from forecasting.forecast import Forecaster
     from forecasting.lgbm import LightGbmForecaster
+    from forecasting.skill_gate import SkillGated
 
 __all__ = ["FORECASTERS", "ForecasterFactory", "UnknownForecasterError", "fit_forecaster", "make_forecaster"]
 
@@ -65,10 +66,17 @@ def _lightgbm(horizon: int, seed: int = 0, **params: Any) -> LightGbmForecaster:
     return LightGbmForecaster(**{"horizon_max": max(12, horizon), "seed": seed, **params})
 
 
+def _lightgbm_gated(horizon: int, seed: int = 0, **params: Any) -> SkillGated:
+    from forecasting.skill_gate import SkillGated
+
+    return SkillGated(_lightgbm(horizon, seed, **params))
+
+
 #: Name -> factory, in the order tables list the models (baselines first).
 FORECASTERS: Mapping[str, ForecasterFactory] = MappingProxyType(
-    {"persistence": _persistence, "arima": _arima, "ets": _ets, "lightgbm": _lightgbm}
-)
+    {"persistence": _persistence, "arima": _arima, "ets": _ets, "lightgbm": _lightgbm,
+     "lightgbm-gated": _lightgbm_gated}
+)  # fmt: skip
 
 
 def make_forecaster(name: str, horizon: int, seed: int = 0, **params: Any) -> Forecaster:
