@@ -27,12 +27,14 @@ def forecast_next_intervals(
     forecaster: Forecaster, history: pd.DataFrame, look_ahead: int, capacity: int | None = None
 ) -> Forecast:
     """The forecast of the ``look_ahead`` intervals after the last one of ``history``; with ``capacity``, of the
-    history rescaled to that many instances (`forecasting.traces.scale_trace`: a trace replayed on a job's fleet)."""
-    if capacity is not None:
-        from forecasting import scale_trace
+    history rescaled to that many instances (`forecasting.traces.scale_trace`: a trace replayed on a job's fleet).
+    A learned forecaster predicts behind the online skill gate (`forecasting.skill_gated`), as the in-job planner
+    does: its point forecast only where it has beaten persistence on this history."""
+    from forecasting import scale_trace, skill_gated
 
+    if capacity is not None:
         history = scale_trace(history, capacity)
-    return forecaster.predict(history, look_ahead)
+    return skill_gated(forecaster).predict(history, look_ahead)
 
 
 @task(name="plan-next-interval", persist_result=False)

@@ -100,7 +100,12 @@ def training_planner(
         else:
             origin = "no champion forecaster in the MLflow registry; persistence is the fallback"
         past = f"{trace}'s past" if trace is not None else "the fleet's own history"
-        what = (f"{name} ({origin}) on {past}; persistence where it cannot forecast (said in each "
+        gate = (
+            ""
+            if name == "persistence"
+            else ", behind the online skill gate (its point forecast where it has beaten persistence on that past)"
+        )
+        what = (f"{name} ({origin}) on {past}{gate}; persistence where it cannot forecast (said in each "
                 "decision's details)")  # fmt: skip
         if accept_plans_for_s is not None:
             what = f"plans handed in when fresh (each stands {accept_plans_for_s:g} s), else {what}"

@@ -145,7 +145,7 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     assert run.data.tags[FORECASTER_RUN_TAG] == trained.result()["run_id"]  # the champion's training run
     assert run.data.params["model"] == "gpt-1.5b" and run.data.params["look_ahead"] == str(LOOK_AHEAD)
     assert run.data.params["interval"] == str(at) and run.data.params["current_strategy"] == "2x4"
-    assert run.data.params["forecaster"] == "lightgbm"
+    assert run.data.params["forecaster"] == "lightgbm-gated"  # the champion, behind the online skill gate
     assert run.data.metrics["expected_samples"] == pytest.approx(plan["expected_samples"])
     assert {"decision_ms", "reach"} <= set(run.data.metrics)
     logged = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/plan.json")

@@ -11,8 +11,11 @@ and a cost model built from tiny-gpt's real per-layer parameter counts, as `parc
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tracking import plan_metrics
 
+import numpy as np
 import pytest
 import torch
 from _flow_fixtures import runtime_profile_file
@@ -22,6 +25,7 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 
 from forecasting.baselines import PersistenceForecaster
 from forecasting.lgbm import LightGbmForecaster
+from forecasting.skill_gate import skill_gated
 from forecasting.traces import counts_table, load_trace, scale_trace
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
 from trainer.config import TrainConfig, model_config
@@ -224,9 +228,12 @@ def test_a_fleet_s_forecast_comes_from_its_own_history(lightgbm):
     assert source.last.startswith("persistence: lightgbm refused the fleet's history of 7 intervals")
     planner, what = make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, fleet=4,
                                  look_ahead=3)  # fmt: skip
-    assert what.startswith("lightgbm on the fleet's own history")
+    assert what.startswith("lightgbm-gated on the fleet's own history")  # behind the online skill gate
     decision, details = planner(req)
-    assert details["forecast"] == "lightgbm on the fleet's history" and decision[0] * decision[1] <= 2
+    assert details["forecast"] == "lightgbm-gated on the fleet's history" and decision[0] * decision[1] <= 2
+    # seven intervals are too short a past to trust the model's point forecast: persistence's, with its quantiles
+    gated = HistoryForecast(skill_gated(lightgbm), capacity=4)
+    assert gated(req, 4)[1:] == IntervalForecast.from_forecast(replace(want, point=np.full(3, 2.0), events=()))
     with pytest.raises(ValueError, match="its own history, not a trace"):
         make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, fleet=4, trace="p3")
 
@@ -234,9 +241,9 @@ def test_a_fleet_s_forecast_comes_from_its_own_history(lightgbm):
 def test_a_liveput_decision_records_its_forecast_source(lightgbm):
     planner, what = make_planner("liveput", profile=tiny_runtime_profile(), forecaster=lightgbm, trace="p3",
                                  workers=4, start_interval=51, look_ahead=3)  # fmt: skip
-    assert what.startswith("lightgbm on p3's past")
+    assert what.startswith("lightgbm-gated on p3's past")
     _, details = planner(request((4, 3, 3, 3, 3, 3, 3, 2), (1, 3)))
-    assert details["forecast"] == "lightgbm" and details["look_ahead"] == 3 and details["interval_s"] == 60.0
+    assert details["forecast"] == "lightgbm-gated" and details["look_ahead"] == 3 and details["interval_s"] == 60.0
     assert details["intervals"][0] == {"prev_available": 3, "events": [[0, 1, 1.0]]}
     _, details = planner(request((4, 3, 3, 3, 3, 3, 3, 3), (1, 3)))
     assert details["forecast"] == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive"
@@ -371,7 +378,7 @@ def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
     # forecasts by the fitted model from the trace's past, except at the kill's boundary (the victim still counts)
     sources = [p.details["forecast"] for p in plans]
     assert sources[6] == "persistence: the trace's past (to interval 57) ends at 2, the job has 3 alive", sources
-    assert sources[:6] + sources[7:] == ["lightgbm"] * 10, sources
+    assert sources[:6] + sources[7:] == ["lightgbm-gated"] * 10, sources
     assert all(p.decision[0] * p.decision[1] <= p.alive for p in plans)
     # 4 instances, one preempted at 2, one killed during 14 (still alive when 14 is planned), one added at 22
     assert [p.alive for p in plans] == [3] * 7 + [2] * 3 + [3]

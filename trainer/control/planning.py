@@ -443,9 +443,10 @@ def make_planner(
     flow runs; the current strategy until one arrives). ``liveput``: `LiveputPlanner` on the runtime ``profile``
     (`trainer.observe.profile.RuntimeProfile`, what `parcae profile` writes; of ``model`` when that is given) over
     ``look_ahead`` intervals of ``interval_s`` seconds, forecasting with ``forecaster`` (a fitted
-    `forecasting.forecast.Forecaster`) on the past of the replayed ``trace`` scaled to ``workers`` instances from
-    ``start_interval`` (`TraceForecast`) — or, for a live fleet of up to ``fleet`` instances, on the fleet's own
-    history (`HistoryForecast`) —, or with `observed_persistence` when no forecaster is given. The other kinds
+    `forecasting.forecast.Forecaster`; a learned one behind the online skill gate, `forecasting.skill_gated`) on
+    the past of the replayed ``trace`` scaled to ``workers`` instances from ``start_interval`` (`TraceForecast`)
+    — or, for a live fleet of up to ``fleet`` instances, on the fleet's own history (`HistoryForecast`) —, or with
+    `observed_persistence` when no forecaster is given. The other kinds
     ignore ``profile``, ``forecaster``, ``trace`` and ``fleet``. With ``accept_plans_for_s``, a rule or liveput
     planner also takes plans handed in from outside (the scheduled plan-interval flow's): each stands that many
     seconds, and the planner decides again when no fresh one has come (`HandedPlanner`'s fallback).
@@ -473,20 +474,23 @@ def make_planner(
     if model is not None and throughput.model != model:
         raise ValueError(f"the runtime profile is of model {throughput.model!r}, the job trains {model!r}: measure "
                          f"one with `parcae profile --model {model}`")  # fmt: skip
+    # a learned model's point forecast is kept only where it has beaten persistence on the past the job has seen
+    from forecasting import skill_gated
+
     if forecaster is None:
         forecast: Forecast = observed_persistence
         what = "persistence (the alive count stays; the change seen at each boundary is priced)"
     elif fleet is not None:
         if trace is not None:
             raise ValueError("a live fleet's forecasts come from its own history, not a trace: give one or the other")
-        forecast = HistoryForecast(forecaster, fleet, interval_s)
+        forecast = HistoryForecast(skill_gated(forecaster), fleet, interval_s)
         what = (f"{forecast.model} on the fleet's own history (persistence while it is too short, said in each "
                 "decision's details)")  # fmt: skip
     else:
         if trace is None or workers is None:
             raise ValueError("a forecaster forecasts from the replayed trace's past: give the trace and the job's "
                              "instances (workers), or no forecaster (persistence)")  # fmt: skip
-        source = TraceForecast.of_trace(forecaster, trace, workers, start_interval)
+        source = TraceForecast.of_trace(skill_gated(forecaster), trace, workers, start_interval)
         name = trace if isinstance(trace, str) else str(trace.attrs.get("name", "the trace"))
         forecast = source
         what = (f"{source.model} on {name}'s past (persistence where it cannot forecast, said in each decision's "
