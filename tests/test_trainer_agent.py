@@ -324,7 +324,10 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     handed_off = any(r["source"] == "sigterm" and 1 in r["preempted"] and r["steps_lost"] == 0 for r in recs)
     standby = any(e.get("event") == "preempt-standby" and 1 in e["workers"] for e in result["events"])
     assert (handed_off or standby) and result["exit_codes"][1] == EXIT_PREEMPTED, (recs, result["exit_codes"])
-    assert any(not r["notice"] for r in recs), recs  # worker 0 was reclaimed without notice
+    # worker 0 was reclaimed without notice: a member then (the survivors recovered without notice), or a standby
+    # (which instances train, and which stand by, is the boot order's and the rule's)
+    died = [e for e in result["events"] if e.get("event") == "dead" and 0 in e["workers"]]
+    assert died and (any(not r["notice"] for r in recs) or not died[0]["epoch_broken"]), (died, recs)
     assert "spot interruption notice" in standin.log(1)
     assert 0 in standin.reclaimed
     states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
