@@ -326,7 +326,7 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
         config = market_job(
             tmp_path / name,
             market,
-            steps=500,
+            steps=250,  # handed plans came by step 15-51 and the rule took over again by 57-83 here
             max_instances=2,
             interval_s=2.0,
             job=name,
