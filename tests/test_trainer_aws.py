@@ -32,6 +32,7 @@ from trainer.providers.aws import (
     WORKER_TAG_KEY,
     AwsConfigError,
     AwsCredentialsError,
+    AwsFleet,
     AwsProviderError,
     AwsSpotConfig,
     AwsSpotProvider,
@@ -117,6 +118,8 @@ def instance(ec2: Any, instance_id: str) -> dict[str, Any]:
         ("max_price", "-1", "a price in USD per hour > 0"),
         ("max_price", "cheap", "a price in USD per hour > 0"),
         ("notice_s", -5.0, "seconds >= 0"),
+        ("instance_types", "p3.8xlarge", "a list of EC2 instance types"),
+        ("subnet_ids", ["vpc-0123456789abcdef0"], "a list of subnet ids"),
     ],
 )
 def test_config_names_the_wrong_field(field: str, value: Any, says: str) -> None:
@@ -136,6 +139,17 @@ def test_config_normalises_and_reads_mappings() -> None:
         AwsSpotConfig.from_mapping({**data, "imageid": AMI})
     with pytest.raises(AwsConfigError, match="missing field.*token_parameter"):
         AwsSpotConfig.from_mapping({k: v for k, v in data.items() if k != "token_parameter"})
+
+
+def test_capacity_pools_are_each_subnet_of_a_type_then_the_next_type() -> None:
+    s1, s2 = "subnet-0123456789abcdef0", "subnet-0123456789abcdef1"
+    assert config().capacity_pools == (("p3.2xlarge", None),)
+    c = config(subnet_id=s1, subnet_ids=[s2], instance_types=["p3.8xlarge"])
+    assert c.subnet_ids == (s2,) and c.capacity_pools == (
+        ("p3.2xlarge", s1), ("p3.2xlarge", s2), ("p3.8xlarge", s1), ("p3.8xlarge", s2))  # fmt: skip
+    assert config(subnet_ids=[s2]).capacity_pools == (("p3.2xlarge", s2),)
+    with pytest.raises(AwsConfigError, match="repeat a pool.*give each type and subnet once"):
+        config(subnet_id=s1, subnet_ids=[s1])
 
 
 def test_our_job_tag_is_the_one_the_collector_records() -> None:
@@ -285,6 +299,34 @@ def test_aws_errors_name_the_operation_and_the_fix(aws: dict[str, Any]) -> None:
     }
     assert states and states <= {"shutting-down", "terminated"}
     assert p.start(1) == [0]  # the failed call handed out no ids
+    p.stop()
+
+
+def test_an_instance_a_pool_has_no_capacity_for_is_asked_of_the_next_pool(aws: dict[str, Any]) -> None:
+    """Two subnets (zones) and two types: the first pool refuses, so worker 0 launches in the second; worker 1 is
+    not asked of the refusing pool again; when every pool refuses, the error names each and nothing stays."""
+    ec2 = aws["ec2"]
+    vpc = ec2.describe_subnets(SubnetIds=[aws["subnet"]])["Subnets"][0]["VpcId"]
+    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
+    p = provider(aws, subnet_ids=[other], instance_types=["p3.8xlarge"])
+    no = ("InsufficientInstanceCapacity", "There is no Spot capacity available")
+    sent = answer(p.ec2.meta.events, "RunInstances", [no, None, None])
+    assert p.start(2) == [0, 1]
+    assert [(r["body"]["InstanceType"], r["body"]["SubnetId"]) for r in sent] == [
+        ("p3.2xlarge", aws["subnet"]), ("p3.2xlarge", other), ("p3.2xlarge", other)]  # fmt: skip
+    assert {instance(ec2, i)["SubnetId"] for i in p.instance_ids().values()} == {other}
+    # every pool refused worker 2: the request fails with AWS's capacity code, naming each pool
+    sent = answer(p.ec2.meta.events, "RunInstances", [no, ("InsufficientInstanceCapacity", "none"), no, no])
+    last, first = r"worker 2, p3\.8xlarge in subnet-.*InsufficientInstanceCapacity", r"worker 2, p3\.2xlarge in subnet-"
+    with pytest.raises(AwsProviderError, match=rf"{last}.*and before it: .*{first}") as exc:
+        p.start(1)
+    assert exc.value.code == "InsufficientInstanceCapacity" and len(sent) == 4
+    assert p.alive() == {0, 1}
+    # the fleet takes that as the market's answer: refused, with the code, and retried later
+    fleet = AwsFleet(p, store=None)
+    answer(p.ec2.meta.events, "RunInstances", [no, no, no, no])
+    refused = fleet.request(1)
+    assert refused.granted == () and refused.refused == 1 and refused.reason == "InsufficientInstanceCapacity"
     p.stop()
 
 

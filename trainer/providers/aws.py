@@ -258,15 +258,28 @@ class AwsSpotProvider(NumberedInstances):
         return f"worker ids {taken} already have an instance" if taken else None
 
     def _launch(self, ids: list[int]) -> None:
-        """One `run_instances` per worker id; all or nothing. Called with the lock held."""
+        """One `run_instances` per worker id, in the first of the config's capacity pools that has capacity (a pool
+        that refused one is not asked again in this call); all or nothing. Called with the lock held."""
         launched: dict[int, str] = {}
+        pools = list(self.config.capacity_pools)
+        several = len(pools) > 1
         for w in ids:
-            try:
-                resp = aws_call(f"run_instances (worker {w})", self.ec2.run_instances, **self.launch_params(w))
-            except AwsProviderError as exc:
-                self._roll_back(launched, exc)
-                raise
-            launched[w] = resp["Instances"][0]["InstanceId"]
+            refused: list[AwsProviderError] = []
+            for pool in list(pools):
+                what = f"worker {w}, {_pool_name(pool)}" if several else f"worker {w}"
+                try:
+                    resp = aws_call(f"run_instances ({what})", self.ec2.run_instances, **self.launch_params(w, pool))
+                except AwsProviderError as exc:
+                    if exc.code in CAPACITY_CODES and pool != pools[-1]:
+                        refused.append(exc)
+                        pools.remove(pool)
+                        continue
+                    if refused:  # every pool refused: say so, with AWS's code of the last one
+                        exc.args = (f"{exc.args[0]} (and before it: {'; '.join(str(e) for e in refused)})",)
+                    self._roll_back(launched, exc)
+                    raise
+                launched[w] = resp["Instances"][0]["InstanceId"]
+                break
         self._instances.update(launched)
 
     def _roll_back(self, launched: dict[int, str], cause: AwsProviderError) -> None:
@@ -282,9 +295,11 @@ class AwsSpotProvider(NumberedInstances):
             cause.args = (f"{cause.args[0]}; and rolling back the {len(launched)} instance(s) this start launched "
                           f"failed ({exc}): workers {sorted(launched)} stay until stop()",)  # fmt: skip
 
-    def launch_params(self, worker: int) -> dict[str, Any]:
-        """The `run_instances` parameters of worker `worker`'s instance."""
+    def launch_params(self, worker: int, pool: tuple[str, str | None] | None = None) -> dict[str, Any]:
+        """The `run_instances` parameters of worker `worker`'s instance, in capacity `pool` (instance type, subnet;
+        default: the config's first)."""
         c = self.config
+        instance_type, subnet = pool if pool is not None else c.capacity_pools[0]
         spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if c.max_price is not None:
             spot["MaxPrice"] = c.max_price
@@ -292,7 +307,7 @@ class AwsSpotProvider(NumberedInstances):
         profile = c.iam_instance_profile
         params: dict[str, Any] = {
             "ImageId": c.image_id,
-            "InstanceType": c.instance_type,
+            "InstanceType": instance_type,
             "MinCount": 1,
             "MaxCount": 1,
             "UserData": user_data(c, worker),  # boto3 base64-encodes it
@@ -305,8 +320,8 @@ class AwsSpotProvider(NumberedInstances):
                 {"ResourceType": "spot-instances-request", "Tags": tags},
             ],
         }
-        if c.subnet_id is not None:
-            params["SubnetId"] = c.subnet_id
+        if subnet is not None:
+            params["SubnetId"] = subnet
         if c.security_group_ids:
             params["SecurityGroupIds"] = list(c.security_group_ids)
         if c.key_name is not None:
@@ -476,14 +491,19 @@ CAPACITY_CODES: Final = frozenset({
 })  # fmt: skip
 
 
+def _pool_name(pool: tuple[str, str | None]) -> str:
+    return f"{pool[0]} in {pool[1] or 'the default subnet'}"
+
+
 class AwsFleet(AgentInstances, Fleet):
     """A live fleet of one-time EC2 spot instances (`AwsSpotProvider`), their workers run by instance agents.
 
-    A request launches instances one by one until the cloud refuses one with a capacity error (`CAPACITY_CODES`):
-    the rest of the request is refused, with AWS's code as the reason (the driver retries with backoff). Any other
-    launch error is a configuration to fix and fails the job. A granted instance arrives at once (its agent starts
-    the worker when it boots; one reclaimed while it boots is seen as killed); the cloud's interruption notices
-    reach its agent, and through it the worker, as in any AWS job."""
+    A request launches instances one by one, each in the first of the config's capacity pools (instance types x
+    subnets, `AwsSpotConfig.capacity_pools`) that has capacity, until every pool refuses one with a capacity error
+    (`CAPACITY_CODES`): the rest of the request is refused, with AWS's code as the reason (the driver retries with
+    backoff). Any other launch error is a configuration to fix and fails the job. A granted instance arrives at
+    once (its agent starts the worker when it boots; one reclaimed while it boots is seen as killed); the cloud's
+    interruption notices reach its agent, and through it the worker, as in any AWS job."""
 
     def __init__(self, cloud: AwsSpotProvider, store: Any, **kw: Any) -> None:
         super().__init__(cloud, store, **kw)

@@ -55,6 +55,11 @@ class AwsSpotConfig:
     `iam_instance_profile`: a name or an ARN; its role must be allowed ssm:GetParameter on `token_parameter`.
     `subnet_id`/`security_group_ids`: None/() for the default VPC's. `max_price`: USD per hour (None: the
     on-demand price). `notice_s`: how long before a reclaim AWS warns (its two minutes).
+
+    `instance_types` and `subnet_ids` add capacity pools, in order of preference after `instance_type` and
+    `subnet_id`: an instance the first pool has no capacity for is asked of the next (the same type in each
+    subnet, i.e. zone, first; then the next type), and a request is refused only once every pool has refused it
+    (`capacity_pools`). The planner's runtime profile is of one machine: list only types with the same GPUs.
     """
 
     region: str
@@ -66,6 +71,8 @@ class AwsSpotConfig:
     iam_instance_profile: str
     instance_type: str = "p3.2xlarge"
     subnet_id: str | None = None
+    instance_types: tuple[str, ...] = ()
+    subnet_ids: tuple[str, ...] = ()
     security_group_ids: tuple[str, ...] = ()
     key_name: str | None = None
     python: str = "python3"
@@ -99,6 +106,18 @@ class AwsSpotConfig:
             raise bad("coordinator_port", "a TCP port number (1-65535)")
         if self.subnet_id is not None:
             match("subnet_id", _SUBNET_RE, "a subnet id such as 'subnet-0123456789abcdef0', or None")
+        for name, pattern, expected in (
+            ("instance_types", _INSTANCE_TYPE_RE, "a list of EC2 instance types such as ['p3.2xlarge']"),
+            ("subnet_ids", _SUBNET_RE, "a list of subnet ids such as ['subnet-0123456789abcdef0']"),
+        ):
+            more = getattr(self, name)
+            if isinstance(more, str) or not all(isinstance(v, str) and pattern.fullmatch(v) for v in more):
+                raise bad(name, expected)
+            object.__setattr__(self, name, tuple(more))
+        pools = self.capacity_pools
+        if len(set(pools)) != len(pools):
+            raise AwsConfigError("AwsSpotConfig: instance_types and subnet_ids repeat a pool of instance_type and "
+                                 f"subnet_id; give each type and subnet once (pools: {pools})")  # fmt: skip
         groups = self.security_group_ids
         if isinstance(groups, str) or not all(isinstance(g, str) and _SG_RE.fullmatch(g) for g in groups):
             raise bad("security_group_ids", "a list of security group ids such as ['sg-0123456789abcdef0']")
@@ -123,6 +142,15 @@ class AwsSpotConfig:
         number = isinstance(notice, (int, float)) and not isinstance(notice, bool)
         if not (number and math.isfinite(notice) and notice >= 0):
             raise bad("notice_s", "seconds >= 0")
+
+    @property
+    def capacity_pools(self) -> tuple[tuple[str, str | None], ...]:
+        """The (instance type, subnet) pools an instance is asked of, in order of preference: every subnet of the
+        first type, then of the next (a subnet of None: the default VPC's, which AWS picks the zone of)."""
+        subnets: tuple[str | None, ...] = (
+            (self.subnet_id, *self.subnet_ids) if self.subnet_id is not None else self.subnet_ids or (None,)
+        )
+        return tuple((t, s) for t in (self.instance_type, *self.instance_types) for s in subnets)
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, Any]) -> AwsSpotConfig:

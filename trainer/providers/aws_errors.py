@@ -34,7 +34,8 @@ _REJECTED_CREDENTIALS: Final = frozenset({
 # What to do about the errors a launch most often meets (the AWS code, then our fix).
 _HINTS: Final = {
     "InsufficientInstanceCapacity": "no spot capacity for this instance type in this Availability Zone now: retry "
-    "later, or set AwsSpotConfig.subnet_id to a subnet in another zone, or pick another instance_type",
+    "later, or add capacity pools: AwsSpotConfig.subnet_ids (subnets in other zones) and instance_types (other "
+    "types with the same GPUs)",
     "SpotMaxPriceTooLow": "AwsSpotConfig.max_price is below the spot price: raise it, or leave it unset (the "
     "on-demand price)",
     "MaxSpotInstanceCountExceeded": "the account's spot instance quota is used up: request an increase (Service "
