@@ -29,6 +29,7 @@ from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, Remot
 from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
 from trainer.providers.local import InstanceProvider
 from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint_mirror import S3Mirror
 from trainer.runtime.keys import agent_exit as exit_key
 from trainer.runtime.keys import agent_signal as signal_key
 from trainer.runtime.keys import agent_signals as signals_key
@@ -264,7 +265,8 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     capacity for two only (InsufficientInstanceCapacity, injected at the botocore layer: moto cannot refuse), the
     retry after the backoff gets the third; worker 1's instance has a spot notice through IMDSv2 from boot; once
     step 12 has trained, the cloud reclaims worker 0 without notice. The job trains on what is alive, asks for
-    replacements, and ends with the uninterrupted run's losses; nothing is left running."""
+    replacements, and ends with the uninterrupted run's losses; its checkpoints are in an S3 bucket on the same
+    moto_server (the newest complete, older ones pruned); nothing is left running."""
     from _aws import answer
 
     from trainer.config import (
@@ -288,9 +290,11 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     sent = answer(moto_server.events, "RunInstances",
                   [None, None, ("InsufficientInstanceCapacity", "There is no Spot capacity available")])  # fmt: skip
     remote = aws_job(AwsSpotConfig(**options), session=moto_server)
+    moto_server.client("s3").create_bucket(Bucket="ckpt")
     config = JobConfig(
         out_dir=str(tmp_path / "job"), model=CFG, train=TrainConfig(steps=steps),
-        availability=AvailabilityConfig(interval_seconds=2.0), checkpoint=CheckpointConfig(every=5),
+        availability=AvailabilityConfig(interval_seconds=2.0),
+        checkpoint=CheckpointConfig(every=5, keep=3, uri=f"s3://ckpt/{job}"),
         control=ControlPlaneConfig(notice_grace_s=120, timeout_s=300),
         provider=ProviderConfig(name="aws", options=options), planning=PlanningConfig(planner="rule"),
         fleet=FleetConfig(max_instances=3, min_instances=2, record_history=False),
@@ -333,3 +337,7 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
               for i in r["Instances"]}  # fmt: skip
     assert len(states) >= 4 and set(states.values()) == {"terminated"}
+    # the checkpoints outlive the instances: in the bucket, the last three complete, as --keep-checkpoints says
+    copies = result["checkpoint_uri"]
+    assert copies["uri"] == f"s3://ckpt/{job}" and not copies["errors"] and steps - 5 in copies["uploaded"]
+    assert S3Mirror("ckpt", job, copies["uri"], moto_server.client("s3")).steps() == [steps - 5, steps - 10, steps - 15]
