@@ -294,6 +294,24 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
     assert result["final_checksum"] == reference(STEPS)[2]
 
 
+def test_a_notice_during_a_hand_off_lets_the_migration_finish_then_hands_the_noticed_layers_off(tmp_path):
+    # 1x2 on 0 and 1, workers 2 and 3 stand by; a plan at step 3 to 2x2 makes 2 and 3 fetch a stage each. Worker 3
+    # gets its spot notice (SIGTERM) as soon as it starts migrating: with grace to spare, the migration in flight
+    # is not abandoned; at a later boundary worker 3 hands the stage it has just received off, live, and leaves
+    cloud = Cloud((in_state(3, "MIGRATING@3"), send(3, signal.SIGTERM)))
+    events = [{"step": 3, "kind": "plan", "strategy": [2, 2]}]
+    result = job(tmp_path, 4, (1, 2), events, cloud, notice_grace_s=30.0)
+    assert cloud.done == [0]
+    planned, handoff = result["reconfigurations"]
+    assert (planned["step"], planned["strategy"], planned["abandoned"]) == (3, [2, 2], False)
+    assert planned["bytes_moved"] > 0  # the stages reached 2 and 3
+    assert handoff["step"] > 3 and handoff["notice"] and handoff["source"] == "sigterm"
+    assert handoff["preempted"] == [3] and handoff["steps_lost"] == 0 and handoff["strategy"] == [1, 2]
+    assert not [e for e in result["events"] if e["event"] == "dead"]  # nobody died: it left when told
+    assert result["exit_codes"][3] == EXIT_PREEMPTED and result["exit_codes"][0] == 0
+    assert_same_run(result)
+
+
 # ------------------------------------------------------------------------------------ the last instance goes silent
 
 
