@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import torch
@@ -307,4 +308,51 @@ def test_an_instance_reclaimed_before_it_joins_is_left_out(tmp_path, monkeypatch
     assert len(dropped) == 1 and dropped[0]["strategy"] == [3, 1] and "only 2 are alive" in dropped[0]["reason"]
     assert result["exit_codes"] == {0: 0, 1: 0, 2: -9}
     assert dropped[0]["instead"] is None and result["reconfigurations"] == []  # 2x1 goes on as it was
+    assert_same_run(result, steps)
+
+
+# ------------------------------------------------------------------------------------- the coordinator's network
+
+
+def test_the_coordinator_s_host_losing_its_network_for_seconds_loses_nothing(tmp_path, monkeypatch):
+    """Every worker reaches the coordinator's store through a relay (`_partition.Partition`); once step 3 has
+    trained, the relay holds every byte for 4 s, as when the coordinator's host drops off the network (below the
+    10 s heartbeat timeout). The workers wait it out: nobody is declared dead, nothing is recovered or replanned,
+    and the run is the uninterrupted one."""
+    from _partition import Partition
+    from _trainer_fixtures import Cloud
+
+    import trainer.control.run as run_module
+    from trainer.observe.observer import JobObserver, ObserverList
+    from trainer.providers.local import LocalProcessProvider
+
+    relays: list[Partition] = []
+
+    class BehindARelay(LocalProcessProvider):
+        def __init__(self, host: str, port: int, *args, **kw) -> None:
+            relays.append(Partition(host, port))
+            super().__init__("127.0.0.1", relays[-1].port, *args, **kw)
+
+    monkeypatch.setattr(run_module, "LocalProcessProvider", BehindARelay)
+
+    class StepTimes(JobObserver):
+        def __init__(self) -> None:
+            self.at: list[float] = []
+
+        def on_step(self, step: Any) -> None:
+            self.at.append(time.monotonic())
+
+    steps = 12
+    cloud, times = Cloud((lambda st: st.check(["loss/3"]), lambda st: relays[0].silence(4.0))), StepTimes()
+    try:
+        result = run_job(CFG, TRAIN, 3, (1, 2), steps, [], tmp_path / "job", start_method="forkserver",
+                         observer=ObserverList([cloud, times]), timeout_s=120)  # fmt: skip
+        cloud.finish()
+    finally:
+        for r in relays:
+            r.close()
+    assert cloud.done == [0] and relays[0].connections >= 3 and relays[0].held_s >= 4.0
+    assert not [e for e in result["events"] if e.get("event") in ("dead", "recover", "checkpoint-restart")]
+    assert result["reconfigurations"] == [] and set(result["exit_codes"].values()) == {0}
+    assert max(b - a for a, b in zip(times.at, times.at[1:])) > 3.5  # training did wait for the network
     assert_same_run(result, steps)
