@@ -201,43 +201,59 @@ def store(tmp_path_factory):
     yield from temporary_mlflow_store(tmp_path_factory)
 
 
-def test_a_job_under_the_local_market_trains_the_uninterrupted_run(tmp_path, store):
-    """A market of 4 instances for 12 s, then 2 (one interval a second): the job fills up to 4, plans every interval
-    from the fleet's own history, hands the noticed instances' layers off live, and trains the uninterrupted run."""
+class ScriptedRule(RulePlanner):
+    """The rule, after one stage for interval 1 and two for interval 2: so that, however many instances had joined
+    when training started, the job re-cuts its pipeline (a pipeline migration) before the rule takes it to 2x2."""
+
+    def __call__(self, req: PlanRequest):
+        if req.interval <= 2:
+            return (1, min(req.interval, req.alive)), {"rule": "scripted start"}
+        return super().__call__(req)
+
+
+def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uninterrupted_run(tmp_path, store):
+    """p3 from interval 41 as the market's capacity, scaled to 4 instances, one interval a second (the job never
+    reads it): 4 for 10 s, then 3 for 6, then 2. The job fills up to 4, plans every interval from the fleet's own
+    history, re-cuts its pipeline, grows to 2x2 (inter-stage), hands the noticed instances' layers off live when the
+    market falls (2x2 -> 1x2: intra-stage), and trains the uninterrupted run."""
     steps = 200
-    market = tmp_path / "market.csv"  # ts_ms,count: 4 for 12 intervals of 60 s, then 2
-    market.write_text("0,4\n720000,2\n3600000,2\n")
     config = market_job(
         tmp_path / "job",
-        market,
+        "p3",
         steps=steps,
         max_instances=4,
         model=CFG,
         checkpoint=CheckpointConfig(every=10),
-        options={"seed": 1, "kill_fraction": 0.0},
-        fleet={"min_instances": 2, "trace_store": str(tmp_path / "store")},
+        options={"start_interval": 41, "seed": 0, "kill_fraction": 0.0},
+        fleet={"min_instances": 1, "trace_store": str(tmp_path / "store")},
     )
-    assert market_capacity(str(market), 4)[:13] == [4] * 12 + [2]
+    capacity = market_capacity("p3", 4)[41:]
+    assert capacity[:17] == [4] * 10 + [3] * 6 + [2]
     obs = MlflowJobObserver(flush_every_s=0.5)
-    report = train(config, planner=RulePlanner(), observer=obs)
+    report = train(config, planner=ScriptedRule(), observer=obs)
     assert obs.closed and obs.run_id is not None
-    assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
+    assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)  # float64: the uninterrupted run
+    kinds = {r["kind"] for r in report["reconfigurations"]}
+    assert kinds >= {"pipeline", "inter-stage", "intra-stage"}, report["reconfigurations"]
+    noticed = [r for r in report["reconfigurations"] if r["preempted"]]
+    assert noticed and all(r["notice"] and r["steps_lost"] == 0 for r in noticed)  # handed off live, no step lost
     rows = report["fleet"]
     assert all(set(r) == {"t", "requested", "granted", "alive", "refused", "reclaimed"} for r in rows)
-    assert rows[0]["requested"] >= 4 and rows[0]["granted"] == 4 and rows[0]["alive"] >= 2
+    assert all(r["requested"] <= 4 * 4 for r in rows[1:])  # at most four asks an interval (no request storm)
+
+    # alive follows the market within an interval (the market's clock: seconds since the fleet started asking), once
+    # the first instances have started their workers: at each row, the capacity of that second or the one before
+    def cap(t: float) -> int:
+        return capacity[min(int(t), len(capacity) - 1)]
+
     alive = [r["alive"] for r in rows]
-    assert 4 in alive and alive[-1] == 2 and max(alive) == 4  # up to the capacity, then down with it
-    assert alive.index(4) <= 2  # within an interval of the start (the rest had joined by then)
-    assert sum(r["reclaimed"] for r in rows) == 2 and sum(r["refused"] for r in rows) >= 1  # no storm, but asks
-    assert all(r["requested"] <= 4 * 4 for r in rows)  # at most four asks an interval (a quarter-interval backoff)
-    # the fall to 2: both noticed instances' layers handed off live, no step lost
-    noticed = [r for r in report["reconfigurations"] if r["preempted"]]
-    assert noticed and all(r["notice"] and r["steps_lost"] == 0 for r in noticed)
-    assert sorted(w for r in noticed for w in r["preempted"]) == sorted(set(w for r in noticed for w in r["preempted"]))
+    assert 4 in alive and sum(r["reclaimed"] for r in rows) >= 2  # filled up to 4, then two reclaimed
+    full = alive.index(4)
+    assert all(r["alive"] in (cap(r["t"] - 1.0), cap(r["t"])) for r in rows[full:]), rows
     plans = report["plans"]
-    assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 10
-    assert all(p["planner"] == "rule" and p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
-    assert [p["alive"] for p in plans] == alive[1 : len(plans) + 1]  # each plan is made from the fleet's history
+    assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 5
+    assert all(p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
+    assert [p["alive"] for p in plans] == [r["alive"] for r in rows][1 : len(plans) + 1]  # from the fleet's history
     # the trace store holds the fleet's history, one row per interval, and the forecaster's corpus takes it
     history = report["fleet_history"]
     assert history["rows"] == len(rows) and not history["errors"]
