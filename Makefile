@@ -13,7 +13,7 @@ export PREFECT_LOGGING_EXTRA_LOGGERS := forecasting,liveput,parcae,trainer
 export PREFECT_WORKER_QUERY_SECONDS := 5
 export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW := ignore
 
-.PHONY: install test lint demo bench serve stop clean
+.PHONY: install test lint docs docs-cli docs-serve demo bench serve stop clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,7 +22,7 @@ $(BIN)/python:
 # torch first and explicitly: the CPU wheel on disk; an unpinned torch would download a CUDA build.
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[test,dev,hf]'
+	$(BIN)/pip install --quiet -e '.[test,dev,hf,docs]'
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -38,6 +38,18 @@ lint: $(STAMP)
 	@status=0; for check in $(LINT_CHECKS); do \
 		echo "== $$check"; $(BIN)/$$check || status=1; \
 	done; exit $$status
+
+# The documentation site (mkdocs.yml: material theme, strict: a broken link or a page left out of the nav fails the
+# build) into site/; docs-cli regenerates the CLI reference from the Typer app (tests/test_docs.py checks it is
+# current); docs-serve serves the site on 127.0.0.1:8000.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+docs-cli: $(STAMP)
+	$(BIN)/python -m typer parcae.cli utils docs --name parcae --output docs/reference/cli.md
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --dev-addr 127.0.0.1:8000
 
 # The end-to-end pipeline (flows/pipeline.py: collect the bundled traces, retrain the forecaster, train under the
 # local spot market following p3, with per-interval liveput plans) on an ephemeral Prefect API (no server; its database in

@@ -1,0 +1,39 @@
+"""The user's documentation: the CLI reference is the Typer app's own (regenerated and compared: `make docs-cli`
+after changing an option), every page under docs/ is in the site's nav, and the README fits on a screen or two.
+`make docs` (in CI) builds the site itself, strict: a broken link fails it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_cli_reference_is_the_typer_app_s_own(tmp_path: Path) -> None:
+    out = tmp_path / "cli.md"
+    subprocess.run([sys.executable, "-m", "typer", "parcae.cli", "utils", "docs", "--name", "parcae", "--output",
+                    str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip
+    committed = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    assert out.read_text() == committed, "docs/reference/cli.md is out of date: run `make docs-cli` and commit it"
+
+
+def test_every_page_is_in_the_nav_and_the_readme_fits_on_a_screen_or_two() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+
+    def pages(nav: object) -> set[str]:
+        if isinstance(nav, str):
+            return {nav}
+        if isinstance(nav, list):
+            return set().union(*(pages(x) for x in nav))
+        if isinstance(nav, dict):
+            return set().union(*(pages(x) for x in nav.values()))
+        return set()
+
+    docs = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    assert docs == pages(config["nav"]), f"pages outside the nav: {docs - pages(config['nav'])}"
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= 150, f"README.md has {lines} lines: move the detail into docs/"
