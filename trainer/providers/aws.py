@@ -12,9 +12,9 @@ through the same `parcae:job` tag).
 Where to look next: `trainer.providers.aws_config` (`AwsSpotConfig`, the boot script `user_data`),
 `trainer.providers.aws_errors` (what each AWS error code means and how to fix it), `trainer.providers.imds` (the IMDSv2
 watcher the instance agent runs; `python -m trainer.providers.aws watch --pid PID`), `trainer.providers.agent` (the
-agent on the instance, `AgentInstances` on the driver). README §AWS has the IAM permissions and the three ways a notice
-arrives. moto (the tests) creates no spot request and emits no notice, so the notice paths are tested on real-shaped API
-responses and events.
+agent on the instance, `AgentInstances` on the driver). docs/live-fleet.md has the IAM permissions, docs/trainer.md
+the three ways a notice arrives. moto (the tests) creates no spot request and emits no notice, so the notice paths
+are tested on real-shaped API responses and events.
 """
 
 from __future__ import annotations
