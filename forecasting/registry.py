@@ -68,6 +68,11 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_EXPERIMENT: Final = "forecaster"
+#: The forecaster experiment's description in the MLflow UI.
+EXPERIMENT_DESCRIPTION: Final = (
+    "One run per forecaster training: the model, its backtest against persistence on a held-out trace (MAE per "
+    "horizon, pinball, coverage, Brier), and whether it was promoted to the registry's champion, and why."
+)
 DEFAULT_REGISTERED_NAME: Final = "availability-forecaster"
 CHAMPION: Final = "champion"
 #: Run artifact folder holding ``LightGbmForecaster.save`` output.
@@ -330,7 +335,7 @@ def train_and_log(
         raise ValueError(f"horizon {horizon} exceeds the forecaster's horizon_max {horizon_max}")
 
     client = tracking.connect(root)
-    exp_id = tracking.experiment_id(experiment, root)
+    exp_id = tracking.experiment_id(experiment, root, EXPERIMENT_DESCRIPTION)
     tables = list(train_traces.values())
     get_params = getattr(forecaster, "get_params", None)
     params = dict(get_params()) if callable(get_params) else {}

@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 
 #: Experiment of the comparisons (``parcae simulate --mlflow``).
 SIMULATIONS_EXPERIMENT: Final = "simulations"
+#: Its description in the MLflow UI.
+SIMULATIONS_DESCRIPTION: Final = (
+    "One parent run per `parcae simulate` comparison (trace, model, segment) and a child run per policy: samples "
+    "trained, their ratio to ideal, cost and migrations."
+)
 COMPARISON_TAG: Final = "parcae.comparison"
 ROLE_TAG: Final = "parcae.role"
 ORDER_TAG: Final = "parcae.order"
@@ -204,7 +209,7 @@ def log_comparison(
 
 
 def _ensure_experiment(client: MlflowClient) -> str:
-    return _tracking.ensure_experiment(client, SIMULATIONS_EXPERIMENT)
+    return _tracking.ensure_experiment(client, SIMULATIONS_EXPERIMENT, SIMULATIONS_DESCRIPTION)
 
 
 def _value(row: pd.Series, column: str) -> float | None:

@@ -63,7 +63,9 @@ def artifact_key(text: str, empty: str = "") -> str:
 def run_markdown(uri: str, run_id: str, experiment_id: str | None = None) -> str:
     """Markdown pointing at an MLflow run of the store at ``uri``: a UI link, and for a local store how to open the
     UI. Pure (no store call), so a training job's observer can write it from the driver's thread."""
-    path = f"experiments/{experiment_id}/runs/{run_id}" if experiment_id else f"runs/{run_id}"
+    # the UI's "Machine learning" view: without it a browser last left in the GenAI view opens the run's traces
+    view = "?workflowType=machine_learning"
+    path = (f"experiments/{experiment_id}/runs/{run_id}" if experiment_id else f"runs/{run_id}") + view
     if uri.startswith(("http://", "https://")):
         return f"[MLflow run `{run_id}`]({uri.rstrip('/')}/#/{path})"
     return (

@@ -160,6 +160,7 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     [report] = [a for a in artifacts if a.type == "markdown"]
     assert report.key == "plan-gpt-1-5b"
     assert plan["mlflow_run_id"] in report.data and "| expected samples |" in report.data
+    assert f"runs/{plan['mlflow_run_id']}?workflowType=machine_learning" in report.data  # the UI's training view
 
 
 def test_handing_a_plan_over_names_what_is_wrong() -> None:

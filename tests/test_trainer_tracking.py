@@ -279,6 +279,22 @@ def test_plan_runs_and_the_training_run_point_at_each_other(client: MlflowClient
     assert latest(client, run_id, "planned_D") == {6: 1} and latest(client, run_id, "planned_P") == {6: 3}
 
 
+def test_the_experiments_open_as_model_training_and_say_what_they_hold(client: MlflowClient, replayed) -> None:
+    """The MLflow UI opens an experiment without `mlflow.experimentKind` as a GenAI one ("Traces 0"): each of
+    parcae's says it is model training and carries a description; a description written in the UI is kept."""
+    for name in ("training", "plans"):
+        tags = client.get_experiment_by_name(name).tags
+        assert tags["mlflow.experimentKind"] == "custom_model_development"
+        assert tags["mlflow.note.content"] == tracking.DESCRIPTIONS[name]
+    exp = tracking.ensure_experiment(client, "someone-else-s")
+    assert "mlflow.note.content" not in client.get_experiment(exp).tags  # no description of ours to give
+    client.set_experiment_tag(exp, "mlflow.note.content", "mine")
+    client.delete_experiment_tag(exp, "mlflow.experimentKind")
+    assert tracking.ensure_experiment(client, "someone-else-s", "ours") == exp
+    tags = client.get_experiment(exp).tags
+    assert tags["mlflow.note.content"] == "mine" and tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_checkpoints_and_the_timeline_are_artifacts(client: MlflowClient, replayed, tmp_path: Path) -> None:
     run_id, job, _ = replayed
     assert {"migrations.json", "plans.json", "timeline.png", "checkpoints"} <= artifact_names(client, run_id)

@@ -31,6 +31,20 @@ DEFAULT_ROOT = "mlruns"
 PLANS_EXPERIMENT: Final = "plans"
 #: Experiment of the training jobs' runs (``trainer.observe.tracking``).
 TRAINING_EXPERIMENT: Final = "training"
+#: The experiment tag the MLflow UI reads to open an experiment as model training (runs, metrics, charts) rather
+#: than as a GenAI application (traces, evaluations): without it, MLflow 3 shows a parcae experiment as "Traces 0".
+EXPERIMENT_KIND_TAG: Final = "mlflow.experimentKind"
+MODEL_TRAINING_KIND: Final = "custom_model_development"
+#: The experiment tag the MLflow UI shows as the experiment's description.
+NOTE_TAG: Final = "mlflow.note.content"
+#: What the experiments this package names hold, as their MLflow descriptions.
+DESCRIPTIONS: Final = {
+    TRAINING_EXPERIMENT: "One run per training job: loss, throughput, alive instances, D and P per step; each "
+    "migration (kind, pause, bytes moved, steps lost) in migrations.json; checkpoints, timeline.png and, for a live "
+    "fleet, its history (fleet.json, fleet.png).",
+    PLANS_EXPERIMENT: "One run per liveput plan (an interval of a job): the forecast it planned with, the decision "
+    "(D x P), its expected samples and the alternatives; tagged with the training run it was made for.",
+}
 #: Seconds the reachability check waits for a tracking server (connect and read).
 CHECK_TIMEOUT_S = 5.0
 
@@ -171,37 +185,48 @@ def resolve_uri(target: str | os.PathLike[str] | None = None) -> str:
     return tracking_uri(text)
 
 
-def ensure_experiment(client: MlflowClient, name: str) -> str:
+def ensure_experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
     """Get or create experiment ``name`` through ``client``; a SQLite store keeps its artifacts under
-    ``<db folder>/artifacts/<name>``. Raises TrackingError for a deleted experiment (the message says how to
-    restore it); store errors propagate as MLflow raised them (callers decide what is worth a retry)."""
+    ``<db folder>/artifacts/<name>``. The experiment is marked as model training for the MLflow UI
+    (`EXPERIMENT_KIND_TAG`) and, unless it has one, given `description` (default: `DESCRIPTIONS`'s). Raises
+    TrackingError for a deleted experiment (the message says how to restore it); store errors propagate as MLflow
+    raised them (callers decide what is worth a retry)."""
     from mlflow.exceptions import MlflowException
 
     uri = client.tracking_uri
     exp = client.get_experiment_by_name(name)
+    tags: dict[str, str] = {}
     if exp is None:
         try:
-            return client.create_experiment(name, artifact_location=artifact_location(name, uri))
+            exp_id = client.create_experiment(name, artifact_location=artifact_location(name, uri))
         except MlflowException:
             exp = client.get_experiment_by_name(name)  # another process created it meanwhile
             if exp is None:
                 raise
-    if exp.lifecycle_stage == "deleted":
-        raise TrackingError(
-            f"experiment {name!r} is deleted in {uri!r}; restore it (`mlflow experiments restore "
-            f"--experiment-id {exp.experiment_id}`) or use another experiment name"
-        )
-    return exp.experiment_id
+    if exp is not None:
+        if exp.lifecycle_stage == "deleted":
+            raise TrackingError(
+                f"experiment {name!r} is deleted in {uri!r}; restore it (`mlflow experiments restore "
+                f"--experiment-id {exp.experiment_id}`) or use another experiment name"
+            )
+        exp_id, tags = exp.experiment_id, dict(exp.tags)
+    if tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+    note = description or DESCRIPTIONS.get(name)
+    if note and NOTE_TAG not in tags:  # a description someone wrote in the UI stays
+        client.set_experiment_tag(exp_id, NOTE_TAG, note)
+    return str(exp_id)
 
 
-def experiment_id(name: str, root: str | os.PathLike[str] | None = None) -> str:
-    """Get or create an experiment; SQLite stores keep its artifacts under ``<db folder>/artifacts/<name>``."""
+def experiment_id(name: str, root: str | os.PathLike[str] | None = None, description: str | None = None) -> str:
+    """Get or create an experiment (`ensure_experiment`, with `description`); SQLite stores keep its artifacts under
+    ``<db folder>/artifacts/<name>``."""
     from mlflow.exceptions import MlflowException
 
     client = connect(root)
     uri = client.tracking_uri
     try:
-        return ensure_experiment(client, name)
+        return ensure_experiment(client, name, description)
     except MlflowException as exc:
         raise TrackingError(f"cannot use the MLflow tracking store {uri!r} ({_short(exc)}); {_fix(uri)}") from exc
     except TrackingError:
