@@ -67,7 +67,8 @@ bench: $(STAMP)
 # it; `make stop` stops the server). Flows log to ./mlruns unless MLFLOW_TRACKING_URI says otherwise.
 serve: $(STAMP)
 	$(BIN)/python -m parcae.settings prefect.yaml
-	$(BIN)/prefect server start --host 127.0.0.1 --port $(PREFECT_PORT) --analytics-off --background
+	PREFECT_UI_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect server start --host 127.0.0.1 \
+		--port $(PREFECT_PORT) --analytics-off --background  # the UI asks for its API where the server is
 	@for i in $$(seq 60); do curl -sf http://127.0.0.1:$(PREFECT_PORT)/api/health >/dev/null && break; sleep 1; done
 	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect work-pool create parcae-local --type process || true
 	cd $(CURDIR) && PWD=$(CURDIR) PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect --no-prompt deploy --all
