@@ -215,8 +215,8 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert run.data.tags["parcae.job"] == "replay-job"
     assert run.data.tags["parcae.prefect_flow_run_id"] == "flow-123"
     params = run.data.params
-    assert (params["model"], params["workers"], params["strategy"], params["global_batch"], params["planner"]) == (
-        "tiny-gpt", "4", "2x2", str(GLOBAL_BATCH), "liveput")  # fmt: skip
+    got = tuple(params[k] for k in ("model", "workers", "start_strategy", "global_batch", "planner"))
+    assert got == ("tiny-gpt", "4", "2x2", str(GLOBAL_BATCH), "liveput")
     assert "resumed_from" not in params  # None values are not params
 
     loss = latest(client, run_id, "loss")
@@ -312,7 +312,7 @@ def test_training_runs_compares_jobs(replayed) -> None:
     row = df[df["run_id"] == run_id]
     assert len(row) == 1
     assert row["status"].iloc[0] == "FINISHED"
-    assert row["params.strategy"].iloc[0] == "2x2"
+    assert row["params.start_strategy"].iloc[0] == "2x2"
     assert row["metrics.total_pause_s"].iloc[0] == pytest.approx(3.6)
     assert training_runs(experiment="no-such-experiment").empty
 
@@ -369,8 +369,8 @@ def test_reopening_a_run_records_the_resume(client: MlflowClient, store: Path) -
     assert interruption == ("KILLED", "11", "8")
     assert tags["parcae.interrupted_by"] == "SystemExit: 143" and "parcae.error" not in tags
     assert (metrics["resumes"], metrics["interrupted_at_step"], metrics["steps_recomputed"]) == (1, 11, 4)
-    assert (params["workers"], params["strategy"]) == ("4", "2x2")  # the first start's params stay
-    assert (params["resume1.workers"], params["resume1.strategy"], params["resume1.from_step"]) == ("2", "1x2", "8")
+    assert (params["workers"], params["start_strategy"]) == ("4", "2x2")  # the first start's params stay
+    assert (params["resume1.workers"], params["resume1.start_strategy"], params["resume1.from_step"]) == ("2", "1x2", "8")
     assert "resume1.model" not in params  # unchanged values are not repeated
     assert latest(client, run_id, "loss") == {s: loss_of(s, 1 if s >= 8 else 0) for s in range(20)}
     assert len(runs_with(client, "parcae.job", "resumable")) == 1  # one run for the job, not two
@@ -517,7 +517,7 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     assert obs.closed
     run = client.get_run(obs.run_id)
     assert run.info.status == "FINISHED"
-    assert (run.data.params["model"], run.data.params["workers"], run.data.params["strategy"]) == (
+    assert (run.data.params["model"], run.data.params["workers"], run.data.params["start_strategy"]) == (
         "tiny-gpt", "3", "3x1")  # fmt: skip
     assert run.data.params["planner"] == "rule" and "port" not in run.data.params
     assert latest(client, obs.run_id, "loss") == dict(enumerate(result["loss"]))

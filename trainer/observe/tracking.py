@@ -6,7 +6,7 @@ training, the control plane, the driver; where the store is (`tracking` decides)
 run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
 
 What the run holds (experiment "training"; a job resumed from a checkpoint can reopen its run with `run_id=`):
-  params     model, model_args, model_fingerprint, workers, strategy ("DxP"), steps, global_batch, planner, ...
+  params     model, model_args, model_fingerprint, workers, start_strategy ("DxP"), steps, global_batch, planner, ...
              (on_start's info, its config aside);
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
@@ -116,10 +116,15 @@ _NOT_PARAMS: Final = frozenset({"job", "host", "port", "config"})  # (the config
 JOB_ARTIFACT: Final = "job.json"
 
 
+#: on_start values whose param says they are where the job started, not what it ran (the strategy changes).
+_START_NAMES: Final = {"strategy": "start_strategy"}
+
+
 def start_params(info: Mapping[str, Any]) -> dict[str, str]:
     """The params of a training run from on_start's info: every value but None, the job name and the coordinator's
-    address (tags) and the whole config (an artifact), a (D, P) pair as "DxP", collections as JSON."""
-    return {k: _param_value(v) for k, v in info.items() if v is not None and k not in _NOT_PARAMS}
+    address (tags) and the whole config (an artifact), a (D, P) pair as "DxP", collections as JSON; the strategy
+    the job started on as ``start_strategy`` (the strategy of each step is the metrics dp_D and dp_P)."""
+    return {_START_NAMES.get(k, k): _param_value(v) for k, v in info.items() if v is not None and k not in _NOT_PARAMS}
 
 
 #: A running job that takes plans handed in from outside registers itself with these tags on its MLflow run:
