@@ -89,9 +89,9 @@ class Cloud(JobObserver):
 def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, interval_s: float = 1.0,
                options: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
                planning: dict[str, Any] | None = None, **fields: Any) -> Any:  # fmt: skip
-    """A live-fleet job under the local market whose capacity is the CSV `market` (`ts_ms,count`): the rule
-    planner, a 2 s notice grace, a 300 s deadline; `options`, `fleet`, `planning` and `fields` add to or override
-    the market's options, the `FleetConfig`, the `PlanningConfig` and the `JobConfig`."""
+    """A live-fleet job under the local market whose capacity follows `market` (a trace name, or a path such as a
+    `ts_ms,count` CSV): the rule planner, a 2 s notice grace, a 300 s deadline; `options`, `fleet`, `planning` and
+    `fields` add to or override the market's options, the `FleetConfig`, the `PlanningConfig` and the `JobConfig`."""
     from trainer.config import (
         AvailabilityConfig,
         ControlPlaneConfig,
