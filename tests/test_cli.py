@@ -66,6 +66,15 @@ def assert_user_error(result, *needles: str) -> None:
 # ------------------------------------------------------------------------------------------- simulate
 
 
+def test_parcae_says_its_version_and_offers_shell_completion(runner):
+    from importlib.metadata import version
+
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output == f"parcae {version('parcae')}\n"
+    res = runner.invoke(app, ["--help"])
+    assert res.exit_code == 0 and "--install-completion" in res.output and "--version" in res.output
+
+
 def test_simulate_writes_json_plot_and_table(runner, tmp_path):
     out_json = tmp_path / "nested" / "run.json"
     out_png = tmp_path / "plots" / "run.png"

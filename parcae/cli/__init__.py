@@ -16,6 +16,8 @@ one function decorated with ``@command()`` in the module of its group (``traces`
 `UserError` for a mistake the user can fix, and added to `app` below.
 """
 
+from typing import Annotated
+
 import typer
 
 from parcae.cli import collect, plan, simulate, traces, train
@@ -26,11 +28,31 @@ from parcae.cli.simulate import format_migrations, results_tables
 
 app = typer.Typer(
     name="parcae",
-    help="Plan D x P training strategies on spot instances: simulate policies on traces, plan from forecasts.",
+    help="Train on spot instances: forecast availability, plan D x P by liveput, live-migrate the workers; "
+    "simulate policies on traces.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     rich_markup_mode=None,  # help text is printed as written: the plan input example must stay intact
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"parcae {version('parcae')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print parcae's version and exit.")
+    ] = False,
+) -> None:
+    """(The options every command shares.)"""
+
+
 add_commands(app, simulate.simulate, simulate.simulations, plan.plan, traces.traces)
 app.add_typer(forecast_app, name="forecast")
 add_commands(app, collect.collect, train.train_cmd, train.profile_cmd, train.export_cmd)
