@@ -370,7 +370,8 @@ def test_reopening_a_run_records_the_resume(client: MlflowClient, store: Path) -
     assert tags["parcae.interrupted_by"] == "SystemExit: 143" and "parcae.error" not in tags
     assert (metrics["resumes"], metrics["interrupted_at_step"], metrics["steps_recomputed"]) == (1, 11, 4)
     assert (params["workers"], params["start_strategy"]) == ("4", "2x2")  # the first start's params stay
-    assert (params["resume1.workers"], params["resume1.start_strategy"], params["resume1.from_step"]) == ("2", "1x2", "8")
+    resumed = tuple(params[f"resume1.{k}"] for k in ("workers", "start_strategy", "from_step"))
+    assert resumed == ("2", "1x2", "8")
     assert "resume1.model" not in params  # unchanged values are not repeated
     assert latest(client, run_id, "loss") == {s: loss_of(s, 1 if s >= 8 else 0) for s in range(20)}
     assert len(runs_with(client, "parcae.job", "resumable")) == 1  # one run for the job, not two
