@@ -17,8 +17,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 #: The site path of each figure -> the command (its arguments after `parcae`) that draws it at OUT.
 FIGURES: dict[str, list[str]] = {
-    "img/p3-timeline.png": ["simulate", "--trace", "p3", "--start-hour", "1.5", "--end-hour", "2.5",
-                            "--policy", "parcae", "--policy", "reactive", "--plot", "OUT"],  # fmt: skip
+    "img/p3-timeline.png": [
+        "simulate",
+        "--trace",
+        "p3",
+        "--start-hour",
+        "1.5",
+        "--end-hour",
+        "2.5",
+        "--policy",
+        "parcae",
+        "--policy",
+        "reactive",
+        "--plot",
+        "OUT",
+    ],  # fmt: skip
 }
 
 
