@@ -262,6 +262,10 @@ def test_plan_runs_and_the_training_run_point_at_each_other(client: MlflowClient
     plan = plans[0]
     assert plan.info.status == "FINISHED"
     assert plan.data.tags["decision"] == "1x3"
+    training = client.get_run(run_id)
+    assert plan.info.run_name == f"plan-{training.info.run_name}-i1"  # one job's plans apart from another's
+    note = plan.data.tags["mlflow.note.content"]  # the UI's description: what was decided, a link to the job's run
+    assert f"(#/experiments/{training.info.experiment_id}/runs/{run_id})" in note and "2x2 -> 1x3" in note
     assert plan.data.tags["parcae.prefect_flow_run_id"] == "flow-123"  # Prefect's tags follow to the plan runs
     assert (plan.data.params["interval"], plan.data.params["alive"], plan.data.params["current_strategy"]) == (
         "1", "3", "2x2")  # fmt: skip
@@ -272,7 +276,7 @@ def test_plan_runs_and_the_training_run_point_at_each_other(client: MlflowClient
         "strategy": [2, 2], "expected_samples": 4800.0}  # fmt: skip
     assert read_json(client, plan.info.run_id, "plan.json", tmp_path / "p")["decision"] == [1, 3]
 
-    training = client.get_run(run_id)
+    training = client.get_run(run_id)  # (again: its tags as the job ended)
     assert training.data.tags["parcae.plan_runs"] == "1"
     listed = read_json(client, run_id, "plans.json", tmp_path / "t")
     assert [(p["run_id"], p["step"], p["decision"]) for p in listed] == [(plan.info.run_id, 6, [1, 3])]

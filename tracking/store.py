@@ -211,11 +211,23 @@ def ensure_experiment(client: MlflowClient, name: str, description: str | None =
             )
         exp_id, tags = exp.experiment_id, dict(exp.tags)
     if tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
-        client.set_experiment_tag(exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        _tag_experiment(client, exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
     note = description or DESCRIPTIONS.get(name)
     if note and NOTE_TAG not in tags:  # a description someone wrote in the UI stays
-        client.set_experiment_tag(exp_id, NOTE_TAG, note)
+        _tag_experiment(client, exp_id, NOTE_TAG, note)
     return str(exp_id)
+
+
+def _tag_experiment(client: MlflowClient, exp_id: str, key: str, value: str) -> None:
+    """Set an experiment tag that another process may be setting at the same moment: SQLite stores refuse the
+    second insert (a unique constraint), which is fine once the tag is there."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        client.set_experiment_tag(exp_id, key, value)
+    except MlflowException:
+        if key not in client.get_experiment(exp_id).tags:
+            raise
 
 
 def experiment_id(name: str, root: str | os.PathLike[str] | None = None, description: str | None = None) -> str:

@@ -280,6 +280,8 @@ class MlflowJobObserver(JobObserver):
         # the logging thread's own state
         self._run_ready = False
         self._plan_exp: str | None = None
+        self._exp: str | None = None  # the training run's experiment id and name, once it exists
+        self._run_name: str | None = None
         self._plans: list[dict[str, Any]] = []
         self._plans_dirty = False
         self._sender.start()
@@ -404,6 +406,7 @@ class MlflowJobObserver(JobObserver):
                 self.run_id = run.info.run_id  # a retry below logs into this run, never creates another
             else:
                 run = client.get_run(self.run_id)
+            self._exp, self._run_name = run.info.experiment_id, run.info.run_name
         except MlflowException as exc:
             if transient(exc):
                 raise
@@ -497,6 +500,13 @@ class MlflowJobObserver(JobObserver):
         tags = {TRAINING_RUN_TAG: run_id, JOB_TAG: job, "decision": store.strategy_label(plan.decision),
                 "planner": plan.planner, DECIDED_BY_TAG: str(details.get("source") or plan.planner)}  # fmt: skip
         tags.update({k: v for k, v in self.tags.items() if k.startswith(_SHARED_TAG_PREFIXES)})
+        # the run's description in the UI: what was decided, and a link to the training run (the tag is only an id)
+        training = self._run_name or job
+        tags[store.NOTE_TAG] = (
+            f"Interval {plan.interval} of training run [{training}](#/experiments/{self._exp}/runs/{run_id}): "
+            f"{plan.alive} instances alive, {store.strategy_label(plan.current)} -> "
+            f"{store.strategy_label(plan.decision)} (decided by {tags[DECIDED_BY_TAG]})."
+        )
         params = {"interval": plan.interval, "step": plan.step, "alive": plan.alive, "planner": plan.planner,
                   "current_strategy": store.strategy_label(plan.current)}  # fmt: skip
         for key in ("model", "look_ahead", "interval_s", "trace"):
@@ -508,7 +518,7 @@ class MlflowJobObserver(JobObserver):
         metrics.update({"decision_ms": 1000.0 * plan.decision_s, "alive": float(plan.alive),
                         "decision_D": float(plan.decision[0]), "decision_P": float(plan.decision[1])})  # fmt: skip
         dicts = {"plan.json": details, "alternatives.json": {"alternatives": details.get("alternatives", [])}}
-        plan_run = store.log_run(client, self._plan_exp, run_name=f"plan-{job}-i{plan.interval}", tags=tags,
+        plan_run = store.log_run(client, self._plan_exp, run_name=f"plan-{training}-i{plan.interval}", tags=tags,
                                  params=params, metrics=metrics, dicts=dicts)  # fmt: skip
         self._plans.append({"run_id": plan_run, "interval": plan.interval, "step": plan.step,
                             "decision": list(plan.decision), "current": list(plan.current)})  # fmt: skip
