@@ -121,3 +121,17 @@ def test_train_planner_errors_name_the_fix(tmp_path):
     res = CliRunner().invoke(app, ["train", "--planner", "liveput", "--profile", str(profile), "--model", "small-gpt",
                                    *run])  # fmt: skip
     assert res.exit_code == 2 and "'tiny-gpt', the job trains 'small-gpt'" in res.output, res.output
+
+
+def test_a_failed_job_exits_1_and_a_usage_error_2(tmp_path):
+    """The exit codes every command shares: 1 when the work fails (here the loss diverges), 2 for a mistake in how
+    it was asked for; each with one `error:` line and no traceback."""
+    runner = CliRunner()
+    res = runner.invoke(app, ["train", "--model", "examples/digits_cnn.py:spec", "--model-args", '{"lr": 1e30}',
+                              "--workers", "1", "--steps", "4", "--out-dir", str(tmp_path / "run")])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    assert "error: the job failed: " in res.output and "training diverged" in res.output
+    assert "Traceback" not in res.output
+    res = runner.invoke(app, ["train", "--trace", "no-such-trace", "--out-dir", str(tmp_path / "other")])
+    assert res.exit_code == 2 and "error: " in res.output and "no-such-trace" in res.output
+    assert "Traceback" not in res.output

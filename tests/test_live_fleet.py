@@ -99,6 +99,8 @@ def test_market_options_and_capacity_name_the_fix():
     assert max(cap) == 4 and cap[:7] == [4] * 7 and cap[7] == 3  # p3 scaled to 4: the first fall at interval 51
     with pytest.raises(MarketError, match="outside the trace"):
         market_capacity("p3", 4, start_interval=10**6)
+    with pytest.raises(MarketError, match="trace 'no-such-trace': unknown trace"):  # (a LookupError, not a KeyError)
+        market_capacity("no-such-trace", 4)
 
 
 # ------------------------------------------------------------------------------------------------ the requests
@@ -297,6 +299,8 @@ def test_parcae_train_names_the_fleet_s_fix():
     assert res.exit_code != 0 and "--fleet: provider 'local' runs no live fleet" in res.output
     res = runner.invoke(app, ["train", "--market-trace", "p3", "--provider", "local", "--fleet", "2"])
     assert res.exit_code != 0 and "--market-trace is the market provider's option" in res.output
+    res = runner.invoke(app, ["train", "--provider", "market", "--fleet", "2", "--market-trace", "no-such-trace"])
+    assert res.exit_code == 2 and "unknown trace 'no-such-trace'" in res.output and "Traceback" not in res.output
 
 
 @pytest.mark.parametrize(

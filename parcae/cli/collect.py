@@ -13,7 +13,7 @@ import typer
 from rich import box
 from rich.table import Table
 
-from parcae.cli.common import UserError, command, error, stdout, warn
+from parcae.cli.common import EXIT_FAILED, UserError, command, error, stdout, warn
 
 
 def _credentials_missing(session: Any) -> bool:
@@ -106,4 +106,4 @@ def collect(
     for line in errors:
         error(line)
     if errors:
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_FAILED)

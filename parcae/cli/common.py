@@ -19,12 +19,20 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
+#: Exit codes, the same for every command: 0 done; 1 the work failed (a job, a cloud call); 2 a usage error (an
+#: option, a file, a setting: the message names the fix); 130 interrupted (Ctrl-C).
+EXIT_FAILED = 1
 EXIT_USER_ERROR = 2
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class UserError(Exception):
     """A mistake the user can act on: printed as ``error: <message>``, exit code 2, no traceback."""
+
+
+class CommandFailed(Exception):
+    """The work itself failed (a training job, a cloud call), not the way it was asked for: printed as
+    ``error: <message>``, exit code 1, no traceback."""
 
 
 def stdout() -> Console:
@@ -75,7 +83,8 @@ def add_commands(typer_app: typer.Typer, *commands: Callable[..., Any]) -> None:
 
 
 def register(typer_app: typer.Typer, name: str | None, kwargs: dict[str, Any]) -> Callable[[F], F]:
-    """Decorator adding ``fn`` to ``typer_app`` as a command whose :class:`UserError` exits with code 2."""
+    """Decorator adding ``fn`` to ``typer_app`` as a command whose :class:`UserError` exits with code 2 and
+    :class:`CommandFailed` with code 1."""
 
     def decorate(fn: F) -> F:
         @functools.wraps(fn)
@@ -85,6 +94,9 @@ def register(typer_app: typer.Typer, name: str | None, kwargs: dict[str, Any]) -
             except UserError as exc:
                 error(str(exc))
                 raise typer.Exit(EXIT_USER_ERROR) from None
+            except CommandFailed as exc:
+                error(str(exc))
+                raise typer.Exit(EXIT_FAILED) from None
 
         typer_app.command(name, **kwargs)(run)
         return fn

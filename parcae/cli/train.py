@@ -19,6 +19,7 @@ from rich.text import Text
 
 from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from parcae.cli.common import (
+    CommandFailed,
     UserError,
     check_writable,
     check_writable_dir,
@@ -315,6 +316,11 @@ def train_cmd(
             settings.check_aws(options.get("region"), setting="--provider aws")
         except settings.SettingError as exc:
             raise UserError(str(exc)) from None
+    for given in (trace, market_trace):  # an unknown or malformed trace is the user's to fix, before any process
+        if given is not None:
+            from parcae.cli.traces import load_window
+
+            load_window(given, DEFAULT_INTERVAL_S, None, None)
     check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
     if json_out is not None:
         check_writable(json_out, "--json report")
@@ -327,7 +333,7 @@ def train_cmd(
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
-        raise UserError(f"the job failed: {exc}") from None
+        raise CommandFailed(f"the job failed: {exc}") from None
     except HostsError as exc:
         raise UserError(f"--hosts: {exc}") from None
     out = stdout()
@@ -480,7 +486,7 @@ def profile_cmd(
     except (ProfileError, ScheduleError, SpecError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
-        raise UserError(f"the profiling job failed: {exc}") from None
+        raise CommandFailed(f"the profiling job failed: {exc}") from None
     write_file(out, "profile", prof.to_json)
     if json_flag:
         typer.echo(prof.to_json(), nl=False)

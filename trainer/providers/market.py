@@ -91,7 +91,7 @@ def market_capacity(trace: str, max_instances: int, start_interval: int = 0) -> 
 
     try:
         df = scale_trace(load_trace(trace), max_instances)
-    except (OSError, ValueError, KeyError) as exc:
+    except (OSError, ValueError, LookupError) as exc:  # (an unknown name is a LookupError)
         raise MarketError(f"trace {trace!r}: {exc}") from None
     if not 0 <= start_interval < len(df):
         raise MarketError(f"start_interval {start_interval} is outside the trace's {len(df)} intervals")
