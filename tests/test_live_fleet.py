@@ -244,15 +244,18 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     assert all(set(r) == {"t", "requested", "granted", "alive", "refused", "reclaimed"} for r in rows)
     assert all(r["requested"] <= 4 * 4 for r in rows[1:])  # at most four asks an interval (no request storm)
 
-    # alive follows the market within an interval (the market's clock: seconds since the fleet started asking), once
-    # the first instances have started their workers: at each row, the capacity of that second or the one before
+    # alive follows the market (its clock: seconds since the fleet started asking) once the first instances have
+    # started their workers: never above its capacity, down with it within an interval, and up with it within three
+    # (a granted instance's worker starts and joins first)
     def cap(t: float) -> int:
-        return capacity[min(int(t), len(capacity) - 1)]
+        return capacity[min(max(int(t), 0), len(capacity) - 1)]
 
     alive = [r["alive"] for r in rows]
     assert 4 in alive and sum(r["reclaimed"] for r in rows) >= 1  # filled up to 4, then reclaimed from
     full = alive.index(4)
-    assert all(r["alive"] in (cap(r["t"] - 1.0), cap(r["t"])) for r in rows[full:]), rows
+    for r in rows[full:]:
+        assert r["alive"] <= max(cap(r["t"] - 1.0), cap(r["t"])), rows
+        assert r["alive"] >= min(cap(r["t"] - k) for k in (0.0, 1.0, 2.0, 3.0)), rows
     plans = report["plans"]
     assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 5
     assert all(p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
