@@ -56,15 +56,12 @@ def held_out_forecasts(name: str, corpus: dict, horizon: int, cache: Path) -> di
     out = {
         "n": table["available"].to_numpy(dtype=np.float64),
         "points": past_points(forecasts, len(table), origins),
-        **{f"q{round(q * 100)}": _levels(forecasts, q, len(table), origins) for q in (0.1, 0.9)},
+        **{
+            f"q{round(q * 100)}": past_points(forecasts, len(table), origins, lambda f, q=q: f.quantiles[q])
+            for q in (0.1, 0.9)
+        },
     }
     np.savez(path, **out)
-    return out
-
-
-def _levels(forecasts: list, q: float, rows: int, origins: np.ndarray) -> np.ndarray:
-    out = np.full((rows, forecasts[0].horizon), np.nan)
-    out[origins] = np.stack([f.quantiles[q] for f in forecasts])
     return out
 
 

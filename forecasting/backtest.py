@@ -113,8 +113,9 @@ def pinball_loss(truth: np.ndarray, pred: np.ndarray, level: float) -> float:
     return float(np.mean(np.maximum(level * err, (level - 1.0) * err)))
 
 
-def _past(table: pd.DataFrame, t: int, max_history: int | None) -> pd.DataFrame:
-    """Rows up to and including origin t, as a deep copy: no array reachable from it holds the future."""
+def past_rows(table: pd.DataFrame, t: int, max_history: int | None = None) -> pd.DataFrame:
+    """Rows up to and including origin t (the last `max_history` of them), as a deep copy with the table's attrs:
+    no array reachable from it holds the future."""
     lo = 0 if max_history is None else max(0, t + 1 - max_history)
     past = table.iloc[lo : t + 1].copy(deep=True)
     past.attrs = dict(table.attrs)
@@ -159,7 +160,7 @@ def rolling_origin(
 
     forecasts: list[Forecast] = []
     for t in origins:
-        fc = forecaster.predict(_past(table, int(t), max_history), horizon)
+        fc = forecaster.predict(past_rows(table, int(t), max_history), horizon)
         if fc.horizon != horizon:
             raise ValueError(f"{fc.model} returned {fc.horizon} steps at origin {t}, expected {horizon}")
         forecasts.append(fc)
@@ -239,7 +240,7 @@ def plot_fans(
         ax.step(x, truth, where="post", color="black", lw=1.2, label="truth")
         for i, t in enumerate(origins):
             steps = min(horizon, len(table) - 1 - t)
-            fc = model.predict(_past(table, int(t), None), steps)
+            fc = model.predict(past_rows(table, int(t)), steps)
             xs = np.arange(t + 1, t + 1 + steps)
             ax.fill_between(
                 xs,

@@ -25,13 +25,14 @@ bit-identical choices.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import numpy as np
 import pandas as pd
 
+from forecasting.backtest import past_rows
 from forecasting.forecast import Forecast, Forecaster
 
 __all__ = [
@@ -112,22 +113,22 @@ def past_forecasts(
     batch = getattr(forecaster, "predict_many", None)
     if callable(batch):
         return list(batch(table, idx, horizon))
-    return [forecaster.predict(_prefix(table, o), horizon) for o in idx]
+    return [forecaster.predict(past_rows(table, o), horizon) for o in idx]
 
 
-def past_points(forecasts: Sequence[Forecast], rows: int, origins: Sequence[int] | np.ndarray) -> np.ndarray:
-    """`gate_choices`'s ``points``: the forecasts' points at their `origins`, NaN at the other of `rows` rows."""
+def past_points(
+    forecasts: Sequence[Forecast],
+    rows: int,
+    origins: Sequence[int] | np.ndarray,
+    value: Callable[[Forecast], np.ndarray] = lambda f: f.point,
+) -> np.ndarray:
+    """`gate_choices`'s ``points``: the forecasts' points (or another `value` of each, e.g. a quantile) at their
+    `origins`, NaN at the other of `rows` rows."""
     horizon = forecasts[0].horizon if forecasts else 0
     points = np.full((rows, horizon), np.nan)
     if forecasts:
-        points[np.asarray(origins, dtype=np.int64)] = np.stack([np.asarray(f.point, np.float64) for f in forecasts])
+        points[np.asarray(origins, dtype=np.int64)] = np.stack([np.asarray(value(f), np.float64) for f in forecasts])
     return points
-
-
-def _prefix(table: pd.DataFrame, origin: int) -> pd.DataFrame:
-    past = table.iloc[: origin + 1].copy()
-    past.attrs = dict(table.attrs)
-    return past
 
 
 @dataclass

@@ -27,7 +27,7 @@ import tracking
 from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
 
-from forecasting import Forecaster
+from forecasting import Forecaster, skill_gated
 from tasks.tracking import artifact_key, run_markdown
 from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo
 
@@ -102,7 +102,7 @@ def training_planner(
         past = f"{trace}'s past" if trace is not None else "the fleet's own history"
         gate = (
             ""
-            if name == "persistence"
+            if skill_gated(forecaster) is forecaster  # persistence: the gate would only copy it
             else ", behind the online skill gate (its point forecast where it has beaten persistence on that past)"
         )
         what = (f"{name} ({origin}) on {past}{gate}; persistence where it cannot forecast (said in each "
