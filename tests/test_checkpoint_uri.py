@@ -22,7 +22,15 @@ from moto import mock_aws
 
 from trainer.config import TrainConfig, model_config
 from trainer.runtime import checkpoint
-from trainer.runtime.checkpoint_mirror import FileMirror, MirrorError, MirrorUploader, S3Mirror, mirror_for
+from trainer.runtime.checkpoint_mirror import (
+    FileMirror,
+    MirrorError,
+    S3Mirror,
+    ShardUploader,
+    StepCommitter,
+    gather_shards,
+    mirror_for,
+)
 from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
@@ -84,10 +92,65 @@ def test_bad_uris_and_a_failed_upload_are_said(tmp_path):
                       ("s3:///x", "name the bucket")]:  # fmt: skip
         with pytest.raises(MirrorError, match=says):
             mirror_for(uri)
-    uploader = MirrorUploader(FileMirror(tmp_path / "durable", "file://x"), tmp_path / "empty")
-    uploader.submit(10)  # nothing to copy: recorded, the thread goes on
-    uploader.close()
-    assert uploader.uploaded == [] and "not a complete checkpoint" in uploader.errors[0]
+    # a worker's upload of a shard that is not there: handed back as failed, the thread goes on
+    mirror = FileMirror(tmp_path / "durable", "file://x")
+    uploads = ShardUploader(mirror)
+    uploads.submit(("s", 10), [tmp_path / "gone.pt"])
+    write_checkpoint(tmp_path / "local", 10)
+    uploads.submit(("s", 20), checkpoint.step_files(tmp_path / "local", 10))
+    uploads.flush()
+    assert [tag for tag, _ in uploads.done()] == [("s", 20)] and uploads.done() == []
+    ((tag, why),) = uploads.failed()
+    assert tag == ("s", 10) and "gone.pt" in why
+    # the driver's manifest of a step whose mirror refuses writes: recorded, not raised
+
+    class Refusing(FileMirror):
+        def put_bytes(self, name, data):
+            raise PermissionError(f"{name}: access denied")
+
+    committer = StepCommitter(Refusing(tmp_path / "ro", "file://ro"))
+    committer.submit(10, {"step00000010.stage0.pt": 1}, {"step00000010.stage0.pt": ["wte"]})
+    committer.close()
+    assert committer.uploaded == [] and "access denied" in committer.errors[0]
+
+
+def test_a_worker_loads_its_layers_from_its_disk_or_fetches_them_from_the_uri(tmp_path):
+    """`gather_shards`: a shard on this disk that matches its record is read in place; one this disk lacks, or
+    whose copy is damaged, comes from the URI; without a URI the error says the disk is not shared and what to
+    give. Only the shards holding the wanted layers are read."""
+    layers = layer_names(CFG)
+    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
+    states = ctx.layer_states()
+    written = tmp_path / "written"
+    half = len(layers) // 2
+    cut = {checkpoint.shard_path("", 10, k).name: part for k, part in enumerate([layers[:half], layers[half:]])}
+    for name, part in cut.items():
+        checkpoint.save(written / name, {n: states[n] for n in part}, step=10, config=CFG, job="job")
+    mirror = FileMirror(tmp_path / "durable", "file://durable")
+    for name in cut:
+        mirror.upload_files([written / name, checkpoint.record_path(written / name)])
+    here, scratch = tmp_path / "here", tmp_path / "scratch"
+    here.mkdir()
+    first = list(cut)[0]
+    for f in (written / first, checkpoint.record_path(written / first)):
+        (here / f.name).write_bytes(f.read_bytes())
+    # the first stage's layers: on this disk
+    assert gather_shards(here, 10, cut, layers[:1], mirror, scratch) == [here / first]
+    # the second's: not here, fetched
+    second = list(cut)[1]
+    assert gather_shards(here, 10, cut, layers[-1:], mirror, scratch) == [scratch / second]
+    loaded = checkpoint.load([here / first, scratch / second], config=CFG, job="job")
+    assert set(loaded.layers) == set(layers)
+    # a bit flipped in the local copy: fetched instead
+    raw = bytearray((here / first).read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    (here / first).write_bytes(bytes(raw))
+    assert gather_shards(here, 10, cut, layers[:1], mirror, tmp_path / "s2") == [tmp_path / "s2" / first]
+    # no URI: said, with the fix
+    with pytest.raises(checkpoint.CheckpointError, match=r"not on this instance's disk.*--checkpoint-uri"):
+        gather_shards(here, 10, cut, layers[-1:], None, scratch)
+    with pytest.raises(checkpoint.CheckpointError, match="holds no shard of layers"):
+        gather_shards(here, 10, {first: cut[first]}, layers, mirror, scratch)
 
 
 def reference(steps: int) -> list[float]:

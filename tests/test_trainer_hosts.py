@@ -23,14 +23,17 @@ from parcae.cli import app
 from trainer.config import TrainConfig, model_config
 from trainer.providers.agent import KILLED, RemoteJob
 from trainer.providers.hosts import HostsError, SshHosts, hosts_job
+from trainer.runtime import checkpoint
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")
 
 
-def fake_ssh(tmp_path: Path, fail_host: str | None = None) -> tuple[Path, Path]:
-    """An `ssh` that runs the command here; `fail_host` answers as an unreachable host (exit 255)."""
+def fake_ssh(tmp_path: Path, fail_host: str | None = None, disks: Path | None = None) -> tuple[Path, Path]:
+    """An `ssh` that runs the command here; `fail_host` answers as an unreachable host (exit 255); with `disks`,
+    each host runs in a folder of its own under it (its own disk: a relative path names a file no other host nor
+    the driver sees)."""
     log = tmp_path / "ssh.log"
     ssh = tmp_path / "ssh"
     ssh.write_text(
@@ -44,6 +47,7 @@ def fake_ssh(tmp_path: Path, fail_host: str | None = None) -> tuple[Path, Path]:
             if fail_host
             else ""
         )
+        + (f'mkdir -p "{disks}/$host" && cd "{disks}/$host" || exit 255\n' if disks else "")
         + 'exec bash -c "$*"\n'
     )
     ssh.chmod(0o755)
@@ -68,6 +72,40 @@ def test_a_job_runs_on_agents_started_over_ssh_and_survives_a_kill(tmp_path):
     assert starts == ["gpu-a", "gpu-b", "gpu-c"]  # one instance per host (slots=1)
     assert all(remote.token not in c for c in calls)  # the token went over stdin, never on a command line
     assert any(c.startswith("gpu-b pkill -KILL -P ") for c in calls)  # the kill reached worker 1's host
+
+
+def test_hosts_that_share_no_disk_checkpoint_restore_and_finish_through_the_checkpoint_uri(tmp_path, monkeypatch):
+    """Three hosts whose disks share nothing with each other or with the driver (each runs in a folder of its own;
+    the job's folders are relative): every worker copies the shards it writes to the `file://` checkpoint URI. 1x2
+    on gpu-a and gpu-b, a third instance on gpu-c at step 4, then worker 1 — stage 1's only holder — is killed at
+    step 8: the checkpoint-restart from step 5 loads shards that the restarted workers' disks never held (fetched
+    from the URI), the driver fetches the final layers it never wrote, and the losses are the uninterrupted run's."""
+    disks, driver = tmp_path / "hosts", tmp_path / "driver"
+    ssh, _ = fake_ssh(tmp_path, disks=disks)
+    driver.mkdir()
+    monkeypatch.chdir(driver)
+    remote = hosts_job(["gpu-a", "gpu-b", "gpu-c"], coordinator_host(), free_port(), ssh=[str(ssh)],
+                       python=sys.executable, workdir=".")  # fmt: skip
+    steps, uri = 16, f"file://{tmp_path / 'durable'}"
+    events = [{"step": 4, "kind": "add", "workers": 1}, {"step": 8, "kind": "kill", "instances": [1]}]
+    result = run_job(CFG, TrainConfig(), 2, (1, 2), steps, events, "job", remote=remote, timeout_s=120,
+                     checkpoint_every=5, checkpoint_uri=uri)  # fmt: skip
+    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
+    assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
+    restarts = [r for r in result["reconfigurations"] if r["kind"] == "checkpoint-restart"]
+    assert restarts and restarts[0]["restore_step"] == 5, result["reconfigurations"]
+    # nothing the workers wrote reached the driver's disk but through the URI
+    assert not list((driver / "job" / "checkpoints").glob("*.pt"))
+    written = sorted(p.relative_to(disks).as_posix() for p in disks.glob("*/job/checkpoints/step00000005*.pt"))
+    assert written == ["gpu-a/job/checkpoints/step00000005.stage0.pt", "gpu-b/job/checkpoints/step00000005.stage1.pt"]
+    # worker 2 (gpu-c) trained on from the restore of step 5, a step its disk never held
+    assert result["reconfigurations"][-1]["kind"] == "checkpoint-restart" and 2 in result["replicas"]
+    assert not list(disks.glob("gpu-c/job/checkpoints/step00000005*"))
+    assert sorted(p.name for p in (driver / "job" / "layers").glob("*.pt")) == sorted(
+        checkpoint.shard_path("", steps, k).name for k in range(result["epochs"][-1]["strategy"][1])
+    )
+    copies = result["checkpoint_uri"]
+    assert not copies["errors"] and copies["uploaded"][-1] == 15, copies
 
 
 def test_an_unreachable_host_is_named_and_nothing_is_left_running(tmp_path):

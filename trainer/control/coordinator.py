@@ -34,7 +34,7 @@ from trainer.runtime.migration import (
     plan_recovery,
     restart_epoch,
 )
-from trainer.runtime.model import model_fingerprint
+from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import host_store, new_token
 
@@ -210,7 +210,8 @@ class Coordinator:
         self.config = config
         self.spec = JobSpec(config.model, config.train, config.steps, config.job, config.layers_dir, ctl.pg_timeout_s,
                             config.checkpoint_dir, config.checkpoint.every, ctl.hb_interval_s,
-                            float(ctl.notice_grace_s), config.to_dict(), model_fingerprint(config.model))  # fmt: skip
+                            float(ctl.notice_grace_s), config.to_dict(), model_fingerprint(config.model),
+                            config.checkpoint.uri)  # fmt: skip
         hb_timeout_s, store_timeout_s, model = ctl.hb_timeout_s, ctl.store_timeout_s, config.model
         self.host = host
         self.hb_timeout_s = hb_timeout_s
@@ -567,6 +568,10 @@ class Coordinator:
 
     # -- epochs ------------------------------------------------------------------------------------------
     def _publish(self, epoch: Epoch, source: str = "schedule") -> None:
+        if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
+            # which shard holds which layer: a worker loads only its layers' shards, fetching what its disk lacks
+            cut = self.checkpoint_cut(epoch.restore_step)
+            self.store.set(keys.ckpt_restore(epoch.number), json.dumps(cut, sort_keys=True))
         blob = epoch.to_json()
         self._by_number[epoch.number] = epoch
         self._sources[epoch.number] = source
@@ -709,19 +714,73 @@ class Coordinator:
                 out.setdefault((s, n), set()).add(k)
         return out
 
-    def latest_checkpoint(self) -> int:
-        """The step of the latest complete checkpoint (every stage of one epoch wrote its shard, and no later
-        checkpoint-restart discarded it); 0 when there is none — step 0's state is the deterministic initial one."""
+    def _complete_checkpoints(self) -> dict[int, int]:
+        """step -> the epoch whose every stage wrote its shard of that step's checkpoint (the latest such epoch),
+        leaving out the checkpoints a later checkpoint-restart from an earlier step discarded."""
         by_number = {e.number: e for e in self.epochs}
-        best = self.first_step  # a resumed job's first epoch loaded a complete checkpoint
+        out: dict[int, int] = {}
         for (s, n), stages in self.written_checkpoints().items():
             e = by_number.get(n)
             if e is None or stages != set(range(e.P)):
                 continue
             if any(m > n and s > c for m, c in self._restarts):
                 continue  # discarded by a later restart from an earlier checkpoint
-            best = max(best, s)
-        return best
+            out[s] = max(out.get(s, n), n)
+        return out
+
+    def latest_checkpoint(self) -> int:
+        """The step of the latest complete checkpoint (every stage of one epoch wrote its shard, and no later
+        checkpoint-restart discarded it); 0 when there is none — step 0's state is the deterministic initial one."""
+        return max([self.first_step, *self._complete_checkpoints()])  # a resumed job's first epoch loaded one
+
+    def checkpoint_cut(self, step: int) -> dict[str, list[str]]:
+        """The shard files of the complete checkpoint of `step` and the layers each holds: from the epoch that wrote
+        it, or — the checkpoint a resumed job started from — from its hash records in the checkpoint folder."""
+        n = self._complete_checkpoints().get(step)
+        if n is not None:
+            return self.shards_of(step, n)
+        if step == self.first_step:
+            return {f: list(v) for f, v in checkpoint.shard_layers(self.spec.checkpoint_dir, step).items()}
+        raise checkpoint.CheckpointError(f"no complete checkpoint of step {step} to restore from")
+
+    def shards_of(self, step: int, epoch: int) -> dict[str, list[str]]:
+        """The shard files `epoch`'s stages write for the checkpoint of `step`, and the layers of each."""
+        e, names = self._by_number[epoch], layer_names(self.spec.model)
+        return {checkpoint.shard_path("", step, k).name: [names[i] for i in e.layers(k)] for k in range(e.P)}
+
+    def checkpoint_files(self, step: int, epoch: int) -> dict[str, int] | None:
+        """The files (and sizes) the stages of `epoch` uploaded for the checkpoint of `step` (with a checkpoint
+        URI), or None while one is missing or unreadable."""
+        e = self._by_number.get(epoch)
+        if e is None:
+            return None
+        files: dict[str, int] = {}
+        for k in range(e.P):
+            key = keys.ckpt_files(step, epoch, k)
+            if not self.store.check([key]):
+                return None
+            try:
+                got = json.loads(self.store.get(key))
+                if not isinstance(got, dict) or not all(isinstance(v, int) for v in got.values()):
+                    raise ValueError("not {name: size}")
+            except ValueError:
+                self._malformed(key, self.store.get(key).decode(errors="replace"))
+                return None
+            files.update({str(k): int(v) for k, v in got.items()})
+        return files
+
+    def checkpoint_failures(self) -> list[str]:
+        """The uploads to the checkpoint URI that workers reported failed, as "worker w: why"."""
+        out = []
+        for w in sorted(self.joined()):
+            key = keys.ckpt_failed(w)
+            if self.store.check([key]):
+                try:
+                    got = json.loads(self.store.get(key))
+                except ValueError:
+                    got = [self.store.get(key).decode(errors="replace")]
+                out += [f"worker {w}: {m}" for m in (got if isinstance(got, list) else [got])]
+        return out
 
     def publish_restart(
         self,
@@ -773,9 +832,9 @@ class Coordinator:
             s += 1
         return out
 
-    def new_checkpoints(self) -> list[int]:
-        """Steps of the checkpoints that became complete (every stage of one epoch wrote its shard) since the last
-        call, in step order; each (step, epoch) is handed out once — a checkpoint rewritten after a restart is a new
+    def new_checkpoints(self) -> list[tuple[int, int]]:
+        """(step, epoch) of the checkpoints that became complete (every stage of one epoch wrote its shard) since
+        the last call, in step order; each is handed out once — a checkpoint rewritten after a restart is a new
         one."""
         by_number = {e.number: e for e in self.epochs}
         new = []
@@ -784,7 +843,7 @@ class Coordinator:
             if (s, n) in self._ckpt_reported or e is None or stages != set(range(e.P)):
                 continue
             self._ckpt_reported.add((s, n))
-            new.append(s)
+            new.append((s, n))
         return sorted(new)
 
     def _times(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> list[float]:

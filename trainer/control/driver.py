@@ -31,7 +31,7 @@ from trainer.providers.agent import AgentInstances
 from trainer.providers.fleet import Fleet
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
-from trainer.runtime.checkpoint_mirror import MirrorUploader
+from trainer.runtime.checkpoint_mirror import StepCommitter
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names
 from trainer.runtime.model import n_layers as layer_count
@@ -64,7 +64,7 @@ class Driver:
         self.deadline, self.pg_timeout_s = deadline, cfg.control.pg_timeout_s
         self.max_processes = max_processes
         self.keep_checkpoints = cfg.checkpoint.keep  # complete checkpoints kept on disk (0: all)
-        self.uploader: MirrorUploader | None = None  # copies of complete checkpoints elsewhere (checkpoint.uri)
+        self.committer: StepCommitter | None = None  # manifests of the steps workers uploaded (checkpoint.uri)
         planner, intervals, steps_per_interval = live.planner, live.intervals, live.steps_per_interval
         self.allowed: dict[int, set[int]] = {}  # exit codes each instance's current process may end with
         self._started: dict[int, list[int]] = {}  # group index -> ids started for its `add` (maybe ahead of time)
@@ -722,11 +722,15 @@ class Driver:
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
         fresh = c.new_checkpoints()
-        for s in fresh:
+        for s, n in fresh:
             self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
-            if self.uploader is not None:  # a copy where it survives this machine (it prunes after each copy)
-                self.uploader.submit(s)
-        if fresh and self.keep_checkpoints and self.uploader is None:
+            if self.committer is not None:  # every shard is at the URI: its manifest makes the step complete there
+                files = c.checkpoint_files(s, n)
+                if files is None:
+                    self.committer.errors.append(f"step {s}: the workers' reports of their uploaded files are missing")
+                else:
+                    self.committer.submit(s, files, c.shards_of(s, n))
+        if fresh and self.keep_checkpoints and self.committer is None:
             self.prune_local()
 
     def prune_local(self, _step: int | None = None) -> None:

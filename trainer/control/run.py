@@ -44,7 +44,7 @@ from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
-from trainer.runtime.checkpoint_mirror import MirrorUploader, mirror_for
+from trainer.runtime.checkpoint_mirror import FINAL, StepCommitter, gather_shards, mirror_for
 from trainer.runtime.devices import resolve_device
 from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.model import n_layers as layer_count
@@ -181,7 +181,7 @@ def run_job(
     driver = Driver(coord, provider, start.groups, LivePlanning(planner, start.intervals, start.steps_per_interval),
                      deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     if mirror is not None:
-        driver.uploader = MirrorUploader(mirror, ckpt_dir, config.checkpoint.keep,
+        driver.committer = StepCommitter(mirror, config.checkpoint.keep,
                                          on_upload=driver.prune_local if config.checkpoint.keep else None)  # fmt: skip
     info = {
         "job": job, "model": model.name, "model_args": dict(model.args) or None,
@@ -215,7 +215,12 @@ def run_job(
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
         driver.observe(final=True)
-        shards = checkpoint.find_shards(layers_dir, steps)
+        # the final layers, one shard per stage: on this disk, or (instances with disks of their own) fetched
+        # from the checkpoint URI's final/ folder, where each stage's writer put its shard
+        last = coord.in_force
+        final_mirror = mirror.child(FINAL) if mirror is not None else None
+        shards = gather_shards(layers_dir, steps, coord.shards_of(steps, last.number), layer_names(model),
+                               final_mirror, layers_dir)  # fmt: skip
         final = checkpoint.load(shards, config=model, job=job)
         trained = steps - restore
         samples = trained * train_cfg.global_batch
@@ -241,9 +246,11 @@ def run_job(
             "exit_codes": dict(sorted(provider.exitcodes().items())),
             "wall_s": time.monotonic() - t0,
         }
-        if driver.uploader is not None:
-            driver.uploader.close()  # every complete checkpoint copied before the job says it is done
-            result["checkpoint_uri"] = driver.uploader.summary()
+        if driver.committer is not None:
+            driver.committer.close()  # every complete checkpoint committed before the job says it is done
+            copies = driver.committer.summary()
+            copies["errors"] += coord.checkpoint_failures()
+            result["checkpoint_uri"] = copies
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)

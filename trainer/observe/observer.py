@@ -75,7 +75,8 @@ class JobObserver:
         bytes_moved, steps_lost, ...)."""
 
     def on_checkpoint(self, step: int, directory: Path) -> None:
-        """Every shard of the checkpoint of `step` is on disk under `directory`."""
+        """Every shard of the checkpoint of `step` is written: under `directory` where the instances share the
+        driver's disk, at the job's checkpoint URI where it has one (workers elsewhere copy them there)."""
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         """The job finished; `result` is `run_job`'s return value."""

@@ -533,8 +533,9 @@ class MlflowJobObserver(JobObserver):
             files = sorted(p for p in directory.iterdir() if p.is_file() and not p.name.startswith("."))
         if not files:
             self._sender.failed += 1
-            log.warning("MLflow run %s: no files of the checkpoint of step %d in %s; nothing uploaded", run_id, step,
-                        directory)  # fmt: skip
+            log.warning("MLflow run %s: no files of the checkpoint of step %d in %s (written on instances that do "
+                        "not share this disk: the copy is at the job's checkpoint URI); nothing uploaded", run_id,
+                        step, directory)  # fmt: skip
             return
         for f in files:
             if not f.exists():  # removed since (a checkpoint-restart to an earlier step clears later files)

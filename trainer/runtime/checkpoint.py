@@ -363,6 +363,36 @@ def _no_record(shard: Path) -> str:
             "writer stopped before finishing it)")  # fmt: skip
 
 
+def check_shard(shard: str | os.PathLike[str]) -> str | None:
+    """What is wrong with one shard file against its hash record (missing, unverified, unreadable, corrupt), or
+    None when it matches. Reads the bytes, does not unpickle."""
+    shard = Path(shard)
+    try:
+        rec = _parse_record(record_path(shard))
+    except _BadRecord as e:
+        return f"{record_path(shard).name}: {e}"
+    if rec is None:
+        return f"{shard.name}: {_no_record(shard)}" if shard.is_file() else f"{shard.name}: no such file"
+    try:
+        with open(shard, "rb") as f:
+            return _check_bytes(shard, f, rec)
+    except FileNotFoundError:
+        return f"{shard.name}: no such file (its hash record is there)"
+    except OSError as e:
+        return f"{shard.name}: unreadable ({e.strerror})"
+
+
+def shard_layers(directory: str | os.PathLike[str], step: int) -> dict[str, tuple[str, ...]]:
+    """The shard files of the checkpoint of `step` in `directory` and the layers each holds, from their hash
+    records (what a worker needs to fetch only the shards of its own layers)."""
+    out = {}
+    for shard in find_shards(directory, step):
+        rec = read_record(shard)
+        if rec is not None:
+            out[shard.name] = rec.layers
+    return out
+
+
 def verify_step(
     directory: str | os.PathLike[str],
     step: int,

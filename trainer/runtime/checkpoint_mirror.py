@@ -1,17 +1,23 @@
-"""Durable checkpoints: a copy of every complete checkpoint where it survives the instance that wrote it.
+"""Durable checkpoints: a copy of every checkpoint where it survives the instance that wrote it.
 
 Owns: `CheckpointMirror` (a checkpoint URI: ``file:///path`` or ``s3://bucket/prefix`` through boto3), `mirror_for`
-(the URI's backend, checked before a job starts), `MirrorError`, and `MirrorUploader` (the driver's background
-uploads: complete checkpoints copied as they land, old ones pruned, failures recorded, never silent). Must not
-touch: the checkpoint format and its verification (`trainer.runtime.checkpoint`: a mirrored step is the same files,
-verified the same way once fetched), when checkpoints are written (the workers), processes.
+(the URI's backend, checked before a job starts), `MirrorError`, `ShardUploader` (a worker's background uploads of
+the shards it writes), `StepCommitter` (the driver's manifests of complete steps, and pruning) and `gather_shards`
+(a worker's restore: local shards where intact, the others fetched). Must not touch: the checkpoint format and its
+verification (`trainer.runtime.checkpoint`: a mirrored step is the same files, verified the same way once fetched),
+when checkpoints are written (the workers), processes, the store.
+
+Who copies what. Each worker uploads the shards it writes itself, from its own disk: the instances need not share
+a disk with the driver or with each other (on AWS or ``--hosts`` they do not). It reports a shard to the driver only
+once the shard and its record are at the URI, so a checkpoint the driver counts complete is durable. The final
+layers go to ``<uri>/final/`` the same way; the driver fetches those it does not hold before loading them.
 
 Atomicity: the files of one step go up shards first, then their hash records, then a step **manifest**
-(``step{s:08d}.manifest.json``: the files and their sizes) — last. A step is at the URI only once its manifest is
-there: a driver killed mid-upload leaves files without a manifest, which `steps()` does not list and the next
-upload of that step overwrites. Pruning removes a step's manifest first. A fresh driver (`fetch_latest`) downloads
-the newest complete step into the local checkpoint folder, where `trainer.runtime.checkpoint` verifies it like any
-other before the job resumes from it.
+(``step{s:08d}.manifest.json``: the files and their sizes, each shard's layers) — last, written by the driver once
+every stage's shard is up. A step is at the URI only once its manifest is there: a job killed mid-upload leaves
+files without a manifest, which `steps()` does not list and the next upload of that step overwrites. Pruning removes
+a step's manifest first. A fresh driver (`fetch_latest`) downloads the newest complete step into the local
+checkpoint folder, where `trainer.runtime.checkpoint` verifies it like any other before the job resumes from it.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import os
 import queue
 import shutil
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ from trainer.runtime import checkpoint
 log = logging.getLogger(__name__)
 
 MANIFEST_SUFFIX = ".manifest.json"
+FINAL = "final"  # the folder under the URI that holds the final layers
 
 
 class MirrorError(ValueError):
@@ -68,7 +75,28 @@ class CheckpointMirror:
     def delete(self, names: Sequence[str]) -> None:
         raise NotImplementedError
 
-    # -- steps ------------------------------------------------------------------------------------------------
+    def child(self, name: str) -> CheckpointMirror:
+        """The mirror of a folder under this one (``<uri>/<name>``): the final layers go to ``final``."""
+        raise NotImplementedError
+
+    # -- files and steps --------------------------------------------------------------------------------------
+    def upload_files(self, paths: Sequence[Path]) -> dict[str, int]:
+        """Copy checkpoint files (a shard and its hash record, ...): shards first, records last, so a record at
+        the URI always follows the bytes it vouches for. Returns each file's name and size."""
+        ordered = sorted(paths, key=lambda p: (p.suffix != ".pt", p.name))
+        sizes = {}
+        for p in ordered:
+            self.put(p.name, p)
+            sizes[p.name] = p.stat().st_size
+        return sizes
+
+    def commit_step(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
+        """Write the manifest of `step` (its files and sizes; each shard's layers): the step is complete at the URI
+        from now on. Called once every file is uploaded."""
+        manifest = {"step": step, "files": dict(sorted(files.items())),
+                    "shards": {k: list(v) for k, v in sorted(shards.items())}}  # fmt: skip
+        self.put_bytes(_manifest_name(step), json.dumps(manifest, sort_keys=True).encode())
+
     def upload_step(self, directory: Path, step: int) -> list[str]:
         """Copy the complete checkpoint of `step` in `directory`: shards, then records, then the manifest."""
         files = checkpoint.step_files(directory, step)
@@ -77,11 +105,22 @@ class CheckpointMirror:
         if not shards or not records:
             raise MirrorError(f"step {step} in {directory} is not a complete checkpoint (shards {shards}, records "
                               f"{records})")  # fmt: skip
-        for p in [*shards, *records]:
-            self.put(p.name, p)
-        manifest = {"step": step, "files": {p.name: p.stat().st_size for p in [*shards, *records]}}
-        self.put_bytes(_manifest_name(step), json.dumps(manifest, sort_keys=True).encode())
+        sizes = self.upload_files(files)
+        self.commit_step(step, sizes, checkpoint.shard_layers(directory, step))
         return [p.name for p in files]
+
+    def fetch(self, names: Sequence[str], directory: Path) -> list[Path]:
+        """Download `names` into `directory`, each atomically, hash records last (a torn download reads as a shard
+        without its record: unverified, never as an intact one)."""
+        directory.mkdir(parents=True, exist_ok=True)
+        out = []
+        for name in sorted(names, key=lambda n: (not n.endswith(".pt"), n)):
+            target = directory / name
+            tmp = directory / f".{name}.download"
+            self.get(name, tmp)
+            os.replace(tmp, target)
+            out.append(target)
+        return out
 
     def steps(self) -> list[int]:
         """Steps whose manifest is at the URI (complete uploads), newest first."""
@@ -94,19 +133,18 @@ class CheckpointMirror:
         return sorted(out, reverse=True)
 
     def download_step(self, step: int, directory: Path) -> list[Path]:
-        """Download the files of complete `step` into `directory` (records last, so a torn download reads as an
-        incomplete checkpoint there, never as an intact one)."""
-        manifest = json.loads(self.get_bytes(_manifest_name(step)))
-        names = sorted(manifest["files"], key=lambda n: (not n.endswith(".pt"), n))
-        directory.mkdir(parents=True, exist_ok=True)
-        out = []
-        for name in names:
-            target = directory / name
-            tmp = directory / f".{name}.download"
-            self.get(name, tmp)
-            os.replace(tmp, target)
-            out.append(target)
-        return out
+        """Download the files of complete `step` into `directory` (records last)."""
+        return self.fetch(list(self.manifest(step)["files"]), directory)
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        """The manifest of complete `step` (MirrorError when the URI holds none, or an unreadable one)."""
+        try:
+            data = json.loads(self.get_bytes(_manifest_name(step)))
+            if not isinstance(data, dict) or not isinstance(data.get("files"), dict):
+                raise ValueError("no files")
+        except Exception as e:  # noqa: BLE001 — a backend's own error (botocore's ClientError, OSError) or bad JSON
+            raise MirrorError(f"{self.uri}: no readable manifest of step {step} ({type(e).__name__}: {e})") from e
+        return data
 
     def prune(self, keep: int) -> list[int]:
         """Keep the newest `keep` complete steps (0: all); remove the others, manifest first."""
@@ -137,6 +175,9 @@ class FileMirror(CheckpointMirror):
 
     def __init__(self, root: Path, uri: str) -> None:
         self.root, self.uri = root, uri
+
+    def child(self, name: str) -> FileMirror:
+        return FileMirror(self.root / name, f"{self.uri.rstrip('/')}/{name}")
 
     def put(self, name: str, path: Path) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -173,6 +214,9 @@ class S3Mirror(CheckpointMirror):
 
         self.bucket, self.prefix, self.uri = bucket, prefix.strip("/"), uri
         self.s3 = client if client is not None else boto3.client("s3")
+
+    def child(self, name: str) -> S3Mirror:
+        return S3Mirror(self.bucket, self._key(name), f"{self.uri.rstrip('/')}/{name}", self.s3)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}/{name}" if self.prefix else name
@@ -219,41 +263,44 @@ def mirror_for(uri: str, *, s3_client: Any = None) -> CheckpointMirror:
 
 
 @dataclass
-class MirrorUploader:
-    """The driver's uploads to `mirror`, on a thread of their own so that training never waits for them: each
-    complete checkpoint step is copied from `directory` as it lands, then the mirror is pruned to `keep` (0: keep
-    all). `flush()` waits for what is queued (the job's end). Failures are logged and kept in `errors`."""
+class StepCommitter:
+    """The driver's side of a mirrored job, on a thread of its own so that training never waits for it: each step
+    whose every shard the workers uploaded (`submit`: the files and sizes they reported, each shard's layers) gets
+    its manifest — complete at the URI from then on —, then the mirror is pruned to `keep` (0: keep all).
+    `flush()` waits for what is queued (before a restart picks its step, at the job's end). Failures are logged and
+    kept in `errors` (the workers' upload failures are added there too)."""
 
     mirror: CheckpointMirror
-    directory: Path
     keep: int = 0
     uploaded: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     on_upload: Callable[[int], None] | None = None
 
     def __post_init__(self) -> None:
-        self._queue: queue.Queue[int | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="parcae-checkpoint-upload", daemon=True)
+        self._queue: queue.Queue[tuple[int, dict[str, int], dict[str, list[str]]] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="parcae-checkpoint-commit", daemon=True)
         self._thread.start()
 
-    def submit(self, step: int) -> None:
-        self._queue.put(step)
+    def submit(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
+        self._queue.put((step, dict(files), {k: list(v) for k, v in shards.items()}))
 
     def _run(self) -> None:
         while True:
-            step = self._queue.get()
+            item = self._queue.get()
             try:
-                if step is None:
+                if item is None:
                     return
-                self.mirror.upload_step(self.directory, step)
+                step, files, shards = item
+                self.mirror.commit_step(step, files, shards)
                 self.uploaded.append(step)
                 if self.keep:
                     self.mirror.prune(self.keep)
                 if self.on_upload is not None:
                     self.on_upload(step)
             except Exception as exc:  # noqa: BLE001 — recorded and reported, training goes on
-                self.errors.append(f"step {step}: {type(exc).__name__}: {exc}")
-                log.warning("checkpoint of step %s not copied to %s: %s", step, self.mirror.uri, exc)
+                what = f"step {item[0]}" if item is not None else "the commit thread"
+                self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
+                log.warning("the checkpoint of %s is not complete at %s: %s", what, self.mirror.uri, exc)
             finally:
                 self._queue.task_done()
 
@@ -267,3 +314,95 @@ class MirrorUploader:
 
     def summary(self) -> dict[str, Any]:
         return {"uri": self.mirror.uri, "uploaded": list(self.uploaded), "errors": list(self.errors)}
+
+
+@dataclass
+class ShardUploader:
+    """A worker's uploads of the shards it writes, on a thread of its own so that training never waits for them.
+    `submit(tag, files)` queues a shard and its hash record; `done()` hands back, once each, the tags uploaded with
+    the files' sizes (the worker reports them to the driver from its own thread: the store client is not shared
+    across threads) and `failed()` the ones that could not be, with why. `flush` waits for what is queued (before
+    the worker leaves: a checkpoint-restart, a notice, the job's end)."""
+
+    mirror: CheckpointMirror
+
+    def __post_init__(self) -> None:
+        self._queue: queue.Queue[tuple[Any, list[Path]] | None] = queue.Queue()
+        self._lock = threading.Lock()
+        self._done: list[tuple[Any, dict[str, int]]] = []
+        self._failed: list[tuple[Any, str]] = []
+        self._thread = threading.Thread(target=self._run, name="parcae-shard-upload", daemon=True)
+        self._thread.start()
+
+    def submit(self, tag: Any, files: Sequence[Path]) -> None:
+        self._queue.put((tag, list(files)))
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                tag, files = item
+                sizes = self.mirror.upload_files(files)
+                with self._lock:
+                    self._done.append((tag, sizes))
+            except Exception as exc:  # noqa: BLE001 — handed back to the worker, which reports it
+                assert item is not None
+                with self._lock:
+                    self._failed.append((item[0], f"{type(exc).__name__}: {exc}"))
+                log.warning("%s not copied to %s: %s", [p.name for p in item[1]], self.mirror.uri, exc)
+            finally:
+                self._queue.task_done()
+
+    def done(self) -> list[tuple[Any, dict[str, int]]]:
+        with self._lock:
+            out, self._done = self._done, []
+        return out
+
+    def failed(self) -> list[tuple[Any, str]]:
+        with self._lock:
+            out, self._failed = self._failed, []
+        return out
+
+    def flush(self) -> None:
+        self._queue.join()
+
+
+def gather_shards(
+    directory: Path,
+    step: int,
+    shards: Mapping[str, Sequence[str]],
+    wanted: Collection[str],
+    mirror: CheckpointMirror | None,
+    scratch: Path,
+) -> list[Path]:
+    """The shard files to load `wanted` layers of the checkpoint of `step` from: `shards` names each file of that
+    checkpoint and its layers. A file in `directory` that matches its hash record and holds the layers named is
+    used in place; any other is fetched from `mirror` into `scratch` (the instance does not share the disk the
+    shard was written on, or its copy is damaged). Without a mirror a missing or damaged shard is a
+    `checkpoint.CheckpointError` that says why and what to give."""
+    missing = sorted(set(wanted) - {n for layers in shards.values() for n in layers})
+    if missing:
+        raise checkpoint.CheckpointError(f"the checkpoint of step {step} holds no shard of layers {missing}")
+    out = []
+    for name, layers in sorted(shards.items()):
+        if not set(layers) & set(wanted):
+            continue
+        local = Path(directory) / name
+        problem = checkpoint.check_shard(local)
+        if problem is None:
+            rec = checkpoint.read_record(local)
+            if rec is not None and rec.step == step and set(rec.layers) == set(layers):
+                out.append(local)
+                continue
+            problem = f"{name}: its hash record is not of step {step} with layers {sorted(layers)}"
+        if mirror is None:
+            raise checkpoint.CheckpointError(
+                f"{local}: {problem.removeprefix(name + ': ')}; the checkpoint of step {step} is not on this "
+                "instance's disk (the instances do not share the checkpoint folder): give the job a "
+                "--checkpoint-uri (s3://bucket/prefix or a shared file:///folder) so that every instance can fetch it"
+            )  # fmt: skip
+        fetched = mirror.fetch([name, checkpoint.record_path(Path(name)).name], scratch)
+        out.append(next(p for p in fetched if p.suffix == ".pt"))
+    return out

@@ -53,7 +53,14 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
                            (counter), ready/{id} (new member about to run its first step), phases/{id} (its
                            migration's phase durations, JSON), bytes (sent or loaded, counter), sent/{id} (a
                            transfer source has added what it sent to bytes), decided (when the epoch was published)
-  ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s
+  ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s (with a
+                           checkpoint URI: once the shard and its record are uploaded there)
+  ckpt/files/{s}/{n}/{k}   with a checkpoint URI: the files stage k of epoch n uploaded for step s and their sizes
+                           (JSON {name: size}), set before ckpt/written names them (the driver's manifest lists them)
+  ckpt/failed/{id}         with a checkpoint URI: the uploads worker id could not make (JSON list of messages)
+  ckpt/restore/{n}         the checkpoint a restoring epoch n loads: JSON {shard file: [its layers]}, set before
+                           the epoch is published (a worker loads the shards of its layers, fetching from the URI
+                           those its disk does not hold)
   loss/{s}                 the loss of step s, written by the last stage's replica 0; a checkpoint-restart deletes
                            those of the steps it recomputes before publishing its epoch (so a key present after it
                            holds the recomputed value)
@@ -84,7 +91,7 @@ import re
 # (`trainer.runtime.store`).
 DRIVER_ONLY = re.compile(
     r"job/spec|epoch/.*|ctl/preempt/\d+|ctl/restart/\d+|ctl/e\d+/next|ctl/done|ctl/abort|plan/accepts"
-    r"|agent/\d+/(start|signal)/\d+"
+    r"|agent/\d+/(start|signal)/\d+|ckpt/restore/\d+"
 )
 
 # -- the job ---------------------------------------------------------------------------------------------------
@@ -218,6 +225,18 @@ def decide(n: int, s: int) -> str:
 
 # -- checkpoints and losses --------------------------------------------------------------------------------------
 CKPT_WRITTEN = "ckpt/written"
+
+
+def ckpt_files(s: int, n: int, k: int) -> str:
+    return f"ckpt/files/{s}/{n}/{k}"
+
+
+def ckpt_failed(w: int) -> str:
+    return f"ckpt/failed/{w}"
+
+
+def ckpt_restore(n: int) -> str:
+    return f"ckpt/restore/{n}"
 
 
 def loss(s: int) -> str:

@@ -43,6 +43,9 @@ class JobSpec:
     # the model's `trainer.runtime.model.model_fingerprint` where the coordinator runs: a worker whose code builds
     # other layers (another version of the spec on its machine) refuses to join
     fingerprint: str = ""
+    # where every worker copies the shards it writes (`trainer.runtime.checkpoint_mirror`), and fetches the ones a
+    # restore needs that its own disk does not hold; None: the checkpoint folder must be shared by every instance
+    checkpoint_uri: str | None = None
 
     def to_json(self) -> str:
         return json.dumps({
@@ -51,6 +54,7 @@ class JobSpec:
             "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
             "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
             "settings": dict(self.settings), "fingerprint": self.fingerprint,
+            "checkpoint_uri": self.checkpoint_uri,
         })  # fmt: skip
 
     @classmethod
@@ -59,4 +63,5 @@ class JobSpec:
         train = {**d["train"], "betas": tuple(d["train"]["betas"])}
         return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
                    d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
-                   d.get("notice_grace_s", 30.0), d.get("settings", {}), d.get("fingerprint", ""))  # fmt: skip
+                   d.get("notice_grace_s", 30.0), d.get("settings", {}), d.get("fingerprint", ""),
+                   d.get("checkpoint_uri"))  # fmt: skip

@@ -24,13 +24,15 @@ import os
 import select
 import signal
 import sys
+import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -38,6 +40,7 @@ from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
 from trainer.runtime import checkpoint, keys
+from trainer.runtime.checkpoint_mirror import FINAL, CheckpointMirror, ShardUploader, gather_shards, mirror_for
 from trainer.runtime.devices import DeviceError, resolve_device
 from trainer.runtime.migration import Epoch, state_bytes
 from trainer.runtime.model import layer_names, model_fingerprint, spec_of
@@ -223,6 +226,9 @@ class Worker:
         self._reported: int | None = None  # the broken epoch this worker reported in (it waits for ctl/e{n}/next)
         self._failed_at: float | None = None  # when the work lost to a failure started (the next arrival's time)
         self._form_store: Store | None = None  # the store client group formation uses (its own thread)
+        self._mirror: CheckpointMirror | None = None  # the job's checkpoint URI, if it has one (set by `join`)
+        self._uploads: ShardUploader | None = None  # this worker's shard uploads to it
+        self._upload_errors: list[str] = []
 
     # -- plumbing ----------------------------------------------------------------------------------------
     @property
@@ -318,6 +324,9 @@ class Worker:
         # torch._dynamo (~1 s).
         make_optimizer(torch.nn.Linear(1, 1), spec_of(self.job.model, self.job.train))
         self.device = resolve_device(self.job.train.device, self.id)
+        if self.job.checkpoint_uri is not None:  # every shard this worker writes is copied there, from its own disk
+            self._mirror = mirror_for(self.job.checkpoint_uri)
+            self._uploads = ShardUploader(self._mirror)
         if self.job.fingerprint and model_fingerprint(self.job.model) != self.job.fingerprint:
             raise SpecError(f"model {self.job.model.name!r} builds other layers on this machine than where the job "
                             "started (its fingerprint differs: another version of the spec's code); install the "
@@ -402,7 +411,25 @@ class Worker:
         path = checkpoint.shard_path(directory, step, ctx.stage)
         checkpoint.save(path, ctx.layer_states(), step=step, config=job.model, job=job.job, settings=job.settings)
         self._saved.add((step, n))
-        self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{ctx.stage};")
+        if self._uploads is None:
+            self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{ctx.stage};")
+        else:  # reported once at the URI: a checkpoint the driver counts complete survives this instance
+            self._uploads.submit((step, n, ctx.stage), [path, checkpoint.record_path(path)])
+
+    def _report_uploads(self, flush: bool = False) -> None:
+        """Tell the driver which shards reached the checkpoint URI (and which could not); `flush`: wait for every
+        upload queued first (this process is about to leave, or to report arriving at a restart's boundary)."""
+        if self._uploads is None:
+            return
+        if flush:
+            self._uploads.flush()
+        for (step, n, stage), sizes in self._uploads.done():
+            self.store.set(keys.ckpt_files(step, n, stage), json.dumps(sizes))
+            self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{stage};")
+        failed = self._uploads.failed()
+        if failed:
+            self._upload_errors += [f"step {step} stage {stage}: {why}" for (step, _, stage), why in failed]
+            self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
 
     def _arrive(self, number: int, at: float | None = None) -> None:
         """Report reaching the end of our epoch (by default when our last step ended), on the way into epoch
@@ -428,12 +455,14 @@ class Worker:
                     return
                 if decision is not None:  # a checkpoint-restart: checkpoint this boundary, make way for a fresh process
                     self._save(job.checkpoint_dir, self.step)
+                    self._report_uploads(flush=True)  # the restart picks its step once every member arrived
                     self._arrive(decision)
                     self._to(WorkerState.RESTARTING)
                     return
                 if self.step >= job.steps:
                     break
                 step = self.step
+                self._report_uploads()
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step))
@@ -458,6 +487,12 @@ class Worker:
             checkpoint.save(
                 path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job, settings=job.settings
             )
+            if self._mirror is not None:  # the driver fetches the final layers its own disk does not hold
+                try:
+                    self._mirror.child(FINAL).upload_files([path, checkpoint.record_path(path)])
+                except Exception as e:  # noqa: BLE001 — reported; the driver says which final shard it lacks
+                    self._upload_errors.append(f"final layers of stage {ctx.stage}: {type(e).__name__}: {e}")
+                    self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
         final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest}
         self.store.set(keys.replica_final(self.id), json.dumps(final))
@@ -663,9 +698,7 @@ class Worker:
         else:
             ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
-                shards = checkpoint.find_shards(job.checkpoint_dir, epoch.restore_step)
-                ckpt = checkpoint.load(shards, config=job.model, job=job.job)
-                mine = {name: ckpt.layers[name] for name in ctx.names}
+                mine = self._restore(epoch, ctx.names)
                 ctx.load_layer_states(mine)
                 self.store.add(keys.epoch_bytes(number), state_bytes(mine))
             elif not fresh:
@@ -688,6 +721,24 @@ class Worker:
         self.store.set(keys.phases(epoch.number, self.id), json.dumps(phases))
         self.store.set(keys.ready(epoch.number, self.id), repr(time.time()))
         return True
+
+    def _restore(self, epoch: Epoch, names: Sequence[str]) -> dict[str, LayerState]:
+        """The state of layers `names` in the checkpoint restoring `epoch` loads: from the shards that hold them
+        (the driver names them), read from this instance's disk, or fetched from the checkpoint URI where this disk
+        does not hold them (instances that do not share a disk)."""
+        job, step = self.job, epoch.restore_step
+        assert step is not None, "a restoring epoch names its step"
+        cut = json.loads(self.store.get(keys.ckpt_restore(epoch.number)))
+        directory = Path(job.checkpoint_dir)
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=directory) as scratch:
+            files = gather_shards(directory, step, cut, names, self._mirror, Path(scratch))
+            ckpt = checkpoint.load(files, config=job.model, job=job.job, complete=False)
+        missing = [n for n in names if n not in ckpt.layers]
+        if missing:
+            raise checkpoint.CheckpointError(f"the checkpoint of step {step} ({', '.join(f.name for f in files)}) "
+                                             f"lacks layers {missing}")  # fmt: skip
+        return {name: ckpt.layers[name] for name in names}
 
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -727,7 +778,9 @@ class Worker:
             return EXIT_FAILED
 
     def _end(self, code: int) -> int:
-        """Tell the coordinator this process ends normally (its heartbeat is about to stop)."""
+        """Tell the coordinator this process ends normally (its heartbeat is about to stop), once the shards it
+        wrote are at the checkpoint URI."""
+        self._report_uploads(flush=True)
         self.store.set(keys.exited(self.id), repr(time.time()))
         self.store.set(keys.final(self.id), str(self.incarnation))
         return code
