@@ -341,3 +341,61 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     copies = result["checkpoint_uri"]
     assert copies["uri"] == f"s3://ckpt/{job}" and not copies["errors"] and steps - 5 in copies["uploaded"]
     assert S3Mirror("ckpt", job, copies["uri"], moto_server.client("s3")).steps() == [steps - 5, steps - 10, steps - 15]
+
+
+def test_a_killed_driver_s_spot_fleet_resumes_from_s3_on_a_second_driver(moto_server, tmp_path):
+    """`parcae train --provider aws --fleet 2 --checkpoint-uri s3://...` on moto_server: the driver is SIGKILLed
+    once a checkpoint is complete in the bucket (its instances go on running: the cloud does not know), and a torn
+    upload of a newer step is left in the bucket; a second driver on a fresh out-dir (another machine) with
+    `--resume` terminates what the first left running, launches its own instances, resumes from the newest
+    complete checkpoint in S3 (not the torn one), keeps two there, and ends with the uninterrupted run's losses;
+    nothing is left running."""
+    import json
+    import subprocess
+
+    job, steps = "fleet-resume", 30
+    options = dict(region=REGION, image_id=AMI, job=job, coordinator_host=coordinator_host(),
+                   coordinator_port=free_port(), token_parameter=PARAM, iam_instance_profile="parcae-worker",
+                   python=sys.executable, workdir=str(REPO))  # fmt: skip
+    s3, ec2 = moto_server.client("s3"), moto_server.client("ec2")
+    s3.create_bucket(Bucket="ckpt")
+    uri = f"s3://ckpt/{job}"
+    mirror = S3Mirror("ckpt", job, uri, s3)
+    args = [sys.executable, "-m", "parcae.cli", "train", "--provider", "aws", "--provider-options",
+            json.dumps(options), "--fleet", "2", "--min-instances", "2", "--planner", "rule", "--interval-seconds",
+            "2", "--steps", str(steps), "--checkpoint-every", "5", "--keep-checkpoints", "2", "--checkpoint-uri", uri,
+            "--model-args",
+            '{"dtype": "float64"}', "--device", "cpu", "--timeout", "240"]  # fmt: skip
+    env = {**{k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}, "PYTHONPATH": str(REPO)}
+    with Ec2StandIn(ec2, job, env, tmp_path) as standin:
+        first = subprocess.Popen([*args, "--out-dir", str(tmp_path / "a")], cwd=tmp_path, env=env,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        until(lambda: bool(mirror.steps()) or first.poll() is not None, "a checkpoint complete in S3", 180)
+        os.killpg(first.pid, signal.SIGKILL)  # the driver's machine is gone; its instances are not
+        first.wait(30)
+        err = first.stderr.read().decode(errors="replace")[-3000:] if first.stderr else ""
+        copied = mirror.steps()
+        assert copied and copied[0] < steps, (copied, err)
+        left = {i["InstanceId"] for r in ec2.describe_instances()["Reservations"] for i in r["Instances"]
+                if i["State"]["Name"] == "running"}  # fmt: skip
+        assert len(left) == 2, left
+        # a torn upload of a newer step: a shard reached S3, its manifest never did — not a checkpoint there
+        torn = tmp_path / "torn"
+        ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
+        shard = checkpoint.save(checkpoint.shard_path(torn, copied[0] + 5, 0), ctx.layer_states(),
+                                step=copied[0] + 5, config=CFG, job=job)  # fmt: skip
+        mirror.put(shard.name, shard)
+        out = tmp_path / "report.json"
+        second = subprocess.run([*args, "--out-dir", str(tmp_path / "b"), "--resume", "--json", str(out)],
+                                cwd=tmp_path, env=env, capture_output=True, timeout=300, text=True)  # fmt: skip
+        boots = "\n".join(f"--- {w}:\n{standin.log(w)[-1500:]}" for w in sorted(standin.logs))
+        assert second.returncode == 0, f"{second.stderr[-3000:]}\n{boots}"
+        until(lambda: all(s.poll() is not None for s in standin.booted.values()), "every boot script to end")
+    report = json.loads(out.read_text())
+    newest = report["resumed_from"]
+    assert newest is not None and newest >= copied[0], (newest, copied)
+    assert report["loss"] == pytest.approx(reference(steps)[0][newest:], rel=1e-6)
+    assert not report["checkpoint_uri"]["errors"] and mirror.steps() == [steps - 5, steps - 10]  # --keep 2
+    states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
+              for i in r["Instances"]}  # fmt: skip
+    assert left <= set(states) and len(states) >= 4 and set(states.values()) == {"terminated"}, states
