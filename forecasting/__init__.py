@@ -49,6 +49,9 @@ _HOMES: dict[str, str] = {
     # evaluation
     "DEFAULT_START": "backtest",
     "BacktestResult": "backtest",
+    "past_rows": "backtest",
+    "pit_coverage": "backtest",
+    "plot_fans": "backtest",
     "rolling_origin": "backtest",
     # traces
     "COLUMNS": "traces",
@@ -90,6 +93,9 @@ if TYPE_CHECKING:
     from forecasting import jsonio as jsonio
     from forecasting.backtest import DEFAULT_START as DEFAULT_START
     from forecasting.backtest import BacktestResult as BacktestResult
+    from forecasting.backtest import past_rows as past_rows
+    from forecasting.backtest import pit_coverage as pit_coverage
+    from forecasting.backtest import plot_fans as plot_fans
     from forecasting.backtest import rolling_origin as rolling_origin
     from forecasting.baselines import ArimaForecaster as ArimaForecaster
     from forecasting.baselines import EtsForecaster as EtsForecaster

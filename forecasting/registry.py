@@ -142,10 +142,11 @@ def trace_fingerprint(table: pd.DataFrame) -> str:
 
 
 def backtest_metrics(result: BacktestResult, prefix: str = "") -> dict[str, float]:
-    """``{prefix}mae_h{h}`` for h = 1..H plus ``mae_mean``, ``pinball``, ``coverage80``, ``brier``."""
+    """``{prefix}mae_h{h}`` for h = 1..H plus ``mae_mean``, ``pinball``, ``coverage80``, ``pit_coverage80``,
+    ``brier``."""
     out = {f"{prefix}mae_h{h}": float(v) for h, v in enumerate(result.mae, start=1)}
     summary = result.to_dict()
-    for key in ("mae_mean", "pinball", "coverage80", "brier"):
+    for key in ("mae_mean", "pinball", "coverage80", "pit_coverage80", "brier"):
         out[f"{prefix}{key}"] = float(summary[key])
     return out
 

@@ -169,7 +169,7 @@ def test_brier_by_hand() -> None:
 
 def test_to_dict() -> None:
     d = tiny_result().to_dict()
-    assert set(d) == {"mae", "mae_mean", "pinball", "coverage80", "brier"}
+    assert set(d) == {"mae", "mae_mean", "pinball", "coverage80", "pit_coverage80", "brier"}
     assert d["mae"] == [1.0, 2.5] and d["coverage80"] == 0.25
 
 
@@ -202,5 +202,27 @@ def test_plot_fans_writes_a_png(tmp_path) -> None:
     models = {"persistence": PersistenceForecaster().fit([table]), "arima": ArimaForecaster()}
     out = plot_fans(table, models, origins=[12, 26], horizon=6, path=tmp_path / "fans" / "p.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the last row: a forecast of what has not happened yet, drawn past the table's end
+    assert plot_fans(table, models, origins=[len(NOISY) - 1], horizon=2, path=tmp_path / "end.png").is_file()
     with pytest.raises(ValueError, match="row positions"):
-        plot_fans(table, models, origins=[len(NOISY) - 1], horizon=2, path=tmp_path / "x.png")
+        plot_fans(table, models, origins=[len(NOISY)], horizon=2, path=tmp_path / "x.png")
+
+
+def test_tie_aware_coverage_counts_a_band_of_whole_instances_for_what_it_says():
+    """`pit_coverage`: a forecast whose every quantile is the count that came covers 8/9 of the central band (its
+    mass at that count spans [0.05, 0.95] of the PIT), one that missed covers nothing; the plain "inside [q10,
+    q90]" says 1 and 0. On counts that mostly repeat (Poisson(0.5), quantiles exact), the plain coverage of a
+    calibrated forecast is far above 0.8 (ties), the tie-aware one is near it."""
+    from scipy.stats import poisson
+
+    from forecasting import pit_coverage
+
+    came = np.full((5, 3), 7.0)
+    levels = (0.1, 0.5, 0.9)
+    assert pit_coverage(came, {t: np.full_like(came, 7.0) for t in levels}) == pytest.approx(8 / 9)
+    assert pit_coverage(came, {t: np.full_like(came, 8.0) for t in levels}) == 0.0
+    assert np.isnan(pit_coverage(came, {}))
+    y = np.random.default_rng(0).poisson(0.5, size=(20_000, 1)).astype(float)
+    exact = {t: np.full_like(y, poisson.ppf(t, 0.5)) for t in levels}
+    plain = float(((y >= exact[0.1]) & (y <= exact[0.9])).mean())
+    assert plain > 0.9 and abs(pit_coverage(y, exact) - 0.8) < 0.02

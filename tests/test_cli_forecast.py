@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from parcae.cli import app
 
 FORECAST_KEYS = {"model", "last_available", "capacity", "point", "quantiles", "preemption_prob", "events"}
-SCORE_KEYS = {"mae", "mae_mean", "pinball", "coverage80", "brier"}
+SCORE_KEYS = {"mae", "mae_mean", "pinball", "coverage80", "pit_coverage80", "brier"}
 
 
 @pytest.fixture(scope="module")
@@ -151,6 +151,17 @@ def test_predict_persistence_prints_forecast_json(runner: CliRunner) -> None:
     assert len(doc["point"]) == 5 and set(doc["quantiles"]) == {"0.1", "0.5", "0.9"}
     assert doc["point"] == [float(doc["last_available"])] * 5
     assert "after interval 600" in result.stderr
+
+
+def test_predict_draws_the_fan_it_printed(runner: CliRunner, tmp_path: Path) -> None:
+    out = tmp_path / "figs" / "fan.png"
+    result = runner.invoke(app, ["forecast", "predict", "--model", "persistence", "--at", "682", "--plot", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {out}" in result.stderr.replace("\n", "")
+    assert_user_error(
+        runner.invoke(app, ["forecast", "predict", "--model", "persistence", "--plot", str(tmp_path / "f.nope")]),
+        "unknown image format '.nope'",
+    )
 
 
 def test_predict_refuses_an_origin_outside_the_trace(runner: CliRunner) -> None:

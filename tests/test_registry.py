@@ -91,7 +91,14 @@ def test_first_model_that_beats_persistence_is_promoted(first, store: Path) -> N
     expected = {
         f"{p}{k}"
         for p in ("", "persistence_")
-        for k in ("mae_mean", "pinball", "coverage80", "brier", *(f"mae_h{h}" for h in range(1, HORIZON + 1)))
+        for k in (
+            "mae_mean",
+            "pinball",
+            "coverage80",
+            "pit_coverage80",
+            "brier",
+            *(f"mae_h{h}" for h in range(1, HORIZON + 1)),
+        )  # fmt: skip
     }
     assert set(m) == expected
     assert champion_of(DEFAULT_REGISTERED_NAME) == 1

@@ -32,6 +32,18 @@ FIGURES: dict[str, list[str]] = {
         "--plot",
         "OUT",
     ],  # fmt: skip
+    "img/p3-forecast-fan.png": [
+        "forecast",
+        "predict",
+        "--trace",
+        "p3",
+        "--at",
+        "283",
+        "--model",
+        "lightgbm",
+        "--plot",
+        "OUT",
+    ],  # fmt: skip
 }
 
 

@@ -17,7 +17,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from forecasting import FORECASTERS
+from forecasting import FORECASTERS, past_rows
 from liveput import DEFAULT_INTERVAL_S
 from parcae.cli.common import (
     F,
@@ -194,9 +194,11 @@ class _Counted:
 
 
 def _metrics_table(rows: Mapping[str, Mapping[str, Any]], horizon: int) -> Table:
-    """One row per model: mean MAE, MAE at the first and last step, pinball, 80% coverage, Brier."""
+    """One row per model: mean MAE, MAE at the first and last step, pinball, 80% coverage (plain and tie-aware),
+    Brier."""
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
-    for i, header in enumerate(("model", "mae_mean", "mae h1", f"mae h{horizon}", "pinball", "coverage80", "brier")):
+    headers = ("model", "mae_mean", "mae h1", f"mae h{horizon}", "pinball", "coverage80", "pit cov80", "brier")
+    for i, header in enumerate(headers):
         table.add_column(header, justify="left" if i == 0 else "right", no_wrap=True)
     for name, m in rows.items():
         mae = m["mae"]
@@ -207,6 +209,7 @@ def _metrics_table(rows: Mapping[str, Mapping[str, Any]], horizon: int) -> Table
             f"{mae[-1]:.4f}",
             f"{m['pinball']:.4f}",
             fmt(m["coverage80"], ".3f"),
+            fmt(m["pit_coverage80"], ".3f"),
             f"{m['brier']:.4f}",
         )
     return table
@@ -276,7 +279,7 @@ def forecast_train(
     for label, prefix in (("lightgbm", ""), ("persistence", "persistence_")):
         rows[label] = {
             "mae": [m[f"{prefix}mae_h{h}"] for h in range(1, horizon + 1)],
-            **{k: m[f"{prefix}{k}"] for k in ("mae_mean", "pinball", "coverage80", "brier")},
+            **{k: m[f"{prefix}{k}"] for k in ("mae_mean", "pinball", "coverage80", "pit_coverage80", "brier")},
         }
     out = stdout()
     out.print(
@@ -299,7 +302,8 @@ def forecast_train(
     "evaluate",
     help=(
         "Rolling-origin backtest of forecasters on one trace; print a table and write the scores as JSON: "
-        '{"models": {NAME: {"mae": [per horizon], "mae_mean", "pinball", "coverage80", "brier"}}}. '
+        '{"models": {NAME: {"mae": [per horizon], "mae_mean", "pinball", "coverage80", "pit_coverage80", "brier"}}} '
+        "(pit_coverage80: the 80% band's coverage counted for whole-instance counts that repeat; see docs/results). "
         "Baselines and lightgbm are fitted on the corpus without that trace; champion comes from MLflow."
     ),
 )
@@ -344,6 +348,7 @@ def forecast_evaluate(
                 "mae_mean": _finite(r["mae_mean"]),
                 "pinball": _finite(r["pinball"]),
                 "coverage80": _finite(r["coverage80"]),
+                "pit_coverage80": _finite(r["pit_coverage80"]),
                 "brier": _finite(r["brier"]),
             }
             for k, r in results.items()
@@ -363,6 +368,14 @@ def forecast_predict(
         str, typer.Option(metavar="MODEL", help=f"One of: {', '.join(FORECAST_MODELS)}.")
     ] = CHAMPION_MODEL,
     seed: Annotated[int, typer.Option(help="Seed of the seeded models (arima, ets, lightgbm).")] = 0,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.png",
+            help="Also draw the forecast's fan (10-90% band, median, point) after the 2 x horizon intervals before it, "
+            "with what came next where the trace has it.",
+        ),
+    ] = None,
 ) -> None:
     import numpy as np
 
@@ -370,6 +383,7 @@ def forecast_predict(
     if len(kind) != 1:
         raise UserError(f"--model takes one model, got {model!r}")
     check_look_ahead(horizon, "--horizon")
+    check_outputs(None, plot)
     name, table = _forecast_trace(trace)
     intervals = table["interval"].to_numpy()
     if at is None:
@@ -384,8 +398,11 @@ def forecast_predict(
         row = int(hits[0])
     corpus = corpus_without(name, table) if kind[0] != CHAMPION_MODEL else {}
     forecaster = build_forecaster(kind[0], corpus, horizon, seed, name)
-    history = table.iloc[: row + 1].copy()
-    history.attrs = dict(table.attrs)
-    forecast = forecaster.predict(history, horizon)
+    forecast = forecaster.predict(past_rows(table, row), horizon)
     stderr().print(f"{forecast.model} forecast of {name} after interval {int(intervals[row])}", soft_wrap=True)
+    if plot is not None:
+        from forecasting import plot_fans
+
+        plot_fans(table, {forecast.model: forecaster}, [row], horizon, plot)
+        stderr().print(f"wrote {plot}", soft_wrap=True)
     typer.echo(strict_json(forecast.to_dict(), "the forecast"))
