@@ -142,6 +142,8 @@ def test_a_worker_loads_its_layers_from_its_disk_or_fetches_them_from_the_uri(tm
     # no URI: said, with the fix
     with pytest.raises(checkpoint.CheckpointError, match=r"not on this instance's disk.*--checkpoint-uri"):
         gather_shards(here, 10, cut, layers[-1:], None, scratch)
+    with pytest.raises(checkpoint.CheckpointError, match=r"could not be fetched from file://empty \(FileNotFound"):
+        gather_shards(here, 10, cut, layers[-1:], FileMirror(tmp_path / "empty", "file://empty"), scratch)
     with pytest.raises(checkpoint.CheckpointError, match="holds no shard of layers"):
         gather_shards(here, 10, {first: cut[first]}, layers, mirror, scratch)
 

@@ -219,9 +219,12 @@ def run_job(
         # from the checkpoint URI's final/ folder, where each stage's writer put its shard
         last = coord.in_force
         final_mirror = mirror.child(FINAL) if mirror is not None else None
-        shards = gather_shards(layers_dir, steps, coord.shards_of(steps, last.number), layer_names(model),
-                               final_mirror, layers_dir)  # fmt: skip
-        final = checkpoint.load(shards, config=model, job=job)
+        try:
+            shards = gather_shards(layers_dir, steps, coord.shards_of(steps, last.number), layer_names(model),
+                                   final_mirror, layers_dir)  # fmt: skip
+            final = checkpoint.load(shards, config=model, job=job)
+        except checkpoint.CheckpointError as e:  # trained, but the final layers cannot be read here: say which
+            raise JobError(f"the job trained its {steps} steps, but its final layers cannot be loaded: {e}") from None
         trained = steps - restore
         samples = trained * train_cfg.global_batch
         result = {

@@ -403,6 +403,13 @@ def gather_shards(
                 "instance's disk (the instances do not share the checkpoint folder): give the job a "
                 "--checkpoint-uri (s3://bucket/prefix or a shared file:///folder) so that every instance can fetch it"
             )  # fmt: skip
-        fetched = mirror.fetch([name, checkpoint.record_path(Path(name)).name], scratch)
+        try:
+            fetched = mirror.fetch([name, checkpoint.record_path(Path(name)).name], scratch)
+        except Exception as e:  # noqa: BLE001 — the backend's own error (a missing key, no access): said with the file
+            raise checkpoint.CheckpointError(
+                f"{local}: {problem.removeprefix(name + ': ')}, and it could not be fetched from {mirror.uri} "
+                f"({type(e).__name__}: {e}); its writer's upload may have failed (the job report's checkpoint_uri "
+                "errors say)"
+            ) from e
         out.append(next(p for p in fetched if p.suffix == ".pt"))
     return out
