@@ -262,27 +262,20 @@ def mirror_for(uri: str, *, s3_client: Any = None) -> CheckpointMirror:
     raise MirrorError(f"checkpoint URI {uri!r}: expected file:///path or s3://bucket/prefix (--checkpoint-uri)")
 
 
-@dataclass
-class StepCommitter:
-    """The driver's side of a mirrored job, on a thread of its own so that training never waits for it: each step
-    whose every shard the workers uploaded (`submit`: the files and sizes they reported, each shard's layers) gets
-    its manifest — complete at the URI from then on —, then the mirror is pruned to `keep` (0: keep all).
-    `flush()` waits for what is queued (before a restart picks its step, at the job's end). Failures are logged and
-    kept in `errors` (the workers' upload failures are added there too)."""
+class _Background:
+    """One daemon thread that handles the items submitted to it, in order (`_handle`); an item that raises is
+    handed to `_failure` and the thread goes on. `flush` waits for what is queued; `close` also ends the thread."""
 
-    mirror: CheckpointMirror
-    keep: int = 0
-    uploaded: list[int] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-    on_upload: Callable[[int], None] | None = None
-
-    def __post_init__(self) -> None:
-        self._queue: queue.Queue[tuple[int, dict[str, int], dict[str, list[str]]] | None] = queue.Queue()
-        self._thread = threading.Thread(target=self._run, name="parcae-checkpoint-commit", daemon=True)
+    def _start(self, name: str) -> None:
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
-        self._queue.put((step, dict(files), {k: list(v) for k, v in shards.items()}))
+    def _handle(self, item: Any) -> None:
+        raise NotImplementedError
+
+    def _failure(self, item: Any, exc: Exception) -> None:
+        raise NotImplementedError
 
     def _run(self) -> None:
         while True:
@@ -290,17 +283,9 @@ class StepCommitter:
             try:
                 if item is None:
                     return
-                step, files, shards = item
-                self.mirror.commit_step(step, files, shards)
-                self.uploaded.append(step)
-                if self.keep:
-                    self.mirror.prune(self.keep)
-                if self.on_upload is not None:
-                    self.on_upload(step)
-            except Exception as exc:  # noqa: BLE001 — recorded and reported, training goes on
-                what = f"step {item[0]}" if item is not None else "the commit thread"
-                self.errors.append(f"{what}: {type(exc).__name__}: {exc}")
-                log.warning("the checkpoint of %s is not complete at %s: %s", what, self.mirror.uri, exc)
+                self._handle(item)
+            except Exception as exc:  # noqa: BLE001 — recorded by `_failure`, training goes on
+                self._failure(item, exc)
             finally:
                 self._queue.task_done()
 
@@ -312,12 +297,46 @@ class StepCommitter:
         self._queue.put(None)
         self._thread.join(timeout=30)
 
+
+@dataclass
+class StepCommitter(_Background):
+    """The driver's side of a mirrored job, on a thread of its own so that training never waits for it: each step
+    whose every shard the workers uploaded (`submit`: the files and sizes they reported, each shard's layers) gets
+    its manifest — complete at the URI from then on —, then the mirror is pruned to `keep` (0: keep all).
+    `flush()` waits for what is queued (at the job's end). Failures are logged and kept in `errors` (the job's
+    report adds the workers' upload failures)."""
+
+    mirror: CheckpointMirror
+    keep: int = 0
+    uploaded: list[int] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    on_upload: Callable[[int], None] | None = None
+
+    def __post_init__(self) -> None:
+        self._start("parcae-checkpoint-commit")
+
+    def submit(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
+        self._queue.put((step, dict(files), {k: list(v) for k, v in shards.items()}))
+
+    def _handle(self, item: tuple[int, dict[str, int], dict[str, list[str]]]) -> None:
+        step, files, shards = item
+        self.mirror.commit_step(step, files, shards)
+        self.uploaded.append(step)
+        if self.keep:
+            self.mirror.prune(self.keep)
+        if self.on_upload is not None:
+            self.on_upload(step)
+
+    def _failure(self, item: tuple[int, Any, Any], exc: Exception) -> None:
+        self.errors.append(f"step {item[0]}: {type(exc).__name__}: {exc}")
+        log.warning("the checkpoint of step %s is not complete at %s: %s", item[0], self.mirror.uri, exc)
+
     def summary(self) -> dict[str, Any]:
         return {"uri": self.mirror.uri, "uploaded": list(self.uploaded), "errors": list(self.errors)}
 
 
 @dataclass
-class ShardUploader:
+class ShardUploader(_Background):
     """A worker's uploads of the shards it writes, on a thread of its own so that training never waits for them.
     `submit(tag, files)` queues a shard and its hash record; `done()` hands back, once each, the tags uploaded with
     the files' sizes (the worker reports them to the driver from its own thread: the store client is not shared
@@ -327,33 +346,24 @@ class ShardUploader:
     mirror: CheckpointMirror
 
     def __post_init__(self) -> None:
-        self._queue: queue.Queue[tuple[Any, list[Path]] | None] = queue.Queue()
         self._lock = threading.Lock()
         self._done: list[tuple[Any, dict[str, int]]] = []
         self._failed: list[tuple[Any, str]] = []
-        self._thread = threading.Thread(target=self._run, name="parcae-shard-upload", daemon=True)
-        self._thread.start()
+        self._start("parcae-shard-upload")
 
     def submit(self, tag: Any, files: Sequence[Path]) -> None:
         self._queue.put((tag, list(files)))
 
-    def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            try:
-                if item is None:
-                    return
-                tag, files = item
-                sizes = self.mirror.upload_files(files)
-                with self._lock:
-                    self._done.append((tag, sizes))
-            except Exception as exc:  # noqa: BLE001 — handed back to the worker, which reports it
-                assert item is not None
-                with self._lock:
-                    self._failed.append((item[0], f"{type(exc).__name__}: {exc}"))
-                log.warning("%s not copied to %s: %s", [p.name for p in item[1]], self.mirror.uri, exc)
-            finally:
-                self._queue.task_done()
+    def _handle(self, item: tuple[Any, list[Path]]) -> None:
+        tag, files = item
+        sizes = self.mirror.upload_files(files)
+        with self._lock:
+            self._done.append((tag, sizes))
+
+    def _failure(self, item: tuple[Any, list[Path]], exc: Exception) -> None:
+        with self._lock:
+            self._failed.append((item[0], f"{type(exc).__name__}: {exc}"))
+        log.warning("%s not copied to %s: %s", [p.name for p in item[1]], self.mirror.uri, exc)
 
     def done(self) -> list[tuple[Any, dict[str, int]]]:
         with self._lock:
@@ -364,9 +374,6 @@ class ShardUploader:
         with self._lock:
             out, self._failed = self._failed, []
         return out
-
-    def flush(self) -> None:
-        self._queue.join()
 
 
 def gather_shards(
