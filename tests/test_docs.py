@@ -34,6 +34,33 @@ def test_every_page_is_in_the_nav_and_the_readme_fits_on_a_screen_or_two() -> No
         return set()
 
     docs = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
+    docs.add("reference/job-config.md")  # written at build time by docs/_hooks/job_config.py
     assert docs == pages(config["nav"]), f"pages outside the nav: {docs - pages(config['nav'])}"
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 150, f"README.md has {lines} lines: move the detail into docs/"
+
+
+def test_the_job_config_reference_names_every_field_and_only_real_options() -> None:
+    """The page the docs hook writes (`docs/_hooks/job_config.py`) has a row for every field of every section,
+    and every `parcae train` option it names exists."""
+    import dataclasses
+    import importlib.util
+
+    from parcae.cli.train import TRAIN_OPTIONS
+    from trainer import JobConfig
+
+    spec = importlib.util.spec_from_file_location("job_config_hook", ROOT / "docs" / "_hooks" / "job_config.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    text = hook.page()
+    config = JobConfig()
+    for f in dataclasses.fields(JobConfig):
+        section = getattr(config, f.name)
+        names = [g.name for g in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else [f.name]
+        for name in names:
+            assert f"| `{name}` |" in text, f"{f.name}.{name} is not on the JobConfig page"
+    reference = (ROOT / "docs" / "reference" / "cli.md").read_text()
+    train = reference[reference.index("## `parcae train`") : reference.index("## `parcae profile`")]
+    for option in {o for v in TRAIN_OPTIONS.values() for o in v.split("/")}:
+        assert f"* `{option}" in train, f"TRAIN_OPTIONS names {option}, which parcae train does not have"

@@ -368,6 +368,10 @@ TRAIN_OPTIONS = {
     "checkpoint.keep": "--keep-checkpoints", "checkpoint.uri": "--checkpoint-uri", "control.timeout_s": "--timeout",
     "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
     "fleet.max_instances": "--fleet", "fleet.min_instances": "--min-instances", "fleet": "--fleet",
+    "model.name": "--model", "model.args": "--model-args", "model.seed": "--seed", "train.seed": "--seed",
+    "train.global_batch": "--global-batch", "train.schedule": "--schedule", "train.device": "--device",
+    "checkpoint.resume": "--resume", "planning.planner": "--planner", "planning.profile": "--profile",
+    "planning.accept_plans": "--accept-plans", "provider.name": "--provider", "provider.options": "--provider-options",
 }  # fmt: skip
 
 
