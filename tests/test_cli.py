@@ -75,6 +75,36 @@ def test_parcae_says_its_version_and_offers_shell_completion(runner):
     assert res.exit_code == 0 and "--install-completion" in res.output and "--version" in res.output
 
 
+def test_quiet_keeps_results_and_errors_verbose_logs_and_no_color_is_honoured(runner):
+    import logging
+    import os
+    import subprocess
+    import sys
+
+    predict = ["forecast", "predict", "--model", "persistence", "--at", "600", "--horizon", "3"]
+    loud, quiet = runner.invoke(app, predict), runner.invoke(app, ["-q", *predict])
+    assert loud.exit_code == quiet.exit_code == 0, (loud.output, quiet.output)
+    assert "forecast of p3 after interval 600" in loud.stderr and quiet.stderr == ""
+    assert quiet.stdout == loud.stdout and json.loads(quiet.stdout)["model"] == "persistence"
+    assert_user_error(runner.invoke(app, ["-q", "simulate", "--trace", "nope"]), "unknown trace 'nope'")
+    assert_user_error(runner.invoke(app, ["-q", "-v", "traces"]), "--quiet and --verbose contradict")
+    names = ("parcae", "trainer", "forecasting", "liveput", "tracking")
+    before = {n: (logging.getLogger(n).level, list(logging.getLogger(n).handlers)) for n in names}
+    try:
+        assert runner.invoke(app, ["-v", "traces"]).exit_code == 0
+        assert logging.getLogger("trainer").getEffectiveLevel() == logging.INFO
+    finally:  # the rest of the suite logs as it did
+        for n, (level, handlers) in before.items():
+            logging.getLogger(n).setLevel(level)
+            logging.getLogger(n).handlers[:] = handlers
+    # colour: red errors on a (forced) terminal, none under NO_COLOR (rich reads it)
+    env = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    argv = [sys.executable, "-m", "parcae.cli", "simulate", "--trace", "nope"]
+    red = subprocess.run(argv, env={**env, "FORCE_COLOR": "1"}, capture_output=True, text=True)
+    plain = subprocess.run(argv, env={**env, "FORCE_COLOR": "1", "NO_COLOR": "1"}, capture_output=True, text=True)
+    assert "\x1b[" in red.stderr and "\x1b[" not in plain.stderr and "error: unknown trace" in plain.stderr
+
+
 def test_simulate_writes_json_plot_and_table(runner, tmp_path):
     out_json = tmp_path / "nested" / "run.json"
     out_png = tmp_path / "plots" / "run.png"

@@ -21,7 +21,7 @@ from typing import Annotated
 import typer
 
 from parcae.cli import collect, plan, simulate, traces, train
-from parcae.cli.common import UserError, add_commands, command
+from parcae.cli.common import UserError, add_commands, command, error, set_quiet
 from parcae.cli.forecast import forecast_app
 from parcae.cli.plan import plan_from_input
 from parcae.cli.simulate import format_migrations, results_tables
@@ -49,8 +49,30 @@ def _main(
     version: Annotated[
         bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print parcae's version and exit.")
     ] = False,
+    quiet: Annotated[
+        bool,
+        typer.Option(
+            "--quiet", "-q", help="Print only results, warnings and errors: no progress bars, no notes on stderr."
+        ),
+    ] = False,
+    verbose: Annotated[
+        bool, typer.Option("--verbose", "-v", help="Also log what parcae's packages do (INFO) on stderr.")
+    ] = False,
 ) -> None:
-    """(The options every command shares.)"""
+    """(The options every command shares; colour follows NO_COLOR.)"""
+    if quiet and verbose:
+        error("--quiet and --verbose contradict each other: give one")
+        raise typer.Exit(2)
+    set_quiet(quiet)
+    if verbose:
+        import logging
+
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        for name in ("parcae", "trainer", "forecasting", "liveput", "tracking"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.addHandler(handler)
 
 
 add_commands(app, simulate.simulate, simulate.simulations, plan.plan, traces.traces)

@@ -43,18 +43,27 @@ def stdout() -> Console:
     return console
 
 
+_QUIET = False  # ``parcae --quiet``: no progress bars, no notes on stderr (errors and warnings still print)
+
+
+def set_quiet(quiet: bool) -> None:
+    global _QUIET
+    _QUIET = quiet
+
+
 def stderr() -> Console:
-    return Console(stderr=True, highlight=False)
+    """Console for progress and notes (colour off under ``NO_COLOR``, as rich reads it; silent under --quiet)."""
+    return Console(stderr=True, highlight=False, quiet=_QUIET)
 
 
 def error(message: str) -> None:
-    """Print ``error: <message>`` in red on stderr (never wrapped, so paths stay greppable)."""
-    stderr().print(Text(f"error: {message}", style="red"), soft_wrap=True)
+    """Print ``error: <message>`` in red on stderr (never wrapped, so paths stay greppable; even under --quiet)."""
+    Console(stderr=True, highlight=False).print(Text(f"error: {message}", style="red"), soft_wrap=True)
 
 
 def warn(message: str) -> None:
-    """Print ``warning: <message>`` in yellow on stderr."""
-    stderr().print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+    """Print ``warning: <message>`` in yellow on stderr (even under --quiet)."""
+    Console(stderr=True, highlight=False).print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
 
 
 #: The commands of `app`, by function: (name, ``typer.Typer.command`` keyword arguments); `parcae.cli` adds them.
