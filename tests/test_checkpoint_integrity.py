@@ -318,4 +318,8 @@ def test_remove_after_and_remove_temporary_take_the_records_along(tmp_path):
     ]  # fmt: skip
     assert checkpoint.is_checkpoint_file("step00000010.stage1.sha256")
     assert checkpoint.is_checkpoint_file("step00000010.pt")
+    write_step(tmp_path, 30)  # remove_before: older steps go, records and shards, nothing else
+    removed = {p.name for p in checkpoint.remove_before(tmp_path, 30)}
+    assert removed == {f"step00000010.stage{k}.{ext}" for k in (0, 1) for ext in ("pt", "sha256")}
+    assert checkpoint.checkpoint_steps(tmp_path) == [30] and (tmp_path / ".stepwise.tmp-x3").exists()
     assert not checkpoint.is_checkpoint_file(".step00000030.stage0.pt.tmp-x1")

@@ -24,6 +24,7 @@ from trainer.config import TrainConfig, model_config
 from trainer.providers.agent import KILLED, RemoteJob
 from trainer.providers.hosts import HostsError, SshHosts, hosts_job
 from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint_mirror import FileMirror
 from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,7 +80,8 @@ def test_hosts_that_share_no_disk_checkpoint_restore_and_finish_through_the_chec
     the job's folders are relative): every worker copies the shards it writes to the `file://` checkpoint URI. 1x2
     on gpu-a and gpu-b, a third instance on gpu-c at step 4, then worker 1 — stage 1's only holder — is killed at
     step 8: the checkpoint-restart from step 5 loads shards that the restarted workers' disks never held (fetched
-    from the URI), the driver fetches the final layers it never wrote, and the losses are the uninterrupted run's."""
+    from the URI), the driver fetches the final layers it never wrote, and the losses are the uninterrupted run's.
+    With --keep-checkpoints 2, each disk keeps its own newest two steps and the URI its newest two."""
     disks, driver = tmp_path / "hosts", tmp_path / "driver"
     ssh, _ = fake_ssh(tmp_path, disks=disks)
     driver.mkdir()
@@ -89,15 +91,17 @@ def test_hosts_that_share_no_disk_checkpoint_restore_and_finish_through_the_chec
     steps, uri = 16, f"file://{tmp_path / 'durable'}"
     events = [{"step": 4, "kind": "add", "workers": 1}, {"step": 8, "kind": "kill", "instances": [1]}]
     result = run_job(CFG, TrainConfig(), 2, (1, 2), steps, events, "job", remote=remote, timeout_s=120,
-                     checkpoint_every=5, checkpoint_uri=uri)  # fmt: skip
+                     checkpoint_every=5, checkpoint_uri=uri, keep_checkpoints=2)  # fmt: skip
     ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
     assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
     restarts = [r for r in result["reconfigurations"] if r["kind"] == "checkpoint-restart"]
     assert restarts and restarts[0]["restore_step"] == 5, result["reconfigurations"]
     # nothing the workers wrote reached the driver's disk but through the URI
     assert not list((driver / "job" / "checkpoints").glob("*.pt"))
-    written = sorted(p.relative_to(disks).as_posix() for p in disks.glob("*/job/checkpoints/step00000005*.pt"))
-    assert written == ["gpu-a/job/checkpoints/step00000005.stage0.pt", "gpu-b/job/checkpoints/step00000005.stage1.pt"]
+    # gpu-b died holding its only shard, of step 5; gpu-a and gpu-c uploaded up to step 15 and keep two steps
+    assert [p.name for p in disks.glob("gpu-b/job/checkpoints/*.pt")] == ["step00000005.stage1.pt"]
+    for host in ("gpu-a", "gpu-c"):
+        assert checkpoint.checkpoint_steps(disks / host / "job" / "checkpoints") == [15, 10], host
     # worker 2 (gpu-c) trained on from the restore of step 5, a step its disk never held
     assert result["reconfigurations"][-1]["kind"] == "checkpoint-restart" and 2 in result["replicas"]
     assert not list(disks.glob("gpu-c/job/checkpoints/step00000005*"))
@@ -106,6 +110,7 @@ def test_hosts_that_share_no_disk_checkpoint_restore_and_finish_through_the_chec
     )
     copies = result["checkpoint_uri"]
     assert not copies["errors"] and copies["uploaded"][-1] == 15, copies
+    assert FileMirror(tmp_path / "durable", uri).steps() == [15, 10]  # --keep-checkpoints 2 at the URI too
 
 
 def test_an_unreachable_host_is_named_and_nothing_is_left_running(tmp_path):

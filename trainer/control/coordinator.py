@@ -211,7 +211,7 @@ class Coordinator:
         self.spec = JobSpec(config.model, config.train, config.steps, config.job, config.layers_dir, ctl.pg_timeout_s,
                             config.checkpoint_dir, config.checkpoint.every, ctl.hb_interval_s,
                             float(ctl.notice_grace_s), config.to_dict(), model_fingerprint(config.model),
-                            config.checkpoint.uri)  # fmt: skip
+                            config.checkpoint.uri, config.checkpoint.keep)  # fmt: skip
         hb_timeout_s, store_timeout_s, model = ctl.hb_timeout_s, ctl.store_timeout_s, config.model
         self.host = host
         self.hb_timeout_s = hb_timeout_s

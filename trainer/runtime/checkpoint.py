@@ -607,6 +607,18 @@ def remove_after(directory: str | os.PathLike[str], step: int) -> list[Path]:
     return _remove(p for s in checkpoint_steps(d) if s > step for p in step_files(d, s))
 
 
+def remove_before(directory: str | os.PathLike[str], step: int) -> list[Path]:
+    """Delete the checkpoint files (shards and hash records) of steps before `step`; returns what was removed.
+
+    A worker whose shards are copied to a checkpoint URI keeps only its disk's newest steps with it: the URI holds
+    the copies a restore needs (`trainer.runtime.checkpoint_mirror.gather_shards` fetches what this disk lacks).
+    """
+    d = Path(directory)
+    if not d.is_dir():
+        return []
+    return _remove(p for s in checkpoint_steps(d) if s < step for p in step_files(d, s))
+
+
 def remove_temporary(directory: str | os.PathLike[str]) -> list[Path]:
     """Delete the temporary files of writers that crashed (`.step….pt.tmp-*`, `.step….sha256.tmp-*`). Only when no
     writer is running (a resume, before workers start): a live writer's temporary file is its next shard."""

@@ -46,6 +46,8 @@ class JobSpec:
     # where every worker copies the shards it writes (`trainer.runtime.checkpoint_mirror`), and fetches the ones a
     # restore needs that its own disk does not hold; None: the checkpoint folder must be shared by every instance
     checkpoint_uri: str | None = None
+    # with a checkpoint URI: the newest shards a worker keeps on its own disk (0: all; the URI holds the copies)
+    checkpoint_keep: int = 0
 
     def to_json(self) -> str:
         return json.dumps({
@@ -54,7 +56,7 @@ class JobSpec:
             "checkpoint_dir": self.checkpoint_dir, "checkpoint_every": self.checkpoint_every,
             "hb_interval_s": self.hb_interval_s, "notice_grace_s": self.notice_grace_s,
             "settings": dict(self.settings), "fingerprint": self.fingerprint,
-            "checkpoint_uri": self.checkpoint_uri,
+            "checkpoint_uri": self.checkpoint_uri, "checkpoint_keep": self.checkpoint_keep,
         })  # fmt: skip
 
     @classmethod
@@ -64,4 +66,4 @@ class JobSpec:
         return cls(ModelConfig.from_dict(d["model"]), TrainConfig(**train), d["steps"], d["job"], d["layers_dir"],
                    d["pg_timeout_s"], d["checkpoint_dir"], d["checkpoint_every"], d["hb_interval_s"],
                    d.get("notice_grace_s", 30.0), d.get("settings", {}), d.get("fingerprint", ""),
-                   d.get("checkpoint_uri"))  # fmt: skip
+                   d.get("checkpoint_uri"), d.get("checkpoint_keep", 0))  # fmt: skip

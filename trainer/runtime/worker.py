@@ -426,10 +426,20 @@ class Worker:
         for (step, n, stage), sizes in self._uploads.done():
             self.store.set(keys.ckpt_files(step, n, stage), json.dumps(sizes))
             self.store.append(keys.CKPT_WRITTEN, f"{step}:{n}:{stage};")
+            self._keep_newest()
         failed = self._uploads.failed()
         if failed:
             self._upload_errors += [f"step {step} stage {stage}: {why}" for (step, _, stage), why in failed]
             self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
+
+    def _keep_newest(self) -> None:
+        """This disk keeps its newest `checkpoint_keep` checkpoint steps once this worker's shards are at the URI
+        (which holds every copy a restore needs, pruned by the driver): on instances that share no disk, nobody else
+        would remove them."""
+        keep = self.job.checkpoint_keep
+        steps = checkpoint.checkpoint_steps(self.job.checkpoint_dir)  # newest first
+        if keep and len(steps) > keep:
+            checkpoint.remove_before(self.job.checkpoint_dir, steps[keep - 1])
 
     def _arrive(self, number: int, at: float | None = None) -> None:
         """Report reaching the end of our epoch (by default when our last step ended), on the way into epoch
