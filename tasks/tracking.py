@@ -226,7 +226,8 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
 
 @task(name="publish-train-report", persist_result=False)
 def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: str) -> dict[str, Any]:
-    """A Prefect markdown artifact (key ``training-summary``) of a finished training job; returns `train_summary`."""
+    """A Prefect markdown artifact (key ``training-summary-<job>``: one per job, not shared across jobs) of a
+    finished training job; returns `train_summary`."""
     s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
     rows = [f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())]
     resumed = f" (resumed from step {s['resumed_from']})" if s["resumed_from"] is not None else ""
@@ -248,5 +249,6 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
             link,
         ]
     )
-    create_markdown_artifact(markdown=markdown, key="training-summary", description="The latest training job")
+    create_markdown_artifact(markdown=markdown, key=f"training-summary-{trained.key}",
+                             description="The training job's summary")  # fmt: skip
     return s

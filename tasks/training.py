@@ -25,7 +25,12 @@ from typing import Any, Final
 import tracking
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_markdown_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from forecasting import Forecaster, skill_gated
 from tasks.tracking import artifact_key, run_markdown
@@ -143,8 +148,9 @@ def _write_run_file(out_dir: Path, run_id: str, uri: str, status: str) -> None:
 
 class PrefectJobObserver(JobObserver):
     """The Prefect side of a running job: the MLflow run's id written next to the checkpoints and linked from a
-    markdown artifact as soon as the run exists, a progress artifact (updated every 5% of the steps), and one
-    markdown artifact per plan (key ``plan-<job>``, one version per decision).
+    markdown artifact as soon as the run exists, a progress artifact (updated every 5% of the steps), a markdown
+    artifact for the first plan and for each plan that changes the strategy (key ``plan-<job>``: a plan that keeps
+    it adds no card to the flow run's Artifacts tab), and at the end one table of every plan (``plans-<job>``).
 
     The hooks run on the driver's thread, which is the task's, so Prefect's run context is there. Each artifact is
     one API call (a few ms) and happens at most ~20 + (one per interval) times per job.
@@ -155,6 +161,7 @@ class PrefectJobObserver(JobObserver):
         self.run_id: str | None = None
         self._progress: Any = None
         self._shown = -1.0
+        self._planned = False
 
     def _run_known(self) -> None:
         run_id = getattr(self.mlflow, "run_id", None)
@@ -191,6 +198,9 @@ class PrefectJobObserver(JobObserver):
             update_progress_artifact(self._progress, min(done, 100.0))
 
     def on_plan(self, plan: PlanInfo) -> None:
+        first, self._planned = not self._planned, True
+        if not first and tuple(plan.decision) == tuple(plan.current):
+            return  # kept: the table at the end lists it
         d = plan.details
         forecast = d.get("forecast")
         lines = [
@@ -214,6 +224,13 @@ class PrefectJobObserver(JobObserver):
     def on_end(self, result: Mapping[str, Any]) -> None:
         if self._progress is not None:
             update_progress_artifact(self._progress, 100.0)
+        plans = result.get("plans") or []
+        if plans:
+            rows = [{"interval": p["interval"], "step": p["step"], "alive": p["alive"],
+                     "from": tracking.strategy_label(p["current"]), "decision": tracking.strategy_label(p["decision"]),
+                     "planner": p["planner"], "expected_samples": p["details"].get("expected_samples")}
+                    for p in plans]  # fmt: skip
+            create_table_artifact(table=rows, key=f"plans-{self.key}", description="Every plan of the training job")
 
 
 # ------------------------------------------------------------------------------------------------ the job
@@ -228,6 +245,7 @@ class TrainedRun:
     tracking_uri: str
     out_dir: str
     resumed_run: bool  # the MLflow run was reopened (a resumed job)
+    key: str = "job"  # the job's Prefect artifact keys end with it (`artifact_key` of its model and trace)
 
 
 @task(name="train-job", persist_result=False)
@@ -257,10 +275,11 @@ def train_job(
     trace = config.availability.trace or (f"{config.provider.name}-fleet" if config.fleet.live else "job")
     run_name = f"train-{model}-{trace}-{time.strftime('%Y%m%d-%H%M%S')}"
     mlflow_obs = MlflowJobObserver(experiment=experiment, run_name=run_name, tags=tags, run_id=reopen, tracking=uri)
-    prefect_obs = PrefectJobObserver(mlflow_obs, out, artifact_key(f"{model}-{trace}", empty="job"), config.steps)
+    key = artifact_key(f"{model}-{trace}", empty="job")
+    prefect_obs = PrefectJobObserver(mlflow_obs, out, key, config.steps)
     observers = ObserverList([mlflow_obs, prefect_obs])
     report = train(config, observer=observers, planner=planner)
     run_id = mlflow_obs.run_id  # on_end (in train) has ended the run and stopped its logging thread
     if run_id is not None:
         _write_run_file(out, run_id, uri, "FINISHED")
-    return TrainedRun(report, run_id, uri, str(out.resolve()), reopen is not None)
+    return TrainedRun(report, run_id, uri, str(out.resolve()), reopen is not None, key)

@@ -28,7 +28,7 @@ from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId  # noqa: E402
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey  # noqa: E402
 from prefect.settings import PREFECT_API_URL  # noqa: E402
 from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
@@ -127,9 +127,18 @@ def test_train_flow_logs_the_job_to_one_mlflow_run(trained, _no_orphans) -> None
     # next to the checkpoints: which MLflow run the job is; in Prefect: the summary, the plans, the run's link
     assert json.loads((out / RUN_FILE).read_text())["run_id"] == run.info.run_id
     found = _artifacts(state.state_details.flow_run_id)
-    assert {"training-summary", "plan-tiny-gpt-p3", "training-run-tiny-gpt-p3", "training-progress-tiny-gpt-p3"} <= \
-        set(found)  # fmt: skip
-    assert run.info.run_id in found["training-summary"].data and "| intra-stage |" in found["training-summary"].data
+    keys = {"training-summary", "plan", "plans", "training-run", "training-progress"}
+    assert {f"{k}-tiny-gpt-p3" for k in keys} <= set(found), set(found)
+    summary_md = found["training-summary-tiny-gpt-p3"].data
+    assert run.info.run_id in summary_md and "| intra-stage |" in summary_md
+    # one card for the first plan and one per change of strategy, not one per interval; every plan in the table
+    with get_client(sync_client=True) as client_:
+        cards = client_.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]),
+            key=ArtifactFilterKey(any_=["plan-tiny-gpt-p3"])))  # fmt: skip
+    rows = json.loads(found["plans-tiny-gpt-p3"].data)
+    assert len(rows) == summary["plans"] and [r["decision"] for r in rows] == summary["decisions"]
+    assert len(cards) == 1 + sum(r["from"] != r["decision"] for r in rows[1:]) < summary["plans"], len(cards)
 
 
 def test_a_finished_job_is_not_run_again(trained, profile: Path) -> None:
