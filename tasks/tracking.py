@@ -226,8 +226,9 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
 
 @task(name="publish-train-report", persist_result=False)
 def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: str) -> dict[str, Any]:
-    """A Prefect markdown artifact (key ``training-summary-<job>``: one per job, not shared across jobs) of a
-    finished training job; returns `train_summary`."""
+    """A Prefect markdown artifact (key ``training-summary-<model>-<trace>``, the job's other artifact keys' ending:
+    each job of that model and trace is a new version of it, no longer of one key for every job) of a finished
+    training job; returns `train_summary`."""
     s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
     rows = [f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())]
     resumed = f" (resumed from step {s['resumed_from']})" if s["resumed_from"] is not None else ""

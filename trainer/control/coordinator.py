@@ -766,7 +766,7 @@ class Coordinator:
             except ValueError:
                 self._malformed(key, self.store.get(key).decode(errors="replace"))
                 return None
-            files.update({str(k): int(v) for k, v in got.items()})
+            files.update({str(name): int(size) for name, size in got.items()})
         return files
 
     def checkpoint_failures(self) -> list[str]:
