@@ -317,8 +317,9 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
     """2 instances for 6 s, none for 4, then 2 again. With notices, the members checkpoint the boundary they stop at
     and leave, and the job resumes there on the new instances (no step lost); killed without notice, it resumes
     from the latest periodic checkpoint. Either way the losses are the uninterrupted run's, and the fleet's history
-    shows the empty intervals."""
-    steps = 100
+    shows the empty intervals. (Enough steps that no machine trains them all in the first 6 s: a fast CI run once
+    finished 100 before the market emptied; here it empties at step 74-105.)"""
+    steps = 240
     market = tmp_path / "market.csv"
     market.write_text("0,2\n360000,0\n600000,2\n3600000,2\n")
     config = market_job(
