@@ -356,3 +356,30 @@ def test_the_coordinator_s_host_losing_its_network_for_seconds_loses_nothing(tmp
     assert result["reconfigurations"] == [] and set(result["exit_codes"].values()) == {0}
     assert max(b - a for a, b in zip(times.at, times.at[1:])) > 3.5  # training did wait for the network
     assert_same_run(result, steps)
+
+
+@pytest.mark.parametrize("then", ["checkpoint-restart", "plan"])
+def test_a_kill_after_its_step_was_applied_then_an_event_at_the_next_boundary(tmp_path, monkeypatch, then):
+    """Regression: a kill that lands once its step is applied finds the survivors holding at the next boundary (held
+    after every kill); their recovery epoch then begins at that boundary and cannot commit before it is decided. When
+    the schedule has an event there, the driver waited for that commit and the job hung (a CI run under load)."""
+    from trainer.control import driver as driver_module
+    from trainer.runtime import keys
+
+    late = driver_module.Driver._kill
+
+    def kill_after_the_step(self, step, victims):
+        self.wait(lambda: self.coord.store.check([keys.loss(step)]), f"step {step} to be applied")
+        late(self, step, victims)
+
+    monkeypatch.setattr(driver_module.Driver, "_kill", kill_after_the_step)
+    steps = 8
+    event = ({"step": 4, "kind": "checkpoint-restart", "strategy": [1, 2]} if then == "checkpoint-restart"
+             else {"step": 4, "kind": "plan", "strategy": [1, 2]})  # fmt: skip
+    result = run_job(CFG, TRAIN, 3, (3, 1), steps, [{"step": 3, "kind": "kill", "instances": [2]}, event],
+                     tmp_path / "job", start_method="forkserver", timeout_s=60)  # fmt: skip
+    reconf = result["reconfigurations"]
+    assert [(r["kind"], r["step"], r["lost"]) for r in reconf][0] == ("intra-stage", 4, [2])  # recovered at 4
+    assert reconf[1]["kind"] == ("checkpoint-restart" if then == "checkpoint-restart" else "pipeline")
+    assert reconf[1]["step"] == 4
+    assert_same_run(result, steps)

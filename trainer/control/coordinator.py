@@ -462,6 +462,12 @@ class Coordinator:
             return True
         return False
 
+    def entered_at(self, step: int) -> bool:
+        """The current epoch begins at `step` and every member has formed its groups and holds its layers (unbroken):
+        what remains of its migration is only its first step, which a decision at `step`'s boundary replaces."""
+        cur = self.in_force
+        return cur.start_step == step and self.ready() == set(cur.members) and self.epoch_broken() is None
+
     def seal(self) -> bool:
         """After a failure: decide once whether the current epoch's migration committed. Its first step's decision
         is written "abort" unless it already says "apply" — then nothing of it can be applied any more, and every

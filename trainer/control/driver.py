@@ -362,10 +362,12 @@ class Driver:
     def await_boundary(self, s: int) -> None:
         """Wait until training is live at step s-1 (decisions use only the past, and a notice can still be decided
         before s) and the current epoch is committed (nothing is planned on top of a migration that may still roll
-        back)."""
+        back) — or begins at s itself, every member holding its layers: a recovery whose survivors had finished step
+        s-1 and waited at the held boundary s cannot commit before s is decided (waiting for it hung the job), and
+        its members hold the state of step s, which is what a decision at s builds on."""
         c = self.coord
         if s - 1 >= c.first_step:
-            self.wait(lambda: self.live_at(s - 1) and c.committed(),
+            self.wait(lambda: self.live_at(s - 1) and (c.committed() or c.entered_at(s)),
                       f"training to start step {s - 1} (before deciding step {s})")  # fmt: skip
 
     # -- the schedule -----------------------------------------------------------------------------------------
