@@ -66,6 +66,7 @@ _HOMES: dict[str, str] = {
     "load_trace": "traces",
     "scale_trace": "traces",
     "slice_hours": "traces",
+    "trace_cloud": "traces",
     "training_corpus": "corpus",
     # the model registry
     "CHAMPION": "registry",
@@ -138,6 +139,7 @@ if TYPE_CHECKING:
     from forecasting.traces import load_trace as load_trace
     from forecasting.traces import scale_trace as scale_trace
     from forecasting.traces import slice_hours as slice_hours
+    from forecasting.traces import trace_cloud as trace_cloud
 
 __all__ = sorted(_HOMES)
 

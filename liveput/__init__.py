@@ -3,8 +3,9 @@
 The package's public face: code outside liveput imports from here only. Map:
 
 - `throughput`  `Strategy`, `ThroughputProfile` (samples/s per D x P) and the bundled tables;
-- `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move) and
-                the stage matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
+- `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move),
+                lead time and downtime (`MigrationTime`, `Preparation`, `Trigger`, `FULL_STOP`) and the stage
+                matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
 - `scenarios`   `IntervalForecast`, `persistence_forecast` and the `ScenarioStore` of exact preemption outcomes;
 - `horizon`     the interval T's and the look-ahead K's bounds and defaults (the trace grid's too);
 - `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
@@ -22,9 +23,15 @@ from typing import TYPE_CHECKING, Any
 
 from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, INTERVAL_S_RANGE, MAX_INSTANCES, MAX_LOOK_AHEAD
 from liveput.migration import (
+    CLOUD_NOTICE_S,
+    FULL_STOP,
+    TRIGGERS,
     CostConstants,
     CostModel,
     MigrationKind,
+    MigrationTime,
+    Preparation,
+    Trigger,
     assign_stages,
     healthy_missing,
     migration_kind,
@@ -115,8 +122,14 @@ __all__ = [
     "MAX_MICRO_BATCHES",
     "MiB",
     "P3_P2P",
+    "CLOUD_NOTICE_S",
+    "FULL_STOP",
+    "TRIGGERS",
     "CostConstants",
     "CostModel",
+    "MigrationTime",
+    "Preparation",
+    "Trigger",
     "InfeasibleStrategy",
     "InstancePrice",
     "Layer",

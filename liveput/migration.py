@@ -13,6 +13,12 @@ Plus the restart terms they share (rendezvous, communicator rebuild, process res
 pipeline) and the reactive baseline's checkpoint restart. Every constant lives in `CostConstants` with its
 source so that costs measured by the trainer can replace the reference's V100 numbers. Pure functions only;
 the expectation over *which* instances are preempted lives in `liveput.scenarios`.
+
+Each move also has a `MigrationTime`: its **lead time** (work a runtime can do in the background while the old
+strategy keeps training), the part of it that needs the new instances (**join**), and its **downtime** (the stop
+at the switch). `Preparation` says which triggers (`Trigger`: a planned re-shape, an addition, a preemption with
+notice; never a kill) are prepared, and `CostModel.effective_ms` turns a time into the training it costs. The
+reference's model, where every move is a full stop, is `FULL_STOP`, the default.
 """
 
 from __future__ import annotations
@@ -22,10 +28,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cache
-from typing import Any
+from types import MappingProxyType
+from typing import Any, Final
 
 from liveput.model_spec import ModelSpec, load_model_spec
 from liveput.network import P3_P2P, P2PTable
+
+#: Bytes of a parameter's gradient (fp32): what a receiver still needs at the switch to catch up (`MigrationTime`).
+GRADIENT_BYTES: Final = 4
+
+#: How long before a preemption each cloud warns (AWS's spot interruption notice, GCP's preemption notice).
+CLOUD_NOTICE_S: Mapping[str, float] = MappingProxyType({"aws": 120.0, "gcp": 30.0})
 
 
 class MigrationKind(str, Enum):
@@ -44,6 +57,77 @@ def migration_kind(old_p: int, new_p: int, short: bool) -> MigrationKind:
     if new_p != old_p:
         return MigrationKind.PIPELINE
     return MigrationKind.INTER_STAGE if short else MigrationKind.INTRA_STAGE
+
+
+class Trigger(str, Enum):
+    """What made a migration happen, which decides how much of it a runtime can prepare."""
+
+    PLANNED = "planned"  # the planner chose a new shape, nothing was lost: prepared one interval ahead
+    ADDITION = "addition"  # the target needs instances that have just arrived: prepared while the old shape trains
+    NOTICE = "notice"  # active instances are preempted with the cloud's notice: prepared during the grace period
+    KILL = "kill"  # active instances went without notice: nothing could be prepared, a full stop
+
+
+#: Report order of the triggers (the scenario store's and the simulator's columns).
+TRIGGERS: tuple[Trigger, ...] = (Trigger.PLANNED, Trigger.ADDITION, Trigger.NOTICE, Trigger.KILL)
+
+
+@dataclass(frozen=True)
+class Preparation:
+    """Which migrations a runtime prepares in the background, and what that costs the strategy still training.
+
+    ``triggers``: the prepared ones (a kill never is); ``notice_s``: how long a preemption notice comes before
+    the instance goes (`CLOUD_NOTICE_S`; 0 = no notice: every preemption is a kill); ``slowdown``: the fraction of
+    its throughput the old strategy loses while a preparation runs beside it (transfers share its links,
+    communicator builds its CPU). 0.1 is an *assumption*, as Bamboo's overhead is: the reference measured no such
+    number; `parcae profile` is where this runtime's own value is to come from.
+    """
+
+    triggers: frozenset[Trigger] = frozenset({Trigger.PLANNED, Trigger.ADDITION, Trigger.NOTICE})
+    notice_s: float = CLOUD_NOTICE_S["aws"]
+    slowdown: float = 0.1
+
+    def __post_init__(self) -> None:
+        if Trigger.KILL in self.triggers:
+            raise ValueError("a kill without notice cannot be prepared: leave Trigger.KILL out of the triggers")
+        if not (math.isfinite(self.notice_s) and self.notice_s >= 0):
+            raise ValueError(f"notice_s must be >= 0 seconds, got {self.notice_s!r}")
+        if not 0.0 <= self.slowdown <= 1.0:
+            raise ValueError(f"slowdown must be in [0, 1], got {self.slowdown!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.triggers)
+
+    def prepares(self, trigger: Trigger) -> bool:
+        """Whether a migration of ``trigger`` is prepared (a notice only when there is one)."""
+        return trigger in self.triggers and (trigger is not Trigger.NOTICE or self.notice_s > 0)
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "full stop (the reference's model: every migration stops training for its whole cost)"
+        kinds = ", ".join(t.value for t in TRIGGERS if t in self.triggers)
+        notice = f"{self.notice_s:g} s notice" if self.notice_s > 0 else "no notice"
+        return f"prepared in the background ({kinds}; {notice}; old strategy {self.slowdown:.0%} slower meanwhile)"
+
+
+#: The reference's model: every migration is a full stop, whatever triggered it.
+FULL_STOP: Final = Preparation(triggers=frozenset(), notice_s=0.0, slowdown=0.0)
+
+
+@dataclass(frozen=True)
+class MigrationTime:
+    """One move's time, split for a runtime that prepares it (all ms).
+
+    ``full_ms`` is the reference's cost: the stop when nothing is prepared. With preparation, ``lead_ms`` runs in
+    the background (``join_ms`` of it needs the new instances, so it cannot start before they arrive) and
+    ``down_ms`` is the stop at the switch. ``lead_ms + down_ms`` exceeds ``full_ms`` by the catch-up (below).
+    """
+
+    full_ms: float
+    lead_ms: float = 0.0
+    join_ms: float = 0.0
+    down_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -124,13 +208,18 @@ class CostModel:
 
     spec: ModelSpec
     constants: CostConstants
+    preparation: Preparation = FULL_STOP
 
     @classmethod
-    def reference(cls, model: str) -> CostModel:
-        return cls(load_model_spec(model), reference_constants(model))
+    def reference(cls, model: str, preparation: Preparation = FULL_STOP) -> CostModel:
+        return cls(load_model_spec(model), reference_constants(model), preparation)
 
     def with_constants(self, **changes: Any) -> CostModel:
         return replace(self, constants=replace(self.constants, **changes))
+
+    def prepared(self, preparation: Preparation) -> CostModel:
+        """The same model under another `Preparation` (`FULL_STOP` for the reference's)."""
+        return replace(self, preparation=preparation)
 
     # -- restart terms ---------------------------------------------------------------------------------
     def comm_groups_ms(self, d: int, p: int, add: bool) -> float:
@@ -195,6 +284,77 @@ class CostModel:
     def start_ms(self, d: int, p: int) -> float:
         """Starting (d, p) with no running strategy: every layer's state is loaded, then broadcast."""
         return self.pipeline_ms(d, p, self.spec.total_params, add=True)
+
+    # -- lead time and downtime (a runtime that prepares migrations) ---------------------------------------
+    # Where each reference term goes (§D.2), and why:
+    #   rendezvous_ms, extra_restart_ms  lead, join: new instances join the world as they arrive, while the old
+    #                                    strategy trains; they cannot before they exist
+    #   comm_groups_ms                   lead: the next epoch's communicators form beside the running ones (with
+    #                                    new instances in them: join)
+    #   state transfers (inter-stage     lead: the state as of a boundary is sent during the next step; the
+    #   refill, pipeline fetch and       receiver then needs that step's gradients (the catch-up, downtime:
+    #   broadcast)                       GRADIENT_BYTES of each parameter's bytes_per_param) to reach its peers'
+    #                                    state exactly at the switch
+    #   build(p)                         lead for an inter-stage refill (only the receivers build a stage, and they
+    #                                    hold none, so memory is free for it); downtime for a pipeline re-cut (the
+    #                                    survivors rebuild their own stage: beside the old one it would not fit)
+    #   proc_ms                          downtime: the process switches engines at the boundary
+    #   checkpoint_ms, a start           no preparation: nothing trains while they run
+    def intra_stage_time(self, d: int, p: int) -> MigrationTime:
+        groups = self.comm_groups_ms(d, p, add=False)
+        return MigrationTime(self.intra_stage_ms(d, p), lead_ms=groups, down_ms=self.constants.proc_ms)
+
+    def inter_stage_time(self, d: int, p: int, moved_ms: float, add: bool) -> MigrationTime:
+        """An inter-stage refill whose transfers take ``moved_ms`` (the slowest parallel or the serial chain)."""
+        return self._restart_time(moved_ms + self.restart_ms(d, p, add), d, p, add, moved_ms, build_ahead=True)
+
+    def pipeline_time(self, d: int, p: int, missing_params: int, add: bool) -> MigrationTime:
+        c = self.constants
+        moved = c.p2p.ms(missing_params * self.spec.bytes_per_param)
+        moved += max(self.stage_transfer_ms(p)) if d > 1 else 0.0
+        return self._restart_time(self.pipeline_ms(d, p, missing_params, add), d, p, add, moved, build_ahead=False)
+
+    def _restart_time(
+        self, full_ms: float, d: int, p: int, add: bool, moved_ms: float, build_ahead: bool
+    ) -> MigrationTime:
+        c = self.constants
+        join = c.rendezvous_ms + c.extra_restart_ms + self.comm_groups_ms(d, p, add=True) if add else 0.0
+        groups = 0.0 if add else self.comm_groups_ms(d, p, add=False)
+        build = c.build(p)
+        catch_up = moved_ms * GRADIENT_BYTES / self.spec.bytes_per_param
+        lead = join + groups + moved_ms + (build if build_ahead else 0.0)
+        down = c.proc_ms + catch_up + (0.0 if build_ahead else build)
+        return MigrationTime(full_ms, lead, join, down)
+
+    def effective_ms(self, time: MigrationTime, trigger: Trigger, old_over_new: float, standbys: bool = False) -> float:
+        """What a move costs the job, in ms of the target strategy's throughput, under this model's `Preparation`.
+
+        Unprepared (a kill, a start, or a trigger the preparation leaves out): the full stop. A noticed preemption:
+        the grace period hides the lead, the old strategy training through it ``slowdown`` slower — all of it when
+        the instances the target adds are ``standbys`` (alive when the notice came), else all but their join,
+        which waits for them to arrive; what it cannot hide is paid stopped. A planned re-shape
+        or an addition: the old strategy trains (``slowdown`` slower) through the whole lead, then the switch
+        stops; ``old_over_new`` (the old strategy's throughput over the target's) prices that lead. Never more
+        than the full stop (a runtime can always not prepare), so the full cost stays an upper bound.
+        """
+        prep = self.preparation
+        if not prep.prepares(trigger):
+            return time.full_ms
+        if trigger is Trigger.NOTICE:
+            waits = 0.0 if standbys else time.join_ms
+            ahead = time.lead_ms - waits
+            hidden = min(ahead, 1000.0 * prep.notice_s)
+            paid = time.down_ms + waits + (ahead - hidden) + prep.slowdown * hidden * old_over_new
+        else:
+            kept = min(1.0, (1.0 - prep.slowdown) * old_over_new)
+            paid = time.down_ms + time.lead_ms * (1.0 - kept)
+        return min(time.full_ms, paid)
+
+    def trigger(self, preempted: bool, add: bool) -> Trigger:
+        """The trigger of a move that lost active instances (``preempted``) or needs new ones (``add``)."""
+        if preempted:
+            return Trigger.NOTICE if self.preparation.notice_s > 0 else Trigger.KILL
+        return Trigger.ADDITION if add else Trigger.PLANNED
 
     def checkpoint_restart_ms(self, d: int, p: int, add: bool, save: bool = True) -> float:
         """The reactive baseline (§H): checkpoint save + load, a serialised reload of every stage, restart."""

@@ -27,7 +27,7 @@ import numpy as np
 from scipy.stats import hypergeom
 
 from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
-from liveput.migration import CostModel, MigrationKind
+from liveput.migration import CostModel, MigrationKind, Trigger
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval
 from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast
 from liveput.throughput import Strategy, ThroughputProfile
@@ -206,14 +206,25 @@ class ParcaePolicy(Policy):
     def step(
         self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
     ) -> StepResult:
-        p = self._plan(self.forecaster(history, future, self.config.look_ahead))
+        forecast = self.forecaster(history, future, self.config.look_ahead)
+        p = self._plan(forecast)
         spent = p.decision_s
         target = p.decision
-        if target[0] * target[1] > event.available:  # misprediction: react to the true event
+        if target[0] * target[1] > event.available or self._surprised(forecast[0], event):
+            # misprediction: react to the true event
             replan = self._plan(self._truth_first(event, history, future))
             target, spent = replan.decision, spent + replan.decision_s
         self.decision_s.append(spent)
         return self._apply(target, event)
+
+    def _surprised(self, expected: IntervalForecast, event: IntervalEvent) -> bool:
+        """A prepared runtime sees instances arrive as they do: an arrival the forecast did not make its most likely
+        outcome is reacted to at once (unprepared, the policy keeps the paper's rule: react only when the plan does
+        not fit)."""
+        if not self.cost.preparation.prepares(Trigger.ADDITION) or event.n_in == 0:
+            return False
+        mode = max(w for _, _, w in expected.events)
+        return not any(i == event.n_in and o == event.n_out and w == mode for i, o, w in expected.events)
 
     def _plan(self, forecast: Sequence[IntervalForecast]) -> Plan:
         return plan_interval(

@@ -30,12 +30,14 @@ from scipy.stats import hypergeom
 from liveput.migration import (
     CostModel,
     MigrationKind,
+    MigrationTime,
+    Trigger,
     advance_assignment,
     healthy_missing,
     migration_kind,
     stage_overlap,
 )
-from liveput.throughput import Strategy, ThroughputProfile
+from liveput.throughput import InfeasibleStrategy, Strategy, ThroughputProfile
 
 KINDS: tuple[MigrationKind, ...] = (
     MigrationKind.NONE,
@@ -133,13 +135,15 @@ def loss_law(n: int, active: int, n_out: int) -> np.ndarray:
 
 #: An assignment DP table as sorted items: (replicas of the boundary stage used, best overlap).
 _Table = tuple[tuple[int, int], ...]
-#: The static tables of one model: restart ms, stage transfers, pipeline ms, no-loss costs, cost upper bounds.
+#: The static tables of one model: restart ms, stage transfers, pipeline ms, no-loss costs, cost upper bounds,
+#: and lower bounds where a loss may cost less than none (`ScenarioStore._notice_floors`).
 _Tables = tuple[
     dict[tuple[int, int, bool], float],
     dict[int, tuple[float, ...]],
     dict[tuple[int, int, int, bool], float],
     dict[tuple[Strategy, tuple[Strategy, ...]], np.ndarray],
     dict[tuple[Strategy, tuple[Strategy, ...], int], np.ndarray],
+    dict[tuple[Strategy, tuple[Strategy, ...]], np.ndarray],
 ]
 _STATIC: dict[tuple[int, int], tuple[ThroughputProfile, CostModel, _Tables]] = {}
 
@@ -149,7 +153,7 @@ def _static_tables(profile: ThroughputProfile, cost: CostModel) -> _Tables:
     key = (id(profile), id(cost))
     hit = _STATIC.get(key)
     if hit is None or hit[0] is not profile or hit[1] is not cost:
-        hit = _STATIC[key] = (profile, cost, ({}, {}, {}, {}, {}))
+        hit = _STATIC[key] = (profile, cost, ({}, {}, {}, {}, {}, {}))
     return hit[2]
 
 
@@ -159,14 +163,14 @@ class ScenarioStore:
     def __init__(self, profile: ThroughputProfile, cost: CostModel) -> None:
         self.profile = profile
         self.cost = cost
-        self._cond: dict[tuple[int, int, int, int], tuple[int, np.ndarray, np.ndarray]] = {}
+        self._cond: dict[tuple[int, int, int, int, bool], tuple[int, np.ndarray, np.ndarray]] = {}
         self._pipe: dict[tuple[int, int, int], tuple[int, list[dict[int, int]]]] = {}
         self._keys: dict[tuple[int, int, int, int, int, tuple[Strategy, ...]], Outcome] = {}
         self._targets: dict[int, tuple[Strategy, ...]] = {}
         # Static tables (no scenario in them: restart terms, transfers, no-preemption costs, cost upper
         # bounds) are shared by every store of the same profile and cost model in the process.
         static = _static_tables(profile, cost)
-        self._restart, self._transfer, self._pipe_ms, self._base, self._uppers = static
+        self._restart, self._transfer, self._pipe_ms, self._base, self._uppers, self._floors = static
         self._pks: dict[tuple[int, int, int], np.ndarray] = {}
         self._pairs: dict[tuple[IntervalForecast, Strategy, Strategy], tuple[float, float, np.ndarray]] = {}
         self._fallbacks: dict[tuple[IntervalForecast, Strategy, tuple[Strategy, ...], float], np.ndarray] = {}
@@ -204,7 +208,7 @@ class ScenarioStore:
         for i, (d, p) in enumerate(targets):
             if d * p > alive:
                 continue
-            kprob, kcost = self._conditional(D, P, d, p, kmax)
+            kprob, kcost = self._conditional(D, P, d, p, kmax, fresh=d * p > n - n_out)
             reach[i] = 1.0
             cost[i] = float(pk @ kcost[: kmax + 1])
             kind[i] = pk @ kprob[: kmax + 1]
@@ -255,7 +259,7 @@ class ScenarioStore:
             if w == 0 or d * p > n + n_in - n_out:
                 continue
             pk = self._pk(n, D * P, n_out)
-            kprob, kcost = self._conditional(D, P, d, p, len(pk) - 1)
+            kprob, kcost = self._conditional(D, P, d, p, len(pk) - 1, fresh=d * p > n - n_out)
             reach += w
             cost += w * float(pk @ kcost[: len(pk)])
             kind += w * (pk @ kprob[: len(pk)])
@@ -269,7 +273,9 @@ class ScenarioStore:
 
         Reach is exact (it only depends on how many instances are alive). The lower bound is the cost
         with no active instance preempted — losing instances never makes a migration cheaper: fewer
-        replicas survive, more state is missing, and a rendezvous becomes more likely. The upper bound
+        replicas survive, more state is missing, and a rendezvous becomes more likely. (Prepared under a
+        notice, a loss can hide lead time a planned move pays: where instances may go, the bound is then
+        the no-loss move's downtime and the lead a notice cannot hide, `_notice_floors`.) The upper bound
         lets every possible loss hurt: each preempted replica unmatches at most one new stage (so at most
         k stages' worth of extra parameters to fetch), at most k stages run short, and a rendezvous is
         needed if it could be. The optimizer evaluates exactly only what these bounds cannot rule out.
@@ -278,6 +284,7 @@ class ScenarioStore:
         n = max(forecast.prev_available, D * P)
         tk = tuple(targets)
         base = self._no_loss_costs(current, tk)
+        floor = self._notice_floors(current, tk, base)
         need = np.array([d * p for d, p in tk])
         reach = np.zeros(len(tk))
         lower = np.zeros(len(tk))
@@ -286,7 +293,7 @@ class ScenarioStore:
             ok = need <= n + n_in - n_out
             kmax = min(D * P, n_out)
             reach += w * ok
-            lower += w * ok * base
+            lower += w * ok * (base if kmax == 0 else floor)
             hi = base if kmax == 0 else self._upper(current, tk, kmax, base)
             upper += w * ok * hi
         return reach, lower, upper
@@ -307,7 +314,41 @@ class ScenarioStore:
             return float(self._same_depth(D, P, d, 0)[1][0])
         spec = self.cost.spec
         miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
-        return self._pipeline_ms(d, p, miss0, self._add(D, P, d, p, 0))
+        add = self._add(D, P, d, p, 0)
+        if self.cost.preparation.enabled:
+            ratio = self._old_over_new((D, P), (d, p))
+            return self._prepared_pipeline_ms(d, p, miss0, add, self.cost.trigger(False, add), ratio)
+        return self._pipeline_ms(d, p, miss0, add)
+
+    def _notice_floors(self, current: Strategy, targets: tuple[Strategy, ...], base: np.ndarray) -> np.ndarray:
+        """A lower bound on every target's cost when active instances may be lost: ``base`` itself, unless noticed
+        preemptions are prepared (then a loss may hide lead time the no-loss move pays)."""
+        cm = self.cost
+        if not cm.preparation.prepares(Trigger.NOTICE) or current[0] * current[1] == 0:
+            return base
+        key = (current, targets)
+        hit = self._floors.get(key)
+        if hit is None:
+            S = 1000.0 * cm.preparation.notice_s
+            low = []
+            for (d, p), b in zip(targets, base):
+                t = self._no_loss_time(*current, d, p)
+                low.append(min(b, t.full_ms, t.down_ms + max(0.0, t.lead_ms - S)))  # standbys: the join is hidden
+            hit = self._floors[key] = np.array(low)
+        return hit
+
+    def _no_loss_time(self, D: int, P: int, d: int, p: int) -> MigrationTime:
+        """The `MigrationTime` of moving (D, P) to (d, p) when no active instance is lost (D * P > 0)."""
+        cm = self.cost
+        if p != P:
+            spec = cm.spec
+            miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
+            return cm.pipeline_time(d, p, miss0, self._add(D, P, d, p, 0))
+        if d == D:
+            return MigrationTime(0.0)
+        if d < D:
+            return cm.intra_stage_time(d, P)
+        return cm.inter_stage_time(d, P, max(self._transfers(P)), add=True)  # every stage is short, none serial
 
     def fallback(
         self, forecast: IntervalForecast, current: Strategy, targets: Sequence[Strategy], interval_s: float
@@ -371,9 +412,17 @@ class ScenarioStore:
         return out
 
     # -- conditional on k active losses ----------------------------------------------------------------
-    def _conditional(self, D: int, P: int, d: int, p: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
-        """(probability of each kind, expected cost) given k = 0..kmax preempted active instances."""
-        key = (D, P, d, p)
+    def _conditional(
+        self, D: int, P: int, d: int, p: int, kmax: int, fresh: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """(probability of each kind, expected cost) given k = 0..kmax preempted active instances.
+
+        ``fresh``: the target needs instances that arrive in this interval (more than survive from before it), so
+        under a notice their rendezvous cannot be prepared; standbys that were already there can. Only a prepared
+        notice tells the two apart.
+        """
+        fresh = fresh and self.cost.preparation.prepares(Trigger.NOTICE)
+        key = (D, P, d, p, fresh)
         hit = self._cond.get(key)
         if hit is not None and hit[0] >= kmax:
             return hit[1], hit[2]
@@ -382,9 +431,9 @@ class ScenarioStore:
         if D * P == 0:
             probs, costs = self._start(d, p, want)
         elif p == P:
-            probs, costs = self._same_depth(D, P, d, want)
+            probs, costs = self._same_depth(D, P, d, want, fresh)
         else:
-            probs, costs = self._repartition(D, P, d, p, want)
+            probs, costs = self._repartition(D, P, d, p, want, fresh)
         self._cond[key] = (want, probs, costs)
         return probs, costs
 
@@ -418,7 +467,7 @@ class ScenarioStore:
         probs[:, KINDS.index(MigrationKind.START)] = 1.0
         return probs, np.full(kmax + 1, self._pipeline_ms(d, p, self.cost.spec.total_params, True))
 
-    def _same_depth(self, D: int, P: int, d: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    def _same_depth(self, D: int, P: int, d: int, kmax: int, fresh: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """p == P: intra-stage when every stage keeps >= d replicas, else inter-stage.
 
         Dynamic program over stages; the state is (losses so far, slowest parallel transfer, serial
@@ -440,6 +489,9 @@ class ScenarioStore:
         probs = np.zeros((kmax + 1, len(KINDS)))
         costs = np.zeros(kmax + 1)
         intra_ms = cm.intra_stage_ms(d, P)
+        prepared = cm.preparation.enabled
+        ratio = self._old_over_new((D, P), (d, P)) if prepared else 0.0
+        intra = cm.intra_stage_time(d, P) if prepared else None
         for (lost, par, ser), ways in states.items():
             w = ways / comb(D * P, lost)
             kind = migration_kind(P, P, short=par != 0.0)  # a short stage has a transfer time
@@ -447,11 +499,27 @@ class ScenarioStore:
                 probs[lost, KINDS.index(MigrationKind.NONE)] += w
             elif kind is MigrationKind.INTRA_STAGE:
                 probs[lost, KINDS.index(kind)] += w
-                costs[lost] += w * intra_ms
+                if intra is None:
+                    costs[lost] += w * intra_ms
+                else:
+                    costs[lost] += w * cm.effective_ms(intra, cm.trigger(lost > 0, add=False), ratio, not fresh)
             else:
                 probs[lost, KINDS.index(kind)] += w
-                costs[lost] += w * (max(par, ser) + self._restart_ms(d, P, self._add(D, P, d, P, lost)))
+                add = self._add(D, P, d, P, lost)
+                if not prepared:
+                    costs[lost] += w * (max(par, ser) + self._restart_ms(d, P, add))
+                else:
+                    time = cm.inter_stage_time(d, P, max(par, ser), add)
+                    costs[lost] += w * cm.effective_ms(time, cm.trigger(lost > 0, add), ratio, not fresh)
         return probs, costs
+
+    def _old_over_new(self, old: Strategy, new: Strategy) -> float:
+        """Throughput of the old strategy over the target's: what prices a prepared move's lead time (0 when the
+        old one is outside the profile: it trains nothing)."""
+        try:
+            return self.profile.throughput(*old) / self.profile.throughput(*new)
+        except InfeasibleStrategy:
+            return 0.0
 
     def _missing_law(self, D: int, P: int, p: int, kmax: int) -> list[dict[int, int]]:
         """For k = 0..kmax: {missing parameters: number of loss patterns} under the optimal assignment.
@@ -530,13 +598,27 @@ class ScenarioStore:
             combos = nxt
         return [(cvec, sorted(lmap.items())) for cvec, lmap in combos.items()]
 
-    def _repartition(self, D: int, P: int, d: int, p: int, kmax: int) -> tuple[np.ndarray, np.ndarray]:
+    def _repartition(
+        self, D: int, P: int, d: int, p: int, kmax: int, fresh: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
         law = self._missing_law(D, P, p, kmax)
         probs = np.zeros((kmax + 1, len(KINDS)))
         costs = np.zeros(kmax + 1)
         probs[:, KINDS.index(migration_kind(P, p, short=False))] = 1.0  # p != P: a pipeline migration
+        prepared = self.cost.preparation.enabled
+        ratio = self._old_over_new((D, P), (d, p)) if prepared else 0.0
         for k in range(kmax + 1):
             total = comb(D * P, k)
             add = self._add(D, P, d, p, k)
-            costs[k] = sum(w * self._pipeline_ms(d, p, miss, add) for miss, w in law[k].items()) / total
+            if not prepared:
+                costs[k] = sum(w * self._pipeline_ms(d, p, miss, add) for miss, w in law[k].items()) / total
+            else:
+                trigger = self.cost.trigger(k > 0, add)
+                costs[k] = sum(w * self._prepared_pipeline_ms(d, p, miss, add, trigger, ratio, not fresh)
+                               for miss, w in law[k].items()) / total  # fmt: skip
         return probs, costs
+
+    def _prepared_pipeline_ms(
+        self, d: int, p: int, missing: int, add: bool, trigger: Trigger, ratio: float, standbys: bool = False
+    ) -> float:
+        return self.cost.effective_ms(self.cost.pipeline_time(d, p, missing, add), trigger, ratio, standbys)

@@ -7,8 +7,8 @@ Owns: how a comparison (``liveput.simulator.simulate``'s results) is laid out as
 
 Layout (experiment "simulations"):
   parent run   one per comparison; its run id is the comparison id. params trace, model, start_hour, end_hour,
-               first_interval, last_interval, look_ahead, interval_s, forecaster, policies (comma-separated, in
-               order); tags ``parcae.comparison`` (its own id), ``parcae.role`` = comparison, the caller's tags
+               first_interval, last_interval, look_ahead, interval_s, migrations (how migrations were priced:
+               prepared, with which notice, or a full stop), forecaster, policies (comma-separated, in order); tags ``parcae.comparison`` (its own id), ``parcae.role`` = comparison, the caller's tags
                (the CLI adds ``parcae.command``); artifacts comparison.json (the table) and the timeline plot
                when the caller made one.
   policy runs  one per policy, nested (``mlflow.parentRunId``), named after the policy. The parent's params plus
@@ -135,6 +135,7 @@ def log_comparison(
     look_ahead: int,
     interval_s: float,
     forecaster: str = "persistence",
+    migrations: str = "",
     ideal_samples: float | None = None,
     plot: str | os.PathLike[str] | None = None,
     tracking: str | os.PathLike[str] | None = None,
@@ -142,7 +143,8 @@ def log_comparison(
 ) -> str:
     """Log ``results`` (``liveput.simulator.simulate``'s, in table order) and return the comparison id.
 
-    ``window`` is (start hour, end hour) of the simulated window; ``ideal_samples`` the ideal bound's samples when
+    ``window`` is (start hour, end hour) of the simulated window; ``migrations`` how migrations were priced
+    (`liveput.Preparation.describe`); ``ideal_samples`` the ideal bound's samples when
     the caller computed it without running ``ideal`` (default: the ``ideal`` result's, if any); ``plot`` an image
     logged on the parent run; ``tracking`` a URI or store folder (None: the ``tracking`` package's default); ``tags``
     go on every run. Raises ``tracking.TrackingError`` if the store does not answer.
@@ -164,6 +166,8 @@ def log_comparison(
         "trace": trace, "model": model, "start_hour": f"{window[0]:.4f}", "end_hour": f"{window[1]:.4f}",
         "first_interval": first, "last_interval": last, "look_ahead": look_ahead, "interval_s": f"{interval_s:g}",
     }  # fmt: skip
+    if migrations:
+        common["migrations"] = migrations
     extra = dict(tags or {})
     hours = f"{window[0]:.2f}-{window[1]:.2f}h"
     parent: str = client.create_run(exp, run_name=f"{trace} {hours} {model} K={look_ahead}").info.run_id

@@ -130,7 +130,7 @@ def test_simulate_writes_json_plot_and_table(runner, tmp_path):
     )
     assert result.exit_code == 0, result.output
     doc = json.loads(out_json.read_text())
-    assert set(doc) == {"trace", "model", "window", "look_ahead", "policies"}
+    assert set(doc) == {"trace", "model", "window", "look_ahead", "migrations", "policies"}
     assert doc["trace"] == "p3"
     assert doc["model"] == "gpt-1.5b"
     assert doc["look_ahead"] == 8
@@ -187,6 +187,30 @@ def test_vs_ideal_without_running_ideal(runner, tmp_path):
     row = next(line for line in result.stdout.splitlines() if line.split() and line.split()[0] == "reactive")
     ratio = float(row.split()[2])
     assert 0 < ratio < 1
+
+
+def test_simulate_prepares_migrations_with_the_trace_s_cloud_s_notice_unless_told_otherwise(runner, tmp_path):
+    window = ("simulate", "--start-hour", "8", "--end-hour", "8.5", "-p", "parcae", "-p", "ideal")
+    docs = {}
+    for name, extra in {"aws": (), "gcp": ("--notice-seconds", "30"), "none": ("--notice-seconds", "0"),
+                        "full": ("--full-stop",)}.items():  # fmt: skip
+        out = tmp_path / f"{name}.json"
+        result = invoke(runner, *window, *extra, "--json", str(out))
+        assert result.exit_code == 0, result.output
+        docs[name] = json.loads(out.read_text())
+        assert f"migrations: {docs[name]['migrations']['summary']}" in " ".join(result.stdout.split())
+    assert docs["aws"]["migrations"]["notice_s"] == 120.0  # p3 is an AWS trace
+    assert docs["aws"]["migrations"]["prepared"] == ["addition", "notice", "planned"]
+    assert docs["none"]["migrations"]["notice_s"] == 0.0
+    assert docs["full"]["migrations"]["prepared"] == []
+    samples = {k: d["policies"]["parcae"]["samples"] for k, d in docs.items()}
+    assert samples["aws"] >= samples["gcp"] >= samples["none"] > samples["full"]
+    assert len({d["policies"]["ideal"]["samples"] for d in docs.values()}) == 1  # the bound prepares nothing
+    gcp = tmp_path / "gcp-v100.json"
+    result = invoke(runner, "simulate", "--trace", "gcp-v100", "--start-hour", "1", "--end-hour", "1.25", "-p",
+                    "ideal", "--json", str(gcp))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert json.loads(gcp.read_text())["migrations"]["notice_s"] == 30.0
 
 
 def test_format_migrations():
@@ -323,6 +347,8 @@ def test_window_outside_trace(runner, hours, needles):
         (("--interval-seconds", "0"), "--interval-seconds"),
         (("--bamboo-overhead", "1.5"), "--bamboo-overhead"),
         (("--plot", "out.bmpx"), ".bmpx"),
+        (("--notice-seconds", "-1"), "--notice-seconds"),
+        (("--notice-seconds", "inf"), "--notice-seconds"),
     ],
 )
 def test_bad_options(runner, args, needle):

@@ -658,3 +658,14 @@ def test_shared_unscaled_and_scaled_step_curves_agree() -> None:
         # hours are rounded to 3 decimals (3.6 s), so a change may move by one interval; levels agree
         assert abs(len(a) - len(b)) <= 1
         assert a["n_in"].sum() == b["n_in"].sum() and a["n_out"].sum() == b["n_out"].sum()
+
+
+def test_trace_cloud_names_the_cloud_a_trace_was_measured_on(tmp_path):
+    from forecasting import trace_cloud
+
+    assert trace_cloud(load_trace("p3")) == "aws"
+    assert trace_cloud(load_trace("gcp-v100")) == "gcp"
+    assert trace_cloud(load_trace("aws2020-p2")) == "aws"
+    own = tmp_path / "mine.csv"
+    own.write_text("0,add,n1\n0,add,n2\n61000,remove,n1\n")
+    assert trace_cloud(load_trace(str(own))) is None  # nothing says: the simulator assumes no notice

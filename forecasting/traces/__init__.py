@@ -22,6 +22,7 @@ from forecasting.traces.catalog import (
     available_traces,
     load_trace,
     shared_traces_dir,
+    trace_cloud,
 )
 from forecasting.traces.events import AvailabilityEvents, TraceFormatError, from_count_series
 from forecasting.traces.formats import (
@@ -68,6 +69,7 @@ __all__ = [
     "TraceFormatError",
     "UnknownTraceError",
     "available_traces",
+    "trace_cloud",
     "counts_table",
     "detect_format",
     "events_from_log",

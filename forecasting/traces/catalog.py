@@ -1,7 +1,8 @@
 """The trace catalog: names -> files, and `load_trace` (a name or a path -> the canonical table).
 
 Owns: the traces bundled in ``forecasting/data`` (`BUNDLED`), the shared ones found under ``../shared/traces``
-(or ``$PARCAE_SHARED_TRACES``) and their stable names, and `UnknownTraceError`. Must not touch: parsing
+(or ``$PARCAE_SHARED_TRACES``) and their stable names, which cloud a trace was measured on (`trace_cloud`), and
+`UnknownTraceError`. Must not touch: parsing
 (`forecasting.traces.formats`), binning (`forecasting.traces.table`).
 """
 
@@ -196,3 +197,22 @@ def load_trace(
             raise ValueError(f"capacity must be a positive integer, got {capacity!r}")
         events = replace(events, capacity=int(capacity))
     return to_intervals(events, interval_s)
+
+
+#: Formats whose every trace comes from one cloud (the Bamboo/SkyPilot AWS measurements, GCP's preemption logs).
+_FORMAT_CLOUD: Final = {"aws-step-csv": "aws", "skypilot-json": "aws", "skypilot-log": "aws", "gcp-log": "gcp"}
+
+
+def trace_cloud(table: pd.DataFrame) -> str | None:
+    """The cloud a loaded trace was measured on ("aws", "gcp"), or None when nothing says (a user's own file):
+    what sets the preemption notice a simulation of it assumes. The p3 traces (Bamboo's and Parcae's event and
+    count files) are of AWS p3 instances."""
+    fmt = str(table.attrs.get("format", ""))
+    if fmt in _FORMAT_CLOUD:
+        return _FORMAT_CLOUD[fmt]
+    name = str(table.attrs.get("name", ""))
+    if name.startswith("gcp"):
+        return "gcp"
+    if name == "p3" or re.search(r"(^|-)p3(-|$)", name):
+        return "aws"
+    return None

@@ -5,6 +5,7 @@ simulation itself (`liveput.simulate`), logging and rebuilding comparisons (`par
 the ``parcae`` policy is built by `parcae.cli.forecast`.
 """
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -32,19 +33,24 @@ from parcae.cli.forecast import CHAMPION_MODEL, FORECAST_MODELS, build_forecaste
 from parcae.cli.traces import load_window
 
 if TYPE_CHECKING:
-    from liveput import CostModel, ThroughputProfile
+    import pandas as pd
+
+    from liveput import CostModel, Preparation, ThroughputProfile
 
 
-def _load_model(model: str, global_batch: int | None = None) -> tuple["ThroughputProfile", "CostModel"]:
-    """Throughput profile and reference cost model of ``model``; an unknown model is a UserError."""
-    from liveput import CostModel, load_profile
+def _load_model(
+    model: str, global_batch: int | None = None, preparation: "Preparation | None" = None
+) -> tuple["ThroughputProfile", "CostModel"]:
+    """Throughput profile and reference cost model of ``model`` (under ``preparation``: by default the reference's full
+    stop); an unknown model is a UserError."""
+    from liveput import FULL_STOP, CostModel, load_profile
 
     try:
         profile = load_profile(model)  # the bundled table: an unknown model fails here, naming the known ones
         if global_batch is not None and global_batch != profile.global_batch:
             _check_global_batch(model, global_batch)
             profile = load_profile(model, global_batch)
-        cost = CostModel.reference(model)
+        cost = CostModel.reference(model, preparation or FULL_STOP)
     except KeyError as exc:
         raise UserError(key_error_message(exc)) from None
     return profile, cost
@@ -190,6 +196,23 @@ def simulate(
             "the simulated trace) or champion (the MLflow registry's; persistence if there is none).",
         ),
     ] = "persistence",
+    notice_seconds: Annotated[
+        float | None,
+        typer.Option(
+            metavar="S",
+            help="Preemption notice, in seconds: how long before a preemption parcae can prepare its migration. "
+            "Default: the trace's cloud's (120 for AWS traces such as p3, 30 for GCP; 0 when the cloud is "
+            "unknown); 0 = no notice, every preemption a kill.",
+        ),
+    ] = None,
+    full_stop: Annotated[
+        bool,
+        typer.Option(
+            "--full-stop",
+            help="The reference's cost model: every migration stops training for its whole cost (nothing is "
+            "prepared in the background), as in the published comparison.",
+        ),
+    ] = False,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
     ] = None,
@@ -212,8 +235,11 @@ def simulate(
     store = _check_store() if mlflow else None  # fail fast, before minutes of simulation
     if not 0.0 <= bamboo_overhead < 1.0:
         raise UserError(f"--bamboo-overhead must be in [0, 1), got {bamboo_overhead:g}")
-    profile, cost = _load_model(model, global_batch)
+    if notice_seconds is not None and not (math.isfinite(notice_seconds) and notice_seconds >= 0):
+        raise UserError(f"--notice-seconds must be >= 0 seconds, got {notice_seconds:g}")
     df, window = load_window(trace, interval_seconds, start_hour, end_hour)
+    preparation = _preparation(df, notice_seconds, full_stop)
+    profile, cost = _load_model(model, global_batch, preparation)
     first, last = int(window["interval"].iloc[0]), int(window["interval"].iloc[-1])
     n_intervals = len(window)
     config = SimulationConfig(
@@ -269,6 +295,7 @@ def simulate(
         f"model {model}, K={look_ahead}, prices as of {price.as_of} "
         f"({price.instance_type} spot ${price.spot_per_hour:.3f}/h, on-demand ${price.on_demand_per_hour:.2f}/h)"
     )
+    out.print(f"migrations: {preparation.describe()}", soft_wrap=True)
     for i, table in enumerate(results_tables(results, ideal_samples, out.width)):
         if i:
             out.print()
@@ -280,6 +307,7 @@ def simulate(
             "model": model,
             "window": {"first_interval": first, "last_interval": last},
             "look_ahead": look_ahead,
+            "migrations": _preparation_doc(preparation),
             "policies": {name: _summary(r) for name, r in results.items()},
         }
         write_json(json_out, doc)
@@ -296,12 +324,35 @@ def simulate(
             comparison = log_comparison(
                 results, trace=trace_name, model=model, window=(h0, h1), look_ahead=look_ahead, interval_s=iv,
                 forecaster=forecaster, ideal_samples=ideal_samples, plot=plot, tracking=store,
-                tags={"parcae.command": _command_line(ctx)},
+                migrations=preparation.describe(), tags={"parcae.command": _command_line(ctx)},
             )  # fmt: skip
         except TrackingError as exc:
             raise UserError(str(exc)) from None
         out.print(f"logged comparison {comparison} to MLflow experiment {SIMULATIONS_EXPERIMENT!r} ({store}); "
                   f"show it with: parcae simulations --comparison {comparison}", soft_wrap=True)  # fmt: skip
+
+
+def _preparation(table: "pd.DataFrame", notice_seconds: float | None, full_stop: bool) -> "Preparation":
+    """How the simulated migrations run: prepared in the background with the trace's cloud's notice (or
+    ``notice_seconds``), or the reference's full stop."""
+    from forecasting import trace_cloud
+    from liveput import CLOUD_NOTICE_S, FULL_STOP, Preparation
+
+    if full_stop:
+        return FULL_STOP
+    if notice_seconds is None:
+        cloud = trace_cloud(table)
+        notice_seconds = CLOUD_NOTICE_S[cloud] if cloud is not None else 0.0
+    return Preparation(notice_s=float(notice_seconds))
+
+
+def _preparation_doc(preparation: "Preparation") -> dict[str, Any]:
+    return {
+        "prepared": sorted(t.value for t in preparation.triggers),
+        "notice_s": preparation.notice_s,
+        "slowdown": preparation.slowdown,
+        "summary": preparation.describe(),
+    }
 
 
 def _check_store() -> str:
@@ -377,6 +428,8 @@ def simulations(
             f"K={p.get('look_ahead')}, T={p.get('interval_s')} s (comparison {logged.comparison_id})",
             soft_wrap=True,
         )
+        if p.get("migrations"):
+            out.print(f"migrations: {p['migrations']}", soft_wrap=True)
     for i, table in enumerate(results_tables(logged.policies, logged.ideal_samples, out.width)):
         if i:
             out.print()
