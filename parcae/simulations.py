@@ -8,8 +8,9 @@ Owns: how a comparison (``liveput.simulator.simulate``'s results) is laid out as
 Layout (experiment "simulations"):
   parent run   one per comparison; its run id is the comparison id. params trace, model, start_hour, end_hour,
                first_interval, last_interval, look_ahead, interval_s, migrations (how migrations were priced:
-               prepared, with which notice, or a full stop), forecaster, policies (comma-separated, in order); tags ``parcae.comparison`` (its own id), ``parcae.role`` = comparison, the caller's tags
-               (the CLI adds ``parcae.command``); artifacts comparison.json (the table) and the timeline plot
+               prepared, with which notice, or a full stop), forecaster, policies (comma-separated, in order);
+               tags ``parcae.comparison`` (its own id), ``parcae.role`` = comparison, the caller's tags (the CLI
+               adds ``parcae.command``); artifacts comparison.json (the table) and the timeline plot
                when the caller made one.
   policy runs  one per policy, nested (``mlflow.parentRunId``), named after the policy. The parent's params plus
                policy and forecaster (the one the policy reads: the given name for ``parcae``, ``oracle`` for
