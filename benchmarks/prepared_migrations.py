@@ -25,16 +25,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.policy_comparison import SEGMENTS  # noqa: E402  (the reference's p3 segments)
 from forecasting import load_trace  # noqa: E402
 from liveput import FULL_STOP, CostModel, Preparation, SimulationConfig, Trigger, load_profile, simulate  # noqa: E402
 
-SEGMENTS = {
-    "hl 1.5-2.5": (90, 149),
-    "hh 5.5-6.5": (330, 389),
-    "lh 8-9": (480, 539),
-    "ll 10-11": (600, 659),
-    "whole trace": (0, 682),
-}
 SETTINGS = {
     "full stop": FULL_STOP,
     "AWS 120 s": Preparation(notice_s=120.0),

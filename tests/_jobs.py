@@ -41,7 +41,7 @@ EVERY_MIGRATION: list[dict[str, Any]] = [
 _CHECKPOINT = {"checkpoint_every": "every", "checkpoint_dir": "dir", "keep_checkpoints": "keep", "resume": "resume",
                "checkpoint_uri": "uri"}  # fmt: skip
 _CONTROL = ("host", "port", "pg_timeout_s", "store_timeout_s", "hb_interval_s", "hb_timeout_s", "notice_grace_s",
-            "timeout_s")  # fmt: skip
+            "timeout_s", "prepare")  # fmt: skip
 _PROVIDER = ("start_method", "max_processes")
 
 

@@ -381,5 +381,5 @@ def test_a_kill_after_its_step_was_applied_then_an_event_at_the_next_boundary(tm
     reconf = result["reconfigurations"]
     assert [(r["kind"], r["step"], r["lost"]) for r in reconf][0] == ("intra-stage", 4, [2])  # recovered at 4
     assert reconf[1]["kind"] == ("checkpoint-restart" if then == "checkpoint-restart" else "pipeline")
-    assert reconf[1]["step"] == 4
+    assert reconf[1]["step"] == 4 and reconf[1]["notice"] and reconf[1]["lost"] == []  # the kill was counted once
     assert_same_run(result, steps)

@@ -326,6 +326,11 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
     assert [r["kind"] for r in reconf] == ["intra-stage", "inter-stage", "inter-stage", "pipeline", "pipeline",
                                            "pipeline"]  # fmt: skip
     assert [r["step"] for r in reconf] == [2, 3, 4, 6, 8, 9]
+    # each that comes two steps or more after the previous one was published a step ahead and its groups formed while
+    # the old epoch trained (control.prepare's default); one a step after its predecessor has no step to prepare in
+    assert [r["prepared"] for r in reconf] == [True, False, False, True, True, False]
+    prepared = [e for e in result["events"] if e.get("event") == "prepare"]
+    assert [e["step"] for e in prepared] == [2, 6, 8]
     assert all(r["steps_lost"] == 0 and r["notice"] and r["pause_s"] > r["hold_s"] >= 0 for r in reconf)
     assert [r["bytes_moved"] for r in reconf] == [r["bytes_planned"] for r in reconf]
     assert reconf[0]["bytes_moved"] == 0 and all(r["bytes_moved"] > 0 for r in reconf[1:])

@@ -269,18 +269,26 @@ def test_a_worker_that_overruns_its_deadline_is_killed_and_the_job_recovers(tmp_
 # ------------------------------------------------------------------------------------- death during a hand-off
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "hung"])
-def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tmp_path, signum):
+@pytest.mark.parametrize(
+    ("signum", "prepare"),
+    [(signal.SIGKILL, False), (signal.SIGSTOP, False), (signal.SIGSTOP, True)],
+    ids=["killed", "hung", "hung-prepared"],
+)
+def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tmp_path, signum, prepare):
     # 1x2 on 0 and 1, workers 2 and 3 stand by; a plan at step 3 to 2x2 makes 2 and 3 fetch a stage each. Worker 3 is
     # killed (its exit is seen at once) or hangs (only its heartbeat tells, after 1 s) as soon as it starts migrating:
-    # the transfer group cannot form. Survivors give up when the coordinator flags the epoch — the job's 45 s timeout
-    # is shorter than the group timeout (60 s) — and nothing of the migration is installed
+    # the transfer group cannot form (unprepared) or was formed ahead and its sends to worker 3 never complete
+    # (prepared). Survivors give up when the coordinator flags the epoch — the job's 45 s timeout is shorter than the
+    # group timeout (60 s) — and nothing of the migration is installed
     cloud = Cloud((in_state(3, "MIGRATING@3"), send(3, signum)))
     events = [{"step": 3, "kind": "plan", "strategy": [2, 2]}]
-    result = job(tmp_path, 4, (1, 2), events, cloud, pg_timeout_s=60, timeout_s=45, hb_timeout_s=1.0)
+    result = job(tmp_path, 4, (1, 2), events, cloud, pg_timeout_s=60, timeout_s=45, hb_timeout_s=1.0,
+                 prepare=prepare)  # fmt: skip
     rolled, recovery = result["reconfigurations"]
-    assert (rolled["step"], rolled["strategy"], rolled["abandoned"]) == (3, [2, 2], True)
-    assert rolled["bytes_moved"] == 0  # no transfer completed
+    assert (rolled["step"], rolled["strategy"], rolled["abandoned"], rolled["prepared"]) == (3, [2, 2], True, prepare)
+    if not prepare:
+        assert rolled["bytes_moved"] == 0  # no transfer completed
+    assert rolled["bytes_moved"] < rolled["bytes_planned"]  # (prepared: worker 2's may have; it is discarded too)
     # planned from the state before the hand-off: 1x2 on 0 and 1 again (2x2 no longer fits), nothing to move
     assert (recovery["step"], recovery["kind"], recovery["source"]) == (3, "intra-stage", "failure")
     assert (recovery["strategy"], recovery["notice"], recovery["steps_lost"]) == ([1, 2], False, 0)
@@ -289,7 +297,11 @@ def test_a_death_during_a_hand_off_rolls_the_migration_back_and_recovers_live(tm
         "its process was killed" if signum == signal.SIGKILL else "heartbeat lost: silent for more than the 1 s"
     )
     assert result["exit_codes"] == {0: 0, 1: 0, 2: 0, 3: -signal.SIGKILL}  # (a hung one is fenced: killed)
-    assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
+    if prepare:  # worker 0 may have entered the epoch (its groups were ready) before it broke: then it rolls back
+        states = result["states"][0][3:7]
+        assert states[0] == "MIGRATING@3" and "RECOVERING@3" in states[1:3], states
+    else:
+        assert result["states"][0][3:6] == ["MIGRATING@3", "RECOVERING@3", "MIGRATING@3"]
     assert_same_run(result)
     assert result["final_checksum"] == reference(STEPS)[2]
 

@@ -75,10 +75,11 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     events.write_text(json.dumps(EVERY_KIND))
     res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", '{"dtype": "float64"}', "--events",
                                    str(events), "--workers", "4", "--steps", str(steps), "--out-dir", str(out),
-                                   "--json", str(tmp_path / "report.json")])  # fmt: skip
+                                   "--json", str(tmp_path / "report.json"), "--no-prepare"])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert [r["kind"] for r in report["reconfigurations"]] == KINDS
+    assert not any(r["prepared"] for r in report["reconfigurations"])  # every group formed at its boundary
     assert [r["notice"] for r in report["reconfigurations"]][-2:] == [False, True]
 
     model = ModelConfig(DIGITS, args={"dtype": "float64"})

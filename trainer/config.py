@@ -224,7 +224,8 @@ class CheckpointConfig:
 class ControlPlaneConfig:
     """The coordinator's store and failure detector: where it listens (loopback unless told otherwise; port 0: a
     free one), how long collectives and store reads wait, the heartbeat, the grace of a preemption notice (GCP's
-    30 s; AWS gives 120 s) and the job's deadline (None: none — a job runs until it is done)."""
+    30 s; AWS gives 120 s), the job's deadline (None: none — a job runs until it is done) and whether migrations
+    known ahead (the schedule's) are prepared: their process groups formed while the old strategy trains."""
 
     host: str = "127.0.0.1"
     port: int = 0
@@ -234,6 +235,7 @@ class ControlPlaneConfig:
     hb_timeout_s: float = DEFAULT_HB_TIMEOUT_S
     notice_grace_s: float = 30.0
     timeout_s: float | None = None
+    prepare: bool = True
 
     def __post_init__(self) -> None:
         _need(
@@ -255,6 +257,8 @@ class ControlPlaneConfig:
         _need(self.timeout_s is None or _finite_positive(self.timeout_s), "control.timeout_s",
               f"must be a positive number of seconds or None (no deadline), got {self.timeout_s!r}",
               "give seconds > 0")  # fmt: skip
+        _need(isinstance(self.prepare, bool), "control.prepare", f"must be true or false, got {self.prepare!r}",
+              "give a boolean")  # fmt: skip
 
 
 @dataclass(frozen=True)

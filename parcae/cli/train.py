@@ -213,6 +213,14 @@ def train_cmd(
             "trainer.config.DEFAULT_HB_TIMEOUT_S); raise it on a loaded machine.",
         ),
     ] = None,
+    prepare: Annotated[
+        bool,
+        typer.Option(
+            "--prepare/--no-prepare",
+            help="Form the process groups of each reconfiguration the schedule knows ahead while the old strategy "
+            "trains (the boundary then only swaps them).",
+        ),
+    ] = True,
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
@@ -297,7 +305,7 @@ def train_cmd(
             control=ControlPlaneConfig(timeout_s=timeout,
                                        notice_grace_s=providers[provider_name].notice_grace_s(options),
                                        hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
-                                       else heartbeat_timeout),
+                                       else heartbeat_timeout, prepare=prepare),
             provider=ProviderConfig(name=provider_name, options=options),
             planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
                                     profile=None if profile is None else str(profile), accept_plans=accept_plans),
@@ -366,7 +374,8 @@ TRAIN_OPTIONS = {
     "availability.interval_seconds": "--interval-seconds", "availability.start_interval": "--start-interval",
     "availability": "--events/--trace", "train.steps": "--steps", "checkpoint.every": "--checkpoint-every",
     "checkpoint.keep": "--keep-checkpoints", "checkpoint.uri": "--checkpoint-uri", "control.timeout_s": "--timeout",
-    "control.hb_timeout_s": "--heartbeat-timeout", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
+    "control.hb_timeout_s": "--heartbeat-timeout",
+    "control.prepare": "--prepare", "planning.look_ahead": "--look-ahead", "out_dir": "--out-dir",
     "fleet.max_instances": "--fleet", "fleet.min_instances": "--min-instances", "fleet": "--fleet",
     "model.name": "--model", "model.args": "--model-args", "model.seed": "--seed", "train.seed": "--seed",
     "train.global_batch": "--global-batch", "train.schedule": "--schedule", "train.device": "--device",

@@ -18,7 +18,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ParamSpec
 
 from liveput import MigrationKind
@@ -244,6 +244,8 @@ class Coordinator:
         self.notices: dict[int, float] = {}  # worker -> deadline (wall clock) of the notice it reported
         self._rejected: set[tuple[str, str]] = set()  # malformed store values already logged
         self._handed_gap: dict[int, float] = {}  # handed-plan numbers taken but not written -> first seen missing
+        self._preparations = 0  # preparations published (`prepare`)
+        self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
 
     @property
     def in_force(self) -> Epoch:
@@ -463,10 +465,14 @@ class Coordinator:
         return False
 
     def entered_at(self, step: int) -> bool:
-        """The current epoch begins at `step` and every member has formed its groups and holds its layers (unbroken):
-        what remains of its migration is only its first step, which a decision at `step`'s boundary replaces."""
+        """The current epoch begins at `step`, every member has formed its groups and holds its layers, it is unbroken,
+        and no holder of its base waits outside it for its commit: what remains of its migration is only its first
+        step, which a decision at `step`'s boundary replaces."""
         cur = self.in_force
-        return cur.start_step == step and self.ready() == set(cur.members) and self.epoch_broken() is None
+        if cur.start_step != step or self.ready() != set(cur.members) or self.epoch_broken() is not None:
+            return False
+        base = self._by_number.get(cur.base_number)
+        return base is None or set(base.members) - self.dead <= set(cur.members)
 
     def seal(self) -> bool:
         """After a failure: decide once whether the current epoch's migration committed. Its first step's decision
@@ -573,11 +579,40 @@ class Coordinator:
             self._resolve(step, TRAIN)
 
     # -- epochs ------------------------------------------------------------------------------------------
+    def prepare(
+        self, step: int, strategy: tuple[int, int] | None = None, preempt: Iterable[int] = (), added: Iterable[int] = ()
+    ) -> Epoch | None:
+        """Publish, ahead of the boundary before `step`, the epoch `reconfigure` would decide there with the same
+        arguments (added instances must have joined), so that its members and transfer parties form its process groups
+        while the current epoch trains. Returns that epoch (its `prepared` set), or None when nothing would change.
+        The boundary's decision uses it only if it comes out the same (`reconfigure`); anything published first (a
+        recovery, a restart, another reconfiguration) overtakes it, and its groups are left unused."""
+        if self.current is None:
+            raise RuntimeError("prepare before start")
+        alive = (self.joined() & (self.admitted | set(added))) - self.preempted - self.dead  # as `reconfigure` sees it
+        try:
+            epoch = next_epoch(self.current, step, alive, self.sizes, strategy, tuple(sorted(preempt)),
+                               self.spec.train.global_batch)  # fmt: skip
+        except PlanError:
+            return None  # not possible as things stand (an added instance did not join): the boundary decides
+        if epoch is None or epoch.kind is MigrationKind.CHECKPOINT_RESTART:
+            return None
+        self._preparations += 1
+        p = self._preparations
+        epoch = replace(epoch, prepared=p)
+        self.store.set(keys.prepare(p), epoch.to_json())
+        self.store.set(keys.PREPARE_LATEST, str(p))
+        self._prepared = epoch
+        self.log.append({"step": epoch.start_step, "event": "prepare", "preparation": p, "kind": epoch.kind.value,
+                         "strategy": [epoch.D, epoch.P]})  # fmt: skip
+        return epoch
+
     def _publish(self, epoch: Epoch, source: str = "schedule") -> None:
         if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
             # which shard holds which layer: a worker loads only its layers' shards, fetching what its disk lacks
             cut = self.checkpoint_cut(epoch.restore_step)
             self.store.set(keys.ckpt_restore(epoch.number), json.dumps(cut, sort_keys=True))
+        self._prepared = None  # a preparation serves the next epoch published, or none
         blob = epoch.to_json()
         self._by_number[epoch.number] = epoch
         self._sources[epoch.number] = source
@@ -634,10 +669,15 @@ class Coordinator:
             source = "sigterm"
         self.admitted |= set(added)
         epoch = next_epoch(self.current, s, self.alive(), self.sizes, strategy, preempt, self.spec.train.global_batch)
+        ahead = self._prepared
+        if epoch is not None and ahead is not None and replace(epoch, prepared=ahead.prepared) == ahead:
+            epoch = ahead  # what was prepared: its groups are formed (or forming) already
         entry = {"step": s, "event": "reconfigure", "strategy": list(strategy) if strategy else None,
                  "preempt": list(preempt), "added": sorted(added), "source": source}  # fmt: skip
         if noticed:
             entry["noticed"] = list(noticed)
+        if epoch is not None and epoch.prepared is not None:
+            entry["prepared"] = epoch.prepared
         if epoch is not None:
             self._publish(epoch, source)
             self._noticed[epoch.number] = noticed
@@ -800,7 +840,7 @@ class Coordinator:
         checkpoint `restore_step` into `strategy`. Checkpoint files of later steps are deleted first. `source`: what
         made it (default: "failure" after a loss, else "schedule")."""
         cur = self.in_force
-        lost = self.dead & self.holders()
+        lost = (self.dead & self.holders()) - set(cur.lost)  # (those the current epoch was planned without: counted)
         broken = self._broken_epochs()
         epoch = restart_epoch(cur, restore_step, self.alive(), self.sizes.cut, strategy,
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
@@ -891,7 +931,8 @@ class Coordinator:
         "sigterm" (a preemption notice a worker received as a signal), "failure" (a recovery). noticed: the
         preempted workers whose notice it acts on; notice_to_exit_s: the longest time from such a notice (the signal)
         to the worker's exit (None when none exited). abandoned: the migration was rolled back (a death during its
-        hand-off, before its first step was applied); the next epoch replaced it.
+        hand-off, before its first step was applied); the next epoch replaced it. prepared: its groups were formed
+        ahead, while the old epoch trained (`prepare`).
         """
         n = e.number
         arrive = self._times(keys.arrive, n, e.previous)
@@ -925,6 +966,7 @@ class Coordinator:
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
+            "prepared": e.prepared is not None,
         }  # fmt: skip
 
     def epoch_spans(self) -> list[dict[str, Any]]:

@@ -62,6 +62,7 @@ class Driver:
         cfg = coord.config
         self.coord, self.provider, self.groups, self.steps = coord, provider, list(groups), cfg.steps
         self.deadline, self.pg_timeout_s = deadline, cfg.control.pg_timeout_s
+        self.prepare = cfg.control.prepare  # scheduled reconfigurations: their groups form a step ahead
         self.max_processes = max_processes
         self.keep_checkpoints = cfg.checkpoint.keep  # complete checkpoints kept on disk (0: all)
         self.committer: StepCommitter | None = None  # manifests of the steps workers uploaded (checkpoint.uri)
@@ -433,6 +434,8 @@ class Driver:
         if g.add and i not in self._started:
             self._started[i] = self.start_instances(g.add)
         added = self._started.get(i, [])
+        if self.prepare and not g.restart:
+            self.prepare_ahead(g, added)
         self.await_boundary(g.step)
         self._deciding = True
         try:
@@ -455,6 +458,30 @@ class Driver:
             self._deciding = False
         if g.kill:
             self.kill(g.step, g.kill)
+
+    def prepare_ahead(self, g: EventGroup, added: Sequence[int]) -> None:
+        """A step before scheduled group `g`'s boundary (once its predecessor is committed), publish the epoch it will
+        decide there (`Coordinator.prepare`): its members form its groups while the current epoch trains, and the
+        boundary only swaps them. What happens meanwhile (a notice, a death) changes the decision, and the
+        preparation goes unused: nothing is lost but the time it saves."""
+        c = self.coord
+        if g.step - 1 <= c.first_step:
+            return  # no step to prepare during
+
+        def late() -> bool:  # the epoch in force begins too late to commit before the boundary (a recovery)
+            return c.in_force.start_step >= g.step - 1
+
+        self.wait(lambda: late() or (self.live_at(g.step - 2) and c.committed()),
+                  f"training to start step {g.step - 2} (before preparing step {g.step})")  # fmt: skip
+        if late():
+            return
+        self._deciding = True
+        try:
+            added = self.wait_joined(added)
+            preempt, _ = self._departures(g.preempt)
+            c.prepare(g.step, g.strategy, preempt, added)
+        finally:
+            self._deciding = False
 
     def step_in_flight(self) -> int:
         """The latest step a member of the current epoch has started (-1 before any)."""

@@ -436,7 +436,8 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
     reconfiguration (kind, notice, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
     final parameter checksum."""
     keep = ("epoch", "kind", "notice", "source", "step", "strategy", "preempted", "lost", "pause_s", "hold_s",
-            "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned")  # fmt: skip
+            "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned",
+            "prepared")  # fmt: skip
     return {
         "loss": list(result["loss"]),
         "first_step": result.get("first_step", 0),

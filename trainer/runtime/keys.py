@@ -14,6 +14,11 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
                            `trainer.runtime.store`. Every other value is sealed with the job's key, counters (add)
                            aside
   epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
+  epoch/prep/{p}, .../latest  preparation p: the epoch the driver expects to decide at a coming boundary (its
+                           `prepared` = p), published a step or more ahead so that its members and transfer parties
+                           form its groups (on prefix prep{p}) while the old epoch trains; and the latest p. The
+                           epoch decided at the boundary uses them only if it is that epoch (else it forms its own)
+  ctl/prep/{p}/{id}        when worker id finished forming preparation p's groups
   ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
   ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
   ctl/worker/{id}          the registered process's pid
@@ -103,6 +108,17 @@ EPOCH_CURRENT = "epoch/current"
 
 def epoch(n: int) -> str:
     return f"epoch/{n}"
+
+
+PREPARE_LATEST = "epoch/prep/latest"
+
+
+def prepare(p: int) -> str:
+    return f"epoch/prep/{p}"
+
+
+def prepared(p: int, w: int) -> str:
+    return f"ctl/prep/{p}/{w}"
 
 
 # -- membership and liveness -------------------------------------------------------------------------------------

@@ -67,7 +67,9 @@ class Epoch:
 
     An `Epoch` is to a training run what a `WorkerGroup` is to torchelastic's agent: the set of processes that
     train together until the next reconfiguration. Epoch `number` n uses the process groups on
-    `PrefixStore(f"epoch{n}")`; epoch n+1 replaces it at the boundary before `start_step`.
+    `PrefixStore(f"epoch{n}")` — or, when it was `prepared` (published ahead as preparation p, its groups formed by
+    its members while the old epoch trained), on `PrefixStore(f"prep{p}")`; epoch n+1 replaces it at the boundary
+    before `start_step`.
 
     What changes at a migration: everything here. In particular a worker's **rank is not stable across epochs**
     (rank = stage * D + replica of *this* epoch); its stable identity is the worker id. `transfers` says which
@@ -96,6 +98,7 @@ class Epoch:
     restore_step: int | None = None  # checkpoint-restart: the checkpoint every member loads (0: the initial weights)
     steps_lost: int = 0  # checkpoint-restart: committed steps thrown away and recomputed
     base: int | None = None  # the epoch whose holders' state it is planned from (None: number - 1)
+    prepared: int | None = None  # the preparation whose groups, formed ahead while training, it uses (None: none)
 
     def __post_init__(self) -> None:
         StageLayout(self.D, self.P, tuple(self.bounds))  # validates the geometry
@@ -129,6 +132,16 @@ class Epoch:
         return self.layers(role[0]) if role else range(0)
 
     @property
+    def group_prefix(self) -> str:
+        """The store prefix its process groups form on: its own, or its preparation's (formed before the boundary)."""
+        return f"epoch{self.number}" if self.prepared is None else f"prep{self.prepared}"
+
+    @property
+    def transfer_prefix(self) -> str:
+        """The store prefix of the group its transfers use."""
+        return f"xfer{self.number}" if self.prepared is None else f"prep{self.prepared}/xfer"
+
+    @property
     def transfer_parties(self) -> tuple[int, ...]:
         """Workers that send or receive at this epoch's boundary, in id order (their rank in the transfer group)."""
         return tuple(sorted({t.src for t in self.transfers} | {t.dst for t in self.transfers}))
@@ -141,7 +154,7 @@ class Epoch:
                 "kind": self.kind.value, "transfers": [list(t) for t in self.transfers],
                 "preempted": list(self.preempted), "previous": list(self.previous), "notice": self.notice,
                 "bytes_planned": self.bytes_planned, "lost": list(self.lost), "restore_step": self.restore_step,
-                "steps_lost": self.steps_lost, "base": self.base,
+                "steps_lost": self.steps_lost, "base": self.base, "prepared": self.prepared,
             }, sort_keys=True,
         )  # fmt: skip
 
@@ -154,7 +167,7 @@ class Epoch:
             kind=MigrationKind(d["kind"]), transfers=tuple(Transfer(*t) for t in d["transfers"]),
             preempted=tuple(d["preempted"]), previous=tuple(d["previous"]), notice=d["notice"],
             bytes_planned=d["bytes_planned"], lost=tuple(d.get("lost", ())), restore_step=d.get("restore_step"),
-            steps_lost=d.get("steps_lost", 0), base=d.get("base"),
+            steps_lost=d.get("steps_lost", 0), base=d.get("base"), prepared=d.get("prepared"),
         )  # fmt: skip
 
 

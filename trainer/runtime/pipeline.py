@@ -296,16 +296,19 @@ def init_epoch(
     timeout: timedelta,
     abort: Callable[[], str | None] | None = None,
     check_s: float = 0.02,
+    prefix: str | None = None,
 ) -> EpochGroups:
-    """Join epoch `epoch`: its world group on `PrefixStore(f"epoch{epoch}")`, then this stage's DP group.
+    """Join epoch `epoch`: its world group on `PrefixStore(prefix)` (default f"epoch{epoch}"), then this stage's DP
+    group.
 
     Blocks until every rank of the epoch (resp. of the stage) has joined, or `timeout`.
     """
-    world = gloo_group(store, f"epoch{epoch}", rank, strategy.world_size, timeout)
+    prefix = f"epoch{epoch}" if prefix is None else prefix
+    world = gloo_group(store, prefix, rank, strategy.world_size, timeout)
     stage, replica = strategy.coords(rank)
     dp = None
     if strategy.D > 1:
-        dp = gloo_group(store, f"epoch{epoch}/dp{stage}", replica, strategy.D, timeout)
+        dp = gloo_group(store, f"{prefix}/dp{stage}", replica, strategy.D, timeout)
     return EpochGroups(epoch=epoch, rank=rank, world=world, dp=dp, abort=abort, check_s=check_s)
 
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.distributed_c10d import Store
@@ -186,6 +186,19 @@ def _unpack(data: torch.Tensor) -> dict[str, LayerState]:
     return bundle
 
 
+@dataclass
+class _Prepared:
+    """The process groups of a preparation (`trainer.runtime.keys.prepare`), formed by a helper thread while the old
+    epoch trains: the transfer group if this worker sends or receives, the epoch's groups if it is a member."""
+
+    epoch: Epoch
+    thread: threading.Thread | None = None
+    xfer: Any = None  # a gloo process group
+    groups: EpochGroups | None = None
+    error: BaseException | None = None
+    store: Store | None = None  # the helper's own store client (kept while its groups live)
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker process is started with; everything else comes from the coordinator's store."""
@@ -229,6 +242,8 @@ class Worker:
         self._mirror: CheckpointMirror | None = None  # the job's checkpoint URI, if it has one (set by `join`)
         self._uploads: ShardUploader | None = None  # this worker's shard uploads to it
         self._upload_errors: list[str] = []
+        self._prep_watch = 1  # the next preparation number to look at
+        self._preps: dict[int, _Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
 
     # -- plumbing ----------------------------------------------------------------------------------------
     @property
@@ -334,6 +349,8 @@ class Worker:
         # read the current epoch *before* registering: any epoch that includes us is published after that
         if self.store.check([keys.EPOCH_CURRENT]):
             self.watch = Epoch.from_json(self.store.get(keys.EPOCH_CURRENT)).number + 1
+        if self.store.check([keys.PREPARE_LATEST]):  # the latest preparation may be for an epoch that includes us
+            self._prep_watch = int(self.store.get(keys.PREPARE_LATEST))
         # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
         threading.Thread(
             target=_heartbeat, args=(s.host, s.port, s.token, self.id, self.job.hb_interval_s, s.store_timeout_s,
@@ -365,6 +382,7 @@ class Worker:
                         self._to(WorkerState.MIGRATING)
                     return
                 continue
+            self._prepare_ahead()
             pkey = keys.preempt(self.id)
             if self.store.check([pkey]) and int(self.store.get(pkey)) < self.watch:
                 self._to(WorkerState.PREEMPTED)
@@ -473,6 +491,7 @@ class Worker:
                     break
                 step = self.step
                 self._report_uploads()
+                self._prepare_ahead()
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step))
@@ -638,13 +657,75 @@ class Worker:
             raise MigrationAbandoned(f"forming the groups of epoch {number} failed: {errors[0]}")
         return formed[0]
 
+    def _prepare_ahead(self) -> None:
+        """Start forming the groups of each newly published preparation of an epoch this worker takes part in, in a
+        helper thread on a store client of its own, while training (or standing by) goes on. A newer preparation
+        overtakes older ones: they are dropped (a helper still blocked in a rendezvous ends at the group timeout)."""
+        while self.store.check([keys.prepare(self._prep_watch)]):
+            p = self._prep_watch
+            self._prep_watch += 1
+            epoch = Epoch.from_json(self.store.get(keys.prepare(p)))
+            member, party = self.id in epoch.assignment, self.id in epoch.transfer_parties
+            if epoch.number < self.watch or not (member or party):
+                continue
+            self._preps = {q: prep for q, prep in self._preps.items() if q > p}
+            prep = _Prepared(epoch)
+            prep.thread = threading.Thread(target=self._form_ahead, args=(p, prep, member, party),
+                                           name="parcae-prepare", daemon=True)  # fmt: skip
+            self._preps[p] = prep
+            prep.thread.start()
+
+    def _form_ahead(self, p: int, prep: _Prepared, member: bool, party: bool) -> None:
+        """The helper thread of preparation `p`: the transfer group, then the epoch's groups (the order of
+        `_migrate`, so that no two workers wait on each other in opposite orders)."""
+        try:
+            s, e = self.spec, prep.epoch
+            prep.store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            if party:
+                parties = e.transfer_parties
+                prep.xfer = gloo_group(prep.store, e.transfer_prefix, parties.index(self.id), len(parties),
+                                       self._pg_timeout())  # fmt: skip
+            if member:
+                n = e.number
+                prep.groups = init_epoch(prep.store, n, e.strategy, e.rank(self.id), self._pg_timeout(),
+                                         abort=lambda: self._epoch_abort(n), prefix=e.group_prefix)  # fmt: skip
+            prep.store.set(keys.prepared(p, self.id), repr(time.time()))
+        except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
+            prep.error = exc
+
+    def _take_prepared(self, epoch: Epoch, part: str) -> Any:
+        """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
+        (checking the epoch's abort flag, as `_form` does); None when the epoch was not prepared or this worker did
+        not prepare it (it then forms them itself, on the same prefix). `MigrationAbandoned` if forming failed."""
+        p = epoch.prepared
+        prep = self._preps.get(p) if p is not None else None
+        if p is None or prep is None or prep.epoch != epoch or prep.thread is None:
+            return None
+        delay = POLL_MIN_S
+        while getattr(prep, part) is None and prep.error is None and prep.thread.is_alive():
+            reason = self._epoch_abort(epoch.number)
+            if reason:
+                raise MigrationAbandoned(f"epoch {epoch.number} broke while its prepared groups formed: {reason}")
+            self._control()
+            time.sleep(delay)
+            delay = min(2 * delay, 0.01)
+        got = getattr(prep, part)
+        if got is None:
+            raise MigrationAbandoned(f"forming the prepared groups of epoch {epoch.number} failed: {prep.error}")
+        if part == "groups":
+            del self._preps[p]
+        return got
+
     def _transfer(self, epoch: Epoch) -> dict[str, LayerState]:
         """Send and receive this worker's share of `epoch.transfers`; returns what it received, by layer name.
         `MigrationAbandoned` (nothing received is kept) if a party dies or the epoch is flagged meanwhile."""
         parties = epoch.transfer_parties
         n = epoch.number
         rank = parties.index(self.id)
-        world = self._form(lambda store: gloo_group(store, f"xfer{n}", rank, len(parties), self._pg_timeout()), n)
+        world = self._take_prepared(epoch, "xfer")
+        if world is None:
+            world = self._form(lambda store: gloo_group(store, epoch.transfer_prefix, rank, len(parties),
+                                                        self._pg_timeout()), n)  # fmt: skip
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         names = layer_names(self.job.model)
         pairs: dict[tuple[int, int], list[int]] = {}
@@ -692,8 +773,11 @@ class Worker:
         rank = epoch.rank(self.id)
         failure: Exception | None = None
         try:
-            groups = self._form(lambda store: init_epoch(store, number, epoch.strategy, rank, self._pg_timeout(),
-                                                         abort=lambda: self._epoch_abort(number)), number)  # fmt: skip
+            groups = self._take_prepared(epoch, "groups")
+            if groups is None:
+                groups = self._form(lambda store: init_epoch(store, number, epoch.strategy, rank, self._pg_timeout(),
+                                                             abort=lambda: self._epoch_abort(number),
+                                                             prefix=epoch.group_prefix), number)  # fmt: skip
         except MigrationAbandoned as e:
             if not fresh:
                 raise
