@@ -43,13 +43,18 @@ REFERENCE = {
 }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def p3_arguments(description: str) -> argparse.ArgumentParser:
+    """The options of a benchmark over the p3 segments: models, look-ahead, segments, JSON output."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--models", default="gpt-1.5b,gpt-6.7b,bert,resnet152,vgg19")
     ap.add_argument("--look-ahead", type=int, default=8)
     ap.add_argument("--segments", default=",".join(SEGMENTS), help="comma-separated segment names")
     ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = p3_arguments(__doc__.splitlines()[0]).parse_args()
     wanted = [s.strip() for s in args.segments.split(",")]
     trace = load_trace("p3")
     out: dict = {}

@@ -17,7 +17,6 @@ only`, `notice only`). Each cell is samples trained / ideal's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -25,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.policy_comparison import SEGMENTS  # noqa: E402  (the reference's p3 segments)
+from benchmarks.policy_comparison import SEGMENTS, p3_arguments  # noqa: E402  (the reference's p3 segments)
 from forecasting import load_trace  # noqa: E402
 from liveput import FULL_STOP, CostModel, Preparation, SimulationConfig, Trigger, load_profile, simulate  # noqa: E402
 
@@ -42,12 +41,7 @@ GOAL = 0.95
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="gpt-1.5b,gpt-6.7b,bert,resnet152,vgg19")
-    ap.add_argument("--look-ahead", type=int, default=8)
-    ap.add_argument("--segments", default=",".join(SEGMENTS), help="comma-separated segment names")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args()
+    args = p3_arguments(__doc__.splitlines()[0]).parse_args()
     wanted = [s.strip() for s in args.segments.split(",")]
     trace = load_trace("p3")
     out: dict = {}

@@ -312,8 +312,7 @@ class ScenarioStore:
             return float(self._start(d, p, 0)[1][0])
         if p == P:
             return float(self._same_depth(D, P, d, 0)[1][0])
-        spec = self.cost.spec
-        miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
+        miss0 = self._healthy_missing(D, P, p)
         add = self._add(D, P, d, p, 0)
         if self.cost.preparation.enabled:
             ratio = self._old_over_new((D, P), (d, p))
@@ -337,13 +336,16 @@ class ScenarioStore:
             hit = self._floors[key] = np.array(low)
         return hit
 
+    def _healthy_missing(self, D: int, P: int, p: int) -> int:
+        """Parameters re-cutting D x P into p stages must fetch when no replica is lost (`healthy_missing`)."""
+        spec = self.cost.spec
+        return healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
+
     def _no_loss_time(self, D: int, P: int, d: int, p: int) -> MigrationTime:
         """The `MigrationTime` of moving (D, P) to (d, p) when no active instance is lost (D * P > 0)."""
         cm = self.cost
         if p != P:
-            spec = cm.spec
-            miss0 = healthy_missing(spec.layer_params, spec.partition(P), spec.partition(p), D)
-            return cm.pipeline_time(d, p, miss0, self._add(D, P, d, p, 0))
+            return cm.pipeline_time(d, p, self._healthy_missing(D, P, p), self._add(D, P, d, p, 0))
         if d == D:
             return MigrationTime(0.0)
         if d < D:
