@@ -34,7 +34,6 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRun
 from prefect.client.schemas.schedules import CronSchedule, IntervalSchedule  # noqa: E402
 from prefect.flows import load_flow_from_entrypoint  # noqa: E402
 from prefect.states import Failed  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
 from flows.collect_traces import collect_traces  # noqa: E402
 from flows.plan_interval import plan_interval  # noqa: E402
@@ -60,10 +59,10 @@ LOOK_AHEAD = 8
 TINY = dict(seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def prefect_server():
-    with prefect_test_harness(server_startup_timeout=90):
-        yield
+@pytest.fixture(scope="module", autouse=True)
+def _prefect(prefect_server: str) -> str:
+    """Every test here talks to the session's Prefect test server (tests/conftest.py)."""
+    return prefect_server
 
 
 @pytest.fixture(scope="module")

@@ -1,10 +1,11 @@
 """Tests for the `train` flow (and the fail-fast settings of the flows): a real job, a real MLflow store.
 
-One Prefect test server for the module (`prefect_test_harness`, its home under a temporary folder, telemetry off)
-and one temporary MLflow SQLite store. The flow runs a real elastic job (worker processes, gloo) replaying p3 on 3
-processes, planned by the liveput planner on a runtime profile file written by the test (an input, so the plans
-are known: 2x1 whenever two instances are alive). Resume is checked across a SIGKILL: the flow runs in a
-subprocess against the same Prefect server and MLflow store, is killed after its first checkpoint, and is run again.
+The session's Prefect test server (tests/conftest.py: `prefect_test_harness`, its home under a temporary folder,
+telemetry off) and one temporary MLflow SQLite store. The flow runs a real elastic job (worker processes, gloo)
+replaying p3 on 3 processes, planned by the liveput planner on a runtime profile file written by the test (an
+input, so the plans are known: 2x1 whenever two instances are alive). Resume is checked across a SIGKILL: the flow
+runs in a subprocess against the same Prefect server and MLflow store, is killed after its first checkpoint, and is
+run again.
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - acti
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey  # noqa: E402
-from prefect.settings import PREFECT_API_URL  # noqa: E402
-from prefect.testing.utilities import prefect_test_harness  # noqa: E402
 
 from flows.train import train  # noqa: E402
 from parcae import settings  # noqa: E402
@@ -45,9 +44,9 @@ STEPS, SPI, CHECKPOINT_EVERY = 30, 2, 10
 
 
 @pytest.fixture(scope="module", autouse=True)
-def prefect_server():
-    with prefect_test_harness(server_startup_timeout=90):
-        yield PREFECT_API_URL.value()
+def _prefect(prefect_server: str) -> str:
+    """Every test here talks to the session's Prefect test server (tests/conftest.py)."""
+    return prefect_server
 
 
 @pytest.fixture(scope="module")
