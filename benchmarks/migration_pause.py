@@ -58,8 +58,10 @@ KINDS = ("intra-stage", "inter-stage", "pipeline", "notice", "addition", "checkp
 GAP = 3  # steps between reconfigurations: lets every worker reach steady state (and the pause end be visible)
 
 
-def schedule(cycles: int, kill: bool, warmup: int = 3) -> tuple[list[dict], dict[int, str], int]:
-    """The events, the kind each reconfiguration step measures, and the job length."""
+def schedule(cycles: int, kill: bool, warmup: int = 24) -> tuple[list[dict], dict[int, str], int]:
+    """The events, the kind each reconfiguration step measures, and the job length. `warmup` steps come first: the
+    added instance (spawned at the start, beside 4 training processes on 2 cores) needs ~5 s to import torch and
+    join, and an addition decided before it joined would hold the boundary for its boot, not its migration."""
     events: list[dict] = []
     labels: dict[int, str] = {}
     s = warmup

@@ -312,12 +312,19 @@ def init_epoch(
     return EpochGroups(epoch=epoch, rank=rank, world=world, dp=dp, abort=abort, check_s=check_s)
 
 
-def close_epoch(groups: EpochGroups | None = None) -> None:
+def close_epoch(groups: EpochGroups | None = None, *, background: bool = False) -> None:
     """Leave an epoch at a step boundary (no op pending). Dropping the last reference to `groups` releases them;
-    a default group some caller initialised itself is destroyed. Abandoned groups are never released."""
+    a default group some caller initialised itself is destroyed. Abandoned groups are never released.
+
+    `background`: release them in a helper thread. Destroying a gloo group takes ~20 ms (its device threads wind
+    down) with the GIL released: at a migration's boundary that is pure pause, so the next epoch need not wait."""
     if groups is not None and not groups.abandoned:
+        released = [g for g in (groups.world, groups.dp) if g is not None]
         groups.world = groups.dp = None
         groups.waiter.close()
+        if background and released:
+            threading.Thread(target=released.clear, name="parcae-release", daemon=True).start()
+        del released
     if dist.is_initialized():
         dist.destroy_process_group()
 
@@ -330,20 +337,24 @@ def make_optimizer(layer: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
     return opt
 
 
-def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer) -> LayerState:
+def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: bool = True) -> LayerState:
     """A snapshot of one layer: "param/<name>" and "<state key>/<name>" (exp_avg, exp_avg_sq, step) tensors.
 
-    Cloned, so it stays valid while training continues. Before the first step the optimiser has no state and only
-    parameters are included.
+    Cloned to host memory, so it stays valid while training continues. `copy=False`: the live tensors themselves
+    (detached, on their device), for a reader that copies them before training goes on (`trainer.runtime.wire.pack`
+    at a boundary). Before the first step the optimiser has no state and only parameters are included.
     """
     out: LayerState = {}
+
+    def snap(t: torch.Tensor) -> torch.Tensor:
+        return t.detach().to("cpu", copy=True) if copy else t.detach()  # host memory: sent, checkpointed, compared
+
     for name, p in layer.named_parameters():
-        out[f"param/{name}"] = p.detach().to("cpu", copy=True)  # host memory: sent, checkpointed, compared
+        out[f"param/{name}"] = snap(p)
         for key, value in optimizer.state.get(p, {}).items():
             if value is None:  # e.g. SGD's momentum_buffer without momentum: nothing to move
                 continue
-            out[f"{key}/{name}"] = (value.detach().to("cpu", copy=True) if torch.is_tensor(value)
-                                    else torch.tensor(value))  # fmt: skip
+            out[f"{key}/{name}"] = snap(value) if torch.is_tensor(value) else torch.tensor(value)
     return out
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import enum
-import io
 import json
 import math
 import os
@@ -39,7 +38,7 @@ import torch
 from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
-from trainer.runtime import checkpoint, keys
+from trainer.runtime import checkpoint, keys, wire
 from trainer.runtime.checkpoint_mirror import FINAL, CheckpointMirror, ShardUploader, gather_shards, mirror_for
 from trainer.runtime.devices import DeviceError, resolve_device
 from trainer.runtime.migration import Epoch, state_bytes
@@ -65,6 +64,8 @@ from trainer.runtime.trainspec import SpecError
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
 POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
+# how long the preparation watcher blocks in the store at a time (torch logs a warning line at each timeout)
+PREPARE_WAIT_S = 3600.0
 _T = TypeVar("_T")
 
 
@@ -175,17 +176,6 @@ def _heartbeat(
         return
 
 
-def _pack(bundle: Mapping[str, LayerState]) -> torch.Tensor:
-    buf = io.BytesIO()
-    torch.save(dict(bundle), buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _unpack(data: torch.Tensor) -> dict[str, LayerState]:
-    bundle: dict[str, LayerState] = torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
-    return bundle
-
-
 @dataclass
 class _Prepared:
     """The process groups of a preparation (`trainer.runtime.keys.prepare`), formed by a helper thread while the old
@@ -242,8 +232,11 @@ class Worker:
         self._mirror: CheckpointMirror | None = None  # the job's checkpoint URI, if it has one (set by `join`)
         self._uploads: ShardUploader | None = None  # this worker's shard uploads to it
         self._upload_errors: list[str] = []
-        self._prep_watch = 1  # the next preparation number to look at
+        self._prep_watch = 1  # the next preparation number to look at (the watcher thread's)
         self._preps: dict[int, _Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
+        self._preps_taken: set[int] = set()  # preparations the main thread forms itself (reached before started)
+        self._prep_lock = threading.Lock()  # guards the two above: the watcher and the main thread share them
+        self._stopped = threading.Event()  # set when `run` returns: the watcher starts nothing more
 
     # -- plumbing ----------------------------------------------------------------------------------------
     @property
@@ -358,6 +351,7 @@ class Worker:
             name="parcae-heartbeat", daemon=True,
         ).start()  # fmt: skip
         self._form_client()  # connect now rather than inside the first migration's pause
+        threading.Thread(target=self._watch_preparations, name="parcae-prepare-watch", daemon=True).start()
         self.store.set(keys.worker_pid(self.id), str(os.getpid()))
         self.store.append(keys.JOINED, f"{self.id},")
         self.incarnation = self.store.add(keys.joins(self.id), 1)
@@ -382,7 +376,6 @@ class Worker:
                         self._to(WorkerState.MIGRATING)
                     return
                 continue
-            self._prepare_ahead()
             pkey = keys.preempt(self.id)
             if self.store.check([pkey]) and int(self.store.get(pkey)) < self.watch:
                 self._to(WorkerState.PREEMPTED)
@@ -491,7 +484,6 @@ class Worker:
                     break
                 step = self.step
                 self._report_uploads()
-                self._prepare_ahead()
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step))
@@ -576,7 +568,7 @@ class Worker:
                 self._arrive(n, self._failed_at)
                 self._failed_at = None
                 _, held = self._held()
-                close_epoch(held.groups)
+                close_epoch(held.groups, background=True)  # released while the new epoch forms: no pause
             else:  # joining from standby: the old members must be at the boundary before groups can form
                 self._failed_at = None
                 self._poll(lambda: self._check_epoch(n) or self.store.add(keys.arrived(n), 0) >= len(new.previous))
@@ -657,23 +649,46 @@ class Worker:
             raise MigrationAbandoned(f"forming the groups of epoch {number} failed: {errors[0]}")
         return formed[0]
 
-    def _prepare_ahead(self) -> None:
-        """Start forming the groups of each newly published preparation of an epoch this worker takes part in, in a
-        helper thread on a store client of its own, while training (or standing by) goes on. A newer preparation
-        overtakes older ones: they are dropped (a helper still blocked in a rendezvous ends at the group timeout)."""
-        while self.store.check([keys.prepare(self._prep_watch)]):
-            p = self._prep_watch
+    def _watch_preparations(self) -> None:
+        """The preparation watcher (a thread, from `join` on): blocks in the store until the next preparation is
+        published (`Coordinator.prepare`, a step or more ahead of its boundary) and starts forming its groups at
+        once. Polling between steps, as the main thread could, would start them up to a step late: often too late
+        to be ready at the boundary."""
+        s = self.spec
+        try:
+            store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+        except Exception:  # noqa: BLE001 — the coordinator is gone: the main thread finds out by itself
+            return
+        while not self._stopped.is_set():
+            key = keys.prepare(self._prep_watch)
+            try:
+                store.wait([key], timedelta(seconds=PREPARE_WAIT_S))
+                blob = store.get(key)
+            except torch.distributed.DistStoreError as e:
+                if "timeout" in str(e):
+                    continue  # nothing new for an hour: wait again
+                return  # the store went away: the main thread finds out by itself
+            except Exception:  # noqa: BLE001 — (as above)
+                return
             self._prep_watch += 1
-            epoch = Epoch.from_json(self.store.get(keys.prepare(p)))
-            member, party = self.id in epoch.assignment, self.id in epoch.transfer_parties
-            if epoch.number < self.watch or not (member or party):
-                continue
+            self._start_preparation(self._prep_watch - 1, Epoch.from_json(blob))
+
+    def _start_preparation(self, p: int, epoch: Epoch) -> None:
+        """Form preparation `p`'s groups in a helper thread, if this worker takes part in its epoch. A newer
+        preparation overtakes older ones: they are dropped (a helper still blocked in a rendezvous ends at the group
+        timeout)."""
+        member, party = self.id in epoch.assignment, self.id in epoch.transfer_parties
+        if epoch.number < self.watch or not (member or party):
+            return
+        with self._prep_lock:
+            if p in self._preps_taken:  # the main thread reached its boundary first and forms them itself
+                return
             self._preps = {q: prep for q, prep in self._preps.items() if q > p}
             prep = _Prepared(epoch)
             prep.thread = threading.Thread(target=self._form_ahead, args=(p, prep, member, party),
                                            name="parcae-prepare", daemon=True)  # fmt: skip
             self._preps[p] = prep
-            prep.thread.start()
+        prep.thread.start()
 
     def _form_ahead(self, p: int, prep: _Prepared, member: bool, party: bool) -> None:
         """The helper thread of preparation `p`: the transfer group, then the epoch's groups (the order of
@@ -698,8 +713,14 @@ class Worker:
         (checking the epoch's abort flag, as `_form` does); None when the epoch was not prepared or this worker did
         not prepare it (it then forms them itself, on the same prefix). `MigrationAbandoned` if forming failed."""
         p = epoch.prepared
-        prep = self._preps.get(p) if p is not None else None
-        if p is None or prep is None or prep.epoch != epoch or prep.thread is None:
+        if p is None:
+            return None
+        with self._prep_lock:
+            prep = self._preps.get(p)
+            if prep is None:  # not started (yet): from now on the watcher leaves it to us
+                self._preps_taken.add(p)
+                return None
+        if prep.epoch != epoch or prep.thread is None:
             return None
         delay = POLL_MIN_S
         while getattr(prep, part) is None and prep.error is None and prep.thread.is_alive():
@@ -713,7 +734,8 @@ class Worker:
         if got is None:
             raise MigrationAbandoned(f"forming the prepared groups of epoch {epoch.number} failed: {prep.error}")
         if part == "groups":
-            del self._preps[p]
+            with self._prep_lock:
+                self._preps.pop(p, None)
         return got
 
     def _transfer(self, epoch: Epoch) -> dict[str, LayerState]:
@@ -737,8 +759,10 @@ class Worker:
             for (src, dst), layers in sorted(pairs.items()):
                 if src == self.id:
                     _, ctx = self._held()
-                    bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i]) for i in layers}
-                    data = _pack(bundle)
+                    # the live tensors: `pack` copies them once, straight into the buffer sent
+                    bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
+                              for i in layers}  # fmt: skip
+                    data = wire.pack(bundle)
                     size = torch.tensor([data.numel()], dtype=torch.int64)
                     groups.wait(groups.send(size, parties.index(dst)))
                     groups.wait(groups.send(data, parties.index(dst)))
@@ -748,14 +772,14 @@ class Worker:
                     groups.recv(size, parties.index(src))
                     data = torch.empty(int(size.item()), dtype=torch.uint8)
                     groups.recv(data, parties.index(src))
-                    got = _unpack(data)
+                    got = wire.unpack(data)
                     if set(got) != {names[i] for i in layers}:
                         raise RuntimeError(f"worker {self.id}: expected layers {layers} from {src}, got {sorted(got)}")
                     received.update(got)
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
-        close_epoch(groups)
+        close_epoch(groups, background=True)
         self.store.add(keys.epoch_bytes(n), sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
             self.store.set(keys.sent(n, self.id), str(sent))
@@ -837,6 +861,12 @@ class Worker:
     # -- the loop ----------------------------------------------------------------------------------------
     def run(self) -> int:
         """Run to a terminal state; returns the process exit code."""
+        try:
+            return self._run()
+        finally:
+            self._stopped.set()
+
+    def _run(self) -> int:
         try:
             self.join()
             while True:

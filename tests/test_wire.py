@@ -1,0 +1,61 @@
+"""The hand-off's byte layout (trainer.runtime.wire): every dtype and shape round-trips bit for bit, and a buffer
+that is not one is refused with a message, never read out of bounds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from trainer.runtime.wire import WireError, pack, unpack
+
+
+def _bundle() -> dict[str, dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "h.0": {"param/w": torch.randn(3, 5, generator=g), "exp_avg/w": torch.randn(3, 5, generator=g),
+                "step/w": torch.tensor(7.0)},
+        "h.1": {"param/b": torch.randn(4, generator=g).to(torch.bfloat16), "mask": torch.tensor([True, False]),
+                "ids": torch.arange(5, dtype=torch.int64), "half": torch.randn(3, generator=g).half(),
+                "empty": torch.zeros(0, 4), "t": torch.randn(2, 3, generator=g).t()},  # non-contiguous
+    }  # fmt: skip
+
+
+def test_every_tensor_round_trips_exactly():
+    bundle = _bundle()
+    got = unpack(pack(bundle))
+    assert got.keys() == bundle.keys()
+    for layer, state in bundle.items():
+        assert got[layer].keys() == state.keys()
+        for key, t in state.items():
+            assert got[layer][key].dtype == t.dtype and got[layer][key].shape == t.shape, (layer, key)
+            assert torch.equal(got[layer][key], t), (layer, key)
+
+
+def test_the_buffer_is_a_copy_taken_when_packed():
+    bundle = _bundle()
+    data = pack(bundle)
+    bundle["h.0"]["param/w"].add_(1.0)  # training goes on after the pack
+    assert not torch.equal(unpack(data)["h.0"]["param/w"], bundle["h.0"]["param/w"])
+
+
+@pytest.mark.parametrize("cut", [0, 5, 20, -20])  # -20: into the last tensor, past its padding
+def test_a_truncated_buffer_is_refused(cut):
+    data = pack(_bundle())
+    with pytest.raises(WireError):
+        unpack(data[:cut] if cut >= 0 else data[:cut])
+
+
+def test_a_forged_index_is_refused():
+    head = json.dumps([["h.0", "param/w", "torch.float32", [1000, 1000], 0, 4_000_000]]).encode()
+    data = torch.zeros(64 + len(head), dtype=torch.uint8)
+    data[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
+    data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
+    with pytest.raises(WireError, match="do not fit"):
+        unpack(data)
+    head = json.dumps([["h.0", "param/w", "torch.qint8", [1], 0, 1]]).encode()
+    data[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
+    data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
+    with pytest.raises(WireError, match="malformed"):
+        unpack(data[: 8 + len(head) + 16])
