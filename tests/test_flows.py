@@ -59,10 +59,7 @@ LOOK_AHEAD = 8
 TINY = dict(seed=1, n_estimators=60, learning_rate=0.1, num_leaves=15, min_child_samples=5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _prefect(prefect_server: str) -> str:
-    """Every test here talks to the session's Prefect test server (tests/conftest.py)."""
-    return prefect_server
+pytestmark = pytest.mark.usefixtures("prefect_server")  # the session's Prefect test server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -43,10 +43,7 @@ JOB = dict(model="tiny-gpt", workers=3, trace="p3", start_interval=49, interval_
 STEPS, SPI, CHECKPOINT_EVERY = 30, 2, 10
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _prefect(prefect_server: str) -> str:
-    """Every test here talks to the session's Prefect test server (tests/conftest.py)."""
-    return prefect_server
+pytestmark = pytest.mark.usefixtures("prefect_server")  # the session's Prefect test server (tests/conftest.py)
 
 
 @pytest.fixture(scope="module")

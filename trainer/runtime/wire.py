@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-LayerState = dict[str, torch.Tensor]
+from trainer.runtime.pipeline import LayerState
 
 ALIGN = 16  # bytes: >= the largest element size (complex128)
 _DTYPES = {str(t): t for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
@@ -82,9 +82,9 @@ def unpack(data: torch.Tensor) -> dict[str, LayerState]:
             if o % ALIGN or o + nbytes > size or nbytes != _numel(shape) * dt.itemsize:
                 raise WireError(f"layer {layer!r} state {key!r}: {nbytes} bytes at {off} do not fit {shape} {dtype}")
             out.setdefault(str(layer), {})[str(key)] = data[o : o + nbytes].view(dt).reshape(shape)
+    except WireError:
+        raise
     except (KeyError, TypeError, ValueError) as e:
-        if isinstance(e, WireError):
-            raise
         raise WireError(f"malformed index entry: {e}") from e
     return out
 

@@ -317,12 +317,17 @@ class Worker:
     def _pg_timeout(self) -> timedelta:
         return timedelta(seconds=self.job.pg_timeout_s)
 
+    def _connect(self) -> SealedStore:
+        """A new client of the coordinator's store: each thread that blocks in the store has its own."""
+        s = self.spec
+        return connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+
     # -- JOINING -----------------------------------------------------------------------------------------
     def join(self) -> None:
         """Connect, check the token, read the job, register. -> STANDBY"""
         s = self.spec
         try:
-            self._store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            self._store = self._connect()
         except StoreAuthError as e:
             raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
         self.store.append(keys.states(self.id), "JOINING@-;")
@@ -613,8 +618,7 @@ class Worker:
     def _form_client(self) -> Store:
         """The store client group formation uses: its own, as formation blocks in store waits in another thread."""
         if self._form_store is None:
-            s = self.spec
-            self._form_store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            self._form_store = self._connect()
         return self._form_store
 
     def _form(self, make: Callable[[Store], _T], number: int) -> _T:
@@ -654,9 +658,8 @@ class Worker:
         published (`Coordinator.prepare`, a step or more ahead of its boundary) and starts forming its groups at
         once. Polling between steps, as the main thread could, would start them up to a step late: often too late
         to be ready at the boundary."""
-        s = self.spec
         try:
-            store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            store = self._connect()
         except Exception:  # noqa: BLE001 — the coordinator is gone: the main thread finds out by itself
             return
         while not self._stopped.is_set():
@@ -694,8 +697,8 @@ class Worker:
         """The helper thread of preparation `p`: the transfer group, then the epoch's groups (the order of
         `_migrate`, so that no two workers wait on each other in opposite orders)."""
         try:
-            s, e = self.spec, prep.epoch
-            prep.store = connect_store(s.host, s.port, s.token, s.store_timeout_s, driver_key=s.driver_key)
+            e = prep.epoch
+            prep.store = self._connect()
             if party:
                 parties = e.transfer_parties
                 prep.xfer = gloo_group(prep.store, e.transfer_prefix, parties.index(self.id), len(parties),
