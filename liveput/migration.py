@@ -32,7 +32,7 @@ from types import MappingProxyType
 from typing import Any, Final
 
 from liveput.model_spec import ModelSpec, load_model_spec
-from liveput.network import P3_P2P, P2PTable
+from liveput.network import P3_P2P, GiB, P2PTable
 
 #: Bytes of a parameter's gradient (fp32): what a receiver still needs at the switch to catch up (`MigrationTime`).
 GRADIENT_BYTES: Final = 4
@@ -152,6 +152,7 @@ class CostConstants:
     build_ms: Mapping[int, float] = field(default_factory=dict)
     checkpoint_ms: float = 14000.0
     p2p: P2PTable = P3_P2P
+    memory_gib: float | None = None  # an instance's memory for training state (None: unknown, nothing built beside)
     source: str = "Parcae reference cost.py / monte_carlo.py at efedee7 (parcae-reference §D.2, §H)"
 
     def build(self, p: int) -> float:
@@ -171,8 +172,16 @@ def gpt15b_build_ms(p2p: P2PTable = P3_P2P) -> dict[int, float]:
     return {p: emb + 430.0 * math.ceil(48 / p) for p in range(1, 49)}
 
 
+#: A V100's memory for training state, as the reference's throughput estimate counts it (§E.5).
+REFERENCE_MEMORY_GIB: Final = 15.5
+
+
 def reference_constants(model: str) -> CostConstants:
-    """The reference's constants for one of its five models."""
+    """The reference's constants for one of its five models (on its V100s: `REFERENCE_MEMORY_GIB` each)."""
+    return replace(_reference_constants(model), memory_gib=REFERENCE_MEMORY_GIB)
+
+
+def _reference_constants(model: str) -> CostConstants:
     if model == "gpt-1.5b":
         return CostConstants(proc_ms=240.0, group_mode="groups", group_remove_ms=39.3, build_ms=gpt15b_build_ms())
     if model == "gpt-6.7b":
@@ -296,8 +305,9 @@ class CostModel:
     #   broadcast)                       GRADIENT_BYTES of each parameter's bytes_per_param) to reach its peers'
     #                                    state exactly at the switch
     #   build(p)                         lead for an inter-stage refill (only the receivers build a stage, and they
-    #                                    hold none, so memory is free for it); downtime for a pipeline re-cut (the
-    #                                    survivors rebuild their own stage: beside the old one it would not fit)
+    #                                    hold none, so memory is free for it); for a pipeline re-cut the survivors
+    #                                    build their new stage beside the old one they train: lead when both fit
+    #                                    the instance's memory (`builds_beside`), else downtime
     #   proc_ms                          downtime: the process switches engines at the boundary
     #   checkpoint_ms, a start           no preparation: nothing trains while they run
     def intra_stage_time(self, d: int, p: int) -> MigrationTime:
@@ -308,11 +318,26 @@ class CostModel:
         """An inter-stage refill whose transfers take ``moved_ms`` (the slowest parallel or the serial chain)."""
         return self._restart_time(moved_ms + self.restart_ms(d, p, add), d, p, add, moved_ms, build_ahead=True)
 
-    def pipeline_time(self, d: int, p: int, missing_params: int, add: bool) -> MigrationTime:
+    def pipeline_time(self, d: int, p: int, missing_params: int, add: bool, old_p: int | None = None) -> MigrationTime:
+        """A re-cut into p stages from ``old_p`` (None: unknown — the build stays in the downtime)."""
         c = self.constants
         moved = c.p2p.ms(missing_params * self.spec.bytes_per_param)
         moved += max(self.stage_transfer_ms(p)) if d > 1 else 0.0
-        return self._restart_time(self.pipeline_ms(d, p, missing_params, add), d, p, add, moved, build_ahead=False)
+        ahead = old_p is not None and self.builds_beside(old_p, p, missing_params)
+        return self._restart_time(self.pipeline_ms(d, p, missing_params, add), d, p, add, moved, build_ahead=ahead)
+
+    def builds_beside(self, old_p: int, p: int, missing_params: int) -> bool:
+        """Whether every survivor can build what it lacks of its p-stage stage while it still trains its ``old_p``
+        one (it keeps the layers it holds: layers are built, and move, one by one): the largest old stage's
+        training footprint plus the most one survivor can lack — all ``missing_params``, at most the largest new
+        stage — fit the instance's memory (`CostConstants.memory_gib`; unknown: no). The worst pairing, since any
+        survivor may take any stage."""
+        limit = self.constants.memory_gib
+        if limit is None:
+            return False
+        held = _old_footprint(self.spec, limit * GiB, old_p)
+        lacks = min(missing_params, max(self.spec.stage_params(p))) * self.spec.bytes_per_param
+        return held is not None and held + lacks <= limit * GiB
 
     def _restart_time(
         self, full_ms: float, d: int, p: int, add: bool, moved_ms: float, build_ahead: bool
@@ -360,6 +385,13 @@ class CostModel:
         """The reactive baseline (§H): checkpoint save + load, a serialised reload of every stage, restart."""
         ckpt = self.constants.checkpoint_ms if save else 0.0
         return self.restart_ms(d, p, add) + ckpt + sum(self.stage_transfer_ms(p))
+
+
+@cache
+def _old_footprint(spec: ModelSpec, limit_bytes: float, p: int) -> int | None:
+    """The largest training footprint of a p-stage cut's stages (None: it does not fit at all)."""
+    memory = spec.stage_memory(p, limit_bytes)
+    return None if memory is None else max(m.total_bytes for m in memory)
 
 
 def overlap_params(layer_params: Sequence[int], a: tuple[int, int], b: tuple[int, int]) -> int:

@@ -79,6 +79,50 @@ class ModelSpec:
         """Migratable state (weights + optimizer moments) of each stage, in bytes."""
         return tuple(n * self.bytes_per_param for n in self.stage_params(p))
 
+    @property
+    def boundary_bytes(self) -> int:
+        """One micro-batch's activations at a layer boundary (fp32): what a stage sends on, and what a
+        recomputing stage keeps per layer and micro-batch in flight (0 without seq_len/hidden)."""
+        return self.micro_batch * self.seq_len * self.hidden * 4
+
+    def stage_memory(self, p: int, limit_bytes: float, recompute: bool = True) -> tuple[StageMemory, ...] | None:
+        """What each stage of the p-stage cut holds while it trains under 1F1B, or None if a stage cannot fit.
+
+        A stage holds its state (``params * bytes_per_param``: fp32 weights + optimizer moments; gradients and
+        fp16 copies are ignored, as in the reference) plus the activations of the ``P - s`` micro-batches 1F1B
+        keeps in flight (``Layer.act_bytes`` summed over the stage). If that overflows ``limit_bytes`` and
+        ``recompute`` is on, the stage checkpoints: it keeps only each layer's input (`boundary_bytes`) per
+        in-flight micro-batch plus one layer's full activations (the reference's "recompute when (P - stage) *
+        acts > 15.5 GiB", §E.5). Otherwise it is infeasible.
+        """
+        cuts = self.partition(p)
+        out = []
+        for s in range(p):
+            layers = self.layers[cuts[s] : cuts[s + 1]]
+            state = sum(layer.params for layer in layers) * self.bytes_per_param
+            in_flight = p - s
+            acts = in_flight * sum(layer.act_bytes for layer in layers)
+            recomputed = state + acts > limit_bytes
+            if recomputed:
+                acts = in_flight * len(layers) * self.boundary_bytes + max(layer.act_bytes for layer in layers)
+                if not recompute or state + acts > limit_bytes:
+                    return None
+            out.append(StageMemory(state, acts, recomputed))
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes one pipeline stage holds while it trains (`ModelSpec.stage_memory`)."""
+
+    state_bytes: int
+    activation_bytes: int
+    recompute: bool  # the stage checkpoints its activations (and pays one more forward in backward)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes + self.activation_bytes
+
 
 @cache
 def _partition(n_layers: int, p: int) -> tuple[int, ...]:

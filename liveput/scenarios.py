@@ -316,7 +316,7 @@ class ScenarioStore:
         add = self._add(D, P, d, p, 0)
         if self.cost.preparation.enabled:
             ratio = self._old_over_new((D, P), (d, p))
-            return self._prepared_pipeline_ms(d, p, miss0, add, self.cost.trigger(False, add), ratio)
+            return self._prepared_pipeline_ms(P, d, p, miss0, add, self.cost.trigger(False, add), ratio)
         return self._pipeline_ms(d, p, miss0, add)
 
     def _notice_floors(self, current: Strategy, targets: tuple[Strategy, ...], base: np.ndarray) -> np.ndarray:
@@ -345,7 +345,7 @@ class ScenarioStore:
         """The `MigrationTime` of moving (D, P) to (d, p) when no active instance is lost (D * P > 0)."""
         cm = self.cost
         if p != P:
-            return cm.pipeline_time(d, p, self._healthy_missing(D, P, p), self._add(D, P, d, p, 0))
+            return cm.pipeline_time(d, p, self._healthy_missing(D, P, p), self._add(D, P, d, p, 0), old_p=P)
         if d == D:
             return MigrationTime(0.0)
         if d < D:
@@ -616,11 +616,12 @@ class ScenarioStore:
                 costs[k] = sum(w * self._pipeline_ms(d, p, miss, add) for miss, w in law[k].items()) / total
             else:
                 trigger = self.cost.trigger(k > 0, add)
-                costs[k] = sum(w * self._prepared_pipeline_ms(d, p, miss, add, trigger, ratio, not fresh)
+                costs[k] = sum(w * self._prepared_pipeline_ms(P, d, p, miss, add, trigger, ratio, not fresh)
                                for miss, w in law[k].items()) / total  # fmt: skip
         return probs, costs
 
     def _prepared_pipeline_ms(
-        self, d: int, p: int, missing: int, add: bool, trigger: Trigger, ratio: float, standbys: bool = False
+        self, P: int, d: int, p: int, missing: int, add: bool, trigger: Trigger, ratio: float, standbys: bool = False
     ) -> float:
-        return self.cost.effective_ms(self.cost.pipeline_time(d, p, missing, add), trigger, ratio, standbys)
+        time = self.cost.pipeline_time(d, p, missing, add, old_p=P)
+        return self.cost.effective_ms(time, trigger, ratio, standbys)

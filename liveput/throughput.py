@@ -432,36 +432,21 @@ class _StagePlan:
     params: tuple[int, ...]
 
 
-def _stage_plan(spec: ModelSpec, p: int, memory_gib: float, boundary_bytes: int, recompute: bool) -> _StagePlan | None:
-    """Stage costs for P stages under the memory model, or None when some stage cannot fit.
-
-    Memory per stage s (bytes): ``params * 4 * (1 + optim_states)`` (fp32 weights + optimizer moments;
-    gradients and fp16 copies are ignored, as in the reference) plus activations of the ``P - s``
-    micro-batches 1F1B keeps in flight (``Layer.act_bytes`` summed over the stage). If that overflows
-    and ``recompute`` is on, the stage checkpoints: it keeps only each layer's input (``boundary_bytes``)
-    per in-flight micro-batch plus one layer's full activations, and pays one extra forward in backward
-    (the reference's "recompute when (P - stage) * acts > 15.5 GiB", §E.5). Otherwise it is infeasible.
-    """
+def _stage_plan(spec: ModelSpec, p: int, memory_gib: float, recompute: bool) -> _StagePlan | None:
+    """Stage costs for P stages under the memory model (`ModelSpec.stage_memory`), or None when some stage
+    cannot fit; a stage that recomputes its activations pays one extra forward in backward."""
+    memory = spec.stage_memory(p, memory_gib * GiB, recompute)
+    if memory is None:
+        return None
     cuts = spec.partition(p)
-    limit = memory_gib * GiB
     fwd, bwd, opt, params = [], [], [], []
     for s in range(p):
         layers = spec.layers[cuts[s] : cuts[s + 1]]
         f = sum(layer.fwd_ms for layer in layers)
-        b = sum(layer.bwd_ms for layer in layers)
-        n_params = sum(layer.params for layer in layers)
-        state = n_params * spec.bytes_per_param
-        in_flight = p - s
-        full_acts = in_flight * sum(layer.act_bytes for layer in layers)
-        if state + full_acts > limit:
-            ckpt = in_flight * len(layers) * boundary_bytes + max(layer.act_bytes for layer in layers)
-            if not recompute or state + ckpt > limit:
-                return None
-            b += f
         fwd.append(f)
-        bwd.append(b)
+        bwd.append(sum(layer.bwd_ms for layer in layers) + (f if memory[s].recompute else 0.0))
         opt.append(sum(layer.opt_ms for layer in layers))
-        params.append(n_params)
+        params.append(sum(layer.params for layer in layers))
     return _StagePlan(tuple(fwd), tuple(bwd), tuple(opt), tuple(params))
 
 
@@ -497,13 +482,12 @@ def estimate_profile(
     if not any(layer.fwd_ms or layer.bwd_ms for layer in spec.layers):
         raise ValueError(f"{spec.name}: the layer spec has no forward/backward times; profile them first")
     micro = spec.micro_batch
-    boundary = micro * spec.seq_len * spec.hidden * 4
-    edge_ms = p2p.ms(boundary)
+    edge_ms = p2p.ms(spec.boundary_bytes)
     top_p = spec.n_layers if spec.n_layers == 1 else spec.n_layers - 1
     hi = min(top_p, max_instances, max_p if max_p is not None else top_p)
     table: dict[Strategy, float] = {}
     for p in range(max(min_p, 1), hi + 1):
-        plan = _stage_plan(spec, p, memory_gib, boundary, recompute)
+        plan = _stage_plan(spec, p, memory_gib, recompute)
         if plan is None:
             continue
         for d in range(1, max_instances // p + 1):

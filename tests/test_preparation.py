@@ -36,6 +36,8 @@ PROFILE = small_profile()
 SHORT = small_cost().prepared(Preparation(notice_s=1.5, slowdown=0.2))
 LONG = small_cost().prepared(Preparation(notice_s=120.0))
 NO_NOTICE = small_cost().prepared(Preparation(notice_s=0.0))
+#: memory for some re-cuts' survivors to build beside the stage they train, and not for others (`builds_beside`)
+BESIDE = small_cost(memory_gib=1.2).prepared(Preparation(notice_s=1.5, slowdown=0.2))
 TARGETS = tuple((d, p) for p in range(1, 6) for d in range(1, 5))
 
 
@@ -71,7 +73,8 @@ def _scenario_ms(cost: CostModel, N, D, P, n_out, d, p, survivors, lost_active) 
         time = cost.inter_stage_time(d, p, moved, add)
         return MigrationKind.INTER_STAGE, cost.effective_ms(time, trigger, ratio, standbys)
     missing = assign_stages(spec.layer_params, spec.partition(P), spec.partition(p), list(survivors))[1]
-    return MigrationKind.PIPELINE, cost.effective_ms(cost.pipeline_time(d, p, missing, add), trigger, ratio, standbys)
+    time = cost.pipeline_time(d, p, missing, add, old_p=P)
+    return MigrationKind.PIPELINE, cost.effective_ms(time, trigger, ratio, standbys)
 
 
 def brute_force_outcome(cost, N, D, P, n_in, n_out):
@@ -100,7 +103,9 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("cost", [SHORT, LONG, NO_NOTICE], ids=["short-notice", "long-notice", "no-notice"])
+@pytest.mark.parametrize(
+    "cost", [SHORT, LONG, NO_NOTICE, BESIDE], ids=["short-notice", "long-notice", "no-notice", "build-beside"]
+)
 @pytest.mark.parametrize("D, P, n_out, idle, n_in", CASES)
 def test_prepared_outcomes_match_brute_force_and_bounds_bracket_them(cost, D, P, n_out, idle, n_in):
     N = D * P + idle
@@ -119,16 +124,17 @@ OPT_CASES = [(T, f, s) for T in (60.0, 5.0) for f in FORECASTS for s in STATES
              if STATES[s].strategy[0] * STATES[s].strategy[1] <= FORECASTS[f][0].prev_available]  # fmt: skip
 
 
+@pytest.mark.parametrize("cost", [SHORT, BESIDE], ids=["short-notice", "build-beside"])
 @pytest.mark.parametrize("T, fname, sname", OPT_CASES)
-def test_the_planner_stays_exact_with_prepared_migrations(T, fname, sname):
+def test_the_planner_stays_exact_with_prepared_migrations(T, fname, sname, cost):
     """The lazy search (whose pruning rests on the bounds) finds the brute force's best sequence."""
     forecast, current = FORECASTS[fname], STATES[sname]
-    store = ScenarioStore(PROFILE, SHORT)
+    store = ScenarioStore(PROFILE, cost)
     best, _ = brute_force(store, forecast, current, T)
     config = PlannerConfig(interval_s=T, look_ahead=len(forecast))
     got = plan(store, forecast, current, config)
     assert got.expected_samples == pytest.approx(best, rel=1e-9, abs=1e-9)
-    full = plan(ScenarioStore(PROFILE, SHORT), forecast, current, config, exhaustive=True)
+    full = plan(ScenarioStore(PROFILE, cost), forecast, current, config, exhaustive=True)
     assert [s.strategy for s in full.steps] == [s.strategy for s in got.steps]
     total, _, _ = replay(store, forecast, current, [s.strategy for s in got.steps], T)
     assert total == pytest.approx(best, rel=1e-9, abs=1e-9)
@@ -177,6 +183,32 @@ def test_the_split_keeps_the_reference_s_full_cost_and_adds_only_the_catch_up():
     assert t.lead_ms + t.down_ms == pytest.approx(t.full_ms + moved * 4 / cost.spec.bytes_per_param)
     intra = cost.intra_stage_time(4, 8)
     assert (intra.full_ms, intra.down_ms) == (cost.intra_stage_ms(4, 8), c.proc_ms)
+
+
+def test_a_re_cut_builds_beside_the_old_stage_only_where_memory_holds_both():
+    """Survivors build what they lack of their new stage while they train the old one when the largest old stage's
+    training footprint plus what one survivor can lack fit the instance's memory; then the build is lead time."""
+    cost = CostModel.reference("gpt-1.5b", Preparation())
+    c, spec = cost.constants, cost.spec
+    assert c.memory_gib == 15.5  # the reference's V100s
+    # P = 8: stage 0 trains with 8 micro-batches in flight (13.1 GiB); a stage of 12 (2.3 GiB of state) fits beside
+    assert cost.builds_beside(8, 12, missing_params=10**9)
+    # P = 12: 14.9 GiB in training; a whole stage of 8 (3 GiB) does not fit, a few layers do
+    assert not cost.builds_beside(12, 8, missing_params=10**9)
+    assert cost.builds_beside(12, 8, missing_params=10_000_000)
+    fits = cost.pipeline_time(2, 12, 10**9, add=False, old_p=8)
+    full = cost.pipeline_time(2, 8, 10**9, add=False, old_p=12)
+    for t, p in ((fits, 12), (full, 8)):
+        moved = c.p2p.ms(10**9 * spec.bytes_per_param) + max(cost.stage_transfer_ms(p))
+        assert t.full_ms == cost.pipeline_ms(2, p, 10**9, add=False)  # the reference's cost is untouched
+        catch_up = moved * 4 / spec.bytes_per_param
+        beside = t is fits
+        assert t.down_ms == pytest.approx(c.proc_ms + catch_up + (0.0 if beside else c.build(p)))
+        assert t.lead_ms == pytest.approx(cost.comm_groups_ms(2, p, add=False) + moved + (c.build(p) if beside else 0))
+    assert cost.pipeline_time(2, 12, 10**9, add=False) == replace(fits, lead_ms=fits.lead_ms - c.build(12),
+                                                                  down_ms=fits.down_ms + c.build(12))  # fmt: skip
+    unknown = small_cost()  # measured constants without an instance's memory: nothing is built beside
+    assert unknown.constants.memory_gib is None and not unknown.builds_beside(2, 3, missing_params=1)
 
 
 def test_preparation_rejects_what_cannot_be():
