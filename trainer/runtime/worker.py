@@ -736,6 +736,9 @@ class Worker:
         got = getattr(prep, part)
         if got is None:
             raise MigrationAbandoned(f"forming the prepared groups of epoch {epoch.number} failed: {prep.error}")
+        # the caller holds them now, and releases them (in the background: `close_epoch`); a reference left here
+        # would destroy them wherever `prep` is dropped — on the main thread, at the boundary (~20 ms a gloo group)
+        setattr(prep, part, None)
         if part == "groups":
             with self._prep_lock:
                 self._preps.pop(p, None)
@@ -752,6 +755,7 @@ class Worker:
             world = self._form(lambda store: gloo_group(store, epoch.transfer_prefix, rank, len(parties),
                                                         self._pg_timeout()), n)  # fmt: skip
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
+        del world  # `groups` holds the only reference: `close_epoch` below releases it off the main thread
         names = layer_names(self.job.model)
         pairs: dict[tuple[int, int], list[int]] = {}
         for t in epoch.transfers:
