@@ -334,6 +334,8 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
     assert all(r["steps_lost"] == 0 and r["notice"] and r["pause_s"] > r["hold_s"] >= 0 for r in reconf)
     assert [r["bytes_moved"] for r in reconf] == [r["bytes_planned"] for r in reconf]
     assert reconf[0]["bytes_moved"] == 0 and all(r["bytes_moved"] > 0 for r in reconf[1:])
+    # a member keeps the modules of the layers it holds: it builds exactly the layers it receives, none again
+    assert [sum(r["layers_built"].values()) for r in reconf] == [r["transfers"] for r in reconf]
 
     # nothing lost, nothing applied twice: same loss curve, same parameters and optimiser state
     assert result["loss"] == pytest.approx(ref_losses, rel=1e-5)

@@ -172,6 +172,31 @@ def test_layer_state_round_trip_continues_the_same_run():
     assert float(states["head"]["step/lm_head.weight"]) == 2.0
 
 
+def test_a_context_keeps_the_layers_it_is_handed_and_builds_the_rest_from_their_seeds():
+    """What a migration keeps is kept as is (module and optimiser: the same objects, trained state and all); only the
+    layers it lacks are built, each from its own seed, and loaded from what was received."""
+    a = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
+    train_step(a, 0)
+    twin = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))  # a's state, in other objects
+    twin.load_layer_states(a.layer_states())
+    kept = {i: (twin.module.layer(i), twin.optimizers[i]) for i in twin.module.indices if i % 2 == 0}
+    b = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG), held=kept)
+    for i in b.module.indices:
+        if i in kept:
+            assert b.module.layer(i) is kept[i][0] and b.optimizers[i] is kept[i][1]
+        else:
+            assert b.module.layer(i) is not twin.module.layer(i)
+    fresh = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG)).layer_states()
+    states, names = a.layer_states(), b.names
+    lacking = [n for n, i in zip(names, b.module.indices, strict=True) if i not in kept]
+    for n in lacking:  # built from its seed, as a new context's
+        assert all(torch.equal(b.layer_states()[n][k], fresh[n][k]) for k in fresh[n]), n
+    b.load_layer_states(states, lacking)
+    assert train_step(a, 1) == train_step(b, 1)
+    with pytest.raises(KeyError, match="no state for layers"):
+        b.load_layer_states({}, lacking[:1])
+
+
 def test_layer_state_before_the_first_step_and_errors():
     layer, other = build_layers(CFG, 1, 3)
     opt = make_optimizer(layer, spec_of(CFG, TRAIN))

@@ -924,6 +924,9 @@ class Coordinator:
         save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
         epoch (an added instance still starting; a failure being detected). detect_s: from the kill to the
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
+        layers_built: how many layers the new members built for it — at the boundary ("built") or while standing by
+        ("built_ahead"); the layers a member keeps are not rebuilt, so a live migration builds exactly the layers it
+        transfers.
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         pause_s is None for an epoch that broke before any member was ready.
@@ -943,7 +946,7 @@ class Coordinator:
         start = min(arrive) if arrive else min(failed, default=decided)
         phase_keys = [keys.phases(n, w) for w in e.members]
         phases = [json.loads(self.store.get(k)) for k in phase_keys if self.store.check([k])]
-        phase_names = sorted({k for p in phases for k in p})
+        phase_names = sorted({k for p in phases for k in p if k.endswith("_s")})
         detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
                   if w in self._detected_at and w in self._killed_at]  # fmt: skip
         noticed = self._noticed.get(n, ())
@@ -964,6 +967,7 @@ class Coordinator:
             "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
+            "layers_built": {k: sum(p.get(k, 0) for p in phases) for k in ("built", "built_ahead")},
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
             "prepared": e.prepared is not None,

@@ -446,13 +446,35 @@ class StageContext:
             for name, i in zip(self.names, self.module.indices, strict=True)
         }
 
-    def load_layer_states(self, states: Mapping[str, LayerState]) -> None:
-        """Install this rank's layers from `states` (by name; other layers in `states` are ignored)."""
-        missing = [n for n in self.names if n not in states]
+    def load_layer_states(self, states: Mapping[str, LayerState], names: Sequence[str] | None = None) -> None:
+        """Install this rank's layers `names` (default: all of them) from `states` (by name; other layers in
+        `states` are ignored)."""
+        wanted = self.names if names is None else names
+        missing = [n for n in wanted if n not in states]
         if missing:
             raise KeyError(f"no state for layers {missing} of stage {self.stage}")
         for name, i in zip(self.names, self.module.indices, strict=True):
-            load_layer_state(self.module.layer(i), self.optimizers[i], states[name])
+            if name in wanted:
+                load_layer_state(self.module.layer(i), self.optimizers[i], states[name])
+
+
+#: A layer module and its optimiser, by global layer index: what a stage is made of, and what a migration keeps.
+HeldLayers = Mapping[int, tuple[nn.Module, torch.optim.Optimizer]]
+
+
+def fresh_layers(
+    model: ModelConfig, train: TrainConfig, indices: Sequence[int], device: torch.device | str = "cpu"
+) -> dict[int, tuple[nn.Module, torch.optim.Optimizer]]:
+    """Layers `indices`, freshly initialised (each from its own seed, on the host, then moved to `device`), each with
+    its optimiser. Seeding goes through the process's global generator: build on the thread that trains, or where
+    nothing trains."""
+    spec = spec_of(model, train)
+    dev = torch.device(device)
+    out = {}
+    for i in indices:
+        layer = build_layer(model, i, train).to(dev)
+        out[i] = (layer, make_optimizer(layer, spec))
+    return out
 
 
 def build_context(
@@ -462,8 +484,10 @@ def build_context(
     rank: int = 0,
     groups: EpochGroups | None = None,
     device: torch.device | str = "cpu",
+    held: HeldLayers | None = None,
 ) -> StageContext:
-    """The rank's context with freshly initialised layers (deterministic from the model seed) on `device`."""
+    """The rank's context: the layers of `held` that its stage holds as they are (a migration keeps its modules and
+    optimisers: nothing is copied), the others freshly initialised (deterministic from the model seed) on `device`."""
     stage, replica = strategy.coords(rank)
     indices = strategy.layers(stage)
     total = n_layers(model)
@@ -471,12 +495,11 @@ def build_context(
         raise ValueError(f"strategy bounds {strategy.bounds} exceed the model's {total} layers")
     if stage == strategy.P - 1 and indices.stop != total:
         raise ValueError(f"the last stage must end at layer {total}, bounds are {strategy.bounds}")
-    spec = spec_of(model, train)
-    dev = torch.device(device)
-    layers = [build_layer(model, i, train).to(dev) for i in indices]  # built on the host (seeded), then moved
-    module = Stage(layers, indices.start, indices.stop)
-    optimizers = {i: make_optimizer(module.layer(i), spec) for i in indices}
-    return StageContext(model, train, strategy, stage, replica, module, optimizers, groups, dev)
+    have = {i: held[i] for i in indices if held is not None and i in held}
+    have.update(fresh_layers(model, train, [i for i in indices if i not in have], device))
+    module = Stage([have[i][0] for i in indices], indices.start, indices.stop)
+    optimizers = {i: have[i][1] for i in indices}
+    return StageContext(model, train, strategy, stage, replica, module, optimizers, groups, torch.device(device))
 
 
 def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names: Sequence[str]) -> str:

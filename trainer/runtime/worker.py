@@ -45,11 +45,13 @@ from trainer.runtime.migration import Epoch, state_bytes
 from trainer.runtime.model import layer_names, model_fingerprint, spec_of
 from trainer.runtime.pipeline import (
     EpochGroups,
+    HeldLayers,
     LayerState,
     StageContext,
     StepAbandoned,
     build_context,
     close_epoch,
+    fresh_layers,
     gloo_group,
     init_epoch,
     layer_state,
@@ -187,6 +189,7 @@ class _Prepared:
     groups: EpochGroups | None = None
     error: BaseException | None = None
     store: Store | None = None  # the helper's own store client (kept while its groups live)
+    built: HeldLayers | None = None  # a standby member's layers of the epoch, built ahead (`_prebuild`)
 
 
 @dataclass(frozen=True)
@@ -388,8 +391,32 @@ class Worker:
             if self.store.check([keys.DONE]):
                 self._to(WorkerState.DONE)
                 return
+            if self._prebuild():
+                delay = POLL_MIN_S
+                continue
             time.sleep(delay)
             delay = min(2 * delay, POLL_MAX_S)
+
+    def _prebuild(self) -> bool:
+        """Build the layers of a prepared epoch that gives this standby worker a stage, while it stands by: at the
+        boundary it then only takes their state. Here, on the main thread, because seeding a layer's initialisation
+        goes through the process's global generator, which a thread beside training would disturb; a standby
+        trains nothing. Whether it built anything."""
+        with self._prep_lock:
+            todo = [prep for prep in self._preps.values() if prep.built is None and self.id in prep.epoch.assignment]
+        for prep in todo:
+            stage, _ = prep.epoch.assignment[self.id]
+            prep.built = fresh_layers(self.job.model, self.job.train, prep.epoch.layers(stage), self.device)
+        return bool(todo)
+
+    def _prebuilt(self, epoch: Epoch) -> HeldLayers:
+        """The layers `_prebuild` built for `epoch` (none if it was not prepared, or not built in time)."""
+        with self._prep_lock:
+            prep = self._preps.get(epoch.prepared) if epoch.prepared is not None else None
+        if prep is None or prep.epoch != epoch or prep.built is None:
+            return {}
+        built, prep.built = prep.built, {}
+        return built
 
     # -- TRAINING ----------------------------------------------------------------------------------------
     def _boundary(self, step: int) -> Epoch | int | None:
@@ -803,6 +830,7 @@ class Worker:
         fresh = epoch.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
         rank = epoch.rank(self.id)
         failure: Exception | None = None
+        prebuilt = self._prebuilt(epoch)  # before the groups: taking those ends the preparation
         try:
             groups = self._take_prepared(epoch, "groups")
             if groups is None:
@@ -817,18 +845,26 @@ class Worker:
         t1 = time.perf_counter()
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
+        built = {"built": 0, "built_ahead": 0}  # layers this member had to build for the epoch, at the boundary or not
         if old is not None and old.module.indices == want:
             ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups,
                                old.device)  # fmt: skip
         else:
-            ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device)
+            # the layers we keep stay as they are (modules and optimisers: nothing copied); the rest were built
+            # while we stood by, or are built now, then take the state received (or the checkpoint's)
+            kept = {} if fresh or old is None else {i: (old.module.layer(i), old.optimizers[i])
+                                                     for i in old.module.indices if i in want}  # fmt: skip
+            ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device,
+                                held={**prebuilt, **kept})  # fmt: skip
+            built["built_ahead"] = sum(1 for i in want if i in prebuilt and i not in kept)
+            built["built"] = sum(1 for i in want if i not in prebuilt and i not in kept)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 mine = self._restore(epoch, ctx.names)
                 ctx.load_layer_states(mine)
                 self.store.add(keys.epoch_bytes(number), state_bytes(mine))
             elif not fresh:
-                kept = old.layer_states() if old is not None else {}
-                ctx.load_layer_states({**kept, **received})  # KeyError if a layer were lost
+                lacking = [n for n, i in zip(ctx.names, ctx.module.indices, strict=True) if i not in kept]
+                ctx.load_layer_states(received, lacking)  # KeyError if a layer were lost
         # until the first step is applied, keep what we migrated from (a shared module is unchanged until then)
         self._uncommitted = not fresh
         self._base = self._held() if not fresh and old is not None else None  # still (the old epoch, `old`) here
@@ -841,7 +877,7 @@ class Worker:
             self._to(WorkerState.TRAINING)
             self._abandon(f"forming the groups of epoch {number} failed: {failure}")
             return False
-        phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1}
+        phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1, **built}
         self._phases = {}
         self.store.set(keys.phases(epoch.number, self.id), json.dumps(phases))
         self.store.set(keys.ready(epoch.number, self.id), repr(time.time()))
