@@ -199,6 +199,8 @@ def test_sigterm_to_the_last_holder_of_a_stage_hands_it_off_and_loses_nothing(tm
         [1],
     )
     assert r["step"] >= 4 and r["steps_lost"] == 0 and not r["abandoned"]
+    # the 30 s grace leaves steps to spare: the boundary is a step further, and its groups formed while training
+    assert r["prepared"] and [e["step"] for e in result["events"] if e["event"] == "prepare"] == [r["step"]]
     assert r["bytes_moved"] == r["bytes_planned"] > 0  # worker 1 sent stage 1, its last copy, to worker 2
     assert r["notice_to_exit_s"] > 0
     assert result["exit_codes"] == {0: 0, 1: EXIT_PREEMPTED, 2: 0}

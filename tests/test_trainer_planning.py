@@ -385,6 +385,9 @@ def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
     # liveput re-cuts the pipeline, the kill is recovered live, the added instance is used
     kinds = [(r["kind"], r["notice"], r["step"]) for r in report["reconfigurations"]]
     assert ("pipeline", True, 2) in kinds and any(not notice for _, notice, _ in kinds), kinds
+    # the planner was asked a step ahead (control.prepare): each of its reconfigurations formed its groups meanwhile
+    planned = [r for r in report["reconfigurations"] if r["source"] == "planner"]
+    assert planned and all(r["prepared"] for r in planned), [(r["step"], r["prepared"]) for r in planned]
     assert plans[-1].decision[0] * plans[-1].decision[1] == 3
     assert [(p["step"], tuple(p["decision"])) for p in report["plans"]] == [(p.step, p.decision) for p in plans]
     # every decision is what trains next: the steps after a boundary run the strategy decided there (until a kill)

@@ -225,7 +225,8 @@ class ControlPlaneConfig:
     """The coordinator's store and failure detector: where it listens (loopback unless told otherwise; port 0: a
     free one), how long collectives and store reads wait, the heartbeat, the grace of a preemption notice (GCP's
     30 s; AWS gives 120 s), the job's deadline (None: none — a job runs until it is done) and whether migrations
-    known ahead (the schedule's) are prepared: their process groups formed while the old strategy trains."""
+    known ahead (the schedule's, a worker's preemption notice, an interval's plan) are prepared: their process groups
+    formed, and a joining standby's layers built, while the old strategy trains."""
 
     host: str = "127.0.0.1"
     port: int = 0

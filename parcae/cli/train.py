@@ -217,8 +217,9 @@ def train_cmd(
         bool,
         typer.Option(
             "--prepare/--no-prepare",
-            help="Form the process groups of each reconfiguration the schedule knows ahead while the old strategy "
-            "trains (the boundary then only swaps them).",
+            help="Prepare each reconfiguration known a step ahead (the schedule's, a preemption notice, an "
+            "interval's plan) while the old strategy trains: its process groups form and joining instances build "
+            "their layers (the boundary then only moves the state and swaps the groups).",
         ),
     ] = True,
 ) -> None:

@@ -80,6 +80,7 @@ class Driver:
         self._notice_polled = 0.0
         self._folding: set[int] = set()  # noticed workers waiting for the next interval boundary's decision
         self._unplaceable: set[int] = set()  # noticed workers no one survives to take over from
+        self._notice_at: int | None = None  # the held boundary a prepared notice decision waits for (`decide_notices`)
         self._deciding = False  # inside a boundary decision or a scripted kill: notices wait
         self._stops_left: set[int] = set()  # scripted event steps and interval boundaries not decided yet
         self._trained_from = (0.0, 0)  # (monotonic time, step) when training started: the step time estimate
@@ -93,6 +94,8 @@ class Driver:
         self._accepts_handed = bool(getattr(planner, "accepts_handed", False))
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
+        # (request, decision, details, seconds) of the planner asked a step before a boundary (`plan_ahead`)
+        self._planned_ahead: tuple[PlanRequest, tuple[int, int], Mapping[str, Any], float] | None = None
         # observers
         self.observer = observer or ObserverList()
         self._observing = False  # on_start was called
@@ -259,10 +262,24 @@ class Driver:
         planned job folded into the next interval boundary's decision if it comes at least `NOTICE_MARGIN_S` before
         the earliest deadline, into a scheduled event's decision if the claim lands on its boundary. The
         reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed workers send the
-        layers whose last copy they hold, then exit)."""
+        layers whose last copy they hold, then exit). With `control.prepare`, when the deadline leaves a step to
+        spare, the boundary claimed is one step further and the epoch is published at once (`Coordinator.prepare`):
+        its groups form while training goes on, and the decision is taken once training is live at the step before
+        (`_notice_at`)."""
         pending = self._pending_notices()
         c = self.coord
-        if not pending or self._deciding or self._recovering or c.current is None:
+        if self._deciding or self._recovering or c.current is None:
+            return
+        if self._notice_at is not None:  # prepared: decide once training is live at the step before its boundary
+            s = self._notice_at
+            if not pending:  # the noticed workers are gone meanwhile (a death, their deadline): nothing to decide
+                self._notice_at = None
+                c.release(s)
+            elif self.live_at(s - 1) and (c.committed() or c.entered_at(s)):
+                self._notice_at = None
+                self._decide_notice(s, pending)
+            return
+        if not pending:
             return
         if not c.committed():
             return  # new epochs are planned on top of a committed one: at most a step away
@@ -289,19 +306,34 @@ class Driver:
                         c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
                     self._folding |= new
                     return
-        s = c.claim(first)
+        # prepared (`control.prepare`): a boundary a step further, if it still comes before the deadline, and the
+        # epoch published now, so that the hand-off's groups form while training goes on
+        ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - NOTICE_MARGIN_S
+        s = c.claim(first + 1 if ahead else first)
         if s in self._stops_left:
             return  # the boundary of a decision the schedule makes anyway: the notices are folded into it
         if s >= self.steps:
             c.release(s)
             return
+        if ahead and s - 1 > p:
+            leaving = [w for w in members if w in c.alive()]
+            if c.prepare(s, None, leaving, ()) is not None:
+                self._notice_at = s
+                return
+        self._decide_notice(s, pending)
+
+    def _decide_notice(self, s: int, pending: Mapping[int, float]) -> None:
+        """The decision at held boundary `s` for the members with a pending notice: they leave there."""
+        c = self.coord
+        assert c.current is not None
         silent = self.settle()
         if silent:
             self.release_after(s, silent)
             return
         self._deciding = True
         try:
-            leaving = [w for w in members if w in c.alive()]
+            leaving = [w for w in sorted(pending) if w in c.current.members and w not in self._unplaceable
+                       and w in c.alive()]  # fmt: skip
             self.reconfigure(s, None, leaving, (), leaving)
         finally:
             self._deciding = False
@@ -496,8 +528,11 @@ class Driver:
     def plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
         """The interval boundary before step `s`: once training is live at `s - 1`, apply the boundary's
         availability events (group `g`, if any), ask the planner, and publish one reconfiguration (or let training
-        pass); then the group's kills, as `apply` does."""
+        pass); then the group's kills, as `apply` does. With `control.prepare` the planner is asked a step earlier
+        (`plan_ahead`): its request holds nothing the last step changes."""
         assert self.planner is not None
+        if self.prepare and not self._accepts_handed:  # a plan handed in during the last step must still count
+            self.plan_ahead(s, i, g)
         self.await_boundary(s)  # the decision uses only the past: wait for the interval's last step
         self._deciding = True
         try:
@@ -507,17 +542,50 @@ class Driver:
         if g is not None and g.kill:
             self.kill(s, g.kill)
 
+    def plan_ahead(self, s: int, i: int | None, g: EventGroup | None) -> None:
+        """A step before interval boundary `s` (once its predecessor is committed): ask the planner what it will be
+        asked at `s` — the boundary's events applied, the added instances joined — and publish that epoch as a
+        preparation (`Coordinator.prepare`). At `s` the answer is used if the request came out the same (nothing
+        unscheduled happened meanwhile); else the planner is asked again."""
+        c = self.coord
+        if s - 1 <= c.first_step:
+            return  # no step to prepare during
+
+        def late() -> bool:  # the epoch in force begins too late to commit before the boundary (a recovery)
+            return c.in_force.start_step >= s - 1
+
+        self.wait(lambda: late() or (self.live_at(s - 2) and c.committed()),
+                  f"training to start step {s - 2} (before planning step {s})")  # fmt: skip
+        if late():
+            return
+        self._deciding = True
+        try:
+            added, scheduled = self._interval_events(i, g)
+            if self.settle():
+                return  # an instance fell silent: the boundary recovers first, then plans
+            preempt, _ = self._departures(scheduled)
+            alive = len((c.alive() | set(added)) - set(preempt))
+            req = self._plan_request(s, alive, (*self.history, alive), s // self.steps_per_interval)
+            decision, details, took = self._consult(req)
+            self._planned_ahead = (req, decision, details, took)
+            c.prepare(s, decision, preempt, added)
+        finally:
+            self._deciding = False
+
+    def _interval_events(self, i: int | None, g: EventGroup | None) -> tuple[list[int], tuple[int, ...]]:
+        """The instances scheduled group `g` adds at its interval boundary (started now if not yet, and joined) and
+        those it preempts."""
+        self.prestart(0)
+        if g is None or i is None:
+            return [], ()
+        if g.add and i not in self._started:
+            self._started[i] = self.start_instances(g.add)
+        return self.wait_joined(self._started.get(i, [])), g.preempt
+
     def _plan_at(self, s: int, i: int | None, g: EventGroup | None) -> None:
         c = self.coord
         assert self.planner is not None
-        self.prestart(0)
-        added: list[int] = []
-        scheduled: tuple[int, ...] = ()
-        if g is not None and i is not None:
-            if g.add and i not in self._started:
-                self._started[i] = self.start_instances(g.add)
-            added = self.wait_joined(self._started.get(i, []))
-            scheduled = g.preempt
+        added, scheduled = self._interval_events(i, g)
         silent = self.settle()  # plan only with instances known to be alive
         if silent:
             self.recover(silent)
@@ -538,20 +606,33 @@ class Driver:
         assert self.planner is not None
         c = self.coord
         self.observe(force=True)  # deliver what happened so far, and read plans handed in until now
-        cur = c.in_force
-        req = PlanRequest(interval=interval, step=s, alive=alive, current=(cur.D, cur.P),
-                          history=tuple(self.history), n_layers=layer_count(c.spec.model),
-                          global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
-        t0 = time.perf_counter()
-        decision, details = self.planner(req)
-        took = time.perf_counter() - t0
-        decision = check_decision(self.planner.name, decision, req)
+        req = self._plan_request(s, alive, tuple(self.history), interval)
+        ahead, self._planned_ahead = self._planned_ahead, None
+        if ahead is not None and ahead[0] == req:
+            _, decision, details, took = ahead  # asked a step ahead, with the same request (`plan_ahead`)
+        else:
+            decision, details, took = self._consult(req)
         info = PlanInfo(interval=req.interval, step=s, alive=alive, current=req.current, decision=decision,
                         decision_s=took, planner=self.planner.name, details=dict(details))  # fmt: skip
         self.plans.append(info)
         c.note({"event": "plan", **plan_info_dict(info)})
         self.observer.on_plan(info)
         return decision
+
+    def _plan_request(self, s: int, alive: int, history: tuple[int, ...], interval: int) -> PlanRequest:
+        c = self.coord
+        cur = c.in_force
+        return PlanRequest(interval=interval, step=s,
+                           alive=alive, current=(cur.D, cur.P), history=history, n_layers=layer_count(c.spec.model),
+                           global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
+
+    def _consult(self, req: PlanRequest) -> tuple[tuple[int, int], Mapping[str, Any], float]:
+        """The planner's checked decision for `req`, its details and how long it took."""
+        assert self.planner is not None
+        t0 = time.perf_counter()
+        decision, details = self.planner(req)
+        took = time.perf_counter() - t0
+        return check_decision(self.planner.name, decision, req), details, took
 
     # -- a live fleet -----------------------------------------------------------------------------------------
     def run_fleet(
