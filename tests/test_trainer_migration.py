@@ -362,7 +362,8 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
             print(
                 f"  step {r['step']}: {r['kind']:<12} -> {r['strategy'][0]}x{r['strategy'][1]} "
                 f"preempted={r['preempted']} pause={r['pause_s'] * 1e3:.0f} ms (hold {r['hold_s'] * 1e3:.0f} ms) "
-                f"bytes={r['bytes_moved']} phases_ms={ {k: round(v * 1e3) for k, v in r['phases_s'].items()} }"
+                f"bytes={r['bytes_moved']} phases_ms={ {k: round(v * 1e3) for k, v in r['phases_s'].items()} } "
+                f"layers={r['layers_built']} caught_up={r['layers_caught_up']}"
             )
 
 

@@ -35,6 +35,8 @@ from trainer.runtime.model import build_layers, layer_names, spec_of
 from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
+    catch_up,
+    layer_grads,
     layer_state,
     load_layer_state,
     make_optimizer,
@@ -195,6 +197,26 @@ def test_a_context_keeps_the_layers_it_is_handed_and_builds_the_rest_from_their_
     assert train_step(a, 1) == train_step(b, 1)
     with pytest.raises(KeyError, match="no state for layers"):
         b.load_layer_states({}, lacking[:1])
+
+
+def test_a_layer_sent_a_step_early_catches_up_bit_for_bit_with_that_step_s_gradients():
+    """What lets a migration send state during the step before its boundary: the state as of boundary s plus step
+    s's gradients (as the holder applied them), through the same optimiser, is exactly the holder's state at s + 1."""
+    a = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
+    train_step(a, 0)
+    before = a.layer_states()  # boundary 1: what is sent during step 1
+    train_step(a, 1)
+    after = a.layer_states()  # boundary 2: what the holder has
+    b = build_context(model_config(seed=9, dtype="float64"), TRAIN, StageLayout.even(1, 1, CFG))  # other init
+    spec = spec_of(CFG, TRAIN)
+    for name, i in zip(a.names, a.module.indices, strict=True):
+        grads = layer_grads(a.module.layer(i))
+        assert grads and all(k.startswith("grad/") for k in grads)
+        catch_up(b.module.layer(i), b.optimizers[i], before[name], grads, spec.lr(1) if spec.lr else None)
+    for name, want in after.items():
+        got = b.layer_states()[name]
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    assert train_step(a, 2) == train_step(b, 2)  # and they train on as one
 
 
 def test_layer_state_before_the_first_step_and_errors():

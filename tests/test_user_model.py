@@ -384,6 +384,29 @@ def test_a_loss_normalised_by_a_count_is_the_global_token_mean_whatever_the_spli
     assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-9)
 
 
+def test_a_prepared_hand_off_sends_the_state_a_step_early_and_trains_the_same_run_bit_for_bit(tmp_path, _no_orphans):
+    """Prepared re-cuts (published a step ahead): each source sends its layers' state as of the boundary before
+    during that step, and at the boundary only the step's gradients, which the receivers apply themselves; the
+    standby that joins has built its layers while it stood by. D = 1 throughout: the same parameters, bit for bit."""
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_paced_model` is, for this process and its workers
+    from trainer.runtime.pipeline import parameters_checksum
+
+    model, train, steps = ModelConfig("_paced_model:spec"), TrainConfig(global_batch=8, micro_batch=4), 10
+    losses, layers = uninterrupted(model, train, steps)
+    # worker 2 joins, the layers are re-cut over three; and back, one of them leaves
+    schedule = [{"step": 4, "kind": "plan", "strategy": [1, 3]}, {"step": 7, "kind": "plan", "strategy": [1, 2]}]
+    result = run_job(model, train, 3, (1, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    reconf = result["reconfigurations"]
+    assert [(r["step"], r["kind"], r["prepared"]) for r in reconf] == [(4, "pipeline", True), (7, "pipeline", True)]
+    # every transferred layer went ahead (a step of ~0.1 s leaves time to see the preparation), the joiner built its
+    # layers ahead, and nothing else was built
+    assert [r["layers_caught_up"] for r in reconf] == [r["transfers"] for r in reconf]
+    assert reconf[0]["layers_built"]["built_ahead"] > 0
+    assert [sum(r["layers_built"].values()) for r in reconf] == [r["transfers"] for r in reconf]
+    assert result["loss"] == losses
+    assert result["final_checksum"] == parameters_checksum(layers, list(layers))
+
+
 def test_activations_whose_shape_depends_on_the_data_travel_with_a_header(tmp_path, _no_orphans):
     sys.path.insert(0, str(Path(__file__).parent))  # where `_ragged_model` is, for this process and its workers
     from trainer.runtime.pipeline import _boundary, _from_header, _header, _signature

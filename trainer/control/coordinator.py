@@ -926,7 +926,8 @@ class Coordinator:
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
         layers_built: how many layers the new members built for it — at the boundary ("built") or while standing by
         ("built_ahead"); the layers a member keeps are not rebuilt, so a live migration builds exactly the layers it
-        transfers.
+        transfers. layers_caught_up: of those transferred, how many had their state sent during the step before the
+        boundary (a prepared epoch) and only that step's gradients at it.
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         pause_s is None for an epoch that broke before any member was ready.
@@ -968,6 +969,7 @@ class Coordinator:
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
             "layers_built": {k: sum(p.get(k, 0) for p in phases) for k in ("built", "built_ahead")},
+            "layers_caught_up": sum(p.get("caught_up", 0) for p in phases),
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
             "prepared": e.prepared is not None,

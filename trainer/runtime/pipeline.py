@@ -362,6 +362,31 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, copy=True) if t.dim() > 0 else t.clone()
 
 
+def layer_grads(layer: nn.Module) -> LayerState:
+    """The gradients the last step applied to `layer`'s parameters, as "grad/<name>" (reduced, normalised and clipped:
+    what the optimiser consumed; a parameter without one is left out). Live tensors, for a reader that copies them
+    before the next step (`trainer.runtime.wire.pack`)."""
+    return {f"grad/{name}": p.grad.detach() for name, p in layer.named_parameters() if p.grad is not None}
+
+
+def catch_up(
+    layer: nn.Module, optimizer: torch.optim.Optimizer, state: LayerState, grads: LayerState, lr: float | None
+) -> None:
+    """Bring a layer from its state at boundary s to boundary s + 1 without training step s: install `state`, then
+    apply the step's update with the gradients its holder applied (`layer_grads`) at the step's learning rate. The
+    same optimiser on the same values gives, bit for bit, the holder's state at s + 1 — which is what lets a
+    migration send a layer's state during step s instead of at the boundary."""
+    load_layer_state(layer, optimizer, state)
+    for name, p in layer.named_parameters():
+        g = grads.get(f"grad/{name}")
+        p.grad = None if g is None else g.to(p.device).view_as(p)
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]) -> None:
     """Install a `layer_state` snapshot into `layer` (in place) and its `optimizer` (replacing its state).
 

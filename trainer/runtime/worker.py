@@ -50,10 +50,12 @@ from trainer.runtime.pipeline import (
     StageContext,
     StepAbandoned,
     build_context,
+    catch_up,
     close_epoch,
     fresh_layers,
     gloo_group,
     init_epoch,
+    layer_grads,
     layer_state,
     make_optimizer,
     parameters_checksum,
@@ -190,6 +192,23 @@ class _Prepared:
     error: BaseException | None = None
     store: Store | None = None  # the helper's own store client (kept while its groups live)
     built: HeldLayers | None = None  # a standby member's layers of the epoch, built ahead (`_prebuild`)
+    overtaken: bool = False  # a newer preparation replaced it: its helpers give up
+    # the state sent ahead (`_send_ahead`, `_receive_ahead`): what each source sends during the step before the
+    # epoch's boundary, and what each receiver got, by (src, dst) pair (None: the source sends it at the boundary)
+    sender: threading.Thread | None = None
+    ahead_out: list[tuple[tuple[int, int], torch.Tensor, int]] | None = None  # (pair, packed state, state bytes)
+    ahead_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
+    receiving: bool = False  # the receiving is claimed (by the helper, or by the main thread at the boundary)
+    send_error: BaseException | None = None
+    receive_error: BaseException | None = None
+
+
+def _pairs(epoch: Epoch) -> list[tuple[tuple[int, int], list[int]]]:
+    """`epoch`'s transfers as (src, dst) pairs with their layers, in the one global order every party follows."""
+    pairs: dict[tuple[int, int], list[int]] = {}
+    for t in epoch.transfers:
+        pairs.setdefault((t.src, t.dst), []).append(t.layer)
+    return sorted(pairs.items())
 
 
 @dataclass(frozen=True)
@@ -516,6 +535,7 @@ class Worker:
                     break
                 step = self.step
                 self._report_uploads()
+                self._send_ahead(step)
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step))
@@ -607,10 +627,11 @@ class Worker:
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
-            received = self._transfer(new) if self.id in new.transfer_parties else {}
+            prebuilt = self._prebuilt(new)  # a standby's layers, built while it stood by
+            received, caught = self._transfer(new, prebuilt) if self.id in new.transfer_parties else ({}, {})
             self._phases = {"transfer_s": time.perf_counter() - t0}
             if self.id in new.assignment:
-                if self._enter(new, received):
+                if self._enter(new, received, prebuilt, caught):
                     self._to(WorkerState.TRAINING)
                 return
             self._await_commit(new)  # leaving: our old state stays needed until the new epoch committed
@@ -713,6 +734,9 @@ class Worker:
         with self._prep_lock:
             if p in self._preps_taken:  # the main thread reached its boundary first and forms them itself
                 return
+            for q, old in self._preps.items():
+                if q < p:
+                    old.overtaken = True
             self._preps = {q: prep for q, prep in self._preps.items() if q > p}
             prep = _Prepared(epoch)
             prep.thread = threading.Thread(target=self._form_ahead, args=(p, prep, member, party),
@@ -735,6 +759,12 @@ class Worker:
                 prep.groups = init_epoch(prep.store, n, e.strategy, e.rank(self.id), self._pg_timeout(),
                                          abort=lambda: self._epoch_abort(n), prefix=e.group_prefix)  # fmt: skip
             prep.store.set(keys.prepared(p, self.id), repr(time.time()))
+            if party and any(t.dst == self.id for t in e.transfers):
+                with self._prep_lock:
+                    claimed = not prep.receiving and prep.ahead_in is None
+                    prep.receiving = prep.receiving or claimed
+                if claimed:
+                    self._receive_ahead(prep, prep.xfer)
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
 
@@ -771,12 +801,29 @@ class Worker:
                 self._preps.pop(p, None)
         return got
 
-    def _transfer(self, epoch: Epoch) -> dict[str, LayerState]:
-        """Send and receive this worker's share of `epoch.transfers`; returns what it received, by layer name.
-        `MigrationAbandoned` (nothing received is kept) if a party dies or the epoch is flagged meanwhile."""
+    def _transfer(
+        self, epoch: Epoch, prebuilt: HeldLayers
+    ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]]:
+        """Send and receive this worker's share of `epoch.transfers`; returns the states received, by layer name,
+        and the layers whose state came ahead, caught up (module and optimiser, by index). `MigrationAbandoned`
+        (nothing received is kept) if a party dies or the epoch is flagged meanwhile.
+
+        Pairs are processed in one global order (blocking sends cannot deadlock). A prepared epoch's hand-off has
+        two phases, each in that order: first every source's state as of the boundary before this one (sent during
+        the step by `_send_ahead`, received by the preparation's helper: `_receive_ahead`; an empty message from a
+        source that had not seen the preparation in time), then, at this boundary, the step's gradients of what
+        went ahead (`pipeline.catch_up` applies them: bit for bit the source's state now) or else the state."""
         parties = epoch.transfer_parties
         n = epoch.number
         rank = parties.index(self.id)
+        prep = self._preparation(epoch)
+        if prep is not None and prep.sender is not None:  # before taking the group: the sender uses it
+            while prep.sender.is_alive():
+                self._check_epoch(n)
+                self._control()
+                prep.sender.join(POLL_MIN_S)
+            if prep.send_error is not None:
+                raise MigrationAbandoned(f"sending ahead for epoch {n} failed: {prep.send_error}")
         world = self._take_prepared(epoch, "xfer")
         if world is None:
             world = self._form(lambda store: gloo_group(store, epoch.transfer_prefix, rank, len(parties),
@@ -784,32 +831,55 @@ class Worker:
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         del world  # `groups` holds the only reference: `close_epoch` below releases it off the main thread
         names = layer_names(self.job.model)
-        pairs: dict[tuple[int, int], list[int]] = {}
-        for t in epoch.transfers:
-            pairs.setdefault((t.src, t.dst), []).append(t.layer)
+        pairs = _pairs(epoch)
         received: dict[str, LayerState] = {}
+        caught: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
         sent = 0
+        went_ahead: set[tuple[int, int]] = set()
+        ahead: dict[tuple[int, int], dict[str, LayerState] | None] = {}
         try:
-            for (src, dst), layers in sorted(pairs.items()):
+            if epoch.prepared is not None:  # phase 1: what went ahead
+                if prep is not None and prep.ahead_out is not None:
+                    went_ahead = {pair for pair, _, _ in prep.ahead_out}
+                    sent += sum(b for _, _, b in prep.ahead_out)
+                helper = False
+                if prep is not None:
+                    with self._prep_lock:
+                        helper, prep.receiving = prep.receiving, True
+                if helper and prep is not None:
+                    mine = prep
+                    self._poll(lambda: self._check_epoch(n) or mine.ahead_in is not None
+                               or mine.receive_error is not None)  # fmt: skip
+                    if mine.ahead_in is None:
+                        raise MigrationAbandoned(f"receiving ahead for epoch {n} failed: {mine.receive_error}")
+                    ahead = mine.ahead_in
+                zero = torch.zeros(1, dtype=torch.int64)
+                for (src, dst), _ in pairs:
+                    if src == self.id and (src, dst) not in went_ahead:
+                        groups.wait(groups.send(zero, parties.index(dst)))  # the state follows at the boundary
+                    elif dst == self.id and not helper:
+                        ahead[(src, dst)] = self._receive_one(groups, epoch, src, ahead=True)
+            for (src, dst), layers in pairs:  # phase 2, at the boundary
                 if src == self.id:
                     _, ctx = self._held()
-                    # the live tensors: `pack` copies them once, straight into the buffer sent
-                    bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
-                              for i in layers}  # fmt: skip
+                    if (src, dst) in went_ahead:  # the step's gradients: the receiver applies them itself
+                        bundle = {names[i]: layer_grads(ctx.module.layer(i)) for i in layers}
+                    else:  # the live tensors: `pack` copies them once, straight into the buffer sent
+                        bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
+                                  for i in layers}  # fmt: skip
+                        sent += state_bytes(bundle)
                     data = wire.pack(bundle)
                     size = torch.tensor([data.numel()], dtype=torch.int64)
                     groups.wait(groups.send(size, parties.index(dst)))
                     groups.wait(groups.send(data, parties.index(dst)))
-                    sent += state_bytes(bundle)
                 elif dst == self.id:
-                    size = torch.zeros(1, dtype=torch.int64)
-                    groups.recv(size, parties.index(src))
-                    data = torch.empty(int(size.item()), dtype=torch.uint8)
-                    groups.recv(data, parties.index(src))
-                    got = wire.unpack(data)
-                    if set(got) != {names[i] for i in layers}:
-                        raise RuntimeError(f"worker {self.id}: expected layers {layers} from {src}, got {sorted(got)}")
-                    received.update(got)
+                    got = self._receive_one(groups, epoch, src)
+                    assert got is not None
+                    early = ahead.get((src, dst))
+                    if early is None:
+                        received.update(got)
+                    else:
+                        caught.update(self._catch_up(epoch, early, got, prebuilt))
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
@@ -817,9 +887,137 @@ class Worker:
         self.store.add(keys.epoch_bytes(n), sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
             self.store.set(keys.sent(n, self.id), str(sent))
-        return received
+        return received, caught
 
-    def _enter(self, epoch: Epoch, received: Mapping[str, LayerState]) -> bool:
+    def _receive_one(
+        self, groups: EpochGroups, epoch: Epoch, src: int, ahead: bool = False
+    ) -> dict[str, LayerState] | None:
+        """One message of `src`'s to this worker in `epoch`'s hand-off: the layers of the pair, by name (None for the
+        empty message of a source that sends nothing ahead, `ahead`)."""
+        parties = epoch.transfer_parties
+        size = torch.zeros(1, dtype=torch.int64)
+        groups.recv(size, parties.index(src))
+        if ahead and int(size.item()) == 0:
+            return None
+        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        groups.recv(data, parties.index(src))
+        got = wire.unpack(data)
+        names = layer_names(self.job.model)
+        want = {names[t.layer] for t in epoch.transfers if t.src == src and t.dst == self.id}
+        if set(got) != want:
+            raise RuntimeError(f"worker {self.id}: expected layers {sorted(want)} from {src}, got {sorted(got)}")
+        return got
+
+    def _catch_up(
+        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], prebuilt: HeldLayers
+    ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        """The layers whose state as of the boundary before `epoch`'s came ahead, brought to this boundary with the
+        step's gradients (in the modules built ahead where there are, else built now)."""
+        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
+        wanted = [index[name] for name in early]
+        layers = {i: prebuilt[i] for i in wanted if i in prebuilt}
+        layers.update(fresh_layers(self.job.model, self.job.train, [i for i in wanted if i not in layers],
+                                   self.device))  # fmt: skip
+        spec = spec_of(self.job.model, self.job.train)
+        lr = spec.lr(epoch.start_step - 1) if spec.lr is not None else None
+        for name, state in early.items():
+            layer, optimizer = layers[index[name]]
+            catch_up(layer, optimizer, state, grads[name], lr)
+        return layers
+
+    def _preparation(self, epoch: Epoch) -> _Prepared | None:
+        """This worker's preparation of `epoch` (None if it was not prepared, or this worker did not take part)."""
+        if epoch.prepared is None:
+            return None
+        with self._prep_lock:
+            prep = self._preps.get(epoch.prepared)
+        return prep if prep is not None and prep.epoch == epoch else None
+
+    def _send_ahead(self, step: int) -> None:
+        """Before training `step`: if a prepared epoch begins at the boundary after it and this worker sends layers in
+        it, snapshot them — their state as of this boundary, one copy straight into the buffers sent — and send them
+        during the step from a helper thread (`_sending_ahead`); at that boundary only the step's gradients follow
+        (`_transfer`)."""
+        current, ctx = self._held()
+        with self._prep_lock:
+            preps = [prep for prep in self._preps.values()
+                     if prep.epoch.start_step == step + 1 and prep.sender is None and not prep.overtaken
+                     and prep.epoch.base_number == current.number
+                     and any(t.src == self.id for t in prep.epoch.transfers)]  # fmt: skip
+        names = layer_names(self.job.model)
+        for prep in preps:
+            out = []
+            for pair, layers in _pairs(prep.epoch):
+                if pair[0] == self.id:
+                    bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
+                              for i in layers}  # fmt: skip
+                    out.append((pair, wire.pack(bundle), state_bytes(bundle)))
+            prep.ahead_out = out
+            prep.sender = threading.Thread(target=self._sending_ahead, args=(prep,), name="parcae-send-ahead",
+                                           daemon=True)  # fmt: skip
+            prep.sender.start()
+
+    def _sending_ahead(self, prep: _Prepared) -> None:
+        """(A helper thread) Send what `_send_ahead` packed, once the preparation's transfer group has formed."""
+        e = prep.epoch
+        parties = e.transfer_parties
+        groups = None
+        try:
+            while prep.xfer is None:
+                if prep.error is not None:
+                    raise prep.error
+                reason = self._ahead_abort(prep)
+                if reason:
+                    raise StepAbandoned(reason)
+                time.sleep(POLL_MIN_S)
+            groups = EpochGroups(epoch=e.number, rank=parties.index(self.id), world=prep.xfer, dp=None,
+                                 abort=lambda: self._ahead_abort(prep))  # fmt: skip
+            assert prep.ahead_out is not None
+            for (_, dst), data, _ in prep.ahead_out:
+                size = torch.tensor([data.numel()], dtype=torch.int64)
+                groups.wait(groups.send(size, parties.index(dst)))
+                groups.wait(groups.send(data, parties.index(dst)))
+            groups.waiter.close()
+        except BaseException as exc:  # noqa: BLE001 — the boundary finds out
+            if groups is not None:
+                groups.abandon()
+            prep.send_error = exc
+
+    def _receive_ahead(self, prep: _Prepared, xfer: Any) -> None:
+        """(The preparation's helper thread) Receive, in the pairs' global order, what each source sends this worker
+        ahead of the epoch's boundary (`_send_ahead`; None for a source that sends at the boundary instead)."""
+        e = prep.epoch
+        groups = EpochGroups(epoch=e.number, rank=e.transfer_parties.index(self.id), world=xfer, dp=None,
+                             abort=lambda: self._ahead_abort(prep))  # fmt: skip
+        try:
+            got = {(src, dst): self._receive_one(groups, e, src, ahead=True)
+                   for (src, dst), _ in _pairs(e) if dst == self.id}  # fmt: skip
+            groups.waiter.close()
+            prep.ahead_in = got
+        except BaseException as exc:  # noqa: BLE001 — the boundary finds out
+            groups.abandon()
+            prep.receive_error = exc
+
+    def _ahead_abort(self, prep: _Prepared) -> str | None:
+        """Why a preparation's helpers should stop waiting on their peers (None: keep waiting): a newer preparation,
+        its epoch or the one it starts from broken, or its epoch decided otherwise."""
+        if prep.overtaken:
+            return "a newer preparation replaced it"
+        if self._stopped.is_set():
+            return "the worker stops"
+        e = prep.epoch
+        reason = self._epoch_abort(e.number) or self._epoch_abort(e.base_number)
+        if reason:
+            return reason
+        key = keys.epoch(e.number)
+        if self.store.check([key]) and Epoch.from_json(self.store.get(key)) != e:
+            return f"epoch {e.number} was decided otherwise"
+        return None
+
+    def _enter(
+        self, epoch: Epoch, received: Mapping[str, LayerState], prebuilt: HeldLayers | None = None,
+        caught: HeldLayers | None = None,
+    ) -> bool:  # fmt: skip
         """Join `epoch`'s process groups and hold its layers: kept ones in place, the rest installed (or loaded from
         the checkpoint of a checkpoint-restart epoch). A migration that cannot form its groups (a peer died, or the
         epoch was flagged) raises `MigrationAbandoned` with nothing installed; a first or checkpoint-restart epoch
@@ -830,7 +1028,7 @@ class Worker:
         fresh = epoch.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
         rank = epoch.rank(self.id)
         failure: Exception | None = None
-        prebuilt = self._prebuilt(epoch)  # before the groups: taking those ends the preparation
+        prebuilt, caught = prebuilt or {}, caught or {}
         try:
             groups = self._take_prepared(epoch, "groups")
             if groups is None:
@@ -845,7 +1043,8 @@ class Worker:
         t1 = time.perf_counter()
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
-        built = {"built": 0, "built_ahead": 0}  # layers this member had to build for the epoch, at the boundary or not
+        # layers this member built for the epoch (at the boundary or ahead), and those whose state came ahead
+        built = {"built": 0, "built_ahead": 0, "caught_up": 0}
         if old is not None and old.module.indices == want:
             ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups,
                                old.device)  # fmt: skip
@@ -855,15 +1054,17 @@ class Worker:
             kept = {} if fresh or old is None else {i: (old.module.layer(i), old.optimizers[i])
                                                      for i in old.module.indices if i in want}  # fmt: skip
             ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device,
-                                held={**prebuilt, **kept})  # fmt: skip
+                                held={**prebuilt, **caught, **kept})  # fmt: skip
             built["built_ahead"] = sum(1 for i in want if i in prebuilt and i not in kept)
             built["built"] = sum(1 for i in want if i not in prebuilt and i not in kept)
+            built["caught_up"] = sum(1 for i in want if i in caught)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 mine = self._restore(epoch, ctx.names)
                 ctx.load_layer_states(mine)
                 self.store.add(keys.epoch_bytes(number), state_bytes(mine))
             elif not fresh:
-                lacking = [n for n, i in zip(ctx.names, ctx.module.indices, strict=True) if i not in kept]
+                lacking = [n for n, i in zip(ctx.names, ctx.module.indices, strict=True)
+                           if i not in kept and i not in caught]  # fmt: skip
                 ctx.load_layer_states(received, lacking)  # KeyError if a layer were lost
         # until the first step is applied, keep what we migrated from (a shared module is unchanged until then)
         self._uncommitted = not fresh
