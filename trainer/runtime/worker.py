@@ -196,6 +196,7 @@ class _Prepared:
     # the state sent ahead (`_send_ahead`, `_receive_ahead`): what each source sends during the step before the
     # epoch's boundary, and what each receiver got, by (src, dst) pair (None: the source sends it at the boundary)
     sender: threading.Thread | None = None
+    xfer_ahead: Any = None  # the transfer group, for the sender (which drops it when done: see `_take_prepared`)
     ahead_out: list[tuple[tuple[int, int], torch.Tensor, int]] | None = None  # (pair, packed state, state bytes)
     ahead_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
     receiving: bool = False  # the receiving is claimed (by the helper, or by the main thread at the boundary)
@@ -750,10 +751,14 @@ class Worker:
         try:
             e = prep.epoch
             prep.store = self._connect()
+            xfer = None
             if party:
                 parties = e.transfer_parties
-                prep.xfer = gloo_group(prep.store, e.transfer_prefix, parties.index(self.id), len(parties),
-                                       self._pg_timeout())  # fmt: skip
+                xfer = gloo_group(prep.store, e.transfer_prefix, parties.index(self.id), len(parties),
+                                  self._pg_timeout())  # fmt: skip
+                if any(t.src == self.id for t in e.transfers):
+                    prep.xfer_ahead = xfer
+                prep.xfer = xfer
             if member:
                 n = e.number
                 prep.groups = init_epoch(prep.store, n, e.strategy, e.rank(self.id), self._pg_timeout(),
@@ -764,7 +769,7 @@ class Worker:
                     claimed = not prep.receiving and prep.ahead_in is None
                     prep.receiving = prep.receiving or claimed
                 if claimed:
-                    self._receive_ahead(prep, prep.xfer)
+                    self._receive_ahead(prep, xfer)
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
 
@@ -817,14 +822,9 @@ class Worker:
         n = epoch.number
         rank = parties.index(self.id)
         prep = self._preparation(epoch)
-        if prep is not None and prep.sender is not None:  # before taking the group: the sender uses it
-            while prep.sender.is_alive():
-                self._check_epoch(n)
-                self._control()
-                prep.sender.join(POLL_MIN_S)
-            if prep.send_error is not None:
-                raise MigrationAbandoned(f"sending ahead for epoch {n} failed: {prep.send_error}")
         world = self._take_prepared(epoch, "xfer")
+        if prep is not None and prep.sender is None:
+            prep.xfer_ahead = None  # nothing went ahead: no sender will drop it
         if world is None:
             world = self._form(lambda store: gloo_group(store, epoch.transfer_prefix, rank, len(parties),
                                                         self._pg_timeout()), n)  # fmt: skip
@@ -846,6 +846,13 @@ class Worker:
                 if prep is not None:
                     with self._prep_lock:
                         helper, prep.receiving = prep.receiving, True
+                # what we send or receive here first — the receivers (helpers, elsewhere) may be waiting for it
+                zero = torch.zeros(1, dtype=torch.int64)
+                for (src, dst), _ in pairs:
+                    if src == self.id and (src, dst) not in went_ahead:
+                        groups.wait(groups.send(zero, parties.index(dst)))  # the state follows at the boundary
+                    elif dst == self.id and not helper:
+                        ahead[(src, dst)] = self._receive_one(groups, epoch, src, ahead=True)
                 if helper and prep is not None:
                     mine = prep
                     self._poll(lambda: self._check_epoch(n) or mine.ahead_in is not None
@@ -853,12 +860,14 @@ class Worker:
                     if mine.ahead_in is None:
                         raise MigrationAbandoned(f"receiving ahead for epoch {n} failed: {mine.receive_error}")
                     ahead = mine.ahead_in
-                zero = torch.zeros(1, dtype=torch.int64)
-                for (src, dst), _ in pairs:
-                    if src == self.id and (src, dst) not in went_ahead:
-                        groups.wait(groups.send(zero, parties.index(dst)))  # the state follows at the boundary
-                    elif dst == self.id and not helper:
-                        ahead[(src, dst)] = self._receive_one(groups, epoch, src, ahead=True)
+                # only now wait for our own sender: its sends may wait for the receives just above, elsewhere
+                sender = prep.sender if prep is not None else None
+                while sender is not None and sender.is_alive():
+                    self._check_epoch(n)
+                    self._control()
+                    sender.join(POLL_MIN_S)
+                if prep is not None and prep.send_error is not None:
+                    raise MigrationAbandoned(f"sending ahead for epoch {n} failed: {prep.send_error}")
             for (src, dst), layers in pairs:  # phase 2, at the boundary
                 if src == self.id:
                     _, ctx = self._held()
@@ -963,15 +972,16 @@ class Worker:
         parties = e.transfer_parties
         groups = None
         try:
-            while prep.xfer is None:
+            while prep.xfer_ahead is None:
                 if prep.error is not None:
                     raise prep.error
                 reason = self._ahead_abort(prep)
                 if reason:
                     raise StepAbandoned(reason)
                 time.sleep(POLL_MIN_S)
-            groups = EpochGroups(epoch=e.number, rank=parties.index(self.id), world=prep.xfer, dp=None,
+            groups = EpochGroups(epoch=e.number, rank=parties.index(self.id), world=prep.xfer_ahead, dp=None,
                                  abort=lambda: self._ahead_abort(prep))  # fmt: skip
+            prep.xfer_ahead = None  # `groups` holds it (released with this thread's frame, off the main thread)
             assert prep.ahead_out is not None
             for (_, dst), data, _ in prep.ahead_out:
                 size = torch.tensor([data.numel()], dtype=torch.int64)
