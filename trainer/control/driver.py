@@ -497,15 +497,7 @@ class Driver:
         boundary only swaps them. What happens meanwhile (a notice, a death) changes the decision, and the
         preparation goes unused: nothing is lost but the time it saves."""
         c = self.coord
-        if g.step - 1 <= c.first_step:
-            return  # no step to prepare during
-
-        def late() -> bool:  # the epoch in force begins too late to commit before the boundary (a recovery)
-            return c.in_force.start_step >= g.step - 1
-
-        self.wait(lambda: late() or (self.live_at(g.step - 2) and c.committed()),
-                  f"training to start step {g.step - 2} (before preparing step {g.step})")  # fmt: skip
-        if late():
+        if not self._preparable(g.step, "preparing"):
             return
         self._deciding = True
         try:
@@ -514,6 +506,21 @@ class Driver:
             c.prepare(g.step, g.strategy, preempt, added)
         finally:
             self._deciding = False
+
+    def _preparable(self, s: int, what: str) -> bool:
+        """Wait until a decision at boundary `s` can be prepared — training live at `s - 2` on a committed epoch —
+        and say whether it can: not without a step to prepare during, nor once the epoch in force begins too late
+        to commit before the boundary (a recovery)."""
+        c = self.coord
+        if s - 1 <= c.first_step:
+            return False  # no step to prepare during
+
+        def late() -> bool:
+            return c.in_force.start_step >= s - 1
+
+        self.wait(lambda: late() or (self.live_at(s - 2) and c.committed()),
+                  f"training to start step {s - 2} (before {what} step {s})")  # fmt: skip
+        return not late()
 
     def step_in_flight(self) -> int:
         """The latest step a member of the current epoch has started (-1 before any)."""
@@ -548,15 +555,7 @@ class Driver:
         preparation (`Coordinator.prepare`). At `s` the answer is used if the request came out the same (nothing
         unscheduled happened meanwhile); else the planner is asked again."""
         c = self.coord
-        if s - 1 <= c.first_step:
-            return  # no step to prepare during
-
-        def late() -> bool:  # the epoch in force begins too late to commit before the boundary (a recovery)
-            return c.in_force.start_step >= s - 1
-
-        self.wait(lambda: late() or (self.live_at(s - 2) and c.committed()),
-                  f"training to start step {s - 2} (before planning step {s})")  # fmt: skip
-        if late():
+        if not self._preparable(s, "planning"):
             return
         self._deciding = True
         try:

@@ -212,6 +212,20 @@ def _pairs(epoch: Epoch) -> list[tuple[tuple[int, int], list[int]]]:
     return sorted(pairs.items())
 
 
+def _live_states(ctx: StageContext, names: Sequence[str], layers: Sequence[int]) -> dict[str, LayerState]:
+    """The states of `layers` as the live tensors, by name: for `wire.pack`, which copies them once, straight into
+    the buffer sent."""
+    return {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False) for i in layers}
+
+
+def _send_one(groups: EpochGroups, epoch: Epoch, dst: int, data: torch.Tensor) -> None:
+    """One message of a hand-off to worker `dst`: its length, then the packed buffer (`Worker._receive_one`)."""
+    rank = epoch.transfer_parties.index(dst)
+    size = torch.tensor([data.numel()], dtype=torch.int64)  # kept alive until its send is waited on
+    groups.wait(groups.send(size, rank))
+    groups.wait(groups.send(data, rank))
+
+
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker process is started with; everything else comes from the coordinator's store."""
@@ -431,9 +445,8 @@ class Worker:
 
     def _prebuilt(self, epoch: Epoch) -> HeldLayers:
         """The layers `_prebuild` built for `epoch` (none if it was not prepared, or not built in time)."""
-        with self._prep_lock:
-            prep = self._preps.get(epoch.prepared) if epoch.prepared is not None else None
-        if prep is None or prep.epoch != epoch or prep.built is None:
+        prep = self._preparation(epoch)
+        if prep is None or prep.built is None:
             return {}
         built, prep.built = prep.built, {}
         return built
@@ -873,14 +886,10 @@ class Worker:
                     _, ctx = self._held()
                     if (src, dst) in went_ahead:  # the step's gradients: the receiver applies them itself
                         bundle = {names[i]: layer_grads(ctx.module.layer(i)) for i in layers}
-                    else:  # the live tensors: `pack` copies them once, straight into the buffer sent
-                        bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
-                                  for i in layers}  # fmt: skip
+                    else:
+                        bundle = _live_states(ctx, names, layers)
                         sent += state_bytes(bundle)
-                    data = wire.pack(bundle)
-                    size = torch.tensor([data.numel()], dtype=torch.int64)
-                    groups.wait(groups.send(size, parties.index(dst)))
-                    groups.wait(groups.send(data, parties.index(dst)))
+                    _send_one(groups, epoch, dst, wire.pack(bundle))
                 elif dst == self.id:
                     got = self._receive_one(groups, epoch, src)
                     assert got is not None
@@ -958,8 +967,7 @@ class Worker:
             out = []
             for pair, layers in _pairs(prep.epoch):
                 if pair[0] == self.id:
-                    bundle = {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False)
-                              for i in layers}  # fmt: skip
+                    bundle = _live_states(ctx, names, layers)
                     out.append((pair, wire.pack(bundle), state_bytes(bundle)))
             prep.ahead_out = out
             prep.sender = threading.Thread(target=self._sending_ahead, args=(prep,), name="parcae-send-ahead",
@@ -984,9 +992,7 @@ class Worker:
             prep.xfer_ahead = None  # `groups` holds it (released with this thread's frame, off the main thread)
             assert prep.ahead_out is not None
             for (_, dst), data, _ in prep.ahead_out:
-                size = torch.tensor([data.numel()], dtype=torch.int64)
-                groups.wait(groups.send(size, parties.index(dst)))
-                groups.wait(groups.send(data, parties.index(dst)))
+                _send_one(groups, e, dst, data)
             groups.waiter.close()
         except BaseException as exc:  # noqa: BLE001 — the boundary finds out
             if groups is not None:
