@@ -197,6 +197,10 @@ def test_a_killed_train_flow_resumes_from_its_checkpoint_into_the_same_mlflow_ru
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(30)
     assert proc.returncode == -signal.SIGKILL
+    # The kill lands at `killed_at`'s checkpoint: a later one that completed in the test's reaction time (it loads
+    # a checkpoint and reads MLflow between looks) goes, as if the machine had died before writing it; otherwise
+    # the resume starts past the steps the observer had flushed and what the run must show is not known.
+    checkpoint.remove_after(out / "checkpoints", killed_at)
     before = json.loads((out / RUN_FILE).read_text())
     assert client.get_run(before["run_id"]).info.status == "RUNNING"  # SIGKILL: nobody ended it
 
@@ -204,7 +208,7 @@ def test_a_killed_train_flow_resumes_from_its_checkpoint_into_the_same_mlflow_ru
     assert state.is_completed(), state.message
     summary = state.result()
     restored = summary["resumed_from"]
-    assert restored is not None and restored >= killed_at and restored % 10 == 0
+    assert restored == killed_at
     assert summary["first_step"] == restored and summary["steps"] == 120
     assert summary["mlflow_run_id"] == before["run_id"] and summary["mlflow_resumed_run"]
 
