@@ -114,15 +114,17 @@ def test_refused_requests_back_off_doubling_and_a_granted_one_resets():
     assert f.ask(1.0, have=1, outstanding=0) == 3
     f.answered(CapacityAnswer(3, refused=3, reason=REFUSED), 1.0)
     assert f.ask(2.9, 1, 0) == 0 and f.ask(3.0, 1, 0) == 3  # half an interval
-    for t in (3.0, 7.0, 11.0):  # one interval, then capped there (MAX_BACKOFF_INTERVALS)
+    for t in (3.0, 5.0, 7.0, 9.0, 11.0):  # then capped there (MAX_BACKOFF_INTERVALS): twice an interval
         f.answered(CapacityAnswer(3, refused=3, reason=REFUSED), t)
+    assert f.ask(12.9, 1, 0) == 0 and f.ask(13.0, 1, 0) == 3
+    f.answered(CapacityAnswer(3, refused=3, reason=REFUSED), 13.0)
     assert f.ask(14.9, 1, 0) == 0 and f.ask(15.0, 1, 0) == 3
     f.answered(CapacityAnswer(3, granted=(1, 2, 3)), 15.0)
     assert f.ask(15.0, have=1, outstanding=3) == 0  # nothing lacks: the granted ones are on their way
     assert f.ask(15.0, have=2, outstanding=0) == 2  # and no backoff after a whole grant
     f.reclaimed(2)
     row = f.close(16.0, alive=2)
-    assert row.to_dict() == {"t": 16.0, "requested": 19, "granted": 4, "alive": 2, "refused": 15, "reclaimed": 2}
+    assert row.to_dict() == {"t": 16.0, "requested": 28, "granted": 4, "alive": 2, "refused": 24, "reclaimed": 2}
     assert f.close(17.0, alive=2).requested == 0  # counts are per interval
     slow = FleetController(FleetConfig(max_instances=2, backoff_s=10.0, max_backoff_s=20.0), 4.0, start=0.0)
     slow.answered(CapacityAnswer(2, refused=2, reason=REFUSED), 0.0)
@@ -244,9 +246,9 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     assert all(set(r) == {"t", "requested", "granted", "alive", "refused", "reclaimed"} for r in rows)
     assert all(r["requested"] <= 4 * 4 for r in rows[1:])  # at most four asks an interval (no request storm)
 
-    # alive follows the market (its clock: seconds since the fleet started asking) once the first instances have
-    # started their workers: never above its capacity, down with it within an interval, and up with it within three
-    # (a granted instance's worker starts and joins first)
+    # alive follows the market (its clock: seconds since the fleet started asking) within one interval, once the
+    # first instances have started their workers: never above its capacity, down and up with it within an interval
+    # (a refused fleet asks again within half an interval; a granted instance's worker starts and joins)
     def cap(t: float) -> int:
         return capacity[min(max(int(t), 0), len(capacity) - 1)]
 
@@ -255,7 +257,7 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     full = alive.index(4)
     for r in rows[full:]:
         assert r["alive"] <= max(cap(r["t"] - 1.0), cap(r["t"])), rows
-        assert r["alive"] >= min(cap(r["t"] - k) for k in (0.0, 1.0, 2.0, 3.0)), rows
+        assert r["alive"] >= min(cap(r["t"] - 1.0), cap(r["t"])), rows
     plans = report["plans"]
     assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 5
     assert all(p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)

@@ -343,7 +343,7 @@ class FleetConfig:
     """A live fleet: keep up to `max_instances` instances requested from the provider, which — not a trace —
     decides what exists (None: no fleet; the instances come from `availability`). Training starts once
     `min_instances` have joined and never waits for more. A refused request is retried after `backoff_s` (default:
-    a quarter interval), doubling up to `max_backoff_s` (default: one interval) while refusals continue. The fleet's
+    a quarter interval), doubling up to `max_backoff_s` (default: half an interval) while refusals continue. The fleet's
     history goes, one row per interval, to the trace store at `trace_store` (default: ``$PARCAE_TRACE_STORE``, else
     ``./trace-store``), unless `record_history` is False."""
 

@@ -18,10 +18,11 @@ from dataclasses import asdict, dataclass
 from trainer.config import FleetConfig
 from trainer.providers.fleet import CapacityAnswer
 
-# A refused request is retried after a quarter interval, doubling up to one interval: a fleet without capacity asks
-# about once an interval (no request storm), and one that gets it back fills up within an interval.
+# A refused request is retried after a quarter interval, doubling up to half an interval: a fleet without capacity
+# asks twice an interval (no request storm: two EC2 calls a minute at the default interval), and one that gets it
+# back sees it within half an interval, so that its workers have joined by the interval's end.
 FIRST_BACKOFF_INTERVALS = 0.25
-MAX_BACKOFF_INTERVALS = 1.0
+MAX_BACKOFF_INTERVALS = 0.5
 
 
 @dataclass(frozen=True)
