@@ -164,6 +164,7 @@ def train(
         start_interval=start_interval, look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S,
         forecaster_run=forecaster_run, model=model, fleet=fleet,
         accept_plans_for_s=2 * interval_seconds if accept_plans else None,
+        notice_s=config.control.notice_grace_s if config.control.prepare else None,
     )  # fmt: skip
     logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
     tags = {

@@ -270,13 +270,21 @@ class CostModel:
         down to one replica — which are restored one after another from the instance that took the
         preempted holders' hand-off during the notice period (the reference's serial Z term).
         """
+        moved = self.refill_ms(d, p, survivors)
+        if moved is None:
+            return self.intra_stage_ms(d, p)
+        return moved + self.restart_ms(d, p, add)
+
+    def refill_ms(self, d: int, p: int, survivors: Sequence[int]) -> float | None:
+        """The transfers of an inter-stage refill (`inter_stage_ms`): the slowest parallel one or the serial chain,
+        whichever is longer; None when no stage is short (nothing moves)."""
         need = [max(d - c, 0) for c in survivors]
         if not any(need):
-            return self.intra_stage_ms(d, p)
+            return None
         t = self.stage_transfer_ms(p)
         parallel = max(t[s] for s in range(p) if need[s] > 0)
         serial = sum(t[s] for s in range(p) if survivors[s] == 0 or (s == p - 1 and survivors[s] == 1 and d >= 2))
-        return max(parallel, serial) + self.restart_ms(d, p, add)
+        return max(parallel, serial)
 
     def pipeline_ms(self, d: int, p: int, missing_params: int, add: bool) -> float:
         """Repartition into p stages: fetch the missing layers, broadcast to the other replicas, restart.

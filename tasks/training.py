@@ -85,6 +85,7 @@ def training_planner(
     model: str | None = None,
     fleet: int | None = None,
     accept_plans_for_s: float | None = None,
+    notice_s: float | None = None,
 ) -> tuple[Any, str]:
     """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
     (`trainer.control.planning.make_planner`).
@@ -97,6 +98,7 @@ def training_planner(
     planner, what = make_planner(
         kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
         look_ahead=look_ahead, interval_s=interval_s, model=model, fleet=fleet, accept_plans_for_s=accept_plans_for_s,
+        notice_s=notice_s,
     )  # fmt: skip
     if kind == "liveput" and forecaster is not None:
         name = str(getattr(forecaster, "name", type(forecaster).__name__))

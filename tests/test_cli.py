@@ -213,6 +213,47 @@ def test_simulate_prepares_migrations_with_the_trace_s_cloud_s_notice_unless_tol
     assert json.loads(gcp.read_text())["migrations"]["notice_s"] == 30.0
 
 
+def _measured_profile(path, measured):
+    """A tiny-gpt runtime profile as `parcae profile` writes one (test input): 2x1 the fastest of three strategies."""
+    from liveput import CostConstants, ThroughputProfile
+    from trainer import RuntimeProfile
+    from trainer.observe.profile import runtime_spec
+
+    throughput = ThroughputProfile("tiny-gpt", 16, 2, {(1, 1): 100.0, (2, 1): 60.0, (1, 2): 80.0}, source="test")
+    constants = CostConstants(group_mode="groups", build_ms={1: 50.0, 2: 50.0})
+    RuntimeProfile(throughput, constants, runtime_spec("tiny-gpt"), measured, "", "test input").to_json(path)
+    return path
+
+
+def test_simulate_runs_on_a_measured_runtime_profile(runner, tmp_path):
+    """--profile: the runtime's own iteration times and cost model, prepared migrations slowed by the slowdown the
+    profile measured; a profile without that measurement is named (and still simulates the full stop)."""
+    window = ("simulate", "--start-hour", "8", "--end-hour", "8.5", "-p", "parcae", "-p", "ideal")
+    prof = _measured_profile(tmp_path / "profile.json", {"prepared": {"slowdown": 0.25}})
+    docs = {}
+    for name, extra in {"prepared": (), "full": ("--full-stop",)}.items():
+        out = tmp_path / f"{name}.json"
+        result = invoke(runner, *window, "--profile", str(prof), *extra, "--json", str(out))
+        assert result.exit_code == 0, result.output
+        docs[name] = json.loads(out.read_text())
+    assert docs["prepared"]["model"] == "tiny-gpt" and "tiny-gpt" in result.stdout
+    assert docs["prepared"]["migrations"]["slowdown"] == 0.25 and docs["prepared"]["migrations"]["notice_s"] == 120.0
+    assert docs["full"]["migrations"]["prepared"] == []
+    # two instances at most are used (2x1, the profile's fastest): ideal trains 60 ms steps whenever two are alive
+    assert docs["prepared"]["policies"]["ideal"]["samples"] == docs["full"]["policies"]["ideal"]["samples"] > 0
+    parcae = {k: d["policies"]["parcae"]["samples"] for k, d in docs.items()}
+    assert docs["prepared"]["policies"]["ideal"]["samples"] >= parcae["prepared"] >= parcae["full"] > 0
+    old = _measured_profile(tmp_path / "old.json", {})
+    assert_user_error(invoke(runner, *window, "--profile", str(old)), str(old), "measured.prepared.slowdown",
+                      "--full-stop")  # fmt: skip
+    assert invoke(runner, *window, "--profile", str(old), "--full-stop").exit_code == 0
+    assert_user_error(invoke(runner, *window, "--profile", str(prof), "--global-batch", "32"), "--global-batch 32",
+                      "global batch 16")  # fmt: skip
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert_user_error(invoke(runner, *window, "--profile", str(bad)), str(bad), "format")
+
+
 def test_format_migrations():
     assert format_migrations({"inter-stage": 1.44, "pipeline": 4.0, "start": 1.0}) == (
         "pipeline 4, inter-stage 1.44, start 1"

@@ -272,6 +272,26 @@ def test_make_planner_builds_each_kind_and_names_the_fix(tmp_path, lightgbm):
         make_planner("liveput", profile=profile, look_ahead=0)
 
 
+def test_a_job_that_prepares_its_migrations_is_planned_with_the_profile_s_measured_preparation():
+    """notice_s (the job prepares, its provider's notices come that long ahead): liveput prices moves as prepared,
+    the old strategy slowed by the profile's measured slowdown; a profile without that measurement prices full stops
+    and every decision says why; no notice_s: full stops (the reference's model)."""
+    from dataclasses import replace as copy
+
+    measured = copy(tiny_runtime_profile(), measured={"prepared": {"slowdown": 0.2}})
+    planner, _ = make_planner("liveput", profile=measured, look_ahead=2, notice_s=120.0)
+    prep = planner.cost.preparation
+    assert prep.enabled and prep.notice_s == 120.0 and prep.slowdown == 0.2
+    _, details = planner(request((4, 4), (1, 2)))
+    assert details["migrations"] == f"migrations priced as {prep.describe()}"
+    full, _ = make_planner("liveput", profile=measured, look_ahead=2)
+    assert not full.cost.preparation.enabled and "full stop" in full(request((4, 4), (1, 2)))[1]["migrations"]
+    old, _ = make_planner("liveput", profile=tiny_runtime_profile(), look_ahead=2, notice_s=120.0)
+    assert not old.cost.preparation.enabled
+    why = old(request((4, 4), (1, 2)))[1]["migrations"]
+    assert "although the job prepares them" in why and "measured.prepared.slowdown" in why and "parcae profile" in why
+
+
 def test_handed_planner_applies_the_latest_feasible_plan():
     plan = HandedPlan((1, 3), "flow-run-7", seq=2, sent_at=10.0, received_at=10.5)
     decision, details = HandedPlanner()(request((4, 4), (2, 2), handed=plan))

@@ -23,6 +23,7 @@ from trainer.control.measure import (
     iteration_times,
     measure,
     profile_schedule,
+    slowdown_pairs,
     visit_order,
     visit_rounds,
 )
@@ -33,7 +34,11 @@ from trainer.observe.calibration import (
     fit_group_costs,
     fit_line,
     fit_p2p,
+    fit_slowdown,
     p2p_table,
+    predict_ms,
+    predict_time,
+    split_lead_down,
 )
 from trainer.observe.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
 
@@ -214,6 +219,44 @@ def test_calibrate_names_what_is_missing():
         calibrate(SPEC, no_add, ps=[1, 2, 4])
 
 
+def test_the_split_pairs_each_migration_with_its_prepared_run_and_the_model_s_split():
+    """The full pauses (nothing prepared) beside the same epochs' prepared pauses: lead = full - down for a prepared
+    migration, 0 for one the runtime did not prepare; the model's split is `predict_time`'s (its full cost the one
+    the fits use)."""
+    from dataclasses import replace
+
+    truth = _truth()
+    full = _synthetic(truth)
+    prepared = [replace(m, pause_ms=m.pause_ms / 4, prepared=m.kind != "checkpoint-restart") for m in full]
+    split = split_lead_down(truth, full, prepared)
+    rows = {r["epoch"]: r for r in split["rows"]}
+    for m in full:
+        r, t = rows[m.epoch], predict_time(truth, m)
+        assert r["full_ms"] == m.pause_ms and r["down_ms"] == m.pause_ms / 4
+        assert r["lead_ms"] == (0.0 if m.kind == "checkpoint-restart" else pytest.approx(0.75 * m.pause_ms))
+        assert (r["model_full_ms"], r["model_lead_ms"], r["model_down_ms"]) == (t.full_ms, t.lead_ms, t.down_ms)
+        assert t.full_ms == predict_ms(truth, m) and t.lead_ms + t.down_ms >= t.full_ms - 1e-9  # (+ the catch-up)
+    kinds = split["kinds"]
+    assert {"notice", "addition", "intra-stage", "checkpoint-restart"} <= set(kinds)
+    assert kinds["checkpoint-restart"]["prepared"] == 0 and kinds["checkpoint-restart"]["lead_ms"] == 0.0
+    assert sum(k["count"] for k in kinds.values()) == len(full)
+    with pytest.raises(ProfileError, match="same schedule"):
+        split_lead_down(truth, full, prepared[1:])
+
+
+def test_the_slowdown_is_the_median_extra_time_over_one_step_clamped():
+    value, how = fit_slowdown([(10.0, 1.0), (10.0, 2.0), (20.0, 10.0), (10.0, -3.0)])
+    assert value == pytest.approx(0.15) and "median over 4 epochs" in how and "quartiles" in how
+    assert fit_slowdown([(10.0, -5.0)])[0] == 0.0 and "clamped" in fit_slowdown([(10.0, 50.0)])[1]
+    value, how = fit_slowdown([])
+    assert value is None and how.startswith("not measured") and "--steps-per-strategy" in how
+    full = [{"epoch": n, "start_step": 2 * n, "end_step": 2 * n + 2, "train_s": 0.02} for n in range(4)]
+    prep = [{**e, "train_s": 0.025} for e in full]
+    prep[3]["train_s"] = None
+    # epoch 0 is before the visit; epoch 2's successor was not prepared; epoch 3 has no prepared span
+    assert slowdown_pairs(full, prep, {2, 4}, first_step=2) == [(10.0, pytest.approx(5.0))]
+
+
 # ---------------------------------------------------------------------------------------------------- the file
 
 
@@ -320,6 +363,20 @@ def test_measure_profiles_every_strategy_and_migration_and_feeds_the_planner(tmp
     prof.to_json(path)
     back = RuntimeProfile.load(path)
     assert back.to_dict() == prof.to_dict()
+    # the constants are fitted on full stops: the first run prepared nothing; the second run, the same schedule,
+    # prepared every migration the runtime prepares (a scripted notice, a plan; not the prologue's add, whose
+    # instance starts at its boundary, nor the checkpoint-restart) and trained the same losses
+    assert not any(m["prepared"] for m in migrations)
+    prep = prof.measured["prepared"]
+    assert prep["loss_first_last"] == prof.measured["job"]["loss_first_last"]
+    kinds = prep["kinds"]
+    assert set(kinds) == {"notice", "addition", "intra-stage", "inter-stage", "pipeline", "checkpoint-restart"}
+    for kind in ("notice", "intra-stage", "inter-stage", "pipeline"):
+        assert kinds[kind]["prepared"] == kinds[kind]["count"] >= 1, kinds
+    assert kinds["checkpoint-restart"]["prepared"] == 0
+    assert all(r["lead_ms"] >= 0 and r["down_ms"] > 0 for r in prep["split"])
+    assert 0.0 <= prep["slowdown"] <= 1.0 and "median over" in prep["slowdown_source"]
+    assert back.preparation(120.0).slowdown == prep["slowdown"] and back.cost_model().preparation.enabled is False
 
 
 def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
@@ -335,8 +392,12 @@ def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
     for (d, p), ms in prof.throughput.iteration_ms.items():
         assert len(step_ms[f"{d}x{p}"]) >= 2 and ms == min(step_ms[f"{d}x{p}"])
     for text in ("iteration time per strategy", "measured pause vs the calibrated model", "checkpoint-restart",
-                 "rendezvous_ms", "1x2"):  # fmt: skip
+                 "rendezvous_ms", "1x2", "lead time and downtime per kind", "model down"):  # fmt: skip
         assert text in res.output
+    # one step a strategy: every epoch is prepared before it starts, so no epoch measures the slowdown — and it says so
+    assert prof.measured["prepared"]["slowdown"] is None and "slowdown while a preparation runs: not measured" in (
+        " ".join(res.output.split())
+    )
 
 
 @pytest.mark.parametrize(

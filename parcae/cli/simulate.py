@@ -56,6 +56,29 @@ def _load_model(
     return profile, cost
 
 
+def _load_runtime_profile(
+    path: Path, global_batch: int | None, preparation: "Preparation"
+) -> tuple["ThroughputProfile", "CostModel"]:
+    """The measured profile at ``path`` (`parcae profile`) as the simulator's throughput and cost model; prepared
+    migrations slow the old strategy by what the profile measured. A bad file or batch is a UserError."""
+    from trainer import ProfileFormatError, RuntimeProfile
+
+    try:
+        measured = RuntimeProfile.load(path)
+    except ProfileFormatError as exc:
+        raise UserError(str(exc)) from None
+    if preparation.enabled:
+        try:
+            preparation = measured.preparation(preparation.notice_s)
+        except ProfileFormatError as exc:
+            raise UserError(f"{path}: {exc}; or simulate the full stop (--full-stop)") from None
+    batch = measured.throughput.global_batch
+    if global_batch is not None and global_batch != batch:
+        raise UserError(f"--global-batch {global_batch}: {path} was measured at global batch {batch} and a measured "
+                        "profile is not rescaled; measure it at that batch, or leave --global-batch out")  # fmt: skip
+    return measured.throughput, measured.cost_model(preparation)
+
+
 def _check_global_batch(model: str, global_batch: int) -> None:
     """--global-batch within what the throughput estimate simulates (beyond it, minutes and then a MemoryError)."""
     from liveput import MAX_MICRO_BATCHES, max_global_batch
@@ -213,6 +236,15 @@ def simulate(
             "prepared in the background), as in the published comparison.",
         ),
     ] = False,
+    runtime_profile: Annotated[
+        Path | None,
+        typer.Option(
+            "--profile",
+            metavar="PROFILE.json",
+            help="Simulate this runtime as `parcae profile` measured it (its iteration times, its calibrated cost "
+            "model and the slowdown it measured while preparing) instead of --model's bundled table.",
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
     ] = None,
@@ -239,7 +271,11 @@ def simulate(
         raise UserError(f"--notice-seconds must be >= 0 seconds, got {notice_seconds:g}")
     df, window = load_window(trace, interval_seconds, start_hour, end_hour)
     preparation = _preparation(df, notice_seconds, full_stop)
-    profile, cost = _load_model(model, global_batch, preparation)
+    if runtime_profile is not None:
+        profile, cost = _load_runtime_profile(runtime_profile, global_batch, preparation)
+        model, preparation = profile.model, cost.preparation
+    else:
+        profile, cost = _load_model(model, global_batch, preparation)
     first, last = int(window["interval"].iloc[0]), int(window["interval"].iloc[-1])
     n_intervals = len(window)
     config = SimulationConfig(

@@ -284,6 +284,7 @@ def train_cmd(
                 planner, profile=runtime, model=model, look_ahead=look_ahead,
                 interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
                 accept_plans_for_s=2 * interval_seconds if accept_plans else None,
+                notice_s=providers[provider_name].notice_grace_s(options) if prepare else None,
             )  # fmt: skip
         except ValueError as exc:
             raise UserError(str(exc)) from None
@@ -553,6 +554,22 @@ def _print_profile(prof: Any) -> None:
     for row in rows:
         table.add_row(*row)
     out.print(table)
+    prep = m["prepared"]
+    table = Table(title="lead time and downtime per kind (median ms): the same schedule, nothing prepared vs "
+                  "prepared in the background", box=box.SIMPLE, title_justify="left")  # fmt: skip
+    for name in ("kind", "n", "prepared", "full", "down", "lead", "model down", "model lead"):
+        table.add_column(name, justify="left" if name == "kind" else "right")
+    for kind, k in prep["kinds"].items():
+        table.add_row(
+            kind,
+            str(k["count"]),
+            str(k["prepared"]),
+            *(f"{k[f]:.0f}" for f in ("full_ms", "down_ms", "lead_ms", "model_down_ms", "model_lead_ms")),
+        )
+    out.print(table)
+    slowdown = prep["slowdown"]
+    shown = f"{slowdown:.3f} ({prep['slowdown_source']})" if slowdown is not None else prep["slowdown_source"]
+    out.print(f"old strategy's slowdown while a preparation runs: {shown}", soft_wrap=True)
 
 
 @command("export")

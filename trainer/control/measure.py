@@ -1,11 +1,13 @@
-"""Measuring a runtime profile: one `trainer.control.run.run_job` whose scripted schedule visits every strategy and
-produces every migration kind, turned into a `trainer.observe.profile.RuntimeProfile`.
+"""Measuring a runtime profile: a `trainer.control.run.run_job` whose scripted schedule visits every strategy and
+produces every migration kind, run twice — nothing prepared (the full costs the constants are fitted on), then every
+migration prepared in the background (the downtime; the lead time is the difference) — turned into a
+`trainer.observe.profile.RuntimeProfile`.
 
 Owns: the schedule the job runs (`feasible_strategies`, `visit_order`, `visit_rounds`, `profile_schedule`: its docstring
 describes the prologue, the visit and the final checkpoint-restart), turning the job's result into measurements
-(`iteration_times`, `migrations_from_result`), `measure` and the cache of measured profiles (`profile_path`,
-`cached_profile`). Must not touch: processes, stores and training (`trainer.control.run` does that), the fits
-(`trainer.observe.calibration`), the file format (`trainer.observe.profile`).
+(`iteration_times`, `migrations_from_result`, `slowdown_pairs`), `measure` and the cache of measured profiles
+(`profile_path`, `cached_profile`). Must not touch: processes, stores and training (`trainer.control.run` does that),
+the fits (`trainer.observe.calibration`), the file format (`trainer.observe.profile`).
 
 Iteration time of a strategy: the least over its visit epochs of `train_s / steps` (`Coordinator.epoch_spans`:
 last member ready to first member arriving at the next boundary, so no migration pause is in it). The least, not
@@ -31,8 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from liveput import Strategy, ThroughputProfile
-from trainer.observe.calibration import RESTART, Migration, calibrate
+from liveput import CostModel, Strategy, ThroughputProfile
+from trainer.observe.calibration import RESTART, Migration, calibrate, fit_slowdown, split_lead_down
 from trainer.observe.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
 
 PROLOGUE_PREEMPT_STEP = 2  # the preemption with notice; the add follows one step later
@@ -195,8 +197,24 @@ def migrations_from_result(result: Mapping[str, Any], planned: Sequence[Any], sc
             pause_ms=1000.0 * r["pause_s"], role=role, add=role == "add", hold_ms=1000.0 * r["hold_s"],
             join_ms=join_ms, transfer_ms=1000.0 * xfer if plan.transfers and xfer is not None else None,
             transfer_bytes=_party_bytes(plan, state_bytes(plan.start_step)), bytes_moved=int(r["bytes_moved"]),
-            survivors=survivors, phases_ms=phases,
+            survivors=survivors, phases_ms=phases, prepared=bool(r.get("prepared")),
         ))  # fmt: skip
+    return out
+
+
+def slowdown_pairs(full: Sequence[Mapping[str, Any]], prepared: Sequence[Mapping[str, Any]],
+                   prepared_next: set[int], first_step: int) -> list[tuple[float, float]]:  # fmt: skip
+    """(ms per step unprepared, ms longer prepared) of every visit epoch measured in both runs (`full`, `prepared`:
+    their `epoch_spans`) whose next epoch was prepared during its last step (`prepared_next`: epoch numbers)."""
+    by_number = {e["epoch"]: e for e in prepared}
+    out = []
+    for e in full:
+        q = by_number.get(e["epoch"])
+        steps = e["end_step"] - e["start_step"]
+        if (q is None or e["start_step"] < first_step or steps < 1 or e["epoch"] + 1 not in prepared_next
+                or e["train_s"] is None or q["train_s"] is None):  # fmt: skip
+            continue
+        out.append((1000.0 * e["train_s"] / steps, 1000.0 * (q["train_s"] - e["train_s"])))
     return out
 
 
@@ -233,12 +251,13 @@ def measure(
     timeout_s: float = 300.0,
     command: str = "",
 ) -> RuntimeProfile:
-    """Measure the runtime profile of `model` on `workers` local processes in one job (see the module docstring).
+    """Measure the runtime profile of `model` on `workers` local processes in two jobs of one schedule (see the module
+    docstring).
 
-    `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a
-    fresh folder for the job's files; `progress(message)` is told what is happening; `start_method`: how worker
-    processes start ("spawn" is cold, as a real new instance or restart; "forkserver" is a warm pool and makes
-    rendezvous and restarts cheap).
+    `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a fresh
+    folder for the first job's files (the prepared job's go beside it, in `<out_dir>-prepared`); `progress(message)` is
+    told what is happening; `start_method`: how worker processes start ("spawn" is cold, as a real new instance or
+    restart; "forkserver" is a warm pool and makes rendezvous and restarts cheap).
     """
     from trainer.config import (
         CheckpointConfig,
@@ -276,17 +295,26 @@ def measure(
     order = visit_rounds(visit_order(chosen), rounds)
     sched = profile_schedule(workers, order, steps_per_strategy, batch)
     tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch)
-    say(f"profiling {model} on {workers} workers: {len(set(order))} strategies, {sched.steps} steps")
     t0 = time.monotonic()
-    job = JobConfig(out_dir=str(out_dir), model=mcfg, train=tcfg, checkpoint=CheckpointConfig(every=0),
-                    control=ControlPlaneConfig(timeout_s=timeout_s),
-                    provider=ProviderConfig(start_method=start_method, max_processes=workers))  # fmt: skip
-    result = run_job(job, Schedule(workers=workers, strategy=sched.initial, events=list(sched.events)))
+
+    def run(prepare: bool, folder: Path) -> dict[str, Any]:
+        job = JobConfig(out_dir=str(folder), model=mcfg, train=tcfg, checkpoint=CheckpointConfig(every=0),
+                        control=ControlPlaneConfig(timeout_s=timeout_s, prepare=prepare),
+                        provider=ProviderConfig(start_method=start_method, max_processes=workers))  # fmt: skip
+        return run_job(job, Schedule(workers=workers, strategy=sched.initial, events=list(sched.events)))
+
+    # the full costs first (nothing prepared: what the reference's decomposition describes, and what the constants
+    # are fitted on), then the same schedule prepared in the background (its pauses are the downtime)
+    say(f"profiling {model} on {workers} workers: {len(set(order))} strategies, {sched.steps} steps, nothing prepared")
+    result = run(False, Path(out_dir))
+    say(f"profiling {model} again, its migrations prepared in the background")
+    prepared_result = run(True, Path(out_dir).with_name(Path(out_dir).name + "-prepared"))
     wall = time.monotonic() - t0
     say("fitting the cost model")
     planned = check_schedule(mcfg, tcfg, workers, sched.initial, sched.steps, group_events(parse_events(sched.events)))
     sizes = layer_sizes(mcfg)
     migrations = migrations_from_result(result, planned, sched, sizes.state_bytes)
+    prepared = migrations_from_result(prepared_result, planned, sched, sizes.state_bytes)
     step_ms = iteration_times(result["epochs"], sched.main_start)
     missing = sorted(set(order) - set(step_ms))
     if missing:
@@ -302,6 +330,11 @@ def measure(
                f"{steps_per_strategy} steps each)",
     )  # fmt: skip
     constants, fit = calibrate(spec, migrations, {p for _, p in throughput.iteration_ms}, label)
+    split = split_lead_down(CostModel(spec, constants), migrations, prepared)
+    prepared_next = {m.epoch for m in prepared if m.prepared}
+    slowdown, slowdown_how = fit_slowdown(
+        slowdown_pairs(result["epochs"], prepared_result["epochs"], prepared_next, sched.main_start)
+    )
     measured = {
         "machine": machine,
         "job": {"model": model, "workers": workers, "steps": sched.steps, "steps_per_strategy": steps_per_strategy,
@@ -315,6 +348,10 @@ def measure(
         "migrations": [m.to_dict() for m in migrations],
         "fit": fit["rows"],
         "calibration": {k: v for k, v in fit.items() if k != "rows"},
+        "prepared": {"migrations": [m.to_dict() for m in prepared], "epochs": prepared_result["epochs"],
+                     "split": split["rows"], "kinds": split["kinds"], "slowdown": slowdown,
+                     "slowdown_source": slowdown_how,
+                     "loss_first_last": [prepared_result["loss"][0], prepared_result["loss"][-1]]},
     }  # fmt: skip
     measured = json.loads(json.dumps(measured))  # plain JSON data, as `load` gives it back
     return RuntimeProfile(throughput, constants, spec, measured, created,

@@ -349,13 +349,16 @@ class LiveputPlanner:
     name = "liveput"
 
     def __init__(
-        self, profile: ThroughputProfile, cost: CostModel, *, forecast: Forecast | None = None, **horizon: Any
-    ) -> None:
+        self, profile: ThroughputProfile, cost: CostModel, *, forecast: Forecast | None = None,
+        pricing: str | None = None, **horizon: Any,
+    ) -> None:  # fmt: skip
         """`horizon`: ``look_ahead`` (K) and ``interval_s`` (T), as `liveput.PlannerConfig` takes them (its defaults,
-        its checks)."""
+        its checks); `pricing`: how migrations are priced, in a sentence for each decision's details (default: what
+        `cost.preparation` says)."""
         from liveput import PlannerConfig, ScenarioStore
 
         self.profile, self.cost = profile, cost
+        self.pricing = pricing or f"migrations priced as {cost.preparation.describe()}"
         self.config = PlannerConfig(**horizon)
         self.store = ScenarioStore(profile, cost)
         self.forecast: Forecast = forecast or observed_persistence
@@ -372,6 +375,7 @@ class LiveputPlanner:
             "look_ahead": self.config.look_ahead,
             "interval_s": self.config.interval_s,
             "forecast": _forecast_name(self.forecast),
+            "migrations": self.pricing,
             "intervals": [{"prev_available": f.prev_available, "events": [list(e) for e in f.events]}
                           for f in forecast],
             **result.to_dict(),
@@ -435,6 +439,7 @@ def make_planner(
     model: str | None = None,
     fleet: int | None = None,
     accept_plans_for_s: float | None = None,
+    notice_s: float | None = None,
 ) -> tuple[Planner, str]:
     """The live planner of kind ``kind`` (one of `PLANNERS`) and, in a sentence, the forecasts it plans with (for a
     run's tags and the job's report) — how `parcae train` and the train flow build their planner.
@@ -446,7 +451,10 @@ def make_planner(
     `forecasting.forecast.Forecaster`; a learned one behind the online skill gate, `forecasting.skill_gated`) on
     the past of the replayed ``trace`` scaled to ``workers`` instances from ``start_interval`` (`TraceForecast`)
     — or, for a live fleet of up to ``fleet`` instances, on the fleet's own history (`HistoryForecast`) —, or with
-    `observed_persistence` when no forecaster is given. The other kinds
+    `observed_persistence` when no forecaster is given. ``notice_s``: the job prepares its migrations in the
+    background (`ControlPlaneConfig.prepare`) and its provider's notices come that long ahead: liveput prices each
+    move as prepared, its old strategy slowed by what the profile measured (`RuntimeProfile.preparation`); None,
+    or a profile without that measurement (said in the sentence): the reference's full stop. The other kinds
     ignore ``profile``, ``forecaster``, ``trace`` and ``fleet``. With ``accept_plans_for_s``, a rule or liveput
     planner also takes plans handed in from outside (the scheduled plan-interval flow's): each stands that many
     seconds, and the planner decides again when no fresh one has come (`HandedPlanner`'s fallback).
@@ -457,7 +465,7 @@ def make_planner(
     if accept_plans_for_s is not None and kind != "handed":
         own, what = make_planner(kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers,
                                  start_interval=start_interval, look_ahead=look_ahead, interval_s=interval_s,
-                                 model=model, fleet=fleet)  # fmt: skip
+                                 model=model, fleet=fleet, notice_s=notice_s)  # fmt: skip
         return HandedPlanner(own, max_age_s=accept_plans_for_s), (
             f"handed in from outside when fresh (each stands {accept_plans_for_s:g} s); else {what}"
         )
@@ -495,8 +503,17 @@ def make_planner(
         forecast = source
         what = (f"{source.model} on {name}'s past (persistence where it cannot forecast, said in each decision's "
                 "details)")  # fmt: skip
-    planner = LiveputPlanner(throughput, profile.cost_model(), look_ahead=look_ahead, interval_s=interval_s,
-                             forecast=forecast)  # fmt: skip
+    cost, pricing = profile.cost_model(), None
+    if notice_s is not None:
+        from trainer.observe.profile import ProfileFormatError
+
+        try:
+            cost = profile.cost_model(profile.preparation(notice_s))
+        except ProfileFormatError as exc:  # priced as full stops (an upper bound), and said in every decision
+            pricing = (f"migrations priced as {cost.preparation.describe()}, although the job prepares them: the "
+                       f"runtime profile's {exc}")  # fmt: skip
+    planner = LiveputPlanner(throughput, cost, look_ahead=look_ahead, interval_s=interval_s,
+                             forecast=forecast, pricing=pricing)  # fmt: skip
     return planner, what
 
 

@@ -2,10 +2,11 @@
 measurements.
 
 Owns: `Migration` (one measured reconfiguration, as the fits see it), the fits (`fit_line`, `fit_group_costs`,
-`fit_p2p`, `fit_build_ms`), `p2p_table`, `predict_ms` and `calibrate` (every constant's source is written to
-`CostConstants.source`; `calibrate`'s docstring says how each is obtained). Must not touch: the cost formulas
-(`liveput.migration.CostModel`: the calibration inverts them, it never changes them), the job that measures
-(`trainer.control.measure`), the profile's file format (`trainer.observe.profile`).
+`fit_p2p`, `fit_build_ms`), `p2p_table`, `predict_time` / `predict_ms` and `calibrate` (every constant's source is
+written to `CostConstants.source`; `calibrate`'s docstring says how each is obtained), and the split of lead time from
+downtime (`split_lead_down`, `fit_slowdown`: the same schedule measured unprepared and prepared). Must not touch: the
+cost formulas (`liveput.migration.CostModel`: the calibration inverts them, it never changes them), the job that
+measures (`trainer.control.measure`), the profile's file format (`trainer.observe.profile`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from liveput import CostConstants, CostModel, MiB, MigrationKind, ModelSpec, P2PTable, Strategy, healthy_missing
+from liveput import (
+    CostConstants,
+    CostModel,
+    MiB,
+    MigrationKind,
+    MigrationTime,
+    ModelSpec,
+    P2PTable,
+    Strategy,
+    healthy_missing,
+)
 from trainer.observe.profile import ProfileError
 
 INTRA = MigrationKind.INTRA_STAGE.value
@@ -32,7 +43,8 @@ class Migration:
     not fitted), "add" (the added instance's: rendezvous and its transfer), "restart" (the checkpoint-restart).
     survivors: per stage of `src`, the replicas that stay (inter-stage). transfer_bytes: the busiest transfer
     party's bytes (sent + received); transfer_ms: the slowest new member's transfer phase (None: no transfer).
-    join_ms: for the add, its process's start-to-join time.
+    join_ms: for the add, its process's start-to-join time. prepared: the runtime prepared it in the background
+    (its pause is then the downtime only).
     """
 
     epoch: int
@@ -50,6 +62,7 @@ class Migration:
     bytes_moved: int = 0
     survivors: tuple[int, ...] = ()
     phases_ms: Mapping[str, float] = field(default_factory=dict)
+    prepared: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -57,6 +70,7 @@ class Migration:
             "role": self.role, "add": self.add, "pause_ms": self.pause_ms, "hold_ms": self.hold_ms,
             "join_ms": self.join_ms, "transfer_ms": self.transfer_ms, "transfer_bytes": self.transfer_bytes,
             "bytes_moved": self.bytes_moved, "survivors": list(self.survivors), "phases_ms": dict(self.phases_ms),
+            "prepared": self.prepared,
         }  # fmt: skip
 
 
@@ -151,18 +165,26 @@ def _missing_params(spec: ModelSpec, src: Strategy, dst: Strategy) -> int:
     return healthy_missing(spec.layer_params, spec.partition(src[1]), spec.partition(dst[1]), src[0])
 
 
-def predict_ms(cost: CostModel, m: Migration) -> float:
-    """What the cost model charges for the measured migration `m`."""
+def predict_time(cost: CostModel, m: Migration) -> MigrationTime:
+    """What the cost model charges for the measured migration `m`: its full cost, and the lead time and downtime it
+    splits that into for a runtime that prepares it (a checkpoint-restart is never prepared: all downtime)."""
     d, p = m.dst
     if m.kind == INTRA:
-        return cost.intra_stage_ms(d, p)
+        return cost.intra_stage_time(d, p)
     if m.kind == INTER:
-        return cost.inter_stage_ms(d, p, m.survivors or (m.src[0],) * p, m.add)
+        moved = cost.refill_ms(d, p, m.survivors or (m.src[0],) * p)
+        return cost.intra_stage_time(d, p) if moved is None else cost.inter_stage_time(d, p, moved, m.add)
     if m.kind == PIPELINE:
-        return cost.pipeline_ms(d, p, _missing_params(cost.spec, m.src, m.dst), m.add)
+        return cost.pipeline_time(d, p, _missing_params(cost.spec, m.src, m.dst), m.add, old_p=m.src[1])
     if m.kind == RESTART:
-        return cost.checkpoint_restart_ms(d, p, add=True, save=True)
+        full = cost.checkpoint_restart_ms(d, p, add=True, save=True)
+        return MigrationTime(full, down_ms=full)
     raise ProfileError(f"epoch {m.epoch}: no cost formula for a {m.kind!r} migration")
+
+
+def predict_ms(cost: CostModel, m: Migration) -> float:
+    """What the cost model charges for the measured migration `m` when nothing is prepared (the reference's)."""
+    return predict_time(cost, m).full_ms
 
 
 def _groups(d: int, p: int) -> int:
@@ -277,3 +299,64 @@ def calibrate(spec: ModelSpec, migrations: Sequence[Migration], ps: Iterable[int
         },  # fmt: skip
     }
     return constants, report
+
+
+# ------------------------------------------------------------------------------------------------ lead and downtime
+
+
+def trigger_kind(m: Migration) -> str:
+    """How the split report names `m`: the prologue's preemption is the noticed one ("notice"), its add the
+    "addition"; the visit's migrations are planned re-shapes, named by kind."""
+    return {"preempt": "notice", "add": "addition"}.get(m.role, m.kind)
+
+
+SPLIT_FIELDS = ("full_ms", "down_ms", "lead_ms", "model_full_ms", "model_lead_ms", "model_down_ms")
+
+
+def split_lead_down(cost: CostModel, full: Sequence[Migration], prepared: Sequence[Migration]) -> dict[str, Any]:
+    """Lead time and downtime per migration kind and trigger, measured on one schedule run twice: with nothing prepared
+    (`full`: each pause is the whole cost) and prepared in the background (`prepared`: each pause is the downtime). What
+    preparation took off the boundary is the lead time (the full pause minus the downtime, at least 0; 0 for a migration
+    the runtime did not prepare, whose two pauses differ by noise only). Beside each, the model's split of the same move
+    (`predict_time`, under `cost`): the check of the decomposition `liveput.migration` writes down. The two runs pair by
+    epoch (one schedule, the same epochs)."""
+    by_epoch = {m.epoch: m for m in prepared}
+    rows: list[dict[str, Any]] = []
+    for m in full:
+        q = by_epoch.get(m.epoch)
+        if q is None or (q.kind, q.dst) != (m.kind, m.dst):
+            raise ProfileError(f"epoch {m.epoch} ({m.kind} to {m.dst[0]}x{m.dst[1]}) is not in the prepared run: "
+                               "the two runs did not follow the same schedule")  # fmt: skip
+        t = predict_time(cost, m)
+        rows.append({"epoch": m.epoch, "kind": trigger_kind(m), "from": list(m.src), "to": list(m.dst),
+                     "prepared": q.prepared, "full_ms": m.pause_ms, "down_ms": q.pause_ms,
+                     "lead_ms": max(0.0, m.pause_ms - q.pause_ms) if q.prepared else 0.0, "model_full_ms": t.full_ms,
+                     "model_lead_ms": t.lead_ms, "model_down_ms": t.down_ms})  # fmt: skip
+    by_kind: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_kind.setdefault(r["kind"], []).append(r)
+    kinds = {
+        k: {"count": len(rs), "prepared": sum(1 for r in rs if r["prepared"]),
+            **{f: statistics.median(r[f] for r in rs) for f in SPLIT_FIELDS}}
+        for k, rs in by_kind.items()
+    }  # fmt: skip
+    return {"rows": rows, "kinds": kinds}
+
+
+def fit_slowdown(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, str]:
+    """The old strategy's slowdown while a preparation runs beside it (`liveput.Preparation.slowdown`), from
+    `pairs` of (ms per step with nothing prepared, ms the same epoch took longer when the next epoch was prepared
+    during its last step): the median of extra / step (a preparation runs during one step), clamped to [0, 1].
+    Returns the value and how it was obtained (with the quartiles: two runs on a shared machine are noisy); None
+    and why when no epoch had a preparation beside it (a one-step epoch is prepared before it starts)."""
+    ratios = sorted(extra / step for step, extra in pairs if step > 0)
+    if not ratios:
+        return None, ("not measured: no epoch trained both with and without a preparation beside it (give each "
+                      "strategy two steps or more: --steps-per-strategy)")  # fmt: skip
+    med = statistics.median(ratios)
+    q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [med, med, med]
+    how = (f"median over {len(ratios)} epochs of (their time with the next epoch prepared during their last step "
+           f"- without) / one step: {med:.3f} (quartiles {q[0]:.3f} / {q[2]:.3f})")  # fmt: skip
+    if not 0.0 <= med <= 1.0:
+        how += ", clamped to [0, 1]"
+    return min(1.0, max(0.0, med)), how

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from forecasting import jsonio
-from liveput import CostConstants, CostModel, Layer, ModelSpec, P2PTable, ThroughputProfile
+from liveput import FULL_STOP, CostConstants, CostModel, Layer, ModelSpec, P2PTable, Preparation, ThroughputProfile
 from trainer.jsonfile import load_json
 
 FORMAT = "parcae-runtime-profile"
@@ -99,8 +99,21 @@ class RuntimeProfile:
     created: str = ""
     command: str = ""
 
-    def cost_model(self) -> CostModel:
-        return CostModel(self.spec, self.constants)
+    def cost_model(self, preparation: Preparation = FULL_STOP) -> CostModel:
+        return CostModel(self.spec, self.constants, preparation)
+
+    def preparation(self, notice_s: float) -> Preparation:
+        """This runtime's `Preparation` under a cloud's `notice_s`: every trigger it prepares, with the slowdown
+        `parcae profile` measured (`measured.prepared.slowdown`). A profile without that measurement (written by an
+        older parcae) raises `ProfileFormatError` naming the field."""
+        prepared = self.measured.get("prepared")
+        slowdown = prepared.get("slowdown") if isinstance(prepared, Mapping) else None
+        if isinstance(slowdown, bool) or not isinstance(slowdown, (int, float)) or not 0.0 <= slowdown <= 1.0:
+            raise ProfileFormatError(
+                "field 'measured.prepared.slowdown' is missing or not in [0, 1] (not measured, "
+                "or by an older parcae): measure the profile again with `parcae profile`"
+            )
+        return Preparation(notice_s=notice_s, slowdown=float(slowdown))
 
     def to_dict(self) -> dict[str, Any]:
         return {
