@@ -262,6 +262,10 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 5
     assert all(p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
     assert [p["alive"] for p in plans] == [r["alive"] for r in rows][1 : len(plans) + 1]  # from the fleet's history
+    # the planner was asked a step ahead (control.prepare): a plan's epoch formed its groups during that step (unless
+    # a notice or an arrival meanwhile made the boundary decide another one)
+    planned = [r for r in report["reconfigurations"] if r["source"] == "planner"]
+    assert any(r["prepared"] for r in planned), [(r["step"], r["kind"], r["prepared"]) for r in planned]
     # the trace store holds the fleet's history, one row per interval, and the forecaster's corpus takes it
     history = report["fleet_history"]
     assert history["rows"] == len(rows) and not history["errors"]

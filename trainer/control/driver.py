@@ -85,6 +85,7 @@ class Driver:
         self._stops_left: set[int] = set()  # scripted event steps and interval boundaries not decided yet
         self._trained_from = (0.0, 0)  # (monotonic time, step) when training started: the step time estimate
         self._fleet: FleetController | None = None  # a live fleet's requests and history (`run_fleet`)
+        self._live_at: int | None = None  # the held boundary a live fleet's prepared plan waits for (`_plan_live`)
         # live planning
         self.planner = planner
         self.intervals = sorted(intervals)
@@ -259,8 +260,9 @@ class Driver:
     def decide_notices(self) -> None:
         """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves
         at once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a
-        planned job folded into the next interval boundary's decision if it comes at least `NOTICE_MARGIN_S` before
-        the earliest deadline, into a scheduled event's decision if the claim lands on its boundary. The
+        planned job folded into the next interval boundary's decision (a live fleet's prepared plan too) if it comes
+        at least `NOTICE_MARGIN_S` before the earliest deadline, into a scheduled event's decision if the claim lands
+        on its boundary. The
         reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed workers send the
         layers whose last copy they hold, then exit). With `control.prepare`, when the deadline leaves a step to
         spare, the boundary claimed is one step further and the epoch is published at once (`Coordinator.prepare`):
@@ -297,6 +299,8 @@ class Driver:
         deadline = min(pending[w] for w in members)
         if self.planner is not None:
             upcoming = [b for b in self._stops_left if b in self.intervals and b >= first]
+            if self._live_at is not None and self._live_at >= first:
+                upcoming.append(self._live_at)  # a live fleet's prepared plan: decided there
             if upcoming:
                 b = min(upcoming)
                 eta = time.monotonic() + (b - p) * self._step_s(p)
@@ -310,8 +314,8 @@ class Driver:
         # epoch published now, so that the hand-off's groups form while training goes on
         ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - NOTICE_MARGIN_S
         s = c.claim(first + 1 if ahead else first)
-        if s in self._stops_left:
-            return  # the boundary of a decision the schedule makes anyway: the notices are folded into it
+        if s in self._stops_left or s == self._live_at:
+            return  # the boundary of a decision the schedule (or a live plan) makes anyway: the notices fold into it
         if s >= self.steps:
             c.release(s)
             return
@@ -672,7 +676,7 @@ class Driver:
             self.tick()
             self._poll_fleet(admit=True)
             now = time.monotonic()
-            if now >= next_plan and self._plan_live(len(fleet.rows)):
+            if now >= next_plan and self._plan_live():
                 next_plan += interval_s
                 if next_plan <= now:  # an interval missed (a long recovery) is not made up: the next is a whole one
                     next_plan = now + interval_s
@@ -773,32 +777,71 @@ class Driver:
             time.sleep(POLL_S)
         c.note({"event": "fleet-back", "workers": sorted(c.alive()), "waited_s": round(time.monotonic() - t0, 3)})
 
-    def _plan_live(self, interval: int) -> bool:
+    def _plan_live(self) -> bool:
         """An interval of a live fleet is over: at the next step boundary training has not reached, fold the
-        pending notices in, close the fleet's interval and plan the next from its history. Returns False when the
-        boundary must wait (a migration in flight, a recovery): the caller asks again at its next poll."""
-        c = self.coord
+        pending notices in, close the fleet's interval and plan the next from its history. With `control.prepare`
+        the boundary held is one step further and the planner is asked at once (what it will be asked there), its
+        epoch published as a preparation: its groups form during that step, and the boundary's decision reuses the
+        answer if the request comes out the same (`plan_ahead`, for a live fleet). Returns False while the boundary
+        must wait (a migration in flight, a recovery, a prepared decision's step): the caller asks again at its next
+        poll."""
+        c, fleet = self.coord, self._fleet
+        assert fleet is not None
+        if self._live_at is not None:
+            return self._decide_live()
         if self._deciding or self._recovering or c.current is None or not c.committed():
             return False
-        first = self.step_in_flight() + 1
-        if first >= self.steps:
+        p = self.step_in_flight()
+        if p + 1 >= self.steps:
             return True  # the job ends before any boundary
-        s = c.claim(first)
+        ahead = self.prepare and not self._accepts_handed and p + 2 < self.steps  # (handed plans: as `plan_at`)
+        s = c.claim(p + 2 if ahead else p + 1)
         if s >= self.steps:
             c.release(s)
             return True
+        if ahead and s - 1 > self.step_in_flight():  # a step to prepare during
+            silent = self.settle()
+            if silent:
+                self.release_after(s, silent)
+                return False
+            self._deciding = True
+            try:
+                preempt, _ = self._departures(())
+                alive = len(c.alive() - set(preempt))
+                if alive >= 1:
+                    req = self._plan_request(s, alive, (*self.history, alive), len(fleet.rows))
+                    decision, details, took = self._consult(req)
+                    self._planned_ahead = (req, decision, details, took)
+                    c.prepare(s, decision, preempt, ())
+            finally:
+                self._deciding = False
+        self._live_at = s
+        return self._decide_live()
+
+    def _decide_live(self) -> bool:
+        """The decision of a live fleet's interval at held boundary `_live_at`, once training is live at the step
+        before it: close the fleet's interval with the instances alive then, and reconfigure to the plan. False while
+        it must wait; a silent instance meanwhile releases the boundary (its recovery first; the interval is planned
+        again afterwards)."""
+        c = self.coord
+        s = self._live_at
+        assert s is not None and self._fleet is not None
+        if self._deciding or self._recovering or not (self.live_at(s - 1) and (c.committed() or c.entered_at(s))):
+            return False
+        self._live_at = None
         silent = self.settle()
         if silent:
+            self._planned_ahead = None
             self.release_after(s, silent)
             return False
-        fleet = self._fleet
-        assert fleet is not None
         self._deciding = True
         try:
             preempt, noticed = self._departures(())
             alive = len(c.alive() - set(preempt))
-            fleet.close(time.monotonic(), alive)
+            interval = len(self._fleet.rows)
+            self._fleet.close(time.monotonic(), alive)
             if alive < 1:  # every instance is leaving: the notices decide alone (nothing to plan for)
+                self._planned_ahead = None
                 c.release(s)
                 return True
             self.history.append(alive)
