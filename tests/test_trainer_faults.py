@@ -383,3 +383,36 @@ def test_a_kill_after_its_step_was_applied_then_an_event_at_the_next_boundary(tm
     assert reconf[1]["kind"] == ("checkpoint-restart" if then == "checkpoint-restart" else "pipeline")
     assert reconf[1]["step"] == 4 and reconf[1]["notice"] and reconf[1]["lost"] == []  # the kill was counted once
     assert_same_run(result, steps)
+
+
+def test_a_kill_while_a_reconfiguration_is_prepared_abandons_the_preparation(tmp_path, monkeypatch):
+    """A spot instance reclaimed without notice right after the next epoch was published as a preparation (its
+    groups forming while the old epoch trains, the dead instance among its members): the recovery overtakes it, the
+    preparation is never used, the scheduled plan is decided on top of the recovery, and the run is the uninterrupted
+    one (issue 16: a prepared epoch that is overtaken is abandoned cleanly)."""
+    from trainer.control import driver as driver_module
+
+    prepare_ahead = driver_module.Driver.prepare_ahead
+    killed: list[int] = []
+
+    def prepare_then_reclaim(self, g, added):
+        prepare_ahead(self, g, added)
+        if not killed and self.coord.log[-1]["event"] == "prepare":
+            killed.append(3)
+            self.provider.procs[3].kill()  # from outside the job, as a reclaim without notice
+
+    monkeypatch.setattr(driver_module.Driver, "prepare_ahead", prepare_then_reclaim)
+    steps = 9
+    result = run_job(CFG, TRAIN, 4, (2, 2), steps, [{"step": 5, "kind": "plan", "strategy": [1, 2]}],
+                     tmp_path / "job", start_method="forkserver", timeout_s=60)  # fmt: skip
+    assert killed == [3] and result["exit_codes"][3] == -9
+    log = result["events"]
+    prepared = [e for e in log if e["event"] == "prepare"]
+    assert [(e["step"], e["strategy"]) for e in prepared] == [(5, [1, 2])]
+    used = {e.get("prepared") for e in log if e["event"] == "reconfigure"}
+    assert prepared[0]["preparation"] not in used  # overtaken: its groups were left unused
+    reconf = result["reconfigurations"]
+    recovery = [r for r in reconf if r["source"] == "failure"]
+    assert len(recovery) == 1 and recovery[0]["lost"] == [3] and not recovery[0]["prepared"], reconf
+    assert recovery[0]["step"] <= 5 and all(not r["prepared"] for r in reconf)
+    assert_same_run(result, steps)
