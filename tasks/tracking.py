@@ -216,12 +216,25 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "profile": profile,
         "out_dir": trained.out_dir,
         "checkpoint_dir": str(Path(trained.out_dir) / "checkpoints"),
+        "checkpoint_uri": report.get("checkpoint_uri"),  # {"uri", "uploaded", "errors"} with a --checkpoint-uri
         "mlflow_run_id": trained.run_id,
         "mlflow_resumed_run": trained.resumed_run,
         "tracking_uri": trained.tracking_uri,
         "final_checksum": report["final_checksum"],
         "wall_s": float(report["wall_s"]),
     }
+
+
+def _uri_lines(copies: dict[str, Any] | None) -> list[str]:
+    """The summary's lines on the checkpoint URI: the steps it holds, and each copy that failed."""
+    if not copies:
+        return []
+    lines = ["", f"Copied to `{copies['uri']}`: the checkpoints of steps {copies['uploaded'] or 'none'}."]
+    if copies["errors"]:
+        n = len(copies["errors"])
+        lines += ["", f"**{n} cop{'y' if n == 1 else 'ies'} failed** (what the URI lacks is in the checkpoint folder):"]
+        lines += [f"- {e}" for e in copies["errors"]]
+    return lines
 
 
 @task(name="publish-train-report", persist_result=False)
@@ -246,6 +259,7 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
             *rows,
             "",
             f"Steps lost to checkpoint-restarts: {s['steps_lost']}. Checkpoints: `{s['checkpoint_dir']}`.",
+            *_uri_lines(s["checkpoint_uri"]),
             "",
             link,
         ]

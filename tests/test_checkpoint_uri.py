@@ -155,3 +155,86 @@ def test_train_names_a_bad_checkpoint_uri():
 
     res = CliRunner().invoke(app, ["train", "--checkpoint-uri", "ftp://x"])
     assert res.exit_code != 0 and "--checkpoint-uri: expected file:///path or s3://bucket/prefix" in res.output
+
+
+# ------------------------------------------------------------------------------------ checked before training
+
+
+@pytest.fixture
+def fake_aws(monkeypatch):
+    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                        "AWS_DEFAULT_REGION": "us-east-1"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        yield
+
+
+def test_a_checkpoint_uri_is_checked_before_the_job_trains(tmp_path, fake_aws, monkeypatch):
+    """A URI the job cannot write to (a bucket that does not exist, no credentials, a folder under a file) is one
+    error that names the URI, why and the fix — before any worker starts; a good one is left as it was found."""
+    import boto3
+
+    from trainer.control.run import check_checkpoint_uri
+
+    boto3.client("s3").create_bucket(Bucket="ckpt")
+    check_checkpoint_uri(mirror_for("s3://ckpt/jobs/a"))
+    assert "Contents" not in boto3.client("s3").list_objects_v2(Bucket="ckpt")  # the probe removed its object
+    with pytest.raises(MirrorError, match=r"s3://nosuch/p: the job could not keep a checkpoint there: .*NoSuchBucket.*"
+                                          r"Fix: the checkpoint URI's bucket does not exist"):  # fmt: skip
+        check_checkpoint_uri(mirror_for("s3://nosuch/p"))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(MirrorError, match="a-file/ck: the job could not keep a checkpoint there: .*Not a directory"):
+        check_checkpoint_uri(mirror_for(f"file://{tmp_path / 'a-file' / 'ck'}"))
+    check_checkpoint_uri(mirror_for(f"file://{tmp_path / 'new' / 'ck'}"))  # a folder that does not exist yet: made
+    assert list((tmp_path / "new" / "ck").iterdir()) == []
+
+
+def test_s3_without_credentials_says_what_to_set(tmp_path, monkeypatch):
+    from trainer.control.run import check_checkpoint_uri
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # (no instance role to ask here)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    with pytest.raises(MirrorError) as caught:
+        check_checkpoint_uri(mirror_for("s3://ckpt/p"))
+    said = str(caught.value)
+    assert "no AWS credentials found, and a checkpoint URI on S3 needs them" in said and "AWS_PROFILE" in said
+    assert "s3:PutObject" in said and "ec2:RunInstances" not in said
+
+
+def test_parcae_train_refuses_a_checkpoint_uri_it_cannot_write_before_starting(tmp_path, fake_aws):
+    from typer.testing import CliRunner
+
+    from parcae.cli import app
+
+    res = CliRunner().invoke(app, ["train", "--workers", "2", "--steps", "4", "--out-dir", str(tmp_path / "job"),
+                                   "--checkpoint-uri", "s3://nosuch/p"])  # fmt: skip
+    assert res.exit_code == 2, res.output
+    assert "error: checkpoint.uri (--checkpoint-uri) s3://nosuch/p" in res.output and "NoSuchBucket" in res.output
+    assert not (tmp_path / "job" / "layers").exists()  # nothing trained
+
+
+def test_parcae_train_says_at_the_end_which_copies_failed(capsys):
+    from parcae.cli.train import _warn_uncopied
+
+    _warn_uncopied({"checkpoint_uri": {"uri": "s3://b/p", "uploaded": [4], "errors": ["step 8: OSError: disk", "w"]}})
+    said = capsys.readouterr().err
+    assert "warning: 2 copies to s3://b/p failed (step 8: OSError: disk; w)" in " ".join(said.split())
+    assert "checkpoints of steps [4]" in said
+    _warn_uncopied({"checkpoint_uri": {"uri": "s3://b/p", "uploaded": [4, 8], "errors": []}})
+    assert capsys.readouterr().err == ""
+
+
+def test_the_train_flow_s_summary_lists_the_failed_copies():
+    from tasks.tracking import _uri_lines
+
+    assert _uri_lines(None) == []
+    ok = _uri_lines({"uri": "s3://b/p", "uploaded": [4, 8], "errors": []})
+    assert ok == ["", "Copied to `s3://b/p`: the checkpoints of steps [4, 8]."]
+    bad = _uri_lines({"uri": "s3://b/p", "uploaded": [], "errors": ["worker 0: final layers of stage 0: denied"]})
+    assert "the checkpoints of steps none" in bad[1] and "**1 copy failed**" in bad[3]
+    assert bad[-1] == "- worker 0: final layers of stage 0: denied"

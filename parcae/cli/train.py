@@ -366,8 +366,22 @@ def train_cmd(
         decisions = ", ".join(f"{p['decision'][0]}x{p['decision'][1]}" for p in report["plans"]) or "none"
         out.print(f"{len(report['plans'])} plans by {live.name} ({decisions}); forecasts: {forecasts}",
                   soft_wrap=True)  # fmt: skip
+    _warn_uncopied(report)
     if json_out:
         out.print(f"wrote {json_out}")
+
+
+def _warn_uncopied(report: dict[str, Any]) -> None:
+    """The job trained, but copies to its --checkpoint-uri failed: say so at the end (not only in the JSON), with
+    what the URI lacks and where the local copies are."""
+    copies = report.get("checkpoint_uri") or {}
+    errors = copies.get("errors") or []
+    if not errors:
+        return
+    shown = "; ".join(errors[:3]) + (f"; and {len(errors) - 3} more" if len(errors) > 3 else "")
+    copied = copies.get("uploaded") or "none"
+    warn(f"{len(errors)} cop{'y' if len(errors) == 1 else 'ies'} to {copies.get('uri')} failed ({shown}): the URI "
+         f"holds the checkpoints of steps {copied}; what it lacks is in --out-dir")  # fmt: skip
 
 
 #: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.

@@ -44,7 +44,14 @@ from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint, keys
-from trainer.runtime.checkpoint_mirror import FINAL, StepCommitter, gather_shards, mirror_for
+from trainer.runtime.checkpoint_mirror import (
+    FINAL,
+    CheckpointMirror,
+    MirrorError,
+    StepCommitter,
+    gather_shards,
+    mirror_for,
+)
 from trainer.runtime.devices import resolve_device
 from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.model import n_layers as layer_count
@@ -126,6 +133,8 @@ def run_job(
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
+    if config.checkpoint.uri is not None:
+        check_checkpoint_uri(mirror_for(config.checkpoint.uri))
     if config.fleet.live:  # the fleet, not a schedule, decides what exists
         if planner is None:
             raise ScheduleError("a live fleet is planned every interval: give a planner (parcae train --planner)")
@@ -375,6 +384,27 @@ def _resume(config: JobConfig) -> tuple[int, str | None]:
     if fetched is not None and mirror is not None:
         note += f"; the checkpoint of step {fetched} was fetched from {mirror.uri}"
     return restore, note
+
+
+def check_checkpoint_uri(mirror: CheckpointMirror) -> None:
+    """Before the job trains: the checkpoint URI takes an object and gives it back (`CheckpointMirror.probe`), or a
+    `MirrorError` that names the URI, why and the fix — a job whose every copy fails would otherwise train for
+    hours and keep no checkpoint where its instances' disks do not die with them."""
+    from botocore.exceptions import BotoCoreError, ClientError  # (only a URI's check needs boto)
+
+    from trainer.providers.aws_errors import S3_GRANTS, aws_error, no_credentials
+
+    try:
+        mirror.probe()
+    except MirrorError:
+        raise
+    except (BotoCoreError, ClientError) as exc:
+        why = str(aws_error(f"writing to {mirror.uri}", exc, fix=no_credentials("a checkpoint URI on S3", S3_GRANTS)))
+        raise MirrorError(f"checkpoint.uri (--checkpoint-uri) {mirror.uri}: the job could not keep a checkpoint "
+                          f"there: {why}") from None  # fmt: skip
+    except OSError as exc:
+        raise MirrorError(f"checkpoint.uri (--checkpoint-uri) {mirror.uri}: the job could not keep a checkpoint "
+                          f"there: {exc}. Fix: make the folder writable, or give another URI") from None  # fmt: skip
 
 
 def job_schedule(config: JobConfig, *, planned: bool) -> Schedule:

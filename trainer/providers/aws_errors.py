@@ -13,15 +13,22 @@ from typing import Any, Final
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
-__all__ = ["NO_CREDENTIALS", "NO_REGION", "AwsCredentialsError", "AwsProviderError", "aws_call", "aws_error",
-           "client_config"]  # fmt: skip
+__all__ = ["EC2_GRANTS", "NO_CREDENTIALS", "NO_REGION", "S3_GRANTS", "AwsCredentialsError", "AwsProviderError",
+           "aws_call", "aws_error", "client_config", "no_credentials"]  # fmt: skip
 
-NO_CREDENTIALS: Final = (
-    "no AWS credentials found, and the AWS spot provider needs them. Fix: set AWS_PROFILE to a profile in "
-    "~/.aws/config or ~/.aws/credentials (or run `aws configure` / `aws sso login`), or set AWS_ACCESS_KEY_ID and "
-    "AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary keys), or run the driver on an instance whose "
-    "instance role grants ec2:RunInstances, ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole"
-)
+EC2_GRANTS: Final = "ec2:RunInstances, ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole"
+S3_GRANTS: Final = "s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket on the bucket"
+
+
+def no_credentials(needs: str = "the AWS spot provider", grants: str = EC2_GRANTS) -> str:
+    """What to do without AWS credentials, for what `needs` them (the instance role to give: `grants`)."""
+    return (f"no AWS credentials found, and {needs} needs them. Fix: set AWS_PROFILE to a profile in "
+            "~/.aws/config or ~/.aws/credentials (or run `aws configure` / `aws sso login`), or set AWS_ACCESS_KEY_ID "
+            "and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary keys), or run the driver on an instance "
+            f"whose instance role grants {grants}")  # fmt: skip
+
+
+NO_CREDENTIALS: Final = no_credentials()
 NO_REGION: Final = (
     "no AWS region given. Fix: set AwsSpotConfig.region (or AWS_REGION / AWS_DEFAULT_REGION, or `region` in the "
     "profile in ~/.aws/config)"
@@ -50,6 +57,8 @@ _HINTS: Final = {
     "UnauthorizedOperation": "the credentials' IAM policy lacks this action (launching also needs iam:PassRole on "
     "the instance profile's role); `aws sts decode-authorization-message` explains an encoded message",
     "NoSuchEntity": "AwsSpotConfig.iam_instance_profile does not exist",
+    "NoSuchBucket": "the checkpoint URI's bucket does not exist (or not in this account): create it, or fix the URI",
+    "AccessDenied": f"the credentials' policy lacks this action: a checkpoint URI on S3 needs {S3_GRANTS}",
     "InvalidParameterValue": "check AwsSpotConfig (an iam_instance_profile that does not exist is reported this way)",
 }
 
@@ -68,15 +77,17 @@ class AwsCredentialsError(AwsProviderError):
     """No usable AWS credentials or region: nothing can be launched."""
 
 
-def aws_error(operation: str, exc: Exception) -> AwsProviderError:
+def aws_error(operation: str, exc: Exception, *, fix: str = NO_CREDENTIALS) -> AwsProviderError:
+    """`exc` of `operation` as an error that says what to do; `fix`: what to do about missing or rejected
+    credentials (`no_credentials` for what needs them)."""
     if isinstance(exc, ClientError):
         err = exc.response.get("Error", {})
         code, message = err.get("Code", "?"), err.get("Message", "")
         if code in _REJECTED_CREDENTIALS:
-            return AwsCredentialsError(operation, f"AWS rejected the credentials ({message}). {NO_CREDENTIALS}", code)
+            return AwsCredentialsError(operation, f"AWS rejected the credentials ({message}). {fix}", code)
         return AwsProviderError(operation, message, code)
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-        return AwsCredentialsError(operation, f"{exc}. {NO_CREDENTIALS}")
+        return AwsCredentialsError(operation, f"{exc}. {fix}")
     if isinstance(exc, NoRegionError):
         return AwsCredentialsError(operation, NO_REGION)
     return AwsProviderError(operation, f"{type(exc).__name__}: {exc}")  # unreachable endpoint, timeouts, ...

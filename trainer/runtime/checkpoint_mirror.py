@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import shutil
 import threading
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -78,6 +79,19 @@ class CheckpointMirror:
     def child(self, name: str) -> CheckpointMirror:
         """The mirror of a folder under this one (``<uri>/<name>``): the final layers go to ``final``."""
         raise NotImplementedError
+
+    def probe(self) -> None:
+        """Write a small object, read it back and delete it: a job checks, before it trains, that it can keep its
+        checkpoints here (else every copy would fail while it trains, and the job would end with none saved). Raises
+        what the backend raises; `MirrorError` if the object reads back different."""
+        name = f".parcae-probe-{secrets.token_hex(8)}"
+        data = name.encode()
+        self.put_bytes(name, data)
+        try:
+            if self.get_bytes(name) != data:
+                raise MirrorError(f"{self.uri}: an object written there read back different")
+        finally:
+            self.delete([name])
 
     # -- files and steps --------------------------------------------------------------------------------------
     def upload_files(self, paths: Sequence[Path]) -> dict[str, int]:
