@@ -239,15 +239,22 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert final["total_steps_lost"] == 3
 
 
-def test_reconfigurations_are_metrics_tags_and_an_artifact(client: MlflowClient, replayed, tmp_path: Path) -> None:
+def test_reconfigurations_are_a_table_summaries_and_tags(client: MlflowClient, replayed, tmp_path: Path) -> None:
     run_id, job, _ = replayed
-    assert latest(client, run_id, "migration_pause_s") == {6: 0.8, 8: 2.5, 15: 0.3}
-    assert latest(client, run_id, "migration_bytes") == {6: 120_000, 8: 90_000, 15: 40_000}
-    assert latest(client, run_id, "steps_lost") == {6: 0, 8: 3, 15: 0}
-    assert latest(client, run_id, "migrations_inter_stage") == {6: 1}
-    assert latest(client, run_id, "migrations_checkpoint_restart") == {8: 1}
-    assert latest(client, run_id, "migrations_intra_stage") == {15: 1}
-    assert latest(client, run_id, "reconfigurations") == {6: 1, 8: 2, 15: 3}
+    # per migration: a row of the table, not a step metric (a line joining steps 6, 8 and 15 would say nothing)
+    for key in ("migration_pause_s", "migration_bytes", "steps_lost"):
+        assert client.get_metric_history(run_id, key) == []
+    table = read_json(client, run_id, "migrations_table.json", tmp_path)
+    rows = [dict(zip(table["columns"], row, strict=True)) for row in table["data"]]
+    assert [(r["step"], r["kind"], r["pause_s"], r["bytes_moved"], r["steps_lost"]) for r in rows] == [
+        (6, "inter-stage", 0.8, 120_000, 0), (8, "checkpoint-restart", 2.5, 90_000, 3),
+        (15, "intra-stage", 0.3, 40_000, 0)]  # fmt: skip
+    # the counts are summaries: one value each, at the end
+    final = client.get_run(run_id).data.metrics
+    assert {k: v for k, v in final.items() if k.startswith("migrations_")} == {
+        "migrations_inter_stage": 1, "migrations_checkpoint_restart": 1, "migrations_intra_stage": 1}  # fmt: skip
+    assert (final["reconfigurations"], final["max_pause_s"], final["total_bytes_moved"]) == (3, 2.5, 250_000)
+    assert [len(client.get_metric_history(run_id, k)) for k in ("reconfigurations", "max_pause_s")] == [1, 1]
     tags = client.get_run(run_id).data.tags
     assert {k: v for k, v in tags.items() if k.startswith("parcae.migrations.")} == {
         "parcae.migrations.inter-stage": "1", "parcae.migrations.checkpoint-restart": "1",
@@ -340,7 +347,7 @@ def test_on_error_flushes_everything_queued(client: MlflowClient, store: Path, t
     run = client.get_run(obs.run_id)
     assert run.info.status == status
     assert latest(client, obs.run_id, "loss") == {s: loss_of(s) for s in range(7)}
-    assert latest(client, obs.run_id, "migration_pause_s") == {7: 0.5}
+    assert (run.data.metrics["reconfigurations"], run.data.metrics["max_pause_s"]) == (1, 0.5)  # summaries too
     assert run.data.tags["parcae.migrations.inter-stage"] == "1"
     assert run.data.tags["parcae.error"].startswith(type(error).__name__)
     assert "worker 2" in run.data.tags["parcae.error"] or status == "KILLED"
@@ -427,7 +434,8 @@ def test_a_blocked_store_never_blocks_the_driver(client: MlflowClient, store: Pa
     assert any("overflowed" in r.getMessage() for r in caplog.records)
     loss = latest(client, obs.run_id, "loss")
     assert loss[99] == loss_of(99) and all(loss[s] == loss_of(s) for s in range(11))
-    assert latest(client, obs.run_id, "migration_pause_s") == {50: 0.5}  # never coalesced
+    assert [(r["step"], r["pause_s"]) for r in read_json(client, obs.run_id, "migrations.json", tmp_path)] == [
+        (50, 0.5)]  # a record is never coalesced  # fmt: skip
     assert len(runs_with(client, "parcae.training_run_id", obs.run_id, experiment="plans")) == 1
     assert artifact_names(client, obs.run_id, "checkpoints/step-40") == {"step00000040.stage0.pt"}
 
@@ -532,8 +540,8 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
 
     (rec,) = result["reconfigurations"]
     assert (rec["step"], rec["strategy"]) == (6, [1, 2])
-    assert latest(client, obs.run_id, "migration_pause_s") == {6: pytest.approx(rec["pause_s"])}
-    assert latest(client, obs.run_id, "migration_bytes") == {6: rec["bytes_moved"]}
+    assert run.data.metrics["max_pause_s"] == pytest.approx(rec["pause_s"])
+    assert run.data.metrics["total_bytes_moved"] == rec["bytes_moved"]
     assert run.data.tags[f"parcae.migrations.{rec['kind']}"] == "1"
 
     (plan,) = runs_with(client, "parcae.training_run_id", obs.run_id, experiment="plans")

@@ -39,9 +39,10 @@ MODEL_TRAINING_KIND: Final = "custom_model_development"
 NOTE_TAG: Final = "mlflow.note.content"
 #: What the experiments this package names hold, as their MLflow descriptions.
 DESCRIPTIONS: Final = {
-    TRAINING_EXPERIMENT: "One run per training job: loss, throughput, alive instances, D and P per step; each "
-    "migration (kind, pause, bytes moved, steps lost) in migrations.json; checkpoints, timeline.png and, for a live "
-    "fleet, its history (fleet.json, fleet.png).",
+    TRAINING_EXPERIMENT: "One run per training job: loss, throughput, alive instances, D and P per step; "
+    "summaries at the end (final loss, migrations per kind, total and longest pause); each migration "
+    "(kind, trigger, pause, bytes moved, steps lost) a row of migrations_table.json; checkpoints, timeline.png "
+    "and, for a live fleet, its history (fleet.json, fleet.png).",
     PLANS_EXPERIMENT: "One run per liveput plan (an interval of a job): the forecast it planned with, the decision "
     "(D x P), its expected samples and the alternatives; tagged with the training run it was made for.",
 }

@@ -568,12 +568,17 @@ class Driver:
                 return  # an instance fell silent: the boundary recovers first, then plans
             preempt, _ = self._departures(scheduled)
             alive = len((c.alive() | set(added)) - set(preempt))
-            req = self._plan_request(s, alive, (*self.history, alive), s // self.steps_per_interval)
-            decision, details, took = self._consult(req)
-            self._planned_ahead = (req, decision, details, took)
-            c.prepare(s, decision, preempt, added)
+            self._ask_ahead(s, alive, s // self.steps_per_interval, preempt, added)
         finally:
             self._deciding = False
+
+    def _ask_ahead(self, s: int, alive: int, interval: int, preempt: Sequence[int], added: Sequence[int] = ()) -> None:
+        """Ask the planner, a step before boundary `s`, what it will be asked there (`alive` instances then), and
+        publish that epoch as a preparation; `_ask_planner` reuses the answer if the request comes out the same."""
+        req = self._plan_request(s, alive, (*self.history, alive), interval)
+        decision, details, took = self._consult(req)
+        self._planned_ahead = (req, decision, details, took)
+        self.coord.prepare(s, decision, preempt, added)
 
     def _interval_events(self, i: int | None, g: EventGroup | None) -> tuple[list[int], tuple[int, ...]]:
         """The instances scheduled group `g` adds at its interval boundary (started now if not yet, and joined) and
@@ -809,10 +814,7 @@ class Driver:
                 preempt, _ = self._departures(())
                 alive = len(c.alive() - set(preempt))
                 if alive >= 1:
-                    req = self._plan_request(s, alive, (*self.history, alive), len(fleet.rows))
-                    decision, details, took = self._consult(req)
-                    self._planned_ahead = (req, decision, details, took)
-                    c.prepare(s, decision, preempt, ())
+                    self._ask_ahead(s, alive, len(fleet.rows), preempt)
             finally:
                 self._deciding = False
         self._live_at = s

@@ -11,16 +11,17 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip);
-             per reconfiguration, at its step: migration_pause_s, migration_bytes, steps_lost, reconfigurations and
-             migrations_<kind> (running counts, e.g. migrations_intra_stage); per plan, at its step: planned_D,
-             planned_P, plan_decision_ms; at the end: final_loss, mean_samples_per_s, total_pause_s,
-             total_steps_lost; resumes, interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics
-             (only if the buffer overflowed)
+             per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
+             each): final_loss, mean_samples_per_s, wall_s, reconfigurations, migrations_<kind> (e.g.
+             migrations_intra_stage), total_pause_s, max_pause_s, total_steps_lost, total_bytes_moved; resumes,
+             interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
+             overflowed). Each migration's own values are a row of the migrations table, not a step metric.
   tags       parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
              parcae.resumed (and the interruption's status, step and error), parcae.error, and the observer's tags
   artifacts  job.json (the job's `JobConfig.to_dict()`, on_start's "config"; a resume's: resume<n>.job.json),
-             migrations.json (every reconfiguration record, rewritten at each flush), plans.json (the plan runs),
-             checkpoints/step-<N>/ (the checkpoint's shard files), timeline.png
+             migrations.json (every reconfiguration record, rewritten at each flush), migrations_table.json (at
+             the end: a row per reconfiguration, `MIGRATION_COLUMNS`, MLflow's table format), plans.json (the plan
+             runs), checkpoints/step-<N>/ (the checkpoint's shard files), timeline.png
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
@@ -60,7 +61,7 @@ from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
-from trainer.observe.tracking_sender import MlflowSender, Point, RunEnd, transient  # noqa: E402
+from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards  # noqa: E402
 
 if TYPE_CHECKING:
@@ -96,6 +97,27 @@ def _number(value: Any) -> float | None:
         return None if value is None or isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
         return None
+
+
+#: The columns of the migrations table (`MIGRATION_TABLE`), from each reconfiguration record.
+MIGRATION_COLUMNS: Final = ("step", "kind", "source", "notice", "prepared", "strategy", "pause_s", "hold_s",
+                            "bytes_moved", "steps_lost", "lost", "preempted")  # fmt: skip
+MIGRATION_TABLE: Final = "migrations_table.json"
+
+
+def migration_table(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
+    """The reconfiguration records as columns (`MIGRATION_COLUMNS`; a strategy as "DxP", lists as text), for
+    `MlflowClient.log_table`."""
+
+    def cell(rec: Mapping[str, Any], key: str) -> Any:
+        value = rec.get(key)
+        if key == "strategy" and isinstance(value, (list, tuple)) and len(value) == 2:
+            return f"{value[0]}x{value[1]}"
+        if isinstance(value, (list, tuple)):
+            return ",".join(str(v) for v in value)
+        return value
+
+    return {key: [cell(r, key) for r in records] for key in MIGRATION_COLUMNS}
 
 
 def _kind_key(kind: str) -> str:
@@ -333,7 +355,6 @@ class MlflowJobObserver(JobObserver):
     def on_reconfiguration(self, record: Mapping[str, Any]) -> None:
         rec = json.loads(json.dumps(dict(record), default=str))  # a copy the driver cannot mutate
         kind = str(rec.get("kind", "unknown"))
-        ts = int(time.time() * 1000)
         with self._sender.lock:
             if self._sender.fatal is not None:
                 return
@@ -342,19 +363,10 @@ class MlflowJobObserver(JobObserver):
                 if epoch in self._epochs:
                     return
                 self._epochs.add(epoch)
-            at = rec.get("step")
-            at = int(at) if isinstance(at, int) else (self._last[0] if self._last else 0)
             self._records.append(rec)
             self._kinds[kind] = self._kinds.get(kind, 0) + 1
-            self._records_dirty = True
-            points: list[Point] = [(f"migrations_{_kind_key(kind)}", float(self._kinds[kind]), ts, at),
-                                   ("reconfigurations", float(len(self._records)), ts, at)]  # fmt: skip
-            for key, field in (("migration_pause_s", "pause_s"), ("migration_bytes", "bytes_moved"),
-                               ("steps_lost", "steps_lost")):  # fmt: skip
-                value = _number(rec.get(field))
-                if value is not None:
-                    points.append((key, value, ts, at))
-            self._sender.extend(points)  # never coalesced
+            self._records_dirty = True  # (migrations.json and the tags at the next flush; per-migration values are
+            # not step metrics: a line joining the pauses of steps 5 and 55 says nothing — the table at the end does)
 
     def on_checkpoint(self, step: int, directory: Path) -> None:
         if not self.log_checkpoints:
@@ -555,10 +567,17 @@ class MlflowJobObserver(JobObserver):
             gb = self._global_batch
         try:
             now, at = int(time.time() * 1000), (last[0] if last else 0)
+            pauses = [p for p in (_number(r.get("pause_s")) for r in records) if p is not None]
             metrics: dict[str, float] = {
-                "total_pause_s": sum(_number(r.get("pause_s")) or 0.0 for r in records),
+                "reconfigurations": float(len(records)),
+                "total_pause_s": sum(pauses),
+                "max_pause_s": max(pauses, default=0.0),
                 "total_steps_lost": sum(_number(r.get("steps_lost")) or 0.0 for r in records),
+                "total_bytes_moved": sum(_number(r.get("bytes_moved")) or 0.0 for r in records),
             }
+            for kind in sorted({str(r.get("kind", "unknown")) for r in records}):
+                metrics[f"migrations_{_kind_key(kind)}"] = float(sum(str(r.get("kind", "unknown")) == kind
+                                                                     for r in records))  # fmt: skip
             losses = (result or {}).get("loss") or []
             if losses:
                 metrics["final_loss"] = float(losses[-1])
@@ -584,6 +603,8 @@ class MlflowJobObserver(JobObserver):
             if timeline:
                 fig = timeline_figure(timeline, records, f"{job}: availability, D x P and throughput")
                 client.log_figure(run_id, fig, "timeline.png")
+            if records:  # one row per reconfiguration, as the UI's table viewer shows it
+                client.log_table(run_id, data=migration_table(records), artifact_file=MIGRATION_TABLE)
             fleet = (result or {}).get("fleet") or []
             if fleet:  # a live fleet's history: the table to query, the figure to look at
                 columns = {k: [row[k] for row in fleet] for k in fleet[0]}
