@@ -28,11 +28,13 @@ from mlflow import MlflowClient  # noqa: E402  (after tracking: telemetry off)
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.protos.databricks_pb2 import TEMPORARILY_UNAVAILABLE  # noqa: E402
 
-from trainer.config import TrainConfig
+from trainer.config import TrainConfig, model_config
 from trainer.control.planning import RulePlanner
 from trainer.observe.observer import PlanInfo, StepInfo
 from trainer.observe.tracking import MlflowJobObserver, training_runs
 from trainer.runtime import checkpoint
+from trainer.runtime.model import layer_names
+from trainer.runtime.pipeline import parameters_checksum
 
 ROOT = Path(__file__).resolve().parents[1]
 GLOBAL_BATCH = 16
@@ -555,5 +557,12 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
         assert artifact_names(client, obs.run_id, f"checkpoints/step-{step}") == {
             p.name for p in checkpoint.find_shards(ckpt, step)}  # fmt: skip
     assert "timeline.png" in artifact_names(client, obs.run_id)
+    # the final layers: each stage's shard and its hash record, loadable from the download as they are
+    layers = Path(result["layers"])
+    assert artifact_names(client, obs.run_id, "final") == {p.name for p in layers.glob("step00000012.stage*")}
+    final = Path(client.download_artifacts(obs.run_id, "final", str(tmp_path / "downloaded")))
+    model = model_config("tiny-gpt")
+    loaded = checkpoint.load(checkpoint.find_shards(final, 12), config=model, job="tracked-real")
+    assert parameters_checksum(loaded.layers, layer_names(model)) == result["final_checksum"]
     job_json = read_json(client, obs.run_id, "job.json", tmp_path)  # the JobConfig the job ran with
     assert (job_json["train"]["steps"], job_json["model"]["name"], job_json["job"]) == (12, "tiny-gpt", "tracked-real")

@@ -21,7 +21,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
   artifacts  job.json (the job's `JobConfig.to_dict()`, on_start's "config"; a resume's: resume<n>.job.json),
              migrations.json (every reconfiguration record, rewritten at each flush), migrations_table.json (at
              the end: a row per reconfiguration, `MIGRATION_COLUMNS`, MLflow's table format), plans.json (the plan
-             runs), checkpoints/step-<N>/ (the checkpoint's shard files), timeline.png
+             runs), checkpoints/step-<N>/ (the checkpoint's shard files), final/ (the final layers: each stage's
+             shard and hash record, as `parcae export` reads them), timeline.png
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
@@ -62,7 +63,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
-from trainer.runtime.checkpoint import find_shards  # noqa: E402
+from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -103,6 +104,7 @@ def _number(value: Any) -> float | None:
 MIGRATION_COLUMNS: Final = ("step", "kind", "source", "notice", "prepared", "strategy", "pause_s", "hold_s",
                             "bytes_moved", "steps_lost", "lost", "preempted")  # fmt: skip
 MIGRATION_TABLE: Final = "migrations_table.json"
+FINAL_ARTIFACTS: Final = "final"  # the run's folder of the final layers
 
 
 def migration_table(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]]:
@@ -380,6 +382,12 @@ class MlflowJobObserver(JobObserver):
         for rec in result.get("reconfigurations") or ():  # any record the driver did not report (deduplicated)
             if isinstance(rec, Mapping) and rec.get("epoch") is not None:
                 self.on_reconfiguration(rec)
+        layers = result.get("layers")
+        if self.log_checkpoints and layers:  # the trained model itself, beside its checkpoints
+            step = int(result.get("first_step") or 0) + len(result.get("loss") or [])
+            with self._sender.lock:
+                if self._sender.fatal is None:
+                    self._sender.queue("final layers", lambda: self._log_final(step, Path(layers)))
         self._sender.close("FINISHED", result, None)
 
     def on_error(self, error: BaseException) -> None:
@@ -555,6 +563,19 @@ class MlflowJobObserver(JobObserver):
                 log.warning("MLflow run %s: checkpoint file %s vanished before its upload", run_id, f)
                 continue
             client.log_artifact(run_id, str(f), f"checkpoints/step-{step}")
+
+    def _log_final(self, step: int, directory: Path) -> None:
+        """Upload the final layers (each stage's shard of step `step` and its hash record) under final/: what
+        `parcae export` turns into one state dict."""
+        client, run_id = self._sender.client, self.run_id
+        assert client is not None and run_id is not None
+        shards = find_shards(directory, step)
+        if not shards:
+            self._sender.failed += 1
+            log.warning("MLflow run %s: no final layers of step %d in %s; nothing uploaded", run_id, step, directory)
+            return
+        for f in [*shards, *(p for p in map(record_path, shards) if p.exists())]:
+            client.log_artifact(run_id, str(f), FINAL_ARTIFACTS)
 
     def finish(self, client: MlflowClient, final: RunEnd) -> bool:
         """End the run: final metrics, the timeline, tags, status. True when done (or not worth a retry)."""
