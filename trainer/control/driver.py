@@ -262,12 +262,11 @@ class Driver:
         at once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a
         planned job folded into the next interval boundary's decision (a live fleet's prepared plan too) if it comes
         at least `NOTICE_MARGIN_S` before the earliest deadline, into a scheduled event's decision if the claim lands
-        on its boundary. The
-        reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed workers send the
-        layers whose last copy they hold, then exit). With `control.prepare`, when the deadline leaves a step to
-        spare, the boundary claimed is one step further and the epoch is published at once (`Coordinator.prepare`):
-        its groups form while training goes on, and the decision is taken once training is live at the step before
-        (`_notice_at`)."""
+        on its boundary. The reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed
+        workers send the layers whose last copy they hold, then exit). With `control.prepare`, when the deadline
+        leaves a step to spare, the boundary claimed is one step further and the epoch is published at once
+        (`Coordinator.prepare`): its groups form while training goes on, and the decision is taken once training is
+        live at the step before (`_notice_at`)."""
         pending = self._pending_notices()
         c = self.coord
         if self._deciding or self._recovering or c.current is None:
