@@ -161,3 +161,15 @@ def test_the_runnable_blocks_run(block: Block, tmp_path: Path) -> None:
         done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S)  # fmt: skip
         assert done.returncode == 0, f"{block.where(i)}: {command}\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+
+
+def test_the_aws_tutorial_s_provider_options_are_a_valid_spot_config() -> None:
+    """The tutorial's `aws.json` is what `--provider aws` accepts (every field checked, unknown ones refused)."""
+    import json
+
+    from trainer.providers.aws_config import AwsSpotConfig
+
+    text = (ROOT / "docs" / "aws-spot.md").read_text()
+    (block,) = re.findall(r"```json\n(.*?)```", text, re.S)
+    config = AwsSpotConfig.from_mapping(json.loads(block))
+    assert (config.job, config.coordinator_port, len(config.subnet_ids)) == ("spot-1", 29500, 1)
