@@ -270,10 +270,12 @@ class CostModel:
         down to one replica — which are restored one after another from the instance that took the
         preempted holders' hand-off during the notice period (the reference's serial Z term).
         """
+        return self.refill_time(d, p, survivors, add).full_ms
+
+    def refill_time(self, d: int, p: int, survivors: Sequence[int], add: bool) -> MigrationTime:
+        """`inter_stage_ms` with its lead time and downtime: an intra-stage migration when no stage is short."""
         moved = self.refill_ms(d, p, survivors)
-        if moved is None:
-            return self.intra_stage_ms(d, p)
-        return moved + self.restart_ms(d, p, add)
+        return self.intra_stage_time(d, p) if moved is None else self.inter_stage_time(d, p, moved, add)
 
     def refill_ms(self, d: int, p: int, survivors: Sequence[int]) -> float | None:
         """The transfers of an inter-stage refill (`inter_stage_ms`): the slowest parallel one or the serial chain,

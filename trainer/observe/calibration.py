@@ -172,8 +172,7 @@ def predict_time(cost: CostModel, m: Migration) -> MigrationTime:
     if m.kind == INTRA:
         return cost.intra_stage_time(d, p)
     if m.kind == INTER:
-        moved = cost.refill_ms(d, p, m.survivors or (m.src[0],) * p)
-        return cost.intra_stage_time(d, p) if moved is None else cost.inter_stage_time(d, p, moved, m.add)
+        return cost.refill_time(d, p, m.survivors or (m.src[0],) * p, m.add)
     if m.kind == PIPELINE:
         return cost.pipeline_time(d, p, _missing_params(cost.spec, m.src, m.dst), m.add, old_p=m.src[1])
     if m.kind == RESTART:
