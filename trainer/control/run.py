@@ -133,12 +133,13 @@ def run_job(
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
-    if config.checkpoint.uri is not None:
-        check_checkpoint_uri(mirror_for(config.checkpoint.uri))
+    mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
+    if mirror is not None:
+        check_checkpoint_uri(mirror)
     if config.fleet.live:  # the fleet, not a schedule, decides what exists
         if planner is None:
             raise ScheduleError("a live fleet is planned every interval: give a planner (parcae train --planner)")
-        restore, note = _resume(config)
+        restore, note = _resume(config, mirror)
         most = config.fleet.max_instances
         assert most is not None, "FleetConfig.live means max_instances is set"
         start = _Start(ids=range(0), next_id=0, strategy=(1, 1), peak=most)
@@ -146,11 +147,10 @@ def run_job(
         if schedule is None:
             raise ScheduleError("a job without a live fleet needs a schedule (trainer.control.events.Schedule)")
         replay = _Replay.checked(config, schedule, planner)
-        restore, note = _resume(config)
+        restore, note = _resume(config, mirror)
         start = replay.start(restore)
     out = Path(config.out_dir)
     layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
-    mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
     peak = start.peak
     max_processes = config.provider.max_processes or peak
     if remote is None:
@@ -356,10 +356,10 @@ class _Replay:
                       peak=max(len(ids), peak_instances(len(ids), groups)))  # fmt: skip
 
 
-def _resume(config: JobConfig) -> tuple[int, str | None]:
+def _resume(config: JobConfig, mirror: CheckpointMirror | None) -> tuple[int, str | None]:
     """The step the job starts at and what resume found: 0 and None without `config.checkpoint.resume`, whose
-    out_dir must then hold no earlier job's files. With a `checkpoint.uri`, once the out_dir is known to be this
-    job's, the newest complete checkpoint there is fetched first (a fresh machine)."""
+    out_dir must then hold no earlier job's files. With `mirror` (the checkpoint URI's), once the out_dir is known
+    to be this job's, the newest complete checkpoint there is fetched first (a fresh machine)."""
     out, model, job, steps = Path(config.out_dir), config.model, config.job, config.steps
     layers_dir, ckpt_dir = Path(config.layers_dir), Path(config.checkpoint_dir)
     if not config.checkpoint.resume:
@@ -371,7 +371,6 @@ def _resume(config: JobConfig) -> tuple[int, str | None]:
         return 0, None
     if (out / JOB_FILE).is_file():  # written by an earlier run of this job (`_write_job_file`)
         check_same_job(jsonio.loads(jsonio.read(out / JOB_FILE)), config, out / JOB_FILE)
-    mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
     fetched = mirror.fetch_latest(ckpt_dir, layer_names(model), job=job) if mirror is not None else None
     found = resume_point(ckpt_dir, layers_dir, model, job, steps)
     restore = found[0] if found else 0
