@@ -347,9 +347,10 @@ def test_a_killed_driver_s_spot_fleet_resumes_from_s3_on_a_second_driver(moto_se
     """`parcae train --provider aws --fleet 2 --checkpoint-uri s3://...` on moto_server: the driver is SIGKILLed
     once a checkpoint is complete in the bucket (its instances go on running: the cloud does not know), and a torn
     upload of a newer step is left in the bucket; a second driver on a fresh out-dir (another machine) with
-    `--resume` terminates what the first left running, launches its own instances, resumes from the newest
-    complete checkpoint in S3 (not the torn one), keeps two there, and ends with the uninterrupted run's losses;
-    nothing is left running."""
+    `--resume` terminates what the first left running, launches its own instances (through instant EC2 Fleet
+    requests: `launch="ec2-fleet"`, where the first used run_instances), resumes from the newest complete
+    checkpoint in S3 (not the torn one), keeps two there, and ends with the uninterrupted run's losses; nothing is
+    left running, and no launch template is left."""
     import json
     import subprocess
 
@@ -386,7 +387,9 @@ def test_a_killed_driver_s_spot_fleet_resumes_from_s3_on_a_second_driver(moto_se
                                 step=copied[0] + 5, config=CFG, job=job)  # fmt: skip
         mirror.put(shard.name, shard)
         out = tmp_path / "report.json"
-        second = subprocess.run([*args, "--out-dir", str(tmp_path / "b"), "--resume", "--json", str(out)],
+        by_fleet = json.dumps({**options, "launch": "ec2-fleet"})
+        again = [by_fleet if a == json.dumps(options) else a for a in args]
+        second = subprocess.run([*again, "--out-dir", str(tmp_path / "b"), "--resume", "--json", str(out)],
                                 cwd=tmp_path, env=env, capture_output=True, timeout=300, text=True)  # fmt: skip
         boots = "\n".join(f"--- {w}:\n{standin.log(w)[-1500:]}" for w in sorted(standin.logs))
         assert second.returncode == 0, f"{second.stderr[-3000:]}\n{boots}"
@@ -399,3 +402,6 @@ def test_a_killed_driver_s_spot_fleet_resumes_from_s3_on_a_second_driver(moto_se
     states = {i["InstanceId"]: i["State"]["Name"] for r in ec2.describe_instances()["Reservations"]
               for i in r["Instances"]}  # fmt: skip
     assert left <= set(states) and len(states) >= 4 and set(states.values()) == {"terminated"}, states
+    fleets = ec2.describe_fleets()["Fleets"]
+    assert len(fleets) >= 2 and {f["Type"] for f in fleets} == {"instant"}  # the second driver's instances
+    assert ec2.describe_launch_templates()["LaunchTemplates"] == []

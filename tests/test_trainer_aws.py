@@ -120,6 +120,8 @@ def instance(ec2: Any, instance_id: str) -> dict[str, Any]:
         ("notice_s", -5.0, "seconds >= 0"),
         ("instance_types", "p3.8xlarge", "a list of EC2 instance types"),
         ("subnet_ids", ["vpc-0123456789abcdef0"], "a list of subnet ids"),
+        ("launch", "spot-fleet", "'run-instances' or 'ec2-fleet'"),
+        ("allocation_strategy", "cheapest", "one of 'price-capacity-optimized'"),
     ],
 )
 def test_config_names_the_wrong_field(field: str, value: Any, says: str) -> None:
@@ -328,6 +330,89 @@ def test_an_instance_a_pool_has_no_capacity_for_is_asked_of_the_next_pool(aws: d
     refused = fleet.request(1)
     assert refused.granted == () and refused.refused == 1 and refused.reason == "InsufficientInstanceCapacity"
     p.stop()
+
+
+def templates(ec2: Any) -> list[str]:
+    return [t["LaunchTemplateName"] for t in ec2.describe_launch_templates()["LaunchTemplates"]]
+
+
+def test_an_ec2_fleet_request_offers_every_pool_and_leaves_no_template(aws: dict[str, Any]) -> None:
+    """`launch="ec2-fleet"`: each worker's instance is one instant EC2 Fleet request over every capacity pool
+    (AWS picks), from a launch template holding that worker's boot script; the template is deleted once AWS has
+    answered; the instance is tagged and run as with run_instances; stop() terminates it."""
+    ec2 = aws["ec2"]
+    vpc = ec2.describe_subnets(SubnetIds=[aws["subnet"]])["Subnets"][0]["VpcId"]
+    other = ec2.create_subnet(VpcId=vpc, CidrBlock="10.0.2.0/24")["Subnet"]["SubnetId"]
+    p = provider(aws, launch="ec2-fleet", subnet_ids=[other], instance_types=["p3.8xlarge"], max_price="3.5")
+    sent = answer(p.ec2.meta.events, "CreateFleet", [None, None])
+    assert p.start(2) == [0, 1]
+    assert len(sent) == 2 and templates(ec2) == []
+    request = sent[0]["body"]
+    assert request["Type"] == "instant" and request["SpotOptions.AllocationStrategy"] == "price-capacity-optimized"
+    assert str(request["TargetCapacitySpecification.TotalTargetCapacity"]) == "1"
+    assert request["TargetCapacitySpecification.DefaultTargetCapacityType"] == "spot"
+    offered = [(request[f"LaunchTemplateConfigs.1.Overrides.{i}.InstanceType"],
+                request[f"LaunchTemplateConfigs.1.Overrides.{i}.SubnetId"]) for i in (1, 2, 3, 4)]  # fmt: skip
+    assert offered == [("p3.2xlarge", aws["subnet"]), ("p3.2xlarge", other),
+                       ("p3.8xlarge", aws["subnet"]), ("p3.8xlarge", other)]  # fmt: skip
+    assert request["LaunchTemplateConfigs.1.Overrides.1.MaxPrice"] == "3.5"
+    for w, iid in p.instance_ids().items():
+        inst = instance(ec2, iid)
+        tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
+        assert tags[JOB_TAG_KEY] == "test-job" and tags[WORKER_TAG_KEY] == str(w)
+        assert inst["InstanceLifecycle"] == "spot"
+        raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
+        assert base64.b64decode(raw).decode() == user_data(p.config, w)
+    data = p.launch_template_data(0)
+    assert "InstanceMarketOptions" not in data and "InstanceType" not in data  # the fleet's to say
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert p.alive() == {0, 1}
+    p.stop()
+    assert p.alive() == set()
+    prioritized = provider(aws, launch="ec2-fleet", instance_types=["p3.8xlarge"],
+                           allocation_strategy="capacity-optimized-prioritized").fleet_params("lt-0123")  # fmt: skip
+    overrides = prioritized["LaunchTemplateConfigs"][0]["Overrides"]
+    assert [(o["InstanceType"], o["Priority"]) for o in overrides] == [("p3.2xlarge", 0.0), ("p3.8xlarge", 1.0)]
+
+
+def fleet_answer(*codes: str) -> dict[str, Any]:
+    """An instant EC2 Fleet's answer that launched nothing: one error per pool, as AWS shapes it."""
+    errors = [{"LaunchTemplateAndOverrides": {"Overrides": {"InstanceType": "p3.2xlarge", "SubnetId": f"subnet-{i}"}},
+               "Lifecycle": "spot", "ErrorCode": code, "ErrorMessage": f"message {i}"}
+              for i, code in enumerate(codes)]  # fmt: skip
+    return {"FleetId": "fleet-0123", "Instances": [], "Errors": errors}
+
+
+def test_an_ec2_fleet_that_launches_nothing_is_a_refusal_or_a_configuration_to_fix(aws: dict[str, Any]) -> None:
+    ec2 = aws["ec2"]
+    p = provider(aws, launch="ec2-fleet")
+    # all or nothing: the third worker's fleet finds no capacity; the two launched before it are terminated
+    answer(p.ec2.meta.events, "CreateFleet", [None, None, fleet_answer("InsufficientInstanceCapacity")])
+    says = (
+        r"create_fleet \(worker 2\): InsufficientInstanceCapacity: no pool launched an instance "
+        r"\(p3\.2xlarge in subnet-0: .*message 0\).*Fix: no spot capacity"
+    )
+    with pytest.raises(AwsProviderError, match=says):
+        p.start(3)
+    assert p.instance_ids() == {} and p.alive() == set() and templates(ec2) == []
+    # the fleet takes a capacity answer as the market's: refused, with AWS's code, the granted kept
+    fleet = AwsFleet(p, store=None)
+    answer(p.ec2.meta.events, "CreateFleet", [None, fleet_answer("InsufficientInstanceCapacity", "SpotMaxPriceTooLow")])
+    got = fleet.request(3)
+    assert got.granted == (0,) and got.refused == 2 and got.reason == "InsufficientInstanceCapacity"
+    answer(p.ec2.meta.events, "CreateFleet", [{"FleetId": "fleet-0124", "Instances": [], "Errors": []}])
+    assert fleet.request(1).reason == "UnfulfillableCapacity"
+    # a pool that is misconfigured is a configuration to fix, whatever the other pools said: the job fails
+    answer(p.ec2.meta.events, "CreateFleet",
+           [fleet_answer("InsufficientInstanceCapacity", "InvalidParameterValue")])  # fmt: skip
+    with pytest.raises(AwsProviderError, match=r"create_fleet \(worker 1\): InvalidParameterValue: .*Fix: check"):
+        fleet.request(1)
+    assert p.alive() == {0}
+    # a template a launch could not delete (a denied call, a crash) is deleted by stop()
+    answer(p.ec2.meta.events, "DeleteLaunchTemplate", [("UnauthorizedOperation", "not allowed")])
+    assert p.start(1) == [1] and len(templates(ec2)) == 1
+    p.stop()
+    assert templates(ec2) == [] and p.alive() == set()
 
 
 def test_interruptions_from_spot_request_status_codes(aws: dict[str, Any]) -> None:

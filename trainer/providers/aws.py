@@ -1,6 +1,6 @@
 """AWS: the trainer's instances as EC2 spot instances (boto3), their interruption notices, and the on-instance CLI.
 
-Owns: `AwsSpotProvider` (the `InstanceProvider` that launches, lists and terminates a job's one-time spot instances
+Owns: `AwsSpotProvider` (the `InstanceProvider` that launches, lists and terminates a job's spot instances
 and gathers their interruption notices), `aws_spot_provider` and `check_credentials` (fail fast before anything is
 launched), `aws_job` (a `trainer.providers.agent.RemoteJob` on it, for `trainer.control.run.run_job`), the job token in
 SSM (`publish_token`; `python -m trainer.providers.aws token`, which the boot script runs) and the notices' parsing
@@ -20,6 +20,7 @@ are tested on real-shaped API responses and events.
 from __future__ import annotations
 
 import argparse
+import base64
 import math
 import re
 import secrets
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -219,7 +221,8 @@ def parse_interruption_event(event: Mapping[str, Any], notice_s: float = NOTICE_
 
 
 class AwsSpotProvider(NumberedInstances):
-    """A job's instances are one-time EC2 spot instances of `config`; instance i runs worker i.
+    """A job's instances are EC2 spot instances of `config` (one-time requests, or instant EC2 Fleets: `launch`);
+    instance i runs worker i.
 
     `session`: a boto3.Session (default: the standard credential chain); `endpoint_url`: send EC2 calls there (a
     VPC endpoint, a local moto_server). Thread-safe: `preempt`'s timers terminate from their own threads; a failure
@@ -250,37 +253,68 @@ class AwsSpotProvider(NumberedInstances):
         self.stop()
 
     # -- InstanceProvider ------------------------------------------------------------------------------------
-    # start(n), start_ids(ids, next_id): `NumberedInstances`, over `_launch` -- one `run_instances` per instance,
-    # all or nothing: if one fails, those this call launched are terminated and AwsProviderError says why
+    # start(n), start_ids(ids, next_id): `NumberedInstances`, over `_launch` -- one `run_instances` (or one EC2
+    # Fleet request) per instance, all or nothing: if one fails, those this call launched are terminated and
+    # AwsProviderError says why
 
     def _taken(self, ids: list[int]) -> str | None:
         taken = sorted(w for w in ids if w in self._instances)
         return f"worker ids {taken} already have an instance" if taken else None
 
     def _launch(self, ids: list[int]) -> None:
-        """One `run_instances` per worker id, in the first of the config's capacity pools that has capacity (a pool
-        that refused one is not asked again in this call); all or nothing. Called with the lock held."""
+        """An instance per worker id (`AwsSpotConfig.launch`: a `run_instances` pool after pool, or an EC2 Fleet
+        request offering every pool); all or nothing. Called with the lock held."""
         launched: dict[int, str] = {}
-        pools = list(self.config.capacity_pools)
-        several = len(pools) > 1
+        pools = list(self.config.capacity_pools)  # run-instances: a pool that refused one is not asked again now
         for w in ids:
-            refused: list[AwsProviderError] = []
-            for pool in list(pools):
-                what = f"worker {w}, {_pool_name(pool)}" if several else f"worker {w}"
-                try:
-                    resp = aws_call(f"run_instances ({what})", self.ec2.run_instances, **self.launch_params(w, pool))
-                except AwsProviderError as exc:
-                    if exc.code in CAPACITY_CODES and pool != pools[-1]:
-                        refused.append(exc)
-                        pools.remove(pool)
-                        continue
-                    if refused:  # every pool refused: say so, with AWS's code of the last one
-                        exc.args = (f"{exc.args[0]} (and before it: {'; '.join(str(e) for e in refused)})",)
-                    self._roll_back(launched, exc)
-                    raise
-                launched[w] = resp["Instances"][0]["InstanceId"]
-                break
+            try:
+                if self.config.launch == "ec2-fleet":
+                    launched[w] = self._launch_in_fleet(w)
+                else:
+                    launched[w] = self._launch_in_pools(w, pools)
+            except AwsProviderError as exc:
+                self._roll_back(launched, exc)
+                raise
         self._instances.update(launched)
+
+    def _launch_in_pools(self, w: int, pools: list[tuple[str, str | None]]) -> str:
+        """Worker `w`'s instance, in the first of `pools` that has capacity (one that refuses leaves `pools`)."""
+        several = len(self.config.capacity_pools) > 1
+        refused: list[AwsProviderError] = []
+        for pool in list(pools):
+            what = f"worker {w}, {_pool_name(pool)}" if several else f"worker {w}"
+            try:
+                resp = aws_call(f"run_instances ({what})", self.ec2.run_instances, **self.launch_params(w, pool))
+            except AwsProviderError as exc:
+                if exc.code in CAPACITY_CODES and pool != pools[-1]:
+                    refused.append(exc)
+                    pools.remove(pool)
+                    continue
+                if refused:  # every pool refused: say so, with AWS's code of the last one
+                    exc.args = (f"{exc.args[0]} (and before it: {'; '.join(str(e) for e in refused)})",)
+                raise
+            return str(resp["Instances"][0]["InstanceId"])
+        raise AssertionError("unreachable: the last pool's refusal is raised")
+
+    def _launch_in_fleet(self, w: int) -> str:
+        """Worker `w`'s instance from an instant EC2 Fleet that offers every capacity pool, AWS choosing by
+        `allocation_strategy`. One fleet per instance, because each boot script names its worker: its launch
+        template is made for it and deleted once AWS has answered (`stop` deletes any a crash left)."""
+        c = self.config
+        name = f"parcae-{_TEMPLATE_NAME_RE.sub('-', c.job)[:80]}-{w}-{secrets.token_hex(4)}"
+        made = aws_call(f"create_launch_template (worker {w})", self.ec2.create_launch_template,
+                        LaunchTemplateName=name, LaunchTemplateData=self.launch_template_data(w),
+                        TagSpecifications=[{"ResourceType": "launch-template", "Tags": self._job_tags()}])  # fmt: skip
+        template = made["LaunchTemplate"]["LaunchTemplateId"]
+        try:
+            resp = aws_call(f"create_fleet (worker {w})", self.ec2.create_fleet, **self.fleet_params(template))
+        finally:
+            with suppress(AwsProviderError):  # a template costs nothing; stop() deletes what is left
+                aws_call("delete_launch_template", self.ec2.delete_launch_template, LaunchTemplateId=template)
+        ids = [i for item in resp.get("Instances", []) for i in item.get("InstanceIds", [])]
+        if ids:
+            return str(ids[0])
+        raise fleet_error(f"create_fleet (worker {w})", resp.get("Errors", []))
 
     def _roll_back(self, launched: dict[int, str], cause: AwsProviderError) -> None:
         if not launched:
@@ -295,6 +329,30 @@ class AwsSpotProvider(NumberedInstances):
             cause.args = (f"{cause.args[0]}; and rolling back the {len(launched)} instance(s) this start launched "
                           f"failed ({exc}): workers {sorted(launched)} stay until stop()",)  # fmt: skip
 
+    def _job_tags(self) -> list[dict[str, str]]:
+        return [{"Key": JOB_TAG_KEY, "Value": self.config.job}]
+
+    def _instance_spec(self, worker: int) -> dict[str, Any]:
+        """What worker `worker`'s instance is, however it is asked for: AMI, role, IMDSv2 only, network, tags."""
+        c = self.config
+        tags = [*self._job_tags(), {"Key": WORKER_TAG_KEY, "Value": str(worker)}]
+        profile = c.iam_instance_profile
+        spec: dict[str, Any] = {
+            "ImageId": c.image_id,
+            "IamInstanceProfile": {"Arn": profile} if profile.startswith("arn:") else {"Name": profile},
+            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},  # IMDSv2 only
+            "InstanceInitiatedShutdownBehavior": "terminate",
+            "TagSpecifications": [
+                {"ResourceType": "instance", "Tags": [*tags, {"Key": "Name", "Value": f"parcae-{c.job}-{worker}"}]},
+                {"ResourceType": "spot-instances-request", "Tags": tags},
+            ],
+        }
+        if c.security_group_ids:
+            spec["SecurityGroupIds"] = list(c.security_group_ids)
+        if c.key_name is not None:
+            spec["KeyName"] = c.key_name
+        return spec
+
     def launch_params(self, worker: int, pool: tuple[str, str | None] | None = None) -> dict[str, Any]:
         """The `run_instances` parameters of worker `worker`'s instance, in capacity `pool` (instance type, subnet;
         default: the config's first)."""
@@ -303,30 +361,49 @@ class AwsSpotProvider(NumberedInstances):
         spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
         if c.max_price is not None:
             spot["MaxPrice"] = c.max_price
-        tags = [{"Key": JOB_TAG_KEY, "Value": c.job}, {"Key": WORKER_TAG_KEY, "Value": str(worker)}]
-        profile = c.iam_instance_profile
         params: dict[str, Any] = {
-            "ImageId": c.image_id,
+            **self._instance_spec(worker),
             "InstanceType": instance_type,
             "MinCount": 1,
             "MaxCount": 1,
             "UserData": user_data(c, worker),  # boto3 base64-encodes it
-            "IamInstanceProfile": {"Arn": profile} if profile.startswith("arn:") else {"Name": profile},
             "InstanceMarketOptions": {"MarketType": "spot", "SpotOptions": spot},
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled"},  # IMDSv2 only
-            "InstanceInitiatedShutdownBehavior": "terminate",
-            "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": [*tags, {"Key": "Name", "Value": f"parcae-{c.job}-{worker}"}]},
-                {"ResourceType": "spot-instances-request", "Tags": tags},
-            ],
         }
         if subnet is not None:
             params["SubnetId"] = subnet
-        if c.security_group_ids:
-            params["SecurityGroupIds"] = list(c.security_group_ids)
-        if c.key_name is not None:
-            params["KeyName"] = c.key_name
         return params
+
+    def launch_template_data(self, worker: int) -> dict[str, Any]:
+        """The launch template of worker `worker`'s EC2 Fleet request: its instance without type, subnet or market
+        (the fleet's overrides and spot options say those; EC2 Fleet refuses a template that asks for spot)."""
+        data = self._instance_spec(worker)
+        data["UserData"] = base64.b64encode(user_data(self.config, worker).encode()).decode()  # not encoded for us
+        return data
+
+    def fleet_params(self, template_id: str) -> dict[str, Any]:
+        """The `create_fleet` parameters: one spot instance from launch template `template_id`, in whichever of the
+        capacity pools AWS's `allocation_strategy` picks (the pools' order is their priority)."""
+        c = self.config
+        overrides: list[dict[str, Any]] = []
+        for rank, (instance_type, subnet) in enumerate(c.capacity_pools):
+            o: dict[str, Any] = {"InstanceType": instance_type}
+            if subnet is not None:
+                o["SubnetId"] = subnet
+            if c.max_price is not None:
+                o["MaxPrice"] = c.max_price
+            if c.allocation_strategy == "capacity-optimized-prioritized":
+                o["Priority"] = float(rank)
+            overrides.append(o)
+        return {
+            "Type": "instant",
+            "TargetCapacitySpecification": {"TotalTargetCapacity": 1, "DefaultTargetCapacityType": "spot"},
+            "SpotOptions": {"AllocationStrategy": c.allocation_strategy, "InstanceInterruptionBehavior": "terminate"},
+            "LaunchTemplateConfigs": [{
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template_id, "Version": "$Latest"},
+                "Overrides": overrides,
+            }],
+            "TagSpecifications": [{"ResourceType": "fleet", "Tags": self._job_tags()}],
+        }  # fmt: skip
 
     def alive(self) -> set[int]:
         """Workers whose instance is pending or running (one describe_instances by the job tag)."""
@@ -467,9 +544,22 @@ class AwsSpotProvider(NumberedInstances):
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 aws_call("terminate_instances (stop)", self.ec2.terminate_instances, InstanceIds=chunk)
+            if self.config.launch == "ec2-fleet":
+                self._delete_templates()
             if self._deferred:
                 errors, self._deferred = self._deferred, []
                 raise AwsProviderError("preempt (timer)", "; ".join(str(e) for e in errors))
+
+    def _delete_templates(self) -> None:
+        """Delete the job's launch templates that a launch could not (EC2 Fleet requests; found by the job tag)."""
+        filters = [{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.config.job]}]
+        try:
+            pages = self.ec2.get_paginator("describe_launch_templates").paginate(Filters=filters)
+            left = [t["LaunchTemplateId"] for page in pages for t in page.get("LaunchTemplates", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise aws_error("describe_launch_templates", exc) from exc
+        for template in left:
+            aws_call("delete_launch_template (stop)", self.ec2.delete_launch_template, LaunchTemplateId=template)
 
     def _job_instances(self, states: Sequence[str]) -> set[str]:
         filters = [{"Name": f"tag:{JOB_TAG_KEY}", "Values": [self.config.job]},
@@ -487,8 +577,25 @@ class AwsSpotProvider(NumberedInstances):
 #: rather than a configuration to fix (which fails the job with AWS's message and our fix).
 CAPACITY_CODES: Final = frozenset({
     "InsufficientInstanceCapacity", "InsufficientCapacity", "SpotMaxPriceTooLow", "MaxSpotInstanceCountExceeded",
-    "VcpuLimitExceeded",
+    "VcpuLimitExceeded", "UnfulfillableCapacity",
 })  # fmt: skip
+_TEMPLATE_NAME_RE: Final = re.compile(r"[^A-Za-z0-9().\-_]")  # what a launch template's name may not hold
+
+
+def fleet_error(operation: str, errors: Sequence[Mapping[str, Any]]) -> AwsProviderError:
+    """An instant EC2 Fleet that launched nothing, as one error: each pool's answer, with the code of the first
+    that is a configuration to fix (so the job fails with its fix), else of the first capacity refusal."""
+    if not errors:
+        return AwsProviderError(operation, "no instance launched, and no error given", "UnfulfillableCapacity")
+
+    def pool(e: Mapping[str, Any]) -> str:
+        o = e.get("LaunchTemplateAndOverrides", {}).get("Overrides", {})
+        return _pool_name((o.get("InstanceType", "?"), o.get("SubnetId")))
+
+    to_fix = [e for e in errors if e.get("ErrorCode") not in CAPACITY_CODES]
+    code = str((to_fix or errors)[0].get("ErrorCode", "?"))
+    each = "; ".join(f"{pool(e)}: {e.get('ErrorCode', '?')}: {e.get('ErrorMessage', '')}" for e in errors)
+    return AwsProviderError(operation, f"no pool launched an instance ({each})", code)
 
 
 def _pool_name(pool: tuple[str, str | None]) -> str:
@@ -496,14 +603,15 @@ def _pool_name(pool: tuple[str, str | None]) -> str:
 
 
 class AwsFleet(AgentInstances, Fleet):
-    """A live fleet of one-time EC2 spot instances (`AwsSpotProvider`), their workers run by instance agents.
+    """A live fleet of EC2 spot instances (`AwsSpotProvider`), their workers run by instance agents.
 
     A request launches instances one by one, each in the first of the config's capacity pools (instance types x
-    subnets, `AwsSpotConfig.capacity_pools`) that has capacity, until every pool refuses one with a capacity error
-    (`CAPACITY_CODES`): the rest of the request is refused, with AWS's code as the reason (the driver retries with
-    backoff). Any other launch error is a configuration to fix and fails the job. A granted instance arrives at
-    once (its agent starts the worker when it boots; one reclaimed while it boots is seen as killed); the cloud's
-    interruption notices reach its agent, and through it the worker, as in any AWS job."""
+    subnets, `AwsSpotConfig.capacity_pools`) that has capacity — or, with `launch="ec2-fleet"`, in the pool an EC2
+    Fleet request picks — until every pool refuses one with a capacity error (`CAPACITY_CODES`): the rest of the
+    request is refused, with AWS's code as the reason (the driver retries with backoff). Any other launch error is
+    a configuration to fix and fails the job. A granted instance arrives at once (its agent starts the worker when
+    it boots; one reclaimed while it boots is seen as killed); the cloud's interruption notices reach its agent,
+    and through it the worker, as in any AWS job."""
 
     def __init__(self, cloud: AwsSpotProvider, store: Any, **kw: Any) -> None:
         super().__init__(cloud, store, **kw)

@@ -17,7 +17,8 @@ from typing import Any, Final
 
 from forecasting import JOB_TAG_KEY  # the fleet collector filters by the same tag
 
-__all__ = ["JOB_TAG_KEY", "WORKER_TAG_KEY", "NOTICE_S", "AwsConfigError", "AwsSpotConfig", "user_data"]
+__all__ = ["ALLOCATION_STRATEGIES", "JOB_TAG_KEY", "LAUNCH_MODES", "NOTICE_S", "WORKER_TAG_KEY", "AwsConfigError",
+           "AwsSpotConfig", "user_data"]  # fmt: skip
 
 #: The tag holding an instance's worker id (stable: 0, 1, ... in launch order).
 WORKER_TAG_KEY: Final = "parcae:worker-id"
@@ -39,6 +40,11 @@ _PROFILE_RE: Final = re.compile(r"[\w+=,.@-]{1,128}|arn:aws[\w-]*:iam::\d{12}:in
 _SSM_NAME_RE: Final = re.compile(r"[\w.-]+|(/[\w.-]+)+")
 _HOST_RE: Final = re.compile(r"[A-Za-z0-9.:\[\]-]{1,253}")
 _LOOPBACK: Final = frozenset({"localhost", "127.0.0.1", "::1", "0.0.0.0"})
+#: How instances are asked for (`AwsSpotConfig.launch`).
+LAUNCH_MODES: Final = ("run-instances", "ec2-fleet")
+#: EC2 Fleet's spot allocation strategies (`AwsSpotConfig.allocation_strategy`).
+ALLOCATION_STRATEGIES: Final = ("price-capacity-optimized", "capacity-optimized", "capacity-optimized-prioritized",
+                                "lowest-price", "diversified")  # fmt: skip
 _REQUIRED: Final = ("region", "image_id", "job", "coordinator_host", "coordinator_port", "token_parameter",
                     "iam_instance_profile")  # fmt: skip
 
@@ -60,6 +66,12 @@ class AwsSpotConfig:
     `subnet_id`: an instance the first pool has no capacity for is asked of the next (the same type in each
     subnet, i.e. zone, first; then the next type), and a request is refused only once every pool has refused it
     (`capacity_pools`). The planner's runtime profile is of one machine: list only types with the same GPUs.
+
+    `launch`: how an instance is asked for. "run-instances" (the default): one `RunInstances` call per pool, in
+    the order above. "ec2-fleet": one EC2 Fleet request (`CreateFleet`, type instant) offering every pool at once,
+    AWS choosing among them by `allocation_strategy` (default "price-capacity-optimized": the pools least likely
+    to be reclaimed soon, at the lowest price among those; "capacity-optimized-prioritized" keeps the order above as
+    a tie-break). It needs ec2:CreateFleet and the launch-template actions (docs/live-fleet.md).
     """
 
     region: str
@@ -79,6 +91,8 @@ class AwsSpotConfig:
     workdir: str = "/opt/parcae"
     max_price: str | None = None
     notice_s: float = NOTICE_S
+    launch: str = "run-instances"
+    allocation_strategy: str = "price-capacity-optimized"
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> AwsConfigError:
@@ -142,6 +156,10 @@ class AwsSpotConfig:
         number = isinstance(notice, (int, float)) and not isinstance(notice, bool)
         if not (number and math.isfinite(notice) and notice >= 0):
             raise bad("notice_s", "seconds >= 0")
+        if self.launch not in LAUNCH_MODES:
+            raise bad("launch", " or ".join(repr(m) for m in LAUNCH_MODES))
+        if self.allocation_strategy not in ALLOCATION_STRATEGIES:
+            raise bad("allocation_strategy", "one of " + ", ".join(repr(m) for m in ALLOCATION_STRATEGIES))
 
     @property
     def capacity_pools(self) -> tuple[tuple[str, str | None], ...]:

@@ -16,7 +16,10 @@ from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, 
 __all__ = ["EC2_GRANTS", "NO_CREDENTIALS", "NO_REGION", "S3_GRANTS", "AwsCredentialsError", "AwsProviderError",
            "aws_call", "aws_error", "client_config", "no_credentials"]  # fmt: skip
 
-EC2_GRANTS: Final = "ec2:RunInstances, ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole"
+EC2_GRANTS: Final = (
+    "ec2:RunInstances, ec2:CreateTags, ec2:Describe*, ec2:TerminateInstances and iam:PassRole (with "
+    "AwsSpotConfig.launch='ec2-fleet' also ec2:CreateFleet, ec2:CreateLaunchTemplate and ec2:DeleteLaunchTemplate)"
+)
 S3_GRANTS: Final = "s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucket on the bucket"
 
 
@@ -43,6 +46,8 @@ _HINTS: Final = {
     "InsufficientInstanceCapacity": "no spot capacity for this instance type in this Availability Zone now: retry "
     "later, or add capacity pools: AwsSpotConfig.subnet_ids (subnets in other zones) and instance_types (other "
     "types with the same GPUs)",
+    "UnfulfillableCapacity": "no pool of the EC2 Fleet request had spot capacity now: retry later, or add capacity "
+    "pools (AwsSpotConfig.subnet_ids, instance_types)",
     "SpotMaxPriceTooLow": "AwsSpotConfig.max_price is below the spot price: raise it, or leave it unset (the "
     "on-demand price)",
     "MaxSpotInstanceCountExceeded": "the account's spot instance quota is used up: request an increase (Service "
