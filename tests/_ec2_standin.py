@@ -69,6 +69,20 @@ def coordinator_host() -> str:
     return host
 
 
+def lan_address() -> str | None:
+    """This machine's address on its default route (not loopback), or None if it has none: a coordinator there is
+    one that other hosts could reach, and its workers' gloo groups listen there too (`gloo_address`)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.7", 9))  # TEST-NET-2: nothing is sent, the kernel only picks the route
+        except OSError:
+            return None
+        address = str(probe.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
 class FakeImds:
     """IMDSv2 on 127.0.0.1: PUT a token (TTL header required), GET instance-action with it: 404 for the first
     `quiet` polls (default: until `notice()`), then the notice. A token is good for `token_uses` GETs (then 401,

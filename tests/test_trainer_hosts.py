@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _ec2_standin import coordinator_host
+from _ec2_standin import coordinator_host, lan_address
 from _flow_fixtures import free_port
 from _jobs import run_job
 from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
@@ -55,10 +55,49 @@ def fake_ssh(tmp_path: Path, fail_host: str | None = None, disks: Path | None = 
     return ssh, log
 
 
+def test_gloo_groups_listen_where_the_host_reaches_the_coordinator_from(monkeypatch):
+    """On loopback gloo keeps its own choice; at a LAN address the groups listen on this host's address towards it
+    (not where the host name resolves: 127.0.1.1 in many images' /etc/hosts, unreachable from the other hosts),
+    unless GLOO_SOCKET_IFNAME names the interface. Two ranks (threads) form a group there and all-reduce."""
+    import threading
+    from datetime import timedelta
+
+    import torch
+    from torch.distributed import HashStore
+
+    from trainer.runtime.pipeline import gloo_address, gloo_group
+
+    monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    assert gloo_address("127.0.0.1") is None and gloo_address("localhost") is None
+    lan = lan_address()
+    if lan is None:
+        pytest.skip("this machine has no address but loopback")
+    assert gloo_address(lan) == lan
+    store, sums = HashStore(), {}
+
+    def rank(r: int) -> None:
+        group = gloo_group(store, "lan", r, 2, timedelta(seconds=30), gloo_address(lan))
+        t = torch.tensor([float(r + 1)])
+        group.allreduce([t]).wait()
+        sums[r] = t.item()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sums == {0: 3.0, 1: 3.0}
+    monkeypatch.setenv("GLOO_SOCKET_IFNAME", "eth0")
+    assert gloo_address(lan) is None  # the user's interface wins
+
+
 def test_a_job_runs_on_agents_started_over_ssh_and_survives_a_kill(tmp_path):
+    """The coordinator at this machine's LAN address when it has one (so the workers' gloo groups listen there,
+    as across real hosts), else at its host name."""
     ssh, log = fake_ssh(tmp_path)
-    remote = hosts_job(["gpu-a", "gpu-b", "gpu-c"], coordinator_host(), free_port(), ssh=[str(ssh), "-o",
-                       "BatchMode=yes"], python=sys.executable, workdir=str(REPO))  # fmt: skip
+    host = lan_address() or coordinator_host()
+    remote = hosts_job(["gpu-a", "gpu-b", "gpu-c"], host, free_port(), ssh=[str(ssh), "-o", "BatchMode=yes"],
+                       python=sys.executable, workdir=str(REPO))  # fmt: skip
     assert isinstance(remote, RemoteJob) and len(remote.token) >= 32
     steps = 16
     # 2x1 on two hosts, a third instance added at step 4, a kill without notice at step 8: a live recovery from

@@ -49,6 +49,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
+import os
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -281,9 +284,35 @@ class EpochGroups:
             _GRAVEYARD.append((self.world, self.dp, self.waiter))
 
 
-def gloo_group(store: Store, prefix: str, rank: int, size: int, timeout: timedelta) -> dist.ProcessGroup:
-    """A standalone gloo group of `size` ranks (this one `rank`) that rendezvous on `PrefixStore(prefix, store)`."""
-    group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)
+def gloo_address(coordinator: str) -> str | None:
+    """The address this host's gloo groups listen on when the job's coordinator is `coordinator`: the one this host
+    reaches the coordinator from (its route's source address). None — gloo's own choice, the address the host's
+    name resolves to — when the coordinator is on loopback (every peer is here) or `GLOO_SOCKET_IFNAME` names the
+    interface. Why: many images map the host name to 127.0.1.1 in /etc/hosts, and peers on other hosts told to
+    connect there fail (`Gloo connectFullMesh failed`)."""
+    if os.environ.get("GLOO_SOCKET_IFNAME"):
+        return None
+    family, _, _, _, where = socket.getaddrinfo(coordinator, 9, type=socket.SOCK_DGRAM)[0]
+    if ipaddress.ip_address(where[0]).is_loopback:
+        return None
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        probe.connect(where)  # sends nothing: the kernel picks the route, and so the source address
+        local = str(probe.getsockname()[0])
+    return None if ipaddress.ip_address(local).is_loopback else local
+
+
+def gloo_group(
+    store: Store, prefix: str, rank: int, size: int, timeout: timedelta, address: str | None = None
+) -> dist.ProcessGroup:
+    """A standalone gloo group of `size` ranks (this one `rank`) that rendezvous on `PrefixStore(prefix, store)`,
+    listening on `address` (`gloo_address`; None: gloo's default device)."""
+    if address is None:
+        group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)
+    else:  # the options form is how torch itself gives gloo a device (distributed_c10d, GLOO_SOCKET_IFNAME)
+        options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # absent from the stubs
+        options._timeout = timeout
+        options._devices = [ProcessGroupGloo.create_device(hostname=address)]
+        group = ProcessGroupGloo(PrefixStore(prefix, store), rank, size, options)
     # torch's stubs class gloo's group as a bare `Backend`; its binding has ProcessGroup's send, recv and allreduce
     return cast(dist.ProcessGroup, group)
 
@@ -297,18 +326,19 @@ def init_epoch(
     abort: Callable[[], str | None] | None = None,
     check_s: float = 0.02,
     prefix: str | None = None,
+    address: str | None = None,
 ) -> EpochGroups:
     """Join epoch `epoch`: its world group on `PrefixStore(prefix)` (default f"epoch{epoch}"), then this stage's DP
-    group.
+    group, both listening on `address` (`gloo_group`).
 
     Blocks until every rank of the epoch (resp. of the stage) has joined, or `timeout`.
     """
     prefix = f"epoch{epoch}" if prefix is None else prefix
-    world = gloo_group(store, prefix, rank, strategy.world_size, timeout)
+    world = gloo_group(store, prefix, rank, strategy.world_size, timeout, address)
     stage, replica = strategy.coords(rank)
     dp = None
     if strategy.D > 1:
-        dp = gloo_group(store, f"{prefix}/dp{stage}", replica, strategy.D, timeout)
+        dp = gloo_group(store, f"{prefix}/dp{stage}", replica, strategy.D, timeout, address)
     return EpochGroups(epoch=epoch, rank=rank, world=world, dp=dp, abort=abort, check_s=check_s)
 
 

@@ -53,6 +53,7 @@ from trainer.runtime.pipeline import (
     catch_up,
     close_epoch,
     fresh_layers,
+    gloo_address,
     gloo_group,
     init_epoch,
     layer_grads,
@@ -247,6 +248,9 @@ class Worker:
         self.state = WorkerState.JOINING
         self._store: SealedStore | None = None  # both set by `join`: read them as `store` and `job`
         self._job: JobSpec | None = None
+        # where this host's gloo groups listen: the address it reaches the coordinator from (None: gloo's default;
+        # set by `join`, once the coordinator answered)
+        self._gloo_address: str | None = None
         self.epoch: Epoch | None = None  # the epoch this worker trains in (None when standby)
         self.next: Epoch | None = None  # the epoch it is migrating into
         self.ctx: StageContext | None = None
@@ -367,6 +371,7 @@ class Worker:
             self._store = self._connect()
         except StoreAuthError as e:
             raise TokenError(f"worker {self.id}: {e}; refusing to join") from None
+        self._gloo_address = gloo_address(s.host)
         self.store.append(keys.states(self.id), "JOINING@-;")
         self._job = JobSpec.from_json(self.store.get(keys.JOB_SPEC))
         # Pay one-off costs while joining rather than inside a migration's pause: loading the spec imports the
@@ -768,14 +773,15 @@ class Worker:
             if party:
                 parties = e.transfer_parties
                 xfer = gloo_group(prep.store, e.transfer_prefix, parties.index(self.id), len(parties),
-                                  self._pg_timeout())  # fmt: skip
+                                  self._pg_timeout(), self._gloo_address)  # fmt: skip
                 if any(t.src == self.id for t in e.transfers):
                     prep.xfer_ahead = xfer
                 prep.xfer = xfer
             if member:
                 n = e.number
                 prep.groups = init_epoch(prep.store, n, e.strategy, e.rank(self.id), self._pg_timeout(),
-                                         abort=lambda: self._epoch_abort(n), prefix=e.group_prefix)  # fmt: skip
+                                         abort=lambda: self._epoch_abort(n), prefix=e.group_prefix,
+                                         address=self._gloo_address)  # fmt: skip
             prep.store.set(keys.prepared(p, self.id), repr(time.time()))
             if party and any(t.dst == self.id for t in e.transfers):
                 with self._prep_lock:
@@ -840,7 +846,7 @@ class Worker:
             prep.xfer_ahead = None  # nothing went ahead: no sender will drop it
         if world is None:
             world = self._form(lambda store: gloo_group(store, epoch.transfer_prefix, rank, len(parties),
-                                                        self._pg_timeout()), n)  # fmt: skip
+                                                        self._pg_timeout(), self._gloo_address), n)  # fmt: skip
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         del world  # `groups` holds the only reference: `close_epoch` below releases it off the main thread
         names = layer_names(self.job.model)
@@ -1050,7 +1056,8 @@ class Worker:
             if groups is None:
                 groups = self._form(lambda store: init_epoch(store, number, epoch.strategy, rank, self._pg_timeout(),
                                                              abort=lambda: self._epoch_abort(number),
-                                                             prefix=epoch.group_prefix), number)  # fmt: skip
+                                                             prefix=epoch.group_prefix,
+                                                             address=self._gloo_address), number)  # fmt: skip
         except MigrationAbandoned as e:
             if not fresh:
                 raise
