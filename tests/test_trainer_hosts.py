@@ -16,7 +16,7 @@ import pytest
 from _ec2_standin import coordinator_host, lan_address
 from _flow_fixtures import free_port
 from _jobs import run_job
-from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixture)
+from _trainer_fixtures import _one_thread, until  # noqa: F401  (_one_thread: an autouse fixture)
 from typer.testing import CliRunner
 
 from parcae.cli import app
@@ -165,7 +165,7 @@ def test_a_host_takes_at_most_its_slots(tmp_path):
     ssh, log = fake_ssh(tmp_path)
     full = SshHosts(["gpu-a"], "10.0.0.5", 29500, "t0ken", ssh=[str(ssh)])
     busy = subprocess.Popen(["sleep", "30"])
-    full.procs[0], full.host_of[0] = busy, "gpu-a"
+    full.procs[0], full.host_of[0], full.slot_of[0] = busy, "gpu-a", 0
     try:
         with pytest.raises(HostsError, match=r"every host runs 1 instance\(s\) already \(gpu-a\); add hosts or slots"):
             full.start(1)
@@ -195,3 +195,25 @@ def test_the_cli_names_what_is_wrong_with_the_hosts_options():
     r = runner.invoke(app, ["train", "--hosts", "gpu-a,gpu-a", "--coordinator", "10.0.0.5:29500"])
     assert r.exit_code == 2 and "--hosts:" in r.stderr and "listed twice" in r.stderr
     assert "Traceback" not in r.output
+
+
+def test_an_instance_takes_its_host_s_lowest_free_slot_and_that_slot_s_gpu(tmp_path):
+    """Two hosts of two slots: instances fill the least busy host first, each in its lowest free slot, which is
+    the GPU index its worker gets there (PARCAE_DEVICE_INDEX); a slot freed by a kill is taken again."""
+    ssh, log = fake_ssh(tmp_path)
+    seen = tmp_path / "seen.log"
+    agent = tmp_path / "python"  # stands in for the hosts' interpreter: records what the agent would get
+    agent.write_text(f'#!/bin/bash\necho "$4 $PARCAE_DEVICE_INDEX" >> {seen}\nexec sleep 60\n')
+    agent.chmod(0o755)
+    hosts = SshHosts(["gpu-a", "gpu-b"], "10.0.0.5", 29500, "t0ken", slots=2, ssh=[str(ssh)], python=str(agent),
+                     workdir=str(tmp_path))  # fmt: skip
+    try:
+        assert hosts.start(3) == [0, 1, 2]
+        hosts.kill([0])
+        assert hosts.start(1) == [3]
+        assert {w: (hosts.host_of[w], hosts.slot_of[w]) for w in (1, 2, 3)} == {
+            1: ("gpu-b", 0), 2: ("gpu-a", 1), 3: ("gpu-a", 0)}  # fmt: skip
+        until(lambda: len(seen.read_text().splitlines()) == 4 if seen.exists() else False, "four agents")
+        assert sorted(seen.read_text().splitlines()) == ["0 0", "1 0", "2 1", "3 0"]  # worker id, GPU index
+    finally:
+        hosts.stop()

@@ -8,7 +8,8 @@ Each instance is one `python -m trainer.providers.agent --id N --host H --port P
 (BatchMode: keys or an agent, never a password prompt). The remote shell prints its PID, reads the job token from
 stdin (never argv: `ps` on the host) and `exec`s the agent, so that PID is the agent's; the agent's and its
 worker's output go to ssh's stderr, which is ours (stdout is a pipe nobody reads after the PID). A host takes up to
-`slots` instances at once; `start` fills the least busy host first. `kill` SIGKILLs the agent's children (the worker)
+`slots` instances at once; `start` fills the least busy host first, in its lowest free slot, and the slot is the
+GPU that instance's worker trains on there (`PARCAE_DEVICE_INDEX`). `kill` SIGKILLs the agent's children (the worker)
 and the agent on the host (`pkill -P`, `kill`), then the local ssh client. An instance is alive while its ssh client
 runs (the client ends when the agent does). The hosts need this project installed at `workdir` with `python`, and
 the coordinator's port reachable (the token guards against mis-wiring; keep the port on a private network).
@@ -26,6 +27,7 @@ from typing import Any
 
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.local import NumberedInstances
+from trainer.runtime.devices import DEVICE_INDEX_ENV
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
 
@@ -60,13 +62,16 @@ class SshHosts(NumberedInstances):
         self.start_timeout_s = start_timeout_s
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.host_of: dict[int, str] = {}
+        self.slot_of: dict[int, int] = {}  # the slot (and GPU index) an instance holds on its host
         self.pid_of: dict[int, int] = {}  # the agent's PID on its host
         super().__init__()
 
-    def remote_command(self, worker: int) -> str:
-        """The shell command run on the host for instance `worker`."""
+    def remote_command(self, worker: int, slot: int = 0) -> str:
+        """The shell command run on the host for instance `worker` in the host's `slot` (0 .. slots-1), which is
+        also the GPU its worker trains on there (`PARCAE_DEVICE_INDEX`, with --device cuda)."""
         q = shlex.quote
         return (f"cd {q(self.workdir)} && echo $$ && IFS= read -r PARCAE_TOKEN && export PARCAE_TOKEN && "
+                f"export {DEVICE_INDEX_ENV}={int(slot)} && "
                 f"exec {q(self.python)} -m trainer.providers.agent --id {int(worker)} "
                 f"--host {q(self.coordinator_host)} "
                 f"--port {self.coordinator_port} 1>&2")  # fmt: skip
@@ -82,26 +87,27 @@ class SshHosts(NumberedInstances):
         started: list[int] = []
         try:
             for w in ids:
-                host = self._free_host()
-                proc = subprocess.Popen([*self.ssh, host, self.remote_command(w)], stdin=subprocess.PIPE,
+                host, slot = self._free_slot()
+                proc = subprocess.Popen([*self.ssh, host, self.remote_command(w, slot)], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, start_new_session=True)  # fmt: skip
-                self.procs[w], self.host_of[w] = proc, host
+                self.procs[w], self.host_of[w], self.slot_of[w] = proc, host, slot
                 started.append(w)
                 self.pid_of[w] = self._handshake(w, proc, host)
         except BaseException:
             self.kill(started)
             raise
 
-    def _free_host(self) -> str:
-        busy = {h: 0 for h in self.hosts}
+    def _free_slot(self) -> tuple[str, int]:
+        """The least busy host, and its lowest slot that no running instance holds."""
+        held: dict[str, set[int]] = {h: set() for h in self.hosts}
         for w, p in self.procs.items():
             if p.poll() is None:
-                busy[self.host_of[w]] += 1
-        host = min(self.hosts, key=lambda h: busy[h])
-        if busy[host] >= self.slots:
+                held[self.host_of[w]].add(self.slot_of[w])
+        host = min(self.hosts, key=lambda h: len(held[h]))
+        if len(held[host]) >= self.slots:
             raise HostsError(f"every host runs {self.slots} instance(s) already ({', '.join(self.hosts)}); add hosts "
                              "or slots")  # fmt: skip
-        return host
+        return host, min(set(range(self.slots)) - held[host])
 
     def _handshake(self, w: int, proc: subprocess.Popen[bytes], host: str) -> int:
         """Read the remote PID, send the token; HostsError if ssh fails first."""
