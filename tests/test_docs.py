@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -19,6 +20,17 @@ def test_the_cli_reference_is_the_typer_app_s_own(tmp_path: Path) -> None:
                     str(out)], cwd=ROOT, check=True, capture_output=True, timeout=120)  # fmt: skip
     committed = (ROOT / "docs" / "reference" / "cli.md").read_text()
     assert out.read_text() == committed, "docs/reference/cli.md is out of date: run `make docs-cli` and commit it"
+
+
+def _hook(name: str) -> Any:
+    """The docs hook `docs/_hooks/<name>.py`, loaded as a module."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"{name}_hook", ROOT / "docs" / "_hooks" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    hook = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hook)
+    return hook
 
 
 def test_every_page_is_in_the_nav_and_the_readme_fits_on_a_screen_or_two() -> None:
@@ -35,25 +47,34 @@ def test_every_page_is_in_the_nav_and_the_readme_fits_on_a_screen_or_two() -> No
 
     docs = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     docs.add("reference/job-config.md")  # written at build time by docs/_hooks/job_config.py
+    docs.update(f"reference/api/{p}.md" for p in _hook("api").PACKAGES)  # and these by docs/_hooks/api.py
     assert docs == pages(config["nav"]), f"pages outside the nav: {docs - pages(config['nav'])}"
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 150, f"README.md has {lines} lines: move the detail into docs/"
+
+
+def test_the_api_pages_list_every_name_of_each_package_face() -> None:
+    """`docs/_hooks/api.py` writes a page per package face whose mkdocstrings block lists exactly its `__all__`."""
+    import importlib
+
+    hook = _hook("api")
+    assert set(hook.PACKAGES) == {"parcae", "trainer", "forecasting", "liveput"}
+    for package in hook.PACKAGES:
+        text = hook.page(package)
+        listed = [line.strip()[2:] for line in text.splitlines() if line.startswith("        - ")]
+        assert text.count(f"::: {package}\n") == 1
+        assert sorted(listed) == sorted(importlib.import_module(package).__all__), package
 
 
 def test_the_job_config_reference_names_every_field_and_only_real_options() -> None:
     """The page the docs hook writes (`docs/_hooks/job_config.py`) has a row for every field of every section,
     and every `parcae train` option it names exists."""
     import dataclasses
-    import importlib.util
 
     from parcae.cli.train import TRAIN_OPTIONS
     from trainer import JobConfig
 
-    spec = importlib.util.spec_from_file_location("job_config_hook", ROOT / "docs" / "_hooks" / "job_config.py")
-    assert spec is not None and spec.loader is not None
-    hook = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(hook)
-    text = hook.page()
+    text = _hook("job_config").page()
     config = JobConfig()
     for f in dataclasses.fields(JobConfig):
         section = getattr(config, f.name)
