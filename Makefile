@@ -66,7 +66,8 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/planner_latency.py
 
 # A local Prefect server (SQLite) on 127.0.0.1, the deployments of prefect.yaml (checked first: schedules, traces,
-# parameters, the MLflow store; `python -m parcae.settings`), and a process worker in the foreground (Ctrl-C stops
+# parameters, the MLflow store; `python -m parcae.settings`; deployed by `python -m flows.deployments`, which pauses
+# those that cannot run on this machine, saying why), and a process worker in the foreground (Ctrl-C stops
 # it; `make stop` stops the server). Flows log to ./mlruns unless MLFLOW_TRACKING_URI says otherwise.
 serve: $(STAMP)
 	$(BIN)/python -m parcae.settings prefect.yaml
@@ -74,7 +75,7 @@ serve: $(STAMP)
 		--port $(PREFECT_PORT) --analytics-off --background  # the UI asks for its API where the server is
 	@for i in $$(seq 60); do curl -sf http://127.0.0.1:$(PREFECT_PORT)/api/health >/dev/null && break; sleep 1; done
 	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect work-pool create parcae-local --type process || true
-	cd $(CURDIR) && PWD=$(CURDIR) PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect --no-prompt deploy --all
+	cd $(CURDIR) && PWD=$(CURDIR) PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/python -m flows.deployments prefect.yaml
 	PREFECT_API_URL=http://127.0.0.1:$(PREFECT_PORT)/api $(BIN)/prefect worker start --pool parcae-local
 
 stop:

@@ -43,11 +43,13 @@ if TYPE_CHECKING:
     from trainer import JobConfig
 
 __all__ = [
+    "FLOW_NEEDS",
     "FLOW_PARAMETERS",
     "PLANNERS",  # noqa: F822 — served by the module's __getattr__ (importing the trainer loads torch)
     "SettingError",
     "check_all",
     "check_aws",
+    "check_aws_setup",
     "check_count",
     "check_deployments",
     "check_interval",
@@ -62,6 +64,7 @@ __all__ = [
     "check_resume",
     "check_schedule",
     "check_trace",
+    "unrunnable_here",
     "check_tracking",
     "flow_checks",
     "main",
@@ -333,6 +336,34 @@ FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
 }  # fmt: skip
 
 
+def check_aws_setup(regions: Sequence[str] | None = None, *, setting: str = "regions") -> None:
+    """boto3 finds a region (``regions`` or the profile's) and credentials on this machine, read locally (no call to
+    AWS), else SettingError: what a flow that reads AWS needs from where it runs."""
+    import boto3
+    from botocore.exceptions import BotoCoreError
+
+    fix = ("set AWS_PROFILE to a profile in ~/.aws/config (or run `aws configure`), or AWS_ACCESS_KEY_ID, "
+           "AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION, in the environment of the worker that runs it")  # fmt: skip
+    try:
+        session = boto3.Session()
+        region = (list(regions)[0] if regions else None) or session.region_name
+        credentials = session.get_credentials()
+    except BotoCoreError as exc:  # a profile that does not exist, a credential_process that fails
+        raise _fail(setting, f"AWS is not configured here ({exc})", fix) from None
+    if not region:
+        raise _fail(setting, "no AWS region: none given, and this machine's AWS configuration has none", fix)
+    if credentials is None:
+        raise _fail(setting, "no AWS credentials on this machine", fix)
+
+
+#: What each flow needs from the machine it runs on, beyond valid parameters (by Prefect flow name; each takes the
+#: flow's arguments). A deployment whose flow lacks it here can still be deployed — another worker may have it —
+#: but `make serve` deploys it paused, saying why (`unrunnable_here`), instead of letting it fail every run.
+FLOW_NEEDS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "collect-traces": lambda args: check_aws_setup(args.get("regions"), setting="regions"),
+}
+
+
 def flow_checks(flow: str, parameters: Mapping[str, Any], *, where: str = "") -> list[Callable[[], Any]]:
     """The zero-argument checks (for `check_all`) of the ``parameters`` of Prefect flow ``flow`` that
     `FLOW_PARAMETERS` knows; ``where`` prefixes each setting's name (``"prefect.yaml: deployment 'x'.parameters."``).
@@ -535,6 +566,27 @@ def check_deployments(path: str | os.PathLike[str] = "prefect.yaml", *, load_flo
     return labels
 
 
+def unrunnable_here(path: str | os.PathLike[str] = "prefect.yaml") -> dict[str, str]:
+    """The deployments of a (checked) ``prefect.yaml`` whose flow lacks what it needs on this machine
+    (`FLOW_NEEDS`), as ``"<flow>/<deployment>"`` -> why."""
+    from prefect.flows import Flow, load_flow_from_entrypoint
+
+    file = Path(path)
+    out: dict[str, str] = {}
+    for dep in (_read_yaml(file) or {}).get("deployments") or []:
+        script, _, fn = str(dep.get("entrypoint", "")).partition(":")
+        flow: Flow[..., Any] = load_flow_from_entrypoint(f"{file.parent / script}:{fn}")
+        need = FLOW_NEEDS.get(flow.name)
+        if need is None:
+            continue
+        defaults = {k: p.default for k, p in inspect.signature(flow.fn).parameters.items() if p.default is not p.empty}
+        try:
+            need({**defaults, **(dep.get("parameters") or {})})
+        except SettingError as exc:
+            out[f"{flow.name}/{dep['name']}"] = "; ".join(exc.problems)
+    return out
+
+
 def _check_entrypoint(root: Path, entrypoint: str, params: Any, where: str) -> list[str]:
     from prefect.flows import Flow, load_flow_from_entrypoint
 
@@ -602,6 +654,9 @@ def main(argv: Iterable[str] | None = None) -> int:
             print(f"error: {problem}", file=sys.stderr)
         return 2
     print(f"{path}: {len(labels)} deployments OK; MLflow store reachable")
+    for name, why in unrunnable_here(path).items():
+        print(f"note: {name} cannot run on this machine ({why}): `make serve` deploys it paused (resume it in the "
+              "Prefect UI once fixed)")  # fmt: skip
     return 0
 
 

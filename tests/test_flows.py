@@ -11,6 +11,8 @@ running job (coordinator and worker processes, a `HandedPlanner`) in a thread of
 
 from __future__ import annotations
 
+import contextlib  # noqa: E402
+import os  # noqa: E402
 import threading  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -248,7 +250,7 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     assert doc["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}}]
     deployments = {d["entrypoint"]: d for d in doc["deployments"]}
-    flow_files = {p.stem for p in (ROOT / "flows").glob("*.py") if p.stem != "__init__"}
+    flow_files = {p.stem for p in (ROOT / "flows").glob("*.py")} - {"__init__", "deployments"}  # deployments: deploys
     assert {e.split("/")[1].split(".")[0] for e in deployments} == flow_files
 
     expected = {
@@ -277,6 +279,51 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
     # the `make serve` pre-check passes on the real file (and names every deployment)
     labels = check_deployments(ROOT / "prefect.yaml")
     assert sorted(labels) == sorted(f"{e}:{d['name']}" for e, d in deployments.items())
+
+
+def test_make_serve_s_deploy_pauses_what_cannot_run_here_and_says_why(
+    prefect_server: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m flows.deployments prefect.yaml` (what `make serve` runs) on a machine without AWS: every
+    deployment is made, one line each (not Prefect's panels, which repeat "start a worker" five times), and
+    collect-traces, which needs an AWS region and credentials, is paused saying so; the settings check notes it."""
+    import subprocess
+    import sys
+
+    from parcae.settings import main as check_main
+    from parcae.settings import unrunnable_here
+
+    isolate_aws(monkeypatch, tmp_path)
+    with get_client(sync_client=True) as client:
+        from prefect.client.schemas.actions import WorkPoolCreate
+
+        with contextlib.suppress(Exception):  # another test of the session may have made it
+            client.create_work_pool(WorkPoolCreate(name="parcae-local", type="process"))
+    env = {**os.environ, "PREFECT_API_URL": prefect_server, "PWD": str(ROOT)}
+    try:
+        done = subprocess.run([sys.executable, "-m", "flows.deployments", "prefect.yaml"], cwd=ROOT, env=env,
+                              capture_output=True, text=True, timeout=240)  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines = [line for line in done.stdout.splitlines() if line.startswith("deployed ")]
+        assert len(lines) == 5 and "start a worker" not in done.stdout, done.stdout
+        assert "deployed collect-traces/every-10-minutes (paused: regions: no AWS region" in done.stdout
+        assert "deployed plan-interval/every-minute (ready)" in done.stdout
+        with get_client(sync_client=True) as client:
+            paused = {n: client.read_deployment_by_name(n).paused for n in (
+                "collect-traces/every-10-minutes", "plan-interval/every-minute", "train/on-demand")}  # fmt: skip
+        assert paused == {"collect-traces/every-10-minutes": True, "plan-interval/every-minute": False,
+                          "train/on-demand": False}  # fmt: skip
+    finally:  # the session's server is shared: leave no scheduled deployment behind
+        with get_client(sync_client=True) as client:
+            for d in client.read_deployments():
+                client.delete_deployment(d.id)
+    assert list(unrunnable_here(ROOT / "prefect.yaml")) == ["collect-traces/every-10-minutes"]
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    assert check_main([str(ROOT / "prefect.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "5 deployments OK" in out and "note: collect-traces/every-10-minutes cannot run on this machine" in out
+    fake_aws_account(monkeypatch, "us-east-1")  # a region and (moto's) credentials: it could run
+    assert unrunnable_here(ROOT / "prefect.yaml") == {}
 
 
 def test_retry_conditions_retry_only_transient_failures() -> None:
