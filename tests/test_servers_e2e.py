@@ -117,7 +117,9 @@ def test_the_train_deployment_runs_on_a_worker_and_logs_to_the_mlflow_server(
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     profile = runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1))
-    parameters = dict(workers=3, steps=STEPS, interval_seconds=0.5, start_interval=49, planner="liveput",
+    # a trace replay on local processes (the deployment's defaults train small-gpt under the local market)
+    parameters = dict(model="tiny-gpt", provider="local", fleet=None, workers=3, steps=STEPS, interval_seconds=0.5,
+                      start_interval=49, planner="liveput",
                       profile=str(profile), checkpoint_every=10, out_dir=str(tmp_path / "job"),
                       resume=False)  # fmt: skip
     with temporary_settings({PREFECT_API_URL: servers["prefect"]}):
