@@ -73,9 +73,9 @@ def plan_interval(
     each from its own fleet history, its current strategy and its runtime profile (else ``profile``)."""
     # fail fast, all at once; locals(): the flow's arguments, nothing else is bound yet
     settings.check_all(*settings.flow_checks("plan-interval", locals()), settings.check_tracking)
-    forecaster, training_run_id = champion_forecaster()
     if running_jobs:
-        return plan_running_jobs(forecaster, training_run_id, look_ahead, profile)
+        return plan_running_jobs(look_ahead, profile)
+    forecaster, training_run_id = champion_forecaster()
     history = load_availability_trace(trace, at_interval, interval_s)
     forecast = forecast_next_intervals(forecaster, history, look_ahead, capacity)
     plan = plan_next_interval(model, forecast, state, interval_s, profile)
@@ -85,10 +85,9 @@ def plan_interval(
     return {**plan, "mlflow_run_id": run_id, "handed": handed}
 
 
-def plan_running_jobs(
-    forecaster: Any, forecaster_run: str | None, look_ahead: int, profile: str | None
-) -> dict[str, Any]:
-    """One plan per running job that takes handed plans (`tasks.plan.running_jobs`), handed to it and logged as a
+def plan_running_jobs(look_ahead: int, profile: str | None) -> dict[str, Any]:
+    """One plan per running job that takes handed plans (`tasks.plan.running_jobs`), with the champion forecaster
+    (loaded only when there is a job: an idle minute says nothing about the registry), handed to it and logged as a
     plan run tied to its training run. A job that cannot be planned for (no fleet history or step yet, no runtime
     profile, its coordinator gone) is skipped, and the result says why; with no running job, nothing is planned
     and the result says so."""
@@ -97,6 +96,7 @@ def plan_running_jobs(
     if not jobs:
         logger.info("no running job takes handed plans: nothing planned")
         return {"jobs": [], "note": "no running job takes handed plans: nothing planned"}
+    forecaster, forecaster_run = champion_forecaster()
     out = []
     for job in jobs:
         where = {"job": job["job"], "training_run_id": job["run_id"]}

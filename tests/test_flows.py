@@ -326,6 +326,20 @@ def test_make_serve_s_deploy_pauses_what_cannot_run_here_and_says_why(
     assert unrunnable_here(ROOT / "prefect.yaml") == {}
 
 
+def test_an_idle_plan_interval_neither_plans_nor_reads_the_registry(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every minute with no running job: nothing planned, and no "no model registered" warning on an empty store
+    (the champion is loaded only for a job to plan)."""
+    import logging
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/empty.db")
+    with caplog.at_level(logging.WARNING, logger="forecasting"):
+        idle = plan_interval(running_jobs=True)
+    assert idle == {"jobs": [], "note": "no running job takes handed plans: nothing planned"}
+    assert not [r for r in caplog.records if r.name.startswith("forecasting")], caplog.records
+
+
 def test_retry_conditions_retry_only_transient_failures() -> None:
     from mlflow.exceptions import MlflowException
     from mlflow.protos.databricks_pb2 import INVALID_PARAMETER_VALUE, TEMPORARILY_UNAVAILABLE
