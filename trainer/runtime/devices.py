@@ -35,5 +35,6 @@ def resolve_device(kind: str, worker_id: int) -> torch.device:
     given = os.environ.get(DEVICE_INDEX_ENV)
     index = int(given) if given is not None and given.isdigit() else worker_id % count
     if index >= count:
-        raise DeviceError(f"{DEVICE_INDEX_ENV}={index} but this machine has {count} CUDA device(s)")
+        raise DeviceError(f"{DEVICE_INDEX_ENV}={index} but this machine has {count} CUDA device(s); on --hosts it is "
+                          "the instance's slot: give --slots at most the GPUs of each host")  # fmt: skip
     return torch.device("cuda", index)
