@@ -602,11 +602,13 @@ class SpotCollector:
             raise CollectError(_NO_REGION)
         return (region,)
 
-    def client(self, region: str) -> Any:
-        """The EC2 client for ``region`` (cached; tests attach a ``botocore.stub.Stubber`` to it)."""
-        if region in self._clients:
-            return self._clients[region]
-        from botocore.config import Config
+    def check_setup(self) -> None:
+        """CollectError now, as the first call would raise it, unless this machine gives a region (or ``regions``
+        were given) and credentials: read locally, no call to AWS."""
+        _ = self.regions
+        self._check_credentials()
+
+    def _check_credentials(self) -> None:
         from botocore.exceptions import BotoCoreError, ProfileNotFound
 
         try:
@@ -617,6 +619,14 @@ class SpotCollector:
             raise CollectError(f"could not load AWS credentials: {exc}. {_NO_CREDENTIALS}") from exc
         if credentials is None:
             raise CollectError(_NO_CREDENTIALS)
+
+    def client(self, region: str) -> Any:
+        """The EC2 client for ``region`` (cached; tests attach a ``botocore.stub.Stubber`` to it)."""
+        if region in self._clients:
+            return self._clients[region]
+        from botocore.config import Config
+
+        self._check_credentials()
         config = Config(
             # total_max_attempts counts the first try too; botocore's max_attempts counts only retries
             retries={"mode": self.retry_mode, "total_max_attempts": self.max_attempts},

@@ -337,23 +337,20 @@ FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
 
 
 def check_aws_setup(regions: Sequence[str] | None = None, *, setting: str = "regions") -> None:
-    """boto3 finds a region (``regions`` or the profile's) and credentials on this machine, read locally (no call to
-    AWS), else SettingError: what a flow that reads AWS needs from where it runs."""
-    import boto3
+    """The trace collector finds a region (``regions`` or the profile's) and credentials on this machine, read
+    locally (no call to AWS; `forecasting.SpotCollector.check_setup`), else SettingError: what collect-traces needs
+    from where it runs."""
     from botocore.exceptions import BotoCoreError
 
-    fix = ("set AWS_PROFILE to a profile in ~/.aws/config (or run `aws configure`), or AWS_ACCESS_KEY_ID, "
-           "AWS_SECRET_ACCESS_KEY and AWS_DEFAULT_REGION, in the environment of the worker that runs it")  # fmt: skip
+    from forecasting import CollectError, SpotCollector
+
     try:
-        session = boto3.Session()
-        region = (list(regions)[0] if regions else None) or session.region_name
-        credentials = session.get_credentials()
-    except BotoCoreError as exc:  # a profile that does not exist, a credential_process that fails
-        raise _fail(setting, f"AWS is not configured here ({exc})", fix) from None
-    if not region:
-        raise _fail(setting, "no AWS region: none given, and this machine's AWS configuration has none", fix)
-    if credentials is None:
-        raise _fail(setting, "no AWS credentials on this machine", fix)
+        SpotCollector(regions=regions).check_setup()
+    except BotoCoreError as exc:  # boto3.Session() itself: a profile that does not exist
+        raise _fail(setting, f"AWS is not configured here ({exc})", "fix AWS_PROFILE or ~/.aws/config") from None
+    except CollectError as exc:  # "<problem>. Fix: <fix>"
+        problem, _, fix = str(exc).partition(". Fix: ")
+        raise _fail(setting, problem, fix or "configure AWS for the worker that runs it") from None
 
 
 #: What each flow needs from the machine it runs on, beyond valid parameters (by Prefect flow name; each takes the
