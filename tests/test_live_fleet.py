@@ -15,6 +15,7 @@ import mlflow
 import pytest
 import torch
 from _mlflow import temporary_mlflow_store
+from _reference import uninterrupted_losses
 from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
@@ -36,7 +37,6 @@ from trainer.control.run import train
 from trainer.observe.tracking import MlflowJobObserver
 from trainer.providers.fleet import CapacityAnswer
 from trainer.providers.market import PENDING, REFUSED, MarketError, MarketOptions, SpotMarket, market_capacity
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 # ------------------------------------------------------------------------------------------------ the market
 
@@ -196,8 +196,7 @@ CFG = model_config("tiny-gpt", dtype="float64")
 
 
 def reference(steps: int) -> list[float]:
-    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
-    return [train_step(ctx, s) for s in range(steps)]
+    return uninterrupted_losses(CFG, TrainConfig(), steps)
 
 
 @pytest.fixture(scope="module")

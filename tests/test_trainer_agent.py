@@ -21,6 +21,7 @@ import torch.distributed as dist
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
 from _jobs import run_job
+from _reference import uninterrupted
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
 
 from trainer.config import TrainConfig, model_config
@@ -35,7 +36,7 @@ from trainer.runtime.keys import agent_signal as signal_key
 from trainer.runtime.keys import agent_signals as signals_key
 from trainer.runtime.keys import agent_start as start_key
 from trainer.runtime.keys import agent_up as up_key
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
+from trainer.runtime.pipeline import StageLayout, build_context
 from trainer.runtime.worker import EXIT_PREEMPTED
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,9 +213,7 @@ def on_standin(standin: Ec2StandIn, run: Any) -> Any:
 
 def reference(steps: int) -> tuple[list[float], dict[str, Any]]:
     """Losses and final layer states of one uninterrupted process."""
-    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-    losses = [train_step(ctx, s) for s in range(steps)]
-    return losses, ctx.layer_states()
+    return uninterrupted(CFG, TRAIN, steps)
 
 
 def test_a_job_on_spot_instances_through_moto_survives_a_notice_and_a_reclaim(moto_server, tmp_path):

@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _jobs import coordinator, run_job
+from _reference import uninterrupted
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
@@ -43,9 +44,7 @@ def _no_orphans_here(_no_orphans):
 
 
 def reference(steps: int) -> tuple[list[float], dict]:
-    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-    losses = [train_step(ctx, s) for s in range(steps)]
-    return losses, ctx.layer_states()
+    return uninterrupted(CFG, TRAIN, steps)
 
 
 def assert_same_run(result: dict, steps: int) -> None:

@@ -16,6 +16,7 @@ import pytest
 from _ec2_standin import coordinator_host, lan_address
 from _flow_fixtures import free_port
 from _jobs import run_job
+from _reference import uninterrupted_losses
 from _trainer_fixtures import _one_thread, until  # noqa: F401  (_one_thread: an autouse fixture)
 from typer.testing import CliRunner
 
@@ -25,7 +26,6 @@ from trainer.providers.agent import KILLED, RemoteJob
 from trainer.providers.hosts import HostsError, SshHosts, hosts_job
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint_mirror import FileMirror
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 REPO = Path(__file__).resolve().parents[1]
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -104,8 +104,7 @@ def test_a_job_runs_on_agents_started_over_ssh_and_survives_a_kill(tmp_path):
     # worker 0's replica
     events = [{"step": 4, "kind": "add", "workers": 1}, {"step": 8, "kind": "kill", "instances": [1]}]
     result = run_job(CFG, TrainConfig(), 2, (2, 1), steps, events, tmp_path / "job", remote=remote, timeout_s=120)
-    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
-    assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
+    assert result["loss"] == pytest.approx(uninterrupted_losses(CFG, TrainConfig(), steps), rel=1e-5)
     assert result["exit_codes"] == {0: 0, 1: KILLED, 2: 0}
     calls = log.read_text().splitlines()
     starts = [c.split(" ", 1)[0] for c in calls if "trainer.providers.agent" in c]
@@ -131,8 +130,7 @@ def test_hosts_that_share_no_disk_checkpoint_restore_and_finish_through_the_chec
     events = [{"step": 4, "kind": "add", "workers": 1}, {"step": 8, "kind": "kill", "instances": [1]}]
     result = run_job(CFG, TrainConfig(), 2, (1, 2), steps, events, "job", remote=remote, timeout_s=120,
                      checkpoint_every=5, checkpoint_uri=uri, keep_checkpoints=2)  # fmt: skip
-    ctx = build_context(CFG, TrainConfig(), StageLayout.even(1, 1, CFG))
-    assert result["loss"] == pytest.approx([train_step(ctx, s) for s in range(steps)], rel=1e-5)
+    assert result["loss"] == pytest.approx(uninterrupted_losses(CFG, TrainConfig(), steps), rel=1e-5)
     restarts = [r for r in result["reconfigurations"] if r["kind"] == "checkpoint-restart"]
     assert restarts and restarts[0]["restore_step"] == 5, result["reconfigurations"]
     # nothing the workers wrote reached the driver's disk but through the URI

@@ -11,6 +11,7 @@ import time
 
 import pytest
 from _jobs import coordinator, train
+from _reference import uninterrupted_losses
 from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
 
 from trainer.config import TrainConfig, model_config
@@ -19,7 +20,6 @@ from trainer.control.events import group_events, parse_events
 from trainer.control.run import peak_instances
 from trainer.control.schedules import LocalTraceProvider, trace_events, trace_schedule, trace_strategy
 from trainer.providers.local import LocalProcessProvider
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 
 CFG = model_config("tiny-gpt", dtype="float64")
 TRAIN = TrainConfig()
@@ -106,8 +106,7 @@ def test_train_from_a_trace_writes_the_cli_report(tmp_path):
     assert set(report) == {"loss", "first_step", "resumed_from", "throughput", "reconfigurations", "plans",
                            "final_checksum", "wall_s"}  # fmt: skip
     assert report["first_step"] == 0 and report["resumed_from"] is None and report["plans"] == []
-    ref = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-    assert report["loss"] == pytest.approx([train_step(ref, s) for s in range(steps)], rel=1e-5)
+    assert report["loss"] == pytest.approx(uninterrupted_losses(CFG, TRAIN, steps), rel=1e-5)
     kinds = [(r["kind"], r["notice"], r["step"]) for r in report["reconfigurations"]]
     # the plan at 5 left worker 1 standing by, so its kill at 9 changes nothing; the add at 17 stands by too
     assert kinds == [("intra-stage", True, 5)]

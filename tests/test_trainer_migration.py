@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from _jobs import EVERY_MIGRATION, coordinator, run_job
+from _reference import uninterrupted
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
@@ -314,9 +315,7 @@ def test_worker_with_a_wrong_or_missing_token_is_refused(tmp_path):
 
 
 def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path, capsys):
-    ref = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-    ref_losses = [train_step(ref, s) for s in range(STEPS)]
-    ref_layers = ref.layer_states()
+    ref_losses, ref_layers = uninterrupted(CFG, TRAIN, STEPS)
 
     t0 = time.monotonic()
     result = run_job(CFG, TRAIN, 4, (2, 2), STEPS, SCHEDULE, tmp_path / "job", timeout_s=80)

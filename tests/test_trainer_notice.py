@@ -19,6 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from _jobs import coordinator, run_job
+from _reference import uninterrupted
 from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from liveput.migration import MigrationKind
@@ -28,7 +29,7 @@ from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import Epoch, Transfer, first_epoch, layer_sizes, next_epoch, plan_recovery
 from trainer.runtime.model import layer_names, n_layers
-from trainer.runtime.pipeline import StageLayout, build_context, parameters_checksum, train_step
+from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.worker import EXIT_PREEMPTED, Notice
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -41,17 +42,10 @@ def _no_orphans_here(_no_orphans):
     yield
 
 
-_REF: dict[int, tuple[list[float], dict, str]] = {}
-
-
 def reference(steps: int) -> tuple[list[float], dict, str]:
     """Losses, final layer states and parameter checksum of one uninterrupted process."""
-    if steps not in _REF:
-        ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-        losses = [train_step(ctx, s) for s in range(steps)]
-        layers = ctx.layer_states()
-        _REF[steps] = (losses, layers, parameters_checksum(layers, layer_names(CFG)))
-    return _REF[steps]
+    losses, layers = uninterrupted(CFG, TRAIN, steps)
+    return losses, layers, parameters_checksum(layers, layer_names(CFG))
 
 
 def assert_same_run(result: dict, steps: int = STEPS) -> None:

@@ -20,6 +20,7 @@ import pytest
 import torch
 from _flow_fixtures import runtime_profile_file
 from _jobs import coordinator, run_job, train
+from _reference import uninterrupted
 from _tables import canonical_table
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
@@ -54,7 +55,6 @@ from trainer.observe.profile import RuntimeProfile
 from trainer.runtime import checkpoint
 from trainer.runtime.migration import layer_sizes
 from trainer.runtime.model import layer_names, n_layers
-from trainer.runtime.pipeline import StageLayout, build_context, train_step
 from trainer.runtime.store import read_token_file
 
 CFG = model_config("tiny-gpt", dtype="float64")
@@ -374,9 +374,7 @@ def test_a_planned_job_takes_availability_events_only(tmp_path):
 
 
 def reference(steps: int) -> tuple[list[float], dict]:
-    ctx = build_context(CFG, TRAIN, StageLayout.even(1, 1, CFG))
-    losses = [train_step(ctx, s) for s in range(steps)]
-    return losses, ctx.layer_states()
+    return uninterrupted(CFG, TRAIN, steps)
 
 
 def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
