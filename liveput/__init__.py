@@ -86,6 +86,7 @@ if TYPE_CHECKING:
     from liveput.simulator import plot_timeline as plot_timeline
     from liveput.simulator import run_policy as run_policy
     from liveput.simulator import simulate as simulate
+    from liveput.simulator import timeline_mermaid as timeline_mermaid
 
 
 #: The names of the planning modules, loaded on first use (scipy, pandas): name -> module.
@@ -99,7 +100,7 @@ _LAZY: dict[str, str] = {
     **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),
                     "liveput.scenarios"),
     **dict.fromkeys(("PolicyResult", "SimulationConfig", "comparison_table", "events_of", "plot_timeline",
-                     "run_policy", "simulate"), "liveput.simulator"),
+                     "run_policy", "simulate", "timeline_mermaid"), "liveput.simulator"),
 }  # fmt: skip
 
 

@@ -9,6 +9,7 @@ migrating, and a per-interval timeline (N, strategy, throughput) as a DataFrame 
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -107,6 +108,7 @@ def run_policy(
                 "throughput": r.samples / T,
                 "pause_s": r.pause_s,
                 "migrating": r.migrating,
+                "kinds": ", ".join(sorted(kind for kind, prob in r.kinds.items() if prob > 0)),
                 "cost_ms": r.cost_ms,
             }
         )
@@ -242,3 +244,77 @@ def plot_timeline(
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def timeline_mermaid(
+    results: dict[str, PolicyResult], policy: str, against: str, title: str = "", interval_s: float = DEFAULT_INTERVAL_S
+) -> str:
+    """The timeline as Markdown: two Mermaid charts and a caption, for a page that holds text only (a README, an
+    issue: GitHub draws Mermaid) where a PNG would be a committed binary that drifts from the code.
+
+    Chart one: the available instances (bars), `policy`'s D x P and its pipeline depth P (lines); chart two: the
+    throughput of `policy` and of `against`. The caption names the intervals where `policy` migrated."""
+    ours, theirs = results[policy].timeline, results[against].timeline
+    minutes = len(ours) * interval_s / 60.0
+    top = int(max(ours["available"].max(), (ours["d"] * ours["p"]).max()))
+    rate = float(max(ours["throughput"].max(), theirs["throughput"].max()))
+
+    def series(values: Any, digits: int = 0) -> str:
+        return "[" + ", ".join(f"{float(v):.{digits}f}" if digits else str(int(v)) for v in values) + "]"
+
+    def chart(heading: str, y_axis: str, colours: str, lines: list[str]) -> list[str]:
+        return [
+            "```mermaid",
+            "---",
+            "config:",
+            "  themeVariables:",
+            "    xyChart:",
+            f'      plotColorPalette: "{colours}"',
+            "---",
+            "xychart-beta",
+            f'    title "{heading}"',
+            f'    x-axis "minute" 0 --> {minutes:g}',
+            f"    y-axis {y_axis}",
+            *(f"    {line}" for line in lines),
+            "```",
+        ]
+
+    migrations = [
+        f"{int(row.interval) - int(ours['interval'].iloc[0])} ({row.kinds})"
+        for row in ours.itertuples(index=False)
+        if row.kinds and row.kinds != "start"
+    ]
+    caption = (
+        f"{title + '. ' if title else ''}{policy} migrated at minute "
+        + (", ".join(migrations) if migrations else "none")
+        + f"; {against}'s migrations: {_count(results[against].migrations)}."
+    )
+    return "\n".join(
+        [
+            *chart(
+                f"Available instances (grey), {policy}'s D x P (blue) and its P (orange)",
+                f'"instances" 0 --> {top + 1}',
+                "#c8c8c8, #1f77b4, #ff7f0e",
+                [
+                    f"bar {series(ours['available'])}",
+                    f"line {series(ours['d'] * ours['p'])}",
+                    f"line {series(ours['p'])}",
+                ],
+            ),
+            "",
+            *chart(  # `against` first, so that `policy` is drawn over it
+                f"Throughput: {policy} (blue) and {against} (red), samples/s",
+                f'"samples/s" 0 --> {10 * math.ceil(rate / 10)}',
+                "#d62728, #1f77b4",
+                [f"line {series(theirs['throughput'], 1)}", f"line {series(ours['throughput'], 1)}"],
+            ),
+            "",
+            caption,
+            "",
+        ]
+    )
+
+
+def _count(migrations: dict[str, float]) -> str:
+    shown = [f"{k} {v:g}" for k, v in migrations.items() if k != "start" and v > 0]
+    return ", ".join(shown) if shown else "none"

@@ -388,6 +388,7 @@ def test_window_outside_trace(runner, hours, needles):
         (("--interval-seconds", "0"), "--interval-seconds"),
         (("--bamboo-overhead", "1.5"), "--bamboo-overhead"),
         (("--plot", "out.bmpx"), ".bmpx"),
+        (("--mermaid", "out.md"), "--mermaid draws two policies"),
         (("--notice-seconds", "-1"), "--notice-seconds"),
         (("--notice-seconds", "inf"), "--notice-seconds"),
     ],

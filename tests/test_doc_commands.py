@@ -5,6 +5,7 @@ scratch directory, and must succeed. Mark only quick blocks: each command gets R
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import shlex
@@ -173,3 +174,15 @@ def test_the_aws_tutorial_s_provider_options_are_a_valid_spot_config() -> None:
     (block,) = re.findall(r"```json\n(.*?)```", text, re.S)
     config = AwsSpotConfig.from_mapping(json.loads(block))
     assert (config.job, config.coordinator_port, len(config.subnet_ids)) == ("spot-1", 29500, 1)
+
+
+def test_the_readme_s_figure_is_what_its_command_draws() -> None:
+    """The README's timeline is text (Mermaid) that the project's own command wrote: a change to the simulator, the
+    policies or the trace that moves it fails here, and `python docs/_hooks/readme_figure.py` redraws it."""
+    spec = importlib.util.spec_from_file_location("readme_figure", ROOT / "docs" / "_hooks" / "readme_figure.py")
+    assert spec is not None and spec.loader is not None
+    figure = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(figure)
+    held = figure.in_readme()
+    assert held.count("```mermaid") == 2, "the README's figure lost its charts"
+    assert held == figure.drawn(), "the README's figure is stale: run `python docs/_hooks/readme_figure.py`"

@@ -3,10 +3,12 @@ of parcae-reference §G.3 (one-hour windows, starting from no running strategy).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from forecasting.traces import load_trace
-from liveput.simulator import comparison_table, plot_timeline, simulate
+from liveput.simulator import comparison_table, plot_timeline, simulate, timeline_mermaid
 
 # window (first, last interval) -> (Ideal, Tput-opt) of §G.3 (ll/hl/lh/hh, gpt-1.5b)
 WINDOWS = {
@@ -96,3 +98,25 @@ def test_plot_timeline_writes_png(runs, tmp_path):
     out = plot_timeline(runs[(600, 659)], tmp_path / "sub" / "timeline.png", title="p3 ll")
     assert out.exists()
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_mermaid_draws_the_timeline_it_was_given(runs):
+    res = runs[(90, 149)]
+    text = timeline_mermaid(res, "parcae", "reactive", title="p3 hl")
+    charts = re.findall(r"```mermaid\n(.*?)```", text, re.S)
+    assert len(charts) == 2 and all("xychart-beta" in c for c in charts)
+
+    def series(chart: str) -> list[list[float]]:
+        return [[float(v) for v in m.split(", ")] for m in re.findall(r"(?:bar|line) \[(.*?)\]", chart)]
+
+    ours, theirs = res["parcae"].timeline, res["reactive"].timeline
+    available, used, depth = series(charts[0])
+    assert available == ours["available"].tolist() and depth == ours["p"].tolist()
+    assert used == (ours["d"] * ours["p"]).tolist()
+    reactive, parcae = series(charts[1])
+    assert parcae == pytest.approx(ours["throughput"].tolist(), abs=0.05)
+    assert reactive == pytest.approx(theirs["throughput"].tolist(), abs=0.05)
+    # the caption names each interval where parcae migrated (its first, the start, is not a migration)
+    moved = [(i, k) for i, k in enumerate(ours["kinds"]) if k and k != "start"]
+    assert moved and all(f"{i} ({k})" in text for i, k in moved)
+    assert "reactive's migrations: checkpoint-restart 10" in text and text.startswith("```mermaid")

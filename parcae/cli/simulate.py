@@ -20,6 +20,7 @@ from parcae.cli.common import (
     UserError,
     check_look_ahead,
     check_outputs,
+    check_writable,
     command,
     fmt,
     key_error_message,
@@ -249,6 +250,14 @@ def simulate(
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the per-policy summary here.")
     ] = None,
     plot: Annotated[Path | None, typer.Option(metavar="OUT.png", help="Write a timeline plot (PNG) here.")] = None,
+    mermaid: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.md",
+            help="Write the timeline as Markdown here: Mermaid charts of the first two policies (parcae first, if "
+            "run), which GitHub draws in a README, issue or pull request.",
+        ),
+    ] = None,
     mlflow: Annotated[
         bool,
         typer.Option(
@@ -258,12 +267,16 @@ def simulate(
         ),
     ] = False,
 ) -> None:
-    from liveput import BambooConstants, SimulationConfig, instance_price, plot_timeline
+    from liveput import BambooConstants, SimulationConfig, instance_price, plot_timeline, timeline_mermaid
     from liveput import simulate as run_simulation
 
     policies = _check_policies(policy)
     check_look_ahead(look_ahead)
     check_outputs(json_out, plot)
+    if mermaid is not None:
+        check_writable(mermaid, "Markdown")
+        if len(policies) < 2:
+            raise UserError("--mermaid draws two policies side by side: name two, e.g. -p parcae -p reactive")
     store = _check_store() if mlflow else None  # fail fast, before minutes of simulation
     if not 0.0 <= bamboo_overhead < 1.0:
         raise UserError(f"--bamboo-overhead must be in [0, 1), got {bamboo_overhead:g}")
@@ -351,6 +364,13 @@ def simulate(
         title = f"{trace_name} intervals {first}-{last}, {model}, K={look_ahead}"
         write_file(plot, "plot", lambda p: plot_timeline(results, p, title=title, interval_s=interval_seconds))
         stderr().print(f"wrote {plot}", soft_wrap=True)
+    if mermaid is not None:
+        ours = "parcae" if "parcae" in policies else policies[0]
+        against = next(p for p in policies if p != ours)
+        title = f"{trace_name}, hours {h0:.2f}-{h1:.2f}, {model}"
+        text = timeline_mermaid(results, ours, against, title=title, interval_s=iv)
+        write_file(mermaid, "Markdown", lambda p: p.write_text(text))
+        stderr().print(f"wrote {mermaid}", soft_wrap=True)
     if store is not None:
         from tracking import TrackingError
 
