@@ -141,6 +141,7 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     assert run.info.status == "FINISHED"
     assert run.data.tags[FLOW_RUN_TAG] == str(state.state_details.flow_run_id)
     assert run.data.tags[FORECASTER_RUN_TAG] == trained.result()["run_id"]  # the champion's training run
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.name"]  # "Created by", "Source" in the UI
     assert run.data.params["model"] == "gpt-1.5b" and run.data.params["look_ahead"] == str(LOOK_AHEAD)
     assert run.data.params["interval"] == str(at) and run.data.params["current_strategy"] == "2x4"
     assert run.data.params["forecaster"] == "lightgbm-gated"  # the champion, behind the online skill gate

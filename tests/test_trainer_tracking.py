@@ -522,10 +522,17 @@ def test_sigterm_of_the_driver_flushes_and_ends_the_run_killed(client: MlflowCli
 
 
 # -- a real job --------------------------------------------------------------------------------------------------
-def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path, _no_orphans) -> None:
+def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path, _no_orphans, monkeypatch) -> None:
     """tiny-gpt on 3 worker processes for 12 steps from 3x1; the rule planner moves it to 1x2 at step 6 (a
     pipeline migration); checkpoints every 4 steps."""
-    obs = MlflowJobObserver(flush_every_s=0.2, tags={"parcae.prefect_flow_run_id": "flow-real"})
+    import trainer.observe.tracking as observe_tracking
+
+    titles: list[str] = []
+    drawn = observe_tracking.timeline_figure
+    monkeypatch.setattr(
+        observe_tracking, "timeline_figure", lambda s, r, title="": titles.append(title) or drawn(s, r, title)
+    )
+    obs = MlflowJobObserver(flush_every_s=0.2, tags={"parcae.prefect_flow_run_id": "flow-real"}, run_name="real-run")
     result = run_job("tiny-gpt", TrainConfig(), 3, (3, 1), 12, [], tmp_path / "job", job="tracked-real",
                      checkpoint_every=4, observer=obs, planner=RulePlanner(), steps_per_interval=6,
                      timeout_s=120)  # fmt: skip
@@ -535,6 +542,11 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     assert (run.data.params["model"], run.data.params["workers"], run.data.params["start_strategy"]) == (
         "tiny-gpt", "3", "3x1")  # fmt: skip
     assert run.data.params["planner"] == "rule" and "port" not in run.data.params
+    # what the run page shows: a description of the job and where to look, who made it and from what source
+    note = run.data.tags["mlflow.note.content"]
+    assert "**tiny-gpt** for 12 steps" in note and "3 workers" in note and "`timeline.png`" in note, note
+    assert run.data.tags["mlflow.user"] and run.data.tags["mlflow.source.type"] == "LOCAL"
+    assert run.data.tags["mlflow.source.name"]
     assert latest(client, obs.run_id, "loss") == dict(enumerate(result["loss"]))
     assert latest(client, obs.run_id, "dp_P") == {s: 1.0 if s < 6 else 2.0 for s in range(12)}
     assert run.data.metrics["final_loss"] == result["loss"][-1]
@@ -557,6 +569,7 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
         assert artifact_names(client, obs.run_id, f"checkpoints/step-{step}") == {
             p.name for p in checkpoint.find_shards(ckpt, step)}  # fmt: skip
     assert "timeline.png" in artifact_names(client, obs.run_id)
+    assert titles == ["real-run: availability, D x P and throughput"]  # named as the run is, not "job: ..."
     # the final layers: each stage's shard and its hash record, loadable from the download as they are
     layers = Path(result["layers"])
     assert artifact_names(client, obs.run_id, "final") == {p.name for p in layers.glob("step00000012.stage*")}

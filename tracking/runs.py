@@ -1,7 +1,8 @@
 """Logging helpers shared by the plan runs (``tasks.tracking``) and the training runs (``trainer.observe.tracking``).
 
 Owns: MLflow's per-call limits and the batching around them (:func:`log_batched`), one complete run in one go
-(:func:`log_run`, FAILED if its logging fails), the metrics of a liveput plan dict (:func:`plan_metrics`) and
+(:func:`log_run`, FAILED if its logging fails), MLflow's run context on a run the client creates
+(:func:`context_tags`), the metrics of a liveput plan dict (:func:`plan_metrics`) and
 the ``"DxP"`` label of a strategy (:func:`strategy_label`). Where the store is: :mod:`tracking.store`.
 """
 
@@ -31,6 +32,15 @@ def clip(value: Any, limit: int) -> str:
     """``str(value)``, cut to ``limit`` characters (MLflow refuses longer params and tags)."""
     text = str(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def context_tags(tags: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """``tags`` with MLflow's own run context added (``mlflow.user``, ``mlflow.source.name`` and ``.type``, the git
+    commit where there is one), as ``mlflow.start_run`` adds it: a run made with ``MlflowClient.create_run`` has none,
+    and the UI shows its "Created by" and "Source" empty. ``tags`` win over the context."""
+    from mlflow.tracking.context.registry import resolve_tags
+
+    return {k: str(v) for k, v in resolve_tags(dict(tags or {})).items()}
 
 
 def log_batched(
@@ -73,7 +83,7 @@ def log_run(
     from mlflow.entities import Metric
 
     run_id: str = client.create_run(
-        experiment, run_name=run_name, tags={k: clip(v, MAX_TAG_LENGTH) for k, v in (tags or {}).items()}
+        experiment, run_name=run_name, tags={k: clip(v, MAX_TAG_LENGTH) for k, v in context_tags(tags).items()}
     ).info.run_id
     try:
         now = int(time.time() * 1000)

@@ -16,7 +16,9 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              migrations_intra_stage), total_pause_s, max_pause_s, total_steps_lost, total_bytes_moved; resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
-  tags       parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
+  tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
+             MLflow's run context (mlflow.user, mlflow.source.*: `tracking.context_tags`),
+             parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
              parcae.resumed (and the interruption's status, step and error), parcae.error, and the observer's tags
   artifacts  job.json (the job's `JobConfig.to_dict()`, on_start's "config"; a resume's: resume<n>.job.json),
              migrations.json (every reconfiguration record, rewritten at each flush), migrations_table.json (at
@@ -181,6 +183,32 @@ def start_tags(info: Mapping[str, Any]) -> dict[str, str]:
                 paths = ("parcae.token_file", "parcae.trace_store", "parcae.profile_path")
                 tags[tag] = str(Path(value).resolve()) if tag in paths else str(value)
     return tags
+
+
+def run_description(info: Mapping[str, Any], tags: Mapping[str, str], plan_experiment: str = PLANS_EXPERIMENT) -> str:
+    """The training run's description in the MLflow UI (Markdown): what the job trains, on what, planned how, and
+    where in the run to look. From on_start's info and the observer's tags (a flow adds its trace and provider)."""
+    fleet = info.get("fleet") or {}
+    provider = tags.get("parcae.provider")
+    if fleet.get("max_instances"):
+        where = f"a live fleet of up to {fleet['max_instances']} instances"
+    else:
+        where = f"{info.get('workers')} workers" + (f" replaying trace {tags['parcae.trace']}" if "parcae.trace" in tags
+                                                     else "")  # fmt: skip
+    if provider:
+        where += f" (provider `{provider}`)"
+    planner = info.get("planner")
+    planned = (f", re-planned every {info['interval_seconds']:g} s by the {planner} planner"
+               if planner and info.get("interval_seconds") else "")  # fmt: skip
+    batch = f" (global batch {info['global_batch']})" if info.get("global_batch") else ""
+    return (
+        f"Training job: **{info.get('model')}** for {info.get('steps')} steps{batch} on {where}{planned}.\n\n"
+        "Where to look: *Model metrics* (per step: loss, samples_per_s, alive_instances, dp_D x dp_P; summaries such "
+        "as final_loss and total_pause_s at the end); *Artifacts*: `timeline.png` (availability, D x P, throughput "
+        "and each migration), `migrations_table.json` (a row per migration: kind, pause, steps lost, bytes), "
+        "`plans.json`, `job.json` (every setting), `checkpoints/` and `final/` (the trained layers). Each plan is a "
+        f"run of experiment `{plan_experiment}` tagged `{TRAINING_RUN_TAG}` = this run's id."
+    )
 
 
 def timeline_figure(
@@ -422,7 +450,12 @@ class MlflowJobObserver(JobObserver):
         try:
             if self.run_id is None:
                 exp = store.ensure_experiment(client, self.experiment)
-                run = client.create_run(exp, run_name=self.run_name or job, tags={**start_tags(info), **self.tags})
+                tags = {
+                    **start_tags(info),
+                    store.NOTE_TAG: run_description(info, self.tags, self.plan_experiment),
+                    **self.tags,
+                }
+                run = client.create_run(exp, run_name=self.run_name or job, tags=store.context_tags(tags))
                 self.run_id = run.info.run_id  # a retry below logs into this run, never creates another
             else:
                 run = client.get_run(self.run_id)
@@ -620,9 +653,9 @@ class MlflowJobObserver(JobObserver):
             if self._sender.failed:
                 tags["parcae.tracking.failed"] = self._sender.failed
             store.log_batched(client, run_id, tags=tags)
-            job = str((self._info or {}).get("job") or "job")
+            name = self._run_name or str((self._info or {}).get("job") or "job")  # the run's name, as the UI shows it
             if timeline:
-                fig = timeline_figure(timeline, records, f"{job}: availability, D x P and throughput")
+                fig = timeline_figure(timeline, records, f"{name}: availability, D x P and throughput")
                 client.log_figure(run_id, fig, "timeline.png")
             if records:  # one row per reconfiguration, as the UI's table viewer shows it
                 client.log_table(run_id, data=migration_table(records), artifact_file=MIGRATION_TABLE)
@@ -630,7 +663,7 @@ class MlflowJobObserver(JobObserver):
             if fleet:  # a live fleet's history: the table to query, the figure to look at
                 columns = {k: [row[k] for row in fleet] for k in fleet[0]}
                 client.log_table(run_id, data=columns, artifact_file="fleet.json")
-                client.log_figure(run_id, fleet_figure(fleet, f"{job}: the live fleet"), "fleet.png")
+                client.log_figure(run_id, fleet_figure(fleet, f"{name}: the live fleet"), "fleet.png")
             client.set_terminated(run_id, status)
         except Exception as exc:
             if transient(exc):
