@@ -74,6 +74,13 @@ EXPERIMENT_DESCRIPTION: Final = (
     "horizon, pinball, coverage, Brier), and whether it was promoted to the registry's champion, and why."
 )
 DEFAULT_REGISTERED_NAME: Final = "availability-forecaster"
+#: The registered model's description in the MLflow UI (set when it has none: one written in the UI stays).
+MODEL_DESCRIPTION: Final = (
+    "Forecasts how many spot instances will be available over the next intervals (the look-ahead), for the liveput "
+    "planner. The alias `champion` is the version the flows plan with; a new version takes it only if its backtest "
+    "MAE beats the champion's and persistence's on the same trace. A LightGBM version is the median sub-model of "
+    "its training run; the flows load the whole forecaster (every quantile) from that run's `forecaster/` folder."
+)
 CHAMPION: Final = "champion"
 #: Run artifact folder holding ``LightGbmForecaster.save`` output.
 FORECASTER_ARTIFACT: Final = "forecaster"
@@ -430,6 +437,10 @@ def train_and_log(
             reason += (f"; persistence registered as version {persistence_version} and promoted as the champion "
                        "(no learned model beats it yet)")  # fmt: skip
         tag = "promoted" if promoted else reason
+        described = (f"LightGBM forecaster trained in run `{run_id}` (this version is its median sub-model; the "
+                     f"flows load the run's `forecaster/` folder). Backtest {where}: MAE {metrics['mae_mean']:.4g}, "
+                     f"persistence's {metrics['persistence_mae_mean']:.4g}. {reason}.")  # fmt: skip
+        _describe(client, registered_name, version, described)
         mlflow.set_tags({"promotion": tag[:5000], "promotion.reason": reason[:5000]})
         client.set_model_version_tag(registered_name, str(version), "promotion", tag[:5000])
         client.set_model_version_tag(registered_name, str(version), "mae_mean", f"{metrics['mae_mean']:.6g}")
@@ -472,10 +483,19 @@ def _register_persistence(client: Any, registered_name: str, mae: float) -> int:
     client.set_model_version_tag(registered_name, str(version), "kind", PERSISTENCE_KIND)
     client.set_model_version_tag(registered_name, str(version), "mae_mean", f"{mae:.6g}")
     client.set_model_version_tag(registered_name, str(version), "promotion", "persistence: no learned model beats it")
+    _describe(client, registered_name, version, "Persistence: each of the next intervals has the instances the last "
+              f"one had. The champion while no learned model beats it (backtest MAE {mae:.4g}).")  # fmt: skip
     return version
 
 
 # ------------------------------------------------------------------------------------------- loading
+
+
+def _describe(client: Any, name: str, version: int, text: str) -> None:
+    """The version's description, and the registered model's where it has none (what the registry pages show)."""
+    if not client.get_registered_model(name).description:
+        client.update_registered_model(name, description=MODEL_DESCRIPTION)
+    client.update_model_version(name, str(version), description=text[:5000])
 
 
 def load_champion(

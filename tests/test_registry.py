@@ -124,6 +124,9 @@ def test_first_model_that_beats_persistence_is_promoted(first, store: Path) -> N
     version = client().get_model_version(DEFAULT_REGISTERED_NAME, "1")
     assert version.run_id == first.run_id
     assert version.tags["promotion"] == "promoted"
+    # what the registry pages show: what the model is, and what each version is and why it was (not) promoted
+    assert "alias `champion`" in client().get_registered_model(DEFAULT_REGISTERED_NAME).description
+    assert first.run_id in version.description and version.description.endswith(f"{first.reason}.")
 
 
 def test_model_worse_than_the_champion_is_not_promoted(first) -> None:
@@ -184,6 +187,8 @@ def test_without_a_champion_persistence_itself_is_registered_and_promoted(store:
     assert client().list_artifacts(outcome.run_id, "plots") == []
     version = client().get_model_version(name, "2")
     assert version.tags["kind"] == "persistence" and version.run_id == outcome.run_id
+    assert version.description.startswith("Persistence: ")
+    assert "does not beat persistence" in client().get_model_version(name, "1").description
     assert outcome.to_dict()["persistence_version"] == 2
 
     # the champion is persistence: loaded as such, without a warning

@@ -81,7 +81,8 @@ def prefect_pages(base: str) -> dict[str, Page]:
         if dep["name"] == "on-demand":  # train/on-demand: the training deployment
             pages["prefect-deployment-train"] = (f"{base}/deployments/deployment/{dep['id']}", None)
             pages["prefect-deployment-train-parameters"] = (f"{base}/deployments/deployment/{dep['id']}", "Parameters")
-    runs = call(f"{api}/flow_runs/filter", {"limit": 50, "sort": "START_TIME_DESC"})
+    done_runs = {"state": {"type": {"any_": ["COMPLETED"]}}}  # (not the scheduled runs of the deployments)
+    runs = call(f"{api}/flow_runs/filter", {"limit": 50, "sort": "START_TIME_DESC", "flow_runs": done_runs})
     flows = {f["id"]: f["name"] for f in call(f"{api}/flows/filter", {"limit": 50})}
     for kind in ("pipeline", "train"):
         done = [r for r in runs if flows.get(r["flow_id"]) == kind and r["state_type"] == "COMPLETED"]
