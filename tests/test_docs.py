@@ -4,6 +4,8 @@ after changing an option), every page under docs/ is in the site's nav, and the 
 
 from __future__ import annotations
 
+import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -48,6 +50,7 @@ def test_every_page_is_in_the_nav_and_the_readme_fits_on_a_screen_or_two() -> No
     docs = {str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md")}
     docs.add("reference/job-config.md")  # written at build time by docs/_hooks/job_config.py
     docs.update(f"reference/api/{p}.md" for p in _hook("api").PACKAGES)  # and these by docs/_hooks/api.py
+    docs.update({"reference/mlflow.md", "reference/prefect.md"})  # and these by docs/_hooks/records.py
     assert docs == pages(config["nav"]), f"pages outside the nav: {docs - pages(config['nav'])}"
     lines = (ROOT / "README.md").read_text().count("\n")
     assert lines <= 150, f"README.md has {lines} lines: move the detail into docs/"
@@ -64,6 +67,30 @@ def test_the_api_pages_list_every_name_of_each_package_face() -> None:
         listed = [line.strip()[2:] for line in text.splitlines() if line.startswith("        - ")]
         assert text.count(f"::: {package}\n") == 1
         assert sorted(listed) == sorted(importlib.import_module(package).__all__), package
+
+
+def test_the_records_reference_names_every_experiment_and_every_deployment_s_parameters() -> None:
+    """`docs/_hooks/records.py` writes what parcae logs to MLflow from the code that logs it, and a table per
+    deployment of prefect.yaml with a row for every parameter of its flow."""
+    import inspect
+
+    import tracking
+
+    hook = _hook("records")
+    mlflow_page = hook.mlflow_page()
+    for name in (*tracking.DESCRIPTIONS, "forecaster", "simulations"):
+        assert f"| `{name}` |" in mlflow_page, name
+    assert "mlflow.note.content" in mlflow_page and "migrations_table.json" in mlflow_page and "champion" in mlflow_page
+    prefect_page = hook.prefect_page()
+    for dep in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
+        path, name = dep["entrypoint"].split(":")
+        flow = getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)
+        section = prefect_page.split(f"## `{flow.name}/{dep['name']}`")[1].split("\n## ")[0]
+        for p in inspect.signature(flow.fn).parameters:
+            assert f"| `{p}` |" in section, (dep["name"], p)
+        for p, value in (dep.get("parameters") or {}).items():  # the deployment's own values are shown
+            row = section.split(f"| `{p}` |")[1].split("\n")[0]
+            assert row.endswith(f"`{json.dumps(value)}` |"), (p, value, row)
 
 
 def test_the_job_config_reference_names_every_field_and_only_real_options() -> None:
