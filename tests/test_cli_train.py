@@ -40,6 +40,11 @@ def test_train_names_a_bad_event(tmp_path):
     assert "teleport" in res.output and "Traceback" not in res.output
 
 
+def test_train_plot_in_an_unknown_format_is_refused_before_the_job(tmp_path):
+    res = CliRunner().invoke(app, ["train", "--out-dir", str(tmp_path / "run"), "--plot", str(tmp_path / "t.bmpx")])
+    assert res.exit_code == 2 and ".bmpx" in res.output and not (tmp_path / "run").exists()
+
+
 def test_train_unknown_model(tmp_path):
     res = CliRunner().invoke(app, ["train", "--model", "gpt-17", "--out-dir", str(tmp_path / "run")])
     assert res.exit_code == 2 and "gpt-17" in res.output
@@ -74,10 +79,15 @@ def test_train_replays_a_trace_planned_by_liveput_on_a_profile(tmp_path, _no_orp
             str(tmp_path / "run"),
             "--json",
             str(out),
+            "--plot",
+            str(tmp_path / "plots" / "timeline.png"),
         ],
     )
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
+    # the job's timeline, drawn as its MLflow run's is
+    assert (tmp_path / "plots" / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"wrote {tmp_path / 'plots' / 'timeline.png'}" in res.output.replace("\n", "")
     plans = report["plans"]
     assert [(p["interval"], p["step"], p["alive"]) for p in plans] == [(1, 2, 3), (2, 4, 3), (3, 6, 2)]
     assert all(p["planner"] == "liveput" and p["decision"] == [2, 1] for p in plans), plans

@@ -56,6 +56,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("ACCEPTS_PLANS_TAG", "DECIDED_BY_TAG", "MlflowJobObserver", "TRAINING_RUN_TAG"),
                     "trainer.observe.tracking"),
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
+    "StepTimeline": "trainer.observe.timeline",
     **dict.fromkeys(("TOKEN_ENV", "read_token_file"), "trainer.runtime.store"),
     **dict.fromkeys(("Stage", "build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
     **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
@@ -175,6 +176,7 @@ if TYPE_CHECKING:
     from trainer.observe.profile import (
         RuntimeProfile as RuntimeProfile,
     )
+    from trainer.observe.timeline import StepTimeline as StepTimeline
     from trainer.observe.tracking import ACCEPTS_PLANS_TAG as ACCEPTS_PLANS_TAG
     from trainer.observe.tracking import DECIDED_BY_TAG as DECIDED_BY_TAG
     from trainer.observe.tracking import TRAINING_RUN_TAG as TRAINING_RUN_TAG

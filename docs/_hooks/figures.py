@@ -15,7 +15,8 @@ from mkdocs.structure.files import File, Files
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: The site path of each figure -> the command (its arguments after `parcae`) that draws it at OUT.
+#: The site path of each figure -> the command (its arguments after `parcae`) that draws it at OUT (TMP: a fresh
+#: scratch folder).
 FIGURES: dict[str, list[str]] = {
     "img/p3-timeline.png": [
         "simulate",
@@ -29,6 +30,20 @@ FIGURES: dict[str, list[str]] = {
         "parcae",
         "--policy",
         "reactive",
+        "--plot",
+        "OUT",
+    ],  # fmt: skip
+    "img/migration-kinds.png": [
+        "-q",
+        "train",
+        "--workers",
+        "4",
+        "--events",
+        "examples/events.json",
+        "--steps",
+        "60",
+        "--out-dir",
+        "TMP",
         "--plot",
         "OUT",
     ],  # fmt: skip
@@ -52,7 +67,8 @@ def on_files(files: Files, config: Any) -> Files:
     for name, args in FIGURES.items():
         path = out / name
         path.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "parcae.cli", *(str(path) if a == "OUT" else a for a in args)]
+        scratch = {"OUT": str(path), "TMP": tempfile.mkdtemp(prefix="parcae-docs-job-")}
+        argv = [sys.executable, "-m", "parcae.cli", *(scratch.get(a, a) for a in args)]
         done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=600)
         if done.returncode != 0 or not path.is_file():
             raise RuntimeError(f"docs figure {name}: `parcae {' '.join(args)}` failed:\n{done.stderr[-2000:]}")

@@ -21,6 +21,7 @@ from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from parcae.cli.common import (
     CommandFailed,
     UserError,
+    check_outputs,
     check_writable,
     check_writable_dir,
     command,
@@ -115,6 +116,14 @@ def train_cmd(
     ] = Path("runs/train"),
     json_out: Annotated[
         Path | None, typer.Option("--json", metavar="OUT.json", help="Write the loss, throughput and migrations here.")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.png",
+            help="Draw the job's timeline here: instances alive, D x P and throughput per step, a marker per "
+            "migration (the figure of its MLflow run).",
+        ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = 0,
     planner: Annotated[
@@ -331,13 +340,18 @@ def train_cmd(
             from parcae.cli.traces import load_window
 
             load_window(given, DEFAULT_INTERVAL_S, None, None)
+    if plot is not None:
+        check_outputs(None, plot)  # a known image format, a folder that can be made
     check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
     if json_out is not None:
         check_writable(json_out, "--json report")
+    from trainer import ObserverList, StepTimeline
+
+    timeline = StepTimeline()
     try:
         # a live bar on a terminal; piped, one line per reconfiguration (parcae.progress)
         with TrainProgress(stderr()) as progress:
-            report = train(config, observer=progress, planner=live, json_out=json_out)
+            report = train(config, observer=ObserverList([progress, timeline]), planner=live, json_out=json_out)
     except KeyboardInterrupt:
         _interrupted(config)
     except (EventError, ScheduleError, UnknownModelError, ValueError) as exc:
@@ -369,6 +383,10 @@ def train_cmd(
     _warn_uncopied(report)
     if json_out:
         out.print(f"wrote {json_out}")
+    if plot is not None:
+        title = f"{model}: availability, D x P and throughput"
+        write_file(plot, "plot", lambda p: timeline.figure(report["reconfigurations"], title).savefig(p, dpi=110))
+        out.print(f"wrote {plot}")
 
 
 def _warn_uncopied(report: dict[str, Any]) -> None:

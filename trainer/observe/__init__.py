@@ -1,6 +1,7 @@
 """Observation: what a running job tells the outside, and the runtime profile measured from jobs.
 
 Map: `observer` (`JobObserver`, the hooks; `StepInfo`, `PlanInfo`), `tracking` (`MlflowJobObserver`: a job's MLflow
-run) and `tracking_sender` (its buffered sender thread), `profile` (`RuntimeProfile`, a planner input) and
-`calibration` (liveput's cost constants fitted to measured migrations). Must not touch: decisions, processes.
+run) and `tracking_sender` (its buffered sender thread), `timeline` (`StepTimeline`: alive, D x P and throughput per
+step, and its figure), `profile` (`RuntimeProfile`, a planner input) and `calibration` (liveput's cost constants
+fitted to measured migrations). Must not touch: decisions, processes.
 """

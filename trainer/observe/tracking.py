@@ -10,7 +10,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              (on_start's info, its config aside);
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
-             last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip);
+             last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from
+             the third step interval on: `trainer.observe.timeline.StepTimeline`);
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each): final_loss, mean_samples_per_s, wall_s, reconfigurations, migrations_<kind> (e.g.
              migrations_intra_stage), total_pause_s, max_pause_s, total_steps_lost, total_bytes_moved; resumes,
@@ -47,7 +48,6 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
@@ -64,6 +64,7 @@ from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
+from trainer.observe.timeline import StepTimeline, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
 
@@ -84,24 +85,6 @@ RESUMED_TAG: Final = "parcae.resumed"
 MIGRATIONS_TAG: Final = "parcae.migrations."  # + kind
 #: Tags of the observer that also go on the plan runs (they say which orchestration run made them).
 _SHARED_TAG_PREFIXES: Final = ("parcae.prefect", "prefect.")
-#: Colours of the reconfiguration markers on the timeline, by kind (`liveput.migration.MigrationKind` values).
-KIND_COLOURS: Final = {
-    "intra-stage": "tab:green",
-    "inter-stage": "tab:orange",
-    "pipeline": "tab:red",
-    "checkpoint-restart": "tab:purple",
-    "start": "tab:gray",
-    "none": "tab:olive",
-}
-
-
-def _number(value: Any) -> float | None:
-    try:
-        return None if value is None or isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        return None
-
-
 #: The columns of the migrations table (`MIGRATION_TABLE`), from each reconfiguration record.
 MIGRATION_COLUMNS: Final = ("step", "kind", "source", "notice", "prepared", "strategy", "pause_s", "hold_s",
                             "bytes_moved", "steps_lost", "lost", "preempted")  # fmt: skip
@@ -211,43 +194,6 @@ def run_description(info: Mapping[str, Any], tags: Mapping[str, str], plan_exper
     )
 
 
-def timeline_figure(
-    steps: Mapping[int, tuple[int, int, float | None]], records: Sequence[Mapping[str, Any]], title: str = ""
-) -> Figure:
-    """The job's timeline: availability (alive instances) and D x P against step, throughput (samples/s) against
-    step, and a dashed marker per reconfiguration coloured by kind. `steps`: step -> (alive, D*P, samples/s)."""
-    fig = Figure(figsize=(10, 6), layout="constrained")
-    FigureCanvasAgg(fig)
-    avail, thr = fig.subplots(2, 1, sharex=True)
-    xs = sorted(steps)
-    avail.fill_between(xs, [steps[s][0] for s in xs], step="post", color="tab:blue", alpha=0.25,
-                       label="alive instances")  # fmt: skip
-    avail.step(xs, [steps[s][1] for s in xs], where="post", color="black", lw=1.2, label="D x P (instances used)")
-    avail.yaxis.set_major_locator(MaxNLocator(integer=True))
-    thr.xaxis.set_major_locator(MaxNLocator(integer=True))
-    tx = [s for s in xs if steps[s][2] is not None]
-    thr.plot(tx, [steps[s][2] for s in tx], color="tab:blue", lw=1.2, label="samples/s")
-    seen: set[str] = set()
-    for rec in records:
-        kind, at = str(rec.get("kind", "unknown")), _number(rec.get("step"))
-        if at is None:
-            continue
-        colour = KIND_COLOURS.get(kind, "tab:brown")
-        for ax in (avail, thr):
-            ax.axvline(at, color=colour, ls="--", lw=1.0, label=None if (kind in seen or ax is thr) else kind)
-        seen.add(kind)
-    avail.set_ylabel("instances")
-    avail.set_ylim(bottom=0)
-    avail.legend(loc="best", fontsize="small")
-    thr.set_ylabel("samples/s")
-    thr.set_xlabel("step")
-    thr.set_ylim(bottom=0)
-    for ax in (avail, thr):
-        ax.grid(alpha=0.3)
-    fig.suptitle(title or "availability, strategy and throughput")
-    return fig
-
-
 def fleet_figure(rows: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
     """A live fleet's history (`trainer.control.fleet.FleetRow`s): instances alive for each interval, and those
     requested, granted, refused and reclaimed during it, against the job's wall time."""
@@ -325,8 +271,7 @@ class MlflowJobObserver(JobObserver):
         self._epochs: set[Any] = set()
         self._kinds: dict[str, int] = {}
         self._records_dirty = False
-        self._times: deque[float] = deque(maxlen=throughput_window + 1)
-        self._timeline: dict[int, tuple[int, int, float | None]] = {}
+        self._timeline = StepTimeline(throughput_window)  # step -> (alive, D*P, samples/s), for the figure
         self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
         self._last: tuple[int, float, float] | None = None  # (step, loss, time) of the latest step seen
         # the logging thread's own state
@@ -351,11 +296,7 @@ class MlflowJobObserver(JobObserver):
         with self._sender.lock:
             if self._sender.fatal is not None:
                 return
-            times = self._times
-            times.append(step.time)
-            sps = None
-            if self._global_batch and len(times) >= 2 and times[-1] > times[0]:
-                sps = self._global_batch * (len(times) - 1) / (times[-1] - times[0])
+            sps = self._timeline.add(step, self._global_batch)
             points = [
                 ("loss", float(step.loss), ts, step.step),
                 ("alive_instances", float(step.alive), ts, step.step),
@@ -365,7 +306,6 @@ class MlflowJobObserver(JobObserver):
             if sps is not None:
                 points.append(("samples_per_s", sps, ts, step.step))
             self._sender.add(points)
-            self._timeline[step.step] = (step.alive, d * p, sps)
             if self._first is None:
                 self._first = (step.step, step.time)
             self._last = (step.step, float(step.loss), step.time)
@@ -617,17 +557,17 @@ class MlflowJobObserver(JobObserver):
             return False
         status, result, error = final
         with self._sender.lock:
-            records, timeline, last, first = list(self._records), dict(self._timeline), self._last, self._first
+            records, timeline, last, first = list(self._records), dict(self._timeline.steps), self._last, self._first
             gb = self._global_batch
         try:
             now, at = int(time.time() * 1000), (last[0] if last else 0)
-            pauses = [p for p in (_number(r.get("pause_s")) for r in records) if p is not None]
+            pauses = [p for p in (number(r.get("pause_s")) for r in records) if p is not None]
             metrics: dict[str, float] = {
                 "reconfigurations": float(len(records)),
                 "total_pause_s": sum(pauses),
                 "max_pause_s": max(pauses, default=0.0),
-                "total_steps_lost": sum(_number(r.get("steps_lost")) or 0.0 for r in records),
-                "total_bytes_moved": sum(_number(r.get("bytes_moved")) or 0.0 for r in records),
+                "total_steps_lost": sum(number(r.get("steps_lost")) or 0.0 for r in records),
+                "total_bytes_moved": sum(number(r.get("bytes_moved")) or 0.0 for r in records),
             }
             for kind in sorted({str(r.get("kind", "unknown")) for r in records}):
                 metrics[f"migrations_{_kind_key(kind)}"] = float(sum(str(r.get("kind", "unknown")) == kind
@@ -638,11 +578,11 @@ class MlflowJobObserver(JobObserver):
             elif last is not None:
                 metrics["final_loss"] = last[1]
             throughput = (result or {}).get("throughput") or {}
-            if _number(throughput.get("samples_per_s")) is not None:
+            if number(throughput.get("samples_per_s")) is not None:
                 metrics["mean_samples_per_s"] = float(throughput["samples_per_s"])
             elif gb and first and last and last[2] > first[1] and len(timeline) > 1:
                 metrics["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
-            if _number((result or {}).get("wall_s")) is not None:
+            if number((result or {}).get("wall_s")) is not None:
                 metrics["wall_s"] = float(result["wall_s"])
             client.log_batch(run_id, metrics=[Metric(k, v, now, at) for k, v in metrics.items()])
             tags: dict[str, Any] = {}

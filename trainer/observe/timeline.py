@@ -1,0 +1,119 @@
+"""A job's timeline, step by step: instances alive, D x P and throughput, and the figure that shows them with a
+marker per reconfiguration — the story of a live-migrating job in one picture.
+
+Owns: `StepTimeline` (an observer that keeps (alive, D*P, samples/s) per step, the throughput over a window of step
+intervals on the driver's clock, so a reconfiguration's pause shows as a dip) and `timeline_figure`. Used by the
+MLflow run (`timeline.png`) and by `parcae train --plot`. Must not touch: MLflow, the job.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from trainer.observe.observer import JobObserver, StepInfo
+
+#: Colours of the reconfiguration markers on the timeline, by kind (`liveput.migration.MigrationKind` values).
+KIND_COLOURS: Final = {
+    "intra-stage": "tab:green",
+    "inter-stage": "tab:orange",
+    "pipeline": "tab:red",
+    "checkpoint-restart": "tab:purple",
+    "start": "tab:gray",
+    "none": "tab:olive",
+}
+
+
+def _number(value: Any) -> float | None:
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def number(value: Any) -> float | None:
+    """`value` as a float, or None where it is none (a missing or non-numeric field of a record)."""
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+#: The fewest step intervals a rate is measured over: the driver can see the first steps at once (it polls), and a
+#: rate over one such interval is a spike of hundreds of thousands of samples/s that flattens every chart.
+MIN_INTERVALS: Final = 3
+
+
+class StepTimeline(JobObserver):
+    """(alive, D*P, samples/s) of each step the driver saw; samples/s is None until `MIN_INTERVALS` step intervals
+    (or the whole window, if it is shorter) were seen."""
+
+    def __init__(self, throughput_window: int = 10) -> None:
+        if throughput_window < 1:
+            raise ValueError(f"throughput_window must be >= 1 step interval, got {throughput_window}")
+        self.steps: dict[int, tuple[int, int, float | None]] = {}
+        self._times: deque[float] = deque(maxlen=throughput_window + 1)
+        self._global_batch = 0
+
+    def on_start(self, info: Mapping[str, Any]) -> None:
+        self._global_batch = int(info.get("global_batch") or 0)
+
+    def on_step(self, step: StepInfo) -> None:
+        self.add(step, self._global_batch)
+
+    def add(self, step: StepInfo, global_batch: int) -> float | None:
+        """Record `step`; its samples/s over the window (None: not yet two steps, or no global batch)."""
+        times = self._times
+        times.append(step.time)
+        sps = None
+        enough = min(MIN_INTERVALS, self._times.maxlen - 1 if self._times.maxlen else 1) + 1
+        if global_batch and len(times) >= enough and times[-1] > times[0]:
+            sps = global_batch * (len(times) - 1) / (times[-1] - times[0])
+        d, p = step.strategy
+        self.steps[step.step] = (step.alive, d * p, sps)
+        return sps
+
+    def figure(self, records: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
+        return timeline_figure(self.steps, records, title)
+
+
+def timeline_figure(
+    steps: Mapping[int, tuple[int, int, float | None]], records: Sequence[Mapping[str, Any]], title: str = ""
+) -> Figure:
+    """The job's timeline: availability (alive instances) and D x P against step, throughput (samples/s) against
+    step, and a dashed marker per reconfiguration coloured by kind. `steps`: step -> (alive, D*P, samples/s)."""
+    fig = Figure(figsize=(10, 6), layout="constrained")
+    FigureCanvasAgg(fig)
+    avail, thr = fig.subplots(2, 1, sharex=True)
+    xs = sorted(steps)
+    avail.fill_between(xs, [steps[s][0] for s in xs], step="post", color="tab:blue", alpha=0.25,
+                       label="alive instances")  # fmt: skip
+    avail.step(xs, [steps[s][1] for s in xs], where="post", color="black", lw=1.2, label="D x P (instances used)")
+    avail.yaxis.set_major_locator(MaxNLocator(integer=True))
+    thr.xaxis.set_major_locator(MaxNLocator(integer=True))
+    tx = [s for s in xs if steps[s][2] is not None]
+    thr.plot(tx, [steps[s][2] for s in tx], color="tab:blue", lw=1.2, label="samples/s")
+    seen: set[str] = set()
+    for rec in records:
+        kind, at = str(rec.get("kind", "unknown")), number(rec.get("step"))
+        if at is None:
+            continue
+        colour = KIND_COLOURS.get(kind, "tab:brown")
+        for ax in (avail, thr):
+            ax.axvline(at, color=colour, ls="--", lw=1.0, label=None if (kind in seen or ax is thr) else kind)
+        seen.add(kind)
+    avail.set_ylabel("instances")
+    avail.set_ylim(bottom=0)
+    avail.legend(loc="best", fontsize="small")
+    thr.set_ylabel("samples/s")
+    thr.set_xlabel("step")
+    thr.set_ylim(bottom=0)
+    for ax in (avail, thr):
+        ax.grid(alpha=0.3)
+    fig.suptitle(title or "availability, strategy and throughput")
+    return fig
