@@ -20,7 +20,7 @@ def test_the_rate_waits_for_three_step_intervals_so_a_burst_at_the_start_is_no_s
     rates = {n: v[2] for n, v in timeline.steps.items()}
     assert rates[0] is rates[1] is rates[2] is None  # one interval of 0 s would be an infinite rate
     assert rates[3] == pytest.approx(16 * 3 / 0.2) and rates[5] == pytest.approx(16 * 5 / 0.4)
-    assert timeline.steps[5][:2] == (4, 4)  # alive, D*P
+    assert timeline.steps[5][:2] == (4, 4) and timeline.steps[5][3] == 2  # alive, D*P, ..., P
 
 
 def test_the_rate_is_over_the_window_and_a_pause_shows_as_a_dip() -> None:
@@ -33,14 +33,21 @@ def test_the_rate_is_over_the_window_and_a_pause_shows_as_a_dip() -> None:
     assert timeline.steps[8][1] == 2  # D*P after the migration
 
 
-def test_the_figure_marks_each_reconfiguration_by_kind() -> None:
+def test_the_figure_marks_each_reconfiguration_by_kind_a_kill_apart_and_shows_p_and_the_plans() -> None:
     timeline = StepTimeline()
     timeline.on_start({"global_batch": 8})
     for n in range(12):
-        timeline.on_step(step(n, 0.1 * n))
-    fig = timeline.figure([{"kind": "pipeline", "step": 5}, {"kind": "intra-stage", "step": 9}], title="t")
+        timeline.on_step(step(n, 0.1 * n, strategy=(1, 2) if n < 5 else (2, 1)))  # D x P stays 2: P shows it
+    records = [{"kind": "pipeline", "step": 5, "notice": False, "lost": []},
+               {"kind": "intra-stage", "step": 9, "notice": False, "lost": [1]}]  # fmt: skip
+    fig = timeline.figure(records, title="t", plans=[{"step": 5, "decision": [2, 1]}, {"step": 9, "decision": [2, 2]}])
     avail = fig.axes[0]
-    assert [t.get_text() for t in avail.get_legend().get_texts()][-2:] == ["pipeline", "intra-stage"]
-    assert sorted(line.get_xdata()[0] for line in avail.lines if line.get_linestyle() == "--") == [5, 9]
+    labels = [t.get_text() for t in avail.get_legend().get_texts()]
+    assert labels == ["alive instances", "D x P (instances used)", "P (stages)", "D x P planned", "pipeline",
+                      "intra-stage (kill, no notice)"]  # fmt: skip
+    lines = {line.get_label(): line for line in avail.lines}
+    assert list(lines["P (stages)"].get_ydata()) == [2] * 5 + [1] * 7
+    assert list(lines["D x P planned"].get_ydata()) == [2, 4, 4]  # a plan the job did not follow (4 > 2 used)
+    assert lines["pipeline"].get_linestyle() == "--" and lines["intra-stage (kill, no notice)"].get_linestyle() == ":"
     with pytest.raises(ValueError, match="throughput_window"):
         StepTimeline(throughput_window=0)

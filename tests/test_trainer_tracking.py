@@ -531,7 +531,9 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     titles: list[str] = []
     drawn = observe_tracking.timeline_figure
     monkeypatch.setattr(
-        observe_tracking, "timeline_figure", lambda s, r, title="": titles.append(title) or drawn(s, r, title)
+        observe_tracking,
+        "timeline_figure",
+        lambda s, r, title="", plans=(): titles.append(title) or drawn(s, r, title, plans),
     )
     obs = MlflowJobObserver(flush_every_s=0.2, tags={"parcae.prefect_flow_run_id": "flow-real"}, run_name="real-run")
     result = run_job("tiny-gpt", TrainConfig(), 3, (3, 1), 12, [], tmp_path / "job", job="tracked-real",

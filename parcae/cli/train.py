@@ -385,7 +385,11 @@ def train_cmd(
         out.print(f"wrote {json_out}")
     if plot is not None:
         title = f"{model}: availability, D x P and throughput"
-        write_file(plot, "plot", lambda p: timeline.figure(report["reconfigurations"], title).savefig(p, dpi=110))
+        write_file(
+            plot,
+            "plot",
+            lambda p: timeline.figure(report["reconfigurations"], title, report["plans"]).savefig(p, dpi=110),
+        )
         out.print(f"wrote {plot}")
 
 

@@ -49,14 +49,18 @@ def number(value: Any) -> float | None:
 MIN_INTERVALS: Final = 3
 
 
+#: What the timeline keeps of a step: (instances alive, D*P, samples/s or None, P).
+Sample = tuple[int, int, float | None, int]
+
+
 class StepTimeline(JobObserver):
-    """(alive, D*P, samples/s) of each step the driver saw; samples/s is None until `MIN_INTERVALS` step intervals
+    """(alive, D*P, samples/s, P) of each step the driver saw; samples/s is None until `MIN_INTERVALS` step intervals
     (or the whole window, if it is shorter) were seen."""
 
     def __init__(self, throughput_window: int = 10) -> None:
         if throughput_window < 1:
             raise ValueError(f"throughput_window must be >= 1 step interval, got {throughput_window}")
-        self.steps: dict[int, tuple[int, int, float | None]] = {}
+        self.steps: dict[int, Sample] = {}
         self._times: deque[float] = deque(maxlen=throughput_window + 1)
         self._global_batch = 0
 
@@ -75,25 +79,40 @@ class StepTimeline(JobObserver):
         if global_batch and len(times) >= enough and times[-1] > times[0]:
             sps = global_batch * (len(times) - 1) / (times[-1] - times[0])
         d, p = step.strategy
-        self.steps[step.step] = (step.alive, d * p, sps)
+        self.steps[step.step] = (step.alive, d * p, sps, p)
         return sps
 
-    def figure(self, records: Sequence[Mapping[str, Any]], title: str = "") -> Figure:
-        return timeline_figure(self.steps, records, title)
+    def figure(
+        self, records: Sequence[Mapping[str, Any]], title: str = "", plans: Sequence[Mapping[str, Any]] = ()
+    ) -> Figure:
+        return timeline_figure(self.steps, records, title, plans)
 
 
 def timeline_figure(
-    steps: Mapping[int, tuple[int, int, float | None]], records: Sequence[Mapping[str, Any]], title: str = ""
+    steps: Mapping[int, Sample],
+    records: Sequence[Mapping[str, Any]],
+    title: str = "",
+    plans: Sequence[Mapping[str, Any]] = (),
 ) -> Figure:
-    """The job's timeline: availability (alive instances) and D x P against step, throughput (samples/s) against
-    step, and a dashed marker per reconfiguration coloured by kind. `steps`: step -> (alive, D*P, samples/s)."""
-    fig = Figure(figsize=(10, 6), layout="constrained")
+    """The job's timeline. Top: instances alive, D x P (instances used) and P (stages) against step, and the D x P
+    each plan decided from its step on (`plans`: records with "step" and "decision"), so a change of D against P and
+    a plan the job did not follow both show. Bottom: throughput (samples/s). A marker per reconfiguration, coloured
+    by kind: dashed for a planned one or a preemption with notice, dotted for a kill without notice. The legend sits
+    beside the axes, not on the data. `steps`: step -> (alive, D*P, samples/s, P)."""
+    fig = Figure(figsize=(11, 6), layout="constrained")
     FigureCanvasAgg(fig)
     avail, thr = fig.subplots(2, 1, sharex=True)
     xs = sorted(steps)
     avail.fill_between(xs, [steps[s][0] for s in xs], step="post", color="tab:blue", alpha=0.25,
                        label="alive instances")  # fmt: skip
-    avail.step(xs, [steps[s][1] for s in xs], where="post", color="black", lw=1.2, label="D x P (instances used)")
+    avail.step(xs, [steps[s][1] for s in xs], where="post", color="black", lw=1.4, label="D x P (instances used)")
+    avail.step(xs, [steps[s][3] for s in xs], where="post", color="tab:brown", lw=1.2, ls="-.", label="P (stages)")
+    planned = sorted((int(p["step"]), int(p["decision"][0]) * int(p["decision"][1])) for p in plans
+                     if number(p.get("step")) is not None and p.get("decision"))  # fmt: skip
+    if planned and xs:
+        px = [s for s, _ in planned] + [xs[-1]]
+        avail.step(px, [v for _, v in planned] + [planned[-1][1]], where="post", color="tab:gray", lw=1.0, ls="--",
+                   label="D x P planned")  # fmt: skip
     avail.yaxis.set_major_locator(MaxNLocator(integer=True))
     thr.xaxis.set_major_locator(MaxNLocator(integer=True))
     tx = [s for s in xs if steps[s][2] is not None]
@@ -103,13 +122,16 @@ def timeline_figure(
         kind, at = str(rec.get("kind", "unknown")), number(rec.get("step"))
         if at is None:
             continue
+        killed = bool(rec.get("lost")) and not rec.get("notice")
+        label = f"{kind}{' (kill, no notice)' if killed else ''}"
         colour = KIND_COLOURS.get(kind, "tab:brown")
         for ax in (avail, thr):
-            ax.axvline(at, color=colour, ls="--", lw=1.0, label=None if (kind in seen or ax is thr) else kind)
-        seen.add(kind)
+            ax.axvline(at, color=colour, ls=":" if killed else "--", lw=1.6 if killed else 1.0,
+                       label=None if (label in seen or ax is thr) else label)  # fmt: skip
+        seen.add(label)
     avail.set_ylabel("instances")
     avail.set_ylim(bottom=0)
-    avail.legend(loc="best", fontsize="small")
+    avail.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     thr.set_ylabel("samples/s")
     thr.set_xlabel("step")
     thr.set_ylim(bottom=0)

@@ -595,7 +595,8 @@ class MlflowJobObserver(JobObserver):
             store.log_batched(client, run_id, tags=tags)
             name = self._run_name or str((self._info or {}).get("job") or "job")  # the run's name, as the UI shows it
             if timeline:
-                fig = timeline_figure(timeline, records, f"{name}: availability, D x P and throughput")
+                fig = timeline_figure(timeline, records, f"{name}: availability, D x P and throughput",
+                                      list(self._plans))  # fmt: skip
                 client.log_figure(run_id, fig, "timeline.png")
             if records:  # one row per reconfiguration, as the UI's table viewer shows it
                 client.log_table(run_id, data=migration_table(records), artifact_file=MIGRATION_TABLE)
