@@ -62,6 +62,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from mlflow import MlflowClient  # noqa: E402
 from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
+from mlflow.tracking.context import registry as _run_context  # noqa: E402, F401  (tracking.context_tags, at exit too)
 
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.timeline import StepTimeline, number, timeline_figure
