@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainer import StepInfo, StepTimeline
@@ -38,16 +40,19 @@ def test_the_figure_marks_each_reconfiguration_by_kind_a_kill_apart_and_shows_p_
     timeline.on_start({"global_batch": 8})
     for n in range(12):
         timeline.on_step(step(n, 0.1 * n, strategy=(1, 2) if n < 5 else (2, 1)))  # D x P stays 2: P shows it
+        if n in (4, 8):
+            timeline.on_checkpoint(n, Path("ckpt"))
     records = [{"kind": "pipeline", "step": 5, "notice": False, "lost": []},
                {"kind": "intra-stage", "step": 9, "notice": False, "lost": [1]}]  # fmt: skip
     fig = timeline.figure(records, title="t", plans=[{"step": 5, "decision": [2, 1]}, {"step": 9, "decision": [2, 2]}])
     avail = fig.axes[0]
     labels = [t.get_text() for t in avail.get_legend().get_texts()]
-    assert labels == ["alive instances", "D x P (instances used)", "P (stages)", "D x P planned", "pipeline",
-                      "intra-stage (kill, no notice)"]  # fmt: skip
+    assert labels == ["alive instances", "D x P (instances used)", "P (stages)", "D x P planned", "checkpoint",
+                      "pipeline", "intra-stage (kill, no notice)"]  # fmt: skip
     lines = {line.get_label(): line for line in avail.lines}
     assert list(lines["P (stages)"].get_ydata()) == [2] * 5 + [1] * 7
     assert list(lines["D x P planned"].get_ydata()) == [2, 4, 4]  # a plan the job did not follow (4 > 2 used)
+    assert list(lines["checkpoint"].get_xdata()) == [4, 8]
     assert lines["pipeline"].get_linestyle() == "--" and lines["intra-stage (kill, no notice)"].get_linestyle() == ":"
     with pytest.raises(ValueError, match="throughput_window"):
         StepTimeline(throughput_window=0)

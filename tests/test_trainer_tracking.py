@@ -276,9 +276,9 @@ def test_plan_runs_and_the_training_run_point_at_each_other(client: MlflowClient
     note = plan.data.tags["mlflow.note.content"]  # the UI's description: what was decided, a link to the job's run
     assert f"(#/experiments/{training.info.experiment_id}/runs/{run_id})" in note and "2x2 -> 1x3" in note
     assert plan.data.tags["parcae.prefect_flow_run_id"] == "flow-123"  # Prefect's tags follow to the plan runs
-    assert (plan.data.params["interval"], plan.data.params["alive"], plan.data.params["current_strategy"]) == (
-        "1", "3", "2x2")  # fmt: skip
+    assert (plan.data.params["interval"], plan.data.params["current_strategy"]) == ("1", "2x2")
     m = plan.data.metrics
+    assert m["alive"] == 3 and "alive" not in plan.data.params  # one place each, a metric to sort and chart by
     assert (m["expected_samples"], m["reach"], m["expected_cost_ms"]) == (5120.0, 0.9, 800.0)
     assert m["decision_ms"] == pytest.approx(4.0) and m["optimizer_decision_ms"] == 3.5
     assert read_json(client, plan.info.run_id, "alternatives.json", tmp_path)["alternatives"][0] == {
@@ -528,12 +528,12 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     pipeline migration); checkpoints every 4 steps."""
     import trainer.observe.tracking as observe_tracking
 
-    titles: list[str] = []
+    drawn_with: list[tuple] = []
     drawn = observe_tracking.timeline_figure
     monkeypatch.setattr(
         observe_tracking,
         "timeline_figure",
-        lambda s, r, title="", plans=(): titles.append(title) or drawn(s, r, title, plans),
+        lambda *args: drawn_with.append(args) or drawn(*args),
     )
     obs = MlflowJobObserver(flush_every_s=0.2, tags={"parcae.prefect_flow_run_id": "flow-real"}, run_name="real-run")
     result = run_job("tiny-gpt", TrainConfig(), 3, (3, 1), 12, [], tmp_path / "job", job="tracked-real",
@@ -572,7 +572,9 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
         assert artifact_names(client, obs.run_id, f"checkpoints/step-{step}") == {
             p.name for p in checkpoint.find_shards(ckpt, step)}  # fmt: skip
     assert "timeline.png" in artifact_names(client, obs.run_id)
-    assert titles == ["real-run: availability, D x P and throughput"]  # named as the run is, not "job: ..."
+    ((_, _, title, plans, checkpoints),) = drawn_with
+    assert title == "real-run: availability, D x P and throughput"  # named as the run is, not "job: ..."
+    assert [p["step"] for p in plans] == [6] and checkpoints == [4, 8]  # the plan and the checkpoints, drawn
     # the final layers: each stage's shard and its hash record, loadable from the download as they are
     layers = Path(result["layers"])
     assert artifact_names(client, obs.run_id, "final") == {p.name for p in layers.glob("step00000012.stage*")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -61,6 +62,7 @@ class StepTimeline(JobObserver):
         if throughput_window < 1:
             raise ValueError(f"throughput_window must be >= 1 step interval, got {throughput_window}")
         self.steps: dict[int, Sample] = {}
+        self.checkpoints: list[int] = []  # the steps of the complete checkpoints
         self._times: deque[float] = deque(maxlen=throughput_window + 1)
         self._global_batch = 0
 
@@ -69,6 +71,9 @@ class StepTimeline(JobObserver):
 
     def on_step(self, step: StepInfo) -> None:
         self.add(step, self._global_batch)
+
+    def on_checkpoint(self, step: int, directory: Path) -> None:
+        self.checkpoints.append(int(step))
 
     def add(self, step: StepInfo, global_batch: int) -> float | None:
         """Record `step`; its samples/s over the window (None: not yet two steps, or no global batch)."""
@@ -85,7 +90,7 @@ class StepTimeline(JobObserver):
     def figure(
         self, records: Sequence[Mapping[str, Any]], title: str = "", plans: Sequence[Mapping[str, Any]] = ()
     ) -> Figure:
-        return timeline_figure(self.steps, records, title, plans)
+        return timeline_figure(self.steps, records, title, plans, self.checkpoints)
 
 
 def timeline_figure(
@@ -93,11 +98,13 @@ def timeline_figure(
     records: Sequence[Mapping[str, Any]],
     title: str = "",
     plans: Sequence[Mapping[str, Any]] = (),
+    checkpoints: Sequence[int] = (),
 ) -> Figure:
     """The job's timeline. Top: instances alive, D x P (instances used) and P (stages) against step, and the D x P
     each plan decided from its step on (`plans`: records with "step" and "decision"), so a change of D against P and
     a plan the job did not follow both show. Bottom: throughput (samples/s). A marker per reconfiguration, coloured
-    by kind: dashed for a planned one or a preemption with notice, dotted for a kill without notice. The legend sits
+    by kind: dashed for a planned one or a preemption with notice, dotted for a kill without notice; a triangle on the
+    step axis per complete checkpoint (`checkpoints`: their steps), where a restart would resume. The legend sits
     beside the axes, not on the data. `steps`: step -> (alive, D*P, samples/s, P)."""
     fig = Figure(figsize=(11, 6), layout="constrained")
     FigureCanvasAgg(fig)
@@ -113,6 +120,9 @@ def timeline_figure(
         px = [s for s, _ in planned] + [xs[-1]]
         avail.step(px, [v for _, v in planned] + [planned[-1][1]], where="post", color="tab:gray", lw=1.0, ls="--",
                    label="D x P planned")  # fmt: skip
+    if checkpoints:
+        avail.plot(sorted(checkpoints), [0] * len(checkpoints), ls="none", marker="^", ms=7, color="tab:purple",
+                   clip_on=False, zorder=3, label="checkpoint")  # fmt: skip
     avail.yaxis.set_major_locator(MaxNLocator(integer=True))
     thr.xaxis.set_major_locator(MaxNLocator(integer=True))
     tx = [s for s in xs if steps[s][2] is not None]

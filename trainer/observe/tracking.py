@@ -340,6 +340,8 @@ class MlflowJobObserver(JobObserver):
             # not step metrics: a line joining the pauses of steps 5 and 55 says nothing — the table at the end does)
 
     def on_checkpoint(self, step: int, directory: Path) -> None:
+        with self._sender.lock:
+            self._timeline.on_checkpoint(step, directory)  # on the timeline, whether or not its files are logged
         if not self.log_checkpoints:
             return
         directory = Path(directory)
@@ -501,7 +503,7 @@ class MlflowJobObserver(JobObserver):
             f"{plan.alive} instances alive, {store.strategy_label(plan.current)} -> "
             f"{store.strategy_label(plan.decision)} (decided by {tags[DECIDED_BY_TAG]})."
         )
-        params = {"interval": plan.interval, "step": plan.step, "alive": plan.alive, "planner": plan.planner,
+        params = {"interval": plan.interval, "step": plan.step, "planner": plan.planner,  # alive: a metric
                   "current_strategy": store.strategy_label(plan.current)}  # fmt: skip
         for key in ("model", "look_ahead", "interval_s", "trace"):
             if details.get(key) is not None:
@@ -559,6 +561,7 @@ class MlflowJobObserver(JobObserver):
         status, result, error = final
         with self._sender.lock:
             records, timeline, last, first = list(self._records), dict(self._timeline.steps), self._last, self._first
+            checkpoints = list(self._timeline.checkpoints)
             gb = self._global_batch
         try:
             now, at = int(time.time() * 1000), (last[0] if last else 0)
@@ -597,7 +600,7 @@ class MlflowJobObserver(JobObserver):
             name = self._run_name or str((self._info or {}).get("job") or "job")  # the run's name, as the UI shows it
             if timeline:
                 fig = timeline_figure(timeline, records, f"{name}: availability, D x P and throughput",
-                                      list(self._plans))  # fmt: skip
+                                      list(self._plans), checkpoints)  # fmt: skip
                 client.log_figure(run_id, fig, "timeline.png")
             if records:  # one row per reconfiguration, as the UI's table viewer shows it
                 client.log_table(run_id, data=migration_table(records), artifact_file=MIGRATION_TABLE)
