@@ -44,15 +44,21 @@ def test_the_figure_marks_each_reconfiguration_by_kind_a_kill_apart_and_shows_p_
             timeline.on_checkpoint(n, Path("ckpt"))
     records = [{"kind": "pipeline", "step": 5, "notice": False, "lost": []},
                {"kind": "intra-stage", "step": 9, "notice": False, "lost": [1]}]  # fmt: skip
-    fig = timeline.figure(records, title="t", plans=[{"step": 5, "decision": [2, 1]}, {"step": 9, "decision": [2, 2]}])
+    forecast = {"intervals": [{"prev_available": 3, "events": [[0, 0, 0.5], [0, 1, 0.3], [1, 0, 0.2]]}]}
+    plans = [{"step": 5, "decision": [2, 1], "details": forecast}, {"step": 9, "decision": [2, 2], "details": {}}]
+    fig = timeline.figure(records, title="t", plans=plans)
     avail = fig.axes[0]
     labels = [t.get_text() for t in avail.get_legend().get_texts()]
-    assert labels == ["alive instances", "D x P (instances used)", "P (stages)", "D x P planned", "checkpoint",
-                      "pipeline", "intra-stage (kill, no notice)"]  # fmt: skip
+    assert labels == ["alive instances", "D x P (instances used)", "P (stages)", "D x P planned",
+                      "forecast N (next interval)", "checkpoint", "pipeline",
+                      "intra-stage (kill, no notice)"]  # fmt: skip
     lines = {line.get_label(): line for line in avail.lines}
     assert list(lines["P (stages)"].get_ydata()) == [2] * 5 + [1] * 7
     assert list(lines["D x P planned"].get_ydata()) == [2, 4, 4]  # a plan the job did not follow (4 > 2 used)
     assert list(lines["checkpoint"].get_xdata()) == [4, 8]
+    # the forecast's expected instances for the plan's interval: 3 + 0.3 * (-1) + 0.2 * (+1); a rule plan has none
+    assert list(lines["forecast N (next interval)"].get_xdata()) == [5]
+    assert list(lines["forecast N (next interval)"].get_ydata()) == pytest.approx([2.9])
     assert lines["pipeline"].get_linestyle() == "--" and lines["intra-stage (kill, no notice)"].get_linestyle() == ":"
     with pytest.raises(ValueError, match="throughput_window"):
         StepTimeline(throughput_window=0)

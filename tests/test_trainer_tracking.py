@@ -101,6 +101,7 @@ def plan_details(decision: list[int]) -> dict[str, Any]:
             {"strategy": [2, 2], "expected_samples": 4800.0},
             {"strategy": [1, 4], "expected_samples": 0.0},
         ],  # fmt: skip
+        "intervals": [{"prev_available": 4, "events": [[0, 1, 0.5], [0, 0, 0.5]]}],  # the forecast it planned with
     }
 
 
@@ -289,6 +290,7 @@ def test_plan_runs_and_the_training_run_point_at_each_other(client: MlflowClient
     assert training.data.tags["parcae.plan_runs"] == "1"
     listed = read_json(client, run_id, "plans.json", tmp_path / "t")
     assert [(p["run_id"], p["step"], p["decision"]) for p in listed] == [(plan.info.run_id, 6, [1, 3])]
+    assert listed[0]["forecast_n"] == 3.5  # what its forecast expected (4 alive, one lost with p = 0.5): drawn
     assert latest(client, run_id, "planned_D") == {6: 1} and latest(client, run_id, "planned_P") == {6: 3}
 
 

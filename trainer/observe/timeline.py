@@ -93,6 +93,19 @@ class StepTimeline(JobObserver):
         return timeline_figure(self.steps, records, title, plans, self.checkpoints)
 
 
+def expected_available(details: Mapping[str, Any]) -> float | None:
+    """The instances a liveput plan's forecast expects in its first interval: the instances alive before it plus
+    the expected arrivals less departures (its "intervals"[0]: prev_available, events [n_in, n_out, prob]); None for
+    a plan without a forecast (the rule, a handed plan)."""
+    intervals = details.get("intervals") if isinstance(details, Mapping) else None
+    if not intervals or not isinstance(intervals[0], Mapping) or number(intervals[0].get("prev_available")) is None:
+        return None
+    first = intervals[0]
+    events = first.get("events") or []
+    return float(first["prev_available"]) + sum(float(prob) * (float(n_in) - float(n_out))
+                                                for n_in, n_out, prob in events)  # fmt: skip
+
+
 def timeline_figure(
     steps: Mapping[int, Sample],
     records: Sequence[Mapping[str, Any]],
@@ -100,12 +113,14 @@ def timeline_figure(
     plans: Sequence[Mapping[str, Any]] = (),
     checkpoints: Sequence[int] = (),
 ) -> Figure:
-    """The job's timeline. Top: instances alive, D x P (instances used) and P (stages) against step, and the D x P
+    """The job's timeline. Top: instances alive, D x P (instances used) and P (stages) against step, the D x P
     each plan decided from its step on (`plans`: records with "step" and "decision"), so a change of D against P and
-    a plan the job did not follow both show. Bottom: throughput (samples/s). A marker per reconfiguration, coloured
-    by kind: dashed for a planned one or a preemption with notice, dotted for a kill without notice; a triangle on the
-    step axis per complete checkpoint (`checkpoints`: their steps), where a restart would resume. The legend sits
-    beside the axes, not on the data. `steps`: step -> (alive, D*P, samples/s, P)."""
+    a plan the job did not follow both show, and the instances each plan's forecast expected in its interval
+    (circles: "forecast_n", or `expected_available` of its "details"). Bottom: throughput (samples/s). A marker per
+    reconfiguration, coloured by kind: dashed for a planned one or a preemption with notice, dotted for a kill
+    without notice; a triangle on the step axis per complete checkpoint (`checkpoints`: their steps), where a
+    restart would resume. The legend sits beside the axes, not on the data. `steps`: step -> (alive, D*P,
+    samples/s, P)."""
     fig = Figure(figsize=(11, 6), layout="constrained")
     FigureCanvasAgg(fig)
     avail, thr = fig.subplots(2, 1, sharex=True)
@@ -120,6 +135,12 @@ def timeline_figure(
         px = [s for s, _ in planned] + [xs[-1]]
         avail.step(px, [v for _, v in planned] + [planned[-1][1]], where="post", color="tab:gray", lw=1.0, ls="--",
                    label="D x P planned")  # fmt: skip
+    forecasts = [(int(p["step"]), n) for p in plans if number(p.get("step")) is not None
+                 for n in [p["forecast_n"] if "forecast_n" in p else expected_available(p.get("details") or {})]
+                 if n is not None]  # fmt: skip
+    if forecasts:
+        avail.plot([s for s, _ in forecasts], [n for _, n in forecasts], ls="none", marker="o", mfc="none", ms=6,
+                   color="tab:gray", label="forecast N (next interval)")  # fmt: skip
     if checkpoints:
         avail.plot(sorted(checkpoints), [0] * len(checkpoints), ls="none", marker="^", ms=7, color="tab:purple",
                    clip_on=False, zorder=3, label="checkpoint")  # fmt: skip

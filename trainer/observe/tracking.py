@@ -65,7 +65,7 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking.context import registry as _run_context  # noqa: E402, F401  (tracking.context_tags, at exit too)
 
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
-from trainer.observe.timeline import StepTimeline, number, timeline_figure
+from trainer.observe.timeline import StepTimeline, expected_available, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
 
@@ -517,6 +517,7 @@ class MlflowJobObserver(JobObserver):
         plan_run = store.log_run(client, self._plan_exp, run_name=f"plan-{training}-i{plan.interval}", tags=tags,
                                  params=params, metrics=metrics, dicts=dicts)  # fmt: skip
         self._plans.append({"run_id": plan_run, "interval": plan.interval, "step": plan.step,
+                            "forecast_n": expected_available(details),
                             "decision": list(plan.decision), "current": list(plan.current)})  # fmt: skip
         self._plans_dirty = True
 
