@@ -387,7 +387,8 @@ def test_a_loss_normalised_by_a_count_is_the_global_token_mean_whatever_the_spli
 def test_a_prepared_hand_off_sends_the_state_a_step_early_and_trains_the_same_run_bit_for_bit(tmp_path, _no_orphans):
     """Prepared re-cuts (published a step ahead): each source sends its layers' state as of the boundary before
     during that step, and at the boundary only the step's gradients, which the receivers apply themselves; the
-    standby that joins has built its layers while it stood by. D = 1 throughout: the same parameters, bit for bit."""
+    standby that joins has built its layers while it stood by, the survivors theirs beside their training. D = 1
+    throughout: the same parameters, bit for bit."""
     sys.path.insert(0, str(Path(__file__).parent))  # where `_paced_model` is, for this process and its workers
     from trainer.runtime.pipeline import parameters_checksum
 
@@ -401,8 +402,11 @@ def test_a_prepared_hand_off_sends_the_state_a_step_early_and_trains_the_same_ru
     # every transferred layer went ahead (a step of ~0.1 s leaves time to see the preparation), the joiner built its
     # layers ahead, and nothing else was built
     assert [r["layers_caught_up"] for r in reconf] == [r["transfers"] for r in reconf]
-    assert reconf[0]["layers_built"]["built_ahead"] > 0
     assert [sum(r["layers_built"].values()) for r in reconf] == [r["transfers"] for r in reconf]
+    # the joiner built its layers while it stood by, the survivors of the second re-cut beside their last step (hollow:
+    # the state fills them); none was built at a boundary
+    assert [r["layers_built"]["built"] for r in reconf] == [0, 0]
+    assert reconf[1]["layers_built"]["built_ahead"] > 0 and not any(r["build_ahead_errors"] for r in reconf)
     assert result["loss"] == losses
     assert result["final_checksum"] == parameters_checksum(layers, list(layers))
 

@@ -924,10 +924,11 @@ class Coordinator:
         save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
         epoch (an added instance still starting; a failure being detected). detect_s: from the kill to the
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
-        layers_built: how many layers the new members built for it — at the boundary ("built") or while standing by
-        ("built_ahead"); the layers a member keeps are not rebuilt, so a live migration builds exactly the layers it
-        transfers. layers_caught_up: of those transferred, how many had their state sent during the step before the
-        boundary (a prepared epoch) and only that step's gradients at it.
+        layers_built: how many layers the new members built for it — at the boundary ("built") or before it, while
+        standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
+        a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build ahead failed
+        (its layers were then built at the boundary). layers_caught_up: of those transferred, how many had their state
+        sent during the step before the boundary (a prepared epoch) and only that step's gradients at it.
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         pause_s is None for an epoch that broke before any member was ready.
@@ -970,6 +971,7 @@ class Coordinator:
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
             "layers_built": {k: sum(p.get(k, 0) for p in phases) for k in ("built", "built_ahead")},
             "layers_caught_up": sum(p.get("caught_up", 0) for p in phases),
+            "build_ahead_errors": sorted({p["build_ahead_error"] for p in phases if "build_ahead_error" in p}),
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
             "prepared": e.prepared is not None,

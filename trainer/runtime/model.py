@@ -15,6 +15,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 import torch.nn as nn
 
 from trainer.config import ModelConfig, TrainConfig
@@ -49,6 +50,26 @@ def build_layer(cfg: ModelConfig, index: int, train: TrainConfig | None = None) 
     if not 0 <= index < len(spec.layers):
         raise IndexError(f"layer index {index} out of range for {len(spec.layers)} layers")
     return seeded_build(spec, cfg.seed, index)
+
+
+def hollow_layer(
+    cfg: ModelConfig, index: int, train: TrainConfig | None = None, device: torch.device | str = "cpu"
+) -> nn.Module | None:
+    """Layer `index` with its storage on `device` but no initial values, for a layer whose state a migration installs
+    anyway: the random init would be thrown away. It is built on the meta device, which draws from no generator and
+    is a per-thread setting, so a helper thread can build it beside training (`build_layer` seeds the process's
+    generator: only the training thread may call it).
+
+    None for a layer with buffers (a layer's migrated state is its parameters and their optimiser state: only its
+    factory gives its buffers their values) or with tied parameters (`Module.to_empty` would untie them)."""
+    spec = spec_of(cfg, train)
+    with torch.device("meta"):
+        module = spec.layers[index].build()
+    if next(module.buffers(), None) is not None:
+        return None
+    if len(list(module.parameters())) != len(list(module.named_parameters(remove_duplicate=False))):
+        return None
+    return module.to_empty(device=device)
 
 
 def build_layers(cfg: ModelConfig, first: int = 0, last: int | None = None) -> list[nn.Module]:

@@ -65,7 +65,7 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime.data import shard
-from trainer.runtime.model import Stage, build_layer, n_layers, spec_of
+from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 
 LayerState = dict[str, torch.Tensor]
@@ -529,6 +529,22 @@ def fresh_layers(
     for i in indices:
         layer = build_layer(model, i, train).to(dev)
         out[i] = (layer, make_optimizer(layer, spec))
+    return out
+
+
+def hollow_layers(
+    model: ModelConfig, train: TrainConfig, indices: Sequence[int], device: torch.device | str = "cpu"
+) -> dict[int, tuple[nn.Module, torch.optim.Optimizer]]:
+    """Layers `indices` with storage but no values (`model.hollow_layer`), each with its optimiser: for layers whose
+    whole state a migration installs. Touches no generator, so a helper thread may build them beside training.
+    A layer that cannot be built so is left out (build it with `fresh_layers`)."""
+    spec = spec_of(model, train)
+    dev = torch.device(device)
+    out = {}
+    for i in indices:
+        layer = hollow_layer(model, i, train, dev)
+        if layer is not None:
+            out[i] = (layer, make_optimizer(layer, spec))
     return out
 
 

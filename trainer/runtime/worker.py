@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -55,6 +55,7 @@ from trainer.runtime.pipeline import (
     fresh_layers,
     gloo_address,
     gloo_group,
+    hollow_layers,
     init_epoch,
     layer_grads,
     layer_state,
@@ -193,6 +194,11 @@ class _Prepared:
     error: BaseException | None = None
     store: Store | None = None  # the helper's own store client (kept while its groups live)
     built: HeldLayers | None = None  # a standby member's layers of the epoch, built ahead (`_prebuild`)
+    # a member's layers that the epoch's transfers fill, built hollow beside training (`_build_ahead`), or why not
+    hollow: HeldLayers | None = None
+    hollow_error: str | None = None
+    build_lock: threading.Lock = field(default_factory=threading.Lock)  # held while building ahead
+    hollow_taken: bool = False  # the boundary came: a build not yet started is left to it
     overtaken: bool = False  # a newer preparation replaced it: its helpers give up
     # the state sent ahead (`_send_ahead`, `_receive_ahead`): what each source sends during the step before the
     # epoch's boundary, and what each receiver got, by (src, dst) pair (None: the source sends it at the boundary)
@@ -260,7 +266,7 @@ class Worker:
         self.last_step_end = 0.0
         self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
         self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
-        self._phases: dict[str, float] = {}  # durations of the current migration's phases, for the coordinator
+        self._phases: dict[str, float | str] = {}  # durations of the current migration's phases, for the coordinator
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
         self._parent = os.getppid()
@@ -647,10 +653,14 @@ class Worker:
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
             prebuilt = self._prebuilt(new)  # a standby's layers, built while it stood by
-            received, caught = self._transfer(new, prebuilt) if self.id in new.transfer_parties else ({}, {})
+            hollow, why = self._hollow(new)  # a member's incoming layers, built beside its training
+            ahead = {**hollow, **prebuilt}
+            received, caught = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {})
             self._phases = {"transfer_s": time.perf_counter() - t0}
+            if why is not None:
+                self._phases["build_ahead_error"] = why
             if self.id in new.assignment:
-                if self._enter(new, received, prebuilt, caught):
+                if self._enter(new, received, prebuilt, caught, hollow):
                     self._to(WorkerState.TRAINING)
                 return
             self._await_commit(new)  # leaving: our old state stays needed until the new epoch committed
@@ -783,6 +793,8 @@ class Worker:
                                          abort=lambda: self._epoch_abort(n), prefix=e.group_prefix,
                                          address=self._gloo_address)  # fmt: skip
             prep.store.set(keys.prepared(p, self.id), repr(time.time()))
+            if member:
+                self._build_ahead(prep)
             if party and any(t.dst == self.id for t in e.transfers):
                 with self._prep_lock:
                     claimed = not prep.receiving and prep.ahead_in is None
@@ -791,6 +803,33 @@ class Worker:
                     self._receive_ahead(prep, xfer)
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
+
+    def _build_ahead(self, prep: _Prepared) -> None:
+        """(The preparation's helper) A member's layers that the epoch's transfers will fill, built hollow while the
+        old epoch trains (`pipeline.hollow_layers`: no values, no generator touched): at the boundary they only take
+        their state. A standby builds its layers on its main thread instead (`_prebuild`). A build that fails (e.g.
+        out of memory beside the old stage) is left to the boundary, and the epoch's record says why."""
+        incoming = sorted({t.layer for t in prep.epoch.transfers if t.dst == self.id})
+        if not incoming or self.epoch is None:
+            return
+        with prep.build_lock:
+            if prep.hollow_taken:
+                return
+            try:
+                prep.hollow = hollow_layers(self.job.model, self.job.train, incoming, self.device)
+            except Exception as exc:  # noqa: BLE001 — the boundary builds them; the record names the failure
+                prep.hollow_error = f"{type(exc).__name__}: {exc}"
+
+    def _hollow(self, epoch: Epoch) -> tuple[HeldLayers, str | None]:
+        """The layers `_build_ahead` built for `epoch` (none if not prepared, or not built in time), and the reason a
+        build ahead failed, if it did."""
+        prep = self._preparation(epoch)
+        if prep is None:
+            return {}, None
+        with prep.build_lock:  # waits for a build under way (it needs no peer); one not started is left to us
+            prep.hollow_taken = True
+            hollow, prep.hollow = prep.hollow or {}, None
+            return hollow, prep.hollow_error
 
     def _take_prepared(self, epoch: Epoch, part: str) -> Any:
         """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
@@ -826,11 +865,12 @@ class Worker:
         return got
 
     def _transfer(
-        self, epoch: Epoch, prebuilt: HeldLayers
+        self, epoch: Epoch, built_ahead: HeldLayers
     ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]]:
         """Send and receive this worker's share of `epoch.transfers`; returns the states received, by layer name,
-        and the layers whose state came ahead, caught up (module and optimiser, by index). `MigrationAbandoned`
-        (nothing received is kept) if a party dies or the epoch is flagged meanwhile.
+        and the layers whose state came ahead, caught up (module and optimiser, by index; in the modules of
+        `built_ahead`, built before the boundary, where there are). `MigrationAbandoned` (nothing received is kept)
+        if a party dies or the epoch is flagged meanwhile.
 
         Pairs are processed in one global order (blocking sends cannot deadlock). A prepared epoch's hand-off has
         two phases, each in that order: first every source's state as of the boundary before this one (sent during
@@ -903,7 +943,7 @@ class Worker:
                     if early is None:
                         received.update(got)
                     else:
-                        caught.update(self._catch_up(epoch, early, got, prebuilt))
+                        caught.update(self._catch_up(epoch, early, got, built_ahead))
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
@@ -933,15 +973,17 @@ class Worker:
         return got
 
     def _catch_up(
-        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], prebuilt: HeldLayers
+        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], ahead: HeldLayers
     ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:
         """The layers whose state as of the boundary before `epoch`'s came ahead, brought to this boundary with the
-        step's gradients (in the modules built ahead where there are, else built now)."""
+        step's gradients (in the modules built ahead where there are, else built now: hollow, as the state fills
+        them, where the layer allows it)."""
         index = {name: i for i, name in enumerate(layer_names(self.job.model))}
         wanted = [index[name] for name in early]
-        layers = {i: prebuilt[i] for i in wanted if i in prebuilt}
-        layers.update(fresh_layers(self.job.model, self.job.train, [i for i in wanted if i not in layers],
-                                   self.device))  # fmt: skip
+        layers = {i: ahead[i] for i in wanted if i in ahead}
+        job = self.job
+        layers.update(hollow_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
+        layers.update(fresh_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
         spec = spec_of(self.job.model, self.job.train)
         lr = spec.lr(epoch.start_step - 1) if spec.lr is not None else None
         for name, state in early.items():
@@ -1038,12 +1080,14 @@ class Worker:
 
     def _enter(
         self, epoch: Epoch, received: Mapping[str, LayerState], prebuilt: HeldLayers | None = None,
-        caught: HeldLayers | None = None,
+        caught: HeldLayers | None = None, hollow: HeldLayers | None = None,
     ) -> bool:  # fmt: skip
         """Join `epoch`'s process groups and hold its layers: kept ones in place, the rest installed (or loaded from
-        the checkpoint of a checkpoint-restart epoch). A migration that cannot form its groups (a peer died, or the
-        epoch was flagged) raises `MigrationAbandoned` with nothing installed; a first or checkpoint-restart epoch
-        returns False instead: the worker then holds the epoch's layers, flags it broken and is RECOVERING."""
+        the checkpoint of a checkpoint-restart epoch). `prebuilt`: initialised layers a standby built ahead; `hollow`:
+        layers without values, built ahead for the state `received` to fill; `caught`: layers already caught up.
+        A migration that cannot form its groups (a peer died, or the epoch was flagged) raises `MigrationAbandoned`
+        with nothing installed; a first or checkpoint-restart epoch returns False instead: the worker then holds the
+        epoch's layers, flags it broken and is RECOVERING."""
         job, old = self.job, self.ctx
         t0 = time.perf_counter()
         number = epoch.number
@@ -1051,6 +1095,7 @@ class Worker:
         rank = epoch.rank(self.id)
         failure: Exception | None = None
         prebuilt, caught = prebuilt or {}, caught or {}
+        hollow = {} if fresh else hollow or {}  # only a migration installs a state into every layer it builds
         try:
             groups = self._take_prepared(epoch, "groups")
             if groups is None:
@@ -1068,6 +1113,7 @@ class Worker:
         want = epoch.layers(stage)
         # layers this member built for the epoch (at the boundary or ahead), and those whose state came ahead
         built = {"built": 0, "built_ahead": 0, "caught_up": 0}
+        ahead = {**hollow, **prebuilt}
         if old is not None and old.module.indices == want:
             ctx = StageContext(job.model, job.train, epoch.strategy, stage, replica, old.module, old.optimizers, groups,
                                old.device)  # fmt: skip
@@ -1076,10 +1122,13 @@ class Worker:
             # while we stood by, or are built now, then take the state received (or the checkpoint's)
             kept = {} if fresh or old is None else {i: (old.module.layer(i), old.optimizers[i])
                                                      for i in old.module.indices if i in want}  # fmt: skip
+            # the layers whose state arrives now, built hollow (their values are installed below) unless built ahead
+            incoming = [] if fresh else [i for i in want if i not in kept and i not in caught and i not in ahead]
+            now = hollow_layers(job.model, job.train, incoming, self.device)
             ctx = build_context(job.model, job.train, epoch.strategy, rank, groups, self.device,
-                                held={**prebuilt, **caught, **kept})  # fmt: skip
-            built["built_ahead"] = sum(1 for i in want if i in prebuilt and i not in kept)
-            built["built"] = sum(1 for i in want if i not in prebuilt and i not in kept)
+                                held={**now, **ahead, **caught, **kept})  # fmt: skip
+            built["built_ahead"] = sum(1 for i in want if i in ahead and i not in kept)
+            built["built"] = sum(1 for i in want if i not in ahead and i not in kept)
             built["caught_up"] = sum(1 for i in want if i in caught)
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 mine = self._restore(epoch, ctx.names)
