@@ -16,6 +16,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import queue
+import threading
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,13 +32,14 @@ from _trainer_fixtures import _one_thread  # noqa: F401  (autouse fixtures)
 from trainer.config import ModelConfig, TrainConfig, model_config
 from trainer.examples.gpt import global_batch
 from trainer.runtime import checkpoint
-from trainer.runtime.model import build_layers, layer_names, spec_of
+from trainer.runtime.model import build_layers, hollow_layer, layer_names, n_layers, spec_of
 from trainer.runtime.pipeline import (
     StageLayout,
     build_context,
     catch_up,
-    layer_grads,
+    hollow_layers,
     layer_state,
+    layer_step,
     load_layer_state,
     make_optimizer,
     partition,
@@ -210,13 +212,78 @@ def test_a_layer_sent_a_step_early_catches_up_bit_for_bit_with_that_step_s_gradi
     b = build_context(model_config(seed=9, dtype="float64"), TRAIN, StageLayout.even(1, 1, CFG))  # other init
     spec = spec_of(CFG, TRAIN)
     for name, i in zip(a.names, a.module.indices, strict=True):
-        grads = layer_grads(a.module.layer(i))
+        grads = layer_step(a.module.layer(i))
         assert grads and all(k.startswith("grad/") for k in grads)
         catch_up(b.module.layer(i), b.optimizers[i], before[name], grads, spec.lr(1) if spec.lr else None)
     for name, want in after.items():
         got = b.layer_states()[name]
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
     assert train_step(a, 2) == train_step(b, 2)  # and they train on as one
+
+
+BUFFERED = ModelConfig("_buffered_model:spec")  # tests/_buffered_model.py: BatchNorm, a constant, tied weights
+BUFFERED_TRAIN = TrainConfig(global_batch=24, micro_batch=4)
+
+
+def test_a_layer_s_state_carries_its_persistent_buffers_and_a_catch_up_takes_the_step_s():
+    """BatchNorm's running statistics change at every training forward: a layer's state (what a migration moves and
+    a checkpoint holds) carries them with the parameters, and a catch-up takes those the step left. A non-persistent
+    buffer is not state: its factory gives it."""
+    a = build_context(BUFFERED, BUFFERED_TRAIN, StageLayout.even(1, 1, BUFFERED))
+    train_step(a, 0)
+    before = a.layer_states()
+    stats = {"buffer/norm.running_mean", "buffer/norm.running_var", "buffer/norm.num_batches_tracked"}
+    assert {k for k in before["embed"] if k.startswith("buffer/")} == stats
+    assert not any(k.startswith("buffer/") for k in before["scaled"])
+    train_step(a, 1)
+    after = a.layer_states()
+    assert not torch.equal(before["embed"]["buffer/norm.running_mean"], after["embed"]["buffer/norm.running_mean"])
+    b = build_context(ModelConfig("_buffered_model:spec", seed=5), BUFFERED_TRAIN, StageLayout.even(1, 1, BUFFERED))
+    spec = spec_of(BUFFERED, BUFFERED_TRAIN)
+    for name, i in zip(a.names, a.module.indices, strict=True):
+        catch_up(b.module.layer(i), b.optimizers[i], before[name], layer_step(a.module.layer(i)),
+                 spec.lr(1) if spec.lr else None)  # fmt: skip
+    for name, want in after.items():
+        got = b.layer_states()[name]
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), name
+    assert train_step(a, 2) == train_step(b, 2)
+    # a state without the buffers is refused, naming them
+    bare = {k: v for k, v in after["embed"].items() if not k.startswith("buffer/")}
+    with pytest.raises(ValueError, match="missing.*buffer/norm.running_mean"):
+        load_layer_state(b.module.layer(0), b.optimizers[0], bare)
+
+
+def test_a_hollow_layer_takes_a_state_touches_no_generator_and_is_refused_where_a_state_cannot_fill_it():
+    """What a re-cut's survivor builds beside its training step for the layers it receives: storage, no values."""
+    torch.manual_seed(7)
+    rng = torch.get_rng_state()
+    hollow = hollow_layer(BUFFERED, 0)  # parameters and BatchNorm's statistics: the state fills them all
+    assert hollow is not None and torch.equal(rng, torch.get_rng_state())
+    real = build_context(BUFFERED, BUFFERED_TRAIN, StageLayout.even(1, 1, BUFFERED))
+    train_step(real, 0)
+    state = real.layer_states()["embed"]
+    load_layer_state(hollow, make_optimizer(hollow, spec_of(BUFFERED)), state)
+    assert all(torch.equal(v, state[f"buffer/{k}"] if f"buffer/{k}" in state else state[f"param/{k}"])
+               for k, v in hollow.state_dict().items())  # fmt: skip
+    assert hollow_layer(BUFFERED, 1) is None  # a non-persistent buffer: only the factory gives its values
+    assert hollow_layer(BUFFERED, 2) is None  # tied weights: Module.to_empty would untie them
+    # built in a helper thread while this one builds layers from their seeds: the seeded layers are unchanged
+    want = [layer_state(m, make_optimizer(m, spec_of(CFG))) for m in build_layers(CFG)]
+    stop = threading.Event()
+
+    def build_hollow() -> None:
+        while not stop.is_set():
+            hollow_layers(CFG, TRAIN, range(n_layers(CFG)))
+
+    helper = threading.Thread(target=build_hollow)
+    helper.start()
+    try:
+        for _ in range(5):
+            got = [layer_state(m, make_optimizer(m, spec_of(CFG))) for m in build_layers(CFG)]
+            assert all(torch.equal(g[k], w[k]) for g, w in zip(got, want, strict=True) for k in w)
+    finally:
+        stop.set()
+        helper.join()
 
 
 def test_layer_state_before_the_first_step_and_errors():

@@ -411,6 +411,35 @@ def test_a_prepared_hand_off_sends_the_state_a_step_early_and_trains_the_same_ru
     assert result["final_checksum"] == parameters_checksum(layers, list(layers))
 
 
+def test_a_model_s_buffers_move_with_its_layers_and_are_exported(tmp_path, _no_orphans):
+    """BatchNorm's running statistics change at every training forward. Re-cuts (D = 1) move them with the layers'
+    parameters, so the final layers hold the uninterrupted run's statistics, bit for bit — not those of a layer
+    rebuilt from its seed — and `parcae export` writes them where the module's state_dict has them."""
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_buffered_model` is, for this process and its workers
+    import _buffered_model as buffered
+
+    model, train, steps = ModelConfig("_buffered_model:spec"), TrainConfig(global_batch=buffered.ROWS, micro_batch=4), 8
+    losses, layers = uninterrupted(model, train, steps)
+    schedule = [{"step": 3, "kind": "plan", "strategy": [1, 3]}, {"step": 4, "kind": "plan", "strategy": [1, 2]},
+                {"step": 6, "kind": "plan", "strategy": [1, 3]}]  # fmt: skip
+    result = run_job(model, train, 3, (1, 2), steps, schedule, tmp_path / "job", timeout_s=80)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline"] * 3
+    assert all(r["transfers"] > 0 for r in result["reconfigurations"])
+    assert result["loss"] == losses
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
+    assert final.layers.keys() == layers.keys()
+    for name, want in layers.items():
+        assert final.layers[name].keys() == want.keys(), name
+        assert all(torch.equal(final.layers[name][k], want[k]) for k in want), name
+    assert layers["norm"]["buffer/norm.num_batches_tracked"] == steps * buffered.ROWS // train.micro_batch
+    res = CliRunner().invoke(app, ["export", str(result["layers"]), "--out", str(tmp_path / "model.pt")])
+    assert res.exit_code == 0, res.output
+    exported = torch.load(tmp_path / "model.pt", weights_only=True)
+    norm = buffered.Norm()
+    norm.load_state_dict({k.removeprefix("norm."): v for k, v in exported.items() if k.startswith("norm.")})
+    assert torch.equal(norm.norm.running_var, layers["norm"]["buffer/norm.running_var"])
+
+
 def test_activations_whose_shape_depends_on_the_data_travel_with_a_header(tmp_path, _no_orphans):
     sys.path.insert(0, str(Path(__file__).parent))  # where `_ragged_model` is, for this process and its workers
     from trainer.runtime.pipeline import _boundary, _from_header, _header, _signature

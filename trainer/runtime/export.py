@@ -30,7 +30,8 @@ class Exported:
 
 
 def export_state_dict(directory: str | os.PathLike[str], step: int | None = None) -> Exported:
-    """The parameters of the checkpoint of `step` (default: the newest intact one) in `directory`."""
+    """The parameters and persistent buffers of the checkpoint of `step` (default: the newest intact one) in
+    `directory`."""
     d = Path(directory)
     if not d.is_dir():
         raise checkpoint.CheckpointError(f"{d}: no such folder; give a job's checkpoints/ or layers/ folder")
@@ -48,10 +49,10 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
     from trainer.runtime.model import layer_names
 
     state = {
-        f"{name}.{key.removeprefix('param/')}": tensor
+        f"{name}.{key.split('/', 1)[1]}": tensor
         for name in layer_names(config)
         for key, tensor in ckpt.layers[name].items()
-        if key.startswith("param/")
+        if key.startswith(("param/", "buffer/"))  # a module's state_dict: parameters and persistent buffers
     }
     return Exported(state=state, model=config.name, job=job, step=at)
 

@@ -52,6 +52,14 @@ def build_layer(cfg: ModelConfig, index: int, train: TrainConfig | None = None) 
     return seeded_build(spec, cfg.seed, index)
 
 
+def persistent_buffers(module: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers of `module` that are part of its state (its `state_dict` less its parameters: e.g. BatchNorm's
+    running statistics), by name, live. A non-persistent buffer is not: its factory alone gives its values."""
+    params = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+    return {name: t for name, t in module.state_dict(keep_vars=True).items()
+            if name not in params and torch.is_tensor(t) and not name.endswith("_extra_state")}  # fmt: skip
+
+
 def hollow_layer(
     cfg: ModelConfig, index: int, train: TrainConfig | None = None, device: torch.device | str = "cpu"
 ) -> nn.Module | None:
@@ -60,12 +68,12 @@ def hollow_layer(
     is a per-thread setting, so a helper thread can build it beside training (`build_layer` seeds the process's
     generator: only the training thread may call it).
 
-    None for a layer with buffers (a layer's migrated state is its parameters and their optimiser state: only its
-    factory gives its buffers their values) or with tied parameters (`Module.to_empty` would untie them)."""
+    None for a layer with non-persistent buffers (not part of its state: only its factory gives them their values)
+    or with tied parameters (`Module.to_empty` would untie them)."""
     spec = spec_of(cfg, train)
     with torch.device("meta"):
         module = spec.layers[index].build()
-    if next(module.buffers(), None) is not None:
+    if {name for name, _ in module.named_buffers()} - set(persistent_buffers(module)):
         return None
     if len(list(module.parameters())) != len(list(module.named_parameters(remove_duplicate=False))):
         return None

@@ -65,7 +65,7 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime.data import shard
-from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, spec_of
+from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 
 LayerState = dict[str, torch.Tensor]
@@ -368,7 +368,8 @@ def make_optimizer(layer: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
 
 
 def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: bool = True) -> LayerState:
-    """A snapshot of one layer: "param/<name>" and "<state key>/<name>" (exp_avg, exp_avg_sq, step) tensors.
+    """A snapshot of one layer: "param/<name>" and "<state key>/<name>" (exp_avg, exp_avg_sq, step) tensors, and
+    "buffer/<name>" for its persistent buffers (e.g. BatchNorm's running statistics, which training changes too).
 
     Cloned to host memory, so it stays valid while training continues. `copy=False`: the live tensors themselves
     (detached, on their device), for a reader that copies them before training goes on (`trainer.runtime.wire.pack`
@@ -385,6 +386,8 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: boo
             if value is None:  # e.g. SGD's momentum_buffer without momentum: nothing to move
                 continue
             out[f"{key}/{name}"] = snap(value) if torch.is_tensor(value) else torch.tensor(value)
+    for name, b in persistent_buffers(layer).items():
+        out[f"buffer/{name}"] = snap(b)
     return out
 
 
@@ -392,21 +395,25 @@ def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device, copy=True) if t.dim() > 0 else t.clone()
 
 
-def layer_grads(layer: nn.Module) -> LayerState:
-    """The gradients the last step applied to `layer`'s parameters, as "grad/<name>" (reduced, normalised and clipped:
-    what the optimiser consumed; a parameter without one is left out). Live tensors, for a reader that copies them
-    before the next step (`trainer.runtime.wire.pack`)."""
-    return {f"grad/{name}": p.grad.detach() for name, p in layer.named_parameters() if p.grad is not None}
+def layer_step(layer: nn.Module) -> LayerState:
+    """What the last step did to `layer` besides the optimiser's arithmetic: the gradients it applied, as
+    "grad/<name>" (reduced, normalised and clipped: what the optimiser consumed; a parameter without one is left
+    out), and the persistent buffers its forwards left, as "buffer/<name>". Live tensors, for a reader that copies
+    them before the next step (`trainer.runtime.wire.pack`)."""
+    out = {f"grad/{name}": p.grad.detach() for name, p in layer.named_parameters() if p.grad is not None}
+    out.update({f"buffer/{name}": b.detach() for name, b in persistent_buffers(layer).items()})
+    return out
 
 
 def catch_up(
     layer: nn.Module, optimizer: torch.optim.Optimizer, state: LayerState, grads: LayerState, lr: float | None
 ) -> None:
     """Bring a layer from its state at boundary s to boundary s + 1 without training step s: install `state`, then
-    apply the step's update with the gradients its holder applied (`layer_grads`) at the step's learning rate. The
-    same optimiser on the same values gives, bit for bit, the holder's state at s + 1 — which is what lets a
-    migration send a layer's state during step s instead of at the boundary."""
+    apply the step's update with the gradients its holder applied (`layer_step`) at the step's learning rate, and
+    take the buffers the step left. The same optimiser on the same values gives, bit for bit, the holder's state at
+    s + 1 — which is what lets a migration send a layer's state during step s instead of at the boundary."""
     load_layer_state(layer, optimizer, state)
+    _copy_buffers(layer, grads)
     for name, p in layer.named_parameters():
         g = grads.get(f"grad/{name}")
         p.grad = None if g is None else g.to(p.device).view_as(p)
@@ -417,21 +424,38 @@ def catch_up(
     optimizer.zero_grad(set_to_none=True)
 
 
+def _copy_buffers(layer: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy the "buffer/<name>" tensors of `state` into `layer`'s persistent buffers (every one must be there)."""
+    with torch.no_grad():
+        for name, b in persistent_buffers(layer).items():
+            src = state.get(f"buffer/{name}")
+            if src is None:
+                raise ValueError(f"buffer {name}: the state lacks it")
+            if src.shape != b.shape or src.dtype != b.dtype:
+                raise ValueError(
+                    f"buffer {name}: state has {tuple(src.shape)} {src.dtype}, layer has {tuple(b.shape)} {b.dtype}"
+                )
+            b.copy_(src)
+
+
 def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]) -> None:
     """Install a `layer_state` snapshot into `layer` (in place) and its `optimizer` (replacing its state).
 
-    Parameters are copied into the existing tensors so the optimiser's references stay valid.
+    Parameters and buffers are copied into the existing tensors so the optimiser's references stay valid.
     """
     params = dict(layer.named_parameters())
     owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
     if owned != {id(p) for p in params.values()}:
         raise ValueError("optimizer does not own exactly this layer's parameters")
-    expected = {f"param/{n}" for n in params}
+    buffers = persistent_buffers(layer)
+    expected = {f"param/{n}" for n in params} | {f"buffer/{n}" for n in buffers}
     missing = expected - state.keys()
-    unknown = {k for k in state if k.split("/", 1)[-1] not in params}
+    unknown = {k for k in state
+               if k.split("/", 1)[-1] not in (buffers if k.startswith("buffer/") else params)}  # fmt: skip
     if missing or unknown:
         raise ValueError(f"layer state does not match the layer: missing {sorted(missing)}, unknown {sorted(unknown)}")
-    opt_keys = {k.split("/", 1)[0] for k in state} - {"param"}
+    opt_keys = {k.split("/", 1)[0] for k in state} - {"param", "buffer"}
+    _copy_buffers(layer, state)
     with torch.no_grad():
         for name, p in params.items():
             src = state[f"param/{name}"]

@@ -57,8 +57,8 @@ from trainer.runtime.pipeline import (
     gloo_group,
     hollow_layers,
     init_epoch,
-    layer_grads,
     layer_state,
+    layer_step,
     make_optimizer,
     parameters_checksum,
     train_step,
@@ -931,7 +931,7 @@ class Worker:
                 if src == self.id:
                     _, ctx = self._held()
                     if (src, dst) in went_ahead:  # the step's gradients: the receiver applies them itself
-                        bundle = {names[i]: layer_grads(ctx.module.layer(i)) for i in layers}
+                        bundle = {names[i]: layer_step(ctx.module.layer(i)) for i in layers}
                     else:
                         bundle = _live_states(ctx, names, layers)
                         sent += state_bytes(bundle)
