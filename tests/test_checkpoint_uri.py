@@ -199,6 +199,8 @@ def test_s3_without_credentials_says_what_to_set(tmp_path, monkeypatch):
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # (no instance role to ask here)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # boto3's default session keeps the credentials it found first: an earlier test's (moto's) would be found here
+    monkeypatch.setattr("boto3.DEFAULT_SESSION", None)
     with pytest.raises(MirrorError) as caught:
         check_checkpoint_uri(mirror_for("s3://ckpt/p"))
     said = str(caught.value)
