@@ -9,7 +9,7 @@ The package's public face: code outside liveput imports from here only. Map:
 - `scenarios`   `IntervalForecast`, `persistence_forecast` and the `ScenarioStore` of exact preemption outcomes;
 - `horizon`     the interval T's and the look-ahead K's bounds and defaults (the trace grid's too);
 - `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
-- `plan_input`  the JSON document `parcae plan` reads, validated;
+- `plan_input`  the JSON document `parcae plan` reads, validated; `plan_plot` its figure (`parcae plan --plot`);
 - `policies`, `simulator`, `prices`  the trace-driven comparison of `POLICIES` (a new policy plugs in there).
 
 Must not touch: processes, Prefect, MLflow. The light modules (costs, throughput) load eagerly, so the trainer's
@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from liveput.plan_input import parse_plan_input as parse_plan_input
     from liveput.plan_input import plan_of_input as plan_of_input
     from liveput.plan_input import shown as shown
+    from liveput.plan_plot import plot_plan as plot_plan
     from liveput.policies import POLICIES as POLICIES
     from liveput.policies import POLICY_NAMES as POLICY_NAMES
     from liveput.policies import BambooConstants as BambooConstants
@@ -95,6 +96,7 @@ _LAZY: dict[str, str] = {
                     "liveput.optimizer"),
     **dict.fromkeys(("MAX_EVENTS_PER_INTERVAL", "PlanInput", "PlanInputError", "parse_plan_input", "plan_of_input",
                      "shown"), "liveput.plan_input"),
+    "plot_plan": "liveput.plan_plot",
     **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",
                      "make_policy", "oracle_forecast"), "liveput.policies"),
     **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),

@@ -7,6 +7,7 @@ pointed at an empty location so the results do not depend on ../shared being pre
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -310,6 +311,20 @@ def test_plan_from_file_and_stdin(runner, tmp_path):
     assert from_stdin.exit_code == 0, from_stdin.output
     dash = invoke(runner, "plan", "-", input=json.dumps(PLAN_INPUT))
     assert from_file.stdout == from_stdin.stdout == dash.stdout
+
+
+def test_plan_draws_the_example_plan(runner, tmp_path):
+    """examples/plan.json, as Concepts draws it: the plan (the story the page tells) and its figure; an unknown
+    image format is refused before planning."""
+    example = str(Path(__file__).parents[1] / "examples" / "plan.json")
+    out = tmp_path / "plan.png"
+    result = invoke(runner, "plan", example, "--plot", str(out))
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout)
+    assert [s["strategy"] for s in plan["steps"]] == [[4, 8], [4, 8], [4, 8], [2, 13]]
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    bad = invoke(runner, "plan", example, "--plot", str(tmp_path / "plan.xyz"))
+    assert bad.exit_code == 2 and "unknown image format" in bad.output
 
 
 def test_plan_is_deterministic(runner):

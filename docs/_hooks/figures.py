@@ -47,6 +47,7 @@ FIGURES: dict[str, list[str]] = {
         "--plot",
         "OUT",
     ],  # fmt: skip
+    "img/liveput-plan.png": ["plan", "examples/plan.json", "--plot", "OUT"],
     "img/p3-forecast-fan.png": [
         "forecast",
         "predict",

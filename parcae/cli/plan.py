@@ -6,11 +6,12 @@ touch: the input's format and validation (`liveput.plan_input`, documented by ``
 """
 
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from parcae.cli.common import UserError, command, strict_json, warn
+from parcae.cli.common import UserError, check_outputs, command, stderr, strict_json, warn
 
 
 def _read_plan_input(source: str) -> Any:
@@ -38,17 +39,22 @@ def _read_plan_input(source: str) -> Any:
         raise UserError(exc.at(f"plan input {name}")) from None
 
 
-def plan_from_input(doc: Any, *, timing: bool = False) -> dict[str, Any]:
-    """The plan of a decoded plan input (`liveput.plan_input`); a bad input is a UserError, an idle plan a warning."""
-    from liveput import PlanInputError, parse_plan_input, plan_of_input
+def plan_from_input(doc: Any, *, timing: bool = False, plot: Path | None = None) -> dict[str, Any]:
+    """The plan of a decoded plan input (`liveput.plan_input`); a bad input is a UserError, an idle plan a warning.
+    With `plot`, its figure too (`liveput.plot_plan`)."""
+    from liveput import PlanInputError, parse_plan_input, plan_of_input, plot_plan
 
     try:
         inp = parse_plan_input(doc)
         if inp.nothing_fits:
             warn(inp.nothing_fits)
-        return plan_of_input(inp, timing=timing)
+        result = plan_of_input(inp, timing=timing)
     except PlanInputError as exc:
         raise UserError(str(exc)) from None
+    if plot is not None:
+        plot_plan(inp, result, plot)
+        stderr().print(f"wrote {plot}", soft_wrap=True)
+    return result
 
 
 @command(
@@ -78,6 +84,16 @@ def plan(
     timing: Annotated[
         bool, typer.Option(help="Include the planner's wall time (decision_ms); not reproducible.")
     ] = False,
+    plot: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="OUT.png",
+            help="Also draw the plan: the instances the forecast allows in each interval and the D x P the plan "
+            "takes there; per interval, its throughput if nothing were preempted against its liveput; and the "
+            "decision against the strategies it beat in the coming interval.",
+        ),
+    ] = None,
 ) -> None:
+    check_outputs(None, plot)
     doc = _read_plan_input(input)
-    typer.echo(strict_json(plan_from_input(doc, timing=timing), "the plan"))
+    typer.echo(strict_json(plan_from_input(doc, timing=timing, plot=plot), "the plan"))
