@@ -413,6 +413,12 @@ def catch_up(
     take the buffers the step left. The same optimiser on the same values gives, bit for bit, the holder's state at
     s + 1 — which is what lets a migration send a layer's state during step s instead of at the boundary."""
     load_layer_state(layer, optimizer, state)
+    apply_step(layer, optimizer, grads, lr)
+
+
+def apply_step(layer: nn.Module, optimizer: torch.optim.Optimizer, grads: LayerState, lr: float | None) -> None:
+    """The second half of `catch_up`, for a layer whose state as of boundary s is installed already (ahead of the
+    boundary): step s's update with its holder's gradients at the step's learning rate, and the buffers it left."""
     _copy_buffers(layer, grads)
     for name, p in layer.named_parameters():
         g = grads.get(f"grad/{name}")

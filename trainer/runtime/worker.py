@@ -49,6 +49,7 @@ from trainer.runtime.pipeline import (
     LayerState,
     StageContext,
     StepAbandoned,
+    apply_step,
     build_context,
     catch_up,
     close_epoch,
@@ -59,6 +60,7 @@ from trainer.runtime.pipeline import (
     init_epoch,
     layer_state,
     layer_step,
+    load_layer_state,
     make_optimizer,
     parameters_checksum,
     train_step,
@@ -197,8 +199,10 @@ class _Prepared:
     # a member's layers that the epoch's transfers fill, built hollow beside training (`_build_ahead`), or why not
     hollow: HeldLayers | None = None
     hollow_error: str | None = None
-    build_lock: threading.Lock = field(default_factory=threading.Lock)  # held while building ahead
-    hollow_taken: bool = False  # the boundary came: a build not yet started is left to it
+    build_lock: threading.Lock = field(default_factory=threading.Lock)  # held while building or installing ahead
+    ahead_taken: bool = False  # the boundary took what was built ahead: a build or install not yet started is not done
+    # the layers (by name) whose state that came ahead is installed already, in which module (`_install_ahead`)
+    installed: dict[str, torch.nn.Module] = field(default_factory=dict)
     overtaken: bool = False  # a newer preparation replaced it: its helpers give up
     # the state sent ahead (`_send_ahead`, `_receive_ahead`): what each source sends during the step before the
     # epoch's boundary, and what each receiver got, by (src, dst) pair (None: the source sends it at the boundary)
@@ -266,6 +270,7 @@ class Worker:
         self.last_step_end = 0.0
         self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
         self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
+        self._installed_ahead = 0  # layers of the current hand-off whose early state was installed before it
         self._phases: dict[str, float | str] = {}  # durations of the current migration's phases, for the coordinator
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
@@ -448,19 +453,26 @@ class Worker:
         goes through the process's global generator, which a thread beside training would disturb; a standby
         trains nothing. Whether it built anything."""
         with self._prep_lock:
-            todo = [prep for prep in self._preps.values() if prep.built is None and self.id in prep.epoch.assignment]
+            mine = [prep for prep in self._preps.values() if self.id in prep.epoch.assignment]
+        todo = [prep for prep in mine if prep.built is None]
         for prep in todo:
             stage, _ = prep.epoch.assignment[self.id]
-            prep.built = fresh_layers(self.job.model, self.job.train, prep.epoch.layers(stage), self.device)
+            built = fresh_layers(self.job.model, self.job.train, prep.epoch.layers(stage), self.device)
+            with prep.build_lock:  # the state may have come ahead meanwhile: install it (else the helper will)
+                prep.built = built
+                if prep.ahead_in:
+                    self._install_ahead(prep, built)
         return bool(todo)
 
     def _prebuilt(self, epoch: Epoch) -> HeldLayers:
         """The layers `_prebuild` built for `epoch` (none if it was not prepared, or not built in time)."""
         prep = self._preparation(epoch)
-        if prep is None or prep.built is None:
+        if prep is None:
             return {}
-        built, prep.built = prep.built, {}
-        return built
+        with prep.build_lock:  # waits for an install under way (`_install_ahead`)
+            prep.ahead_taken = True
+            built, prep.built = prep.built or {}, {}
+            return built
 
     # -- TRAINING ----------------------------------------------------------------------------------------
     def _boundary(self, step: int) -> Epoch | int | None:
@@ -655,8 +667,9 @@ class Worker:
             prebuilt = self._prebuilt(new)  # a standby's layers, built while it stood by
             hollow, why = self._hollow(new)  # a member's incoming layers, built beside its training
             ahead = {**hollow, **prebuilt}
+            self._installed_ahead = 0
             received, caught = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {})
-            self._phases = {"transfer_s": time.perf_counter() - t0}
+            self._phases = {"transfer_s": time.perf_counter() - t0, "installed_ahead": self._installed_ahead}
             if why is not None:
                 self._phases["build_ahead_error"] = why
             if self.id in new.assignment:
@@ -801,6 +814,9 @@ class Worker:
                     prep.receiving = prep.receiving or claimed
                 if claimed:
                     self._receive_ahead(prep, xfer)
+                    with prep.build_lock:  # into the layers built ahead, by this helper or a standby's main thread
+                        if not prep.ahead_taken:
+                            self._install_ahead(prep, prep.hollow or prep.built or {})
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
 
@@ -813,12 +829,24 @@ class Worker:
         if not incoming or self.epoch is None:
             return
         with prep.build_lock:
-            if prep.hollow_taken:
+            if prep.ahead_taken:
                 return
             try:
                 prep.hollow = hollow_layers(self.job.model, self.job.train, incoming, self.device)
             except Exception as exc:  # noqa: BLE001 — the boundary builds them; the record names the failure
                 prep.hollow_error = f"{type(exc).__name__}: {exc}"
+
+    def _install_ahead(self, prep: _Prepared, layers: HeldLayers) -> None:
+        """Install the states that came ahead (`prep.ahead_in`) into the layers built for them, before the boundary:
+        the catch-up there then only applies the step (`pipeline.apply_step`). Into modules nothing trains (built
+        ahead, not yet part of a stage), so a helper thread may do it beside training."""
+        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
+        for early in (prep.ahead_in or {}).values():
+            for name, state in (early or {}).items():
+                held = layers.get(index[name])
+                if held is not None and name not in prep.installed:
+                    load_layer_state(held[0], held[1], state)
+                    prep.installed[name] = held[0]
 
     def _hollow(self, epoch: Epoch) -> tuple[HeldLayers, str | None]:
         """The layers `_build_ahead` built for `epoch` (none if not prepared, or not built in time), and the reason a
@@ -827,7 +855,7 @@ class Worker:
         if prep is None:
             return {}, None
         with prep.build_lock:  # waits for a build under way (it needs no peer); one not started is left to us
-            prep.hollow_taken = True
+            prep.ahead_taken = True
             hollow, prep.hollow = prep.hollow or {}, None
             return hollow, prep.hollow_error
 
@@ -881,6 +909,8 @@ class Worker:
         n = epoch.number
         rank = parties.index(self.id)
         prep = self._preparation(epoch)
+        # the early states installed ahead (`_install_ahead`): complete, as `_hollow` took the build lock before us
+        installed = dict(prep.installed) if prep is not None else {}
         world = self._take_prepared(epoch, "xfer")
         if prep is not None and prep.sender is None:
             prep.xfer_ahead = None  # nothing went ahead: no sender will drop it
@@ -943,7 +973,7 @@ class Worker:
                     if early is None:
                         received.update(got)
                     else:
-                        caught.update(self._catch_up(epoch, early, got, built_ahead))
+                        caught.update(self._catch_up(epoch, early, got, built_ahead, installed))
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
@@ -973,11 +1003,14 @@ class Worker:
         return got
 
     def _catch_up(
-        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], ahead: HeldLayers
-    ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:
+        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], ahead: HeldLayers,
+        installed: Mapping[str, torch.nn.Module] | None = None,
+    ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:  # fmt: skip
         """The layers whose state as of the boundary before `epoch`'s came ahead, brought to this boundary with the
         step's gradients (in the modules built ahead where there are, else built now: hollow, as the state fills
-        them, where the layer allows it)."""
+        them, where the layer allows it). A layer whose early state is `installed` in its module already (by
+        `_install_ahead`) only takes the step."""
+        installed = installed or {}
         index = {name: i for i, name in enumerate(layer_names(self.job.model))}
         wanted = [index[name] for name in early]
         layers = {i: ahead[i] for i in wanted if i in ahead}
@@ -988,7 +1021,11 @@ class Worker:
         lr = spec.lr(epoch.start_step - 1) if spec.lr is not None else None
         for name, state in early.items():
             layer, optimizer = layers[index[name]]
-            catch_up(layer, optimizer, state, grads[name], lr)
+            if installed.get(name) is layer:
+                apply_step(layer, optimizer, grads[name], lr)
+                self._installed_ahead += 1
+            else:
+                catch_up(layer, optimizer, state, grads[name], lr)
         return layers
 
     def _preparation(self, epoch: Epoch) -> _Prepared | None:
