@@ -240,6 +240,8 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert final["mean_samples_per_s"] == 123.0  # the driver's own measure, when the result has it
     assert final["total_pause_s"] == pytest.approx(0.8 + 2.5 + 0.3)
     assert final["total_steps_lost"] == 3
+    # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
+    assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]
 
 
 def test_reconfigurations_are_a_table_summaries_and_tags(client: MlflowClient, replayed, tmp_path: Path) -> None:

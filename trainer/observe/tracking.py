@@ -13,8 +13,9 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from
              the third step interval on: `trainer.observe.timeline.StepTimeline`);
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
-             each): final_loss, mean_samples_per_s, wall_s, reconfigurations, migrations_<kind> (e.g.
-             migrations_intra_stage), total_pause_s, max_pause_s, total_steps_lost, total_bytes_moved; resumes,
+             each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
+             reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
+             total_steps_lost, total_bytes_moved; resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
   tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
@@ -565,7 +566,7 @@ class MlflowJobObserver(JobObserver):
             checkpoints = list(self._timeline.checkpoints)
             gb = self._global_batch
         try:
-            now, at = int(time.time() * 1000), (last[0] if last else 0)
+            now = int(time.time() * 1000)
             pauses = [p for p in (number(r.get("pause_s")) for r in records) if p is not None]
             metrics: dict[str, float] = {
                 "reconfigurations": float(len(records)),
@@ -589,7 +590,9 @@ class MlflowJobObserver(JobObserver):
                 metrics["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
             if number((result or {}).get("wall_s")) is not None:
                 metrics["wall_s"] = float(result["wall_s"])
-            client.log_batch(run_id, metrics=[Metric(k, v, now, at) for k, v in metrics.items()])
+            # at step 0: MLflow charts a metric with one value at step 0 as a bar (a summary), and one at a later
+            # step as a lone dot on the step axis (the "noise" charts)
+            client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
             tags: dict[str, Any] = {}
             if error:
                 tags[ERROR_TAG] = error
