@@ -180,7 +180,7 @@ def test_the_plan_is_strict_json_even_when_a_number_overflows(monkeypatch: pytes
     import parcae.cli.plan
 
     body = {"model": "gpt-1.5b", "steps": [{"expected_samples": float("inf")}], "total": float("nan")}
-    monkeypatch.setattr(parcae.cli.plan, "plan_from_input", lambda doc, timing=False: body)
+    monkeypatch.setattr(parcae.cli.plan, "plan_from_input", lambda doc, timing=False, plot=None: body)
     result = CliRunner().invoke(app, ["plan"], input=json.dumps(PLAN))
     assert result.exit_code == 0, result.output
 
