@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -390,6 +391,11 @@ class Worker:
         # torch._dynamo (~1 s).
         make_optimizer(torch.nn.Linear(1, 1), spec_of(self.job.model, self.job.train))
         self.device = resolve_device(self.job.train.device, self.id)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)  # this worker's GPU is the process's current one
+            # torch 2.11's autograd thread creates its cuBLAS handle before it makes the device's (existing) context
+            # current, warns, and makes it current: once per worker, on an H200, with results equal to the CPU's
+            warnings.filterwarnings("ignore", message="Attempting to run cuBLAS, but there was no current CUDA context")
         if self.job.checkpoint_uri is not None:  # every shard this worker writes is copied there, from its own disk
             self._mirror = mirror_for(self.job.checkpoint_uri)
             self._uploads = ShardUploader(self._mirror)
