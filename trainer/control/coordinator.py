@@ -926,8 +926,8 @@ class Coordinator:
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
         layers_built: how many layers the new members built for it — at the boundary ("built") or before it, while
         standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
-        a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build ahead failed
-        (its layers were then built at the boundary). layers_caught_up: of those transferred, how many had their state
+        a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build or install
+        ahead failed (the boundary then did it). layers_caught_up: of those transferred, how many had their state
         sent during the step before the boundary (a prepared epoch) and only that step's gradients at it;
         layers_installed_ahead: of those, how many had that state installed before the boundary too (it only
         applied the step).

@@ -197,9 +197,9 @@ class _Prepared:
     error: BaseException | None = None
     store: Store | None = None  # the helper's own store client (kept while its groups live)
     built: HeldLayers | None = None  # a standby member's layers of the epoch, built ahead (`_prebuild`)
-    # a member's layers that the epoch's transfers fill, built hollow beside training (`_build_ahead`), or why not
+    # a member's layers that the epoch's transfers fill, built hollow beside training (`_build_ahead`)
     hollow: HeldLayers | None = None
-    hollow_error: str | None = None
+    ahead_error: str | None = None  # why building or installing ahead failed (the boundary did it instead)
     build_lock: threading.Lock = field(default_factory=threading.Lock)  # held while building or installing ahead
     ahead_taken: bool = False  # the boundary took what was built ahead: a build or install not yet started is not done
     # the layers (by name) whose state that came ahead is installed already, in which module (`_install_ahead`)
@@ -840,30 +840,34 @@ class Worker:
             try:
                 prep.hollow = hollow_layers(self.job.model, self.job.train, incoming, self.device)
             except Exception as exc:  # noqa: BLE001 — the boundary builds them; the record names the failure
-                prep.hollow_error = f"{type(exc).__name__}: {exc}"
+                prep.ahead_error = f"{type(exc).__name__}: {exc}"
 
     def _install_ahead(self, prep: _Prepared, layers: HeldLayers) -> None:
         """Install the states that came ahead (`prep.ahead_in`) into the layers built for them, before the boundary:
         the catch-up there then only applies the step (`pipeline.apply_step`). Into modules nothing trains (built
-        ahead, not yet part of a stage), so a helper thread may do it beside training."""
+        ahead, not yet part of a stage), so a helper thread may do it beside training. A failure leaves the rest to
+        the boundary (which installs a layer whole) and is named in the epoch's record."""
         index = {name: i for i, name in enumerate(layer_names(self.job.model))}
-        for early in (prep.ahead_in or {}).values():
-            for name, state in (early or {}).items():
-                held = layers.get(index[name])
-                if held is not None and name not in prep.installed:
-                    load_layer_state(held[0], held[1], state)
-                    prep.installed[name] = held[0]
+        try:
+            for early in (prep.ahead_in or {}).values():
+                for name, state in (early or {}).items():
+                    held = layers.get(index[name])
+                    if held is not None and name not in prep.installed:
+                        load_layer_state(held[0], held[1], state)
+                        prep.installed[name] = held[0]
+        except Exception as exc:  # noqa: BLE001 — e.g. out of memory: the boundary installs the rest itself
+            prep.ahead_error = f"installing ahead: {type(exc).__name__}: {exc}"
 
     def _hollow(self, epoch: Epoch) -> tuple[HeldLayers, str | None]:
         """The layers `_build_ahead` built for `epoch` (none if not prepared, or not built in time), and the reason a
-        build ahead failed, if it did."""
+        build or install ahead failed, if one did."""
         prep = self._preparation(epoch)
         if prep is None:
             return {}, None
         with prep.build_lock:  # waits for a build under way (it needs no peer); one not started is left to us
             prep.ahead_taken = True
             hollow, prep.hollow = prep.hollow or {}, None
-            return hollow, prep.hollow_error
+            return hollow, prep.ahead_error
 
     def _take_prepared(self, epoch: Epoch, part: str) -> Any:
         """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
