@@ -314,7 +314,9 @@ def test_parcae_train_names_the_fleet_s_fix():
 
 @pytest.mark.parametrize(
     ("kill_fraction", "market_options"),
-    [(0.0, {}), (1.0, {"open_requests": True, "boot_s": 0.5})],
+    # (the noticed case: a 4 s notice; at the market's 2 s a CI run once saw the members killed at their deadline
+    # before the boundary checkpoint they park at was complete: two steps lost)
+    [(0.0, {"notice_s": 4.0}), (1.0, {"open_requests": True, "boot_s": 0.5})],
     ids=["every-instance-noticed", "every-instance-killed-open-requests-boot-delay"],
 )
 def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(tmp_path, kill_fraction,
@@ -342,7 +344,7 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
     restarts = [r for r in report["reconfigurations"] if r["kind"] == "checkpoint-restart"]
     assert len(restarts) == 1, report["reconfigurations"]
     (restart,) = restarts
-    assert restart["pause_s"] > 2.0  # it waited for the market (four empty seconds, less the notice)
+    assert restart["pause_s"] > 2.0  # it waited for the market (four empty seconds; the members leave at once)
     if kill_fraction == 0.0:
         assert restart["notice"] and restart["source"] == "sigterm" and restart["steps_lost"] == 0
     else:
