@@ -430,10 +430,13 @@ def apply_step(layer: nn.Module, optimizer: torch.optim.Optimizer, grads: LayerS
     optimizer.zero_grad(set_to_none=True)
 
 
-def _copy_buffers(layer: nn.Module, state: Mapping[str, torch.Tensor]) -> None:
-    """Copy the "buffer/<name>" tensors of `state` into `layer`'s persistent buffers (every one must be there)."""
+def _copy_buffers(
+    layer: nn.Module, state: Mapping[str, torch.Tensor], buffers: Mapping[str, torch.Tensor] | None = None
+) -> None:
+    """Copy the "buffer/<name>" tensors of `state` into `layer`'s persistent buffers (`buffers`, when the caller
+    has them already; every one must be in `state`)."""
     with torch.no_grad():
-        for name, b in persistent_buffers(layer).items():
+        for name, b in (persistent_buffers(layer) if buffers is None else buffers).items():
             src = state.get(f"buffer/{name}")
             if src is None:
                 raise ValueError(f"buffer {name}: the state lacks it")
@@ -461,7 +464,7 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
     if missing or unknown:
         raise ValueError(f"layer state does not match the layer: missing {sorted(missing)}, unknown {sorted(unknown)}")
     opt_keys = {k.split("/", 1)[0] for k in state} - {"param", "buffer"}
-    _copy_buffers(layer, state)
+    _copy_buffers(layer, state, buffers)
     with torch.no_grad():
         for name, p in params.items():
             src = state[f"param/{name}"]

@@ -470,15 +470,18 @@ class Worker:
                     self._install_ahead(prep, built)
         return bool(todo)
 
-    def _prebuilt(self, epoch: Epoch) -> HeldLayers:
-        """The layers `_prebuild` built for `epoch` (none if it was not prepared, or not built in time)."""
+    def _take_built(self, epoch: Epoch) -> tuple[HeldLayers, HeldLayers, str | None]:
+        """The layers built ahead for `epoch` — a standby's, initialised (`_prebuild`), and a member's, hollow
+        (`_build_ahead`); none if it was not prepared or they were not built in time — and why a build or install
+        ahead failed, if one did. From now on nothing more is built or installed ahead for it."""
         prep = self._preparation(epoch)
         if prep is None:
-            return {}
-        with prep.build_lock:  # waits for an install under way (`_install_ahead`)
+            return {}, {}, None
+        with prep.build_lock:  # waits for a build or install under way (they need no peer)
             prep.ahead_taken = True
-            built, prep.built = prep.built or {}, {}
-            return built
+            built, hollow = prep.built or {}, prep.hollow or {}
+            prep.built, prep.hollow = {}, None
+            return built, hollow, prep.ahead_error
 
     # -- TRAINING ----------------------------------------------------------------------------------------
     def _boundary(self, step: int) -> Epoch | int | None:
@@ -670,8 +673,7 @@ class Worker:
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
-            prebuilt = self._prebuilt(new)  # a standby's layers, built while it stood by
-            hollow, why = self._hollow(new)  # a member's incoming layers, built beside its training
+            prebuilt, hollow, why = self._take_built(new)  # a standby's layers, or a member's incoming ones
             ahead = {**hollow, **prebuilt}
             self._installed_ahead = 0
             received, caught = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {})
@@ -858,17 +860,6 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 — e.g. out of memory: the boundary installs the rest itself
             prep.ahead_error = f"installing ahead: {type(exc).__name__}: {exc}"
 
-    def _hollow(self, epoch: Epoch) -> tuple[HeldLayers, str | None]:
-        """The layers `_build_ahead` built for `epoch` (none if not prepared, or not built in time), and the reason a
-        build or install ahead failed, if one did."""
-        prep = self._preparation(epoch)
-        if prep is None:
-            return {}, None
-        with prep.build_lock:  # waits for a build under way (it needs no peer); one not started is left to us
-            prep.ahead_taken = True
-            hollow, prep.hollow = prep.hollow or {}, None
-            return hollow, prep.ahead_error
-
     def _take_prepared(self, epoch: Epoch, part: str) -> Any:
         """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
         (checking the epoch's abort flag, as `_form` does); None when the epoch was not prepared or this worker did
@@ -919,7 +910,7 @@ class Worker:
         n = epoch.number
         rank = parties.index(self.id)
         prep = self._preparation(epoch)
-        # the early states installed ahead (`_install_ahead`): complete, as `_hollow` took the build lock before us
+        # the early states installed ahead (`_install_ahead`): complete, as `_take_built` took the build lock first
         installed = dict(prep.installed) if prep is not None else {}
         world = self._take_prepared(epoch, "xfer")
         if prep is not None and prep.sender is None:
