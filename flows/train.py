@@ -9,11 +9,11 @@
           |  PrefectJobObserver: the run's link, progress, one artifact per plan
     publish_train_report (markdown summary) --> result (JSON)
 
-Resume: running the flow again with the same ``out_dir`` (``resume=True``, the default) continues a killed job
-from its latest checkpoint and reopens the same MLflow run (its id is kept in ``<out_dir>/mlflow-run.json``),
-which records the interruption. A finished job is not re-run. Long-running: no flow or task timeout shorter than
-the job (the trainer's own ``timeout_s`` stops it and its workers) and no retries (a retry would restart the job
-from scratch; resuming is a decision, taken by running the flow again).
+Resume: running the flow again with the same ``out_dir`` (``resume=True``, the default) continues a killed job from
+its latest checkpoint and reopens the same MLflow run (its id is kept in ``<out_dir>/mlflow-run.json``), which
+records the interruption. A finished job is not re-run. Long-running: no flow or task timeout and no deadline unless
+``timeout_s`` gives one (the trainer's own: it stops the job and its workers) and no retries (a retry would restart
+the job from scratch; resuming is a decision, taken by running the flow again).
 
 ``provider="aws"`` (``provider_options``: `trainer.providers.aws.AwsSpotConfig`'s fields, credentials from boto3's
 standard chain) runs the same job on EC2 spot instances: each runs its worker under the instance agent
@@ -129,7 +129,7 @@ def train(
     out_dir: str = "runs/train",
     resume: bool = True,
     seed: int = 0,
-    timeout_s: float = 3600.0,
+    timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Train ``model`` (a registered name, or ``module:function`` returning a ``parcae.TrainSpec``, called with
     ``model_args``) on ``device`` (auto: CUDA where it exists, else the CPU) for ``steps`` steps on ``workers``

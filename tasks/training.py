@@ -8,9 +8,9 @@ running job — a progress artifact, one markdown artifact per plan, a link to t
 of the flow finds its run.
 
 No retries and no task timeout on `train_job`: a training job is long, restarting one blindly would throw its work
-away, and the trainer has its own deadline (``timeout_s``) after which it stops every worker process. A job killed
-with its driver is continued by running the flow again with ``resume=True`` (the latest checkpoint, the same MLflow
-run: its id is kept in ``<out_dir>/mlflow-run.json``, next to the checkpoints).
+away, and the trainer has its own deadline (``timeout_s``, none unless given) after which it stops every worker
+process. A job killed with its driver is continued by running the flow again with ``resume=True`` (the latest
+checkpoint, the same MLflow run: its id is kept in ``<out_dir>/mlflow-run.json``, next to the checkpoints).
 """
 
 from __future__ import annotations
