@@ -6,6 +6,7 @@ Imported as a top-level module (``from _flow_fixtures import ...``): ``tests/`` 
 from __future__ import annotations
 
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 from liveput.migration import CostConstants
@@ -20,13 +21,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def runtime_profile_file(path: Path, fastest: tuple[int, int], max_instances: int = 4) -> Path:
+def runtime_profile_file(path: Path, fastest: tuple[int, int], max_instances: int = 4,
+                         layer_ms: Sequence[float] | None = None) -> Path:  # fmt: skip
     """A tiny-gpt runtime profile written as `parcae profile` writes one (test input, not a measurement): every
     strategy on up to ``max_instances`` instances at 100 ms a step but ``fastest`` at 10 ms, the reference cost
-    constants in groups mode. A liveput planner on it picks ``fastest`` whenever the instances allow."""
+    constants in groups mode, and ``layer_ms`` as its per-layer times (None: none, as an older parcae wrote). A
+    liveput planner on it picks ``fastest`` whenever the instances allow."""
     iteration = {(d, p): 100.0 for p in range(1, max_instances + 1) for d in range(1, max_instances // p + 1)}
     iteration[fastest] = 10.0
     throughput = ThroughputProfile("tiny-gpt", 16, 2, iteration, source="test input")
     constants = CostConstants(group_mode="groups", build_ms={p: 50.0 for p in range(1, max_instances + 2)})
-    RuntimeProfile(throughput, constants, runtime_spec("tiny-gpt"), {}, "", "test input").to_json(path)
+    measured = {} if layer_ms is None else {"layer_ms": list(layer_ms)}
+    RuntimeProfile(throughput, constants, runtime_spec("tiny-gpt"), measured, "", "test input").to_json(path)
     return path

@@ -41,6 +41,7 @@ from trainer.observe.calibration import (
     split_lead_down,
 )
 from trainer.observe.profile import ProfileError, ProfileFormatError, RuntimeProfile, runtime_spec
+from trainer.runtime.pipeline import partition
 
 SPEC = runtime_spec("tiny-gpt")
 KIB = 1024
@@ -342,6 +343,10 @@ def test_measure_profiles_every_strategy_and_migration_and_feeds_the_planner(tmp
     assert [e["end_step"] for e in spans[:-1]] == [e["start_step"] for e in spans[1:]]
     assert spans[-1]["end_step"] == prof.measured["job"]["steps"] and spans[-1]["train_s"] is None
     assert all(e["train_s"] > 0 for e in spans[:-1])
+    # the stages were cut by the times measured per layer, as the jobs that plan with the profile cut them
+    layer_ms = prof.stage_costs()
+    assert len(layer_ms) == 6 and all(ms > 0 for ms in layer_ms)
+    assert all(tuple(e["bounds"]) == partition(layer_ms, e["strategy"][1]) for e in spans), spans
     migrations = prof.measured["migrations"]
     main = {m["kind"] for m in migrations if m["role"] == "main"}
     assert {"intra-stage", "inter-stage", "pipeline"} <= main

@@ -50,7 +50,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
     "ScheduleError": "trainer.control.coordinator",
     "chaos_schedule": "trainer.control.schedules",
-    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner"), "trainer.control.planning"),
+    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
+                    "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
     **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo"), "trainer.observe.observer"),
     **dict.fromkeys(("ACCEPTS_PLANS_TAG", "DECIDED_BY_TAG", "MlflowJobObserver", "TRAINING_RUN_TAG"),
@@ -138,6 +139,9 @@ if TYPE_CHECKING:
     )
     from trainer.control.planning import (
         make_planner as make_planner,
+    )
+    from trainer.control.planning import (
+        profile_cut as profile_cut,
     )
     from trainer.control.run import (
         job_report as job_report,

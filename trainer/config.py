@@ -155,8 +155,16 @@ class TrainConfig:
     steps: int = 100
     schedule: str = "gpipe"  # the pipeline schedule within a step: "gpipe" or "1f1b" (trainer.runtime.pipeline)
     device: str = "cpu"  # "cpu", "cuda" or "auto" (CUDA where it exists): trainer.runtime.devices
+    # what the stage cut balances, one cost per layer (a runtime profile's measured ms: `RuntimeProfile.stage_costs`);
+    # empty: the spec's cost hints, else the layers' parameter counts (`trainer.runtime.migration.LayerSizes.cut`)
+    stage_costs: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
+        if not isinstance(self.stage_costs, tuple):  # a list, from JSON (a job spec, job.json)
+            object.__setattr__(self, "stage_costs", tuple(self.stage_costs))
+        _need(all(_cost(c) for c in self.stage_costs), "train.stage_costs",
+              f"every cost must be a finite number >= 0, got {list(self.stage_costs)}",
+              "give one cost per layer, or measure the profile again (`parcae profile`)")  # fmt: skip
         _need(self.device in ("auto", "cpu", "cuda"), "train.device", f"must be auto, cpu or cuda, got {self.device!r}",
               "choose one")  # fmt: skip
         _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
@@ -193,6 +201,10 @@ def _is_int(x: object) -> bool:
 def _need_count(value: Any, where: str, minimum: int, fix: str, meaning: str = "") -> None:
     """`value` is an integer >= `minimum` (not a bool, a float or a string from a JSON config)."""
     _need(_is_int(value) and value >= minimum, where, f"must be an integer >= {minimum}{meaning}, got {value!r}", fix)
+
+
+def _cost(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
 
 def _finite_positive(x: float | None) -> bool:

@@ -256,6 +256,7 @@ def train_cmd(
         check_job,
         make_planner,
         model_config,
+        profile_cut,
         train,
     )
     from trainer import PROVIDERS as providers
@@ -328,6 +329,13 @@ def train_cmd(
         config = check_job(config, batch_given=global_batch is not None)
     except SpecError as exc:
         raise UserError(str(exc)) from None
+    if runtime is not None:  # the stages are cut as in the profile's job: by the times it measured per layer
+        try:
+            config, cut = profile_cut(config, runtime)
+        except ValueError as exc:
+            raise UserError(f"--profile: {exc}") from None
+        if not config.train.stage_costs:
+            warn(cut)
     if provider_name == "aws":  # boto3 would look for credentials only at the first call, after the job started
         from parcae import settings
 

@@ -29,7 +29,7 @@ from trainer.runtime.migration import (
     Epoch,
     PlanError,
     first_epoch,
-    layer_sizes,
+    job_layer_sizes,
     next_epoch,
     plan_recovery,
     restart_epoch,
@@ -128,7 +128,7 @@ def schedule_state(
     if steps < 1:
         raise ScheduleError(f"steps must be >= 1, got {steps}")
     D, P = strategy
-    sizes = layer_sizes(model)
+    sizes = job_layer_sizes(model, train)
     try:
         epoch = first_epoch(D, P, range(workers), sizes.cut, train.global_batch)
     except PlanError as e:
@@ -220,7 +220,7 @@ class Coordinator:
         self.store = host_store(host, port, self.token, store_timeout_s)
         self.port = self.store.port
         self.store.set(keys.JOB_SPEC, self.spec.to_json())
-        self.sizes = layer_sizes(model)
+        self.sizes = job_layer_sizes(model, config.train)
         self.current: Epoch | None = None
         self.epochs: list[Epoch] = []
         self.preempted: set[int] = set()
@@ -965,7 +965,7 @@ class Coordinator:
                      and self.epochs[-1].number > n)  # fmt: skip
         return {
             "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
-            "strategy": [e.D, e.P], "preempted": list(e.preempted), "lost": list(e.lost),
+            "strategy": [e.D, e.P], "bounds": list(e.bounds), "preempted": list(e.preempted), "lost": list(e.lost),
             "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
             "detect_s": max(detect) if detect else None,
             "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
@@ -981,8 +981,8 @@ class Coordinator:
         }  # fmt: skip
 
     def epoch_spans(self) -> list[dict[str, Any]]:
-        """One span per epoch: which steps it trained and for how long (`trainer.observe.profile` turns them into
-        iteration times per strategy).
+        """One span per epoch: which steps it trained, on which stage cut (`bounds`) and for how long
+        (`trainer.observe.profile` turns them into iteration times per strategy).
 
         steps [start_step, end_step): end_step is where the next epoch takes over (its start_step, plus the steps a
         checkpoint-restart after a failure threw away) or the job's end. train_s: from the last member being ready
@@ -1003,7 +1003,8 @@ class Coordinator:
             end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.spec.steps
             train_s = end_at - ready_at if ready_at is not None and end_at is not None else None
             out.append({
-                "epoch": n, "kind": e.kind.value, "strategy": [e.D, e.P], "start_step": e.start_step,
+                "epoch": n, "kind": e.kind.value, "strategy": [e.D, e.P], "bounds": list(e.bounds),
+                "start_step": e.start_step,
                 "end_step": end_step, "train_s": train_s,
                 "decided_at": float(self.store.get(keys.epoch_decided(n))), "ready_at": ready_at, "end_at": end_at,
             })  # fmt: skip

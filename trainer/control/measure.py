@@ -19,6 +19,7 @@ first step, which falls in the prologue and is never used.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,6 +39,10 @@ from trainer.observe.calibration import RESTART, Migration, calibrate, fit_slowd
 from trainer.observe.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
 
 PROLOGUE_PREEMPT_STEP = 2  # the preemption with notice; the add follows one step later
+LAYER_MS_SOURCE = (
+    "forward + backward of one micro-batch per layer, one thread, median of 5 after a warm-up "
+    "(trainer.observe.layer_times); the stages of the profile's job were cut by these times"
+)
 TOO_FEW = "workers must be >= 2 to measure migrations (an instance must leave and join), got {}"
 
 
@@ -270,6 +275,7 @@ def measure(
     from trainer.control.coordinator import check_schedule
     from trainer.control.events import Schedule, group_events, parse_events
     from trainer.control.run import run_job
+    from trainer.observe.layer_times import layer_times
     from trainer.runtime.migration import layer_sizes
     from trainer.runtime.model import n_layers as layer_count
     from trainer.runtime.trainspec import check_job
@@ -296,6 +302,11 @@ def measure(
     sched = profile_schedule(workers, order, steps_per_strategy, batch)
     tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch)
     t0 = time.monotonic()
+    # the stages are cut by measured time, in the profile's job as in the jobs that plan with it: the iteration
+    # times it records are those of the cut they will train with
+    say(f"timing {model}'s layers")
+    layer_ms = layer_times(mcfg, tcfg)
+    tcfg = dataclasses.replace(tcfg, stage_costs=layer_ms)
 
     def run(prepare: bool, folder: Path) -> dict[str, Any]:
         job = JobConfig(out_dir=str(folder), model=mcfg, train=tcfg, checkpoint=CheckpointConfig(every=0),
@@ -341,6 +352,8 @@ def measure(
                 "rounds": rounds, "seed": seed, "global_batch": tcfg.global_batch, "micro_batch": tcfg.micro_batch,
                 "visit": [list(s) for s in order], "events": list(sched.events), "wall_s": wall,
                 "loss_first_last": [result["loss"][0], result["loss"][-1]]},  # fmt: skip
+        "layer_ms": list(layer_ms),
+        "layer_ms_source": LAYER_MS_SOURCE,
         "step_ms": {f"{d}x{p}": v for (d, p), v in sorted(step_ms.items(), key=lambda kv: (kv[0][1], kv[0][0]))},
         "warmup": "the first step after a migration is included (the store keeps epoch bounds only); the prologue, "
                   "with the job's first step, is excluded",

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from liveput import CostModel, IntervalForecast, Strategy, ThroughputProfile
+    from trainer.config import JobConfig
     from trainer.observe.profile import RuntimeProfile
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,7 @@ __all__ = [
     "observed_change",
     "observed_persistence",
     "plan_info_dict",
+    "profile_cut",
 ]
 
 #: The planner kinds `make_planner` builds (`parcae train --planner`, the train flow's ``planner``).
@@ -515,6 +517,28 @@ def make_planner(
     planner = LiveputPlanner(throughput, cost, look_ahead=look_ahead, interval_s=interval_s,
                              forecast=forecast, pricing=pricing)  # fmt: skip
     return planner, what
+
+
+def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, str]:
+    """`config` with its stages cut by the per-layer times ``profile`` measured (`TrainConfig.stage_costs`), and
+    a sentence saying how the job cuts them. The profile's iteration times were measured on that cut, so a job that
+    plans with them trains on it too. A profile without the times (an older parcae's) leaves the cut to the spec's
+    hints or parameter counts, and the sentence says so; a profile of a model with another layer count is a
+    ValueError naming the fix."""
+    from trainer.observe.profile import ProfileFormatError
+    from trainer.runtime.model import n_layers
+
+    layers = n_layers(config.model)
+    if len(profile.spec.layers) != layers:
+        raise ValueError(f"the runtime profile is of a model with {len(profile.spec.layers)} layers, the job's has "
+                         f"{layers}: measure one with `parcae profile --model {config.model.name}` and the job's "
+                         "--model-args")  # fmt: skip
+    try:
+        costs = profile.stage_costs()
+    except ProfileFormatError as exc:
+        return config, f"stages cut by the spec's cost hints or parameter counts: the runtime profile's {exc}"
+    shown = ", ".join(f"{ms:.2f}" for ms in costs)
+    return config.replace(train={"stage_costs": costs}), f"stages cut by the profile's measured ms per layer ({shown})"
 
 
 # ------------------------------------------------------------------------------------------------ handing plans in

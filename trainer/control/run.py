@@ -195,7 +195,7 @@ def run_job(
     info = {
         "job": job, "model": model.name, "model_args": dict(model.args) or None,
         "model_fingerprint": model_fingerprint(model)[:16], "workers": len(start.ids), "strategy": start.strategy,
-        "steps": steps,
+        "steps": steps, "stage_cut": coord.sizes.cut_source,
         "global_batch": train_cfg.global_batch, "checkpoint_dir": str(ckpt_dir), "resumed_from": restore or None,
         "host": coord.host, "port": coord.port, "token_file": str(token_file), "resume_note": note,
         "planner": planner.name if planner is not None else None,
@@ -464,8 +464,8 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON a CLI writes: the loss per step (from `first_step`: a resumed job's first), throughput, each
     reconfiguration (kind, notice, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
     final parameter checksum."""
-    keep = ("epoch", "kind", "notice", "source", "step", "strategy", "preempted", "lost", "pause_s", "hold_s",
-            "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned",
+    keep = ("epoch", "kind", "notice", "source", "step", "strategy", "bounds", "preempted", "lost", "pause_s",
+            "hold_s", "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned",
             "prepared")  # fmt: skip
     return {
         "loss": list(result["loss"]),

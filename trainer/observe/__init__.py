@@ -2,6 +2,7 @@
 
 Map: `observer` (`JobObserver`, the hooks; `StepInfo`, `PlanInfo`), `tracking` (`MlflowJobObserver`: a job's MLflow
 run) and `tracking_sender` (its buffered sender thread), `timeline` (`StepTimeline`: alive, D x P and throughput per
-step, and its figure), `profile` (`RuntimeProfile`, a planner input) and `calibration` (liveput's cost constants
-fitted to measured migrations). Must not touch: decisions, processes.
+step, and its figure), `profile` (`RuntimeProfile`, a planner input), `calibration` (liveput's cost constants fitted
+to measured migrations) and `layer_times` (each layer's time, which the stage cut can balance). Must not touch:
+decisions, processes.
 """

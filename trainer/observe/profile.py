@@ -115,6 +115,24 @@ class RuntimeProfile:
             )
         return Preparation(notice_s=notice_s, slowdown=float(slowdown))
 
+    def stage_costs(self) -> tuple[float, ...]:
+        """The per-layer milliseconds `parcae profile` measured (`measured.layer_ms`, `trainer.observe.layer_times`),
+        which its job's stages were cut by: a job planning with this profile cuts its stages alike
+        (`TrainConfig.stage_costs`). A profile without them (written by an older parcae) raises
+        `ProfileFormatError` naming the field."""
+        ms = self.measured.get("layer_ms")
+        ok = (
+            isinstance(ms, list)
+            and len(ms) == len(self.spec.layers)
+            and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in ms)
+        )
+        if not ok:
+            raise ProfileFormatError(
+                f"field 'measured.layer_ms' is missing or not one time >= 0 for each of the {len(self.spec.layers)} "
+                "layers (not measured, or by an older parcae): measure the profile again with `parcae profile`"
+            )
+        return tuple(float(v) for v in ms)  # type: ignore[union-attr]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format": FORMAT, "version": VERSION, "created": self.created, "command": self.command,

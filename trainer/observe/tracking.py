@@ -6,8 +6,8 @@ training, the control plane, the driver; where the store is (`tracking` decides)
 run on the run passes it as a tag, e.g. ``parcae.prefect_flow_run_id``).
 
 What the run holds (experiment "training"; a job resumed from a checkpoint can reopen its run with `run_id=`):
-  params     model, model_args, model_fingerprint, workers, start_strategy ("DxP"), steps, global_batch, planner, ...
-             (on_start's info, its config aside);
+  params     model, model_args, model_fingerprint, workers, start_strategy ("DxP"), steps, stage_cut (what the
+             stages are balanced by), global_batch, planner, ... (on_start's info, its config aside);
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from

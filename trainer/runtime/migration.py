@@ -35,6 +35,7 @@ departing=..., number=...)` plans the replacement from the base epoch's holders 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 from collections import defaultdict
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
-from trainer.config import ModelConfig
+from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.runtime.pipeline import StageLayout, partition
 
 Role = tuple[int, int]  # (stage, replica)
@@ -182,12 +183,26 @@ class LayerSizes:
     params: tuple[int, ...]
     fresh_bytes: tuple[int, ...]
     trained_bytes: tuple[int, ...]
-    costs: tuple[float, ...] = ()  # the spec's per-layer cost hints (`Layer.cost`), if it gives them
+    costs: tuple[float, ...] = ()  # the spec's per-layer cost hints (`Layer.cost`) or the job's stage costs, if given
+    cut_source: str = "parameter counts"  # what `cut` balances, in words (MLflow's ``stage_cut`` param)
 
     @property
     def cut(self) -> tuple[float, ...]:
-        """What the stage cut balances (`trainer.runtime.pipeline.partition`): the hints, else parameter counts."""
+        """What the stage cut balances (`trainer.runtime.pipeline.partition`): the job's costs or the spec's hints,
+        else parameter counts."""
         return self.costs or tuple(float(p) for p in self.params)
+
+    def cut_by(self, costs: Sequence[float]) -> LayerSizes:
+        """These sizes with the stage cut balancing `costs` (`TrainConfig.stage_costs`, one per layer; empty: as
+        they are). A count that is not the model's raises `ConfigError` naming the field."""
+        if not costs:
+            return self
+        if len(costs) != len(self.params):
+            raise ConfigError(
+                f"train.stage_costs: {len(costs)} costs for a model of {len(self.params)} layers; "
+                "give one per layer, or measure this model's profile (`parcae profile --model ...`)"
+            )
+        return dataclasses.replace(self, costs=tuple(float(c) for c in costs), cut_source="train.stage_costs")
 
     def state_bytes(self, start_step: int) -> tuple[int, ...]:
         """Bytes per layer of a migration at the boundary before `start_step`."""
@@ -200,6 +215,11 @@ def state_bytes(state: Mapping[str, Any]) -> int:
     for v in state.values():
         total += state_bytes(v) if isinstance(v, Mapping) else v.numel() * v.element_size()
     return total
+
+
+def job_layer_sizes(model: ModelConfig, train: TrainConfig) -> LayerSizes:
+    """`layer_sizes` with the job's stage cut (`TrainConfig.stage_costs`, when it gives them)."""
+    return layer_sizes(model).cut_by(train.stage_costs)
 
 
 @functools.lru_cache(maxsize=8)
@@ -222,7 +242,9 @@ def layer_sizes(model: ModelConfig) -> LayerSizes:
         opt.step()
         trained.append(state_bytes(layer_state(layer, opt)))
     hints = tuple(float(layer.cost) for layer in spec.layers if layer.cost is not None)
-    return LayerSizes(tuple(params), tuple(fresh), tuple(trained), hints if len(hints) == len(params) else ())
+    if len(hints) != len(params):
+        return LayerSizes(tuple(params), tuple(fresh), tuple(trained))
+    return LayerSizes(tuple(params), tuple(fresh), tuple(trained), hints, "the spec's cost hints")
 
 
 # ------------------------------------------------------------------------------------------- planning

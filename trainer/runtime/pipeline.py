@@ -686,7 +686,7 @@ def _from_header(header: torch.Tensor) -> tuple[Signature, bool]:
     return tuple(sig), is_tuple
 
 
-def _differentiable(tree: Any) -> list[torch.Tensor]:
+def differentiable(tree: Any) -> list[torch.Tensor]:
     """The tensors of an activation that carry gradients between stages (the floating-point ones)."""
     return [t for t in leaves(tree) if t.is_floating_point()]
 
@@ -766,7 +766,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             for t in leaves(staged):
                 g.recv(t, ctx.prev_rank)
             inp = to_device(staged, dev)
-            for t in _differentiable(inp):
+            for t in differentiable(inp):
                 t.requires_grad_()
         with autocast:
             out = ctx.module(inp)
@@ -803,7 +803,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         else:
             assert g is not None and ctx.next_rank is not None
             outs, grads = [], []
-            for t in _differentiable(out):
+            for t in differentiable(out):
                 grad = torch.empty_like(t, device="cpu", memory_format=torch.contiguous_format)
                 g.recv(grad, ctx.next_rank)
                 if t.requires_grad:
@@ -813,7 +813,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                 torch.autograd.backward(outs, grads)
         if not ctx.is_first:
             assert g is not None and ctx.prev_rank is not None
-            for t in _differentiable(inp):
+            for t in differentiable(inp):
                 grad = (t.grad if t.grad is not None else torch.zeros_like(t)).to("cpu").contiguous()
                 sends.append((g.send(grad, ctx.prev_rank), grad))
 

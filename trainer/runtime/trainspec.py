@@ -530,6 +530,10 @@ def check_job(config: JobConfig, *, batch_given: bool = True) -> JobConfig:
     stages = config.availability.strategy[1] if config.availability.strategy else 1
     # checked once per process and spec: `parcae train` (or the flow's settings check) asks, then `train` itself
     summary = _checked(model, train if _function(model.name)[3] else None, stages)
+    costs = len(train.stage_costs)
+    if costs and costs != len(summary.names):
+        raise SpecError(f"train.stage_costs: {costs} costs for model {model.name!r}, which has {len(summary.names)} "
+                        "layers; give one per layer, or measure this model's profile (`parcae profile`)")  # fmt: skip
     if batch_given:
         _need_rows(summary.global_batch, train.global_batch, f"model {model.name!r}")
     elif summary.global_batch != train.global_batch:
