@@ -18,7 +18,7 @@ from datetime import timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-from tracking import TrackingError  # noqa: E402
+from tracking import VIEWS, TrackingError  # noqa: E402
 
 import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 import boto3  # noqa: E402
@@ -147,6 +147,10 @@ def test_plan_interval_returns_a_feasible_plan_and_logs_one_mlflow_run(trained, 
     assert run.data.params["forecaster"] == "lightgbm-gated"  # the champion, behind the online skill gate
     assert run.data.metrics["expected_samples"] == pytest.approx(plan["expected_samples"])
     assert {"decision_ms", "reach"} <= set(run.data.metrics)
+    # the plans' saved view shows what a plan-interval run holds (the job's own plans add alive and decision_D/P)
+    view = VIEWS["plans"]
+    assert {"interval", "current_strategy"} <= set(run.data.params) and set(view.tags) <= set(run.data.tags)
+    assert set(view.metrics) - set(run.data.metrics) == {"alive", "decision_D", "decision_P"}
     logged = mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/plan.json")
     assert logged["decision"] == plan["decision"]
     assert mlflow.artifacts.load_dict(f"runs:/{run.info.run_id}/forecast.json")["capacity"] == 32

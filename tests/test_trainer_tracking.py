@@ -300,9 +300,17 @@ def test_the_experiments_open_as_model_training_and_say_what_they_hold(client: M
     """The MLflow UI opens an experiment without `mlflow.experimentKind` as a GenAI one ("Traces 0"): each of
     parcae's says it is model training and carries a description; a description written in the UI is kept."""
     for name in ("training", "plans"):
-        tags = client.get_experiment_by_name(name).tags
+        exp = client.get_experiment_by_name(name)
+        tags = exp.tags
         assert tags["mlflow.experimentKind"] == "custom_model_development"
-        assert tags["mlflow.note.content"] == tracking.DESCRIPTIONS[name]
+        # the description, and a link to the saved view of the runs table with the columns that compare the runs
+        link = f"[parcae](#/experiments/{exp.experiment_id}/runs?viewStateShareKey=parcae)"
+        assert tags["mlflow.note.content"] == f"{tracking.DESCRIPTIONS[name]} The runs table with the columns to " \
+                                              f"compare them by: view {link}."  # fmt: skip
+        # MLflow's saved-view envelope (as its UI writes one: a name, times, the page state as a string)
+        envelope = json.loads(tags["mlflow.sharedViewState.parcae"])
+        assert envelope["name"] == "parcae" and envelope["createdAt"] == envelope["updatedAt"] > 0
+        assert json.loads(envelope["state"]) == {"selectedColumns": tracking.VIEWS[name].columns()}
     exp = tracking.ensure_experiment(client, "someone-else-s")
     assert "mlflow.note.content" not in client.get_experiment(exp).tags  # no description of ours to give
     client.set_experiment_tag(exp, "mlflow.note.content", "mine")
@@ -310,6 +318,12 @@ def test_the_experiments_open_as_model_training_and_say_what_they_hold(client: M
     assert tracking.ensure_experiment(client, "someone-else-s", "ours") == exp
     tags = client.get_experiment(exp).tags
     assert tags["mlflow.note.content"] == "mine" and tags["mlflow.experimentKind"] == "custom_model_development"
+    assert not any(k.startswith("mlflow.sharedViewState.") for k in tags)  # no view of ours to give either
+    # a view saved over ours in the UI stays
+    training = client.get_experiment_by_name("training").experiment_id
+    client.set_experiment_tag(training, "mlflow.sharedViewState.parcae", "theirs")
+    tracking.ensure_experiment(client, "training")
+    assert client.get_experiment(training).tags["mlflow.sharedViewState.parcae"] == "theirs"
 
 
 def test_checkpoints_and_the_timeline_are_artifacts(client: MlflowClient, replayed, tmp_path: Path) -> None:
@@ -569,6 +583,11 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     assert (plan.data.tags["decision"], plan.data.params["planner"], plan.data.params["step"]) == ("1x2", "rule", "6")
     assert plan.data.tags["parcae.prefect_flow_run_id"] == "flow-real"
     assert run.data.tags["parcae.plan_runs"] == "1"
+    # the saved views' columns are what the runs hold (a column the runs lack would be an empty one)
+    for held, view in ((run.data, tracking.VIEWS["training"]), (plan.data, tracking.VIEWS["plans"])):
+        assert set(view.params) <= set(held.params) and set(view.tags) <= set(held.tags), view
+        # expected_samples: a liveput plan's (tests/test_flows.py); the rule planner expects nothing
+        assert set(view.metrics) - set(held.metrics) <= {"expected_samples"}, view
 
     ckpt = tmp_path / "job" / "checkpoints"
     assert artifact_names(client, obs.run_id, "checkpoints") == {"step-4", "step-8"}

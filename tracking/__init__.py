@@ -4,7 +4,8 @@ Import it before MLflow: importing it switches MLflow's telemetry off (``MLFLOW_
 ``DO_NOT_TRACK``), which MLflow reads when it is first imported.
 
 - :mod:`tracking.store`: where the store is, the reachability check, experiments;
-- :mod:`tracking.runs`: logging within MLflow's limits, one-shot runs, the metrics of a plan.
+- :mod:`tracking.runs`: logging within MLflow's limits, one-shot runs, the metrics of a plan;
+- :mod:`tracking.views`: the saved view of an experiment's runs table (the columns its runs are compared by).
 
 Users: ``forecasting.registry`` (the forecaster registry), ``trainer.observe.tracking`` (a training job's run),
 ``tasks.tracking`` (plan runs), ``parcae`` (the CLI's and settings' checks).
@@ -38,6 +39,7 @@ from tracking.store import (  # noqa: E402
     NOTE_TAG,
     PLANS_EXPERIMENT,
     TRAINING_EXPERIMENT,
+    VIEWS,
     TrackingError,
     artifact_location,
     check_reachable,
@@ -51,6 +53,7 @@ from tracking.store import (  # noqa: E402
     tracking_root,
     tracking_uri,
 )
+from tracking.views import VIEW_ID, RunsView, view_link, view_tag  # noqa: E402
 
 __all__ = [
     "CHECK_TIMEOUT_S",
@@ -65,7 +68,10 @@ __all__ = [
     "NOTE_TAG",
     "PLANS_EXPERIMENT",
     "TRAINING_EXPERIMENT",
+    "RunsView",
     "TrackingError",
+    "VIEWS",
+    "VIEW_ID",
     "artifact_location",
     "check_reachable",
     "clip",
@@ -83,4 +89,6 @@ __all__ = [
     "strategy_label",
     "tracking_root",
     "tracking_uri",
+    "view_link",
+    "view_tag",
 ]

@@ -1,8 +1,9 @@
 """Where MLflow records go: the one place that decides the tracking URI, so every component agrees.
 
-Owns: the store's URI (:func:`tracking_uri`, :func:`resolve_uri`), pointing MLflow at it (:func:`configure`),
-the one-request reachability check (:func:`check_reachable`, :func:`connect`) and getting or creating an
-experiment (:func:`ensure_experiment`, :func:`experiment_id`). It logs nothing (that is :mod:`tracking.runs`).
+Owns: the store's URI (:func:`tracking_uri`, :func:`resolve_uri`), pointing MLflow at it (:func:`configure`), the
+one-request reachability check (:func:`check_reachable`, :func:`connect`) and getting or creating an experiment
+(:func:`ensure_experiment`, :func:`experiment_id`: its description and saved view, `VIEWS`). It logs nothing (that
+is :mod:`tracking.runs`).
 
 Which store, in order: an explicit ``root`` folder (tests pass ``tmp_path``; it wins over the environment, so a
 test never writes to a server set in the shell); ``MLFLOW_TRACKING_URI``; ``$PARCAE_MLRUNS`` or ``./mlruns``.
@@ -17,11 +18,14 @@ short timeout, set in ``os.environ`` only for that call (so not thread-safe agai
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 from urllib.parse import urlparse
+
+from tracking.views import RunsView, view_link, view_tag
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -45,6 +49,19 @@ DESCRIPTIONS: Final = {
     "and, for a live fleet, its history (fleet.json, fleet.png).",
     PLANS_EXPERIMENT: "One run per liveput plan (an interval of a job): the forecast it planned with, the decision "
     "(D x P), its expected samples and the alternatives; tagged with the training run it was made for.",
+}
+#: The saved view of each experiment's runs table (`tracking.views`): the columns its runs are compared by, which
+#: must be params, metrics and tags its runs log (`trainer.observe.tracking`, `tasks.tracking`).
+VIEWS: Final = {
+    TRAINING_EXPERIMENT: RunsView(
+        params=("model", "start_strategy", "workers", "planner", "stage_cut"),
+        metrics=("final_loss", "mean_samples_per_s", "reconfigurations", "total_pause_s", "total_steps_lost"),
+    ),
+    PLANS_EXPERIMENT: RunsView(
+        params=("interval", "current_strategy"),
+        metrics=("alive", "decision_D", "decision_P", "expected_samples"),
+        tags=("decision", "parcae.decided_by"),
+    ),
 }
 #: Seconds the reachability check waits for a tracking server (connect and read).
 CHECK_TIMEOUT_S = 5.0
@@ -213,8 +230,13 @@ def ensure_experiment(client: MlflowClient, name: str, description: str | None =
         exp_id, tags = exp.experiment_id, dict(exp.tags)
     if tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
         _tag_experiment(client, exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+    view = VIEWS.get(name)
+    if view is not None and view_tag() not in tags:  # a view someone saved over ours in the UI stays
+        _tag_experiment(client, exp_id, view_tag(), view.tag_value(int(time.time() * 1000)))
     note = description or DESCRIPTIONS.get(name)
     if note and NOTE_TAG not in tags:  # a description someone wrote in the UI stays
+        if view is not None:
+            note += f" The runs table with the columns to compare them by: view [parcae]({view_link(str(exp_id))})."
         _tag_experiment(client, exp_id, NOTE_TAG, note)
     return str(exp_id)
 

@@ -49,7 +49,15 @@ def mlflow_page() -> str:
         registry.DEFAULT_EXPERIMENT: registry.EXPERIMENT_DESCRIPTION,
         simulations.SIMULATIONS_EXPERIMENT: simulations.SIMULATIONS_DESCRIPTION,
     }
-    rows = "\n".join(f"| `{name}` | {text} |" for name, text in experiments.items())
+
+    def view(name: str) -> str:
+        v = tracking.VIEWS.get(name)
+        if v is None:
+            return "none"
+        groups = (("params", v.params), ("metrics", v.metrics), ("tags", v.tags))
+        return "; ".join(f"{kind} " + ", ".join(f"`{n}`" for n in names) for kind, names in groups if names)
+
+    rows = "\n".join(f"| `{name}` | {text} | {view(name)} |" for name, text in experiments.items())
     return f"""# What parcae writes to MLflow
 
 The store is `sqlite:///mlruns/mlflow.db` under the project unless `MLFLOW_TRACKING_URI` names another (a server:
@@ -59,9 +67,14 @@ code that logs each record, when the site is built.
 
 ## Experiments
 
-| Experiment | Its description in the UI |
-|---|---|
+| Experiment | Its description in the UI | The columns of its saved view `{tracking.VIEW_ID}` |
+|---|---|---|
 {rows}
+
+MLflow has no setting for the runs table's default columns (a choice each browser keeps), so the experiments parcae
+creates carry a saved view, `{tracking.VIEW_ID}`, with the columns their runs are compared by (`tracking.views`):
+the *Views* menu above the runs table lists it, and each experiment's description links to it
+(`#/experiments/<id>/runs?viewStateShareKey={tracking.VIEW_ID}`). A view someone saves over it in the UI is kept.
 
 ## A training run (experiment `training`)
 
