@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_EXPERIMENT",
     "DEFAULT_REGISTERED_NAME",
     "FORECASTER_ARTIFACT",
+    "VIEW",
     "TrainOutcome",
     "backtest_metrics",
     "champion_version",
@@ -72,6 +73,11 @@ DEFAULT_EXPERIMENT: Final = "forecaster"
 EXPERIMENT_DESCRIPTION: Final = (
     "One run per forecaster training: the model, its backtest against persistence on a held-out trace (MAE per "
     "horizon, pinball, coverage, Brier), and whether it was promoted to the registry's champion, and why."
+)
+#: The forecaster experiment's saved view (`tracking.views`): what compares forecasters, as columns.
+VIEW: Final = tracking.RunsView(
+    params=("forecaster", "eval_trace", "horizon"),
+    metrics=("mae_mean", "persistence_mae_mean", "pinball", "coverage80", "brier"),
 )
 DEFAULT_REGISTERED_NAME: Final = "availability-forecaster"
 #: The registered model's description in the MLflow UI (set when it has none: one written in the UI stays).
@@ -343,7 +349,7 @@ def train_and_log(
         raise ValueError(f"horizon {horizon} exceeds the forecaster's horizon_max {horizon_max}")
 
     client = tracking.connect(root)
-    exp_id = tracking.experiment_id(experiment, root, EXPERIMENT_DESCRIPTION)
+    exp_id = tracking.experiment_id(experiment, root, EXPERIMENT_DESCRIPTION, VIEW)
     tables = list(train_traces.values())
     get_params = getattr(forecaster, "get_params", None)
     params = dict(get_params()) if callable(get_params) else {}

@@ -48,6 +48,11 @@ SIMULATIONS_DESCRIPTION: Final = (
     "One parent run per `parcae simulate` comparison (trace, model, segment) and a child run per policy: samples "
     "trained, their ratio to ideal, cost and migrations."
 )
+#: The simulations experiment's saved view (`tracking.views`): a comparison's policies side by side, as columns.
+SIMULATIONS_VIEW: Final = _tracking.RunsView(
+    params=("policy", "trace", "model", "start_hour", "end_hour"),
+    metrics=("vs_ideal", "samples", "cost_usd", "usd_per_M_samples", "migration_s"),
+)
 COMPARISON_TAG: Final = "parcae.comparison"
 ROLE_TAG: Final = "parcae.role"
 ORDER_TAG: Final = "parcae.order"
@@ -214,7 +219,7 @@ def log_comparison(
 
 
 def _ensure_experiment(client: MlflowClient) -> str:
-    return _tracking.ensure_experiment(client, SIMULATIONS_EXPERIMENT, SIMULATIONS_DESCRIPTION)
+    return _tracking.ensure_experiment(client, SIMULATIONS_EXPERIMENT, SIMULATIONS_DESCRIPTION, SIMULATIONS_VIEW)
 
 
 def _value(row: pd.Series, column: str) -> float | None:
@@ -326,6 +331,7 @@ __all__ = [
     "ComparisonNotFound",
     "LoggedComparison",
     "SIMULATIONS_EXPERIMENT",
+    "SIMULATIONS_VIEW",
     "comparison_from_mlflow",
     "list_comparisons",
     "load_comparison",

@@ -25,6 +25,7 @@ from forecasting.lgbm import LightGbmForecaster
 from forecasting.registry import (
     CHAMPION,
     DEFAULT_REGISTERED_NAME,
+    VIEW,
     load_champion,
     trace_fingerprint,
     train_and_log,
@@ -110,6 +111,10 @@ def test_first_model_that_beats_persistence_is_promoted(first, store: Path) -> N
     params = run.data.params
     assert params["horizon"] == str(HORIZON) and params["seed"] == "1" and params["n_estimators"] == "60"
     assert params["train_traces"] == "periodic-a,periodic-b" and params["eval_trace"] == "periodic-eval"
+    # the experiment's saved view shows what its runs hold
+    assert set(VIEW.params) <= set(params) and set(VIEW.metrics) <= set(run.data.metrics)
+    tags = client().get_experiment(run.info.experiment_id).tags
+    assert json.loads(json.loads(tags["mlflow.sharedViewState.parcae"])["state"])["selectedColumns"] == VIEW.columns()
     assert params["eval_fingerprint"] == trace_fingerprint(EVAL[1])
     assert int(params["n_train_rows"]) > 0
     doc = artifact_json(first.run_id, "promotion.json")

@@ -21,6 +21,7 @@ from parcae.cli import app
 from parcae.simulations import (
     COMPARISON_TAG,
     SIMULATIONS_EXPERIMENT,
+    SIMULATIONS_VIEW,
     ComparisonNotFound,
     comparison_from_mlflow,
     list_comparisons,
@@ -82,6 +83,9 @@ def test_search_runs_reproduces_the_comparison_table(results, tmp_path: Path, ml
     assert row["params.trace"] == "p3" and row["params.look_ahead"] == "2" and row["params.forecaster"] == "none"
     assert row["metrics.samples"] == results["reactive"].samples
     assert row["metrics.vs_ideal"] == pytest.approx(results["reactive"].samples / results["ideal"].samples)
+    # the experiment's saved view shows what a policy's run holds
+    assert {f"params.{p}" for p in SIMULATIONS_VIEW.params} | {f"metrics.{m}" for m in SIMULATIONS_VIEW.metrics} <= set(
+        runs.columns)  # fmt: skip
     for kind, value in results["reactive"].migrations.items():
         assert row[f"metrics.migrations/{kind}"] == pytest.approx(value)
     client = MlflowClient()

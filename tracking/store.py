@@ -203,10 +203,13 @@ def resolve_uri(target: str | os.PathLike[str] | None = None) -> str:
     return tracking_uri(text)
 
 
-def ensure_experiment(client: MlflowClient, name: str, description: str | None = None) -> str:
+def ensure_experiment(
+    client: MlflowClient, name: str, description: str | None = None, view: RunsView | None = None
+) -> str:
     """Get or create experiment ``name`` through ``client``; a SQLite store keeps its artifacts under
     ``<db folder>/artifacts/<name>``. The experiment is marked as model training for the MLflow UI
-    (`EXPERIMENT_KIND_TAG`) and, unless it has one, given `description` (default: `DESCRIPTIONS`'s). Raises
+    (`EXPERIMENT_KIND_TAG`) and, unless it has them, given `description` (default: `DESCRIPTIONS`'s) and the saved
+    view `view` of its runs table (default: `VIEWS`'s; `tracking.views`), which the description links to. Raises
     TrackingError for a deleted experiment (the message says how to restore it); store errors propagate as MLflow
     raised them (callers decide what is worth a retry)."""
     from mlflow.exceptions import MlflowException
@@ -230,7 +233,7 @@ def ensure_experiment(client: MlflowClient, name: str, description: str | None =
         exp_id, tags = exp.experiment_id, dict(exp.tags)
     if tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
         _tag_experiment(client, exp_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
-    view = VIEWS.get(name)
+    view = view or VIEWS.get(name)
     if view is not None and view_tag() not in tags:  # a view someone saved over ours in the UI stays
         _tag_experiment(client, exp_id, view_tag(), view.tag_value(int(time.time() * 1000)))
     note = description or DESCRIPTIONS.get(name)
@@ -253,15 +256,20 @@ def _tag_experiment(client: MlflowClient, exp_id: str, key: str, value: str) -> 
             raise
 
 
-def experiment_id(name: str, root: str | os.PathLike[str] | None = None, description: str | None = None) -> str:
-    """Get or create an experiment (`ensure_experiment`, with `description`); SQLite stores keep its artifacts under
-    ``<db folder>/artifacts/<name>``."""
+def experiment_id(
+    name: str,
+    root: str | os.PathLike[str] | None = None,
+    description: str | None = None,
+    view: RunsView | None = None,
+) -> str:
+    """Get or create an experiment (`ensure_experiment`, with `description` and `view`); SQLite stores keep its
+    artifacts under ``<db folder>/artifacts/<name>``."""
     from mlflow.exceptions import MlflowException
 
     client = connect(root)
     uri = client.tracking_uri
     try:
-        return ensure_experiment(client, name, description)
+        return ensure_experiment(client, name, description, view)
     except MlflowException as exc:
         raise TrackingError(f"cannot use the MLflow tracking store {uri!r} ({_short(exc)}); {_fix(uri)}") from exc
     except TrackingError:

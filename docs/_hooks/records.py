@@ -50,8 +50,14 @@ def mlflow_page() -> str:
         simulations.SIMULATIONS_EXPERIMENT: simulations.SIMULATIONS_DESCRIPTION,
     }
 
+    views = {
+        **tracking.VIEWS,
+        registry.DEFAULT_EXPERIMENT: registry.VIEW,
+        simulations.SIMULATIONS_EXPERIMENT: simulations.SIMULATIONS_VIEW,
+    }
+
     def view(name: str) -> str:
-        v = tracking.VIEWS.get(name)
+        v = views.get(name)
         if v is None:
             return "none"
         groups = (("params", v.params), ("metrics", v.metrics), ("tags", v.tags))
