@@ -18,7 +18,9 @@ What is checked, and why here rather than where it would fail:
   request (``out_dir``: a finished job run again, an earlier job overwritten, a resume logging to another store);
 - every flow's parameters (`FLOW_PARAMETERS`: names, counts and ranges): each flow checks its arguments with
   `flow_checks` at its start, and `check_deployments` checks each deployment's ``parameters`` with the same table,
-  so a deployment that could not run is refused before `prefect deploy`, not at its first run.
+  so a deployment that could not run is refused before `prefect deploy`, not at its first run. A parameter that
+  becomes a field of the job's `JobConfig` (``workers``, ``steps``, ``look_ahead``, ...) is checked as the config
+  checks it (`_job_field`): its range has one definition, the config's.
 
 `check_all` runs several checks and raises one `SettingError` listing every problem, so a user fixes them in one
 go. Prefect is imported only by the ``prefect.yaml`` checks (this package is not a domain package, but the
@@ -304,8 +306,38 @@ def _instances(value: Any, *, setting: str) -> int:
     return check_count(value, setting=setting, maximum=MAX_INSTANCES)
 
 
-_positive = functools.partial(check_count, minimum=1)
+def _job_field(path: str) -> Callable[..., Any]:
+    """The check of a flow parameter that becomes the job's `JobConfig` field ``path`` (``section.field``): the
+    section built with the value, so that the range is the config's own (one definition), and the message names
+    the flow's parameter. None passes where the field takes it (the flow's "none")."""
+    section, _, name = path.partition(".")
+
+    def check(value: Any, *, setting: str) -> Any:
+        import trainer  # the configs are plain dataclasses: no torch
+
+        kind = {"train": trainer.TrainConfig, "availability": trainer.AvailabilityConfig,
+                "checkpoint": trainer.CheckpointConfig, "control": trainer.ControlPlaneConfig,
+                "planning": trainer.PlanningConfig, "fleet": trainer.FleetConfig}[section]  # fmt: skip
+        try:
+            kind(**{name: value})
+        except ValueError as exc:  # trainer.ConfigError: "section.field: problem; fix"
+            problem, _, fix = str(exc).partition(": ")[2].partition("; ")
+            raise _fail(setting, problem, fix or f"fix {path}") from None
+        return value
+
+    return check
+
+
 _non_negative = functools.partial(check_count, minimum=0)
+
+#: The parameters of the flows that train (train, pipeline) that are `JobConfig` fields, checked as the config
+#: checks them.
+_JOB_FIELDS: dict[str, Callable[..., Any]] = {
+    "workers": _job_field("availability.workers"), "steps": _job_field("train.steps"),
+    "interval_seconds": _job_field("availability.interval_seconds"),
+    "step_seconds": _job_field("availability.step_seconds"),
+    "start_interval": _job_field("availability.start_interval"), "checkpoint_every": _job_field("checkpoint.every"),
+}  # fmt: skip
 
 #: What each flow's parameters must be, by Prefect flow name: the checks that need nothing running (names, counts,
 #: ranges). A flow runs them on its arguments at its start (`flow_checks`); `check_deployments` runs them on each
@@ -314,15 +346,13 @@ _non_negative = functools.partial(check_count, minimum=0)
 FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
     "train": {
         "model": check_model, "model_args": _optional(check_arguments), "trace": check_trace,
-        "planner": check_planner, "provider": check_provider, "workers": _positive, "steps": _positive,
-        "interval_seconds": check_seconds, "step_seconds": check_seconds,
-        "start_interval": _non_negative, "look_ahead": check_look_ahead, "checkpoint_every": _positive,
-        "timeout_s": _optional(check_seconds), "fleet": _optional(_instances), "min_instances": _positive,
+        "planner": check_planner, "provider": check_provider, **_JOB_FIELDS,
+        "look_ahead": _job_field("planning.look_ahead"), "timeout_s": _job_field("control.timeout_s"),
+        "fleet": _job_field("fleet.max_instances"), "min_instances": _job_field("fleet.min_instances"),
     },
     "pipeline": {
-        "trace": check_trace, "train_traces": _each(check_trace), "horizon": check_look_ahead, "model": check_model,
-        "workers": _positive, "steps": _positive, "interval_seconds": check_seconds, "step_seconds": check_seconds,
-        "start_interval": _non_negative, "checkpoint_every": _positive,
+        "trace": check_trace, "train_traces": _each(check_trace), "horizon": _job_field("planning.look_ahead"),
+        "model": check_model, **_JOB_FIELDS,
     },
     "plan-interval": {
         "model": check_plan_model, "trace": check_trace, "at_interval": _optional(_non_negative),

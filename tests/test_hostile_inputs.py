@@ -272,8 +272,8 @@ def test_deployments_that_cannot_run_are_refused_with_the_flows_own_checks(tmp_p
         ("'every-minute'.parameters.look_ahead", "got 5000", "an integer from 1 to 1,024"),
         ("'on-demand'.parameters.model", "unknown trainer model 'huge-gpt'", "tiny-gpt"),
         ("'on-demand'.parameters.planner", "unknown planner 'oracle'", "choose one of liveput, rule, handed"),
-        ("'on-demand'.parameters.workers", "got 0", "set it to an integer >= 1"),
-        ("'on-demand'.parameters.steps", "got -5", "set it to an integer >= 1"),
+        ("'on-demand'.parameters.workers", "got 0", "must be an integer >= 1"),  # as JobConfig checks it
+        ("'on-demand'.parameters.steps", "got -5", "must be an integer >= 1"),
     ]
     for line, needles in zip(lines, expected):
         assert_clear(line, *needles)
@@ -298,7 +298,7 @@ def test_every_flow_checks_its_parameters_with_the_table_the_deployments_check()
 @pytest.mark.parametrize(
     ("entrypoint", "arguments", "needles"),
     [
-        ("train:train", {"workers": 0, "steps": -5}, ("workers: expected an integer >= 1, got 0", "steps: ")),
+        ("train:train", {"workers": 0, "steps": -5}, ("workers: must be an integer >= 1, got 0", "steps: ")),
         ("plan_interval:plan_interval", {"look_ahead": 0}, ("look_ahead: expected an integer from 1 to 1,024",)),
         ("retrain_forecaster:retrain_forecaster", {"horizon": -1}, ("horizon: ", "got -1")),
         ("collect_traces:collect_traces", {"price_hours": float("inf")}, ("price_hours: ", "got inf")),

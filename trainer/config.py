@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from liveput import DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_LOOK_AHEAD, MAX_INSTANCES, MAX_LOOK_AHEAD
 
 
 class UnknownModelError(ValueError):
@@ -169,6 +169,7 @@ class TrainConfig:
               "choose one")  # fmt: skip
         _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
               "choose one")  # fmt: skip
+        _need_count(self.steps, "train.steps", 1, "give a step count")
         if self.global_batch < 1 or self.micro_batch < 1:
             raise ValueError(f"global_batch and micro_batch must be >= 1, got {self.global_batch}, {self.micro_batch}")
         if self.lr <= 0:
@@ -347,7 +348,9 @@ class PlanningConfig:
     accept_plans: bool = False
 
     def __post_init__(self) -> None:
-        _need_count(self.look_ahead, "planning.look_ahead", 1, "give K >= 1")
+        _need(_is_int(self.look_ahead) and 1 <= self.look_ahead <= MAX_LOOK_AHEAD, "planning.look_ahead",
+              f"must be an integer from 1 to {MAX_LOOK_AHEAD:,}, got {self.look_ahead!r}",
+              f"give K from 1 to {MAX_LOOK_AHEAD:,}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -368,7 +371,9 @@ class FleetConfig:
 
     def __post_init__(self) -> None:
         if self.max_instances is not None:
-            _need_count(self.max_instances, "fleet.max_instances", 1, "give a count, or None (no live fleet)")
+            _need(_is_int(self.max_instances) and 1 <= self.max_instances <= MAX_INSTANCES, "fleet.max_instances",
+                  f"must be an integer from 1 to {MAX_INSTANCES:,}, got {self.max_instances!r}",
+                  "give a count, or None (no live fleet)")  # fmt: skip
         _need_count(self.min_instances, "fleet.min_instances", 1, "give a count")
         if self.max_instances is not None:
             _need(self.min_instances <= self.max_instances, "fleet.min_instances",
