@@ -157,9 +157,10 @@ def train(
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
     if planner == "liveput":
-        runtime_prof, profile_source = runtime_profile(model, workers, profile, model_args)
-        config, cut = profile_cut(config, runtime_prof)  # the stages cut as in the profile's job
-        logger.info(cut)
+        runtime_prof, profile_source = runtime_profile(model, workers, profile, model_args, device)
+        config, told = profile_cut(config, runtime_prof)  # the stages cut as in the profile's job
+        for line in told:
+            logger.warning(line)
         forecaster, forecaster_run = champion_forecaster()
     # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
     plan_with, forecast = training_planner(

@@ -54,15 +54,16 @@ RUN_FILE: Final = "mlflow-run.json"
 
 
 @task(name="runtime-profile", persist_result=False)
-def runtime_profile(model: str, workers: int, path: str | None = None,
-                    model_args: dict[str, Any] | None = None) -> tuple[Any, str]:  # fmt: skip
+def runtime_profile(model: str, workers: int, path: str | None = None, model_args: dict[str, Any] | None = None,
+                    device: str = "cpu") -> tuple[Any, str]:  # fmt: skip
     """The runtime profile (`trainer.observe.profile.RuntimeProfile`) and where it came from: loaded from ``path``
-    (default ``runs/profile-<model>-<workers>.json``), or measured now and cached there
-    (`trainer.observe.profile.cached_profile`)."""
+    (default ``runs/profile-<model>-<workers>.json``, ``-cuda`` at the end on a GPU), or measured now on
+    ``device`` and cached there (`trainer.control.measure.cached_profile`)."""
     from trainer import cached_profile
 
     logger = get_run_logger()
-    profile, origin = cached_profile(model, workers, path, progress=logger.info, model_args=model_args)
+    profile, origin = cached_profile(model, workers, path, progress=logger.info, model_args=model_args,
+                                     device=device)  # fmt: skip
     logger.info("runtime profile of %s on %d processes: %s", model, workers, origin)
     return profile, origin
 

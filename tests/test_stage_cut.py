@@ -82,18 +82,24 @@ def test_a_job_cut_by_its_costs_trains_the_same_run(tmp_path, _no_orphans):
     assert result["final_checksum"] == parameters_checksum(layers, layer_names(TINY))
 
 
-def test_a_profile_hands_its_measured_times_to_the_job_s_cut():
+def test_a_profile_hands_its_measured_times_to_the_job_s_cut_and_says_what_does_not_fit():
     thr = ThroughputProfile("tiny-gpt", 16, 2, {(1, 1): 30.0, (1, 2): 25.0}, source="test")
     prof = RuntimeProfile(thr, CostConstants(), runtime_spec(TINY), {})  # no layer times: as an older parcae wrote
     config = JobConfig(model=TINY)
-    same, note = profile_cut(config, prof)
-    assert same is config and "parameter counts" in note and "measured.layer_ms" in note
+    same, told = profile_cut(config, prof)
+    assert same is config and len(told) == 1 and "parameter counts" in told[0] and "measured.layer_ms" in told[0]
     with pytest.raises(ProfileFormatError, match="measured.layer_ms"):
         prof.stage_costs()
     measured = dataclasses.replace(prof, measured={**prof.measured, "layer_ms": list(COSTS)})
-    cut, note = profile_cut(config, measured)
-    assert cut.train.stage_costs == COSTS and "measured ms per layer (1.00, 1.00" in note
+    cut, told = profile_cut(config, measured)
+    assert cut.train.stage_costs == COSTS and told == []
     assert cut.replace(train={"stage_costs": ()}) == config  # nothing else changed
+    # a profile of another kind of device is said (an older profile says none: it was measured on the CPU)
+    assert measured.device_type == "cpu"
+    on_gpu = dataclasses.replace(measured, measured={**measured.measured, "job": {"device_type": "cuda"}})
+    cut, told = profile_cut(config, on_gpu)
+    assert cut.train.stage_costs == COSTS and len(told) == 1, told
+    assert "measured on cuda, the job trains on cpu" in told[0] and "parcae profile --device cpu" in told[0]
     with pytest.raises(ValueError, match="with 6 layers, the job's has 10"):
         profile_cut(JobConfig(model=model_config("small-gpt")), measured)
     short = dataclasses.replace(prof, measured={**prof.measured, "layer_ms": [1.0, 2.0]})
@@ -120,3 +126,10 @@ def test_parcae_train_on_a_profile_cuts_the_stages_by_its_times(tmp_path, _no_or
     assert res.exit_code == 0, res.output
     said = " ".join(res.output.split())
     assert "stages cut by the spec's cost hints or parameter counts" in said and "parcae profile" in said, said
+
+
+def test_a_gpu_profile_is_cached_apart_from_a_cpu_one():
+    from trainer.control.measure import profile_path
+
+    assert profile_path("tiny-gpt", 3).name == "profile-tiny-gpt-3.json"  # where CPU profiles always were
+    assert profile_path("tiny-gpt", 3, device_type="cuda").name == "profile-tiny-gpt-3-cuda.json"

@@ -7,6 +7,7 @@ import json
 import math
 
 import pytest
+import torch
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
@@ -358,6 +359,8 @@ def test_measure_profiles_every_strategy_and_migration_and_feeds_the_planner(tmp
     c = prof.constants
     assert set(c.build_ms) == {p for _, p in feasible} and c.rendezvous_ms > 0 and c.group_mode == "groups"
     assert prof.measured["machine"]["start_method"] == "forkserver"
+    assert prof.measured["machine"]["device"] == "cpu" and prof.device_type == "cpu"  # measure's default device
+    assert (prof.measured["job"]["device"], prof.measured["job"]["device_type"]) == ("cpu", "cpu")
     # the profile is what the planner runs on
     store = ScenarioStore(thr, prof.cost_model())
     forecast = [IntervalForecast.point(3), IntervalForecast(3, ((0, 0, 0.7), (0, 1, 0.3))), IntervalForecast.point(2)]
@@ -413,6 +416,8 @@ def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
         (["--steps-per-strategy", "0"], "--steps-per-strategy"),
         (["--rounds", "0"], "--rounds must be >= 1"),
         (["--start-method", "fork"], "--start-method"),
+        (["--device", "gpu"], "--device must be one of auto, cpu, cuda"),
+        *([(["--device", "cuda"], "no CUDA device")] if not torch.cuda.is_available() else []),
     ],
 )
 def test_cli_profile_bad_input_exits_2(tmp_path, args, message):

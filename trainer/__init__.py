@@ -65,6 +65,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
                     "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
+    **dict.fromkeys(("DEVICES", "DeviceError"), "trainer.runtime.devices"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -207,6 +208,12 @@ if TYPE_CHECKING:
     from trainer.runtime.data import StepSampler as StepSampler
     from trainer.runtime.data import TokenWindows as TokenWindows
     from trainer.runtime.data import shard as shard
+    from trainer.runtime.devices import (
+        DEVICES as DEVICES,
+    )
+    from trainer.runtime.devices import (
+        DeviceError as DeviceError,
+    )
     from trainer.runtime.export import Exported as Exported
     from trainer.runtime.export import export_state_dict as export_state_dict
     from trainer.runtime.export import write_state_dict as write_state_dict

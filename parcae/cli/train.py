@@ -41,6 +41,15 @@ ModelOption = Annotated[
         "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
     ),
 ]
+#: --device, as `parcae train` and `parcae profile` take it.
+DeviceOption = Annotated[
+    str,
+    typer.Option(
+        metavar="auto|cpu|cuda",
+        help="Where workers train: auto is CUDA where it exists (one GPU per "
+        "worker where there are enough, shared in turn where not), else the CPU.",
+    ),
+]
 ModelArgsOption = Annotated[
     str | None,
     typer.Option(metavar="JSON|@FILE", help="Keyword arguments of the model's function, as a JSON object."),
@@ -94,14 +103,7 @@ def train_cmd(
         str,
         typer.Option(metavar="gpipe|1f1b", help="Pipeline schedule within a step (1f1b keeps fewer activations)."),
     ] = "gpipe",
-    device: Annotated[
-        str,
-        typer.Option(
-            metavar="auto|cpu|cuda",
-            help="Where workers train: auto is CUDA where it exists (one GPU per "
-            "worker where there are enough, shared in turn where not), else the CPU.",
-        ),
-    ] = "auto",
+    device: DeviceOption = "auto",
     checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
     checkpoint_uri: Annotated[
         str | None,
@@ -331,11 +333,11 @@ def train_cmd(
         raise UserError(str(exc)) from None
     if runtime is not None:  # the stages are cut as in the profile's job: by the times it measured per layer
         try:
-            config, cut = profile_cut(config, runtime)
+            config, told = profile_cut(config, runtime)
         except ValueError as exc:
             raise UserError(f"--profile: {exc}") from None
-        if not config.train.stage_costs:
-            warn(cut)
+        for line in told:
+            warn(line)
     if provider_name == "aws":  # boto3 would look for credentials only at the first call, after the job started
         from parcae import settings
 
@@ -505,12 +507,23 @@ def profile_cmd(
     start_method: Annotated[
         str, typer.Option(help="How worker processes start: spawn (cold, as real instances) or forkserver (warm).")
     ] = "spawn",
+    device: DeviceOption = "auto",
 ) -> None:
     """Measure this machine's trainer: iteration time per D x P and the real migration costs, calibrated into the
     liveput cost model (a profile the planner can use instead of the paper's V100 tables)."""
     import tempfile
 
-    from trainer import START_METHODS, JobError, ModelConfig, ProfileError, ScheduleError, SpecError, measure
+    from trainer import (
+        DEVICES,
+        START_METHODS,
+        DeviceError,
+        JobError,
+        ModelConfig,
+        ProfileError,
+        ScheduleError,
+        SpecError,
+        measure,
+    )
 
     if workers < 2:
         raise UserError(
@@ -527,6 +540,8 @@ def profile_cmd(
         raise UserError(f"--model: {exc}") from None
     if start_method not in START_METHODS:
         raise UserError(f"--start-method must be one of {', '.join(START_METHODS)}, got {start_method!r}")
+    if device not in DEVICES:
+        raise UserError(f"--device must be one of {', '.join(DEVICES)}, got {device!r}")
     check_writable(out, "profile")
     if not os.access(out.parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise UserError(f"cannot write profile {str(out)!r}: permission denied")
@@ -535,14 +550,15 @@ def profile_cmd(
     shown_args = f" --model-args {shlex.quote(jsonio.dumps_strict(args))}" if args else ""
     command_line = (f"parcae profile --workers {workers} --model {model}{shown_args} "
                     f"--steps-per-strategy {steps_per_strategy} "
-                    f"--rounds {rounds} --seed {seed} --start-method {start_method} --out {out}")  # fmt: skip
+                    f"--rounds {rounds} --seed {seed} --start-method {start_method} --device {device} "
+                    f"--out {out}")  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(prefix="parcae-profile-") as tmp, stderr().status("profiling") as status:
             prof = measure(model, workers, steps_per_strategy=steps_per_strategy, rounds=rounds, seed=seed,
                            model_args=args, out_dir=Path(tmp) / "job", progress=status.update,
-                           start_method=start_method,
+                           start_method=start_method, device=device,
                            command=command_line)  # fmt: skip
-    except (ProfileError, ScheduleError, SpecError) as exc:
+    except (ProfileError, ScheduleError, SpecError, DeviceError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
         raise CommandFailed(f"the profiling job failed: {exc}") from None

@@ -241,6 +241,15 @@ def machine_info(start_method: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
+def device_label(device: Any) -> str:
+    """A resolved torch device in words: "cpu", or "cuda (<the GPU's name>)"."""
+    import torch
+
+    if device.type != "cuda":
+        return str(device.type)
+    return f"cuda ({torch.cuda.get_device_name(device)})"
+
+
 def measure(
     model: str = "tiny-gpt",
     workers: int = 4,
@@ -255,6 +264,7 @@ def measure(
     start_method: str = "spawn",
     timeout_s: float = 300.0,
     command: str = "",
+    device: str = "cpu",
 ) -> RuntimeProfile:
     """Measure the runtime profile of `model` on `workers` local processes in two jobs of one schedule (see the module
     docstring).
@@ -262,7 +272,9 @@ def measure(
     `strategies`: the (D, P) to visit (default: every feasible one), `rounds` times (`visit_rounds`); `out_dir`: a fresh
     folder for the first job's files (the prepared job's go beside it, in `<out_dir>-prepared`); `progress(message)` is
     told what is happening; `start_method`: how worker processes start ("spawn" is cold, as a real new instance or
-    restart; "forkserver" is a warm pool and makes rendezvous and restarts cheap).
+    restart; "forkserver" is a warm pool and makes rendezvous and restarts cheap); `device`: where the workers train
+    (`TrainConfig.device`: "cpu", "cuda", or "auto", CUDA where it exists), as the jobs that plan with the profile
+    will — a GPU job's iteration times and pauses are not a CPU's.
     """
     from trainer.config import (
         CheckpointConfig,
@@ -276,6 +288,7 @@ def measure(
     from trainer.control.events import Schedule, group_events, parse_events
     from trainer.control.run import run_job
     from trainer.observe.layer_times import layer_times
+    from trainer.runtime.devices import resolve_device
     from trainer.runtime.migration import layer_sizes
     from trainer.runtime.model import n_layers as layer_count
     from trainer.runtime.trainspec import check_job
@@ -283,6 +296,7 @@ def measure(
     if workers < 2:
         raise ProfileError(TOO_FEW.format(workers))
     say = progress or (lambda _msg: None)
+    where = resolve_device(device, 0)  # a device this machine lacks is refused before anything runs
     mcfg = model_config(model, seed=seed, **dict(model_args or {}))
     # the spec's own batch size (the built-in GPTs': TrainConfig's), checked before any process starts
     batch = check_job(JobConfig(out_dir=str(out_dir), model=mcfg, train=TrainConfig(seed=seed)),
@@ -300,7 +314,7 @@ def measure(
                                f"(feasible: {', '.join(f'{a}x{b}' for a, b in feasible)})")  # fmt: skip
     order = visit_rounds(visit_order(chosen), rounds)
     sched = profile_schedule(workers, order, steps_per_strategy, batch)
-    tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch)
+    tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch, device=device)
     t0 = time.monotonic()
     # the stages are cut by measured time, in the profile's job as in the jobs that plan with it: the iteration
     # times it records are those of the cut they will train with
@@ -332,7 +346,7 @@ def measure(
         raise ProfileError(f"no iteration time measured for {', '.join(f'{d}x{p}' for d, p in missing)}")
     spec = runtime_spec(mcfg, tcfg.micro_batch)
     created = datetime.now(UTC).isoformat(timespec="seconds")
-    machine = machine_info(start_method)
+    machine = {**machine_info(start_method), "device": device_label(where)}
     label = f"parcae profile {created}: {model}, {workers} workers, {machine['usable_cores']} cores, {start_method}"
     throughput = ThroughputProfile(
         model=model, global_batch=tcfg.global_batch, micro_batch=tcfg.micro_batch,
@@ -350,6 +364,7 @@ def measure(
         "machine": machine,
         "job": {"model": model, "workers": workers, "steps": sched.steps, "steps_per_strategy": steps_per_strategy,
                 "rounds": rounds, "seed": seed, "global_batch": tcfg.global_batch, "micro_batch": tcfg.micro_batch,
+                "device": device, "device_type": where.type,
                 "visit": [list(s) for s in order], "events": list(sched.events), "wall_s": wall,
                 "loss_first_last": [result["loss"][0], result["loss"][-1]]},  # fmt: skip
         "layer_ms": list(layer_ms),
@@ -374,30 +389,36 @@ def measure(
 
 
 def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs",
-                 model_args: Mapping[str, Any] | None = None) -> Path:  # fmt: skip
+                 model_args: Mapping[str, Any] | None = None, device_type: str = "cpu") -> Path:  # fmt: skip
     """Where a measured profile of ``model`` (with ``model_args``) on ``workers`` processes is cached:
-    ``runs/profile-<model>-<workers>.json``; a ``module:function`` or a file path becomes a file-name-safe slug, and
-    args add a digest of themselves (another shape is another profile)."""
+    ``runs/profile-<model>-<workers>.json``; a ``module:function`` or a file path becomes a file-name-safe slug,
+    args add a digest of themselves (another shape is another profile), and a GPU profile ends in ``-cuda``."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("_.") or "model"
     if model_args:
         slug += "-" + hashlib.sha256(json.dumps(dict(model_args), sort_keys=True).encode()).hexdigest()[:8]
-    return Path(runs) / f"profile-{slug}-{workers}.json"
+    suffix = "" if device_type == "cpu" else f"-{device_type}"
+    return Path(runs) / f"profile-{slug}-{workers}{suffix}.json"
 
 
 def cached_profile(
     model: str, workers: int, path: str | os.PathLike[str] | None = None, *,
     progress: Callable[[str], None] | None = None, model_args: Mapping[str, Any] | None = None,
+    device: str = "cpu",
 ) -> tuple[RuntimeProfile, str]:  # fmt: skip
     """The runtime profile at ``path`` (default `profile_path`) and where it came from; measured now (one job of
-    ``workers`` processes, under a minute for tiny-gpt) and written there when the file does not exist, so the next
-    job reuses it. A file that is not a profile raises `ProfileFormatError` naming it."""
-    target = Path(path) if path else profile_path(model, workers, model_args=model_args)
+    ``workers`` processes on ``device``, under a minute for tiny-gpt) and written there when the file does not
+    exist, so the next job reuses it. A file that is not a profile raises `ProfileFormatError` naming it."""
+    from trainer.runtime.devices import resolve_device
+
+    device_type = resolve_device(device, 0).type
+    target = Path(path) if path else profile_path(model, workers, model_args=model_args, device_type=device_type)
     if target.is_file():
         return RuntimeProfile.load(target), f"loaded {target}"
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{target.stem}-", dir=target.parent))
     try:
-        profile = measure(model, workers, out_dir=scratch / "job", progress=progress, model_args=model_args)
+        profile = measure(model, workers, out_dir=scratch / "job", progress=progress, model_args=model_args,
+                          device=device)  # fmt: skip
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     profile.to_json(target)

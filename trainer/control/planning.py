@@ -519,13 +519,14 @@ def make_planner(
     return planner, what
 
 
-def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, str]:
+def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, list[str]]:
     """`config` with its stages cut by the per-layer times ``profile`` measured (`TrainConfig.stage_costs`), and
-    a sentence saying how the job cuts them. The profile's iteration times were measured on that cut, so a job that
-    plans with them trains on it too. A profile without the times (an older parcae's) leaves the cut to the spec's
-    hints or parameter counts, and the sentence says so; a profile of a model with another layer count is a
-    ValueError naming the fix."""
+    what the user should be told of the profile. Its iteration times were measured on that cut, so a job that plans
+    with them trains on it too. A profile without the times (an older parcae's) leaves the cut to the spec's hints
+    or parameter counts, and a profile measured on another kind of device than the job's prices another machine:
+    both are said. A profile of a model with another layer count is a ValueError naming the fix."""
     from trainer.observe.profile import ProfileFormatError
+    from trainer.runtime.devices import resolve_device
     from trainer.runtime.model import n_layers
 
     layers = n_layers(config.model)
@@ -533,12 +534,18 @@ def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, 
         raise ValueError(f"the runtime profile is of a model with {len(profile.spec.layers)} layers, the job's has "
                          f"{layers}: measure one with `parcae profile --model {config.model.name}` and the job's "
                          "--model-args")  # fmt: skip
+    told = []
+    job_device = resolve_device(config.train.device, 0).type
+    if profile.device_type != job_device:
+        told.append(f"the runtime profile was measured on {profile.device_type}, the job trains on {job_device}: its "
+                    "iteration times and migration costs are another machine's; measure one with `parcae profile "
+                    f"--device {job_device}`")  # fmt: skip
     try:
         costs = profile.stage_costs()
     except ProfileFormatError as exc:
-        return config, f"stages cut by the spec's cost hints or parameter counts: the runtime profile's {exc}"
-    shown = ", ".join(f"{ms:.2f}" for ms in costs)
-    return config.replace(train={"stage_costs": costs}), f"stages cut by the profile's measured ms per layer ({shown})"
+        told.append(f"stages cut by the spec's cost hints or parameter counts: the runtime profile's {exc}")
+        return config, told
+    return config.replace(train={"stage_costs": costs}), told
 
 
 # ------------------------------------------------------------------------------------------------ handing plans in

@@ -115,6 +115,14 @@ class RuntimeProfile:
             )
         return Preparation(notice_s=notice_s, slowdown=float(slowdown))
 
+    @property
+    def device_type(self) -> str:
+        """The kind of device the profile's workers trained on ("cpu", "cuda"); a profile that does not say was
+        measured on the CPU (`parcae profile` had no --device before it said)."""
+        job = self.measured.get("job")
+        kind = job.get("device_type") if isinstance(job, Mapping) else None
+        return kind if isinstance(kind, str) else "cpu"
+
     def stage_costs(self) -> tuple[float, ...]:
         """The per-layer milliseconds `parcae profile` measured (`measured.layer_ms`, `trainer.observe.layer_times`),
         which its job's stages were cut by: a job planning with this profile cuts its stages alike
