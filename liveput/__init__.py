@@ -2,7 +2,8 @@
 
 The package's public face: code outside liveput imports from here only. Map:
 
-- `throughput`  `Strategy`, `ThroughputProfile` (samples/s per D x P) and the bundled tables;
+- `throughput`  `Strategy` (and its text: `strategy_key`, `strategy_text`), `ThroughputProfile` (samples/s per
+                D x P) and the bundled tables;
 - `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move),
                 lead time and downtime (`MigrationTime`, `Preparation`, `Trigger`, `FULL_STOP`) and the stage
                 matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
@@ -49,7 +50,10 @@ from liveput.throughput import (
     estimate_profile,
     load_profile,
     max_global_batch,
+    parse_strategy,
     profile_names,
+    strategy_key,
+    strategy_text,
 )
 
 if TYPE_CHECKING:
@@ -151,7 +155,10 @@ __all__ = [
     "migration_kind",
     "overlap_params",
     "p2p_ms",
+    "parse_strategy",
     "profile_names",
     "stage_overlap",
+    "strategy_key",
+    "strategy_text",
     *_LAZY,
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from liveput.plan_input import PlanInput
+from liveput.throughput import strategy_text
 
 
 def plot_plan(inp: PlanInput, plan: Mapping[str, Any], path: str | Path, title: str = "") -> Path:
@@ -53,7 +54,7 @@ def plot_plan(inp: PlanInput, plan: Mapping[str, Any], path: str | Path, title: 
     ax_n.plot([0, *ks], [now, *used], "o-", color="tab:blue", lw=2, ms=4, label="the plan's D x P (0: now)")
     for k, s in zip(ks, steps, strict=True):
         d, p = s["strategy"]
-        ax_n.annotate(f"{d}x{p}", (k, d * p), xytext=(-10, 6), textcoords="offset points", fontsize=8,
+        ax_n.annotate(strategy_text((d, p)), (k, d * p), xytext=(-10, 6), textcoords="offset points", fontsize=8,
                       color="tab:blue")  # fmt: skip
     ax_n.scatter([], [], s=60, color="tab:grey", alpha=0.55, lw=0, label="instances the forecast allows")
     ax_n.set_xlabel(f"interval of the look-ahead ({T:g} s each; 0 = now)")
@@ -77,7 +78,7 @@ def plot_plan(inp: PlanInput, plan: Mapping[str, Any], path: str | Path, title: 
     decision = list(plan["decision"])
     if decision not in [a["strategy"] for a in alts]:
         alts.append({"strategy": decision, "expected_samples": steps[0]["expected_samples"]})
-    labels = [f"{a['strategy'][0]}x{a['strategy'][1]}" for a in alts]
+    labels = [strategy_text(a["strategy"]) for a in alts]
     y = range(len(alts))
     ax_a.barh([i + 0.2 for i in y], [throughput(a["strategy"]) for a in alts], height=0.4, color="tab:grey",
               alpha=0.5, label="throughput, nothing preempted")  # fmt: skip
@@ -90,12 +91,7 @@ def plot_plan(inp: PlanInput, plan: Mapping[str, Any], path: str | Path, title: 
     ax_a.set_xlabel("samples/s")
     ax_a.set_title("The coming interval: the decision (orange)", fontsize=10)
     ax_a.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), fontsize=8, ncol=1)
-    fig.suptitle(title or f"{inp.model}: a plan over {K} intervals from {_strategy(inp.state.strategy)}")
+    fig.suptitle(title or f"{inp.model}: a plan over {K} intervals from {strategy_text(inp.state.strategy)}")
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-def _strategy(strategy: Any) -> str:
-    d, p = strategy
-    return "idle" if not d or not p else f"{d}x{p}"

@@ -24,7 +24,7 @@ from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
 from liveput.prices import instance_price
 from liveput.scenarios import ScenarioStore
-from liveput.throughput import ThroughputProfile, load_profile
+from liveput.throughput import ThroughputProfile, load_profile, strategy_key
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ def run_policy(
                 "n_out": ev.n_out,
                 "d": r.strategy[0],
                 "p": r.strategy[1],
-                "strategy": f"{r.strategy[0]}x{r.strategy[1]}",
+                "strategy": strategy_key(r.strategy),
                 "instances": r.instances,
                 "samples": r.samples,
                 "throughput": r.samples / T,

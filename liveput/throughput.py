@@ -55,11 +55,22 @@ class InfeasibleStrategy(ValueError):
     """A (D, P) the profile cannot run: not measured, or outside the model's limits."""
 
 
-def _key(d: int, p: int) -> str:
-    return f"{d}x{p}"
+def strategy_key(strategy: Sequence[int]) -> str:
+    """(D, P) as "DxP", the form data keys strategies by (profiles' tables, report and table columns); (0, 0) is
+    "0x0". The inverse of `parse_strategy`."""
+    d, p = strategy
+    return f"{int(d)}x{int(p)}"
 
 
-def _parse_key(text: str) -> Strategy:
+def strategy_text(strategy: Sequence[int] | None) -> str:
+    """(D, P) as a person reads it: "DxP", "idle" for (0, 0) (no instance trains), "-" when unknown."""
+    if not strategy:
+        return "-"
+    return "idle" if not strategy[0] or not strategy[1] else strategy_key(strategy)
+
+
+def parse_strategy(text: str) -> Strategy:
+    """ "DxP" (`strategy_key`) as (D, P)."""
     try:
         d, p = (int(x) for x in text.lower().split("x"))
     except ValueError:
@@ -196,7 +207,7 @@ class ThroughputProfile:
                 "excluded_p": sorted(self.excluded_p),
                 "excluded_d": sorted(self.excluded_d),
             },
-            "iteration_ms": {_key(d, p): ms for (d, p), ms in self._table},
+            "iteration_ms": {strategy_key((d, p)): ms for (d, p), ms in self._table},
         }
 
     def to_json(self, path: str | Path | None = None) -> str:
@@ -217,7 +228,7 @@ class ThroughputProfile:
             model=str(data["model"]),
             global_batch=int(data["global_batch"]),
             micro_batch=int(data["micro_batch"]),
-            iteration_ms={_parse_key(k): float(v) for k, v in data["iteration_ms"].items()},
+            iteration_ms={parse_strategy(k): float(v) for k, v in data["iteration_ms"].items()},
             min_p=int(c.get("min_p", 1)),
             max_p=None if c.get("max_p") is None else int(c["max_p"]),
             excluded_p=frozenset(int(x) for x in c.get("excluded_p", ())),

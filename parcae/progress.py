@@ -22,17 +22,13 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from liveput import strategy_text
 from trainer import JobObserver, StepInfo
 
 
 def _pair(strategy: Sequence[int]) -> tuple[int, int]:
     """(D, P) as a tuple of ints: records from JSON carry strategies as lists."""
     return int(strategy[0]), int(strategy[1])
-
-
-def strategy_text(strategy: Sequence[int] | None) -> str:
-    """(D, P) as "DxP" ("-" when unknown)."""
-    return "x".join(str(x) for x in strategy) if strategy else "-"
 
 
 def migration_label(record: Mapping[str, Any]) -> str:

@@ -23,6 +23,7 @@ from prefect import runtime, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from forecasting import Forecast
+from liveput import strategy_key, strategy_text
 
 __all__ = [
     "PLANS_EXPERIMENT",
@@ -100,7 +101,7 @@ def log_plan_run(
     client = tracking.connect()
     exp_id = tracking.experiment_id(experiment)
     trace, origin = str(history.attrs.get("name", "")), int(history["interval"].iloc[-1])
-    tags = {"trace": trace, "decision": tracking.strategy_label(plan["decision"])}
+    tags = {"trace": trace, "decision": strategy_key(plan["decision"])}
     for key, value in (
         (FLOW_RUN_TAG, runtime.flow_run.id),
         ("prefect.flow_run_name", runtime.flow_run.name),
@@ -117,7 +118,7 @@ def log_plan_run(
         "interval": origin,
         "interval_s": plan["interval_s"],
         "trace": trace,
-        "current_strategy": tracking.strategy_label(plan["state"]["strategy"]),
+        "current_strategy": strategy_key(plan["state"]["strategy"]),
         "current_migrating": plan["state"]["migrating"],
         "forecaster": forecast.model,
     }
@@ -131,16 +132,16 @@ def log_plan_run(
 def publish_plan_report(plan: Mapping[str, Any], run_id: str) -> str:
     """A Prefect markdown artifact (key ``plan-<model>``): the decision, the K steps, the MLflow run."""
     rows = [
-        f"| {j} | {tracking.strategy_label(s['strategy'])} | {'yes' if s['migrating'] else 'no'} "
+        f"| {j} | {strategy_text(s['strategy'])} | {'yes' if s['migrating'] else 'no'} "
         f"| {s['expected_samples']:,.0f} "
         f"| {s['expected_cost_ms']:,.0f} | {s['reach']:.3f} |"
         for j, s in enumerate(plan["steps"], start=1)
     ]
     markdown = "\n".join(
         [
-            f"## Plan for {plan['model']}: run {tracking.strategy_label(plan['decision'])} next",
+            f"## Plan for {plan['model']}: run {strategy_text(plan['decision'])} next",
             "",
-            f"From {tracking.strategy_label(plan['state']['strategy'])}"
+            f"From {strategy_text(plan['state']['strategy'])}"
             f"{' (migrating)' if plan['state']['migrating'] else ''}; "
             f"{plan['expected_samples']:,.0f} expected samples over {plan['look_ahead']} intervals of "
             f"{plan['interval_s']:g} s; decided in {plan['decision_ms']:.1f} ms.",
@@ -210,7 +211,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "pause_s": pauses,
         "steps_lost": sum(int(r.get("steps_lost") or 0) for r in report["reconfigurations"]),
         "plans": len(report.get("plans") or []),
-        "decisions": [tracking.strategy_label(p["decision"]) for p in report.get("plans") or []],
+        "decisions": [strategy_key(p["decision"]) for p in report.get("plans") or []],
         "planner": planner,
         "forecast": forecast,
         "profile": profile,

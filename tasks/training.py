@@ -33,6 +33,7 @@ from prefect.artifacts import (
 )
 
 from forecasting import Forecaster, skill_gated
+from liveput import strategy_key, strategy_text
 from tasks.tracking import artifact_key, run_markdown
 from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo
 
@@ -207,9 +208,9 @@ class PrefectJobObserver(JobObserver):
         d = plan.details
         forecast = d.get("forecast")
         lines = [
-            f"## Interval {plan.interval} (step {plan.step}): {plan.decision[0]}x{plan.decision[1]}",
+            f"## Interval {plan.interval} (step {plan.step}): {strategy_text(plan.decision)}",
             "",
-            f"Planner `{plan.planner}`, {plan.alive} instances alive, from {plan.current[0]}x{plan.current[1]}; "
+            f"Planner `{plan.planner}`, {plan.alive} instances alive, from {strategy_text(plan.current)}; "
             f"decided in {1000 * plan.decision_s:.1f} ms.",
         ]
         if d.get("expected_samples") is not None:
@@ -230,7 +231,7 @@ class PrefectJobObserver(JobObserver):
         plans = result.get("plans") or []
         if plans:
             rows = [{"interval": p["interval"], "step": p["step"], "alive": p["alive"],
-                     "from": tracking.strategy_label(p["current"]), "decision": tracking.strategy_label(p["decision"]),
+                     "from": strategy_key(p["current"]), "decision": strategy_key(p["decision"]),
                      "planner": p["planner"], "expected_samples": p["details"].get("expected_samples")}
                     for p in plans]  # fmt: skip
             create_table_artifact(table=rows, key=f"plans-{self.key}", description="Every plan of the training job")

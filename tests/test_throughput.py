@@ -16,11 +16,23 @@ from liveput.throughput import (
     ThroughputProfile,
     estimate_profile,
     load_profile,
+    parse_strategy,
     profile_names,
     simulate_1f1b,
+    strategy_key,
+    strategy_text,
 )
 
 MODELS = ("gpt-1.5b", "gpt-6.7b", "bert", "resnet152", "vgg19")
+
+
+def test_a_strategy_has_one_key_that_parses_back_and_one_text_for_people() -> None:
+    for strategy in [(4, 8), (1, 1), (0, 0), (12, 3)]:
+        assert parse_strategy(strategy_key(strategy)) == strategy
+    assert strategy_key([2, 3]) == "2x3" and parse_strategy("2X3") == (2, 3)  # JSON lists; either case
+    assert [strategy_text(s) for s in [(2, 3), [1, 4], (0, 0), None, []]] == ["2x3", "1x4", "idle", "-", "-"]
+    with pytest.raises(ValueError, match="expected 'DxP'"):
+        parse_strategy("2by3")
 
 # ----------------------------------------------------------------------------------- bundled tables
 

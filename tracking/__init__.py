@@ -28,7 +28,6 @@ from tracking.runs import (  # noqa: E402  (after the telemetry switch)
     log_batched,
     log_run,
     plan_metrics,
-    strategy_label,
 )
 from tracking.store import (  # noqa: E402
     CHECK_TIMEOUT_S,
@@ -86,7 +85,6 @@ __all__ = [
     "resolve_uri",
     "short_error",
     "sqlite_path",
-    "strategy_label",
     "tracking_root",
     "tracking_uri",
     "view_link",

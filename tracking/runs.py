@@ -2,8 +2,8 @@
 
 Owns: MLflow's per-call limits and the batching around them (:func:`log_batched`), one complete run in one go
 (:func:`log_run`, FAILED if its logging fails), MLflow's run context on a run the client creates
-(:func:`context_tags`), the metrics of a liveput plan dict (:func:`plan_metrics`) and
-the ``"DxP"`` label of a strategy (:func:`strategy_label`). Where the store is: :mod:`tracking.store`.
+(:func:`context_tags`), the metrics of a liveput plan dict (:func:`plan_metrics`). A strategy's
+``"DxP"`` is liveput's (``liveput.strategy_key``). Where the store is: :mod:`tracking.store`.
 """
 
 from __future__ import annotations
@@ -20,12 +20,6 @@ MAX_METRICS_PER_BATCH: Final = 1000
 MAX_PARAMS_TAGS_PER_BATCH: Final = 100
 MAX_PARAM_LENGTH: Final = 6000
 MAX_TAG_LENGTH: Final = 8000
-
-
-def strategy_label(strategy: Iterable[int]) -> str:
-    """``(D, P)`` as ``"DxP"``, the way runs, tags and reports name a strategy."""
-    d, p = strategy
-    return f"{d}x{p}"
 
 
 def clip(value: Any, limit: int) -> str:

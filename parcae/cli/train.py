@@ -17,7 +17,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, strategy_key, strategy_text
 from parcae.cli.common import (
     CommandFailed,
     UserError,
@@ -387,7 +387,7 @@ def train_cmd(
                       f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
     out.print(table)
     if live is not None:
-        decisions = ", ".join(f"{p['decision'][0]}x{p['decision'][1]}" for p in report["plans"]) or "none"
+        decisions = ", ".join(strategy_text(p["decision"]) for p in report["plans"]) or "none"
         out.print(f"{len(report['plans'])} plans by {live.name} ({decisions}); forecasts: {forecasts}",
                   soft_wrap=True)  # fmt: skip
     _warn_uncopied(report)
@@ -584,8 +584,8 @@ def _print_profile(prof: Any) -> None:
     for col in ("D x P", "iteration ms", "samples/s", "epochs"):
         table.add_column(col, justify="right")
     for d, p in thr.strategies():
-        table.add_row(f"{d}x{p}", f"{thr.iteration_ms[(d, p)]:.1f}", f"{thr.throughput(d, p):.1f}",
-                      str(len(m["step_ms"].get(f"{d}x{p}", []))))  # fmt: skip
+        table.add_row(strategy_key((d, p)), f"{thr.iteration_ms[(d, p)]:.1f}", f"{thr.throughput(d, p):.1f}",
+                      str(len(m["step_ms"].get(strategy_key((d, p)), []))))  # fmt: skip
     out.print(table)
     table = Table(title="migrations: measured pause vs the calibrated model", box=box.SIMPLE, title_justify="left")
     for col in ("epoch", "kind", "from", "to", "measured ms", "model ms", "fits"):

@@ -34,7 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from liveput import CostModel, Strategy, ThroughputProfile
+from liveput import CostModel, Strategy, ThroughputProfile, strategy_key
 from trainer.observe.calibration import RESTART, Migration, calibrate, fit_slowdown, split_lead_down
 from trainer.observe.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
 
@@ -369,7 +369,7 @@ def measure(
                 "loss_first_last": [result["loss"][0], result["loss"][-1]]},  # fmt: skip
         "layer_ms": list(layer_ms),
         "layer_ms_source": LAYER_MS_SOURCE,
-        "step_ms": {f"{d}x{p}": v for (d, p), v in sorted(step_ms.items(), key=lambda kv: (kv[0][1], kv[0][0]))},
+        "step_ms": {strategy_key(s): v for s, v in sorted(step_ms.items(), key=lambda kv: (kv[0][1], kv[0][0]))},
         "warmup": "the first step after a migration is included (the store keeps epoch bounds only); the prologue, "
                   "with the job's first step, is excluded",
         "epochs": result["epochs"],

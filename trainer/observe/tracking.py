@@ -65,6 +65,7 @@ from mlflow.entities import Metric  # noqa: E402
 from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking.context import registry as _run_context  # noqa: E402, F401  (tracking.context_tags, at exit too)
 
+from liveput import strategy_key, strategy_text
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.timeline import StepTimeline, expected_available, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
@@ -101,7 +102,7 @@ def migration_table(records: Sequence[Mapping[str, Any]]) -> dict[str, list[Any]
     def cell(rec: Mapping[str, Any], key: str) -> Any:
         value = rec.get(key)
         if key == "strategy" and isinstance(value, (list, tuple)) and len(value) == 2:
-            return f"{value[0]}x{value[1]}"
+            return strategy_key(value)
         if isinstance(value, (list, tuple)):
             return ",".join(str(v) for v in value)
         return value
@@ -115,7 +116,7 @@ def _kind_key(kind: str) -> str:
 
 def _param_value(value: Any) -> str:
     if isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) for v in value):
-        return store.strategy_label(value)
+        return strategy_key(value)
     if isinstance(value, (str, int, float, bool)):
         return str(value)
     return json.dumps(value, default=str, sort_keys=True)
@@ -494,18 +495,18 @@ class MlflowJobObserver(JobObserver):
             self._plan_exp = store.ensure_experiment(client, self.plan_experiment)
         details = json.loads(json.dumps(dict(plan.details), default=str))
         job = str((self._info or {}).get("job") or "job")
-        tags = {TRAINING_RUN_TAG: run_id, JOB_TAG: job, "decision": store.strategy_label(plan.decision),
+        tags = {TRAINING_RUN_TAG: run_id, JOB_TAG: job, "decision": strategy_key(plan.decision),
                 "planner": plan.planner, DECIDED_BY_TAG: str(details.get("source") or plan.planner)}  # fmt: skip
         tags.update({k: v for k, v in self.tags.items() if k.startswith(_SHARED_TAG_PREFIXES)})
         # the run's description in the UI: what was decided, and a link to the training run (the tag is only an id)
         training = self._run_name or job
         tags[store.NOTE_TAG] = (
             f"Interval {plan.interval} of training run [{training}](#/experiments/{self._exp}/runs/{run_id}): "
-            f"{plan.alive} instances alive, {store.strategy_label(plan.current)} -> "
-            f"{store.strategy_label(plan.decision)} (decided by {tags[DECIDED_BY_TAG]})."
+            f"{plan.alive} instances alive, {strategy_text(plan.current)} -> "
+            f"{strategy_text(plan.decision)} (decided by {tags[DECIDED_BY_TAG]})."
         )
         params = {"interval": plan.interval, "step": plan.step, "planner": plan.planner,  # alive: a metric
-                  "current_strategy": store.strategy_label(plan.current)}  # fmt: skip
+                  "current_strategy": strategy_key(plan.current)}  # fmt: skip
         for key in ("model", "look_ahead", "interval_s", "trace"):
             if details.get(key) is not None:
                 params[key] = details[key]
