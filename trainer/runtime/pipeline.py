@@ -440,11 +440,17 @@ def _copy_buffers(
             src = state.get(f"buffer/{name}")
             if src is None:
                 raise ValueError(f"buffer {name}: the state lacks it")
-            if src.shape != b.shape or src.dtype != b.dtype:
-                raise ValueError(
-                    f"buffer {name}: state has {tuple(src.shape)} {src.dtype}, layer has {tuple(b.shape)} {b.dtype}"
-                )
+            _check_like("buffer", name, src, b)
             b.copy_(src)
+
+
+def _check_like(what: str, name: str, src: torch.Tensor, dst: torch.Tensor) -> None:
+    """A state's tensor must have the shape and dtype of the layer's tensor it is copied into (a copy would broadcast
+    or cast silently)."""
+    if src.shape != dst.shape or src.dtype != dst.dtype:
+        raise ValueError(
+            f"{what} {name}: state has {tuple(src.shape)} {src.dtype}, layer has {tuple(dst.shape)} {dst.dtype}"
+        )
 
 
 def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor]) -> None:
@@ -468,10 +474,7 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
     with torch.no_grad():
         for name, p in params.items():
             src = state[f"param/{name}"]
-            if src.shape != p.shape or src.dtype != p.dtype:
-                raise ValueError(
-                    f"parameter {name}: state has {tuple(src.shape)} {src.dtype}, layer has {tuple(p.shape)} {p.dtype}"
-                )
+            _check_like("parameter", name, src, p)
             p.copy_(src)
             optimizer.state.pop(p, None)
             if opt_keys:

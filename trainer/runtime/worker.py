@@ -271,7 +271,6 @@ class Worker:
         self.last_step_end = 0.0
         self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
         self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
-        self._installed_ahead = 0  # layers of the current hand-off whose early state was installed before it
         self._phases: dict[str, float | str] = {}  # durations of the current migration's phases, for the coordinator
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
@@ -675,9 +674,8 @@ class Worker:
             t0 = time.perf_counter()
             prebuilt, hollow, why = self._take_built(new)  # a standby's layers, or a member's incoming ones
             ahead = {**hollow, **prebuilt}
-            self._installed_ahead = 0
-            received, caught = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {})
-            self._phases = {"transfer_s": time.perf_counter() - t0, "installed_ahead": self._installed_ahead}
+            received, caught, installed = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {}, 0)
+            self._phases = {"transfer_s": time.perf_counter() - t0, "installed_ahead": installed}
             if why is not None:
                 self._phases["build_ahead_error"] = why
             if self.id in new.assignment:
@@ -895,10 +893,11 @@ class Worker:
 
     def _transfer(
         self, epoch: Epoch, built_ahead: HeldLayers
-    ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]]:
+    ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]], int]:
         """Send and receive this worker's share of `epoch.transfers`; returns the states received, by layer name,
-        and the layers whose state came ahead, caught up (module and optimiser, by index; in the modules of
-        `built_ahead`, built before the boundary, where there are). `MigrationAbandoned` (nothing received is kept)
+        the layers whose state came ahead, caught up (module and optimiser, by index; in the modules of
+        `built_ahead`, built before the boundary, where there are), and how many of those had their early state
+        installed before the boundary (only the step was applied at it). `MigrationAbandoned` (nothing received is kept)
         if a party dies or the epoch is flagged meanwhile.
 
         Pairs are processed in one global order (blocking sends cannot deadlock). A prepared epoch's hand-off has
@@ -982,7 +981,8 @@ class Worker:
         self.store.add(keys.epoch_bytes(n), sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
             self.store.set(keys.sent(n, self.id), str(sent))
-        return received, caught
+        installed_ahead = sum(1 for i, (layer, _) in caught.items() if installed.get(names[i]) is layer)
+        return received, caught, installed_ahead
 
     def _receive_one(
         self, groups: EpochGroups, epoch: Epoch, src: int, ahead: bool = False
@@ -1024,7 +1024,6 @@ class Worker:
             layer, optimizer = layers[index[name]]
             if installed.get(name) is layer:
                 apply_step(layer, optimizer, grads[name], lr)
-                self._installed_ahead += 1
             else:
                 catch_up(layer, optimizer, state, grads[name], lr)
         return layers
