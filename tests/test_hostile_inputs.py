@@ -131,6 +131,39 @@ def test_train_numeric_options_fail_before_work_starts(args, needles, tmp_path) 
     assert_clear(cli_error("train", "--trace", "p3", "--out-dir", str(tmp_path / "run"), *args), *needles)
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "field"),
+    [
+        ("--workers", "0", "availability.workers"), ("--steps", "-1", "train.steps"),
+        ("--global-batch", "0", "train.global_batch"), ("--checkpoint-every", "-1", "checkpoint.every"),
+        ("--keep-checkpoints", "-1", "checkpoint.keep"), ("--look-ahead", "5000", "planning.look_ahead"),
+        ("--start-interval", "-2", "availability.start_interval"), ("--timeout", "0", "control.timeout_s"),
+        ("--min-instances", "0", "fleet.min_instances"),
+    ],
+)  # fmt: skip
+def test_a_train_option_that_is_a_job_config_field_has_the_config_s_range(option, value, field, tmp_path) -> None:
+    """One definition of each range: the command's error is the `JobConfig` section's own, naming the option."""
+    import trainer
+
+    section, _, name = field.partition(".")
+    kind = {"availability": trainer.AvailabilityConfig, "train": trainer.TrainConfig,
+            "planning": trainer.PlanningConfig, "checkpoint": trainer.CheckpointConfig,
+            "control": trainer.ControlPlaneConfig, "fleet": trainer.FleetConfig}[section]  # fmt: skip
+    with pytest.raises(trainer.ConfigError) as refused:
+        kind(**{name: float(value) if name == "timeout_s" else int(value)})
+    expected = str(refused.value).replace(field, option, 1)
+    assert (
+        cli_error("train", "--trace", "p3", "--out-dir", str(tmp_path / "run"), option, value) == f"error: {expected}"
+    )
+
+
+def test_a_job_that_never_checkpoints_is_accepted_by_the_command_as_by_the_flows() -> None:
+    import trainer
+
+    assert trainer.CheckpointConfig(every=0).every == 0  # the flows' and the command's rule: 0 is never
+    assert "(0: never)" in CliRunner().invoke(app, ["train", "--help"]).output
+
+
 # ------------------------------------------------------------------------------------------ 3. plan input
 
 

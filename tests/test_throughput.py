@@ -34,6 +34,7 @@ def test_a_strategy_has_one_key_that_parses_back_and_one_text_for_people() -> No
     with pytest.raises(ValueError, match="expected 'DxP'"):
         parse_strategy("2by3")
 
+
 # ----------------------------------------------------------------------------------- bundled tables
 
 # §E.1 / §E.2 headers: (global batch, micro batch, entries)

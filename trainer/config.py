@@ -170,10 +170,10 @@ class TrainConfig:
         _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
               "choose one")  # fmt: skip
         _need_count(self.steps, "train.steps", 1, "give a step count")
-        if self.global_batch < 1 or self.micro_batch < 1:
-            raise ValueError(f"global_batch and micro_batch must be >= 1, got {self.global_batch}, {self.micro_batch}")
-        if self.lr <= 0:
-            raise ValueError(f"lr must be > 0, got {self.lr}")
+        _need_count(self.global_batch, "train.global_batch", 1, "give the rows of a step")
+        _need_count(self.micro_batch, "train.micro_batch", 1, "give the rows of a micro-batch")
+        _need(_finite_positive(self.lr), "train.lr", f"must be a positive number, got {self.lr!r}",
+              "give a learning rate")  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ the job
@@ -269,7 +269,7 @@ class ControlPlaneConfig:
               and self.notice_grace_s >= 0, "control.notice_grace_s",
               f"must be >= 0 seconds, got {self.notice_grace_s!r}", "give seconds")  # fmt: skip
         _need(self.timeout_s is None or _finite_positive(self.timeout_s), "control.timeout_s",
-              f"must be a positive number of seconds or None (no deadline), got {self.timeout_s!r}",
+              f"must be a positive number of seconds, or none (no deadline), got {self.timeout_s!r}",
               "give seconds > 0")  # fmt: skip
         _need(isinstance(self.prepare, bool), "control.prepare", f"must be true or false, got {self.prepare!r}",
               "give a boolean")  # fmt: skip
@@ -373,7 +373,7 @@ class FleetConfig:
         if self.max_instances is not None:
             _need(_is_int(self.max_instances) and 1 <= self.max_instances <= MAX_INSTANCES, "fleet.max_instances",
                   f"must be an integer from 1 to {MAX_INSTANCES:,}, got {self.max_instances!r}",
-                  "give a count, or None (no live fleet)")  # fmt: skip
+                  "give a count, or none (no live fleet)")  # fmt: skip
         _need_count(self.min_instances, "fleet.min_instances", 1, "give a count")
         if self.max_instances is not None:
             _need(self.min_instances <= self.max_instances, "fleet.min_instances",

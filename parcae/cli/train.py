@@ -58,7 +58,7 @@ ModelArgsOption = Annotated[
 
 @command("train")
 def train_cmd(
-    workers: Annotated[int, typer.Option(min=1, help="Local worker processes (instances) at the start.")] = 4,
+    workers: Annotated[int, typer.Option(help="Local worker processes (instances) at the start.")] = 4,
     trace: Annotated[
         str | None, typer.Option(metavar="NAME|PATH", help="Replay this spot trace, scaled to the workers.")
     ] = None,
@@ -75,14 +75,13 @@ def train_cmd(
     fleet: Annotated[
         int | None,
         typer.Option(
-            min=1,
             metavar="N",
             help="Train on a live fleet of up to N instances: the provider (e.g. --provider market), not a trace, "
             "decides what exists; the job plans every --interval-seconds from the fleet's own history.",
         ),
     ] = None,
     min_instances: Annotated[
-        int, typer.Option(min=1, metavar="N", help="With --fleet: start training once N instances have joined.")
+        int, typer.Option(metavar="N", help="With --fleet: start training once N instances have joined.")
     ] = 1,
     market_trace: Annotated[
         str | None,
@@ -92,19 +91,19 @@ def train_cmd(
             "(scaled to --fleet; the job never reads it). Sets --provider market.",
         ),
     ] = None,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps.")] = 40,
+    steps: Annotated[int, typer.Option(help="Training steps.")] = 40,
     model: ModelOption = "tiny-gpt",
     model_args: ModelArgsOption = None,
     global_batch: Annotated[
         int | None,
-        typer.Option(min=1, help="Rows per step (the built-in GPTs take it; a spec's batch() has its own: default)."),
+        typer.Option(help="Rows per step (the built-in GPTs take it; a spec's batch() has its own: default)."),
     ] = None,
     schedule: Annotated[
         str,
         typer.Option(metavar="gpipe|1f1b", help="Pipeline schedule within a step (1f1b keeps fewer activations)."),
     ] = "gpipe",
     device: DeviceOption = "auto",
-    checkpoint_every: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps (0: never).")] = 10,
     checkpoint_uri: Annotated[
         str | None,
         typer.Option(
@@ -153,13 +152,12 @@ def train_cmd(
     look_ahead: Annotated[
         int,
         typer.Option(
-            min=1,
             metavar="K",
             help="Intervals the liveput planner plans over (a trace's each priced at "
             "its own 60 s: the replay compresses time, the plans do not).",
         ),
     ] = DEFAULT_LOOK_AHEAD,
-    start_interval: Annotated[int, typer.Option(min=0, metavar="N", help="Trace interval the replay starts at.")] = 0,
+    start_interval: Annotated[int, typer.Option(metavar="N", help="Trace interval the replay starts at.")] = 0,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
     ] = False,
@@ -178,7 +176,7 @@ def train_cmd(
             help="With --hosts: this machine's address and a free port, as the hosts reach them.",
         ),
     ] = None,
-    slots: Annotated[int, typer.Option(min=1, help="With --hosts: instances per host at most.")] = 1,
+    slots: Annotated[int, typer.Option(help="With --hosts: instances per host at most.")] = 1,
     provider: Annotated[
         str | None,
         typer.Option(
@@ -206,18 +204,16 @@ def train_cmd(
         float | None,
         typer.Option(
             metavar="SECONDS",
-            min=1,
             help="Stop the job if it has not finished after this long "
             "(default: no deadline; a job runs until it has trained its steps, is cancelled or fails).",
         ),
     ] = None,
     keep_checkpoints: Annotated[
-        int, typer.Option(min=0, metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
+        int, typer.Option(metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
     ] = 0,
     heartbeat_timeout: Annotated[
         float | None,
         typer.Option(
-            min=0.5,
             metavar="SECONDS",
             help="A worker whose heartbeat is silent this long "
             "is declared dead (one whose process exits is seen at once; default: "
@@ -289,18 +285,8 @@ def train_cmd(
             runtime = RuntimeProfile.load(profile)
         except ProfileFormatError as exc:
             raise UserError(f"--profile: {exc}") from None
-    live, forecasts = None, "none"
-    if planner != "rule" or events is None:  # an events file with the rule planner keeps its scripted plans
-        try:
-            live, forecasts = make_planner(
-                planner, profile=runtime, model=model, look_ahead=look_ahead,
-                interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
-                accept_plans_for_s=2 * interval_seconds if accept_plans else None,
-                notice_s=providers[provider_name].notice_grace_s(options) if prepare else None,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    from parcae.progress import TrainProgress
+    # an events file with the rule planner keeps its scripted plans
+    planned = planner != "rule" or events is None
 
     batch_size: dict[str, Any] = {"schedule": schedule, "device": device}
     if global_batch is not None:
@@ -321,12 +307,25 @@ def train_cmd(
                                        hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
                                        else heartbeat_timeout, prepare=prepare),
             provider=ProviderConfig(name=provider_name, options=options),
-            planning=PlanningConfig(planner=None if live is None else planner, look_ahead=look_ahead,
+            planning=PlanningConfig(planner=planner if planned else None, look_ahead=look_ahead,
                                     profile=None if profile is None else str(profile), accept_plans=accept_plans),
             fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
         )  # fmt: skip
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
         raise UserError(_config_message(exc)) from None
+    live, forecasts = None, "none"
+    if planned:
+        try:
+            live, forecasts = make_planner(
+                planner, profile=runtime, model=model, look_ahead=look_ahead,
+                interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
+                accept_plans_for_s=2 * interval_seconds if accept_plans else None,
+                notice_s=providers[provider_name].notice_grace_s(options) if prepare else None,
+            )  # fmt: skip
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    from parcae.progress import TrainProgress
+
     try:  # the spec imports, cuts, feeds and scores before any process starts; it sets the global batch
         config = check_job(config, batch_given=global_batch is not None)
     except SpecError as exc:
