@@ -430,6 +430,17 @@ AWS_CONSTANTS: tuple[tuple[str, Callable[[str, object], bool]], ...] = (
     ("no-credentials hint", lambda name, v: any(x.startswith("no AWS credentials") for x in _strings(v))),
     ("no-region hint", lambda name, v: any(x.startswith("no AWS region") for x in _strings(v))),
 )
+#: The hints are also written by functions (a hint for what needs the credentials): recognised by how their text starts.
+AWS_HINTS = {"no-credentials hint": "no AWS credentials", "no-region hint": "no AWS region"}
+
+
+def _writes_text(node: ast.AST, prefix: str) -> bool:
+    """Whether a string literal or f-string in `node` starts with `prefix`."""
+    for n in ast.walk(node):
+        first = n.values[0] if isinstance(n, ast.JoinedStr) and n.values else n
+        if isinstance(first, ast.Constant) and isinstance(first.value, str) and first.value.startswith(prefix):
+            return True
+    return False
 
 
 def concepts(repo: Path, srcs: list[Source]) -> str:
@@ -525,8 +536,9 @@ def concepts(repo: Path, srcs: list[Source]) -> str:
         out.append(
             Concept(
                 f"AWS: {label}",
-                "module constant recognised by value",
-                [(f"{s.path}:{line}", name) for s, name, v, line in assigned if match(name, _literal(v))],
+                "module constant recognised by value, or a function writing the hint",
+                [(f"{s.path}:{line}", name) for s, name, v, line in assigned if match(name, _literal(v))]
+                + [(f.where, f.qualname) for f in funcs if _writes_text(f.node, AWS_HINTS.get(label, "\0"))],
             )
         )
 

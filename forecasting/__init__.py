@@ -81,6 +81,10 @@ _HOMES: dict[str, str] = {
     "ALIVE_STATES": "ec2",
     "FILTER_VALUES_MAX": "ec2",
     "JOB_TAG_KEY": "ec2",
+    "SPOT_RECLAIMED_RE": "ec2",
+    "SPOT_WARNING_RE": "ec2",
+    "no_credentials": "ec2",
+    "no_region": "ec2",
     "CollectError": "collect",
     "SpotCollector": "collect",
     "TraceStore": "collect",
@@ -108,6 +112,10 @@ if TYPE_CHECKING:
     from forecasting.ec2 import ALIVE_STATES as ALIVE_STATES
     from forecasting.ec2 import FILTER_VALUES_MAX as FILTER_VALUES_MAX
     from forecasting.ec2 import JOB_TAG_KEY as JOB_TAG_KEY
+    from forecasting.ec2 import SPOT_RECLAIMED_RE as SPOT_RECLAIMED_RE
+    from forecasting.ec2 import SPOT_WARNING_RE as SPOT_WARNING_RE
+    from forecasting.ec2 import no_credentials as no_credentials
+    from forecasting.ec2 import no_region as no_region
     from forecasting.forecast import QUANTILES as QUANTILES
     from forecasting.forecast import Forecast as Forecast
     from forecasting.forecast import Forecaster as Forecaster

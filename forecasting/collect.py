@@ -39,7 +39,15 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from forecasting.ec2 import ALIVE_STATES, FILTER_VALUES_MAX, JOB_TAG_KEY
+from forecasting.ec2 import (
+    ALIVE_STATES,
+    FILTER_VALUES_MAX,
+    JOB_TAG_KEY,
+    SPOT_RECLAIMED_RE,
+    SPOT_WARNING_RE,
+    no_credentials,
+    no_region,
+)
 from forecasting.traces import AvailabilityEvents, events_from_log
 
 if TYPE_CHECKING:
@@ -136,16 +144,13 @@ TABLES: Final[dict[str, _Table]] = {
     ),
 }
 
-_NO_CREDENTIALS: Final = (
-    "no AWS credentials found. Fix: set AWS_PROFILE to a profile in ~/.aws/config or ~/.aws/credentials "
-    "(or run `aws configure` / `aws sso login`), or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY "
-    "(plus AWS_SESSION_TOKEN for temporary keys), or run on an instance whose instance profile grants "
-    "ec2:Describe* and ec2:GetSpotPlacementScores; or pass SpotCollector(session=boto3.Session(...))"
+_NO_CREDENTIALS: Final = no_credentials(
+    "collecting spot traces",
+    "ec2:Describe* and ec2:GetSpotPlacementScores",
+    "the collector",
+    also="pass SpotCollector(session=boto3.Session(...))",
 )
-_NO_REGION: Final = (
-    "no AWS region configured. Fix: set AWS_REGION (or AWS_DEFAULT_REGION), or `region` in the profile "
-    "in ~/.aws/config, or pass SpotCollector(regions=[...])"
-)
+_NO_REGION: Final = no_region("SpotCollector(regions=[...])")
 
 _THROTTLING_CODES: Final = frozenset(
     {"RequestLimitExceeded", "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled"}
@@ -153,12 +158,6 @@ _THROTTLING_CODES: Final = frozenset(
 # What an EC2-compatible endpoint (a mock, a private cloud, an old partition) answers for an action it lacks.
 _UNSUPPORTED_CODES: Final = frozenset({"InvalidAction", "UnsupportedOperation", "NotImplemented"})
 
-# Spot request status codes that mean the *provider* took the instance away (or is about to): an
-# interruption, as opposed to instance-terminated-by-user and friends.
-_INTERRUPTION_RE: Final = re.compile(
-    r"marked-for-(termination|stop|hibernation)"
-    r"|instance-(terminated|stopped|hibernated)-(by-price|no-capacity|capacity-oversubscribed|launch-group-constraint)"
-)
 _SPOT_STATE_REASONS: Final = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
 _GONE: Final = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 # "User initiated (2019-05-15 13:21:48 GMT)" on AWS; moto writes "UTC".
@@ -707,7 +706,8 @@ class SpotCollector:
                 for req in page.get("SpotInstanceRequests", []):
                     status = req.get("Status") or {}
                     code = status.get("Code") or ""
-                    if not req.get("InstanceId") or not _INTERRUPTION_RE.fullmatch(code):
+                    interrupted = SPOT_WARNING_RE.fullmatch(code) or SPOT_RECLAIMED_RE.fullmatch(code)
+                    if not req.get("InstanceId") or not interrupted:
                         continue
                     when = _utc(status["UpdateTime"]) if status.get("UpdateTime") else None
                     prev = found.get(req["InstanceId"])

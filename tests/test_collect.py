@@ -556,3 +556,30 @@ def test_round_trip_against_moto_server_on_loopback(tmp_path: Path) -> None:
     table = load_trace(store.export_event_csv("srv", tmp_path / "srv.csv"))
     assert int(table["n_in"].sum()) == 2 and int(table["n_out"].sum()) == 1
     assert int(table["available"].iloc[-1]) == 1
+
+
+def test_the_collector_and_the_spot_provider_read_one_list_of_interruption_codes():
+    """One definition (forecasting.ec2): a warning, the cloud's reclaims (a fault-injection experiment's too), and
+    never the owner's own doing."""
+    import forecasting
+
+    warned = ["marked-for-termination", "marked-for-stop", "marked-for-hibernation"]
+    reclaimed = [
+        "instance-terminated-no-capacity",
+        "instance-stopped-by-price",
+        "instance-terminated-by-experiment",
+        "instance-hibernated-capacity-oversubscribed",
+        "instance-terminated-launch-group-constraint",
+    ]
+    ours = [
+        "instance-terminated-by-user",
+        "instance-stopped-by-user",
+        "instance-terminated-by-schedule",
+        "instance-terminated-by-service",
+        "request-canceled-and-instance-running",
+        "fulfilled",
+    ]
+    assert all(forecasting.SPOT_WARNING_RE.fullmatch(c) for c in warned)
+    assert all(forecasting.SPOT_RECLAIMED_RE.fullmatch(c) for c in reclaimed)
+    assert not any(forecasting.SPOT_WARNING_RE.fullmatch(c) or forecasting.SPOT_RECLAIMED_RE.fullmatch(c) for c in ours)
+    assert not any(forecasting.SPOT_WARNING_RE.fullmatch(c) for c in reclaimed)

@@ -36,7 +36,7 @@ from typing import Any, Final
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from forecasting import ALIVE_STATES, FILTER_VALUES_MAX
+from forecasting import ALIVE_STATES, FILTER_VALUES_MAX, SPOT_RECLAIMED_RE, SPOT_WARNING_RE
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.aws_config import JOB_TAG_KEY, NOTICE_S, WORKER_TAG_KEY, AwsConfigError, AwsSpotConfig, user_data
 from trainer.providers.aws_errors import (
@@ -76,14 +76,6 @@ __all__ = [
 
 _NOT_TERMINATED: Final = ("pending", "running", "stopping", "stopped", "shutting-down")
 
-# Spot request status codes (AWS EC2 user guide, "Spot request status codes"). A warning: the instance is still
-# running and will be reclaimed in ~2 minutes. A reclaim: the cloud took it. *-by-user, -by-schedule, -by-service
-# (terminated from stopped) and request-canceled-and-instance-running are our own doing, not interruptions.
-_WARNING_RE: Final = re.compile(r"marked-for-(termination|stop|hibernation)")
-_RECLAIMED_RE: Final = re.compile(
-    r"instance-(terminated|stopped|hibernated)-"
-    r"(by-price|no-capacity|capacity-oversubscribed|launch-group-constraint|by-experiment)"
-)
 _ACTION: Final = {"termination": "terminate", "terminated": "terminate", "stop": "stop", "stopped": "stop",
                   "hibernation": "hibernate", "hibernated": "hibernate"}  # fmt: skip
 
@@ -184,10 +176,10 @@ def spot_request_notice(request: Mapping[str, Any], notice_s: float = NOTICE_S) 
     when = status.get("UpdateTime")
     if isinstance(when, str):
         when = parse_time(when)
-    if m := _WARNING_RE.fullmatch(code):
+    if m := SPOT_WARNING_RE.fullmatch(code):
         deadline = when + timedelta(seconds=notice_s) if when else None
         return InterruptionNotice(instance_id, "warning", "spot-request", code, _ACTION[m.group(1)], when, deadline)
-    if m := _RECLAIMED_RE.fullmatch(code):
+    if m := SPOT_RECLAIMED_RE.fullmatch(code):
         return InterruptionNotice(instance_id, "reclaimed", "spot-request", code, _ACTION[m.group(1)], when, when)
     return None
 

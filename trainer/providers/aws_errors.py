@@ -13,6 +13,8 @@ from typing import Any, Final
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError, PartialCredentialsError
 
+import forecasting
+
 __all__ = ["EC2_GRANTS", "NO_CREDENTIALS", "NO_REGION", "S3_GRANTS", "AwsCredentialsError", "AwsProviderError",
            "aws_call", "aws_error", "client_config", "no_credentials"]  # fmt: skip
 
@@ -25,17 +27,11 @@ S3_GRANTS: Final = "s3:PutObject, s3:GetObject, s3:DeleteObject and s3:ListBucke
 
 def no_credentials(needs: str = "the AWS spot provider", grants: str = EC2_GRANTS) -> str:
     """What to do without AWS credentials, for what `needs` them (the instance role to give: `grants`)."""
-    return (f"no AWS credentials found, and {needs} needs them. Fix: set AWS_PROFILE to a profile in "
-            "~/.aws/config or ~/.aws/credentials (or run `aws configure` / `aws sso login`), or set AWS_ACCESS_KEY_ID "
-            "and AWS_SECRET_ACCESS_KEY (plus AWS_SESSION_TOKEN for temporary keys), or run the driver on an instance "
-            f"whose instance role grants {grants}")  # fmt: skip
+    return forecasting.no_credentials(needs, grants)
 
 
 NO_CREDENTIALS: Final = no_credentials()
-NO_REGION: Final = (
-    "no AWS region given. Fix: set AwsSpotConfig.region (or AWS_REGION / AWS_DEFAULT_REGION, or `region` in the "
-    "profile in ~/.aws/config)"
-)
+NO_REGION: Final = forecasting.no_region("AwsSpotConfig.region")
 _REJECTED_CREDENTIALS: Final = frozenset({
     "InvalidClientTokenId", "SignatureDoesNotMatch", "ExpiredToken", "ExpiredTokenException", "AuthFailure",
     "UnrecognizedClientException", "InvalidAccessKeyId", "RequestExpired",
