@@ -493,7 +493,7 @@ def test_a_device_this_machine_lacks_is_refused_before_the_job_starts(tmp_path, 
     assert resolve_device("auto", 0).type == "cpu"  # auto: CUDA where it exists, else the CPU
     res = CliRunner().invoke(app, ["train", "--device", "cuda", "--workers", "1", "--steps", "2", "--out-dir",
                                    str(tmp_path / "run")])  # fmt: skip
-    assert res.exit_code == 2 and "train.device is cuda but this machine has no CUDA device" in res.output, res.output
+    assert res.exit_code == 2 and "--device: cuda, but this machine has no CUDA device" in res.output, res.output
 
 
 def test_bf16_autocast_trains_across_stages_close_to_one_process(tmp_path, _no_orphans):

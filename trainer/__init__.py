@@ -65,7 +65,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
                     "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
-    **dict.fromkeys(("DEVICES", "DeviceError"), "trainer.runtime.devices"),
+    **dict.fromkeys(("DEVICES", "DeviceError", "resolve_device"), "trainer.runtime.devices"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -213,6 +213,9 @@ if TYPE_CHECKING:
     )
     from trainer.runtime.devices import (
         DeviceError as DeviceError,
+    )
+    from trainer.runtime.devices import (
+        resolve_device as resolve_device,
     )
     from trainer.runtime.export import Exported as Exported
     from trainer.runtime.export import export_state_dict as export_state_dict

@@ -238,6 +238,7 @@ def train_cmd(
         AvailabilityConfig,
         CheckpointConfig,
         ControlPlaneConfig,
+        DeviceError,
         EventError,
         FleetConfig,
         HostsError,
@@ -255,6 +256,7 @@ def train_cmd(
         make_planner,
         model_config,
         profile_cut,
+        resolve_device,
         train,
     )
     from trainer import PROVIDERS as providers
@@ -313,6 +315,11 @@ def train_cmd(
         )  # fmt: skip
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
         raise UserError(_config_message(exc)) from None
+    if provider_name == "local":  # the workers run here: a device this machine lacks is refused before anything
+        try:
+            resolve_device(device, 0)
+        except DeviceError as exc:
+            raise UserError(_config_message(exc)) from None
     live, forecasts = None, "none"
     if planned:
         try:
@@ -557,7 +564,9 @@ def profile_cmd(
                            model_args=args, out_dir=Path(tmp) / "job", progress=status.update,
                            start_method=start_method, device=device,
                            command=command_line)  # fmt: skip
-    except (ProfileError, ScheduleError, SpecError, DeviceError) as exc:
+    except DeviceError as exc:
+        raise UserError(_config_message(exc)) from None
+    except (ProfileError, ScheduleError, SpecError) as exc:
         raise UserError(str(exc)) from None
     except JobError as exc:
         raise CommandFailed(f"the profiling job failed: {exc}") from None

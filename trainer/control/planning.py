@@ -526,7 +526,7 @@ def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, 
     or parameter counts, and a profile measured on another kind of device than the job's prices another machine:
     both are said. A profile of a model with another layer count is a ValueError naming the fix."""
     from trainer.observe.profile import ProfileFormatError
-    from trainer.runtime.devices import resolve_device
+    from trainer.runtime.devices import device_type
     from trainer.runtime.model import n_layers
 
     layers = n_layers(config.model)
@@ -535,7 +535,7 @@ def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, 
                          f"{layers}: measure one with `parcae profile --model {config.model.name}` and the job's "
                          "--model-args")  # fmt: skip
     told = []
-    job_device = resolve_device(config.train.device, 0).type
+    job_device = device_type(config.train.device)  # (whether this machine has it is checked where it trains)
     if profile.device_type != job_device:
         told.append(f"the runtime profile was measured on {profile.device_type}, the job trains on {job_device}: its "
                     "iteration times and migration costs are another machine's; measure one with `parcae profile "

@@ -1,7 +1,8 @@
 """Which device a worker trains on.
 
-Owns: `DEVICES` and `resolve_device` ("cpu"; "cuda": one GPU per worker where there are enough, shared in turn where
-there are not; "auto": CUDA where it exists, else the CPU). Must not touch: training, process groups.
+Owns: `DEVICES`, `device_type` and `resolve_device` ("cpu"; "cuda": one GPU per worker where there are enough,
+shared in turn where there are not; "auto": CUDA where it exists, else the CPU). Must not touch: training, process
+groups.
 
 Process groups stay gloo: tensors a collective or a send needs are staged through host memory
 (`trainer.runtime.pipeline`), so several workers may share one GPU. A worker's GPU is `PARCAE_DEVICE_INDEX` when the
@@ -22,15 +23,23 @@ class DeviceError(ValueError):
     """A device the job asks for that this machine does not have."""
 
 
+def device_type(kind: str) -> str:
+    """The kind of device ("cpu" or "cuda") a job's `train.device` asks for, without checking that this machine has
+    it (`resolve_device` does, where a worker starts)."""
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return kind
+
+
 def resolve_device(kind: str, worker_id: int) -> torch.device:
     """The torch device of worker `worker_id` for the job's `train.device`."""
     if kind not in DEVICES:
-        raise DeviceError(f"train.device must be one of {', '.join(DEVICES)}, got {kind!r}")
+        raise DeviceError(f"train.device: must be one of {', '.join(DEVICES)}, got {kind!r}")
     if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise DeviceError("train.device is cuda but this machine has no CUDA device (torch.cuda.is_available() is "
-                          "False); use --device auto or cpu, or a machine with a GPU")  # fmt: skip
+        raise DeviceError("train.device: cuda, but this machine has no CUDA device (torch.cuda.is_available() is "
+                          "False); use auto or cpu, or a machine with a GPU")  # fmt: skip
     count = torch.cuda.device_count()
     given = os.environ.get(DEVICE_INDEX_ENV)
     index = int(given) if given is not None and given.isdigit() else worker_id % count
