@@ -349,6 +349,7 @@ FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
         "planner": check_planner, "provider": check_provider, **_JOB_FIELDS,
         "look_ahead": _job_field("planning.look_ahead"), "timeout_s": _job_field("control.timeout_s"),
         "fleet": _job_field("fleet.max_instances"), "min_instances": _job_field("fleet.min_instances"),
+        "device": _job_field("train.device"),
     },
     "pipeline": {
         "trace": check_trace, "train_traces": _each(check_trace), "horizon": _job_field("planning.look_ahead"),

@@ -332,6 +332,7 @@ def test_every_flow_checks_its_parameters_with_the_table_the_deployments_check()
     ("entrypoint", "arguments", "needles"),
     [
         ("train:train", {"workers": 0, "steps": -5}, ("workers: must be an integer >= 1, got 0", "steps: ")),
+        ("train:train", {"device": "gpu"}, ("device: must be auto, cpu or cuda, got 'gpu'",)),
         ("plan_interval:plan_interval", {"look_ahead": 0}, ("look_ahead: expected an integer from 1 to 1,024",)),
         ("retrain_forecaster:retrain_forecaster", {"horizon": -1}, ("horizon: ", "got -1")),
         ("collect_traces:collect_traces", {"price_hours": float("inf")}, ("price_hours: ", "got inf")),

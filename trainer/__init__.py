@@ -37,9 +37,9 @@ from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module that defines it.
 _HOMES: dict[str, str] = {
-    **dict.fromkeys(("AvailabilityConfig", "CheckpointConfig", "ConfigError", "ControlPlaneConfig",
+    **dict.fromkeys(("AvailabilityConfig", "CheckpointConfig", "ConfigError", "ControlPlaneConfig", "DEVICES",
                      "DEFAULT_HB_TIMEOUT_S", "FleetConfig", "JobConfig", "MODELS", "ModelConfig", "PlanningConfig",
-                     "ProviderConfig", "START_METHODS", "TrainConfig", "UnknownModelError", "model_config",
+                     "ProviderConfig", "SCHEDULES", "START_METHODS", "TrainConfig", "UnknownModelError", "model_config",
                      "register_model"),
                     "trainer.config"),
     **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
@@ -65,7 +65,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
                     "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
-    **dict.fromkeys(("DEVICES", "DeviceError", "resolve_device"), "trainer.runtime.devices"),
+    **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -78,7 +78,13 @@ if TYPE_CHECKING:
         DEFAULT_HB_TIMEOUT_S as DEFAULT_HB_TIMEOUT_S,
     )
     from trainer.config import (
+        DEVICES as DEVICES,
+    )
+    from trainer.config import (
         MODELS as MODELS,
+    )
+    from trainer.config import (
+        SCHEDULES as SCHEDULES,
     )
     from trainer.config import (
         START_METHODS as START_METHODS,
@@ -208,9 +214,6 @@ if TYPE_CHECKING:
     from trainer.runtime.data import StepSampler as StepSampler
     from trainer.runtime.data import TokenWindows as TokenWindows
     from trainer.runtime.data import shard as shard
-    from trainer.runtime.devices import (
-        DEVICES as DEVICES,
-    )
     from trainer.runtime.devices import (
         DeviceError as DeviceError,
     )

@@ -138,6 +138,12 @@ def model_config(name: str = "tiny-gpt", seed: int = 0, **args: Any) -> ModelCon
     return ModelConfig(name=name, args=args, seed=seed)
 
 
+#: The devices a job may train on (`TrainConfig.device`; `trainer.runtime.devices` resolves them) and the pipeline
+#: schedules within a step (`TrainConfig.schedule`; `trainer.runtime.pipeline.schedule_order`).
+DEVICES = ("auto", "cpu", "cuda")
+SCHEDULES = ("gpipe", "1f1b")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation, independent of D x P.
@@ -165,9 +171,9 @@ class TrainConfig:
         _need(all(_cost(c) for c in self.stage_costs), "train.stage_costs",
               f"every cost must be a finite number >= 0, got {list(self.stage_costs)}",
               "give one cost per layer, or measure the profile again (`parcae profile`)")  # fmt: skip
-        _need(self.device in ("auto", "cpu", "cuda"), "train.device", f"must be auto, cpu or cuda, got {self.device!r}",
+        _need(self.device in DEVICES, "train.device", f"must be {_choices(DEVICES)}, got {self.device!r}",
               "choose one")  # fmt: skip
-        _need(self.schedule in ("gpipe", "1f1b"), "train.schedule", f"must be gpipe or 1f1b, got {self.schedule!r}",
+        _need(self.schedule in SCHEDULES, "train.schedule", f"must be {_choices(SCHEDULES)}, got {self.schedule!r}",
               "choose one")  # fmt: skip
         _need_count(self.steps, "train.steps", 1, "give a step count")
         _need_count(self.global_batch, "train.global_batch", 1, "give the rows of a step")
@@ -188,6 +194,11 @@ START_METHODS = ("spawn", "forkserver")
 
 class ConfigError(ValueError):
     """A `JobConfig` field that cannot work: the message names the field (`section.field`) and the fix."""
+
+
+def _choices(names: tuple[str, ...]) -> str:
+    """ "a, b or c" """
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]
 
 
 def _need(ok: bool, where: str, problem: str, fix: str) -> None:

@@ -15,7 +15,8 @@ import os
 
 import torch
 
-DEVICES = ("auto", "cpu", "cuda")
+from trainer.config import DEVICES
+
 DEVICE_INDEX_ENV = "PARCAE_DEVICE_INDEX"
 
 

@@ -63,7 +63,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
-from trainer.config import ModelConfig, TrainConfig
+from trainer.config import SCHEDULES, ModelConfig, TrainConfig
 from trainer.runtime.data import shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
@@ -708,9 +708,6 @@ def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
     for p in params:
         p.grad = flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
-
-
-SCHEDULES = ("gpipe", "1f1b")
 
 
 def schedule_order(schedule: str, stage: int, P: int, M: int) -> list[tuple[str, int]]:
