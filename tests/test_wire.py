@@ -59,3 +59,20 @@ def test_a_forged_index_is_refused():
     data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
     with pytest.raises(WireError, match="malformed"):
         unpack(data[: 8 + len(head) + 16])
+
+
+def test_a_tensor_is_staged_for_gloo_without_a_copy_on_the_host_and_pinned_from_a_gpu():
+    from trainer.runtime.pipeline import host_copy, host_empty
+
+    t = torch.arange(12.0).reshape(3, 4)
+    assert host_copy(t) is t  # the host's own tensor: nothing copied
+    strided = t.t()
+    assert host_copy(strided).is_contiguous() and torch.equal(host_copy(strided), strided)
+    assert not host_empty((5,), torch.uint8, torch.device("cpu")).is_pinned()
+    assert not pack({"a": {"w": t}}).is_pinned()
+    if torch.cuda.is_available():  # (only where a GPU is: the staging a GPU worker's sends go through)
+        on_gpu = t.to("cuda")
+        staged = host_copy(on_gpu)
+        assert staged.device.type == "cpu" and staged.is_pinned() and torch.equal(staged, t)
+        assert host_empty((5,), torch.uint8, on_gpu.device).is_pinned()
+        assert pack({"a": {"w": on_gpu}}).is_pinned()

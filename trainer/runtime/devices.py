@@ -4,8 +4,8 @@ Owns: `DEVICES`, `device_type` and `resolve_device` ("cpu"; "cuda": one GPU per 
 shared in turn where there are not; "auto": CUDA where it exists, else the CPU). Must not touch: training, process
 groups.
 
-Process groups stay gloo: tensors a collective or a send needs are staged through host memory
-(`trainer.runtime.pipeline`), so several workers may share one GPU. A worker's GPU is `PARCAE_DEVICE_INDEX` when the
+Process groups stay gloo: tensors a collective or a send needs are staged through page-locked host memory
+(`trainer.runtime.pipeline.host_copy`), so several workers may share one GPU. A worker's GPU is `PARCAE_DEVICE_INDEX` when the
 environment gives it (a host's agent, one per slot), else its worker id modulo the GPUs it sees.
 """
 

@@ -656,8 +656,26 @@ def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signat
     return _signature(x), isinstance(x, tuple)
 
 
-def _empty_like_boundary(sig: Signature, is_tuple: bool) -> Any:
-    return rebuild((None,) if is_tuple else None, [torch.empty(shape, dtype=dtype) for shape, dtype in sig])
+def _empty_like_boundary(sig: Signature, is_tuple: bool, device: torch.device) -> Any:
+    return rebuild((None,) if is_tuple else None, [host_empty(shape, dtype, device) for shape, dtype in sig])
+
+
+def host_copy(t: torch.Tensor) -> torch.Tensor:
+    """`t` in host memory, where gloo sends and reduces it: `t` itself when it is there (contiguous); from a GPU, a
+    copy in page-locked (pinned) memory, which the GPU writes directly — a copy to pageable memory goes through a
+    driver buffer first. torch caches pinned blocks, so a step's copies do not allocate anew. The copy is
+    synchronous: the tensor is complete when gloo reads it."""
+    if t.device.type == "cpu":
+        return t.contiguous()
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out.copy_(t)
+    return out
+
+
+def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A buffer in host memory that gloo receives into, for a tensor that goes on to `device`: pinned when that is a
+    GPU (see `host_copy`)."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=device.type == "cuda")
 
 
 #: The dtypes an activation header can name, by code, and the header's fixed length (int64 slots).
@@ -762,7 +780,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                 header = torch.empty(HEADER_LEN, dtype=torch.int64)
                 g.recv(header, ctx.prev_rank)
                 derived = _from_header(header)
-            staged = _empty_like_boundary(*derived)  # in host memory: gloo sends and receives there
+            staged = _empty_like_boundary(*derived, dev)  # in host memory: gloo sends and receives there
             for t in leaves(staged):
                 g.recv(t, ctx.prev_rank)
             inp = to_device(staged, dev)
@@ -790,7 +808,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
                                  f"derived on meta tensors are {derived[0]}: a shape that depends on the data must "
                                  "come from an op without a meta kernel (e.g. nonzero)")  # fmt: skip
             for t in leaves(out):
-                act = t.detach().to("cpu").contiguous()
+                act = host_copy(t.detach())
                 sends.append((g.send(act, ctx.next_rank), act))
         inputs[m], outputs[m] = inp, out
 
@@ -804,7 +822,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             assert g is not None and ctx.next_rank is not None
             outs, grads = [], []
             for t in differentiable(out):
-                grad = torch.empty_like(t, device="cpu", memory_format=torch.contiguous_format)
+                grad = host_empty(t.shape, t.dtype, dev)
                 g.recv(grad, ctx.next_rank)
                 if t.requires_grad:
                     outs.append(t)
@@ -814,7 +832,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         if not ctx.is_first:
             assert g is not None and ctx.prev_rank is not None
             for t in differentiable(inp):
-                grad = (t.grad if t.grad is not None else torch.zeros_like(t)).to("cpu").contiguous()
+                grad = host_copy(t.grad if t.grad is not None else torch.zeros_like(t))
                 sends.append((g.send(grad, ctx.prev_rank), grad))
 
     for phase, m in schedule_order(ctx.train.schedule, ctx.stage, ctx.strategy.P, len(micro)):
@@ -832,7 +850,7 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
         pending = []
         staged = None  # the gradients in host memory, where gloo reduces them (the same tensor on the CPU)
         if g.dp is not None and flat is not None:
-            staged = flat.to("cpu")
+            staged = host_copy(flat)
             pending.append(g.all_reduce(staged, g.dp))
         pending.append(g.all_reduce(totals, g.world))
         for work in pending:

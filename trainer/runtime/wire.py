@@ -36,7 +36,8 @@ def _aligned(n: int) -> int:
 
 def pack(bundle: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
     """One uint8 CPU tensor holding a copy of every tensor of `bundle` (layer name -> state key -> tensor, on any
-    device): the bundle may hold live tensors, training may change them once this returns."""
+    device; pinned where one is on a GPU): the bundle may hold live tensors, training may change them once this
+    returns."""
     index: list[list[object]] = []
     sources: list[tuple[int, int, torch.Tensor]] = []  # (offset, nbytes, the tensor flattened)
     offset = 0
@@ -51,7 +52,8 @@ def pack(bundle: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
             offset = _aligned(offset + nbytes)
     head = json.dumps(index, separators=(",", ":")).encode()
     start = _aligned(8 + len(head))
-    buf = torch.empty(start + offset, dtype=torch.uint8)  # the padding between tensors is never read
+    # the padding between tensors is never read; from a GPU, page-locked (`pipeline.host_copy` says why)
+    buf = torch.empty(start + offset, dtype=torch.uint8, pin_memory=any(f.is_cuda for _, _, f in sources))
     buf[:start] = 0
     buf[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
     buf[8 : 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)

@@ -58,6 +58,7 @@ from trainer.runtime.pipeline import (
     gloo_address,
     gloo_group,
     hollow_layers,
+    host_empty,
     init_epoch,
     layer_state,
     layer_step,
@@ -994,7 +995,7 @@ class Worker:
         groups.recv(size, parties.index(src))
         if ahead and int(size.item()) == 0:
             return None
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
+        data = host_empty((int(size.item()),), torch.uint8, self.device)  # pinned for a GPU: installed there
         groups.recv(data, parties.index(src))
         got = wire.unpack(data)
         names = layer_names(self.job.model)
