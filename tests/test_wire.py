@@ -62,7 +62,7 @@ def test_a_forged_index_is_refused():
 
 
 def test_a_tensor_is_staged_for_gloo_without_a_copy_on_the_host_and_pinned_from_a_gpu():
-    from trainer.runtime.pipeline import host_copy, host_empty
+    from trainer.runtime.pipeline import PIN_MAX_BYTES, host_copy, host_empty, pinned
 
     t = torch.arange(12.0).reshape(3, 4)
     assert host_copy(t) is t  # the host's own tensor: nothing copied
@@ -70,6 +70,9 @@ def test_a_tensor_is_staged_for_gloo_without_a_copy_on_the_host_and_pinned_from_
     assert host_copy(strided).is_contiguous() and torch.equal(host_copy(strided), strided)
     assert not host_empty((5,), torch.uint8, torch.device("cpu")).is_pinned()
     assert not pack({"a": {"w": t}}).is_pinned()
+    gpu = torch.device("cuda", 0)  # (a device object: no GPU needed to ask)
+    assert pinned(4096, gpu) and pinned(PIN_MAX_BYTES, gpu) and not pinned(PIN_MAX_BYTES + 1, gpu)
+    assert not pinned(4096, torch.device("cpu"))  # a CPU worker's tensors are already where gloo reads them
     if torch.cuda.is_available():  # (only where a GPU is: the staging a GPU worker's sends go through)
         on_gpu = t.to("cuda")
         staged = host_copy(on_gpu)

@@ -5,8 +5,9 @@ shared in turn where there are not; "auto": CUDA where it exists, else the CPU).
 groups.
 
 Process groups stay gloo: tensors a collective or a send needs are staged through page-locked host memory
-(`trainer.runtime.pipeline.host_copy`), so several workers may share one GPU. A worker's GPU is `PARCAE_DEVICE_INDEX` when the
-environment gives it (a host's agent, one per slot), else its worker id modulo the GPUs it sees.
+(`trainer.runtime.pipeline.host_copy`), so several workers may share one GPU. A worker's GPU is
+`PARCAE_DEVICE_INDEX` when the environment gives it (a host's agent, one per slot), else its worker id modulo the
+GPUs it sees.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import ipaddress
+import math
 import os
 import socket
 import threading
@@ -660,22 +661,32 @@ def _empty_like_boundary(sig: Signature, is_tuple: bool, device: torch.device) -
     return rebuild((None,) if is_tuple else None, [host_empty(shape, dtype, device) for shape, dtype in sig])
 
 
+#: The largest buffer staged in page-locked memory. torch keeps freed pinned blocks for reuse, each rounded up to a
+#: power of two: a few activation- or gradient-sized buffers per worker, not a copy of a large model's whole state.
+PIN_MAX_BYTES = 256 << 20
+
+
+def pinned(nbytes: int, device: torch.device) -> bool:
+    """Whether a host buffer of `nbytes` for a tensor on `device` is page-locked (see `host_copy`)."""
+    return device.type == "cuda" and nbytes <= PIN_MAX_BYTES
+
+
 def host_copy(t: torch.Tensor) -> torch.Tensor:
     """`t` in host memory, where gloo sends and reduces it: `t` itself when it is there (contiguous); from a GPU, a
-    copy in page-locked (pinned) memory, which the GPU writes directly — a copy to pageable memory goes through a
-    driver buffer first. torch caches pinned blocks, so a step's copies do not allocate anew. The copy is
-    synchronous: the tensor is complete when gloo reads it."""
+    copy in page-locked (pinned) memory up to `PIN_MAX_BYTES`, which the GPU writes directly — a copy to pageable
+    memory goes through a driver buffer first. The copy is synchronous: the tensor is complete when gloo reads it."""
     if t.device.type == "cpu":
         return t.contiguous()
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned(t.numel() * t.element_size(), t.device))
     out.copy_(t)
     return out
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A buffer in host memory that gloo receives into, for a tensor that goes on to `device`: pinned when that is a
-    GPU (see `host_copy`)."""
-    return torch.empty(tuple(shape), dtype=dtype, pin_memory=device.type == "cuda")
+    """A buffer in host memory that gloo receives into, for a tensor that goes on to `device`: page-locked as
+    `host_copy`'s."""
+    nbytes = math.prod(shape) * dtype.itemsize
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=pinned(nbytes, device))
 
 
 #: The dtypes an activation header can name, by code, and the header's fixed length (int64 slots).

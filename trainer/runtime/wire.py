@@ -18,7 +18,7 @@ from collections.abc import Mapping
 
 import torch
 
-from trainer.runtime.pipeline import LayerState
+from trainer.runtime.pipeline import LayerState, pinned
 
 ALIGN = 16  # bytes: >= the largest element size (complex128)
 _DTYPES = {str(t): t for t in (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex64,
@@ -36,8 +36,8 @@ def _aligned(n: int) -> int:
 
 def pack(bundle: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
     """One uint8 CPU tensor holding a copy of every tensor of `bundle` (layer name -> state key -> tensor, on any
-    device; pinned where one is on a GPU): the bundle may hold live tensors, training may change them once this
-    returns."""
+    device; page-locked where one is on a GPU and the buffer is not too large): the bundle may hold live tensors,
+    training may change them once this returns."""
     index: list[list[object]] = []
     sources: list[tuple[int, int, torch.Tensor]] = []  # (offset, nbytes, the tensor flattened)
     offset = 0
@@ -52,8 +52,9 @@ def pack(bundle: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
             offset = _aligned(offset + nbytes)
     head = json.dumps(index, separators=(",", ":")).encode()
     start = _aligned(8 + len(head))
-    # the padding between tensors is never read; from a GPU, page-locked (`pipeline.host_copy` says why)
-    buf = torch.empty(start + offset, dtype=torch.uint8, pin_memory=any(f.is_cuda for _, _, f in sources))
+    # the padding between tensors is never read; from a GPU, page-locked where not too large (`pipeline.pinned`)
+    gpu = next((f.device for _, _, f in sources if f.is_cuda), torch.device("cpu"))
+    buf = torch.empty(start + offset, dtype=torch.uint8, pin_memory=pinned(start + offset, gpu))
     buf[:start] = 0
     buf[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
     buf[8 : 8 + len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
