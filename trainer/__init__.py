@@ -62,8 +62,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("Stage", "build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
     **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
                     "trainer.runtime.trainspec"),
-    **dict.fromkeys(("StageLayout", "build_context", "micro_loss", "parameters_checksum", "train_step"),
-                    "trainer.runtime.pipeline"),
+    **dict.fromkeys(("StageLayout", "build_context", "host_copy", "micro_loss", "parameters_checksum",
+                     "train_step"), "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     "global_batch": "trainer.examples.gpt",
@@ -240,6 +240,9 @@ if TYPE_CHECKING:
     )
     from trainer.runtime.pipeline import (
         build_context as build_context,
+    )
+    from trainer.runtime.pipeline import (
+        host_copy as host_copy,
     )
     from trainer.runtime.pipeline import (
         micro_loss as micro_loss,
