@@ -400,8 +400,14 @@ def test_cli_profile_writes_the_file_and_prints_the_tables(tmp_path):
     for (d, p), ms in prof.throughput.iteration_ms.items():
         assert len(step_ms[f"{d}x{p}"]) >= 2 and ms == min(step_ms[f"{d}x{p}"])
     for text in ("iteration time per strategy", "measured pause vs the calibrated model", "checkpoint-restart",
-                 "rendezvous_ms", "1x2", "lead time and downtime per kind", "model down"):  # fmt: skip
-        assert text in res.output
+                 "rendezvous_ms", "1x2", "lead time and downtime per kind", "model down", "(cpu, 2 cores",
+                 "what the stage cut balances", "stage at P=2"):  # fmt: skip
+        assert text in " ".join(res.output.split())  # (titles wrap at the console's width)
+    # each layer's time, and the stage the cut by those times gives it at P = 2
+    cut = partition(prof.stage_costs(), 2)
+    rows = {line.split()[0]: line.split() for line in res.output.splitlines() if line.strip()}
+    for i, layer in enumerate(prof.spec.layers):
+        assert rows[layer.name][-1] == str(0 if i < cut[1] else 1), rows[layer.name]
     # one step a strategy: every epoch is prepared before it starts, so no epoch measures the slowdown — and it says so
     assert prof.measured["prepared"]["slowdown"] is None and "slowdown while a preparation runs: not measured" in (
         " ".join(res.output.split())

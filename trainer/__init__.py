@@ -62,7 +62,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("Stage", "build_layers", "layer_names", "spec_of"), "trainer.runtime.model"),
     **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
                     "trainer.runtime.trainspec"),
-    **dict.fromkeys(("StageLayout", "build_context", "host_copy", "micro_loss", "parameters_checksum",
+    **dict.fromkeys(("StageLayout", "build_context", "host_copy", "micro_loss", "parameters_checksum", "partition",
                      "train_step"), "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
@@ -249,6 +249,9 @@ if TYPE_CHECKING:
     )
     from trainer.runtime.pipeline import (
         parameters_checksum as parameters_checksum,
+    )
+    from trainer.runtime.pipeline import (
+        partition as partition,
     )
     from trainer.runtime.pipeline import (
         train_step as train_step,

@@ -581,13 +581,31 @@ def profile_cmd(
 
 def _print_profile(prof: Any) -> None:
     """The tables of `parcae profile`: iteration time per strategy, each migration against the model, the constants."""
+    from trainer import ProfileFormatError, partition
+
     out = stdout()
     m = prof.measured
     job, machine = m["job"], m["machine"]
-    out.print(f"{job['model']} on {job['workers']} workers ({machine['usable_cores']} cores, "
-              f"{machine['start_method']}): {job['steps']} steps in {job['wall_s']:.1f} s, "
-              f"global batch {job['global_batch']}")  # fmt: skip
+    out.print(f"{job['model']} on {job['workers']} workers ({machine.get('device', 'cpu')}, "
+              f"{machine['usable_cores']} cores, {machine['start_method']}): {job['steps']} steps in "
+              f"{job['wall_s']:.1f} s, global batch {job['global_batch']}")  # fmt: skip
     thr = prof.throughput
+    try:
+        layer_ms = prof.stage_costs()
+    except ProfileFormatError:
+        layer_ms = None
+    if layer_ms is not None:  # what the stages were cut by, and the cuts
+        total = sum(layer_ms) or 1.0
+        stages = sorted({p for _, p in thr.strategies() if p > 1})
+        cuts = {p: partition(layer_ms, p) for p in stages}
+        table = Table(title="time per layer (one micro-batch): what the stage cut balances", box=box.SIMPLE,
+                      title_justify="left")  # fmt: skip
+        for col in ("layer", "params", "ms", "share", *(f"stage at P={p}" for p in stages)):
+            table.add_column(col, justify="left" if col == "layer" else "right")
+        for i, (layer, ms) in enumerate(zip(prof.spec.layers, layer_ms, strict=True)):
+            at = [str(next(k for k in range(p) if cuts[p][k] <= i < cuts[p][k + 1])) for p in stages]
+            table.add_row(layer.name, f"{layer.params:,}", f"{ms:.2f}", f"{ms / total:.0%}", *at)
+        out.print(table)
     table = Table(title="iteration time per strategy", box=box.SIMPLE, title_justify="left")
     for col in ("D x P", "iteration ms", "samples/s", "epochs"):
         table.add_column(col, justify="right")
@@ -600,7 +618,7 @@ def _print_profile(prof: Any) -> None:
         table.add_column(col, justify="left" if col in ("kind", "fits") else "right")
     notes = []
     for r in m["fit"]:
-        table.add_row(str(r["epoch"]), r["kind"], "x".join(map(str, r["from"])), "x".join(map(str, r["to"])),
+        table.add_row(str(r["epoch"]), r["kind"], strategy_key(r["from"]), strategy_key(r["to"]),
                       f"{r['measured_ms']:.0f}", f"{r['model_ms']:.0f}", r["used_for"] or "-")  # fmt: skip
         if r["note"]:
             notes.append(f"epoch {r['epoch']}: {r['note']}")
