@@ -408,10 +408,10 @@ def cached_profile(
     """The runtime profile at ``path`` (default `profile_path`) and where it came from; measured now (one job of
     ``workers`` processes on ``device``, under a minute for tiny-gpt) and written there when the file does not
     exist, so the next job reuses it. A file that is not a profile raises `ProfileFormatError` naming it."""
-    from trainer.runtime.devices import resolve_device
+    from trainer.runtime.devices import device_type
 
-    device_type = resolve_device(device, 0).type
-    target = Path(path) if path else profile_path(model, workers, model_args=model_args, device_type=device_type)
+    kind = device_type(device)  # (`measure` refuses a device this machine lacks)
+    target = Path(path) if path else profile_path(model, workers, model_args=model_args, device_type=kind)
     if target.is_file():
         return RuntimeProfile.load(target), f"loaded {target}"
     target.parent.mkdir(parents=True, exist_ok=True)
