@@ -95,6 +95,7 @@ def staging(sizes_mib: tuple[int, ...] = (1, 16, 128), repeats: int = 10) -> lis
     out = ["staging GPU -> host (medians): size, pageable ms, pinned ms, pageable / pinned"]
     for mib in sizes_mib:
         t = torch.randn(mib << 18, device="cuda")  # float32: 4 bytes each
+        expected = t.cpu()
         times: dict[str, list[float]] = {"pageable": [], "pinned": []}
         for _ in range(repeats):
             for name in ("pageable", "pinned"):
@@ -102,7 +103,7 @@ def staging(sizes_mib: tuple[int, ...] = (1, 16, 128), repeats: int = 10) -> lis
                 t0 = time.perf_counter()
                 staged = t.to("cpu") if name == "pageable" else host_copy(t)
                 times[name].append(1000 * (time.perf_counter() - t0))
-                assert torch.equal(staged, t.cpu())
+                assert torch.equal(staged, expected)
         a, b = statistics.median(times["pageable"]), statistics.median(times["pinned"])
         out.append(f"  {mib:4d} MiB {a:10.2f} {b:10.2f} {a / b:8.2f}")
     return out

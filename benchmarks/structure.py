@@ -533,12 +533,13 @@ def concepts(repo: Path, srcs: list[Source]) -> str:
         )
     )
     for label, match in AWS_CONSTANTS:
+        hint = AWS_HINTS.get(label, "")
         out.append(
             Concept(
                 f"AWS: {label}",
                 "module constant recognised by value, or a function writing the hint",
                 [(f"{s.path}:{line}", name) for s, name, v, line in assigned if match(name, _literal(v))]
-                + [(f.where, f.qualname) for f in funcs if _writes_text(f.node, AWS_HINTS.get(label, "\0"))],
+                + [(f.where, f.qualname) for f in funcs if label in AWS_HINTS and _writes_text(f.node, hint)],
             )
         )
 

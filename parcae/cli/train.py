@@ -5,6 +5,7 @@ provider's options, Ctrl-C (`EXIT_INTERRUPTED`, the command that continues the j
 touch: running the job (`trainer.train`, `trainer.measure`), the live progress (`parcae.progress`).
 """
 
+import bisect
 import math
 import os
 import shlex
@@ -603,7 +604,7 @@ def _print_profile(prof: Any) -> None:
         for col in ("layer", "params", "ms", "share", *(f"stage at P={p}" for p in stages)):
             table.add_column(col, justify="left" if col == "layer" else "right")
         for i, (layer, ms) in enumerate(zip(prof.spec.layers, layer_ms, strict=True)):
-            at = [str(next(k for k in range(p) if cuts[p][k] <= i < cuts[p][k + 1])) for p in stages]
+            at = [str(bisect.bisect_right(cuts[p], i) - 1) for p in stages]  # the stage whose bounds hold layer i
             table.add_row(layer.name, f"{layer.params:,}", f"{ms:.2f}", f"{ms / total:.0%}", *at)
         out.print(table)
     table = Table(title="iteration time per strategy", box=box.SIMPLE, title_justify="left")

@@ -1,8 +1,8 @@
 """Which device a worker trains on.
 
-Owns: `DEVICES`, `device_type` and `resolve_device` ("cpu"; "cuda": one GPU per worker where there are enough,
-shared in turn where there are not; "auto": CUDA where it exists, else the CPU). Must not touch: training, process
-groups.
+Owns: `device_type` and `resolve_device` of a job's `train.device` (one of `trainer.config.DEVICES`: "cpu"; "cuda":
+one GPU per worker where there are enough, shared in turn where there are not; "auto": CUDA where it exists, else
+the CPU). Must not touch: training, process groups.
 
 Process groups stay gloo: tensors a collective or a send needs are staged through page-locked host memory
 (`trainer.runtime.pipeline.host_copy`), so several workers may share one GPU. A worker's GPU is
@@ -37,7 +37,7 @@ def resolve_device(kind: str, worker_id: int) -> torch.device:
     """The torch device of worker `worker_id` for the job's `train.device`."""
     if kind not in DEVICES:
         raise DeviceError(f"train.device: must be one of {', '.join(DEVICES)}, got {kind!r}")
-    if kind == "cpu" or (kind == "auto" and not torch.cuda.is_available()):
+    if device_type(kind) == "cpu":
         return torch.device("cpu")
     if not torch.cuda.is_available():
         raise DeviceError("train.device: cuda, but this machine has no CUDA device (torch.cuda.is_available() is "
