@@ -110,6 +110,27 @@ def test_what_a_client_without_the_token_writes_is_ignored(coord, monkeypatch):
     assert coord.store.rejected["ctl/states/0"] >= 1
 
 
+def test_batched_reads_and_writes_are_sealed_and_check_refuses_a_forgery_among_several_keys(coord):
+    """`multi_set`, `multi_get` and `check` take one round trip for many keys (a boundary's reports, a step's
+    commit marks): what they write is sealed like `set`, and one forged key among several fails `check`."""
+    store, raw = coord.store, raw_client(coord.port)
+    store.multi_set(["ctl/e7/phases/0", "ctl/e7/ready/0"], ['{"groups_s": 0.1}', "12.5"])
+    assert raw.get("ctl/e7/ready/0") != b"12.5"  # ciphertext to a client without the token
+    assert store.multi_get(["ctl/e7/phases/0", "ctl/e7/ready/0"]) == [b'{"groups_s": 0.1}', b"12.5"]
+    marks = [f"ctl/e7/commit/3/{w}" for w in range(3)]
+    store.multi_set(marks[:2], ["1", "1"])
+    assert not store.check(marks)  # one absent
+    raw.set(marks[2], "1")  # forged by a client without the token
+    landed(raw, marks[2])
+    assert not store.check(marks)
+    store.set(marks[2], "1")
+    assert store.check(marks)
+    with pytest.raises(StoreAuthError):
+        raw.set("ctl/e7/ready/0", "1.0")
+        landed(raw, "ctl/e7/ready/0")
+        store.multi_get(["ctl/e7/phases/0", "ctl/e7/ready/0"])
+
+
 def test_malformed_values_from_token_holders_are_logged_and_ignored(coord):
     s = coord.store
     s.append("ctl/notices", "junk,")

@@ -290,6 +290,23 @@ def test_boundary_is_decided_once(tmp_path):
     assert c.store.compare_set("ctl/boundary/5", "", "train") == b"hold"  # a worker reaching 5 now waits
 
 
+def test_a_prepared_epoch_s_boundary_names_its_preparation_and_another_decision_does_not(tmp_path):
+    """The boundary of a prepared epoch reads "epoch:{n}:{p}": its parties hold preparation p's epoch already and
+    skip reading it (a round trip in the pause); an epoch that differs from what was prepared is named alone."""
+    c = _coordinator(tmp_path)
+    c.store.append("ctl/joined", "0,1,2,3,")  # as four workers registering would
+    c.start((2, 2), [0, 1, 2, 3])
+    prepared = c.prepare(4, (1, 2))
+    assert prepared is not None and prepared.prepared == 1
+    epoch = c.reconfigure(4, (1, 2))
+    assert epoch == prepared
+    assert c.store.get("ctl/boundary/4") == f"epoch:{epoch.number}:1".encode()
+    assert c.prepare(6, (1, 4)) is not None
+    other = c.reconfigure(6, (2, 2))  # not what was prepared
+    assert other is not None and other.prepared is None
+    assert c.store.get("ctl/boundary/6") == f"epoch:{other.number}".encode()
+
+
 def test_worker_with_a_wrong_or_missing_token_is_refused(tmp_path):
     c = _coordinator(tmp_path, token="s3cret")
     # in this process: no token at all

@@ -685,7 +685,8 @@ class Coordinator:
         for w in preempt:
             self.store.set(keys.preempt(w), str(last_epoch))
         self.preempted |= set(preempt)
-        self._resolve(s, f"epoch:{epoch.number}" if epoch is not None else TRAIN)
+        self._resolve(s, TRAIN if epoch is None else f"epoch:{epoch.number}" if epoch.prepared is None
+                      else f"epoch:{epoch.number}:{epoch.prepared}")  # fmt: skip
         entry["kind"] = epoch.kind.value if epoch is not None else MigrationKind.NONE.value
         self.log.append(entry)
         return epoch

@@ -30,7 +30,8 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
   ctl/boundary/{s}         the decision for the boundary before step s, taken **once** by compare-and-set (as the
                            reference's `/rdzv/global_steps_{step}` CAS, §D.3): the first worker to reach it writes
                            "train"; the coordinator claims it beforehand with "hold" and resolves a hold to
-                           "epoch:{n}" (migrate into epoch n), "restart:{n}" (checkpoint here, exit for a
+                           "epoch:{n}" (migrate into epoch n; "epoch:{n}:{p}" when it is preparation p's epoch,
+                           which its parties hold already), "restart:{n}" (checkpoint here, exit for a
                            checkpoint-restart into epoch n) or "train". A decision naming an epoch the worker has
                            already reached is stale (the boundary is being passed again after a recovery) and means
                            "train". Every member of an epoch therefore sees the same decision.
@@ -54,9 +55,9 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
                            `trainer.runtime.pipeline`). The decision
                            of a migrated epoch's first step is also the migration's: "apply" commits it, "abort"
                            (which the coordinator writes itself when the hand-off breaks) rolls it back
-  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), arrived
-                           (counter), ready/{id} (new member about to run its first step), phases/{id} (its
-                           migration's phase durations, JSON), bytes (sent or loaded, counter), sent/{id} (a
+  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), ready/{id} (new
+                           member about to run its first step), phases/{id} (its migration's phase durations,
+                           JSON), bytes (sent or loaded, counter), sent/{id} (a
                            transfer source has added what it sent to bytes), decided (when the epoch was published)
   ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s (with a
                            checkpoint URI: once the shard and its record are uploaded there)
@@ -201,10 +202,6 @@ def epoch_decided(n: int) -> str:
 
 def epoch_bytes(n: int) -> str:
     return f"ctl/e{n}/bytes"
-
-
-def arrived(n: int) -> str:
-    return f"ctl/e{n}/arrived"
 
 
 def arrive(n: int, w: int) -> str:

@@ -503,11 +503,16 @@ class Worker:
             v = self.store.get(key).decode()
         if v == TRAIN:
             return None
-        kind, target = v.split(":", 1)
+        kind, target, *prepared = v.split(":")
         if int(target) <= current.number:
             return None  # decided for an epoch we are already past: we are redoing steps after a recovery
         if kind == "restart":
             return int(target)
+        if prepared:  # the epoch of preparation p, as published then: this worker may hold it (a round trip less)
+            with self._prep_lock:
+                prep = self._preps.get(int(prepared[0]))
+            if prep is not None and prep.epoch.number == int(target):
+                return prep.epoch
         return Epoch.from_json(self.store.get(keys.epoch(int(target))))
 
     def _save(self, directory: str, step: int) -> None:
@@ -554,7 +559,6 @@ class Worker:
         `number` (once)."""
         if self._arrived != number:
             self.store.set(keys.arrive(number, self.id), repr(self.last_step_end if at is None else at))
-            self.store.add(keys.arrived(number), 1)
             self._arrived = number
 
     def _train(self) -> None:
@@ -667,9 +671,12 @@ class Worker:
                 self._failed_at = None
                 _, held = self._held()
                 close_epoch(held.groups, background=True)  # released while the new epoch forms: no pause
-            else:  # joining from standby: the old members must be at the boundary before groups can form
+            else:  # joining from standby
                 self._failed_at = None
-                self._poll(lambda: self._check_epoch(n) or self.store.add(keys.arrived(n), 0) >= len(new.previous))
+                if self._preparation(new) is None:  # the old members must be at the boundary before groups can form
+                    arrivals = [keys.arrive(n, w) for w in new.previous]
+                    self._poll(lambda: self._check_epoch(n) or self.store.check(arrivals))
+                # (prepared: its groups are formed; the hand-off's receives wait for the sources at the boundary)
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
@@ -1190,8 +1197,9 @@ class Worker:
             return False
         phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1, **built}
         self._phases = {}
-        self.store.set(keys.phases(epoch.number, self.id), json.dumps(phases))
-        self.store.set(keys.ready(epoch.number, self.id), repr(time.time()))
+        # both reports in one round trip (the pause ends at the time taken before it, the ready report's own)
+        self.store.multi_set([keys.phases(epoch.number, self.id), keys.ready(epoch.number, self.id)],
+                             [json.dumps(phases), repr(time.time())])  # fmt: skip
         return True
 
     def _restore(self, epoch: Epoch, names: Sequence[str]) -> dict[str, LayerState]:
