@@ -407,8 +407,10 @@ def test_a_prepared_hand_off_sends_the_state_a_step_early_and_trains_the_same_ru
     # the state fills them); none was built at a boundary
     assert [r["layers_built"]["built"] for r in reconf] == [0, 0]
     assert reconf[1]["layers_built"]["built_ahead"] > 0 and not any(r["build_ahead_errors"] for r in reconf)
-    # and the state that came ahead was installed before the boundary too: there, only the step was applied
+    # and the state that came ahead was installed before the boundary too, and the step's gradients came as soon as
+    # the sources had reduced them: the receivers applied the step before the boundary as well (there, only a go)
     assert [r["layers_installed_ahead"] for r in reconf] == [r["transfers"] for r in reconf]
+    assert [r["layers_grads_ahead"] for r in reconf] == [r["transfers"] for r in reconf]
     assert result["loss"] == losses
     assert result["final_checksum"] == parameters_checksum(layers, list(layers))
 

@@ -929,9 +929,10 @@ class Coordinator:
         standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
         a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build or install
         ahead failed (the boundary then did it). layers_caught_up: of those transferred, how many had their state
-        sent during the step before the boundary (a prepared epoch) and only that step's gradients at it;
-        layers_installed_ahead: of those, how many had that state installed before the boundary too (it only
-        applied the step).
+        sent during the step before the boundary (a prepared epoch), then that step's gradients (as soon as the step
+        reduced them, or at the boundary); layers_installed_ahead: of those, how many had that state installed
+        before the boundary too; layers_grads_ahead: of those, how many had the step's gradients come before it as
+        well (at the boundary only the source's go came).
         bytes_moved: tensor bytes the workers sent (live migrations) or loaded from the checkpoint (restarts).
         steps_lost: committed steps thrown away and recomputed (a checkpoint-restart after a kill; else 0).
         pause_s is None for an epoch that broke before any member was ready.
@@ -975,6 +976,7 @@ class Coordinator:
             "layers_built": {k: sum(p.get(k, 0) for p in phases) for k in ("built", "built_ahead")},
             "layers_caught_up": sum(p.get("caught_up", 0) for p in phases),
             "layers_installed_ahead": sum(p.get("installed_ahead", 0) for p in phases),
+            "layers_grads_ahead": sum(p.get("grads_ahead", 0) for p in phases),
             "build_ahead_errors": sorted({p["build_ahead_error"] for p in phases if "build_ahead_error" in p}),
             "source": self._sources.get(n, "schedule"), "noticed": list(noticed),
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,

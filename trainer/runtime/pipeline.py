@@ -756,12 +756,17 @@ def schedule_order(schedule: str, stage: int, P: int, M: int) -> list[tuple[str,
     return order + [("B", m) for m in range(M - warm, M)]
 
 
-def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None = None) -> float:
+def train_step(
+    ctx: StageContext, step: int, commit: Callable[[], bool] | None = None, reduced: Callable[[], None] | None = None
+) -> float:
     """One step of the global batch `step` on this rank (GPipe or 1F1B, `TrainConfig.schedule`); returns the
     global mean loss (on every rank). Either schedule only accumulates gradients, so both train the same run.
 
     Nothing is applied unless every op of the step completed and `commit()` (if given) returned True; otherwise
     `StepAbandoned` is raised with parameters and optimiser state untouched (see the module docstring).
+    `reduced()` (if given) is called once the gradients the optimiser will apply are final (reduced, normalised,
+    clipped) and the step's forwards have left their buffers, before the commit: a migration's source sends them
+    from there (`trainer.runtime.worker`), beside the commit and the update.
     """
     spec, B, D, dev = ctx.spec, ctx.train.global_batch, ctx.strategy.D, ctx.device
     g = ctx.groups
@@ -889,6 +894,8 @@ def train_step(ctx: StageContext, step: int, commit: Callable[[], bool] | None =
             flat.mul_(clip / (norm + 1e-6))
     if flat is not None:
         _unflatten_grads(params, flat)
+    if reduced is not None:
+        reduced()
 
     # Only now — every op done, and the step committed everywhere — does anything change.
     if commit is not None and not commit():

@@ -212,6 +212,15 @@ class _Prepared:
     xfer_ahead: Any = None  # the transfer group, for the sender (which drops it when done: see `_take_prepared`)
     ahead_out: list[tuple[tuple[int, int], torch.Tensor, int]] | None = None  # (pair, packed state, state bytes)
     ahead_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
+    # then the last step's gradients of what went ahead, sent as soon as that step reduced them (`_grads_ahead`):
+    # packed by (src, dst) pair (None: they follow at the boundary), and what each receiver got
+    grads_out: list[tuple[tuple[int, int], torch.Tensor | None]] | None = None
+    grads_ready: threading.Event = field(default_factory=threading.Event)  # grads_out is set
+    grads_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
+    ahead_done: bool = False  # everything sent ahead to this receiver arrived (states, then gradients)
+    received: threading.Event = field(default_factory=threading.Event)  # the helper's receiving ended (or failed)
+    # the layers (by name) whose step is applied already, ahead of the boundary (`_step_ahead`)
+    stepped: dict[str, torch.nn.Module] = field(default_factory=dict)
     receiving: bool = False  # the receiving is claimed (by the helper, or by the main thread at the boundary)
     send_error: BaseException | None = None
     receive_error: BaseException | None = None
@@ -468,6 +477,8 @@ class Worker:
                 prep.built = built
                 if prep.ahead_in:
                     self._install_ahead(prep, built)
+                if prep.grads_in:  # and the step's gradients after it
+                    self._step_ahead(prep, built)
         return bool(todo)
 
     def _take_built(self, epoch: Epoch) -> tuple[HeldLayers, HeldLayers, str | None]:
@@ -585,10 +596,11 @@ class Worker:
                     break
                 step = self.step
                 self._report_uploads()
-                self._send_ahead(step)
+                sending = self._send_ahead(step)
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
-                loss = train_step(ctx, step, commit=partial(self._commit, step))
+                loss = train_step(ctx, step, commit=partial(self._commit, step),
+                                  reduced=partial(self._grads_ahead, sending) if sending else None)  # fmt: skip
                 self.last_step_end = time.time()
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
                     self._uncommitted, self._base = False, None
@@ -680,10 +692,11 @@ class Worker:
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
+            self._await_ahead(new, first=True)  # what comes ahead is installed (and stepped) in its layers first
             prebuilt, hollow, why = self._take_built(new)  # a standby's layers, or a member's incoming ones
             ahead = {**hollow, **prebuilt}
-            received, caught, installed = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {}, 0)
-            self._phases = {"transfer_s": time.perf_counter() - t0, "installed_ahead": installed}
+            received, caught, counts = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {}, {})
+            self._phases = {"transfer_s": time.perf_counter() - t0, **counts}
             if why is not None:
                 self._phases["build_ahead_error"] = why
             if self.id in new.assignment:
@@ -828,9 +841,6 @@ class Worker:
                     prep.receiving = prep.receiving or claimed
                 if claimed:
                     self._receive_ahead(prep, xfer)
-                    with prep.build_lock:  # into the layers built ahead, by this helper or a standby's main thread
-                        if not prep.ahead_taken:
-                            self._install_ahead(prep, prep.hollow or prep.built or {})
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
 
@@ -865,6 +875,25 @@ class Worker:
                         prep.installed[name] = held[0]
         except Exception as exc:  # noqa: BLE001 — e.g. out of memory: the boundary installs the rest itself
             prep.ahead_error = f"installing ahead: {type(exc).__name__}: {exc}"
+
+    def _step_ahead(self, prep: _Prepared, layers: HeldLayers) -> None:
+        """Apply the step whose gradients came ahead (`prep.grads_in`) to the layers whose state is installed ahead,
+        before the boundary (under `prep.build_lock`, as `_install_ahead`). Speculative: the source's step may still
+        be refused; the boundary's go from the source (`_transfer`) is what makes the layers count, and an abandoned
+        migration drops them. A failure leaves the step to the boundary."""
+        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
+        lr = self._catch_up_lr(prep.epoch)
+        try:
+            for grads in (prep.grads_in or {}).values():
+                for name, g in (grads or {}).items():
+                    held = layers.get(index[name])
+                    if held is not None and prep.installed.get(name) is held[0] and name not in prep.stepped:
+                        apply_step(held[0], held[1], g, lr)
+                        prep.stepped[name] = held[0]
+        except Exception as exc:  # noqa: BLE001 — the boundary applies the step instead (from the installed state
+            prep.ahead_error = f"stepping ahead: {type(exc).__name__}: {exc}"  # only if untouched: see _catch_up)
+            prep.stepped.clear()
+            prep.installed.clear()
 
     def _take_prepared(self, epoch: Epoch, part: str) -> Any:
         """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
@@ -901,24 +930,29 @@ class Worker:
 
     def _transfer(
         self, epoch: Epoch, built_ahead: HeldLayers
-    ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]], int]:
+    ) -> tuple[dict[str, LayerState], dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]], dict[str, int]]:
         """Send and receive this worker's share of `epoch.transfers`; returns the states received, by layer name,
         the layers whose state came ahead, caught up (module and optimiser, by index; in the modules of
         `built_ahead`, built before the boundary, where there are), and how many of those had their early state
-        installed before the boundary (only the step was applied at it). `MigrationAbandoned` (nothing received is kept)
+        installed before the boundary ("installed_ahead") and their step's gradients too ("grads_ahead": only the
+        source's go came at it). `MigrationAbandoned` (nothing received is kept)
         if a party dies or the epoch is flagged meanwhile.
 
         Pairs are processed in one global order (blocking sends cannot deadlock). A prepared epoch's hand-off has
         two phases, each in that order: first every source's state as of the boundary before this one (sent during
         the step by `_send_ahead`, received by the preparation's helper: `_receive_ahead`; an empty message from a
-        source that had not seen the preparation in time), then, at this boundary, the step's gradients of what
-        went ahead (`pipeline.catch_up` applies them: bit for bit the source's state now) or else the state."""
+        source that had not seen the preparation in time), then that step's gradients of what went ahead, sent
+        as soon as the step reduced them (`_grads_ahead`; an empty message: they follow at the boundary); then, at
+        this boundary, a go (the step is committed) where the gradients went ahead, else those gradients, or else the
+        state. `pipeline.catch_up` applies the gradients — ahead of the boundary where it can (`_step_ahead`) — and
+        gives, bit for bit, the source's state now."""
         parties = epoch.transfer_parties
         n = epoch.number
         rank = parties.index(self.id)
         prep = self._preparation(epoch)
         # the early states installed ahead (`_install_ahead`): complete, as `_take_built` took the build lock first
         installed = dict(prep.installed) if prep is not None else {}
+        stepped = dict(prep.stepped) if prep is not None else {}  # and those whose step was applied too
         world = self._take_prepared(epoch, "xfer")
         if prep is not None and prep.sender is None:
             prep.xfer_ahead = None  # nothing went ahead: no sender will drop it
@@ -933,12 +967,18 @@ class Worker:
         caught: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
         sent = 0
         went_ahead: set[tuple[int, int]] = set()
+        grads_went: set[tuple[int, int]] = set()  # of those, the pairs whose step's gradients went ahead too
         ahead: dict[tuple[int, int], dict[str, LayerState] | None] = {}
+        grads_ahead: dict[tuple[int, int], dict[str, LayerState] | None] = {}
         try:
             if epoch.prepared is not None:  # phase 1: what went ahead
                 if prep is not None and prep.ahead_out is not None:
                     went_ahead = {pair for pair, _, _ in prep.ahead_out}
                     sent += sum(b for _, _, b in prep.ahead_out)
+                    if not prep.grads_ready.is_set():  # (the step ran without `_grads_ahead`): at the boundary
+                        prep.grads_out = [(pair, None) for pair, _, _ in prep.ahead_out]
+                        prep.grads_ready.set()
+                    grads_went = {pair for pair, g in prep.grads_out or () if g is not None}
                 helper = False
                 if prep is not None:
                     with self._prep_lock:
@@ -950,13 +990,13 @@ class Worker:
                         groups.wait(groups.send(zero, parties.index(dst)))  # the state follows at the boundary
                     elif dst == self.id and not helper:
                         ahead[(src, dst)] = self._receive_one(groups, epoch, src, ahead=True)
+                if not helper:
+                    grads_ahead = self._receive_grads(groups, epoch, ahead)
                 if helper and prep is not None:
-                    mine = prep
-                    self._poll(lambda: self._check_epoch(n) or mine.ahead_in is not None
-                               or mine.receive_error is not None)  # fmt: skip
-                    if mine.ahead_in is None:
-                        raise MigrationAbandoned(f"receiving ahead for epoch {n} failed: {mine.receive_error}")
-                    ahead = mine.ahead_in
+                    self._await_ahead(epoch)
+                    if not prep.ahead_done or prep.ahead_in is None or prep.grads_in is None:
+                        raise MigrationAbandoned(f"receiving ahead for epoch {n} failed: {prep.receive_error}")
+                    ahead, grads_ahead = prep.ahead_in, prep.grads_in
                 # only now wait for our own sender: its sends may wait for the receives just above, elsewhere
                 sender = prep.sender if prep is not None else None
                 while sender is not None and sender.is_alive():
@@ -968,6 +1008,9 @@ class Worker:
             for (src, dst), layers in pairs:  # phase 2, at the boundary
                 if src == self.id:
                     _, ctx = self._held()
+                    if (src, dst) in grads_went:  # the go: the step whose gradients went ahead is committed here
+                        groups.wait(groups.send(torch.zeros(1, dtype=torch.int64), parties.index(dst)))
+                        continue
                     if (src, dst) in went_ahead:  # the step's gradients: the receiver applies them itself
                         bundle = {names[i]: layer_step(ctx.module.layer(i)) for i in layers}
                     else:
@@ -975,13 +1018,18 @@ class Worker:
                         sent += state_bytes(bundle)
                     _send_one(groups, epoch, dst, wire.pack(bundle))
                 elif dst == self.id:
-                    got = self._receive_one(groups, epoch, src)
+                    early, grads = ahead.get((src, dst)), grads_ahead.get((src, dst))
+                    got: dict[str, LayerState] | None = grads
+                    if early is not None and grads is not None:
+                        if self._receive_one(groups, epoch, src, ahead=True) is not None:
+                            raise RuntimeError(f"worker {self.id}: expected worker {src}'s go, got layers")
+                    else:
+                        got = self._receive_one(groups, epoch, src)
                     assert got is not None
-                    early = ahead.get((src, dst))
                     if early is None:
                         received.update(got)
                     else:
-                        caught.update(self._catch_up(epoch, early, got, built_ahead, installed))
+                        caught.update(self._catch_up(epoch, early, got, built_ahead, installed, stepped))
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
@@ -989,8 +1037,11 @@ class Worker:
         self.store.add(keys.epoch_bytes(n), sent)
         if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
             self.store.set(keys.sent(n, self.id), str(sent))
-        installed_ahead = sum(1 for i, (layer, _) in caught.items() if installed.get(names[i]) is layer)
-        return received, caught, installed_ahead
+        counts = {
+            "installed_ahead": sum(1 for i, (layer, _) in caught.items() if installed.get(names[i]) is layer),
+            "grads_ahead": sum(len(g) for g in grads_ahead.values() if g is not None),
+        }
+        return received, caught, counts
 
     def _receive_one(
         self, groups: EpochGroups, epoch: Epoch, src: int, ahead: bool = False
@@ -1013,28 +1064,34 @@ class Worker:
 
     def _catch_up(
         self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], ahead: HeldLayers,
-        installed: Mapping[str, torch.nn.Module] | None = None,
+        installed: Mapping[str, torch.nn.Module] | None = None, stepped: Mapping[str, torch.nn.Module] | None = None,
     ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:  # fmt: skip
         """The layers whose state as of the boundary before `epoch`'s came ahead, brought to this boundary with the
         step's gradients (in the modules built ahead where there are, else built now: hollow, as the state fills
         them, where the layer allows it). A layer whose early state is `installed` in its module already (by
-        `_install_ahead`) only takes the step."""
-        installed = installed or {}
+        `_install_ahead`) only takes the step; one `stepped` ahead (`_step_ahead`) is caught up already."""
+        installed, stepped = installed or {}, stepped or {}
         index = {name: i for i, name in enumerate(layer_names(self.job.model))}
         wanted = [index[name] for name in early]
         layers = {i: ahead[i] for i in wanted if i in ahead}
         job = self.job
         layers.update(hollow_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
         layers.update(fresh_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
-        spec = spec_of(self.job.model, self.job.train)
-        lr = spec.lr(epoch.start_step - 1) if spec.lr is not None else None
+        lr = self._catch_up_lr(epoch)
         for name, state in early.items():
             layer, optimizer = layers[index[name]]
+            if stepped.get(name) is layer:
+                continue
             if installed.get(name) is layer:
                 apply_step(layer, optimizer, grads[name], lr)
             else:
                 catch_up(layer, optimizer, state, grads[name], lr)
         return layers
+
+    def _catch_up_lr(self, epoch: Epoch) -> float | None:
+        """The learning rate of the step before `epoch`'s boundary: the one a catch-up applies."""
+        spec = spec_of(self.job.model, self.job.train)
+        return spec.lr(epoch.start_step - 1) if spec.lr is not None else None
 
     def _preparation(self, epoch: Epoch) -> _Prepared | None:
         """This worker's preparation of `epoch` (None if it was not prepared, or this worker did not take part)."""
@@ -1044,11 +1101,12 @@ class Worker:
             prep = self._preps.get(epoch.prepared)
         return prep if prep is not None and prep.epoch == epoch else None
 
-    def _send_ahead(self, step: int) -> None:
+    def _send_ahead(self, step: int) -> list[_Prepared]:
         """Before training `step`: if a prepared epoch begins at the boundary after it and this worker sends layers in
         it, snapshot them — their state as of this boundary, one copy straight into the buffers sent — and send them
-        during the step from a helper thread (`_sending_ahead`); at that boundary only the step's gradients follow
-        (`_transfer`)."""
+        during the step from a helper thread (`_sending_ahead`), then the step's gradients as soon as the step has
+        reduced them (`_grads_ahead`); at that boundary only a go follows (`_transfer`). Returns those
+        preparations."""
         current, ctx = self._held()
         with self._prep_lock:
             preps = [prep for prep in self._preps.values()
@@ -1066,6 +1124,21 @@ class Worker:
             prep.sender = threading.Thread(target=self._sending_ahead, args=(prep,), name="parcae-send-ahead",
                                            daemon=True)  # fmt: skip
             prep.sender.start()
+        return preps
+
+    def _grads_ahead(self, preps: Sequence[_Prepared]) -> None:
+        """(`train_step`'s `reduced`, on the main thread) The step's final gradients and buffers of the layers each of
+        `preps` sent ahead, packed (a copy: the update and the next forwards change them) for its sender thread,
+        which sends them while this step commits and applies — the boundary then waits for no transfer."""
+        _, ctx = self._held()
+        names = layer_names(self.job.model)
+        for prep in preps:
+            if prep.grads_ready.is_set() or prep.ahead_out is None:
+                continue
+            layers = dict(_pairs(prep.epoch))
+            prep.grads_out = [(pair, wire.pack({names[i]: layer_step(ctx.module.layer(i)) for i in layers[pair]}))
+                              for pair, _, _ in prep.ahead_out]  # fmt: skip
+            prep.grads_ready.set()
 
     def _sending_ahead(self, prep: _Prepared) -> None:
         """(A helper thread) Send what `_send_ahead` packed, once the preparation's transfer group has formed."""
@@ -1086,6 +1159,17 @@ class Worker:
             assert prep.ahead_out is not None
             for (_, dst), data, _ in prep.ahead_out:
                 _send_one(groups, e, dst, data)
+            # then the step's gradients, as soon as it has reduced them (`_grads_ahead`; None: at the boundary)
+            while not prep.grads_ready.wait(POLL_MAX_S):
+                reason = self._ahead_abort(prep)
+                if reason:
+                    raise StepAbandoned(reason)
+            assert prep.grads_out is not None
+            for (_, dst), grads in prep.grads_out:
+                if grads is None:
+                    groups.wait(groups.send(torch.zeros(1, dtype=torch.int64), parties.index(dst)))
+                else:
+                    _send_one(groups, e, dst, grads)
             groups.waiter.close()
         except BaseException as exc:  # noqa: BLE001 — the boundary finds out
             if groups is not None:
@@ -1094,18 +1178,58 @@ class Worker:
 
     def _receive_ahead(self, prep: _Prepared, xfer: Any) -> None:
         """(The preparation's helper thread) Receive, in the pairs' global order, what each source sends this worker
-        ahead of the epoch's boundary (`_send_ahead`; None for a source that sends at the boundary instead)."""
+        ahead of the epoch's boundary (`_send_ahead`; None for a source that sends at the boundary instead) and
+        install it in the layers built ahead; then the gradients of the source's last step (`_grads_ahead`), and
+        apply that step to them: at the boundary only the source's go is left."""
         e = prep.epoch
         groups = EpochGroups(epoch=e.number, rank=e.transfer_parties.index(self.id), world=xfer, dp=None,
                              abort=lambda: self._ahead_abort(prep))  # fmt: skip
         try:
             got = {(src, dst): self._receive_one(groups, e, src, ahead=True)
                    for (src, dst), _ in _pairs(e) if dst == self.id}  # fmt: skip
-            groups.waiter.close()
             prep.ahead_in = got
+            with prep.build_lock:  # into the layers built ahead, by this helper or a standby's main thread
+                if not prep.ahead_taken:
+                    self._install_ahead(prep, prep.hollow or prep.built or {})
+            grads = self._receive_grads(groups, e, got)
+            with prep.build_lock:
+                prep.grads_in = grads
+                if not prep.ahead_taken:
+                    self._step_ahead(prep, prep.hollow or prep.built or {})
+            groups.waiter.close()
+            prep.ahead_done = True
         except BaseException as exc:  # noqa: BLE001 — the boundary finds out
             groups.abandon()
             prep.receive_error = exc
+        finally:
+            prep.received.set()
+
+    def _await_ahead(self, epoch: Epoch, first: bool = False) -> bool:
+        """If this worker's preparation helper receives what comes ahead for `epoch`, wait until it has (and has
+        installed and stepped it where it could): woken at once, checking the epoch's abort flag meanwhile. Whether
+        the helper receives (else `_transfer` receives the first phase itself). `first`: before the hand-off, where
+        a source that sent nothing ahead must not wait — its empty first-phase messages may be what the helpers
+        (its own included, elsewhere) wait for."""
+        prep = self._preparation(epoch)
+        if prep is None:
+            return False
+        if first and prep.ahead_out is None and any(t.src == self.id for t in epoch.transfers):
+            return False
+        with self._prep_lock:
+            if not prep.receiving:
+                return False
+        while not prep.received.wait(POLL_MAX_S):
+            self._check_epoch(epoch.number)
+            self._control()
+        return True
+
+    def _receive_grads(
+        self, groups: EpochGroups, epoch: Epoch, early: Mapping[tuple[int, int], dict[str, LayerState] | None]
+    ) -> dict[tuple[int, int], dict[str, LayerState] | None]:
+        """After the states sent ahead (`early`), in the same order: each such source's gradients of its last step
+        (None: they follow at the boundary)."""
+        return {(src, dst): self._receive_one(groups, epoch, src, ahead=True)
+                for (src, dst), state in early.items() if state is not None}  # fmt: skip
 
     def _ahead_abort(self, prep: _Prepared) -> str | None:
         """Why a preparation's helpers should stop waiting on their peers (None: keep waiting): a newer preparation,
