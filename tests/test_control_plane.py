@@ -129,6 +129,13 @@ def test_batched_reads_and_writes_are_sealed_and_check_refuses_a_forgery_among_s
         raw.set("ctl/e7/ready/0", "1.0")
         landed(raw, "ctl/e7/ready/0")
         store.multi_get(["ctl/e7/phases/0", "ctl/e7/ready/0"])
+    # get_if: one round trip, writes nothing; a key absent or holding only a forgery reads as None
+    assert store.get_if("ctl/e7/decide/3") is None and not raw.check(["ctl/e7/decide/3"])
+    raw.set("ctl/e7/decide/3", "apply")
+    landed(raw, "ctl/e7/decide/3")
+    assert store.get_if("ctl/e7/decide/3") is None and not store.check(["ctl/e7/decide/3"])
+    assert store.compare_set("ctl/e7/decide/3", "", "abort") == b"abort"  # the forgery did not pre-empt it
+    assert store.get_if("ctl/e7/decide/3") == b"abort" and store.check(["ctl/e7/decide/3"])
 
 
 def test_malformed_values_from_token_holders_are_logged_and_ignored(coord):

@@ -52,6 +52,9 @@ MAX_VALUE_BYTES = 1 << 30  # a frame claiming more is not one of ours
 DRIVER_KEY = "auth/driver"  # sealed: the driver's Ed25519 public key (hex), for clients not given it at start
 DRIVER_KEY_ENV = "PARCAE_DRIVER_KEY"  # how an agent passes the driver's public key on to its worker
 _SIG = 64  # bytes of an Ed25519 signature
+# `SealedStore.get_if`'s compare-and-set: an expectation no value of ours (a sealed frame starts with MAGIC) equals,
+# and a value it never writes (TCPStore only writes on a match, or for an absent key with an empty expectation)
+_PROBE, _PROBE_NEVER = b"\x00parcae-probe", b"\x00parcae-probe-never-written"
 
 
 class StoreAuthError(RuntimeError):
@@ -226,6 +229,18 @@ class SealedStore(Store):
             self.inner.compare_set(key, cur, clean)  # type: ignore[arg-type]  # stub gap: bytes values
         raise StoreAuthError(f"store key {key!r} keeps being rewritten by a client without the job's token")
 
+    def get_if(self, key: str) -> bytes | None:
+        """`key`'s value, or None if it is absent or holds nothing sealed with the job's token — in one round trip
+        (a compare-and-set that never matches: TCPStore answers with the value, or with the expectation if the key
+        is absent, and writes nothing). What a loop waiting for a decision polls."""
+        got = bytes(self.inner.compare_set(key, _PROBE, _PROBE_NEVER))  # type: ignore[arg-type]  # stub gap: bytes
+        if got == _PROBE:
+            return None
+        try:
+            return self._open(key, got)
+        except StoreAuthError:
+            return None
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Several keys' values in one round trip (TCPStore's own; waits, as `get` does, for absent keys)."""
         raw = self.inner.multi_get(keys)
@@ -242,6 +257,8 @@ class SealedStore(Store):
     def check(self, keys: list[str]) -> bool:
         """Every key exists and holds a sealed value: one forged by a client without the token is as good as
         absent (a forged `ctl/abort` must not stop the job). Not for counters (`add`): read those with add(k, 0)."""
+        if len(keys) == 1:
+            return self.get_if(keys[0]) is not None
         if not self.inner.check(keys):
             return False
         raw = self.inner.multi_get(keys)  # one round trip for all the keys, not one each

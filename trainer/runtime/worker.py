@@ -338,8 +338,8 @@ class Worker:
 
     def _epoch_abort(self, number: int) -> str | None:
         """Why epoch `number` was declared broken, or None (asked every 20 ms while an op of a step is pending)."""
-        key = keys.epoch_abort(number)
-        return self.store.get(key).decode() if self.store.check([key]) else None
+        got = self.store.get_if(keys.epoch_abort(number))
+        return None if got is None else got.decode()
 
     def _commit(self, step: int) -> bool:
         """Every collective of `step` completed here: take part in the once-only decision to apply it.
@@ -359,13 +359,13 @@ class Worker:
         if self.store.check(marks):
             return self.store.compare_set(key, "", APPLY).decode() == APPLY
         delay, waited = 0.0001, 0.0
-        while not self.store.check([key]):
+        while (decided := self.store.get_if(key)) is None:
             if waited > 0.02 and self._epoch_abort(n):
                 return self.store.compare_set(key, "", ABORT).decode() == APPLY
             time.sleep(delay)
             waited += delay
             delay = min(2 * delay, 0.002)
-        return self.store.get(key).decode() == APPLY
+        return decided.decode() == APPLY
 
     def _poll(self, ready: Callable[[], bool]) -> None:
         """Wait until `ready()` is true, checking for an abort. Backs off from 1 to 20 ms: a hold can last seconds
