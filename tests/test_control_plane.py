@@ -111,8 +111,8 @@ def test_what_a_client_without_the_token_writes_is_ignored(coord, monkeypatch):
 
 
 def test_batched_reads_and_writes_are_sealed_and_check_refuses_a_forgery_among_several_keys(coord):
-    """`multi_set`, `multi_get` and `check` take one round trip for many keys (a boundary's reports, a step's
-    commit marks): what they write is sealed like `set`, and one forged key among several fails `check`."""
+    """`multi_set`, `multi_get` and `check` serve many keys at once, not one request per key (a boundary's reports,
+    a step's commit marks): what they write is sealed like `set`, and one forged key among several fails `check`."""
     store, raw = coord.store, raw_client(coord.port)
     store.multi_set(["ctl/e7/phases/0", "ctl/e7/ready/0"], ['{"groups_s": 0.1}', "12.5"])
     assert raw.get("ctl/e7/ready/0") != b"12.5"  # ciphertext to a client without the token

@@ -247,7 +247,7 @@ class SealedStore(Store):
         return [self._open(k, bytes(v)) for k, v in zip(keys, raw, strict=True)]
 
     def multi_set(self, keys: list[str], values: list[str | bytes]) -> None:
-        """Several keys set in one round trip (a worker's reports at a boundary: each round trip is paid there)."""
+        """Several keys set in one request (a worker's reports at a boundary, where every request is paid for)."""
         sealed = [self._seal(k, v) for k, v in zip(keys, values, strict=True)]
         self.inner.multi_set(keys, sealed)  # type: ignore[attr-defined]  # stub gap: Store.multi_set
 

@@ -1321,7 +1321,7 @@ class Worker:
             return False
         phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1, **built}
         self._phases = {}
-        # both reports in one round trip (the pause ends at the time taken before it, the ready report's own)
+        # both reports in one request (the pause ends at the time taken before it, the ready report's own)
         self.store.multi_set([keys.phases(epoch.number, self.id), keys.ready(epoch.number, self.id)],
                              [json.dumps(phases), repr(time.time())])  # fmt: skip
         return True
