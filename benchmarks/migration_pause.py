@@ -105,6 +105,7 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
     result = run_job(job, Schedule(workers=4, strategy=(2, 2), events=events))
     wall = time.monotonic() - t0
     samples: dict[str, list[float]] = {k: [] for k in (*KINDS, "kill")}
+    spreads: dict[str, list[float]] = {k: [] for k in samples}  # the old members' last steps' ends, first to last
     prepared: dict[str, list[bool]] = {k: [] for k in samples}
     boots: list[float] = []
     for r in result["reconfigurations"]:
@@ -114,12 +115,15 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
             boots.append(r["hold_s"])  # (on a machine where the warm-up steps run faster than it starts)
             pause -= r["hold_s"]
         samples[label].append(pause)
+        if r["spread_s"] is not None:
+            spreads[label].append(r["spread_s"])
         prepared[label].append(bool(r.get("prepared")))
     # one step's time: the median over epochs of their training time per step (pauses excluded)
     per_step = [e["train_s"] / (e["end_step"] - e["start_step"]) for e in result["epochs"]
                 if e["train_s"] is not None and e["end_step"] > e["start_step"]]  # fmt: skip
     return {
         "samples": samples,
+        "spreads": spreads,
         "prepared": prepared,
         "boot_s": boots,
         "records": result["reconfigurations"],
@@ -131,16 +135,19 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
 
 
 def table(off: dict[str, float], on: dict[str, float], step_s: float, samples_on: dict[str, list[float]],
-          prepared: dict[str, list[bool]]) -> str:  # fmt: skip
+          prepared: dict[str, list[bool]], spread_on: dict[str, float]) -> str:  # fmt: skip
+    """The table; `spread_on`: the median spread of the old members' last steps' ends, prepared (part of its pause)."""
     restart = off["checkpoint-restart"]
-    lines = [f"{'kind':<20} {'off (median)':>12} {'on (median)':>12} {'on/off':>7} {'prepared':>9} "
-             f"{'restart/on':>10}  goal: on <= {step_s * 1e3:.0f} ms (a step) and <= off/10", "-" * 108]  # fmt: skip
+    lines = [f"{'kind':<20} {'off (median)':>12} {'on (median)':>12} {'on/off':>7} {'spread on':>10} "
+             f"{'prepared':>9} {'restart/on':>10}  goal: on <= {step_s * 1e3:.0f} ms (a step) and <= off/10",
+             "-" * 119]  # fmt: skip
     for kind in off:
         a, b = off[kind], on.get(kind, float("nan"))
         ratio = b / a if a > 0 else float("inf")
         n_prep = f"{sum(prepared.get(kind, []))}/{len(samples_on.get(kind, []))}"
         met = "" if kind in ("checkpoint-restart", "kill") else ("met" if b <= step_s and b <= a / 10 else "NOT met")
-        lines.append(f"{kind:<20} {a * 1e3:>9.0f} ms {b * 1e3:>9.0f} ms {ratio:>7.2f} {n_prep:>9} "
+        spread = f"{spread_on[kind] * 1e3:>7.0f} ms" if kind in spread_on else f"{'-':>10}"
+        lines.append(f"{kind:<20} {a * 1e3:>9.0f} ms {b * 1e3:>9.0f} ms {ratio:>7.2f} {spread} {n_prep:>9} "
                      f"{restart / b if b > 0 else float('inf'):>9.1f}x  {met}")  # fmt: skip
     return "\n".join(lines)
 
@@ -180,7 +187,10 @@ def main(argv: list[str] | None = None) -> int:
               f"preparation {'on' if prepare else 'off'}: "
               f"{m['steps']} steps, {m['wall_s']:.1f} s wall, {m['throughput']['steps_per_s']:.2f} steps/s overall, "
               f"a step {m['step_s'] * 1e3:.0f} ms")  # fmt: skip
-    print(table(pause, prepared_pause, step_s, on["samples"], on["prepared"]))
+    spread = {k: statistics.median(v) for k, v in on["spreads"].items() if v}
+    print(table(pause, prepared_pause, step_s, on["samples"], on["prepared"], spread))
+    print("spread on: how far apart the old members finished their last step (median, prepared): the pause starts at "
+          "the first, the new epoch needs the last")  # fmt: skip
     boots = [b for m in runs.values() for b in m["boot_s"] if b > 0]
     if boots:
         print(f"addition: the boundary held {len(boots)} time(s) for the added instance to finish starting "
@@ -193,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepared_pause_s": prepared_pause,
             "step_s": step_s,
             "samples_s": {"off": off["samples"], "on": on["samples"]},
+            "spread_s": {"off": off["spreads"], "on": on["spreads"]},
             "prepared": on["prepared"],
             "goals_met": goals,
             "model": a.model,

@@ -923,7 +923,9 @@ class Coordinator:
         for the new epoch's first step (group teardown, transfers, group formation, installs, any hold; after a
         kill also the wasted part of the abandoned step and the detection; for a checkpoint-restart the checkpoint
         save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
-        epoch (an added instance still starting; a failure being detected). detect_s: from the kill to the
+        epoch (an added instance still starting; a failure being detected). spread_s: how far apart the old members
+        finished their last step (the first starts the pause, the last is needed by the new epoch: part of any
+        pause, prepared or not; None when none arrived). detect_s: from the kill to the
         coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
         layers_built: how many layers the new members built for it — at the boundary ("built") or before it, while
         standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
@@ -969,6 +971,7 @@ class Coordinator:
             "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
             "strategy": [e.D, e.P], "bounds": list(e.bounds), "preempted": list(e.preempted), "lost": list(e.lost),
             "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
+            "spread_s": max(arrive) - min(arrive) if arrive else None,
             "detect_s": max(detect) if detect else None,
             "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
