@@ -677,9 +677,7 @@ def host_copy(t: torch.Tensor) -> torch.Tensor:
     memory goes through a driver buffer first. The copy is synchronous: the tensor is complete when gloo reads it."""
     if t.device.type == "cpu":
         return t.contiguous()
-    out = torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned(t.numel() * t.element_size(), t.device))
-    out.copy_(t)
-    return out
+    return host_empty(t.shape, t.dtype, t.device).copy_(t)
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -217,8 +217,8 @@ class _Prepared:
     grads_out: list[tuple[tuple[int, int], torch.Tensor | None]] | None = None
     grads_ready: threading.Event = field(default_factory=threading.Event)  # grads_out is set
     grads_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
-    ahead_done: bool = False  # everything sent ahead to this receiver arrived (states, then gradients)
-    received: threading.Event = field(default_factory=threading.Event)  # the helper's receiving ended (or failed)
+    # the helper's receiving ended: everything sent ahead arrived (`grads_in` set), or it failed (`receive_error`)
+    received: threading.Event = field(default_factory=threading.Event)
     # the layers (by name) whose step is applied already, ahead of the boundary (`_step_ahead`)
     stepped: dict[str, torch.nn.Module] = field(default_factory=dict)
     receiving: bool = False  # the receiving is claimed (by the helper, or by the main thread at the boundary)
@@ -994,7 +994,7 @@ class Worker:
                     grads_ahead = self._receive_grads(groups, epoch, ahead)
                 if helper and prep is not None:
                     self._await_ahead(epoch)
-                    if not prep.ahead_done or prep.ahead_in is None or prep.grads_in is None:
+                    if prep.receive_error is not None or prep.ahead_in is None or prep.grads_in is None:
                         raise MigrationAbandoned(f"receiving ahead for epoch {n} failed: {prep.receive_error}")
                     ahead, grads_ahead = prep.ahead_in, prep.grads_in
                 # only now wait for our own sender: its sends may wait for the receives just above, elsewhere
@@ -1197,7 +1197,6 @@ class Worker:
                 if not prep.ahead_taken:
                     self._step_ahead(prep, prep.hollow or prep.built or {})
             groups.waiter.close()
-            prep.ahead_done = True
         except BaseException as exc:  # noqa: BLE001 — the boundary finds out
             groups.abandon()
             prep.receive_error = exc
