@@ -282,6 +282,7 @@ class Worker:
         self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
         self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
         self._phases: dict[str, float | str] = {}  # durations of the current migration's phases, for the coordinator
+        self._at: dict[str, float] = {}  # and the wall times of its milestones (`Coordinator._critical`)
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
         self._parent = os.getppid()
@@ -297,6 +298,9 @@ class Worker:
         self._prep_watch = 1  # the next preparation number to look at (the watcher thread's)
         self._preps: dict[int, _Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
         self._preps_taken: set[int] = set()  # preparations the main thread forms itself (reached before started)
+        # prepared boundaries' decisions, read during the step before them (`_read_ahead`), by step
+        self._decided: dict[int, str] = {}
+        self._reading: set[int] = set()  # the boundaries a reader thread was started for
         self._prep_lock = threading.Lock()  # guards the two above: the watcher and the main thread share them
         self._stopped = threading.Event()  # set when `run` returns: the watcher starts nothing more
 
@@ -500,7 +504,8 @@ class Worker:
         None to train on, the next `Epoch` to migrate into, or the number of the checkpoint-restart epoch."""
         current, _ = self._held()
         key = keys.boundary(step)
-        v = self.store.compare_set(key, "", TRAIN).decode()
+        ahead = self._decided.pop(step, None)  # (a decided boundary's value is final, whenever it was read)
+        v = self.store.compare_set(key, "", TRAIN).decode() if ahead is None else ahead
         if v == HOLD:
             number = current.number
 
@@ -519,6 +524,7 @@ class Worker:
             return None  # decided for an epoch we are already past: we are redoing steps after a recovery
         if kind == "restart":
             return int(target)
+        self._decided[step] = v  # entered, the new epoch passes this boundary again: without asking the store
         if prepared:  # the epoch of preparation p, as published then: this worker may hold it (a round trip less)
             with self._prep_lock:
                 prep = self._preps.get(int(prepared[0]))
@@ -597,6 +603,7 @@ class Worker:
                 step = self.step
                 self._report_uploads()
                 sending = self._send_ahead(step)
+                self._read_ahead(step + 1)
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step),
@@ -673,8 +680,12 @@ class Worker:
         new, old = self.next, self.epoch
         assert new is not None
         n = new.number
+        leave: EpochGroups | None = None
         try:
-            self._check_epoch(n)
+            if old is None or self._failed_at is not None:
+                self._check_epoch(n)
+            # (an old member at a boundary does not read the flag: a round trip in every pause, for a break that
+            # finds it anyway — in the hand-off's waits, or at the new epoch's first step, which is not committed)
             if old is not None:  # an old member: at the boundary with no op pending, or recovering (groups abandoned)
                 if new.base_number != old.number:
                     raise RuntimeError(f"worker {self.id}: epoch {n} is planned from epoch {new.base_number}, "
@@ -682,7 +693,7 @@ class Worker:
                 self._arrive(n, self._failed_at)
                 self._failed_at = None
                 _, held = self._held()
-                close_epoch(held.groups, background=True)  # released while the new epoch forms: no pause
+                leave = held.groups  # released once this member is ready (below): nothing of it is in the pause
             else:  # joining from standby
                 self._failed_at = None
                 if self._preparation(new) is None:  # the old members must be at the boundary before groups can form
@@ -692,11 +703,14 @@ class Worker:
             self.step = new.start_step
             self.watch = max(self.watch, n + 1)
             t0 = time.perf_counter()
+            at = {"boundary": time.time()}  # where this member's part of the pause went (`Coordinator.record`)
             self._await_ahead(new, first=True)  # what comes ahead is installed (and stepped) in its layers first
+            at["ahead"] = time.time()
             prebuilt, hollow, why = self._take_built(new)  # a standby's layers, or a member's incoming ones
             ahead = {**hollow, **prebuilt}
             received, caught, counts = self._transfer(new, ahead) if self.id in new.transfer_parties else ({}, {}, {})
-            self._phases = {"transfer_s": time.perf_counter() - t0, **counts}
+            at["hand_off"] = time.time()
+            self._phases, self._at = {"transfer_s": time.perf_counter() - t0, **counts}, at
             if why is not None:
                 self._phases["build_ahead_error"] = why
             if self.id in new.assignment:
@@ -705,12 +719,17 @@ class Worker:
                 return
             self._await_commit(new)  # leaving: our old state stays needed until the new epoch committed
         except MigrationAbandoned as e:
-            self._phases = {}
+            self._phases, self._at = {}, {}
             self.store.compare_set(keys.epoch_abort(n), "", f"worker {self.id}: {e}")
             self.step = new.start_step  # nothing was applied since the boundary
             self._report(n, self.last_step_end)
             self._to(WorkerState.RECOVERING)
             return
+        finally:
+            # the old epoch's groups, released in the background (destroying a gloo group takes ~20 ms): after the
+            # ready report, where starting that thread and its teardown no longer share the CPU with the pause
+            if leave is not None:
+                close_epoch(leave, background=True)
         self._drop()
         self._to(WorkerState.PREEMPTED if self.id in new.preempted else WorkerState.STANDBY)
 
@@ -731,6 +750,7 @@ class Worker:
 
     def _drop(self) -> None:
         self.ctx, self.epoch, self.next = None, None, None
+        self._phases, self._at = {}, {}  # (a member that leaves reports no migration of its own)
 
     def _form_client(self) -> Store:
         """The store client group formation uses: its own, as formation blocks in store waits in another thread."""
@@ -1126,6 +1146,33 @@ class Worker:
             prep.sender.start()
         return preps
 
+    def _read_ahead(self, boundary: int) -> None:
+        """If a prepared epoch begins at `boundary` and this worker holds its base, read the boundary's decision in
+        a helper thread during the step before it (the driver decides a prepared boundary early in that step): at
+        the boundary `_boundary` then needs no round trip of its own — one less in every prepared pause."""
+        current, _ = self._held()
+        with self._prep_lock:
+            wanted = boundary not in self._reading and any(
+                prep.epoch.start_step == boundary and prep.epoch.base_number == current.number and not prep.overtaken
+                for prep in self._preps.values())  # fmt: skip
+            if not wanted:
+                return
+            self._reading.add(boundary)
+        threading.Thread(target=self._reading_ahead, args=(boundary,), name="parcae-read-ahead", daemon=True).start()
+
+    def _reading_ahead(self, boundary: int) -> None:
+        """(A helper thread, its own store client) Wait until the coordinator decides `boundary`, then keep its value
+        for `_boundary`. Anything else — the boundary passed undecided, the store gone, a value that is not the job's
+        — leaves nothing: the boundary asks the store itself, as unprepared ones do."""
+        try:
+            store = self._connect()
+            store.wait([keys.boundary_decided(boundary)], timedelta(seconds=PREPARE_WAIT_S))
+            value = store.get(keys.boundary(boundary)).decode()
+        except Exception:  # noqa: BLE001 — (see above: the boundary's own compare-and-set decides then)
+            return
+        if value not in ("", HOLD):
+            self._decided[boundary] = value
+
     def _grads_ahead(self, preps: Sequence[_Prepared]) -> None:
         """(`train_step`'s `reduced`, on the main thread) The step's final gradients and buffers of the layers each of
         `preps` sent ahead, packed (a copy: the update and the next forwards change them) for its sender thread,
@@ -1276,7 +1323,7 @@ class Worker:
                 raise
             failure = e
             groups = EpochGroups(epoch=number, rank=rank, world=None, dp=None, abandoned=True)
-        t1 = time.perf_counter()
+        t1, grouped = time.perf_counter(), time.time()
         stage, replica = epoch.assignment[self.id]
         want = epoch.layers(stage)
         # layers this member built for the epoch (at the boundary or ahead), and those whose state came ahead
@@ -1314,12 +1361,14 @@ class Worker:
         self.watch = max(self.watch, epoch.number + 1)
         self.last_step_end = max(self.last_step_end, time.time())  # a pause starts no earlier than we could train
         if failure is not None:
-            self._phases = {}
+            self._phases, self._at = {}, {}
             self._to(WorkerState.TRAINING)
             self._abandon(f"forming the groups of epoch {number} failed: {failure}")
             return False
-        phases = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1, **built}
-        self._phases = {}
+        phases: dict[str, Any] = {**self._phases, "groups_s": t1 - t0, "install_s": time.perf_counter() - t1, **built}
+        if self._at:  # (a migration's: a first or restart epoch is not entered through `_migrate`)
+            phases["at"] = {**self._at, "groups": grouped}
+        self._phases, self._at = {}, {}
         # both reports in one request (the pause ends at the time taken before it, the ready report's own)
         self.store.multi_set([keys.phases(epoch.number, self.id), keys.ready(epoch.number, self.id)],
                              [json.dumps(phases), repr(time.time())])  # fmt: skip
