@@ -106,6 +106,7 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
     wall = time.monotonic() - t0
     samples: dict[str, list[float]] = {k: [] for k in (*KINDS, "kill")}
     spreads: dict[str, list[float]] = {k: [] for k in samples}  # the old members' last steps' ends, first to last
+    critical: dict[str, list[dict[str, float]]] = {k: [] for k in samples}  # each pause split (`critical_s`)
     prepared: dict[str, list[bool]] = {k: [] for k in samples}
     boots: list[float] = []
     for r in result["reconfigurations"]:
@@ -118,12 +119,18 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
         if r["spread_s"] is not None:
             spreads[label].append(r["spread_s"])
         prepared[label].append(bool(r.get("prepared")))
+        if r.get("critical_s") and label != "addition":  # (an addition's pause leaves its hold out: so would reach)
+            critical[label].append({**r["critical_s"], "joined": float(bool(r["critical_joined"]))})
+        elif r.get("critical_s"):
+            critical[label].append({**r["critical_s"], "reach": r["critical_s"]["reach"] - r["hold_s"],
+                                    "joined": float(bool(r["critical_joined"]))})  # fmt: skip
     # one step's time: the median over epochs of their training time per step (pauses excluded)
     per_step = [e["train_s"] / (e["end_step"] - e["start_step"]) for e in result["epochs"]
                 if e["train_s"] is not None and e["end_step"] > e["start_step"]]  # fmt: skip
     return {
         "samples": samples,
         "spreads": spreads,
+        "critical": critical,
         "prepared": prepared,
         "boot_s": boots,
         "records": result["reconfigurations"],
@@ -149,6 +156,21 @@ def table(off: dict[str, float], on: dict[str, float], step_s: float, samples_on
         spread = f"{spread_on[kind] * 1e3:>7.0f} ms" if kind in spread_on else f"{'-':>10}"
         lines.append(f"{kind:<20} {a * 1e3:>9.0f} ms {b * 1e3:>9.0f} ms {ratio:>7.2f} {spread} {n_prep:>9} "
                      f"{restart / b if b > 0 else float('inf'):>9.1f}x  {met}")  # fmt: skip
+    return "\n".join(lines)
+
+
+PARTS = ("last_step", "reach", "ahead", "hand_off", "groups", "install")
+
+
+def breakdown(critical: dict[str, list[dict[str, float]]]) -> str:
+    """Where the prepared pauses went: the median of each part of `critical_s` (`Coordinator.record`), split along
+    the member ready last, and how often that member was a joiner."""
+    lines = [f"{'kind':<20} " + " ".join(f"{p:>9}" for p in PARTS) + f" {'last: joiner':>13}", "-" * 94]
+    for kind, rows in critical.items():
+        if not rows or kind in ("checkpoint-restart", "kill"):
+            continue
+        cells = " ".join(f"{statistics.median(r[p] for r in rows) * 1e3:>6.1f} ms" for p in PARTS)
+        lines.append(f"{kind:<20} {cells} {sum(r['joined'] for r in rows):>9.0f}/{len(rows)}")
     return "\n".join(lines)
 
 
@@ -191,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     print(table(pause, prepared_pause, step_s, on["samples"], on["prepared"], spread))
     print("spread on: how far apart the old members finished their last step (median, prepared): the pause starts at "
           "the first, the new epoch needs the last")  # fmt: skip
+    print()
+    print("where the prepared pauses went (medians), along the member ready last:")
+    print(breakdown(on["critical"]))
+    print("last_step: until its last step ended (0 for a joiner); reach: until it passed the boundary (the store "
+          "round trips after a step; 0 for a joiner already waiting); ahead: what came ahead (received, installed "
+          "and stepped by its preparation's helper); hand_off: the boundary's transfers (a go where the gradients "
+          "came ahead); groups: taking its groups; install: its layers, then the ready report")  # fmt: skip
     boots = [b for m in runs.values() for b in m["boot_s"] if b > 0]
     if boots:
         print(f"addition: the boundary held {len(boots)} time(s) for the added instance to finish starting "
@@ -204,6 +233,7 @@ def main(argv: list[str] | None = None) -> int:
             "step_s": step_s,
             "samples_s": {"off": off["samples"], "on": on["samples"]},
             "spread_s": {"off": off["spreads"], "on": on["spreads"]},
+            "critical_s": {"off": off["critical"], "on": on["critical"]},
             "prepared": on["prepared"],
             "goals_met": goals,
             "model": a.model,

@@ -349,6 +349,13 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
     assert [e["step"] for e in prepared] == [2, 6, 8]
     assert all(r["steps_lost"] == 0 and r["notice"] and r["pause_s"] > r["hold_s"] >= 0 for r in reconf)
     assert all(r["spread_s"] >= 0 for r in reconf)  # every old member arrived: how far apart their last steps ended
+    # where each pause went, along the member ready last: consecutive parts that add up to it
+    for r in reconf:
+        parts = r["critical_s"]
+        assert list(parts) == ["last_step", "reach", "ahead", "hand_off", "groups", "install"]
+        assert min(parts.values()) >= 0
+        assert sum(parts.values()) == pytest.approx(r["pause_s"], abs=1e-9)
+    assert reconf[0]["critical_joined"] is False  # an intra-stage migration: every new member is an old one
     assert [r["bytes_moved"] for r in reconf] == [r["bytes_planned"] for r in reconf]
     assert reconf[0]["bytes_moved"] == 0 and all(r["bytes_moved"] > 0 for r in reconf[1:])
     # a member keeps the modules of the layers it holds: it builds exactly the layers it receives, none again

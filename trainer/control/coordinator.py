@@ -894,8 +894,11 @@ class Coordinator:
         return sorted(new)
 
     def _times(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> list[float]:
-        names = [key(epoch, w) for w in workers]
-        return [float(self.store.get(k)) for k in names if self.store.check([k])]
+        return list(self._times_by(key, epoch, workers).values())
+
+    def _times_by(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> dict[int, float]:
+        """The times that `workers` reported under `key(epoch, w)`, by worker (those that reported)."""
+        return {w: float(self.store.get(key(epoch, w))) for w in workers if self.store.check([key(epoch, w)])}
 
     def records(self) -> list[dict[str, Any]]:
         """One record per reconfiguration (epochs after the first), measured once the job has run past them (see
@@ -925,8 +928,9 @@ class Coordinator:
         save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
         epoch (an added instance still starting; a failure being detected). spread_s: how far apart the old members
         finished their last step (the first starts the pause, the last is needed by the new epoch: part of any
-        pause, prepared or not; None when none arrived). detect_s: from the kill to the
-        coordinator declaring the worker dead (kills only). phases_s: the slowest new member's phase durations.
+        pause, prepared or not; None when none arrived). detect_s: from the kill to the coordinator declaring the
+        worker dead (kills only). critical_s: the pause split along the member ready last (`_critical`: last_step,
+        reach, ahead, hand_off, groups, install). phases_s: the slowest new member's phase durations.
         layers_built: how many layers the new members built for it — at the boundary ("built") or before it, while
         standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
         a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build or install
@@ -946,14 +950,17 @@ class Coordinator:
         ahead, while the old epoch trained (`prepare`).
         """
         n = e.number
-        arrive = self._times(keys.arrive, n, e.previous)
-        ready = self._times(keys.ready, n, e.members)
+        arrive_by = self._times_by(keys.arrive, n, e.previous)
+        arrive = list(arrive_by.values())
+        ready_by = self._times_by(keys.ready, n, e.members)
+        ready = list(ready_by.values())
         decided = float(self.store.get(keys.epoch_decided(n)))
         # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
         failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
         start = min(arrive) if arrive else min(failed, default=decided)
-        phase_keys = [keys.phases(n, w) for w in e.members]
-        phases = [json.loads(self.store.get(k)) for k in phase_keys if self.store.check([k])]
+        phases_by = {w: json.loads(self.store.get(keys.phases(n, w))) for w in e.members
+                     if self.store.check([keys.phases(n, w)])}  # fmt: skip
+        phases = list(phases_by.values())
         phase_names = sorted({k for p in phases for k in p if k.endswith("_s")})
         detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
                   if w in self._detected_at and w in self._killed_at]  # fmt: skip
@@ -972,6 +979,7 @@ class Coordinator:
             "strategy": [e.D, e.P], "bounds": list(e.bounds), "preempted": list(e.preempted), "lost": list(e.lost),
             "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
             "spread_s": max(arrive) - min(arrive) if arrive else None,
+            **self._critical(start, arrive_by, ready_by, phases_by),
             "detect_s": max(detect) if detect else None,
             "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
@@ -985,6 +993,34 @@ class Coordinator:
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
             "prepared": e.prepared is not None,
         }  # fmt: skip
+
+    @staticmethod
+    def _critical(
+        start: float, arrive_by: Mapping[int, float], ready_by: Mapping[int, float],
+        phases_by: Mapping[int, Mapping[str, Any]],
+    ) -> dict[str, Any]:  # fmt: skip
+        """Where the pause went, along the member ready last (`critical_worker`; `critical_joined`: it was not an old
+        member): `critical_s` splits the pause into consecutive parts, each ending at one of that member's
+        milestones — "last_step" (until its last step of the old epoch ended: how much later than the first old
+        member's; 0 for a joiner), "reach" (until it passed the boundary: the store round trips between a step's end
+        and a migration; 0 for a joiner already waiting there), "ahead" (what came ahead: its preparation's helper
+        receiving, installing and stepping it), "hand_off" (the boundary's transfers: a go, the gradients or the
+        state — and waiting for their sources), "groups" (taking or forming the epoch's process groups), "install"
+        (its layers, then the ready report). They sum to the pause. None where the member left no milestones (an
+        epoch it was not entered through a migration into)."""
+        if not ready_by:
+            return {"critical_s": None, "critical_worker": None, "critical_joined": None}
+        w = max(ready_by, key=ready_by.__getitem__)
+        at = phases_by.get(w, {}).get("at")
+        parts = None
+        if isinstance(at, dict):
+            parts, before = {}, start
+            for name, t in (("last_step", arrive_by.get(w)), ("reach", at.get("boundary")),
+                            ("ahead", at.get("ahead")), ("hand_off", at.get("hand_off")),
+                            ("groups", at.get("groups")), ("install", ready_by[w])):  # fmt: skip
+                t = before if not isinstance(t, int | float) else max(before, float(t))
+                parts[name], before = t - before, t
+        return {"critical_s": parts, "critical_worker": w, "critical_joined": w not in arrive_by}
 
     def epoch_spans(self) -> list[dict[str, Any]]:
         """One span per epoch: which steps it trained, on which stage cut (`bounds`) and for how long
