@@ -307,6 +307,32 @@ def test_a_prepared_epoch_s_boundary_names_its_preparation_and_another_decision_
     assert c.store.get("ctl/boundary/6") == f"epoch:{other.number}".encode()
 
 
+def test_a_pause_is_split_along_the_member_ready_last():
+    """`critical_s`: consecutive parts ending at the last-ready member's milestones, clipped to the pause's start,
+    summing to the pause; a joiner has no last step; a member without milestones gives no split."""
+    start = 100.0
+    arrive = {0: 100.0, 1: 100.004}  # old members' last step ends: 1 finished 4 ms after 0
+    ready = {0: 100.006, 1: 100.010, 2: 100.009}
+    at1 = {"boundary": 100.005, "ahead": 100.005, "hand_off": 100.0075, "groups": 100.008}
+    got = Coordinator._critical(start, arrive, ready, {1: {"at": at1}})
+    assert got["critical_worker"] == 1 and got["critical_joined"] is False
+    parts = got["critical_s"]
+    assert list(parts) == ["last_step", "reach", "ahead", "hand_off", "groups", "install"]
+    assert [round(v * 1e4, 6) for v in parts.values()] == [40, 10, 0, 25, 5, 20]  # in 0.1 ms
+    assert sum(parts.values()) == pytest.approx(ready[1] - start)
+    # a joiner (no arrival) that was waiting at the boundary before the pause began: those parts are 0
+    joiner = {"boundary": 99.8, "ahead": 100.007, "hand_off": 100.008, "groups": 100.0085}
+    got = Coordinator._critical(start, arrive, {**ready, 2: 100.011}, {2: {"at": joiner}})
+    assert got["critical_worker"] == 2 and got["critical_joined"] is True
+    assert got["critical_s"]["last_step"] == 0 and got["critical_s"]["reach"] == 0
+    assert got["critical_s"]["ahead"] == pytest.approx(0.007)
+    assert sum(got["critical_s"].values()) == pytest.approx(0.011)
+    # ready, but no milestones recorded (e.g. a first epoch): no split, still who was last
+    assert Coordinator._critical(start, arrive, ready, {}) == {"critical_s": None, "critical_worker": 1,
+                                                               "critical_joined": False}  # fmt: skip
+    assert Coordinator._critical(start, arrive, {}, {})["critical_s"] is None  # nobody ready
+
+
 def test_worker_with_a_wrong_or_missing_token_is_refused(tmp_path):
     c = _coordinator(tmp_path, token="s3cret")
     # in this process: no token at all
