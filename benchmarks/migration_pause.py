@@ -119,11 +119,13 @@ def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, p
         if r["spread_s"] is not None:
             spreads[label].append(r["spread_s"])
         prepared[label].append(bool(r.get("prepared")))
-        if r.get("critical_s") and label != "addition":  # (an addition's pause leaves its hold out: so would reach)
-            critical[label].append({**r["critical_s"], "joined": float(bool(r["critical_joined"]))})
-        elif r.get("critical_s"):
-            critical[label].append({**r["critical_s"], "reach": r["critical_s"]["reach"] - r["hold_s"],
-                                    "joined": float(bool(r["critical_joined"]))})  # fmt: skip
+        if r.get("critical_s"):
+            parts = dict(r["critical_s"])
+            hold = r["hold_s"] if label == "addition" else 0.0  # left out of its pause (above), so out of its parts
+            for part in ("last_step", "reach"):  # (the parts before the boundary was passed hold it)
+                taken = min(parts[part], hold)
+                parts[part], hold = parts[part] - taken, hold - taken
+            critical[label].append({**parts, "joined": float(bool(r["critical_joined"]))})
     # one step's time: the median over epochs of their training time per step (pauses excluded)
     per_step = [e["train_s"] / (e["end_step"] - e["start_step"]) for e in result["epochs"]
                 if e["train_s"] is not None and e["end_step"] > e["start_step"]]  # fmt: skip
