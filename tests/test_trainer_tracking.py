@@ -68,7 +68,9 @@ def record(epoch: int, kind: str, step: int, strategy: list[int], pause_s: float
            steps_lost: int = 0, **extra: Any) -> dict[str, Any]:  # fmt: skip
     """A reconfiguration record with every field `Coordinator.records()` gives."""
     return {"epoch": epoch, "kind": kind, "notice": True, "step": step, "strategy": strategy, "preempted": [],
-            "lost": [], "pause_s": pause_s, "hold_s": 0.05, "detect_s": None, "bytes_moved": bytes_moved,
+            "lost": [], "pause_s": pause_s, "hold_s": 0.05, "spread_s": 0.004, "detect_s": None,
+            "critical_s": {"last_step": 0.004, "reach": pause_s - 0.0045, "ahead": 0.0, "hand_off": 0.0,
+                           "groups": 0.0002, "install": 0.0003}, "bytes_moved": bytes_moved,
             "bytes_planned": bytes_moved, "transfers": 3, "steps_lost": steps_lost, "restore_step": None,
             "phases_s": {"teardown": 0.01, "transfer": pause_s / 2, "form": 0.02}, **extra}  # fmt: skip
 
@@ -254,6 +256,10 @@ def test_reconfigurations_are_a_table_summaries_and_tags(client: MlflowClient, r
     assert [(r["step"], r["kind"], r["pause_s"], r["bytes_moved"], r["steps_lost"]) for r in rows] == [
         (6, "inter-stage", 0.8, 120_000, 0), (8, "checkpoint-restart", 2.5, 90_000, 3),
         (15, "intra-stage", 0.3, 40_000, 0)]  # fmt: skip
+    # where each pause went, as text a reader can scan in the table
+    assert rows[0]["spread_s"] == 0.004
+    assert rows[0]["pause_parts"] == ("last_step 4.0 ms, reach 795.5 ms, ahead 0.0 ms, hand_off 0.0 ms, "
+                                      "groups 0.2 ms, install 0.3 ms")  # fmt: skip
     # the counts are summaries: one value each, at the end
     final = client.get_run(run_id).data.metrics
     assert {k: v for k, v in final.items() if k.startswith("migrations_")} == {
