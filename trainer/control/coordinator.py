@@ -981,7 +981,7 @@ class Coordinator:
             "spread_s": max(arrive) - min(arrive) if arrive else None,
             **self._critical(start, arrive_by, ready_by, phases_by),
             "detect_s": max(detect) if detect else None,
-            "bytes_moved": self.store.add(keys.epoch_bytes(n), 0), "bytes_planned": e.bytes_planned,
+            "bytes_moved": self._bytes_moved(e), "bytes_planned": e.bytes_planned,
             "transfers": len(e.transfers), "steps_lost": e.steps_lost, "restore_step": e.restore_step,
             "phases_s": {k: max(p.get(k, 0.0) for p in phases) for k in phase_names},
             "layers_built": {k: sum(p.get(k, 0) for p in phases) for k in ("built", "built_ahead")},
@@ -993,6 +993,21 @@ class Coordinator:
             "notice_to_exit_s": max(to_exit) if to_exit else None, "abandoned": abandoned,
             "prepared": e.prepared is not None,
         }  # fmt: skip
+
+    def _bytes_moved(self, e: Epoch) -> int:
+        """The tensor bytes epoch `e`'s transfer sources reported sending, plus those its members loaded from a
+        checkpoint (each a sealed value of its own: a sum no client without the token can inflate)."""
+        reports = [keys.sent(e.number, w) for w in sorted({t.src for t in e.transfers})]
+        reports += [keys.loaded(e.number, w) for w in e.members]
+        total = 0
+        for k in reports:
+            got = self.store.get_if(k)
+            if got is not None:
+                try:
+                    total += max(0, int(got))
+                except ValueError:
+                    self._malformed(k, got.decode(errors="replace"))
+        return total
 
     @staticmethod
     def _critical(

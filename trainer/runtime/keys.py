@@ -200,8 +200,9 @@ def epoch_decided(n: int) -> str:
     return f"ctl/e{n}/decided"
 
 
-def epoch_bytes(n: int) -> str:
-    return f"ctl/e{n}/bytes"
+def loaded(n: int, w: int) -> str:
+    """The bytes of state worker `w` loaded from the checkpoint restoring epoch `n` (sealed, as `sent`)."""
+    return f"ctl/e{n}/loaded/{w}"
 
 
 def arrive(n: int, w: int) -> str:

@@ -1054,8 +1054,7 @@ class Worker:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
         close_epoch(groups, background=True)
-        self.store.add(keys.epoch_bytes(n), sent)
-        if sent:  # after the counter: a sender leaving the epoch may finish after every new member is ready
+        if sent:  # sealed, not a counter a client without the token could bump (`Coordinator.record` sums them)
             self.store.set(keys.sent(n, self.id), str(sent))
         counts = {
             "installed_ahead": sum(1 for i, (layer, _) in caught.items() if installed.get(names[i]) is layer),
@@ -1348,7 +1347,7 @@ class Worker:
             if epoch.kind is MigrationKind.CHECKPOINT_RESTART and epoch.restore_step:
                 mine = self._restore(epoch, ctx.names)
                 ctx.load_layer_states(mine)
-                self.store.add(keys.epoch_bytes(number), state_bytes(mine))
+                self.store.set(keys.loaded(number, self.id), str(state_bytes(mine)))  # (before the ready report)
             elif not fresh:
                 lacking = [n for n, i in zip(ctx.names, ctx.module.indices, strict=True)
                            if i not in kept and i not in caught]  # fmt: skip
