@@ -893,12 +893,17 @@ class Coordinator:
             new.append((s, n))
         return sorted(new)
 
+    def _reports(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> dict[int, bytes]:
+        """What `workers` reported under `key(epoch, w)`, by worker (those that reported): one round trip each."""
+        got = {w: self.store.get_if(key(epoch, w)) for w in workers}
+        return {w: v for w, v in got.items() if v is not None}
+
     def _times(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> list[float]:
         return list(self._times_by(key, epoch, workers).values())
 
     def _times_by(self, key: Callable[[int, int], str], epoch: int, workers: Iterable[int]) -> dict[int, float]:
         """The times that `workers` reported under `key(epoch, w)`, by worker (those that reported)."""
-        return {w: float(self.store.get(key(epoch, w))) for w in workers if self.store.check([key(epoch, w)])}
+        return {w: float(v) for w, v in self._reports(key, epoch, workers).items()}
 
     def records(self) -> list[dict[str, Any]]:
         """One record per reconfiguration (epochs after the first), measured once the job has run past them (see
@@ -958,8 +963,7 @@ class Coordinator:
         # no survivor to report: the pause starts at the kill (or, not knowing it, at the detection)
         failed = [self._killed_at.get(w, self._detected_at.get(w, decided)) for w in e.lost]
         start = min(arrive) if arrive else min(failed, default=decided)
-        phases_by = {w: json.loads(self.store.get(keys.phases(n, w))) for w in e.members
-                     if self.store.check([keys.phases(n, w)])}  # fmt: skip
+        phases_by = {w: json.loads(v) for w, v in self._reports(keys.phases, n, e.members).items()}
         phases = list(phases_by.values())
         phase_names = sorted({k for p in phases for k in p if k.endswith("_s")})
         detect = [self._detected_at[w] - self._killed_at[w] for w in e.lost
@@ -997,16 +1001,13 @@ class Coordinator:
     def _bytes_moved(self, e: Epoch) -> int:
         """The tensor bytes epoch `e`'s transfer sources reported sending, plus those its members loaded from a
         checkpoint (each a sealed value of its own: a sum no client without the token can inflate)."""
-        reports = [keys.sent(e.number, w) for w in sorted({t.src for t in e.transfers})]
-        reports += [keys.loaded(e.number, w) for w in e.members]
         total = 0
-        for k in reports:
-            got = self.store.get_if(k)
-            if got is not None:
+        for key, workers in ((keys.sent, {t.src for t in e.transfers}), (keys.loaded, e.members)):
+            for w, v in self._reports(key, e.number, workers).items():
                 try:
-                    total += max(0, int(got))
+                    total += max(0, int(v))
                 except ValueError:
-                    self._malformed(k, got.decode(errors="replace"))
+                    self._malformed(key(e.number, w), v.decode(errors="replace"))
         return total
 
     @staticmethod

@@ -298,10 +298,11 @@ class Worker:
         self._prep_watch = 1  # the next preparation number to look at (the watcher thread's)
         self._preps: dict[int, _Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
         self._preps_taken: set[int] = set()  # preparations the main thread forms itself (reached before started)
-        # prepared boundaries' decisions, read during the step before them (`_read_ahead`), by step
-        self._decided: dict[int, str] = {}
-        self._reading: set[int] = set()  # the boundaries a reader thread was started for
         self._prep_lock = threading.Lock()  # guards the two above: the watcher and the main thread share them
+        # prepared boundaries' decisions, read during the step before them (`_read_ahead`; a reader thread sets an
+        # entry, the main thread pops it), by step, and the boundaries a reader was started for (under `_prep_lock`)
+        self._decided: dict[int, str] = {}
+        self._reading: set[int] = set()
         self._stopped = threading.Event()  # set when `run` returns: the watcher starts nothing more
 
     # -- plumbing ----------------------------------------------------------------------------------------
