@@ -2,11 +2,14 @@
 death of its peers.
 
 Owns: the worker's state machine (`WorkerState`, `Worker`), the per-step boundary check and commit, the heartbeat
-thread (which also reports preemption notices: `Notice`, SIGTERM), periodic checkpoint shards, the state hand-off of
-a migration (transfer group, sends/receives, install, commit or rollback), the abandon-and-report of a broken epoch,
-and its own measurements in the store.
+thread (which also reports preemption notices: `Notice`, SIGTERM), periodic checkpoint shards, when and in which
+order a migration's hand-off runs (transfer group, sends/receives, install, commit or rollback), when preparations
+start and are taken (the watcher, the helper that forms their groups, what is sent and read ahead), the
+abandon-and-report of a broken epoch, and its own measurements in the store.
 Must not touch: planning (it follows the `Epoch` the coordinator published; `trainer.runtime.migration`), the
-training maths (`trainer.runtime.pipeline.train_step`), other workers' processes.
+training maths (`trainer.runtime.pipeline.train_step`), the hand-off's messages and catch-up
+(`trainer.runtime.handoff`), what a preparation holds and its helpers move (`trainer.runtime.preparation`), other
+workers' processes.
 
 Where to look next: `docs/worker.md` (the state machine and its exit codes, what changes at a migration, failure
 detection, the state hand-off, commit and rollback, preemption notices, in detail), `trainer.runtime.keys` (the store
@@ -29,7 +32,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -39,7 +42,7 @@ import torch
 from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
-from trainer.runtime import checkpoint, keys, wire
+from trainer.runtime import checkpoint, handoff, keys, wire
 from trainer.runtime.checkpoint_mirror import FINAL, CheckpointMirror, ShardUploader, gather_shards, mirror_for
 from trainer.runtime.devices import DeviceError, resolve_device
 from trainer.runtime.migration import Epoch, state_bytes
@@ -50,30 +53,24 @@ from trainer.runtime.pipeline import (
     LayerState,
     StageContext,
     StepAbandoned,
-    apply_step,
     build_context,
-    catch_up,
     close_epoch,
     fresh_layers,
     gloo_address,
     gloo_group,
     hollow_layers,
-    host_empty,
     init_epoch,
-    layer_state,
-    layer_step,
-    load_layer_state,
     make_optimizer,
     parameters_checksum,
     train_step,
 )
+from trainer.runtime.preparation import POLL_MAX_S, POLL_MIN_S, Prepared
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, SealedStore, StoreAuthError, connect_store
 from trainer.runtime.trainspec import SpecError
 
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
-POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
 # how long the preparation watcher blocks in the store at a time (torch logs a warning line at each timeout)
 PREPARE_WAIT_S = 3600.0
 _T = TypeVar("_T")
@@ -186,68 +183,6 @@ def _heartbeat(
         return
 
 
-@dataclass
-class _Prepared:
-    """The process groups of a preparation (`trainer.runtime.keys.prepare`), formed by a helper thread while the old
-    epoch trains: the transfer group if this worker sends or receives, the epoch's groups if it is a member."""
-
-    epoch: Epoch
-    thread: threading.Thread | None = None
-    xfer: Any = None  # a gloo process group
-    groups: EpochGroups | None = None
-    error: BaseException | None = None
-    store: Store | None = None  # the helper's own store client (kept while its groups live)
-    built: HeldLayers | None = None  # a standby member's layers of the epoch, built ahead (`_prebuild`)
-    # a member's layers that the epoch's transfers fill, built hollow beside training (`_build_ahead`)
-    hollow: HeldLayers | None = None
-    ahead_error: str | None = None  # why building or installing ahead failed (the boundary did it instead)
-    build_lock: threading.Lock = field(default_factory=threading.Lock)  # held while building or installing ahead
-    ahead_taken: bool = False  # the boundary took what was built ahead: a build or install not yet started is not done
-    # the layers (by name) whose state that came ahead is installed already, in which module (`_install_ahead`)
-    installed: dict[str, torch.nn.Module] = field(default_factory=dict)
-    overtaken: bool = False  # a newer preparation replaced it: its helpers give up
-    # the state sent ahead (`_send_ahead`, `_receive_ahead`): what each source sends during the step before the
-    # epoch's boundary, and what each receiver got, by (src, dst) pair (None: the source sends it at the boundary)
-    sender: threading.Thread | None = None
-    xfer_ahead: Any = None  # the transfer group, for the sender (which drops it when done: see `_take_prepared`)
-    ahead_out: list[tuple[tuple[int, int], torch.Tensor, int]] | None = None  # (pair, packed state, state bytes)
-    ahead_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
-    # then the last step's gradients of what went ahead, sent as soon as that step reduced them (`_grads_ahead`):
-    # packed by (src, dst) pair (None: they follow at the boundary), and what each receiver got
-    grads_out: list[tuple[tuple[int, int], torch.Tensor | None]] | None = None
-    grads_ready: threading.Event = field(default_factory=threading.Event)  # grads_out is set
-    grads_in: dict[tuple[int, int], dict[str, LayerState] | None] | None = None
-    # the helper's receiving ended: everything sent ahead arrived (`grads_in` set), or it failed (`receive_error`)
-    received: threading.Event = field(default_factory=threading.Event)
-    # the layers (by name) whose step is applied already, ahead of the boundary (`_step_ahead`)
-    stepped: dict[str, torch.nn.Module] = field(default_factory=dict)
-    receiving: bool = False  # the receiving is claimed (by the helper, or by the main thread at the boundary)
-    send_error: BaseException | None = None
-    receive_error: BaseException | None = None
-
-
-def _pairs(epoch: Epoch) -> list[tuple[tuple[int, int], list[int]]]:
-    """`epoch`'s transfers as (src, dst) pairs with their layers, in the one global order every party follows."""
-    pairs: dict[tuple[int, int], list[int]] = {}
-    for t in epoch.transfers:
-        pairs.setdefault((t.src, t.dst), []).append(t.layer)
-    return sorted(pairs.items())
-
-
-def _live_states(ctx: StageContext, names: Sequence[str], layers: Sequence[int]) -> dict[str, LayerState]:
-    """The states of `layers` as the live tensors, by name: for `wire.pack`, which copies them once, straight into
-    the buffer sent."""
-    return {names[i]: layer_state(ctx.module.layer(i), ctx.optimizers[i], copy=False) for i in layers}
-
-
-def _send_one(groups: EpochGroups, epoch: Epoch, dst: int, data: torch.Tensor) -> None:
-    """One message of a hand-off to worker `dst`: its length, then the packed buffer (`Worker._receive_one`)."""
-    rank = epoch.transfer_parties.index(dst)
-    size = torch.tensor([data.numel()], dtype=torch.int64)  # kept alive until its send is waited on
-    groups.wait(groups.send(size, rank))
-    groups.wait(groups.send(data, rank))
-
-
 @dataclass(frozen=True)
 class WorkerSpec:
     """What a worker process is started with; everything else comes from the coordinator's store."""
@@ -296,7 +231,7 @@ class Worker:
         self._uploads: ShardUploader | None = None  # this worker's shard uploads to it
         self._upload_errors: list[str] = []
         self._prep_watch = 1  # the next preparation number to look at (the watcher thread's)
-        self._preps: dict[int, _Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
+        self._preps: dict[int, Prepared] = {}  # preparations whose groups this worker forms (or formed) ahead
         self._preps_taken: set[int] = set()  # preparations the main thread forms itself (reached before started)
         self._prep_lock = threading.Lock()  # guards the two above: the watcher and the main thread share them
         # prepared boundaries' decisions, read during the step before them (`_read_ahead`; a reader thread sets an
@@ -481,9 +416,9 @@ class Worker:
             with prep.build_lock:  # the state may have come ahead meanwhile: install it (else the helper will)
                 prep.built = built
                 if prep.ahead_in:
-                    self._install_ahead(prep, built)
+                    prep.install_ahead(built)
                 if prep.grads_in:  # and the step's gradients after it
-                    self._step_ahead(prep, built)
+                    prep.step_ahead(built)
         return bool(todo)
 
     def _take_built(self, epoch: Epoch) -> tuple[HeldLayers, HeldLayers, str | None]:
@@ -828,13 +763,14 @@ class Worker:
                 if q < p:
                     old.overtaken = True
             self._preps = {q: prep for q, prep in self._preps.items() if q > p}
-            prep = _Prepared(epoch)
+            prep = Prepared(epoch, self.id, layer_names(self.job.model), self.device,
+                            handoff.catch_up_lr(self.job, epoch))  # fmt: skip
             prep.thread = threading.Thread(target=self._form_ahead, args=(p, prep, member, party),
                                            name="parcae-prepare", daemon=True)  # fmt: skip
             self._preps[p] = prep
         prep.thread.start()
 
-    def _form_ahead(self, p: int, prep: _Prepared, member: bool, party: bool) -> None:
+    def _form_ahead(self, p: int, prep: Prepared, member: bool, party: bool) -> None:
         """The helper thread of preparation `p`: the transfer group, then the epoch's groups (the order of
         `_migrate`, so that no two workers wait on each other in opposite orders)."""
         try:
@@ -861,11 +797,11 @@ class Worker:
                     claimed = not prep.receiving and prep.ahead_in is None
                     prep.receiving = prep.receiving or claimed
                 if claimed:
-                    self._receive_ahead(prep, xfer)
+                    prep.receive_ahead(xfer, partial(self._ahead_abort, prep))
         except BaseException as exc:  # noqa: BLE001 — handed to the main thread when it needs the groups
             prep.error = exc
 
-    def _build_ahead(self, prep: _Prepared) -> None:
+    def _build_ahead(self, prep: Prepared) -> None:
         """(The preparation's helper) A member's layers that the epoch's transfers will fill, built hollow while the
         old epoch trains (`pipeline.hollow_layers`: no values, no generator touched): at the boundary they only take
         their state. A standby builds its layers on its main thread instead (`_prebuild`). A build that fails (e.g.
@@ -880,41 +816,6 @@ class Worker:
                 prep.hollow = hollow_layers(self.job.model, self.job.train, incoming, self.device)
             except Exception as exc:  # noqa: BLE001 — the boundary builds them; the record names the failure
                 prep.ahead_error = f"{type(exc).__name__}: {exc}"
-
-    def _install_ahead(self, prep: _Prepared, layers: HeldLayers) -> None:
-        """Install the states that came ahead (`prep.ahead_in`) into the layers built for them, before the boundary:
-        the catch-up there then only applies the step (`pipeline.apply_step`). Into modules nothing trains (built
-        ahead, not yet part of a stage), so a helper thread may do it beside training. A failure leaves the rest to
-        the boundary (which installs a layer whole) and is named in the epoch's record."""
-        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
-        try:
-            for early in (prep.ahead_in or {}).values():
-                for name, state in (early or {}).items():
-                    held = layers.get(index[name])
-                    if held is not None and name not in prep.installed:
-                        load_layer_state(held[0], held[1], state)
-                        prep.installed[name] = held[0]
-        except Exception as exc:  # noqa: BLE001 — e.g. out of memory: the boundary installs the rest itself
-            prep.ahead_error = f"installing ahead: {type(exc).__name__}: {exc}"
-
-    def _step_ahead(self, prep: _Prepared, layers: HeldLayers) -> None:
-        """Apply the step whose gradients came ahead (`prep.grads_in`) to the layers whose state is installed ahead,
-        before the boundary (under `prep.build_lock`, as `_install_ahead`). Speculative: the source's step may still
-        be refused; the boundary's go from the source (`_transfer`) is what makes the layers count, and an abandoned
-        migration drops them. A failure leaves the step to the boundary."""
-        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
-        lr = self._catch_up_lr(prep.epoch)
-        try:
-            for grads in (prep.grads_in or {}).values():
-                for name, g in (grads or {}).items():
-                    held = layers.get(index[name])
-                    if held is not None and prep.installed.get(name) is held[0] and name not in prep.stepped:
-                        apply_step(held[0], held[1], g, lr)
-                        prep.stepped[name] = held[0]
-        except Exception as exc:  # noqa: BLE001 — the boundary applies the step instead (from the installed state
-            prep.ahead_error = f"stepping ahead: {type(exc).__name__}: {exc}"  # only if untouched: see _catch_up)
-            prep.stepped.clear()
-            prep.installed.clear()
 
     def _take_prepared(self, epoch: Epoch, part: str) -> Any:
         """The `part` ("xfer" or "groups") of `epoch`'s preparation, waiting for its helper if it is still forming
@@ -961,17 +862,18 @@ class Worker:
 
         Pairs are processed in one global order (blocking sends cannot deadlock). A prepared epoch's hand-off has
         two phases, each in that order: first every source's state as of the boundary before this one (sent during
-        the step by `_send_ahead`, received by the preparation's helper: `_receive_ahead`; an empty message from a
-        source that had not seen the preparation in time), then that step's gradients of what went ahead, sent
-        as soon as the step reduced them (`_grads_ahead`; an empty message: they follow at the boundary); then, at
-        this boundary, a go (the step is committed) where the gradients went ahead, else those gradients, or else the
-        state. `pipeline.catch_up` applies the gradients — ahead of the boundary where it can (`_step_ahead`) — and
-        gives, bit for bit, the source's state now."""
+        the step by `_send_ahead`, received by the preparation's helper: `Prepared.receive_ahead`; an empty message
+        from a source that had not seen the preparation in time), then that step's gradients of what went ahead,
+        sent as soon as the step reduced them (`Prepared.pack_grads`; an empty message: they follow at the
+        boundary); then, at this boundary, a go (the step is committed) where the gradients went ahead, else those
+        gradients, or else the state. `pipeline.catch_up` applies the gradients — ahead of the boundary where it can
+        (`Prepared.step_ahead`) — and gives, bit for bit, the source's state now. The messages themselves:
+        `trainer.runtime.handoff`."""
         parties = epoch.transfer_parties
         n = epoch.number
         rank = parties.index(self.id)
         prep = self._preparation(epoch)
-        # the early states installed ahead (`_install_ahead`): complete, as `_take_built` took the build lock first
+        # the early states installed ahead (`Prepared.install_ahead`): complete, as `_take_built` took the build lock
         installed = dict(prep.installed) if prep is not None else {}
         stepped = dict(prep.stepped) if prep is not None else {}  # and those whose step was applied too
         world = self._take_prepared(epoch, "xfer")
@@ -983,7 +885,7 @@ class Worker:
         groups = EpochGroups(epoch=n, rank=rank, world=world, dp=None, abort=lambda: self._epoch_abort(n))
         del world  # `groups` holds the only reference: `close_epoch` below releases it off the main thread
         names = layer_names(self.job.model)
-        pairs = _pairs(epoch)
+        pairs = handoff.pairs(epoch)
         received: dict[str, LayerState] = {}
         caught: dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]] = {}
         sent = 0
@@ -996,7 +898,7 @@ class Worker:
                 if prep is not None and prep.ahead_out is not None:
                     went_ahead = {pair for pair, _, _ in prep.ahead_out}
                     sent += sum(b for _, _, b in prep.ahead_out)
-                    if not prep.grads_ready.is_set():  # (the step ran without `_grads_ahead`): at the boundary
+                    if not prep.grads_ready.is_set():  # (the step ran without `pack_grads`): at the boundary
                         prep.grads_out = [(pair, None) for pair, _, _ in prep.ahead_out]
                         prep.grads_ready.set()
                     grads_went = {pair for pair, g in prep.grads_out or () if g is not None}
@@ -1005,14 +907,14 @@ class Worker:
                     with self._prep_lock:
                         helper, prep.receiving = prep.receiving, True
                 # what we send or receive here first — the receivers (helpers, elsewhere) may be waiting for it
-                zero = torch.zeros(1, dtype=torch.int64)
                 for (src, dst), _ in pairs:
                     if src == self.id and (src, dst) not in went_ahead:
-                        groups.wait(groups.send(zero, parties.index(dst)))  # the state follows at the boundary
+                        handoff.send_empty(groups, epoch, dst)  # the state follows at the boundary
                     elif dst == self.id and not helper:
-                        ahead[(src, dst)] = self._receive_one(groups, epoch, src, ahead=True)
+                        ahead[(src, dst)] = handoff.receive_one(groups, epoch, self.id, src, names, self.device,
+                                                                ahead=True)  # fmt: skip
                 if not helper:
-                    grads_ahead = self._receive_grads(groups, epoch, ahead)
+                    grads_ahead = handoff.receive_grads(groups, epoch, self.id, ahead, names, self.device)
                 if helper and prep is not None:
                     self._await_ahead(epoch)
                     if prep.receive_error is not None or prep.ahead_in is None or prep.grads_in is None:
@@ -1030,27 +932,28 @@ class Worker:
                 if src == self.id:
                     _, ctx = self._held()
                     if (src, dst) in grads_went:  # the go: the step whose gradients went ahead is committed here
-                        groups.wait(groups.send(torch.zeros(1, dtype=torch.int64), parties.index(dst)))
+                        handoff.send_empty(groups, epoch, dst)
                         continue
                     if (src, dst) in went_ahead:  # the step's gradients: the receiver applies them itself
-                        bundle = {names[i]: layer_step(ctx.module.layer(i)) for i in layers}
+                        bundle = handoff.step_grads(ctx, names, layers)
                     else:
-                        bundle = _live_states(ctx, names, layers)
+                        bundle = handoff.live_states(ctx, names, layers)
                         sent += state_bytes(bundle)
-                    _send_one(groups, epoch, dst, wire.pack(bundle))
+                    handoff.send_one(groups, epoch, dst, wire.pack(bundle))
                 elif dst == self.id:
                     early, grads = ahead.get((src, dst)), grads_ahead.get((src, dst))
                     got: dict[str, LayerState] | None = grads
                     if early is not None and grads is not None:
-                        if self._receive_one(groups, epoch, src, ahead=True) is not None:
+                        if handoff.receive_one(groups, epoch, self.id, src, names, self.device, ahead=True):
                             raise RuntimeError(f"worker {self.id}: expected worker {src}'s go, got layers")
                     else:
-                        got = self._receive_one(groups, epoch, src)
+                        got = handoff.receive_one(groups, epoch, self.id, src, names, self.device)
                     assert got is not None
                     if early is None:
                         received.update(got)
                     else:
-                        caught.update(self._catch_up(epoch, early, got, built_ahead, installed, stepped))
+                        caught.update(handoff.catch_up_layers(self.job, epoch, self.device, early, got, built_ahead,
+                                                              installed, stepped))  # fmt: skip
         except StepAbandoned as e:
             groups.abandon()
             raise MigrationAbandoned(f"the hand-off of epoch {n} broke: {e}") from e
@@ -1063,57 +966,7 @@ class Worker:
         }
         return received, caught, counts
 
-    def _receive_one(
-        self, groups: EpochGroups, epoch: Epoch, src: int, ahead: bool = False
-    ) -> dict[str, LayerState] | None:
-        """One message of `src`'s to this worker in `epoch`'s hand-off: the layers of the pair, by name (None for the
-        empty message of a source that sends nothing ahead, `ahead`)."""
-        parties = epoch.transfer_parties
-        size = torch.zeros(1, dtype=torch.int64)
-        groups.recv(size, parties.index(src))
-        if ahead and int(size.item()) == 0:
-            return None
-        data = host_empty((int(size.item()),), torch.uint8, self.device)  # pinned for a GPU: installed there
-        groups.recv(data, parties.index(src))
-        got = wire.unpack(data)
-        names = layer_names(self.job.model)
-        want = {names[t.layer] for t in epoch.transfers if t.src == src and t.dst == self.id}
-        if set(got) != want:
-            raise RuntimeError(f"worker {self.id}: expected layers {sorted(want)} from {src}, got {sorted(got)}")
-        return got
-
-    def _catch_up(
-        self, epoch: Epoch, early: Mapping[str, LayerState], grads: Mapping[str, LayerState], ahead: HeldLayers,
-        installed: Mapping[str, torch.nn.Module] | None = None, stepped: Mapping[str, torch.nn.Module] | None = None,
-    ) -> dict[int, tuple[torch.nn.Module, torch.optim.Optimizer]]:  # fmt: skip
-        """The layers whose state as of the boundary before `epoch`'s came ahead, brought to this boundary with the
-        step's gradients (in the modules built ahead where there are, else built now: hollow, as the state fills
-        them, where the layer allows it). A layer whose early state is `installed` in its module already (by
-        `_install_ahead`) only takes the step; one `stepped` ahead (`_step_ahead`) is caught up already."""
-        installed, stepped = installed or {}, stepped or {}
-        index = {name: i for i, name in enumerate(layer_names(self.job.model))}
-        wanted = [index[name] for name in early]
-        layers = {i: ahead[i] for i in wanted if i in ahead}
-        job = self.job
-        layers.update(hollow_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
-        layers.update(fresh_layers(job.model, job.train, [i for i in wanted if i not in layers], self.device))
-        lr = self._catch_up_lr(epoch)
-        for name, state in early.items():
-            layer, optimizer = layers[index[name]]
-            if stepped.get(name) is layer:
-                continue
-            if installed.get(name) is layer:
-                apply_step(layer, optimizer, grads[name], lr)
-            else:
-                catch_up(layer, optimizer, state, grads[name], lr)
-        return layers
-
-    def _catch_up_lr(self, epoch: Epoch) -> float | None:
-        """The learning rate of the step before `epoch`'s boundary: the one a catch-up applies."""
-        spec = spec_of(self.job.model, self.job.train)
-        return spec.lr(epoch.start_step - 1) if spec.lr is not None else None
-
-    def _preparation(self, epoch: Epoch) -> _Prepared | None:
+    def _preparation(self, epoch: Epoch) -> Prepared | None:
         """This worker's preparation of `epoch` (None if it was not prepared, or this worker did not take part)."""
         if epoch.prepared is None:
             return None
@@ -1121,11 +974,11 @@ class Worker:
             prep = self._preps.get(epoch.prepared)
         return prep if prep is not None and prep.epoch == epoch else None
 
-    def _send_ahead(self, step: int) -> list[_Prepared]:
+    def _send_ahead(self, step: int) -> list[Prepared]:
         """Before training `step`: if a prepared epoch begins at the boundary after it and this worker sends layers in
         it, snapshot them — their state as of this boundary, one copy straight into the buffers sent — and send them
-        during the step from a helper thread (`_sending_ahead`), then the step's gradients as soon as the step has
-        reduced them (`_grads_ahead`); at that boundary only a go follows (`_transfer`). Returns those
+        during the step from a helper thread (`Prepared.send_ahead`), then the step's gradients as soon as the step
+        has reduced them (`Prepared.pack_grads`); at that boundary only a go follows (`_transfer`). Returns those
         preparations."""
         current, ctx = self._held()
         with self._prep_lock:
@@ -1136,13 +989,13 @@ class Worker:
         names = layer_names(self.job.model)
         for prep in preps:
             out = []
-            for pair, layers in _pairs(prep.epoch):
+            for pair, layers in handoff.pairs(prep.epoch):
                 if pair[0] == self.id:
-                    bundle = _live_states(ctx, names, layers)
+                    bundle = handoff.live_states(ctx, names, layers)
                     out.append((pair, wire.pack(bundle), state_bytes(bundle)))
             prep.ahead_out = out
-            prep.sender = threading.Thread(target=self._sending_ahead, args=(prep,), name="parcae-send-ahead",
-                                           daemon=True)  # fmt: skip
+            prep.sender = threading.Thread(target=prep.send_ahead, args=(partial(self._ahead_abort, prep),),
+                                           name="parcae-send-ahead", daemon=True)  # fmt: skip
             prep.sender.start()
         return preps
 
@@ -1173,82 +1026,12 @@ class Worker:
         if value not in ("", HOLD):
             self._decided[boundary] = value
 
-    def _grads_ahead(self, preps: Sequence[_Prepared]) -> None:
-        """(`train_step`'s `reduced`, on the main thread) The step's final gradients and buffers of the layers each of
-        `preps` sent ahead, packed (a copy: the update and the next forwards change them) for its sender thread,
-        which sends them while this step commits and applies — the boundary then waits for no transfer."""
+    def _grads_ahead(self, preps: Sequence[Prepared]) -> None:
+        """(`train_step`'s `reduced`, on the main thread) Hand the step's final gradients of what `preps` sent ahead
+        to their senders (`Prepared.pack_grads`), which send them while this step commits and applies."""
         _, ctx = self._held()
-        names = layer_names(self.job.model)
         for prep in preps:
-            if prep.grads_ready.is_set() or prep.ahead_out is None:
-                continue
-            layers = dict(_pairs(prep.epoch))
-            prep.grads_out = [(pair, wire.pack({names[i]: layer_step(ctx.module.layer(i)) for i in layers[pair]}))
-                              for pair, _, _ in prep.ahead_out]  # fmt: skip
-            prep.grads_ready.set()
-
-    def _sending_ahead(self, prep: _Prepared) -> None:
-        """(A helper thread) Send what `_send_ahead` packed, once the preparation's transfer group has formed."""
-        e = prep.epoch
-        parties = e.transfer_parties
-        groups = None
-        try:
-            while prep.xfer_ahead is None:
-                if prep.error is not None:
-                    raise prep.error
-                reason = self._ahead_abort(prep)
-                if reason:
-                    raise StepAbandoned(reason)
-                time.sleep(POLL_MIN_S)
-            groups = EpochGroups(epoch=e.number, rank=parties.index(self.id), world=prep.xfer_ahead, dp=None,
-                                 abort=lambda: self._ahead_abort(prep))  # fmt: skip
-            prep.xfer_ahead = None  # `groups` holds it (released with this thread's frame, off the main thread)
-            assert prep.ahead_out is not None
-            for (_, dst), data, _ in prep.ahead_out:
-                _send_one(groups, e, dst, data)
-            # then the step's gradients, as soon as it has reduced them (`_grads_ahead`; None: at the boundary)
-            while not prep.grads_ready.wait(POLL_MAX_S):
-                reason = self._ahead_abort(prep)
-                if reason:
-                    raise StepAbandoned(reason)
-            assert prep.grads_out is not None
-            for (_, dst), grads in prep.grads_out:
-                if grads is None:
-                    groups.wait(groups.send(torch.zeros(1, dtype=torch.int64), parties.index(dst)))
-                else:
-                    _send_one(groups, e, dst, grads)
-            groups.waiter.close()
-        except BaseException as exc:  # noqa: BLE001 — the boundary finds out
-            if groups is not None:
-                groups.abandon()
-            prep.send_error = exc
-
-    def _receive_ahead(self, prep: _Prepared, xfer: Any) -> None:
-        """(The preparation's helper thread) Receive, in the pairs' global order, what each source sends this worker
-        ahead of the epoch's boundary (`_send_ahead`; None for a source that sends at the boundary instead) and
-        install it in the layers built ahead; then the gradients of the source's last step (`_grads_ahead`), and
-        apply that step to them: at the boundary only the source's go is left."""
-        e = prep.epoch
-        groups = EpochGroups(epoch=e.number, rank=e.transfer_parties.index(self.id), world=xfer, dp=None,
-                             abort=lambda: self._ahead_abort(prep))  # fmt: skip
-        try:
-            got = {(src, dst): self._receive_one(groups, e, src, ahead=True)
-                   for (src, dst), _ in _pairs(e) if dst == self.id}  # fmt: skip
-            prep.ahead_in = got
-            with prep.build_lock:  # into the layers built ahead, by this helper or a standby's main thread
-                if not prep.ahead_taken:
-                    self._install_ahead(prep, prep.hollow or prep.built or {})
-            grads = self._receive_grads(groups, e, got)
-            with prep.build_lock:
-                prep.grads_in = grads
-                if not prep.ahead_taken:
-                    self._step_ahead(prep, prep.hollow or prep.built or {})
-            groups.waiter.close()
-        except BaseException as exc:  # noqa: BLE001 — the boundary finds out
-            groups.abandon()
-            prep.receive_error = exc
-        finally:
-            prep.received.set()
+            prep.pack_grads(ctx)
 
     def _await_ahead(self, epoch: Epoch, first: bool = False) -> bool:
         """If this worker's preparation helper receives what comes ahead for `epoch`, wait until it has (and has
@@ -1269,15 +1052,7 @@ class Worker:
             self._control()
         return True
 
-    def _receive_grads(
-        self, groups: EpochGroups, epoch: Epoch, early: Mapping[tuple[int, int], dict[str, LayerState] | None]
-    ) -> dict[tuple[int, int], dict[str, LayerState] | None]:
-        """After the states sent ahead (`early`), in the same order: each such source's gradients of its last step
-        (None: they follow at the boundary)."""
-        return {(src, dst): self._receive_one(groups, epoch, src, ahead=True)
-                for (src, dst), state in early.items() if state is not None}  # fmt: skip
-
-    def _ahead_abort(self, prep: _Prepared) -> str | None:
+    def _ahead_abort(self, prep: Prepared) -> str | None:
         """Why a preparation's helpers should stop waiting on their peers (None: keep waiting): a newer preparation,
         its epoch or the one it starts from broken, or its epoch decided otherwise."""
         if prep.overtaken:
