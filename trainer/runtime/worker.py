@@ -922,10 +922,12 @@ class Worker:
                     ahead, grads_ahead = prep.ahead_in, prep.grads_in
                 # only now wait for our own sender: its sends may wait for the receives just above, elsewhere
                 sender = prep.sender if prep is not None else None
-                while sender is not None and sender.is_alive():
+                while sender is not None:
+                    sender.join(POLL_MAX_S)  # returns as the sender ends: between, the abort flags every 20 ms
+                    if not sender.is_alive():
+                        break
                     self._check_epoch(n)
                     self._control()
-                    sender.join(POLL_MIN_S)
                 if prep is not None and prep.send_error is not None:
                     raise MigrationAbandoned(f"sending ahead for epoch {n} failed: {prep.send_error}")
             for (src, dst), layers in pairs:  # phase 2, at the boundary
