@@ -311,7 +311,8 @@ class Coordinator:
     def _ended(self, w: int) -> bool:
         """The current process of `w` ended normally (done, preempted, or exited for a restart)."""
         key = keys.final(w)
-        return self.store.check([key]) and int(self.store.get(key)) >= self._expected.get(w, 1)
+        got = self.store.get_if(key)  # (one round trip: this is polled)
+        return got is not None and int(got) >= self._expected.get(w, 1)
 
     def check_heartbeats(self, every_s: float = 0.05) -> set[int]:
         """Monitored workers whose heartbeat has not moved for `hb_timeout_s` (and that did not end normally).
@@ -459,7 +460,8 @@ class Coordinator:
         if e.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART) or e.number in self._committed:
             return True
         key = keys.decide(e.number, e.start_step)
-        if self.store.check([key]) and self.store.get(key).decode() == APPLY:
+        got = self.store.get_if(key)
+        if got is not None and got.decode() == APPLY:
             self._committed.add(e.number)
             return True
         return False
@@ -505,7 +507,8 @@ class Coordinator:
             if w in self.notices:
                 continue
             key = keys.notice(w)
-            deadline = _as_float(self.store.get(key).decode(errors="replace")) if self.store.check([key]) else None
+            got = self.store.get_if(key)
+            deadline = None if got is None else _as_float(got.decode(errors="replace"))
             if deadline is None:
                 self._malformed(key, "missing or not a finite number")
                 continue
@@ -549,7 +552,8 @@ class Coordinator:
     def progress(self, w: int) -> int:
         """The step worker `w` started last (-1 before its first)."""
         key = keys.step_at(w)
-        return int(self.store.get(key)) if self.store.check([key]) else -1
+        got = self.store.get_if(key)  # (one round trip: the driver polls every member's)
+        return -1 if got is None else int(got)
 
     # -- step boundaries ---------------------------------------------------------------------------------
     def claim(self, step: int) -> int:
@@ -1078,7 +1082,8 @@ class Coordinator:
     def message(self, kind: str, worker: int) -> str | None:
         """A worker's `error` message (or another `kind` of message), if it wrote one."""
         key = keys.message(kind, worker)
-        return self.store.get(key).decode() if self.store.check([key]) else None
+        got = self.store.get_if(key)
+        return None if got is None else got.decode()
 
     # -- live planning ---------------------------------------------------------------------------------------
     def accept_handed_plans(self, planner: str) -> None:

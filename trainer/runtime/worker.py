@@ -1066,7 +1066,8 @@ class Worker:
         if reason:
             return reason
         key = keys.epoch(e.number)
-        if self.store.check([key]) and Epoch.from_json(self.store.get(key)) != e:
+        got = self.store.get_if(key)
+        if got is not None and Epoch.from_json(got) != e:
             return f"epoch {e.number} was decided otherwise"
         return None
 
