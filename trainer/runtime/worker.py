@@ -946,7 +946,8 @@ class Worker:
                     early, grads = ahead.get((src, dst)), grads_ahead.get((src, dst))
                     got: dict[str, LayerState] | None = grads
                     if early is not None and grads is not None:
-                        if handoff.receive_one(groups, epoch, self.id, src, names, self.device, ahead=True):
+                        go = handoff.receive_one(groups, epoch, self.id, src, names, self.device, ahead=True)
+                        if go is not None:
                             raise RuntimeError(f"worker {self.id}: expected worker {src}'s go, got layers")
                     else:
                         got = handoff.receive_one(groups, epoch, self.id, src, names, self.device)
