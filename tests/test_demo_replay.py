@@ -6,7 +6,7 @@ on a runtime profile it measures on the machine, so which migrations the job mak
 dry-runs the market's capacity as a replay would deliver it — one change per interval boundary, seven steps an
 interval (the wall-clock market is no more deterministic than a cloud) — with the demo's trace, start interval,
 instances, steps and look-ahead read from the flow's own defaults, the real planner and the coordinator's own
-planning (`trainer.control.coordinator.schedule_state`), for profiles measured by `make demo` on this 2-core
+planning (`trainer.control.dry_run.schedule_state`), for profiles measured by `make demo` on this 2-core
 machine, and checks that each of them leads to an intra-stage, an inter-stage and a pipeline migration. Change the
 demo's stretch or the planner, and this says whether the demo can still show every kind.
 """
@@ -25,7 +25,7 @@ from forecasting.traces import DEFAULT_INTERVAL_S  # noqa: E402
 from liveput.migration import CostConstants  # noqa: E402
 from liveput.throughput import ThroughputProfile  # noqa: E402
 from trainer.config import TrainConfig, model_config  # noqa: E402
-from trainer.control.coordinator import check_schedule, schedule_state  # noqa: E402
+from trainer.control.dry_run import check_schedule, schedule_state  # noqa: E402
 from trainer.control.events import EventGroup, group_events, parse_events  # noqa: E402
 from trainer.control.planning import PlanRequest, make_planner  # noqa: E402
 from trainer.control.schedules import LocalTraceProvider, trace_strategy  # noqa: E402

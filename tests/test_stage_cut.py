@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from liveput import CostConstants, ThroughputProfile
 from parcae.cli import app
 from trainer import ConfigError, JobConfig, SpecError, TrainConfig, check_job, model_config, profile_cut
-from trainer.control.coordinator import check_schedule
+from trainer.control.dry_run import check_schedule
 from trainer.observe.layer_times import layer_times
 from trainer.observe.profile import ProfileFormatError, RuntimeProfile, runtime_spec
 from trainer.runtime.migration import job_layer_sizes, layer_sizes

@@ -23,7 +23,7 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 
 from liveput.migration import MigrationKind
 from trainer.config import TrainConfig, model_config
-from trainer.control.coordinator import ScheduleError, check_schedule
+from trainer.control.dry_run import ScheduleError, check_schedule
 from trainer.control.events import EventError, EventGroup, group_events, parse_events
 from trainer.control.schedules import chaos_schedule
 from trainer.runtime import checkpoint

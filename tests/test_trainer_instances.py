@@ -15,7 +15,7 @@ from _reference import uninterrupted_losses
 from _trainer_fixtures import _no_orphans  # noqa: F401  (autouse fixture)
 
 from trainer.config import TrainConfig, model_config
-from trainer.control.coordinator import check_schedule
+from trainer.control.dry_run import check_schedule
 from trainer.control.events import group_events, parse_events
 from trainer.control.run import peak_instances
 from trainer.control.schedules import LocalTraceProvider, trace_events, trace_schedule, trace_strategy

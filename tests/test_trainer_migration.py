@@ -21,8 +21,9 @@ from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse f
 
 from liveput.migration import MigrationKind
 from trainer.config import TrainConfig, UnknownModelError, model_config
-from trainer.control.coordinator import Coordinator, ScheduleError, check_schedule
+from trainer.control.coordinator import Coordinator
 from trainer.control.driver import JobError
+from trainer.control.dry_run import ScheduleError, check_schedule
 from trainer.control.events import Event, EventError, EventGroup, group_events, load_events, parse_events
 from trainer.control.run import parameters_checksum
 from trainer.runtime import checkpoint

@@ -30,7 +30,7 @@ from forecasting.skill_gate import skill_gated
 from forecasting.traces import counts_table, load_trace, scale_trace
 from liveput import CostConstants, CostModel, IntervalForecast, Layer, ModelSpec, ThroughputProfile
 from trainer.config import TrainConfig, model_config
-from trainer.control.coordinator import ScheduleError
+from trainer.control.dry_run import ScheduleError
 from trainer.control.planning import (
     PLANNERS,
     HandedPlan,

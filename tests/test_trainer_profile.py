@@ -17,7 +17,7 @@ from liveput.scenarios import IntervalForecast, ScenarioStore
 from liveput.throughput import ThroughputProfile
 from parcae.cli import app
 from trainer.config import TrainConfig, model_config
-from trainer.control.coordinator import check_schedule
+from trainer.control.dry_run import check_schedule
 from trainer.control.events import group_events, parse_events
 from trainer.control.measure import (
     feasible_strategies,

@@ -22,7 +22,7 @@ from _jobs import run_job
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
 from trainer.config import TrainConfig, model_config
-from trainer.control.coordinator import ScheduleError
+from trainer.control.dry_run import ScheduleError
 from trainer.observe.observer import RecordingObserver
 from trainer.runtime import checkpoint
 from trainer.runtime.model import layer_names

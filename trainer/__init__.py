@@ -48,7 +48,7 @@ _HOMES: dict[str, str] = {
     "JobError": "trainer.control.driver",
     **dict.fromkeys(("job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
-    "ScheduleError": "trainer.control.coordinator",
+    "ScheduleError": "trainer.control.dry_run",
     "chaos_schedule": "trainer.control.schedules",
     **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
                     "trainer.control.planning"),
@@ -128,8 +128,8 @@ if TYPE_CHECKING:
     from trainer.config import (
         register_model as register_model,
     )
-    from trainer.control.coordinator import ScheduleError as ScheduleError
     from trainer.control.driver import JobError as JobError
+    from trainer.control.dry_run import ScheduleError as ScheduleError
     from trainer.control.events import EventError as EventError
     from trainer.control.events import Schedule as Schedule
     from trainer.control.events import load_events as load_events

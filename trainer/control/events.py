@@ -2,7 +2,7 @@
 
 Owns: the schedule format, its parsing with errors a user can act on (file, event index, field), and the grouping
 of the events of one step into one reconfiguration. Must not touch: processes, stores, strategies' feasibility
-(that depends on the model and on who is alive: `trainer.control.coordinator.check_schedule`).
+(that depends on the model and on who is alive: `trainer.control.dry_run.check_schedule`).
 
 Format: a JSON list of objects, each with a `step` and a `kind`. Every kind but `kill` takes effect at the boundary
 between step-1 and step (before `step` runs):

@@ -284,7 +284,7 @@ def measure(
         TrainConfig,
         model_config,
     )
-    from trainer.control.coordinator import check_schedule
+    from trainer.control.dry_run import check_schedule
     from trainer.control.events import Schedule, group_events, parse_events
     from trainer.control.run import run_job
     from trainer.observe.layer_times import layer_times

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.config import JobConfig, ModelConfig
-from trainer.control.coordinator import ScheduleError
+from trainer.control.dry_run import ScheduleError
 from trainer.runtime import checkpoint
 from trainer.runtime.model import layer_names
 

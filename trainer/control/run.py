@@ -25,13 +25,9 @@ from typing import Any
 from forecasting import jsonio
 from liveput import DEFAULT_INTERVAL_S
 from trainer.config import JobConfig
-from trainer.control.coordinator import (
-    Coordinator,
-    ScheduleError,
-    check_schedule,
-    schedule_state,
-)
+from trainer.control.coordinator import Coordinator
 from trainer.control.driver import Driver, JobError, LivePlanning
+from trainer.control.dry_run import ScheduleError, check_schedule, schedule_state
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
 from trainer.control.fleet import FleetController
 from trainer.control.planning import Planner, plan_info_dict

@@ -161,7 +161,7 @@ def chaos_schedule(
     """
     from liveput import MigrationKind
     from trainer.config import TrainConfig, model_config
-    from trainer.control.coordinator import ScheduleError, check_schedule
+    from trainer.control.dry_run import ScheduleError, check_schedule
     from trainer.control.events import EventError, group_events, parse_events
     from trainer.runtime.model import n_layers as layer_count
 
