@@ -40,6 +40,7 @@ from parcae import settings
 from tasks.forecaster import train_forecaster
 from tasks.traces import load_availability_trace, load_training_corpus
 from tasks.tracking import publish_training_report
+from trainer import TrainConfig, config_default
 
 #: The live migration kinds (`liveput.migration.MigrationKind`) the demo's replay is chosen to exercise.
 LIVE_KINDS = ("intra-stage", "inter-stage", "pipeline")
@@ -82,7 +83,7 @@ def pipeline(
     checkpoint_every: int = 20,
     profile: str | None = None,
     out_dir: str | None = None,
-    seed: int = 0,
+    seed: int = config_default(TrainConfig, "seed"),
 ) -> dict[str, Any]:
     """Collect (load the traces but ``trace``), retrain the forecaster (``forecaster_params``, default
     `SMALL_FORECASTER`, backtested on ``trace`` at ``horizon``), then run the ``train`` flow on ``trace`` with the

@@ -33,7 +33,7 @@ import tracking
 
 from prefect import flow, get_run_logger, runtime
 
-from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
@@ -47,6 +47,7 @@ from trainer import (
     PlanningConfig,
     ProviderConfig,
     TrainConfig,
+    config_default,
     model_config,
     profile_cut,
     provider,
@@ -111,7 +112,7 @@ def train(
     model: str = "tiny-gpt",
     model_args: dict[str, Any] | None = None,
     device: str = "auto",
-    workers: int = 4,
+    workers: int = config_default(AvailabilityConfig, "workers"),
     steps: int = 200,
     trace: str = "p3",
     interval_seconds: float = 1.0,
@@ -119,18 +120,18 @@ def train(
     start_interval: int = 49,
     planner: str = "liveput",
     profile: str | None = None,
-    look_ahead: int = DEFAULT_LOOK_AHEAD,
-    provider: str = "local",
+    look_ahead: int = config_default(PlanningConfig, "look_ahead"),
+    provider: str = config_default(ProviderConfig, "name"),
     provider_options: dict[str, Any] | None = None,
     fleet: int | None = None,
-    min_instances: int = 1,
-    accept_plans: bool = False,
+    min_instances: int = config_default(FleetConfig, "min_instances"),
+    accept_plans: bool = config_default(PlanningConfig, "accept_plans"),
     checkpoint_every: int = 20,
     checkpoint_uri: str | None = None,
     out_dir: str = "runs/train",
     resume: bool = True,
-    seed: int = 0,
-    timeout_s: float | None = None,
+    seed: int = config_default(TrainConfig, "seed"),
+    timeout_s: float | None = config_default(ControlPlaneConfig, "timeout_s"),
 ) -> dict[str, Any]:
     """Train ``model`` (a registered name, or ``module:function`` returning a ``parcae.TrainSpec``, called with
     ``model_args``) on ``device`` (auto: CUDA where it exists, else the CPU) for ``steps`` steps on ``workers``

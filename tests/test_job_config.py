@@ -13,6 +13,8 @@ from trainer.config import (
     ControlPlaneConfig,
     JobConfig,
     ProviderConfig,
+    TrainConfig,
+    config_default,
 )
 from trainer.providers import PROVIDERS, ProviderError, provider
 
@@ -141,3 +143,23 @@ def test_the_cli_refuses_to_resume_a_job_with_other_settings(tmp_path):
     r = CliRunner().invoke(app, ["train", "--workers", "2", "--out-dir", str(out), "--resume", "--seed", "7"])
     assert r.exit_code == 2 and "started with other settings" in r.stderr and "train.seed: 0 -> 7" in r.stderr
     assert "Traceback" not in r.output and not (out / "layers").exists()
+
+
+def test_the_cli_and_the_flow_take_their_defaults_from_the_config_s_fields():
+    import inspect
+
+    from flows.train import train as train_flow
+    from parcae.cli.train import train_cmd
+
+    assert config_default(CheckpointConfig, "every") == CheckpointConfig().every
+    assert config_default(TrainConfig, "stage_costs") == ()
+    with pytest.raises(AttributeError, match="TrainConfig.no_such_field has no default"):
+        config_default(TrainConfig, "no_such_field")
+    cli = inspect.signature(train_cmd).parameters
+    flow = inspect.signature(train_flow.fn).parameters
+    for section, name, option in ((CheckpointConfig, "every", "checkpoint_every"), (TrainConfig, "seed", "seed"),
+                                  (ControlPlaneConfig, "prepare", "prepare"), (CheckpointConfig, "keep",
+                                  "keep_checkpoints")):  # fmt: skip
+        assert cli[option].default == config_default(section, name), option
+    for section, name, param in ((TrainConfig, "seed", "seed"), (ControlPlaneConfig, "timeout_s", "timeout_s")):
+        assert flow[param].default == config_default(section, name), param

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING, Any
 _HOMES: dict[str, str] = {
     **dict.fromkeys(("AvailabilityConfig", "CheckpointConfig", "ConfigError", "ControlPlaneConfig", "DEVICES",
                      "DEFAULT_HB_TIMEOUT_S", "FleetConfig", "JobConfig", "MODELS", "ModelConfig", "PlanningConfig",
-                     "ProviderConfig", "SCHEDULES", "START_METHODS", "TrainConfig", "UnknownModelError", "model_config",
-                     "register_model"),
+                     "ProviderConfig", "SCHEDULES", "START_METHODS", "TrainConfig", "UnknownModelError",
+                     "config_default", "model_config", "register_model"),
                     "trainer.config"),
     **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
@@ -121,6 +121,9 @@ if TYPE_CHECKING:
     )
     from trainer.config import (
         UnknownModelError as UnknownModelError,
+    )
+    from trainer.config import (
+        config_default as config_default,
     )
     from trainer.config import (
         model_config as model_config,

@@ -196,6 +196,19 @@ class ConfigError(ValueError):
     """A `JobConfig` field that cannot work: the message names the field (`section.field`) and the fix."""
 
 
+def config_default(section: type, name: str) -> Any:
+    """The default of field `name` of a `JobConfig` section (`TrainConfig`, `CheckpointConfig`, ...): its one
+    source, which the CLI's options and the flows' parameters take theirs from."""
+    for f in dataclasses.fields(section):
+        if f.name == name:
+            if f.default is not dataclasses.MISSING:
+                return f.default
+            if f.default_factory is not dataclasses.MISSING:
+                return f.default_factory()
+            break
+    raise AttributeError(f"{section.__name__}.{name} has no default")
+
+
 def _choices(names: tuple[str, ...]) -> str:
     """ "a, b or c" """
     return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else names[0]

@@ -18,7 +18,7 @@ from rich import box
 from rich.table import Table
 from rich.text import Text
 
-from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, strategy_key, strategy_text
+from liveput import DEFAULT_INTERVAL_S, strategy_key, strategy_text
 from parcae.cli.common import (
     CommandFailed,
     UserError,
@@ -31,6 +31,15 @@ from parcae.cli.common import (
     stdout,
     warn,
     write_file,
+)
+from trainer import (
+    AvailabilityConfig,
+    CheckpointConfig,
+    ControlPlaneConfig,
+    FleetConfig,
+    PlanningConfig,
+    TrainConfig,
+    config_default,
 )
 
 #: --model and --model-args, as `parcae train` and `parcae profile` take them.
@@ -59,7 +68,9 @@ ModelArgsOption = Annotated[
 
 @command("train")
 def train_cmd(
-    workers: Annotated[int, typer.Option(help="Local worker processes (instances) at the start.")] = 4,
+    workers: Annotated[int, typer.Option(help="Local worker processes (instances) at the start.")] = config_default(
+        AvailabilityConfig, "workers"
+    ),
     trace: Annotated[
         str | None, typer.Option(metavar="NAME|PATH", help="Replay this spot trace, scaled to the workers.")
     ] = None,
@@ -83,7 +94,7 @@ def train_cmd(
     ] = None,
     min_instances: Annotated[
         int, typer.Option(metavar="N", help="With --fleet: start training once N instances have joined.")
-    ] = 1,
+    ] = config_default(FleetConfig, "min_instances"),
     market_trace: Annotated[
         str | None,
         typer.Option(
@@ -102,9 +113,11 @@ def train_cmd(
     schedule: Annotated[
         str,
         typer.Option(metavar="gpipe|1f1b", help="Pipeline schedule within a step (1f1b keeps fewer activations)."),
-    ] = "gpipe",
+    ] = config_default(TrainConfig, "schedule"),
     device: DeviceOption = "auto",
-    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps (0: never).")] = 10,
+    checkpoint_every: Annotated[int, typer.Option(help="Checkpoint every N steps (0: never).")] = config_default(
+        CheckpointConfig, "every"
+    ),
     checkpoint_uri: Annotated[
         str | None,
         typer.Option(
@@ -127,7 +140,9 @@ def train_cmd(
             "migration (the figure of its MLflow run).",
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the model, the data order and the trace replay.")] = config_default(
+        TrainConfig, "seed"
+    ),
     planner: Annotated[
         str,
         typer.Option(
@@ -149,7 +164,7 @@ def train_cmd(
             help="Also take plans handed in from outside (the scheduled plan-interval flow plans for every job "
             "that does): each stands two intervals; --planner decides when none came in time.",
         ),
-    ] = False,
+    ] = config_default(PlanningConfig, "accept_plans"),
     look_ahead: Annotated[
         int,
         typer.Option(
@@ -157,8 +172,10 @@ def train_cmd(
             help="Intervals the liveput planner plans over (a trace's each priced at "
             "its own 60 s: the replay compresses time, the plans do not).",
         ),
-    ] = DEFAULT_LOOK_AHEAD,
-    start_interval: Annotated[int, typer.Option(metavar="N", help="Trace interval the replay starts at.")] = 0,
+    ] = config_default(PlanningConfig, "look_ahead"),
+    start_interval: Annotated[int, typer.Option(metavar="N", help="Trace interval the replay starts at.")] = (
+        config_default(AvailabilityConfig, "start_interval")
+    ),
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue from the latest checkpoint in --out-dir (same arguments).")
     ] = False,
@@ -211,7 +228,7 @@ def train_cmd(
     ] = None,
     keep_checkpoints: Annotated[
         int, typer.Option(metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
-    ] = 0,
+    ] = config_default(CheckpointConfig, "keep"),
     heartbeat_timeout: Annotated[
         float | None,
         typer.Option(
@@ -229,7 +246,7 @@ def train_cmd(
             "interval's plan) while the old strategy trains: its process groups form and joining instances build "
             "their layers (the boundary then only moves the state and swaps the groups).",
         ),
-    ] = True,
+    ] = config_default(ControlPlaneConfig, "prepare"),
 ) -> None:
     """Train on worker processes that live-migrate as instances come and go: local processes, or instance agents
     on other hosts (--hosts). Ctrl-C stops the workers and prints the command that continues the job."""
