@@ -423,7 +423,8 @@ class Coordinator:
 
     def left(self, ids: Iterable[int], step: int) -> None:
         """`ids` left at boundary `step` under a notice with nobody to hand off to: their state is in the checkpoint
-        of that step (a live fleet the cloud took whole, `Driver.park`). Neither alive nor monitored from now on."""
+        of that step (a live fleet the cloud took whole, `FleetDriver.park`). Neither alive nor monitored from now
+        on."""
         ids = sorted(set(ids))
         self.preempted |= set(ids)
         self.stop_monitoring(ids)

@@ -30,6 +30,7 @@ from trainer.control.driver import Driver, JobError, LivePlanning
 from trainer.control.dry_run import ScheduleError, check_schedule, schedule_state
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
 from trainer.control.fleet import FleetController
+from trainer.control.fleet_driver import FleetDriver
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
@@ -183,8 +184,10 @@ def run_job(
     obs = ObserverList([observer])
     timeout_s = config.control.timeout_s
     deadline = math.inf if timeout_s is None else t0 + timeout_s  # no hidden deadline: a job runs until it is done
-    driver = Driver(coord, provider, start.groups, LivePlanning(planner, start.intervals, start.steps_per_interval),
-                     deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
+    # a live fleet's instances come from its provider, planned every interval; a replay's from the schedule
+    kind = FleetDriver if config.fleet.live else Driver
+    driver = kind(coord, provider, start.groups, LivePlanning(planner, start.intervals, start.steps_per_interval),
+                  deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     if mirror is not None:
         driver.committer = StepCommitter(mirror, config.checkpoint.keep,
                                          on_upload=driver.prune_local if config.checkpoint.keep else None)  # fmt: skip
@@ -212,6 +215,7 @@ def run_job(
                                              priced_s, peak)  # fmt: skip
                 info["fleet_history"] = {"store": str(history.root), "job_tag": tag}
             fleet = FleetController(config.fleet, interval_s, time.monotonic(), on_row=history)
+            assert isinstance(driver, FleetDriver)
             driver.run_fleet(fleet, config.availability.interval_seconds, info, restore_step=restore)
         else:
             driver.run(start.ids, start.strategy, info, next_id=start.next_id, restore_step=restore,
