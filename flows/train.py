@@ -44,6 +44,7 @@ from trainer import (
     ControlPlaneConfig,
     FleetConfig,
     JobConfig,
+    ModelConfig,
     PlanningConfig,
     ProviderConfig,
     TrainConfig,
@@ -109,7 +110,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
 
 @flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
 def train(
-    model: str = "tiny-gpt",
+    model: str = config_default(ModelConfig, "name"),
     model_args: dict[str, Any] | None = None,
     device: str = "auto",
     workers: int = config_default(AvailabilityConfig, "workers"),

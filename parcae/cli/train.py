@@ -37,7 +37,9 @@ from trainer import (
     CheckpointConfig,
     ControlPlaneConfig,
     FleetConfig,
+    ModelConfig,
     PlanningConfig,
+    ProviderConfig,
     TrainConfig,
     config_default,
 )
@@ -51,6 +53,8 @@ ModelOption = Annotated[
         "(entry points `parcae.models`), or module:function returning a parcae.TrainSpec.",
     ),
 ]
+#: The default of --model: the config's (one source).
+DEFAULT_MODEL = config_default(ModelConfig, "name")
 #: --device, as `parcae train` and `parcae profile` take it.
 DeviceOption = Annotated[
     str,
@@ -104,7 +108,7 @@ def train_cmd(
         ),
     ] = None,
     steps: Annotated[int, typer.Option(help="Training steps.")] = 40,
-    model: ModelOption = "tiny-gpt",
+    model: ModelOption = DEFAULT_MODEL,
     model_args: ModelArgsOption = None,
     global_batch: Annotated[
         int | None,
@@ -516,8 +520,10 @@ def _provider_options(name: str | None, raw: str | None, **hosts: Any) -> tuple[
 
 @command("profile")
 def profile_cmd(
-    workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = 4,
-    model: ModelOption = "tiny-gpt",
+    workers: Annotated[int, typer.Option(help="Local worker processes; every D x P fitting them is measured.")] = (
+        config_default(AvailabilityConfig, "workers")
+    ),
+    model: ModelOption = DEFAULT_MODEL,
     model_args: ModelArgsOption = None,
     steps_per_strategy: Annotated[int, typer.Option(help="Training steps measured per strategy.")] = 6,
     rounds: Annotated[
@@ -527,10 +533,12 @@ def profile_cmd(
         "profile.json"
     ),
     json_flag: Annotated[bool, typer.Option("--json", help="Print the profile as JSON instead of the tables.")] = False,
-    seed: Annotated[int, typer.Option(help="Seed of the model and the data order.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the model and the data order.")] = config_default(
+        TrainConfig, "seed"
+    ),
     start_method: Annotated[
         str, typer.Option(help="How worker processes start: spawn (cold, as real instances) or forkserver (warm).")
-    ] = "spawn",
+    ] = config_default(ProviderConfig, "start_method"),
     device: DeviceOption = "auto",
 ) -> None:
     """Measure this machine's trainer: iteration time per D x P and the real migration costs, calibrated into the
