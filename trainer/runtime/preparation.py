@@ -41,14 +41,15 @@ POLL_MIN_S, POLL_MAX_S = 0.001, 0.02  # (the worker's: a helper checks its abort
 class Prepared:
     """Worker `me`'s preparation of `epoch` (`trainer.runtime.keys.prepare`): the process groups its helper thread
     forms while the old epoch trains — the transfer group if this worker sends or receives, the epoch's groups if it
-    is a member — and the state that moves ahead of the boundary. `names`: the job's layer names; `lr`: the learning
-    rate of the step before the boundary (`handoff.catch_up_lr`); `device`: where received layers live."""
+    is a member — and the state that moves ahead of the boundary. `names`: the job's layer names; `lr()`: the
+    learning rate of the step before the boundary (`handoff.catch_up_lr`; the spec's schedule is the user's code:
+    asked where a failure only leaves the step to the boundary); `device`: where received layers live."""
 
     epoch: Epoch
     me: int
     names: Sequence[str]
     device: torch.device
-    lr: float | None
+    lr: Callable[[], float | None]
     thread: threading.Thread | None = None
     xfer: Any = None  # a gloo process group
     groups: EpochGroups | None = None
@@ -106,11 +107,12 @@ class Prepared:
         migration drops them. A failure leaves the step to the boundary."""
         index = {name: i for i, name in enumerate(self.names)}
         try:
+            lr = self.lr()
             for grads in (self.grads_in or {}).values():
                 for name, g in (grads or {}).items():
                     held = layers.get(index[name])
                     if held is not None and self.installed.get(name) is held[0] and name not in self.stepped:
-                        apply_step(held[0], held[1], g, self.lr)
+                        apply_step(held[0], held[1], g, lr)
                         self.stepped[name] = held[0]
         except Exception as exc:  # noqa: BLE001 — the boundary applies the step instead (from the installed state
             self.ahead_error = f"stepping ahead: {type(exc).__name__}: {exc}"  # only if untouched: see catch_up)

@@ -764,7 +764,7 @@ class Worker:
                     old.overtaken = True
             self._preps = {q: prep for q, prep in self._preps.items() if q > p}
             prep = Prepared(epoch, self.id, layer_names(self.job.model), self.device,
-                            handoff.catch_up_lr(self.job, epoch))  # fmt: skip
+                            partial(handoff.catch_up_lr, self.job, epoch))  # fmt: skip
             prep.thread = threading.Thread(target=self._form_ahead, args=(p, prep, member, party),
                                            name="parcae-prepare", daemon=True)  # fmt: skip
             self._preps[p] = prep
