@@ -141,9 +141,8 @@ class Coordinator:
 
     # -- membership -------------------------------------------------------------------------------------
     def joined(self) -> set[int]:
-        if not self.store.check([keys.JOINED]):
-            return set()
-        return {int(w) for w in self.store.get(keys.JOINED).decode().split(",") if w}
+        got = self.store.get_if(keys.JOINED)
+        return set() if got is None else {int(w) for w in got.decode().split(",") if w}
 
     def alive(self) -> set[int]:
         """Joined and admitted (`start`, or the `added` of a reconfiguration), neither preempted nor dead. An
@@ -307,9 +306,9 @@ class Coordinator:
         if self.current is None:
             return None
         for n in self._broken_epochs():
-            key = keys.epoch_abort(n)
-            if self.store.check([key]):
-                return self.store.get(key).decode()
+            got = self.store.get_if(keys.epoch_abort(n))
+            if got is not None:
+                return got.decode()
         return None
 
     def abandoned(self) -> dict[int, int]:
@@ -319,9 +318,9 @@ class Coordinator:
         epochs = self._broken_epochs()
         for w in self.reporters():
             for n in epochs:
-                key = keys.abandon(n, w)
-                if self.store.check([key]):
-                    out[w] = int(self.store.get(key))
+                got = self.store.get_if(keys.abandon(n, w))
+                if got is not None:
+                    out[w] = int(got)
                     break
         return out
 
@@ -379,10 +378,11 @@ class Coordinator:
         """Notices workers reported (SIGTERM) since the last call: worker -> deadline (wall clock). Two store calls
         when there is none; poll it with the heartbeats. A malformed entry (not a known worker's id, a deadline
         that is not a finite number) is logged once and ignored: store values are untrusted input."""
-        if not self.store.check([keys.NOTICES]):
+        got = self.store.get_if(keys.NOTICES)
+        if got is None:
             return {}
         out = {}
-        for item in self.store.get(keys.NOTICES).decode(errors="replace").split(","):
+        for item in got.decode(errors="replace").split(","):
             if not item:  # (each entry ends with a comma)
                 continue
             w = _as_int(item)
@@ -639,8 +639,9 @@ class Coordinator:
     def written_checkpoints(self) -> dict[tuple[int, int], set[int]]:
         """(step, epoch) -> the stages whose shard was written."""
         out: dict[tuple[int, int], set[int]] = {}
-        if self.store.check([keys.CKPT_WRITTEN]):
-            for item in self.store.get(keys.CKPT_WRITTEN).decode(errors="replace").split(";"):
+        got = self.store.get_if(keys.CKPT_WRITTEN)
+        if got is not None:
+            for item in got.decode(errors="replace").split(";"):
                 parts = [_as_int(v) for v in item.split(":")] if item else []
                 ints = [v for v in parts if v is not None]
                 if len(parts) != 3 or len(ints) != 3:
@@ -694,14 +695,15 @@ class Coordinator:
         files: dict[str, int] = {}
         for k in range(e.P):
             key = keys.ckpt_files(step, epoch, k)
-            if not self.store.check([key]):
+            raw = self.store.get_if(key)
+            if raw is None:
                 return None
             try:
-                got = json.loads(self.store.get(key))
+                got = json.loads(raw)
                 if not isinstance(got, dict) or not all(isinstance(v, int) for v in got.values()):
                     raise ValueError("not {name: size}")
             except ValueError:
-                self._malformed(key, self.store.get(key).decode(errors="replace"))
+                self._malformed(key, raw.decode(errors="replace"))
                 return None
             files.update({str(name): int(size) for name, size in got.items()})
         return files
@@ -710,12 +712,12 @@ class Coordinator:
         """The uploads to the checkpoint URI that workers reported failed, as "worker w: why"."""
         out = []
         for w in sorted(self.joined()):
-            key = keys.ckpt_failed(w)
-            if self.store.check([key]):
+            raw = self.store.get_if(keys.ckpt_failed(w))
+            if raw is not None:
                 try:
-                    got = json.loads(self.store.get(key))
+                    got = json.loads(raw)
                 except ValueError:
-                    got = [self.store.get(key).decode(errors="replace")]
+                    got = [raw.decode(errors="replace")]
                 out += [f"worker {w}: {m}" for m in (got if isinstance(got, list) else [got])]
         return out
 
@@ -737,9 +739,9 @@ class Coordinator:
                               self.spec.train.global_batch, previous, lost, steps_lost)  # fmt: skip
         for w in epoch.previous:  # survivors of a failure exit without arriving: their lost work starts the pause
             for n in broken:
-                key = keys.failed(n, w)
-                if self.store.check([key]):
-                    self.store.compare_set(keys.arrive(epoch.number, w), "", self.store.get(key).decode())
+                failed_at = self.store.get_if(keys.failed(n, w))
+                if failed_at is not None:
+                    self.store.compare_set(keys.arrive(epoch.number, w), "", failed_at.decode())
                     break
         if self.spec.checkpoint_dir:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
@@ -764,8 +766,8 @@ class Coordinator:
         observer has not seen. Reads only those keys (two store calls per new step, one more to stop)."""
         out = []
         s = from_step
-        while s < self.spec.steps and self.store.check([keys.loss(s)]):
-            out.append((s, float(self.store.get(keys.loss(s)))))
+        while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
+            out.append((s, float(got)))
             s += 1
         return out
 
@@ -862,11 +864,12 @@ class Coordinator:
         to_exit = []
         for w in noticed:
             at = self.notice_at(w)
-            if at is not None and self.store.check([keys.exited(w)]):
-                to_exit.append(float(self.store.get(keys.exited(w))) - at)
-        decision = keys.decide(n, e.start_step)
+            exited = self.store.get_if(keys.exited(w)) if at is not None else None
+            if at is not None and exited is not None:
+                to_exit.append(float(exited) - at)
+        decision = self.store.get_if(keys.decide(n, e.start_step))
         abandoned = (e.kind not in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART)
-                     and self.store.check([decision]) and self.store.get(decision).decode() == ABORT
+                     and decision is not None and decision.decode() == ABORT
                      and self.epochs[-1].number > n)  # fmt: skip
         return {
             "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
@@ -960,10 +963,8 @@ class Coordinator:
 
     def states(self, worker: int) -> list[str]:
         """The worker's state transitions, e.g. ["JOINING@-", "STANDBY@-", "TRAINING@0", ...]."""
-        key = keys.states(worker)
-        if not self.store.check([key]):
-            return []
-        return [s for s in self.store.get(key).decode().split(";") if s]
+        got = self.store.get_if(keys.states(worker))
+        return [] if got is None else [s for s in got.decode().split(";") if s]
 
     def message(self, kind: str, worker: int) -> str | None:
         """A worker's `error` message (or another `kind` of message), if it wrote one."""
@@ -987,14 +988,14 @@ class Coordinator:
         now = time.monotonic()
         for i in range(after + 1, last + 1):
             key = keys.handed(i)
-            if not self.store.check([key]):
+            raw = self.store.get_if(key)
+            if raw is None:
                 since = self._handed_gap.setdefault(i, now)
                 if now - since < HANDED_GAP_S:
                     break
                 self._malformed(key, "never written")
                 out.append((i, None))
                 continue
-            raw = self.store.get(key)
             plan = _handed_record(raw)
             if plan is None:
                 self._malformed(key, raw.decode(errors="replace"))

@@ -353,10 +353,10 @@ class Worker:
                             "started (its fingerprint differs: another version of the spec's code); install the "
                             "same version on every instance")  # fmt: skip
         # read the current epoch *before* registering: any epoch that includes us is published after that
-        if self.store.check([keys.EPOCH_CURRENT]):
-            self.watch = Epoch.from_json(self.store.get(keys.EPOCH_CURRENT)).number + 1
-        if self.store.check([keys.PREPARE_LATEST]):  # the latest preparation may be for an epoch that includes us
-            self._prep_watch = int(self.store.get(keys.PREPARE_LATEST))
+        if (current := self.store.get_if(keys.EPOCH_CURRENT)) is not None:
+            self.watch = Epoch.from_json(current).number + 1
+        if (latest := self.store.get_if(keys.PREPARE_LATEST)) is not None:  # it may be for an epoch that includes us
+            self._prep_watch = int(latest)
         # beat before registering: the coordinator watches the heartbeat from the moment it sees us join
         threading.Thread(
             target=_heartbeat, args=(s.host, s.port, s.token, self.id, self.job.hb_interval_s, s.store_timeout_s,
@@ -376,9 +376,9 @@ class Worker:
         delay = POLL_MIN_S
         while True:
             self._control()
-            key = keys.epoch(self.watch)
-            if self.store.check([key]):
-                epoch = Epoch.from_json(self.store.get(key))
+            published = self.store.get_if(keys.epoch(self.watch))
+            if published is not None:
+                epoch = Epoch.from_json(published)
                 self.watch += 1
                 if self.id in epoch.assignment:
                     if epoch.kind in (MigrationKind.START, MigrationKind.CHECKPOINT_RESTART):
@@ -389,8 +389,8 @@ class Worker:
                         self._to(WorkerState.MIGRATING)
                     return
                 continue
-            pkey = keys.preempt(self.id)
-            if self.store.check([pkey]) and int(self.store.get(pkey)) < self.watch:
+            preempt = self.store.get_if(keys.preempt(self.id))
+            if preempt is not None and int(preempt) < self.watch:
                 self._to(WorkerState.PREEMPTED)
                 return
             if self.store.check([keys.DONE]):
