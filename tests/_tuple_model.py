@@ -39,7 +39,16 @@ class Head(nn.Module):
         return self.out(h * (1 + mask.to(h.dtype)))
 
 
-def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None) -> parcae.TrainSpec:
+class Gate(nn.Module):
+    """A layer without parameters (as an activation or a pooling is): nothing for an optimiser to hold."""
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.relu(h) * (1 + mask.to(h.dtype)), mask
+
+
+def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None,
+         gate: bool = False) -> parcae.TrainSpec:  # fmt: skip
+    """`gate`: a parameter-free `Gate` layer after the first block."""
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -53,6 +62,8 @@ def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | 
         *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
         parcae.Layer("head", lambda: Head().double()),
     ]
+    if gate:
+        layers.insert(2, parcae.Layer("gate", Gate))
     if costs is not None:  # per-layer cost hints: the stage cut balances them instead of parameter counts
         layers = [parcae.Layer(layer.name, layer.build, cost) for layer, cost in zip(layers, costs, strict=True)]
     return parcae.TrainSpec(

@@ -101,7 +101,8 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
 
 def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _no_orphans):
     sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is, for this process and its workers
-    model, train, steps = ModelConfig("_tuple_model:spec"), TrainConfig(global_batch=24), 9
+    # with a layer that has no parameters (no optimiser to make, nothing but its place to move)
+    model, train, steps = ModelConfig("_tuple_model:spec", {"gate": True}), TrainConfig(global_batch=24), 9
     schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]},
                 {"step": 4, "kind": "preempt", "instances": [1, 2], "notice": True},  # one of them holds a stage
                 {"step": 4, "kind": "plan", "strategy": [1, 2]},
@@ -115,6 +116,7 @@ def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _
     assert params["model"] == "_tuple_model:spec" and params["model_fingerprint"] == fingerprint(load_spec(model))[:16]
     kinds = [(r["kind"], r["notice"]) for r in result["reconfigurations"]]
     assert kinds[0] == ("pipeline", True) and len(kinds) >= 3 and not kinds[-1][1], kinds  # the kill: no notice
+    assert len(load_spec(model).layers) == 6 and result["layers"]
     assert result["reconfigurations"][1]["step"] == 4 and result["reconfigurations"][1]["preempted"], kinds
     losses, layers = uninterrupted(model, train, steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-6)

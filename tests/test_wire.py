@@ -19,13 +19,14 @@ def _bundle() -> dict[str, dict[str, torch.Tensor]]:
         "h.1": {"param/b": torch.randn(4, generator=g).to(torch.bfloat16), "mask": torch.tensor([True, False]),
                 "ids": torch.arange(5, dtype=torch.int64), "half": torch.randn(3, generator=g).half(),
                 "empty": torch.zeros(0, 4), "t": torch.randn(2, 3, generator=g).t()},  # non-contiguous
+        "relu": {},  # a layer without parameters or buffers: no tensor, still a layer that is sent
     }  # fmt: skip
 
 
 def test_every_tensor_round_trips_exactly():
     bundle = _bundle()
     got = unpack(pack(bundle))
-    assert got.keys() == bundle.keys()
+    assert list(got) == list(bundle)
     for layer, state in bundle.items():
         assert got[layer].keys() == state.keys()
         for key, t in state.items():
@@ -47,18 +48,27 @@ def test_a_truncated_buffer_is_refused(cut):
         unpack(data[:cut] if cut >= 0 else data[:cut])
 
 
+def _index(tensors: list[list[object]]) -> bytes:
+    return json.dumps({"layers": ["h.0"], "tensors": tensors}).encode()
+
+
 def test_a_forged_index_is_refused():
-    head = json.dumps([["h.0", "param/w", "torch.float32", [1000, 1000], 0, 4_000_000]]).encode()
+    head = _index([["h.0", "param/w", "torch.float32", [1000, 1000], 0, 4_000_000]])
     data = torch.zeros(64 + len(head), dtype=torch.uint8)
     data[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
     data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
     with pytest.raises(WireError, match="do not fit"):
         unpack(data)
-    head = json.dumps([["h.0", "param/w", "torch.qint8", [1], 0, 1]]).encode()
+    head = _index([["h.0", "param/w", "torch.qint8", [1], 0, 1]])
     data[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
     data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
     with pytest.raises(WireError, match="malformed"):
         unpack(data[: 8 + len(head) + 16])
+    for head in (json.dumps([]).encode(), json.dumps({"tensors": []}).encode(), b"{"):  # not the index's form
+        data[:8] = torch.tensor([len(head)], dtype=torch.int64).view(torch.uint8)
+        data[8 : 8 + len(head)] = torch.tensor(list(head), dtype=torch.uint8)
+        with pytest.raises(WireError, match="unreadable index"):
+            unpack(data[: 8 + len(head) + 16])
 
 
 def test_a_tensor_is_staged_for_gloo_without_a_copy_on_the_host_and_pinned_from_a_gpu():

@@ -361,8 +361,14 @@ def close_epoch(groups: EpochGroups | None = None, *, background: bool = False) 
 
 
 def make_optimizer(layer: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
-    """The optimiser of one layer: the spec's, over that layer's parameters only (its state moves with the layer)."""
-    opt = spec.optimizer(layer.parameters())
+    """The optimiser of one layer: the spec's, over that layer's parameters only (its state moves with the layer).
+
+    A layer without parameters (an activation, a pooling, a reshape) has nothing to optimise: torch's optimisers
+    refuse an empty parameter list, so it gets an empty one of its own and the spec's is not asked."""
+    params = list(layer.parameters())
+    if not params:
+        return torch.optim.SGD([{"params": []}], lr=0.0)
+    opt = spec.optimizer(params)
     if not isinstance(opt, torch.optim.Optimizer):
         raise TypeError(f"the spec's optimizer returned a {type(opt).__name__}, not a torch.optim.Optimizer")
     return opt

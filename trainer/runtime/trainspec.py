@@ -18,7 +18,8 @@ What the runtime relies on, and why each rule exists:
   tensors whose leading dimension is the row count, the same at every step (the global batch B).
 * **`loss(outputs, targets)` is a SUM over the rows given**: parcae divides by B, so the gradients summed over
   micro-batches and replicas are exactly the gradient of the mean loss over the global batch, whatever the split.
-* **`optimizer(params)` is called once per layer**: a layer's optimiser state moves with the layer.
+* **`optimizer(params)` is called once per layer** (that has parameters): a layer's optimiser state moves with
+  the layer.
 """
 
 from __future__ import annotations
@@ -76,15 +77,15 @@ class TrainSpec:
     """A model and its training, in the form parcae can cut into stages and live-migrate.
 
     `layers`: the ordered `Layer`s; `batch(step)`: the global batch of `step` as (inputs, targets); `loss(outputs,
-    targets)`: the SUM of the rows' losses (a scalar); `optimizer(params)`: the optimiser of one layer. Optional:
-    `lr(step)`: the learning rate of `step` (set on every layer's optimiser before it steps: a schedule that is a
-    function of the step has no state to migrate); `clip_grad_norm`: clip gradients to this global L2 norm;
-    `exact` (default True): refuse dropout, whose masks would make a run depend on D x P (False allows it, and the
-    run is then only statistically the same under another strategy); `normalizer`: "rows" (the loss is a mean
-    over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
-    loss is the global sum over the global count, whatever the split); `autocast`: "bfloat16" or "float16" runs
-    each stage's forward and the loss under `torch.autocast` (parameters, gradients and optimiser state stay in
-    their dtype; activations cross stages in the autocast dtype).
+    targets)`: the SUM of the rows' losses (a scalar); `optimizer(params)`: the optimiser of one layer (a layer without
+    parameters gets none). Optional: `lr(step)`: the learning rate of `step` (set on every layer's optimiser before it
+    steps: a schedule that is a function of the step has no state to migrate); `clip_grad_norm`: clip gradients to this
+    global L2 norm; `exact` (default True): refuse dropout, whose masks would make a run depend on D x P (False allows
+    it, and the run is then only statistically the same under another strategy); `normalizer`: "rows" (the loss is a
+    mean over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
+    loss is the global sum over the global count, whatever the split); `autocast`: "bfloat16" or "float16" runs each
+    stage's forward and the loss under `torch.autocast` (parameters, gradients and optimiser state stay in their dtype;
+    activations cross stages in the autocast dtype).
     """
 
     layers: Sequence[Layer]

@@ -6,9 +6,10 @@ process groups (the worker sends the buffer), what a layer's state holds (`train
 Why not `torch.save`: pickling into a `BytesIO`, then copying it out twice, cost 40 ms to pack and 25 ms to
 unpack the 19.5 MB of small-gpt's state (`python benchmarks/migration_pause.py` spent most of a hand-off there).
 Here each tensor is copied once into the buffer, and unpacking copies nothing: installing the state copies it
-into the layer anyway. Layout: int64 index length, the index (a JSON list of [layer, key, dtype, shape, offset,
-nbytes]), zero padding to `ALIGN`, then each tensor's bytes at its offset (from the data start, aligned too, so
-that every tensor can be viewed in its own dtype).
+into the layer anyway. Layout: int64 index length, the index (JSON: {"layers": every layer's name, in order — a
+layer without parameters or buffers has no tensor, yet it is sent —, "tensors": a list of [layer, key, dtype,
+shape, offset, nbytes]}), zero padding to `ALIGN`, then each tensor's bytes at its offset (from the data start,
+aligned too, so that every tensor can be viewed in its own dtype).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def pack(bundle: Mapping[str, Mapping[str, torch.Tensor]]) -> torch.Tensor:
             index.append([layer, key, str(t.dtype), list(t.shape), offset, nbytes])
             sources.append((offset, nbytes, flat))
             offset = _aligned(offset + nbytes)
-    head = json.dumps(index, separators=(",", ":")).encode()
+    head = json.dumps({"layers": list(bundle), "tensors": index}, separators=(",", ":")).encode()
     start = _aligned(8 + len(head))
     # the padding between tensors is never read; from a GPU, page-locked where not too large (`pipeline.pinned`)
     gpu = next((f.device for _, _, f in sources if f.is_cuda), torch.device("cpu"))
@@ -73,12 +74,13 @@ def unpack(data: torch.Tensor) -> dict[str, LayerState]:
     if not 0 <= n <= size - 8:
         raise WireError(f"index of {n} bytes in a buffer of {size}")
     try:
-        index = json.loads(bytes(data[8 : 8 + n].numpy()))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WireError(f"unreadable index: {e}") from e
+        head = json.loads(bytes(data[8 : 8 + n].numpy()))
+        layers, index = head["layers"], head["tensors"]
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+        raise WireError(f"unreadable index: {e!r}") from e
     start = _aligned(8 + n)
-    out: dict[str, LayerState] = {}
     try:
+        out: dict[str, LayerState] = {str(layer): {} for layer in layers}
         for layer, key, dtype, shape, off, nbytes in index:
             dt = _DTYPES[dtype]
             o = start + int(off)
