@@ -37,17 +37,28 @@ def migration_label(record: Mapping[str, Any]) -> str:
     return kind if record.get("notice", True) else f"{kind} (kill)"
 
 
+def _ids(workers: Sequence[int]) -> str:
+    return ", ".join(map(str, workers))
+
+
+def trigger_text(record: Mapping[str, Any]) -> str:
+    """What made a reconfiguration, with the workers it concerns: "planned", "addition (joined 4)", "notice
+    (preempted 3)" or "kill (lost 2)" (a record without a trigger, from before it had one: "notice" or "no notice")."""
+    trigger = record.get("trigger")
+    workers = {"kill": "lost", "notice": "preempted", "addition": "joined"}.get(str(trigger))
+    if trigger is None:
+        lost = record.get("lost") or []
+        text = "notice" if record.get("notice", True) else f"no notice (lost {_ids(lost)})" if lost else "no notice"
+        return text + (f", preempted {_ids(record['preempted'])}" if record.get("preempted") else "")
+    listed = record.get(workers) or [] if workers else []
+    return f"{trigger} ({workers} {_ids(listed)})" if listed else str(trigger)
+
+
 def format_reconfiguration(record: Mapping[str, Any]) -> str:
     """One line for one reconfiguration record (`trainer.control.coordinator.Coordinator.records`), e.g.
-    ``step 12: pipeline -> 1x4, notice, pause 0.153 s, 1.20 MB moved``."""
-    parts = [f"step {record.get('step', '?')}: {record.get('kind', '?')} -> {strategy_text(record.get('strategy'))}"]
-    if record.get("notice", True):
-        parts.append("notice")
-    else:
-        lost = record.get("lost") or []
-        parts.append(f"no notice (lost {', '.join(map(str, lost))})" if lost else "no notice")
-    if record.get("preempted"):
-        parts.append(f"preempted {', '.join(map(str, record['preempted']))}")
+    ``step 12: pipeline -> 1x4, notice (preempted 3), pause 0.153 s, 1.20 MB moved``."""
+    parts = [f"step {record.get('step', '?')}: {record.get('kind', '?')} -> {strategy_text(record.get('strategy'))}",
+             trigger_text(record)]  # fmt: skip
     if record.get("pause_s") is not None:
         parts.append(f"pause {record['pause_s']:.3f} s")
     if record.get("bytes_moved") is not None:

@@ -14,13 +14,13 @@ from trainer.observe.observer import JobObserver, ObserverList, StepInfo
 
 START = {"job": "job", "model": "tiny-gpt", "workers": 4, "strategy": [2, 2], "steps": 10, "global_batch": 16,
          "checkpoint_dir": "ckpt", "resumed_from": None}  # fmt: skip
-PIPELINE = {"epoch": 2, "kind": "pipeline", "notice": True, "step": 4, "strategy": [1, 4], "preempted": [],
-            "lost": [], "pause_s": 0.1534, "hold_s": 0.0, "detect_s": None, "bytes_moved": 1_234_567,
-            "steps_lost": 0, "restore_step": None}  # fmt: skip
-KILL = {**PIPELINE, "epoch": 3, "kind": "inter-stage", "notice": False, "step": 7, "strategy": [1, 3], "lost": [2],
-        "pause_s": 1.42, "detect_s": 1.05, "bytes_moved": 0}  # fmt: skip
-RESTART = {**PIPELINE, "epoch": 4, "kind": "checkpoint-restart", "notice": False, "step": 8, "strategy": [1, 2],
-           "lost": [0, 1], "pause_s": 4.2, "steps_lost": 3, "restore_step": 5}  # fmt: skip
+PIPELINE = {"epoch": 2, "kind": "pipeline", "trigger": "planned", "notice": True, "step": 4, "strategy": [1, 4],
+            "preempted": [], "lost": [], "pause_s": 0.1534, "hold_s": 0.0, "detect_s": None,
+            "bytes_moved": 1_234_567, "steps_lost": 0, "restore_step": None}  # fmt: skip
+KILL = {**PIPELINE, "epoch": 3, "kind": "inter-stage", "trigger": "kill", "notice": False, "step": 7,
+        "strategy": [1, 3], "lost": [2], "pause_s": 1.42, "detect_s": 1.05, "bytes_moved": 0}  # fmt: skip
+RESTART = {**PIPELINE, "epoch": 4, "kind": "checkpoint-restart", "trigger": "kill", "notice": False, "step": 8,
+           "strategy": [1, 2], "lost": [0, 1], "pause_s": 4.2, "steps_lost": 3, "restore_step": 5}  # fmt: skip
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -73,14 +73,20 @@ def test_no_terminal_prints_one_line_per_reconfiguration_and_no_bar():
 
 
 def test_reconfiguration_lines_say_what_happened():
-    assert format_reconfiguration(PIPELINE) == "step 4: pipeline -> 1x4, notice, pause 0.153 s, 1.23 MB moved"
-    kill = "step 7: inter-stage -> 1x3, no notice (lost 2), pause 1.420 s, 0.00 MB moved"
+    assert format_reconfiguration(PIPELINE) == "step 4: pipeline -> 1x4, planned, pause 0.153 s, 1.23 MB moved"
+    kill = "step 7: inter-stage -> 1x3, kill (lost 2), pause 1.420 s, 0.00 MB moved"
     assert format_reconfiguration(KILL) == kill
     line = format_reconfiguration(RESTART)
-    assert line.startswith("step 8: checkpoint-restart -> 1x2, no notice (lost 0, 1)")
+    assert line.startswith("step 8: checkpoint-restart -> 1x2, kill (lost 0, 1)")
     assert line.endswith("3 steps lost (restored step 5)")
-    preempt = {**PIPELINE, "kind": "inter-stage", "preempted": [3]}
-    assert "preempted 3" in format_reconfiguration(preempt)
+    preempt = {**PIPELINE, "kind": "inter-stage", "trigger": "notice", "preempted": [3]}
+    assert ", notice (preempted 3), " in format_reconfiguration(preempt)
+    added = {**PIPELINE, "kind": "inter-stage", "trigger": "addition", "joined": [4, 5]}
+    assert ", addition (joined 4, 5), " in format_reconfiguration(added)
+    # a record from before records had a trigger (an older events file): what it knew then
+    older = {k: v for k, v in {**KILL, "preempted": [3]}.items() if k != "trigger"}
+    assert ", no notice (lost 2), preempted 3, " in format_reconfiguration(older)
+    assert ", notice, " in format_reconfiguration({k: v for k, v in PIPELINE.items() if k != "trigger"})
     assert migration_label(PIPELINE) == "pipeline" and migration_label(KILL) == "inter-stage (kill)"
 
 
@@ -130,8 +136,8 @@ def test_parcae_train_reports_steps_and_each_migration(tmp_path):
     # stderr: one line per reconfiguration as it completed (no bar: not a terminal)
     steps = [ln for ln in res.output.splitlines() if ln.startswith("step ")]
     assert len(steps) == 2, res.output
-    assert steps[0].startswith("step 2: pipeline -> 2x1, notice, pause "), steps
-    assert steps[1].startswith("step 3: intra-stage -> 1x1, notice, pause "), steps
+    assert steps[0].startswith("step 2: pipeline -> 2x1, planned, pause "), steps
+    assert steps[1].startswith("step 3: intra-stage -> 1x1, planned, pause "), steps
     assert "\x1b" not in res.output and "5/5" not in res.output
     # stdout: the summary
     assert "tiny-gpt: 5 steps" in res.output

@@ -233,6 +233,8 @@ def test_kills_and_restarts_train_the_same_run_as_one_process(tmp_path, capsys):
         ("checkpoint-restart", False, 6, 2),
     ]
     assert [r["lost"] for r in reconf] == [[1], [], [2]]
+    # what made each, as the cost model prices it: the standby 4 taking the killed worker's place is still a kill
+    assert [(r["trigger"], r["joined"]) for r in reconf] == [("kill", [4]), ("planned", []), ("kill", [4])]
     assert [r["restore_step"] for r in reconf] == [None, 5, 6]
     assert reconf[0]["bytes_moved"] == reconf[0]["bytes_planned"] > 0  # the survivor sent stage 0 to worker 4
     assert reconf[1]["bytes_moved"] > 0 and reconf[2]["bytes_moved"] > 0  # loaded from the checkpoints

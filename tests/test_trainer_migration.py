@@ -19,7 +19,7 @@ from _jobs import EVERY_MIGRATION, coordinator, run_job
 from _reference import uninterrupted
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 
-from liveput.migration import MigrationKind
+from liveput.migration import MigrationKind, Trigger
 from trainer.config import TrainConfig, UnknownModelError, model_config
 from trainer.control.coordinator import Coordinator
 from trainer.control.driver import JobError
@@ -147,6 +147,7 @@ def test_first_epoch_and_json_round_trip():
     assert e.assignment == {0: (0, 0), 1: (0, 1), 3: (1, 0), 4: (1, 1)}
     assert e.bounds == (0, 3, 6) and e.rank(3) == 2 and e.layers_of(4) == range(3, 6) and e.layers_of(5) == range(0)
     assert Epoch.from_json(e.to_json()) == e
+    assert e.trigger is None and e.joined == ()  # the start: nothing made it
     with pytest.raises(PlanError, match="needs 6 instances, only 5 are alive"):
         first_epoch(2, 3, range(5), N)
     with pytest.raises(PlanError, match="P=7 exceeds the model's 6 layers"):
@@ -160,9 +161,11 @@ def test_intra_stage_keeps_survivors_on_their_stage_and_moves_nothing():
     new = next_epoch(cur, 5, range(4), SIZES, strategy=(1, 2))
     assert new.kind is MigrationKind.INTRA_STAGE and new.transfers == () and new.bytes_planned == 0
     assert new.assignment == {0: (0, 0), 2: (1, 0)} and new.previous == (0, 1, 2, 3) and new.number == 2
+    assert new.trigger is Trigger.PLANNED and new.joined == ()
     # a preemption that leaves every stage >= d replicas is intra-stage as well (the spare replica takes over)
     new = next_epoch(cur, 5, range(4), SIZES, strategy=(1, 2), preempt=[0])
     assert new.kind is MigrationKind.INTRA_STAGE and new.assignment == {1: (0, 0), 2: (1, 0)} and not new.transfers
+    assert new.trigger is Trigger.NOTICE
     assert classify(cur, 1, 2, [1, 2]) is MigrationKind.INTRA_STAGE
 
 
@@ -172,11 +175,15 @@ def test_inter_stage_refills_short_stages_from_the_last_copy_under_notice():
     new = next_epoch(cur, 3, [0, 1, 2, 3], SIZES, preempt=[2])
     assert new.kind is MigrationKind.INTER_STAGE and new.assignment == {0: (0, 0), 1: (1, 0)}
     assert new.transfers == tuple(Transfer(i, 2, 1) for i in range(3, 6))
+    assert (new.trigger, new.joined) == (Trigger.NOTICE, (1,))  # a preemption first, whoever replaces it
     assert new.bytes_planned == sum(BYTES[3:6]) == bytes_moved(new.transfers, BYTES)
     # growing D: the new replicas fetch from the holders; idle instances are used before spare replicas
     new = next_epoch(cur, 3, [0, 1, 2, 3, 4], SIZES, strategy=(2, 2))
     assert new.kind is MigrationKind.INTER_STAGE
     assert new.assignment == {0: (0, 0), 1: (0, 1), 2: (1, 0), 3: (1, 1)}
+    assert (new.trigger, new.joined) == (Trigger.ADDITION, (1, 3))
+    after_kill = next_epoch(new, 4, [0, 1, 2, 3], SIZES, strategy=(1, 2), lost=[3])
+    assert (after_kill.trigger, after_kill.lost) == (Trigger.KILL, (3,))
     want = [Transfer(i, 0, 1) for i in range(3)] + [Transfer(i, 2, 3) for i in range(3, 6)]
     assert sorted(new.transfers) == sorted(want)
 

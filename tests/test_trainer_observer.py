@@ -77,6 +77,7 @@ def test_an_observer_sees_every_step_reconfiguration_and_checkpoint_once(tmp_pat
     # every reconfiguration once, in order, with its final record
     records = rec.of("reconfiguration")
     assert records == result["reconfigurations"]
+    assert [r["trigger"] for r in records] == ["planned", "notice", "kill"]
     assert [(r["kind"], r["notice"], r["step"]) for r in records] == [
         ("intra-stage", True, 2),
         ("inter-stage", True, 4),

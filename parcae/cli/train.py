@@ -407,11 +407,11 @@ def train_cmd(
         soft_wrap=True,  # one line, whatever the width: scripts grep it
     )
     table = Table(box=None)
-    for col in ("step", "kind", "notice", "strategy", "pause s", "MB moved", "steps lost"):
+    for col in ("step", "kind", "trigger", "strategy", "pause s", "MB moved", "steps lost"):
         table.add_column(col, justify="right" if col not in ("kind",) else "left")
     for r in report["reconfigurations"]:
         strategy = "x".join(str(x) for x in r.get("strategy") or []) or "-"
-        table.add_row(str(r.get("step")), r["kind"], str(r["notice"]).lower(), strategy, f"{r['pause_s']:.3f}",
+        table.add_row(str(r.get("step")), r["kind"], str(r.get("trigger")), strategy, f"{r['pause_s']:.3f}",
                       f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
     out.print(table)
     if live is not None:

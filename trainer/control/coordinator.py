@@ -819,15 +819,16 @@ class Coordinator:
     def record(self, e: Epoch) -> dict[str, Any]:
         """The record of reconfiguration epoch `e` (final once `record_complete(e)`).
 
-        pause_s: from the first old member finishing its last committed step to the last new member being ready
-        for the new epoch's first step (group teardown, transfers, group formation, installs, any hold; after a
-        kill also the wasted part of the abandoned step and the detection; for a checkpoint-restart the checkpoint
-        save, process exits and starts, and the load). hold_s: the part of it before the coordinator published the
-        epoch (an added instance still starting; a failure being detected). spread_s: how far apart the old members
-        finished their last step (the first starts the pause, the last is needed by the new epoch: part of any
-        pause, prepared or not; None when none arrived). detect_s: from the kill to the coordinator declaring the
-        worker dead (kills only). critical_s: the pause split along the member ready last (`_critical`: last_step,
-        reach, ahead, hand_off, groups, install). phases_s: the slowest new member's phase durations.
+        trigger: what made it (`Epoch.trigger`: "kill", "notice", "addition" or "planned"); joined: its members that
+        were not in the epoch it replaces. pause_s: from the first old member finishing its last committed step to the
+        last new member being ready for the new epoch's first step (group teardown, transfers, group formation,
+        installs, any hold; after a kill also the wasted part of the abandoned step and the detection; for a
+        checkpoint-restart the checkpoint save, process exits and starts, and the load). hold_s: the part of it before
+        the coordinator published the epoch (an added instance still starting; a failure being detected). spread_s: how
+        far apart the old members finished their last step (the first starts the pause, the last is needed by the new
+        epoch: part of any pause, prepared or not; None when none arrived). detect_s: from the kill to the coordinator
+        declaring the worker dead (kills only). critical_s: the pause split along the member ready last (`_critical`:
+        last_step, reach, ahead, hand_off, groups, install). phases_s: the slowest new member's phase durations.
         layers_built: how many layers the new members built for it — at the boundary ("built") or before it, while
         standing by or beside the old epoch's training ("built_ahead"); the layers a member keeps are not rebuilt, so
         a live migration builds exactly the layers it transfers. build_ahead_errors: why a member's build or install
@@ -872,7 +873,8 @@ class Coordinator:
                      and decision is not None and decision.decode() == ABORT
                      and self.epochs[-1].number > n)  # fmt: skip
         return {
-            "epoch": n, "kind": e.kind.value, "notice": e.notice, "step": e.start_step,
+            "epoch": n, "kind": e.kind.value, "trigger": None if e.trigger is None else e.trigger.value,
+            "notice": e.notice, "step": e.start_step, "joined": list(e.joined),
             "strategy": [e.D, e.P], "bounds": list(e.bounds), "preempted": list(e.preempted), "lost": list(e.lost),
             "pause_s": max(ready) - start if ready else None, "hold_s": max(0.0, decided - start),
             "spread_s": max(arrive) - min(arrive) if arrive else None,

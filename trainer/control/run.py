@@ -462,11 +462,11 @@ def _write_job_file(out: Path, config: JobConfig) -> None:
 
 def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON a CLI writes: the loss per step (from `first_step`: a resumed job's first), throughput, each
-    reconfiguration (kind, notice, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
+    reconfiguration (kind, trigger, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
     final parameter checksum."""
-    keep = ("epoch", "kind", "notice", "source", "step", "strategy", "bounds", "preempted", "lost", "pause_s",
-            "hold_s", "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s", "abandoned",
-            "prepared")  # fmt: skip
+    keep = ("epoch", "kind", "trigger", "notice", "source", "step", "strategy", "bounds", "preempted", "lost",
+            "joined", "pause_s", "hold_s", "detect_s", "bytes_moved", "steps_lost", "restore_step", "notice_to_exit_s",
+            "abandoned", "prepared")  # fmt: skip
     return {
         "loss": list(result["loss"]),
         "first_step": result.get("first_step", 0),

@@ -89,8 +89,9 @@ MIGRATIONS_TAG: Final = "parcae.migrations."  # + kind
 #: Tags of the observer that also go on the plan runs (they say which orchestration run made them).
 _SHARED_TAG_PREFIXES: Final = ("parcae.prefect", "prefect.")
 #: The columns of the migrations table (`MIGRATION_TABLE`), from each reconfiguration record.
-MIGRATION_COLUMNS: Final = ("step", "kind", "source", "notice", "prepared", "strategy", "pause_s", "hold_s",
-                            "spread_s", "pause_parts", "bytes_moved", "steps_lost", "lost", "preempted")  # fmt: skip
+MIGRATION_COLUMNS: Final = ("step", "kind", "trigger", "source", "notice", "prepared", "strategy", "pause_s",
+                            "hold_s", "spread_s", "pause_parts", "bytes_moved", "steps_lost", "lost", "preempted",
+                            "joined")  # fmt: skip
 MIGRATION_TABLE: Final = "migrations_table.json"
 FINAL_ARTIFACTS: Final = "final"  # the run's folder of the final layers
 

@@ -43,7 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from liveput import MigrationKind, assign_stages, migration_kind, overlap_params
+from liveput import MigrationKind, Trigger, assign_stages, migration_kind, overlap_params
 from trainer.config import ConfigError, ModelConfig, TrainConfig
 from trainer.runtime.pipeline import StageLayout, partition
 
@@ -131,6 +131,24 @@ class Epoch:
         """The layers `worker` holds in this epoch (empty if it has no role)."""
         role = self.assignment.get(worker)
         return self.layers(role[0]) if role else range(0)
+
+    @property
+    def joined(self) -> tuple[int, ...]:
+        """Its members that were not members of the epoch it replaces (instances added, standbys taken in)."""
+        return () if self.kind is MigrationKind.START else tuple(w for w in self.members if w not in self.previous)
+
+    @property
+    def trigger(self) -> Trigger | None:
+        """What made it, in the cost model's vocabulary (`liveput.Trigger`, which prices each differently): members
+        lost without notice (a kill), else members preempted with notice, else instances added, else a planned
+        re-shape; None for the job's first epoch."""
+        if self.kind is MigrationKind.START:
+            return None
+        if self.lost:
+            return Trigger.KILL
+        if self.preempted:
+            return Trigger.NOTICE
+        return Trigger.ADDITION if self.joined else Trigger.PLANNED
 
     @property
     def group_prefix(self) -> str:
