@@ -426,6 +426,7 @@ class Driver:
         ids = self.start_instances(workers, next_id)
         self.wait_joined(ids, f"the job's start on {strategy[0]}x{strategy[1]}")
         c.start(strategy, ids, restore_step=restore_step, assignment=assignment)
+        self.prestart(0)  # the schedule's first additions boot while the job starts, not at their boundary
         self.alive_from(restore_step)
         self._trained_from = (time.monotonic(), restore_step)
         self.history = [len(c.alive())]
