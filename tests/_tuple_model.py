@@ -31,9 +31,11 @@ class Block(nn.Module):
 
 
 class Head(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, unused: bool = False) -> None:
         super().__init__()
         self.out = nn.Linear(HIDDEN, CLASSES)
+        if unused:  # a parameter no step gives a gradient (a spare head): its optimiser never makes state for it
+            self.spare = nn.Linear(HIDDEN, CLASSES)
 
     def forward(self, h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         return self.out(h * (1 + mask.to(h.dtype)))
@@ -47,8 +49,9 @@ class Gate(nn.Module):
 
 
 def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None,
-         gate: bool = False) -> parcae.TrainSpec:  # fmt: skip
-    """`gate`: a parameter-free `Gate` layer after the first block."""
+         gate: bool = False, unused: bool = False) -> parcae.TrainSpec:  # fmt: skip
+    """`gate`: a parameter-free `Gate` layer after the first block; `unused`: a parameter in the head that the
+    forward never uses."""
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -60,7 +63,7 @@ def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | 
     layers = [
         parcae.Layer("embed", lambda: Embed().double()),
         *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
-        parcae.Layer("head", lambda: Head().double()),
+        parcae.Layer("head", lambda: Head(unused).double()),
     ]
     if gate:
         layers.insert(2, parcae.Layer("gate", Gate))

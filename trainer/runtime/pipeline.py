@@ -484,10 +484,12 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
             _check_like("parameter", name, src, p)
             p.copy_(src)
             optimizer.state.pop(p, None)
-            if opt_keys:
-                absent = [k for k in opt_keys if f"{k}/{name}" not in state]
-                if absent:
-                    raise ValueError(f"parameter {name}: optimizer state lacks {absent}")
+            # A parameter no step has given a gradient yet (unused in the forward, or only on some steps) has no
+            # optimiser state at its holder: it gets none here either. One with part of its state is refused.
+            present = [k for k in opt_keys if f"{k}/{name}" in state]
+            if present and len(present) < len(opt_keys):
+                raise ValueError(f"parameter {name}: optimizer state lacks {sorted(set(opt_keys) - set(present))}")
+            if present:
                 # on the parameter's device, but a 0-dim value (Adam's step) stays on the host, as torch keeps it
                 optimizer.state[p] = {k: _on(state[f"{k}/{name}"], p.device) for k in opt_keys}
 
