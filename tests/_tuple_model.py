@@ -30,6 +30,22 @@ class Block(nn.Module):
         return h + torch.tanh(self.lin(h)) * mask.to(h.dtype), mask
 
 
+class Routed(Block):
+    """A block with a second expert that only rows whose hidden state's first feature exceeds 0.6 reach (as a
+    mixture of experts routes them): one replica's rows may reach it and another's not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.expert = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, mask = super().forward(h, mask)
+        rows = h[:, :1] > 0.6
+        if bool(rows.any()):  # no row routed: the expert is not used, and gets no gradient
+            out = out + torch.where(rows, torch.tanh(self.expert(h)), torch.zeros_like(h))
+        return out, mask
+
+
 class Head(nn.Module):
     def __init__(self, unused: bool = False) -> None:
         super().__init__()
@@ -49,9 +65,9 @@ class Gate(nn.Module):
 
 
 def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None,
-         gate: bool = False, unused: bool = False) -> parcae.TrainSpec:  # fmt: skip
+         gate: bool = False, unused: bool = False, routed: bool = False) -> parcae.TrainSpec:  # fmt: skip
     """`gate`: a parameter-free `Gate` layer after the first block; `unused`: a parameter in the head that the
-    forward never uses."""
+    forward never uses; `routed`: the first block is a `Routed` one."""
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -62,7 +78,8 @@ def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | 
 
     layers = [
         parcae.Layer("embed", lambda: Embed().double()),
-        *(parcae.Layer(f"block.{i}", lambda: Block().double()) for i in range(blocks)),
+        *(parcae.Layer(f"block.{i}", lambda i=i: (Routed() if routed and i == 0 else Block()).double())
+          for i in range(blocks)),
         parcae.Layer("head", lambda: Head(unused).double()),
     ]
     if gate:

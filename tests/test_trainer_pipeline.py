@@ -298,9 +298,16 @@ def test_layer_state_before_the_first_step_and_errors():
     head = build_layers(CFG, 5, 6)[0]
     with pytest.raises(ValueError, match="missing"):
         load_layer_state(head, make_optimizer(head, spec_of(CFG, TRAIN)), fresh)
-    partial = {k: v for k, v in fresh.items()}
-    partial["exp_avg/ln_1.weight"] = torch.zeros(CFG.args["n_embd"])
-    with pytest.raises(ValueError, match="lacks"):
+    # a parameter no step gave a gradient has no optimiser state at its holder, and gets none (the others theirs)
+    n_embd = CFG.args["n_embd"]
+    stepped = {**fresh, "exp_avg/ln_1.weight": torch.ones(n_embd), "exp_avg_sq/ln_1.weight": torch.ones(n_embd)}
+    opt = make_optimizer(other, spec_of(CFG, TRAIN))
+    load_layer_state(other, opt, stepped)
+    with_state = [name for name, p in other.named_parameters() if opt.state.get(p)]
+    assert with_state == ["ln_1.weight"] and torch.equal(opt.state[other.ln_1.weight]["exp_avg"], torch.ones(n_embd))
+    # one with part of the state the others have is refused
+    partial = {**stepped, "exp_avg/ln_1.bias": torch.zeros(n_embd)}
+    with pytest.raises(ValueError, match=r"ln_1.bias: optimizer state lacks \['exp_avg_sq'\]"):
         load_layer_state(other, make_optimizer(other, spec_of(CFG, TRAIN)), partial)
     block32 = build_layers(CFG32, 1, 2)[0]
     with pytest.raises(ValueError, match="torch.float64, layer has .* torch.float32"):

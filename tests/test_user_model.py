@@ -101,9 +101,9 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
 
 def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _no_orphans):
     sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is, for this process and its workers
-    # with a layer that has no parameters (no optimiser to make, nothing but its place to move) and a parameter that
-    # never gets a gradient (no optimiser state to move)
-    model = ModelConfig("_tuple_model:spec", {"gate": True, "unused": True})
+    # with a layer that has no parameters (no optimiser to make, nothing but its place to move), a parameter that
+    # never gets a gradient (no optimiser state to move) and an expert that a replica's rows may not reach
+    model = ModelConfig("_tuple_model:spec", {"gate": True, "unused": True, "routed": True})
     train, steps = TrainConfig(global_batch=24), 9
     schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]},
                 {"step": 4, "kind": "preempt", "instances": [1, 2], "notice": True},  # one of them holds a stage

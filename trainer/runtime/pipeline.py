@@ -730,18 +730,34 @@ def differentiable(tree: Any) -> list[torch.Tensor]:
 
 
 def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
-    # One flat all-reduce per stage: gloo's per-op latency (~1 ms) dominates for small layers. Replicas run the same
-    # graph, so they agree on which parameters have a gradient; the others stay None (AdamW skips them).
+    """The gradients of `params` that have one, in one flat tensor (one all-reduce per stage: gloo's per-op latency,
+    ~1 ms, dominates for small layers); the others stay None (the optimiser skips them)."""
     with_grad = [(p, grad) for p in params if (grad := p.grad) is not None]
     if not with_grad:
         return [], None
     return [p for p, _ in with_grad], torch.cat([grad.reshape(-1) for _, grad in with_grad])
 
 
-def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor) -> None:
+def _flat_replica_grads(params: list[nn.Parameter]) -> torch.Tensor | None:
+    """For an all-reduce over a stage's replicas: every parameter's gradient (zeros where it has none), then a 1 for
+    each that has one. Replicas may disagree on which have one — a data-dependent branch (a mixture of experts'
+    routing) reached by the rows of one replica only — and their buffers must be the same size; summed, the tail
+    says which parameter some replica gave a gradient, as one process training the whole batch would have."""
+    if not params:
+        return None
+    dtype = next((p.grad.dtype for p in params if p.grad is not None), params[0].dtype)
+    had = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype, device=params[0].device)
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+    return torch.cat([*grads, had])
+
+
+def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor, had: torch.Tensor | None = None) -> None:
+    """Give each of `params` its slice of `flat` as its gradient; with `had` (`_flat_replica_grads`' tail, reduced),
+    None to those no replica gave one."""
+    given = None if had is None else had.tolist()  # (one read of the counts, not one per parameter from a GPU)
     offset = 0
-    for p in params:
-        p.grad = flat[offset : offset + p.numel()].view_as(p)
+    for i, p in enumerate(params):
+        p.grad = None if given is not None and not given[i] > 0 else flat[offset : offset + p.numel()].view_as(p)
         offset += p.numel()
 
 
@@ -866,12 +882,18 @@ def train_step(
     # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over
     # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
     # With normalizer "count" the loss and the gradients are sums until the global count is known: then divided.
-    params, flat = _flat_grads(list(ctx.module.parameters()))
+    replicated = g is not None and g.dp is not None
+    had = None  # with replicas: how many gave each parameter a gradient (`_flat_replica_grads`)
+    if replicated:
+        params = list(ctx.module.parameters())
+        flat = _flat_replica_grads(params)
+    else:
+        params, flat = _flat_grads(list(ctx.module.parameters()))
     totals = torch.stack([loss, count])
     if g is not None:
         pending = []
         staged = None  # the gradients in host memory, where gloo reduces them (the same tensor on the CPU)
-        if g.dp is not None and flat is not None:
+        if replicated and flat is not None:
             staged = host_copy(flat)
             pending.append(g.all_reduce(staged, g.dp))
         pending.append(g.all_reduce(totals, g.world))
@@ -879,6 +901,8 @@ def train_step(
             g.wait(work)
         if staged is not None and flat is not None and staged is not flat:
             flat.copy_(staged)
+        if replicated and flat is not None:
+            flat, had = flat[: -len(params)], flat[-len(params) :]
     loss = totals[0]
     if spec.normalizer == "count":
         n = float(totals[1])
@@ -899,7 +923,7 @@ def train_step(
         if flat is not None and norm > clip:
             flat.mul_(clip / (norm + 1e-6))
     if flat is not None:
-        _unflatten_grads(params, flat)
+        _unflatten_grads(params, flat, had)
     if reduced is not None:
         reduced()
 
