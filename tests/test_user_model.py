@@ -229,6 +229,26 @@ def test_a_spec_that_does_not_load_names_the_fix(name, match):
         load_spec(ModelConfig(name))
 
 
+def test_a_spec_s_package_is_found_in_the_folder_the_job_runs_in(tmp_path, monkeypatch, _no_orphans):
+    pkg = tmp_path / "mypkg_in_cwd"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "layers.py").write_text("import torch.nn as nn\n\ndef block():\n    return nn.Linear(4, 4)\n")
+    (pkg / "train.py").write_text(
+        "import torch, torch.nn as nn\nimport parcae\nfrom .layers import block  # a relative import: a package\n\n"
+        "def spec():\n    return parcae.TrainSpec(layers=[parcae.Layer('a', block), parcae.Layer('b', block)],\n"
+        "        batch=lambda step: (torch.ones(4, 4) * step, torch.zeros(4, 4)),\n"
+        "        loss=lambda out, y: ((out - y) ** 2).sum(),\n"
+        "        optimizer=lambda params: torch.optim.SGD(params, lr=0.01))\n")  # fmt: skip
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    # the CLI's process and its workers (other processes) import it from there, as `python -m` would
+    res = CliRunner().invoke(app, ["train", "--model", "mypkg_in_cwd.train:spec", "--workers", "2", "--steps", "3",
+                                   "--out-dir", str(tmp_path / "job")])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "mypkg_in_cwd.train:spec: 3 steps" in res.output
+
+
 def test_bad_model_args_name_the_option():
     with pytest.raises(SpecError, match=r"calling .*digits_cnn.py:spec\(\*\*\{'width': 3\}\) failed.*--model-args"):
         load_spec(ModelConfig(DIGITS, args={"width": 3}))

@@ -129,13 +129,14 @@ def _import_function(path: str, where: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise SpecError(f"{where}: {path!r} is not module:function; give e.g. mypkg.train:spec")
     try:
-        module = _import_file(module_name) if module_name.endswith(".py") else importlib.import_module(module_name)
+        module = _import_file(module_name) if module_name.endswith(".py") else _import_module(module_name)
     except FileNotFoundError:
         raise SpecError(f"{where}: no such file {module_name!r}; give the path of the spec's file (relative to "
                         "the folder the job runs in) or an importable module name") from None  # fmt: skip
     except ImportError as exc:
         raise SpecError(f"{where}: cannot import module {module_name!r} ({exc}); make it importable where the job "
-                        "runs (pip install it, or add its folder to PYTHONPATH)") from None  # fmt: skip
+                        "runs (run from the folder that holds it, pip install it, or add its folder to PYTHONPATH)"
+                        ) from None  # fmt: skip
     except Exception as exc:  # noqa: BLE001 — the user's module failed while it ran: say where, whatever it raised
         raise SpecError(f"{where}: importing {module_name!r} raised {type(exc).__name__}: {exc}; fix the "
                         "module") from None  # fmt: skip
@@ -148,6 +149,19 @@ def _import_function(path: str, where: str) -> Callable[..., Any]:
         raise SpecError(f"{where}: {path!r} is a {type(fn).__name__}, not a function; point at a function that "
                         "returns a parcae.TrainSpec")  # fmt: skip
     return cast(Callable[..., Any], fn)
+
+
+def _import_module(name: str) -> Any:
+    """A spec's module by name: installed, on PYTHONPATH, or in the folder the job runs in — where a spec's file is
+    looked for too, and where `python -m`, uvicorn or celery find a user's module. That folder is appended to the
+    path, so a module there never shadows an installed one of the same name."""
+    import os
+    import sys
+
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
+    return importlib.import_module(name)
 
 
 def _import_file(path: str) -> Any:
