@@ -46,6 +46,14 @@ class Routed(Block):
         return out, mask
 
 
+class HalfBlock(Block):
+    """A block whose parameters are bfloat16 among float64 ones (a stage then holds both dtypes)."""
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out, mask = super().forward(h.to(torch.bfloat16), mask)
+        return out.to(h.dtype), mask
+
+
 class Head(nn.Module):
     def __init__(self, unused: bool = False) -> None:
         super().__init__()
@@ -64,10 +72,16 @@ class Gate(nn.Module):
         return torch.relu(h) * (1 + mask.to(h.dtype)), mask
 
 
-def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None,
-         gate: bool = False, unused: bool = False, routed: bool = False) -> parcae.TrainSpec:  # fmt: skip
+def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None, gate: bool = False,
+         unused: bool = False, routed: bool = False, half: bool = False) -> parcae.TrainSpec:  # fmt: skip
     """`gate`: a parameter-free `Gate` layer after the first block; `unused`: a parameter in the head that the
-    forward never uses; `routed`: the first block is a `Routed` one."""
+    forward never uses; `routed`: the first block is a `Routed` one; `half`: the second a bfloat16 `HalfBlock`."""
+
+    def block(i: int) -> nn.Module:
+        if half and i == 1:
+            return HalfBlock().to(torch.bfloat16)
+        return (Routed() if routed and i == 0 else Block()).double()
+
     data = torch.Generator().manual_seed(5)
     X = torch.randn(240, FEATURES, generator=data, dtype=torch.float64)
     Y = (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()
@@ -78,8 +92,7 @@ def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | 
 
     layers = [
         parcae.Layer("embed", lambda: Embed().double()),
-        *(parcae.Layer(f"block.{i}", lambda i=i: (Routed() if routed and i == 0 else Block()).double())
-          for i in range(blocks)),
+        *(parcae.Layer(f"block.{i}", lambda i=i: block(i)) for i in range(blocks)),
         parcae.Layer("head", lambda: Head(unused).double()),
     ]
     if gate:

@@ -125,6 +125,24 @@ def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _
     assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
 
 
+def test_a_bfloat16_layer_among_float64_ones_trains_and_migrates(tmp_path, _no_orphans):
+    """A stage holding two dtypes reduces one buffer per dtype (one buffer made the bfloat16 gradients float64, which
+    torch refused to assign), and bfloat16 parameters are checksummed by their bytes (numpy has no bfloat16)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    model, train, steps = ModelConfig("_tuple_model:spec", {"half": True}), TrainConfig(global_batch=24), 8
+    schedule = [{"step": 2, "kind": "plan", "strategy": [2, 2]},
+                {"step": 4, "kind": "plan", "strategy": [1, 3]},
+                {"step": 6, "kind": "checkpoint-restart", "strategy": [3, 1]}]  # fmt: skip
+    result = run_job(model, train, 4, (1, 2), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=80)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["inter-stage", "pipeline", "checkpoint-restart"]
+    assert len(result["final_checksum"]) == 64
+    losses, layers = uninterrupted(model, train, steps)
+    # bfloat16 sums in another order under another D: close to one process, not equal
+    assert result["loss"] == pytest.approx(losses, rel=1e-2)
+    assert {n: {k: v.dtype for k, v in st.items() if k.startswith("param/")} for n, st in layers.items()}[
+        "block.1"] == {"param/lin.weight": torch.bfloat16, "param/lin.bias": torch.bfloat16}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------------ the contract
 
 

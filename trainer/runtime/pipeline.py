@@ -625,7 +625,7 @@ def parameters_checksum(layers: Mapping[str, Mapping[str, torch.Tensor]], names:
         for key in sorted(k for k in layers[name] if k.startswith("param/")):
             t = layers[name][key].detach().contiguous()
             h.update(f"{name}/{key}:{t.dtype}:{tuple(t.shape)}".encode())
-            h.update(t.numpy().tobytes())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # its bytes: numpy has no bfloat16
     return h.hexdigest()
 
 
@@ -729,31 +729,30 @@ def differentiable(tree: Any) -> list[torch.Tensor]:
     return [t for t in leaves(tree) if t.is_floating_point()]
 
 
-def _flat_grads(params: list[nn.Parameter]) -> tuple[list[nn.Parameter], torch.Tensor | None]:
-    """The gradients of `params` that have one, in one flat tensor (one all-reduce per stage: gloo's per-op latency,
-    ~1 ms, dominates for small layers); the others stay None (the optimiser skips them)."""
-    with_grad = [(p, grad) for p in params if (grad := p.grad) is not None]
-    if not with_grad:
-        return [], None
-    return [p for p, _ in with_grad], torch.cat([grad.reshape(-1) for _, grad in with_grad])
-
-
-def _flat_replica_grads(params: list[nn.Parameter]) -> torch.Tensor | None:
-    """For an all-reduce over a stage's replicas: every parameter's gradient (zeros where it has none), then a 1 for
-    each that has one. Replicas may disagree on which have one — a data-dependent branch (a mixture of experts'
-    routing) reached by the rows of one replica only — and their buffers must be the same size; summed, the tail
-    says which parameter some replica gave a gradient, as one process training the whole batch would have."""
-    if not params:
-        return None
-    dtype = next((p.grad.dtype for p in params if p.grad is not None), params[0].dtype)
-    had = torch.tensor([float(p.grad is not None) for p in params], dtype=dtype, device=params[0].device)
-    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-    return torch.cat([*grads, had])
+def _flat_grads(params: list[nn.Parameter], replicated: bool) -> list[tuple[list[nn.Parameter], torch.Tensor]]:
+    """The gradients of `params` in one flat tensor per dtype (a stage may mix them: a float32 head beside bfloat16
+    blocks), for one all-reduce each — gloo's per-op latency, ~1 ms, dominates for small layers. Alone, only the
+    parameters that have one (the others stay None: the optimiser skips them). `replicated` (for a reduce over the
+    stage's replicas, whose buffers must be the same size): every parameter, zeros where it has none, then a 1 for each
+    that has one — replicas may disagree on which do (a data-dependent branch, as a mixture of experts routes,
+    reached by one replica's rows only); summed, that tail says which some replica gave a gradient, as one process
+    training the whole batch would have."""
+    by_dtype: dict[torch.dtype, list[nn.Parameter]] = {}
+    for p in params:
+        if replicated or p.grad is not None:
+            by_dtype.setdefault(p.dtype, []).append(p)
+    out = []
+    for dtype, group in by_dtype.items():
+        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in group]
+        if replicated:
+            parts.append(torch.tensor([float(p.grad is not None) for p in group], dtype=dtype, device=group[0].device))
+        out.append((group, torch.cat(parts)))
+    return out
 
 
 def _unflatten_grads(params: list[nn.Parameter], flat: torch.Tensor, had: torch.Tensor | None = None) -> None:
-    """Give each of `params` its slice of `flat` as its gradient; with `had` (`_flat_replica_grads`' tail, reduced),
-    None to those no replica gave one."""
+    """Give each of `params` its slice of `flat` as its gradient; with `had` (`_flat_grads`' tail, reduced), None
+    to those no replica gave one."""
     given = None if had is None else had.tolist()  # (one read of the counts, not one per parameter from a GPU)
     offset = 0
     for i, p in enumerate(params):
@@ -883,47 +882,44 @@ def train_step(
     # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
     # With normalizer "count" the loss and the gradients are sums until the global count is known: then divided.
     replicated = g is not None and g.dp is not None
-    had = None  # with replicas: how many gave each parameter a gradient (`_flat_replica_grads`)
-    if replicated:
-        params = list(ctx.module.parameters())
-        flat = _flat_replica_grads(params)
-    else:
-        params, flat = _flat_grads(list(ctx.module.parameters()))
+    flats = _flat_grads(list(ctx.module.parameters()), replicated)
     totals = torch.stack([loss, count])
     if g is not None:
         pending = []
-        staged = None  # the gradients in host memory, where gloo reduces them (the same tensor on the CPU)
-        if replicated and flat is not None:
-            staged = host_copy(flat)
-            pending.append(g.all_reduce(staged, g.dp))
+        # the gradients in host memory, where gloo reduces them (the same tensors on the CPU)
+        staged = [host_copy(flat) for _, flat in flats] if replicated else []
+        pending += [g.all_reduce(t, g.dp) for t in staged]
         pending.append(g.all_reduce(totals, g.world))
         for work in pending:
             g.wait(work)
-        if staged is not None and flat is not None and staged is not flat:
-            flat.copy_(staged)
-        if replicated and flat is not None:
-            flat, had = flat[: -len(params)], flat[-len(params) :]
+        for (_, flat), t in zip(flats, staged, strict=False):  # (none staged without replicas)
+            if t is not flat:
+                flat.copy_(t)
+    # with replicas, each buffer's tail counts the replicas that gave each parameter a gradient
+    grads = [(ps, flat[: -len(ps)], flat[-len(ps) :]) if replicated else (ps, flat, None) for ps, flat in flats]
     loss = totals[0]
     if spec.normalizer == "count":
         n = float(totals[1])
         if not n > 0:
             raise ValueError(f"step {step}: the loss counted {n} items over the global batch; a step needs some")
         loss = loss / n
-        if flat is not None:
+        for _, flat, _ in grads:
             flat.div_(n)
     clip = spec.clip_grad_norm
     if clip is not None:
         # the global norm needs the reduced gradients of every stage: replica 0 of each stage adds its square sum
         sq = torch.zeros((), dtype=torch.float64)
-        if flat is not None and ctx.replica == 0:
-            sq = flat.to(torch.float64).square().sum().to("cpu")
+        if ctx.replica == 0:
+            for _, flat, _ in grads:
+                sq += flat.to(torch.float64).square().sum().to("cpu")
         if g is not None:
             g.wait(g.all_reduce(sq, g.world))
         norm = float(sq.sqrt())
-        if flat is not None and norm > clip:
-            flat.mul_(clip / (norm + 1e-6))
-    if flat is not None:
-        _unflatten_grads(params, flat, had)
+        if norm > clip:
+            for _, flat, _ in grads:
+                flat.mul_(clip / (norm + 1e-6))
+    for ps, flat, had in grads:
+        _unflatten_grads(ps, flat, had)
     if reduced is not None:
         reduced()
 
