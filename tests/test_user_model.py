@@ -204,6 +204,15 @@ varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtyp
     (_spec(loss=lambda out, y: nn.functional.cross_entropy(out, y, reduction="none")), 1,
      r"loss must return a floating-point scalar \(the SUM over the rows\), got \(2,\); use reduction='sum'"),
     (_spec(layers=[Layer("a b", lambda: nn.Linear(4, 4))]), 1, r"has the name 'a b'; use letters"),
+    (_spec(loss=lambda out, y: nn.functional.cross_entropy(out, y)), 1,  # a mean: the result would depend on D x P
+     r"the loss must be a SUM over the rows it is given .* on two rows it is [0-9.]+, on each alone [0-9.]+ and "
+     r"[0-9.]+; use reduction='sum'"),
+    (_spec(loss=lambda out, y: nn.functional.cross_entropy(out, y, reduction="sum") + 1.0), 1,  # once per call
+     r"the loss must be a SUM over the rows"),
+    (_spec(normalizer="count", loss=lambda out, y: (nn.functional.cross_entropy(out, y, reduction="sum"),
+                                                     torch.tensor(1.0))), 1, r"the count must be a SUM over the rows"),
+    (_spec(layers=[Layer("a", lambda: nn.LazyLinear(4)), Layer("b", lambda: nn.Linear(4, 2))]), 1,
+     r"layer 'a' has lazy parameters.*give their sizes \(nn.Linear\(in, out\)\)"),
 ])  # fmt: skip
 def test_a_bad_spec_is_one_message_naming_the_layer_and_the_fix(spec, stages, match):
     with pytest.raises(SpecError, match=match):

@@ -28,6 +28,7 @@ import functools
 import hashlib
 import importlib
 import inspect
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -395,6 +396,10 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
     owner: dict[int, str] = {}
     built = [_built(spec, i, where, "meta") for i in range(n)]  # all alive while ids are compared (ids are reused)
     for layer, module in zip(spec.layers, built, strict=True):
+        if any(isinstance(p, nn.parameter.UninitializedParameter) for p in module.parameters()):
+            raise SpecError(f"{where}: layer {layer.name!r} has lazy parameters, whose shapes come from its first "
+                            "input (nn.LazyLinear, nn.LazyConv2d, ...); give their sizes (nn.Linear(in, out)): any "
+                            "stage builds a layer and receives its state before it has seen an input")  # fmt: skip
         for p in module.parameters():
             if id(p) in owner and owner[id(p)] != layer.name:
                 raise SpecError(f"{where}: layers {owner[id(p)]!r} and {layer.name!r} share a parameter (tied "
@@ -411,10 +416,11 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
             _check_exact(module, layer.name, where)
     B = _check_batches(spec, where, global_batch)
     try:
-        _check_flow(spec, where, "meta")
+        out = _check_flow(spec, where, "meta")
     except SpecError:
         # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
-        _check_flow(spec, where, None)
+        out = _check_flow(spec, where, None)
+    _check_sum(spec, where, out)
     return SpecSummary(global_batch=B, names=tuple(spec.names))
 
 
@@ -466,8 +472,9 @@ def _need_rows(B: int, global_batch: int | None, where: str) -> None:
                         f"--global-batch {B} (or leave it out), or change the spec's batch size")  # fmt: skip
 
 
-def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
-    """Run a two-row sample through every layer (built on `device`) and the loss: each output must feed the next."""
+def _check_flow(spec: TrainSpec, where: str, device: str | None) -> Any:
+    """Run a two-row sample through every layer (built on `device`) and the loss: each output must feed the next.
+    Returns the last layer's output (on `device`)."""
     x, y = _batch(spec, 0, where)
     k = min(2, rows(x))
     out: Any = rebuild(x, [t[:k] for t in leaves(x)])
@@ -505,6 +512,35 @@ def _check_flow(spec: TrainSpec, where: str, device: str | None) -> None:
         shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
         raise SpecError(f"{where}: loss must return a floating-point scalar (the SUM over the rows), got {shape}; "
                         "use reduction='sum'")  # fmt: skip
+    return out
+
+
+def _check_sum(spec: TrainSpec, where: str, out: Any) -> None:
+    """The loss must be a SUM over the rows it is given: parcae calls it on each micro-batch and adds the results,
+    so a mean (or a term counted once per call) would make the loss and the gradients depend on the split — on
+    D x P — silently. Checked on two rows of batch(0)'s targets and made-up outputs of the last layer's shapes
+    (seeded uniform values): loss(both rows) = loss(first) + loss(second), within 5% (a mean is off by half)."""
+    _, y = _batch(spec, 0, where)
+    if rows(out) < 2 or rows(y) < 2:
+        return
+    g = torch.Generator().manual_seed(0)
+    made = rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
+                         else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
+
+    def loss(rows: slice) -> list[float]:
+        v = spec.loss(rebuild(made, [t[rows] for t in leaves(made)]), rebuild(y, [t[rows] for t in leaves(y)]))
+        return [float(x) for x in (v if spec.normalizer == "count" else (v,))]
+
+    with torch.no_grad():
+        try:
+            both, first, second = loss(slice(0, 2)), loss(slice(0, 1)), loss(slice(1, 2))
+        except Exception:  # noqa: BLE001 — the loss of one row is not what this checks (the job's may have more)
+            return
+    for what, b, f, s in zip(("loss", "count"), both, first, second, strict=False):
+        if all(math.isfinite(v) for v in (b, f, s)) and not math.isclose(b, f + s, rel_tol=0.05, abs_tol=1e-9):
+            raise SpecError(f"{where}: the {what} must be a SUM over the rows it is given (parcae adds it over "
+                            f"micro-batches): on two rows it is {b:.6g}, on each alone {f:.6g} and {s:.6g}; use "
+                            "reduction='sum' (parcae divides by the global batch itself)")  # fmt: skip
 
 
 def _shapes(tree: Any) -> str:
