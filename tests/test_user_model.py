@@ -219,6 +219,19 @@ def test_a_bad_spec_is_one_message_naming_the_layer_and_the_fix(spec, stages, ma
         check_spec(spec, "model 'mine'", stages=stages)
 
 
+def test_the_sum_check_of_a_large_output_is_skipped_with_a_warning(monkeypatch, caplog):
+    from trainer.runtime import trainspec
+
+    mean = _spec(loss=lambda out, y: nn.functional.cross_entropy(out, y))
+    monkeypatch.setattr(trainspec, "SUM_CHECK_MAX_BYTES", 16)  # two rows of two float32 outputs: 16 bytes, checked
+    with pytest.raises(SpecError, match="must be a SUM"):
+        check_spec(mean, "model 'mine'")
+    monkeypatch.setattr(trainspec, "SUM_CHECK_MAX_BYTES", 15)
+    with caplog.at_level("WARNING", logger="trainer.runtime.trainspec"):
+        assert check_spec(mean, "model 'mine'").global_batch == 6
+    assert "model 'mine': the check that the loss is a sum over rows is skipped" in caplog.text
+
+
 def test_a_tied_weight_between_two_factories_is_refused():
     emb = nn.Embedding(10, 4)
 
