@@ -145,3 +145,21 @@ def test_a_failed_job_exits_1_and_a_usage_error_2(tmp_path):
     res = runner.invoke(app, ["train", "--trace", "no-such-trace", "--out-dir", str(tmp_path / "other")])
     assert res.exit_code == 2 and "error: " in res.output and "no-such-trace" in res.output
     assert "Traceback" not in res.output
+
+
+def test_train_help_lists_every_option_in_one_group():
+    """`parcae train` has three dozen options: its --help lists them by what they are for (`TRAIN_PANELS`). Every
+    option is in exactly one group, and no group names an option that is gone."""
+    import typer
+
+    from parcae.cli.train import TRAIN_PANELS
+
+    command = typer.main.get_command(app).commands["train"]  # type: ignore[attr-defined]
+    options = sorted(str(p.name) for p in command.params if p.name != "help")
+    assert sorted(name for names in TRAIN_PANELS.values() for name in names) == options
+    res = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "120"})
+    assert res.exit_code == 0, res.output
+    headings = [line.rstrip(":") for line in res.output.splitlines() if line.endswith(":") and not line[0].isspace()]
+    assert headings == [*TRAIN_PANELS, "Options"]  # then --help alone
+    section = res.output.split("Checkpoints and outputs:\n", 1)[1].split("\n\n", 1)[0]
+    assert "--checkpoint-uri" in section and "--resume" in section and "--model " not in section

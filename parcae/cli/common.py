@@ -10,14 +10,15 @@ import functools
 import math
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
+from typer.core import TyperCommand
 
 #: Exit codes, the same for every command: 0 done; 1 the work failed (a job, a cloud call); 2 a usage error (an
 #: option, a file, a setting: the message names the fix); 130 interrupted (Ctrl-C).
@@ -64,6 +65,44 @@ def error(message: str) -> None:
 def warn(message: str) -> None:
     """Print ``warning: <message>`` in yellow on stderr (even under --quiet)."""
     Console(stderr=True, highlight=False).print(Text(f"warning: {message}", style="yellow"), soft_wrap=True)
+
+
+class GroupedCommand(TyperCommand):
+    """A command whose ``--help`` lists its options in named groups (`panels`: title -> option names, in the order
+    shown), then the rest under "Options": a command with dozens of options reads as what each group is for. Each
+    option also gets its group as its ``rich_help_panel`` (what typer's rich help would draw)."""
+
+    panels: ClassVar[Mapping[str, Sequence[str]]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        where = self.panel_of()
+        for param in self.params:
+            if param.name in where and hasattr(param, "rich_help_panel"):
+                param.rich_help_panel = where[param.name]
+
+    @classmethod
+    def panel_of(cls) -> dict[str, str]:
+        return {name: title for title, names in cls.panels.items() for name in names}
+
+    def format_options(self, ctx: Any, formatter: Any) -> None:  # (typer's own copy of click's types)
+        where = self.panel_of()
+        order = {name: i for names in self.panels.values() for i, name in enumerate(names)}
+        sections: dict[str, list[tuple[int, tuple[str, str]]]] = {}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is not None:
+                title = where.get(str(param.name), "Options")
+                sections.setdefault(title, []).append((order.get(str(param.name), len(order)), record))
+        for title in [*self.panels, "Options"]:
+            if sections.get(title):
+                with formatter.section(title):
+                    formatter.write_dl([record for _, record in sorted(sections[title], key=lambda r: r[0])])
+
+
+def grouped(panels: Mapping[str, Sequence[str]]) -> type[GroupedCommand]:
+    """A `GroupedCommand` class with these `panels`, for ``@command(..., cls=grouped({...}))``."""
+    return type("GroupedCommand", (GroupedCommand,), {"panels": dict(panels)})
 
 
 #: The commands of `app`, by function: (name, ``typer.Typer.command`` keyword arguments); `parcae.cli` adds them.

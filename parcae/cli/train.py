@@ -11,7 +11,7 @@ import os
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, Final, NoReturn
 
 import typer
 from rich import box
@@ -26,6 +26,7 @@ from parcae.cli.common import (
     check_writable,
     check_writable_dir,
     command,
+    grouped,
     json_object_option,
     stderr,
     stdout,
@@ -70,7 +71,20 @@ ModelArgsOption = Annotated[
 ]
 
 
-@command("train")
+#: The groups `parcae train --help` lists its options in (the rest come under "Options").
+TRAIN_PANELS: Final = {
+    "Capacity (what instances exist)": ("workers", "trace", "events", "start_interval", "interval_seconds", "fleet",
+                                        "min_instances", "market_trace", "provider", "provider_options"),
+    "Model and training": ("model", "model_args", "steps", "global_batch", "schedule", "device", "seed"),
+    "Planning and migration": ("planner", "profile", "look_ahead", "accept_plans", "prepare"),
+    "Checkpoints and outputs": ("out_dir", "resume", "checkpoint_every", "checkpoint_uri", "keep_checkpoints",
+                                "json_out", "plot"),
+    "Other hosts (--hosts)": ("hosts", "coordinator", "slots", "remote_python", "remote_workdir"),
+    "Failures and time": ("timeout", "heartbeat_timeout"),
+}  # fmt: skip
+
+
+@command("train", cls=grouped(TRAIN_PANELS))
 def train_cmd(
     workers: Annotated[int, typer.Option(help="Local worker processes (instances) at the start.")] = config_default(
         AvailabilityConfig, "workers"
