@@ -349,6 +349,39 @@ def test_step_sampler_uses_every_item_once_per_epoch_whatever_the_split():
         StepSampler(data, 0)
 
 
+def test_a_replica_loads_only_its_rows_where_the_batch_function_can():
+    """`StepSampler.rows` loads a slice of a step's batch alone (`RowBatch`), equal to that slice of the whole
+    batch; a plain batch function is called whole and cut."""
+    from trainer.runtime.data import RowBatch, batch_rows, replica_rows
+
+    class Counted(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.loads = 0
+
+        def __len__(self) -> int:
+            return 10
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            self.loads += 1  # (an image decoded, a record read)
+            return torch.full((3,), float(i)), torch.tensor(i)
+
+    data = Counted()
+    sampler = StepSampler(data, batch_size=6, seed=1)
+    assert isinstance(sampler, RowBatch) and not isinstance(lambda step: (None, None), RowBatch)
+    for step in range(3):
+        whole = sampler(step)
+        for replica in range(3):
+            data.loads = 0
+            part = batch_rows(sampler, step, replica_rows(6, replica, 3))
+            assert data.loads == 2  # its two rows, not the six of the global batch
+            assert all(torch.equal(a, b[2 * replica : 2 * replica + 2]) for a, b in zip(part, whole, strict=True))
+    plain = lambda step: (torch.arange(6.0) + step, torch.arange(6))  # noqa: E731
+    x, y = batch_rows(plain, 2, range(4, 6))
+    assert torch.equal(x, torch.tensor([6.0, 7.0])) and torch.equal(y, torch.tensor([4, 5]))
+    with pytest.raises(ValueError, match=r"rows \[4, 7\) are not within a batch of 6"):
+        sampler.rows(0, 4, 7)
+
+
 # ------------------------------------------------------------------------------------------------ 1F1B
 
 

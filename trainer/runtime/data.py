@@ -1,8 +1,9 @@
 """The split of a step's global batch into replicas and micro-batches.
 
-Owns: `replica_rows` and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's
-`batch` is built from. Must not touch: models, processes, torch.distributed. The batch
-itself is the spec's (`TrainSpec.batch(step)`: a pure function of the step).
+Owns: `replica_rows`, `batch_rows` (the rows of a step's batch one replica trains on, loaded alone where the
+batch function can: `RowBatch`) and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's `batch` is
+built from. Must not touch: models, processes, torch.distributed. The batch itself is the spec's
+(`TrainSpec.batch(step)`: a pure function of the step).
 
 The invariant the elastic trainer rests on: **the global batch of a step depends only on the step**, never on D or
 P, and `shard` partitions it exactly (every row lands in exactly one micro-batch of one replica). Hence any D x P
@@ -11,7 +12,8 @@ strategy — and any sequence of strategies across migrations — sees the same 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -32,6 +34,30 @@ def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range
             f"D={n_replicas} replicas exceed global_batch={global_batch_size}: some replica would get no sequence"
         )
     return range(replica * global_batch_size // n_replicas, (replica + 1) * global_batch_size // n_replicas)
+
+
+@runtime_checkable
+class RowBatch(Protocol):
+    """A batch function that can also load a slice of a step's global batch alone: `rows(step, start, stop)` is
+    `batch(step)`'s rows [start, stop), exactly. A replica then loads only the rows it trains on, not the whole
+    global batch (with a dataset whose items cost something to load — images to decode — each of D replicas
+    otherwise loads D times what it uses). `StepSampler` is one."""
+
+    def __call__(self, step: int) -> tuple[Any, Any]: ...
+
+    def rows(self, step: int, start: int, stop: int) -> tuple[Any, Any]: ...
+
+
+def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range) -> tuple[Any, Any]:
+    """Rows `rows` of `batch(step)`: loaded alone where `batch` is a `RowBatch`, else cut from the whole batch."""
+    if isinstance(batch, RowBatch):
+        return batch.rows(step, rows.start, rows.stop)
+    x, y = batch(step)
+
+    def cut(tree: Any) -> Any:
+        return rebuild(tree, [t[rows.start : rows.stop] for t in leaves(tree)])
+
+    return cut(x), cut(y)
 
 
 def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> list[tuple[Any, Any]]:
@@ -82,9 +108,15 @@ class StepSampler:
         return out
 
     def __call__(self, step: int) -> Any:
+        return self.rows(step, 0, self.batch_size)
+
+    def rows(self, step: int, start: int, stop: int) -> Any:
+        """Rows [start, stop) of step `step`'s batch, loading only their items (`RowBatch`)."""
         from torch.utils.data import default_collate
 
-        batch = default_collate([self.dataset[i] for i in self.indices(step)])
+        if not 0 <= start < stop <= self.batch_size:
+            raise ValueError(f"StepSampler: rows [{start}, {stop}) are not within a batch of {self.batch_size}")
+        batch = default_collate([self.dataset[i] for i in self.indices(step)[start:stop]])
         return tuple(batch) if isinstance(batch, list) else batch
 
 

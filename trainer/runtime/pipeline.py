@@ -65,7 +65,7 @@ import torch.nn as nn
 from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
-from trainer.runtime.data import shard
+from trainer.runtime.data import batch_rows, replica_rows, shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 
@@ -791,8 +791,9 @@ def train_step(
     """
     spec, B, D, dev = ctx.spec, ctx.train.global_batch, ctx.strategy.D, ctx.device
     g = ctx.groups
-    x, y = spec.batch(step)
-    micro = shard(x, y, ctx.replica, D, ctx.train.micro_batch)
+    # this replica's rows of the step's global batch (only those loaded, where the batch function can: `RowBatch`)
+    x, y = batch_rows(spec.batch, step, replica_rows(B, ctx.replica, D))
+    micro = shard(x, y, 0, 1, ctx.train.micro_batch)
     for opt in ctx.optimizers.values():
         opt.zero_grad(set_to_none=True)
     inputs: dict[int, Any] = {}
