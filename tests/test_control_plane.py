@@ -240,3 +240,27 @@ def test_a_job_under_attack_from_a_client_without_the_token_trains_as_if_alone(t
     assert attacked["reconfigurations"] == [] and attacked["exit_codes"] == {0: 0, 1: 0}
     assert all(b"job" not in v and b"tiny-gpt" not in v for v in attacker.read)
     assert attacker.token and not any(attacker.token.encode() in c for c in attacker.cmdlines)
+
+
+def test_the_store_does_not_grow_with_the_steps(tmp_path, monkeypatch):
+    """Each step left world + 3 keys in the store (commit marks, the decision, the boundary, the loss), which a job
+    of millions of steps would keep in the driver's memory: a job of 90 steps now ends with the keys of one of 30,
+    a kill's recovery and a checkpoint-restart included (which rewind and redo steps)."""
+    from trainer.control import driver
+
+    counts: list[int] = []
+    run = driver.Driver.run
+
+    def counted(self: driver.Driver, *args: object, **kwargs: object) -> None:
+        run(self, *args, **kwargs)
+        counts.append(self.coord.store.inner.num_keys())
+
+    monkeypatch.setattr(driver.Driver, "run", counted)
+    events = [{"step": 12, "kind": "checkpoint-restart", "strategy": [2, 1]}, {"step": 20, "kind": "kill",
+              "instances": [1]}, {"step": 21, "kind": "add", "workers": 1}, {"step": 24, "kind": "plan",
+              "strategy": [2, 1]}]  # fmt: skip
+    kw = dict(start_method="forkserver", timeout_s=120, checkpoint_every=5)
+    short = run_job(CFG, TRAIN, 2, (2, 1), 30, events, tmp_path / "short", **kw)
+    long = run_job(CFG, TRAIN, 2, (2, 1), 90, events, tmp_path / "long", **kw)
+    assert len(short["loss"]) == 30 and len(long["loss"]) == 90 and long["loss"][:30] == short["loss"]
+    assert counts[1] - counts[0] < 10, counts  # (60 more steps of 2 workers left ~300 more keys before)

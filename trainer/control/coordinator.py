@@ -129,6 +129,10 @@ class Coordinator:
         self.notices: dict[int, float] = {}  # worker -> deadline (wall clock) of the notice it reported
         self._rejected: set[tuple[str, str]] = set()  # malformed store values already logged
         self._handed_gap: dict[int, float] = {}  # handed-plan numbers taken but not written -> first seen missing
+        # the committed steps' losses read from the store (whose keys are then deleted: one per step), and the
+        # boundary keys deleted below the steps every member has started (`forget_passed`)
+        self._losses: dict[int, float] = {}
+        self._forgotten = 0
         self._preparations = 0  # preparations published (`prepare`)
         self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
 
@@ -446,9 +450,10 @@ class Coordinator:
         """Hold the first boundary >= `step` that no worker has passed; workers reaching it wait for its decision.
 
         Called before workers start, a claim of a scripted step always succeeds at that step; called while they
-        train (a live notice), it may land later than asked.
+        train (a live notice), it may land later than asked. The search starts no lower than the boundaries whose
+        keys were deleted as passed (`forget_passed`): an absent key there is no boundary still to come.
         """
-        s = step
+        s = max(step, self._forgotten)
         while True:
             v = self.store.compare_set(keys.boundary(s), "", HOLD).decode()
             if v == HOLD:
@@ -747,6 +752,7 @@ class Coordinator:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
         for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
             self.store.delete_key(keys.loss(s))
+            self._losses.pop(s, None)
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
@@ -759,17 +765,37 @@ class Coordinator:
     def losses(self, steps: int | None = None) -> list[float]:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
-        return [float(self.store.get(keys.loss(s))) for s in range(self.first_step, n)]
+        return [self._losses[s] if s in self._losses else float(self.store.get(keys.loss(s)))
+                for s in range(self.first_step, n)]  # fmt: skip
 
     def committed_losses(self, from_step: int) -> list[tuple[int, float]]:
         """(step, loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
-        observer has not seen. Reads only those keys (two store calls per new step, one more to stop)."""
+        observer has not seen. Reads only those keys (two store calls per new step, one more to stop), and keeps
+        what it read here instead (`losses`): the keys are deleted, so the store does not grow with the steps."""
         out = []
         s = from_step
         while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
             out.append((s, float(got)))
+            self._losses[s] = out[-1][1]
+            self.store.delete_key(keys.loss(s))
             s += 1
         return out
+
+    def forget_passed(self, most: int = 256) -> int:
+        """Delete the keys of step boundaries that every member of the epoch in force has passed (one per step,
+        which a job of millions of steps would otherwise keep in the store's memory), at most `most` a call;
+        returns how many. A boundary before step s is passed once every member started s + 1 (`progress`); a
+        claim (`claim`) searches from the first boundary not deleted."""
+        members = self.in_force.members
+        low = min(self.progress(w) for w in members) - 1
+        start = self._forgotten
+        stop = min(low, start + most)
+        for s in range(start, stop):
+            if s not in self._held:
+                self.store.delete_key(keys.boundary(s))
+                self.store.delete_key(keys.boundary_decided(s))
+        self._forgotten = max(start, stop)
+        return max(0, stop - start)
 
     def new_checkpoints(self) -> list[tuple[int, int]]:
         """(step, epoch) of the checkpoints that became complete (every stage of one epoch wrote its shard) since

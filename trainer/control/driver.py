@@ -671,6 +671,8 @@ class Driver:
                                            time=time.time()))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
+        if not self._deciding:  # (a decision in progress may claim boundaries: leave them be until it is made)
+            c.forget_passed()
         fresh = c.new_checkpoints()
         for s, n in fresh:
             self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))

@@ -297,15 +297,29 @@ class Worker:
         marks = [keys.commit(n, step, w) for w in epoch.members]
         self.store.set(keys.commit(n, step, self.id), "1")
         if self.store.check(marks):
-            return self.store.compare_set(key, "", APPLY).decode() == APPLY
-        delay, waited = 0.0001, 0.0
-        while (decided := self.store.get_if(key)) is None:
-            if waited > 0.02 and self._epoch_abort(n):
-                return self.store.compare_set(key, "", ABORT).decode() == APPLY
-            time.sleep(delay)
-            waited += delay
-            delay = min(2 * delay, 0.002)
-        return decided.decode() == APPLY
+            applied = self.store.compare_set(key, "", APPLY).decode() == APPLY
+        else:
+            delay, waited = 0.0001, 0.0
+            while (decided := self.store.get_if(key)) is None:
+                if waited > 0.02 and self._epoch_abort(n):
+                    return self.store.compare_set(key, "", ABORT).decode() == APPLY
+                time.sleep(delay)
+                waited += delay
+                delay = min(2 * delay, 0.002)
+            applied = decided.decode() == APPLY
+        if applied and step > epoch.start_step:
+            self._forget_commit(epoch, step - 1)
+        return applied
+
+    def _forget_commit(self, epoch: Epoch, step: int) -> None:
+        """Delete this rank's mark of `step` (and, on the epoch's first member, its decision): every step leaves
+        world + 1 keys, which a job of millions of steps would keep in the store's memory. Safe once the next step
+        is applied: that needed every member's mark of it, made after its collectives, which every member joined
+        only after reading `step`'s decision. The decision of an epoch's first step stays (the coordinator reads
+        it to tell a migration rolled back)."""
+        self.store.delete_key(keys.commit(epoch.number, step, self.id))
+        if step > epoch.start_step and self.id == epoch.members[0]:
+            self.store.delete_key(keys.decide(epoch.number, step))
 
     def _poll(self, ready: Callable[[], bool]) -> None:
         """Wait until `ready()` is true, checking for an abort. Backs off from 1 to 20 ms: a hold can last seconds
