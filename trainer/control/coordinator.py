@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import time
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -131,7 +132,7 @@ class Coordinator:
         self._handed_gap: dict[int, float] = {}  # handed-plan numbers taken but not written -> first seen missing
         # the committed steps' losses read from the store (whose keys are then deleted: one per step), and the
         # boundary keys deleted below the steps every member has started (`forget_passed`)
-        self._losses: dict[int, float] = {}
+        self._losses = array("d")  # from `first_step` on, in step order (8 bytes a step)
         self._forgotten = 0
         self._preparations = 0  # preparations published (`prepare`)
         self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
@@ -752,7 +753,7 @@ class Coordinator:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
         for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
             self.store.delete_key(keys.loss(s))
-            self._losses.pop(s, None)
+        del self._losses[max(0, restore_step - self.first_step) :]
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
@@ -765,7 +766,8 @@ class Coordinator:
     def losses(self, steps: int | None = None) -> list[float]:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
-        return [self._losses[s] if s in self._losses else float(self.store.get(keys.loss(s)))
+        kept = len(self._losses)
+        return [self._losses[s - self.first_step] if s - self.first_step < kept else float(self.store.get(keys.loss(s)))
                 for s in range(self.first_step, n)]  # fmt: skip
 
     def committed_losses(self, from_step: int) -> list[tuple[int, float]]:
@@ -776,8 +778,10 @@ class Coordinator:
         s = from_step
         while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
             out.append((s, float(got)))
-            self._losses[s] = out[-1][1]
-            self.store.delete_key(keys.loss(s))
+            i = s - self.first_step
+            if i <= len(self._losses):  # (the next one in order, or one read again: kept here, its key deleted)
+                self._losses[i : i + 1] = array("d", [out[-1][1]])
+                self.store.delete_key(keys.loss(s))
             s += 1
         return out
 
