@@ -138,6 +138,23 @@ def test_batched_reads_and_writes_are_sealed_and_check_refuses_a_forgery_among_s
     assert store.get_if("ctl/e7/decide/3") == b"abort" and store.check(["ctl/e7/decide/3"])
 
 
+def test_take_reads_what_was_appended_since_and_empties_it(coord):
+    """`take` consumes a list the workers append to (a checkpoint's shards written): each call returns what came
+    since the last, so the list does not grow with the job; a forged frame among them is left out."""
+    store, raw = coord.store, raw_client(coord.port)
+    assert store.take("ckpt/written") is None
+    store.append("ckpt/written", "10:1:0;")
+    store.append("ckpt/written", "10:1:1;")
+    assert store.take("ckpt/written") == b"10:1:0;10:1:1;"
+    assert store.take("ckpt/written") is None and raw.get("ckpt/written") == b""  # emptied in the store
+    store.append("ckpt/written", "20:1:0;")
+    raw.append("ckpt/written", "99:9:9;")  # a client without the token
+    landed(raw, "ckpt/written")
+    assert store.take("ckpt/written") == b"20:1:0;"
+    store.append("ckpt/written", "20:1:1;")
+    assert coord.written_checkpoints() == {(20, 1): {1}} and coord.written_checkpoints() == {(20, 1): {1}}
+
+
 def test_malformed_values_from_token_holders_are_logged_and_ignored(coord):
     s = coord.store
     s.append("ctl/notices", "junk,")

@@ -241,6 +241,20 @@ class SealedStore(Store):
         except StoreAuthError:
             return None
 
+    def take(self, key: str) -> bytes | None:
+        """What was appended to `key` (`append`) since the last take, emptying it — unless something was appended
+        meanwhile: then nothing is emptied, and the next take returns all of it again (its reader merges what it
+        reads, so reading twice is harmless). For a list that workers append to and one reader consumes, which
+        would otherwise grow with the job and be read whole at every poll. None when nothing is there."""
+        got = bytes(self.inner.compare_set(key, _PROBE, _PROBE_NEVER))  # type: ignore[arg-type]  # stub gap: bytes
+        if got in (_PROBE, b""):
+            return None
+        self.inner.compare_set(key, got, b"")  # type: ignore[arg-type]  # (fails if appended meanwhile: see above)
+        try:
+            return self._open(key, got)
+        except StoreAuthError:
+            return None
+
     def multi_get(self, keys: list[str]) -> list[bytes]:
         """Several keys' values in one round trip (TCPStore's own; waits, as `get` does, for absent keys)."""
         raw = self.inner.multi_get(keys)
