@@ -163,3 +163,19 @@ def test_train_help_lists_every_option_in_one_group():
     assert headings == [*TRAIN_PANELS, "Options"]  # then --help alone
     section = res.output.split("Checkpoints and outputs:\n", 1)[1].split("\n\n", 1)[0]
     assert "--checkpoint-uri" in section and "--resume" in section and "--model " not in section
+
+
+def test_a_migration_that_broke_before_any_member_was_ready_is_shown_without_a_pause(tmp_path, monkeypatch):
+    """A record's pause is None when its epoch broke before any member was ready (a rolled-back migration): the
+    summary table shows "-" (it raised a TypeError at the end of a job that had trained)."""
+    import trainer
+
+    record = {"step": 7, "kind": "pipeline", "trigger": "planned", "strategy": [1, 2], "pause_s": None,
+              "bytes_moved": 0, "steps_lost": 0, "abandoned": True}  # fmt: skip
+    report = {"loss": [4.0, 3.9], "throughput": {"samples_per_s": 10.0}, "final_checksum": "0" * 64,
+              "reconfigurations": [record], "plans": []}  # fmt: skip
+    monkeypatch.setattr(trainer, "train", lambda *args, **kwargs: report)  # (the job's result, as it came back)
+    res = CliRunner().invoke(app, ["train", "--workers", "2", "--steps", "2", "--out-dir", str(tmp_path / "job")])
+    assert res.exit_code == 0, res.output
+    row = next(line for line in res.stdout.splitlines() if "pipeline" in line)
+    assert row.split() == ["7", "pipeline", "planned", "1x2", "-", "0.00", "0"]

@@ -425,7 +425,8 @@ def train_cmd(
         table.add_column(col, justify="right" if col not in ("kind",) else "left")
     for r in report["reconfigurations"]:
         strategy = "x".join(str(x) for x in r.get("strategy") or []) or "-"
-        table.add_row(str(r.get("step")), r["kind"], str(r.get("trigger")), strategy, f"{r['pause_s']:.3f}",
+        pause = "-" if r["pause_s"] is None else f"{r['pause_s']:.3f}"  # (None: it broke before any member was ready)
+        table.add_row(str(r.get("step")), r["kind"], str(r.get("trigger")), strategy, pause,
                       f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
     out.print(table)
     if live is not None:
