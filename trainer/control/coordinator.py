@@ -534,6 +534,7 @@ class Coordinator:
                             self.spec.train.global_batch, restore_step=restore_step,
                             assignment=assignment)  # fmt: skip
         self.first_step = restore_step
+        self._forgotten = max(self._forgotten, restore_step)  # (a resumed job's store never held the earlier ones)
         self.admitted |= set(workers)
         self._publish(epoch)
         entry = {"step": restore_step, "event": "start", "strategy": list(strategy), "workers": sorted(workers)}
