@@ -419,11 +419,11 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
             _check_exact(module, layer.name, where)
     B = _check_batches(spec, where, global_batch)
     try:
-        out = _check_flow(spec, where, "meta")
+        out, sample = _check_flow(spec, where, "meta")
     except SpecError:
         # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
-        out = _check_flow(spec, where, None)
-    _check_sum(spec, where, out)
+        out, sample = _check_flow(spec, where, None)
+    _check_sum(spec, where, out, sample)
     return SpecSummary(global_batch=B, names=tuple(spec.names))
 
 
@@ -475,15 +475,16 @@ def _need_rows(B: int, global_batch: int | None, where: str) -> None:
                         f"--global-batch {B} (or leave it out), or change the spec's batch size")  # fmt: skip
 
 
-def _check_flow(spec: TrainSpec, where: str, device: str | None) -> Any:
+def _check_flow(spec: TrainSpec, where: str, device: str | None) -> tuple[Any, Any]:
     """Run a two-row sample through every layer (built on `device`) and the loss: each output must feed the next.
-    Returns the last layer's output (on `device`)."""
+    Returns the last layer's output (on `device`) and the sample's targets (on the host)."""
     x, y = _batch(spec, 0, where)
     k = min(2, rows(x))
     out: Any = rebuild(x, [t[:k] for t in leaves(x)])
-    targets: Any = rebuild(y, [t[:k] for t in leaves(y)])
+    sample: Any = rebuild(y, [t[:k] for t in leaves(y)])
+    targets = to_device(sample, "meta") if device == "meta" else sample
     if device == "meta":
-        out, targets = to_device(out, "meta"), to_device(targets, "meta")
+        out = to_device(out, "meta")
     prev = "the batch's inputs"
     with torch.no_grad():
         for i, layer in enumerate(spec.layers):
@@ -515,7 +516,7 @@ def _check_flow(spec: TrainSpec, where: str, device: str | None) -> Any:
         shape = tuple(value.shape) if torch.is_tensor(value) else type(value).__name__
         raise SpecError(f"{where}: loss must return a floating-point scalar (the SUM over the rows), got {shape}; "
                         "use reduction='sum'")  # fmt: skip
-    return out
+    return out, sample
 
 
 #: The most memory the sum-over-rows check of the loss makes up outputs in (two rows of the last layer's output: a
@@ -523,12 +524,12 @@ def _check_flow(spec: TrainSpec, where: str, device: str | None) -> Any:
 SUM_CHECK_MAX_BYTES: Final = 512 * 2**20
 
 
-def _check_sum(spec: TrainSpec, where: str, out: Any) -> None:
+def _check_sum(spec: TrainSpec, where: str, out: Any, y: Any) -> None:
     """The loss must be a SUM over the rows it is given: parcae calls it on each micro-batch and adds the results,
     so a mean (or a term counted once per call) would make the loss and the gradients depend on the split — on
     D x P — silently. Checked on two rows of batch(0)'s targets and made-up outputs of the last layer's shapes
-    (seeded uniform values): loss(both rows) = loss(first) + loss(second), within 5% (a mean is off by half)."""
-    _, y = _batch(spec, 0, where)
+    (seeded uniform values): loss(both rows) = loss(first) + loss(second), within 5% (a mean is off by half). `out`:
+    the last layer's output on the sample (`_check_flow`), `y`: the sample's targets."""
     if rows(out) < 2 or rows(y) < 2:
         return
     size = sum(t.numel() * t.element_size() for t in leaves(out))
