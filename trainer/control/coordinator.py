@@ -121,9 +121,9 @@ class Coordinator:
         self._detected_at: dict[int, float] = {}
         self._restarts: list[tuple[int, int]] = []  # (restart epoch number, restore step)
         self.first_step = 0  # the step epoch 1 starts at (> 0: resumed from the checkpoint of that step)
-        self._ckpt_reported: set[tuple[int, int]] = set()  # (step, epoch) of complete checkpoints handed out
         self._written: dict[tuple[int, int], set[int]] = {}  # (step, epoch) -> stages whose shard was written
-        self._ckpt_pending: set[tuple[int, int]] = set()  # of those, the ones not handed out complete yet
+        # of those, the ones not handed out complete yet (one that was is complete: no new stage makes it pending)
+        self._ckpt_pending: set[tuple[int, int]] = set()
         self._committed: set[int] = set()  # epoch numbers whose first step was applied
         self._replaced: set[int] = set()  # broken epochs a recovery (or a checkpoint-restart) replaced
         self._by_number: dict[int, Epoch] = {}
@@ -815,11 +815,10 @@ class Coordinator:
         written = self.written_checkpoints()
         by_number = {e.number: e for e in self.epochs}
         new = []
-        for s, n in list(self._ckpt_pending):  # (only those with a new shard since they were handed out, or not)
+        for s, n in list(self._ckpt_pending):  # (those not handed out yet)
             e = by_number.get(n)
-            if (s, n) in self._ckpt_reported or e is None or written[(s, n)] != set(range(e.P)):
+            if e is None or written[(s, n)] != set(range(e.P)):
                 continue
-            self._ckpt_reported.add((s, n))
             self._ckpt_pending.discard((s, n))
             new.append((s, n))
         return sorted(new)
