@@ -758,7 +758,11 @@ class Coordinator:
                     break
         if self.spec.checkpoint_dir:
             checkpoint.remove_after(self.spec.checkpoint_dir, restore_step)
-        for s in range(restore_step, self.spec.steps):  # recomputed: a key present from now on holds the new value
+        # recomputed: a key present from now on holds the new value. Only the steps trained and not read yet have
+        # keys (`committed_losses` deletes what it reads): from the first not kept here to the furthest one started
+        # (a worker writes a step's loss after it started it) — not every step to the job's end, a request each
+        furthest = max((self.progress(w) for w in self.joined()), default=-1)
+        for s in range(max(restore_step, self.first_step + len(self._losses)), furthest + 1):
             self.store.delete_key(keys.loss(s))
         del self._losses[max(0, restore_step - self.first_step) :]
         self._restarts.append((epoch.number, restore_step))
