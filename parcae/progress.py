@@ -45,13 +45,13 @@ def trigger_text(record: Mapping[str, Any]) -> str:
     """What made a reconfiguration, with the workers it concerns: "planned", "addition (joined 4)", "notice
     (preempted 3)" or "kill (lost 2)" (a record without a trigger, from before it had one: "notice" or "no notice")."""
     trigger = record.get("trigger")
-    workers = {"kill": "lost", "notice": "preempted", "addition": "joined"}.get(str(trigger))
     if trigger is None:
         lost = record.get("lost") or []
         text = "notice" if record.get("notice", True) else f"no notice (lost {_ids(lost)})" if lost else "no notice"
         return text + (f", preempted {_ids(record['preempted'])}" if record.get("preempted") else "")
-    listed = record.get(workers) or [] if workers else []
-    return f"{trigger} ({workers} {_ids(listed)})" if listed else str(trigger)
+    field = {"kill": "lost", "notice": "preempted", "addition": "joined"}.get(str(trigger))  # the workers it names
+    listed = (record.get(field) or []) if field else []
+    return f"{trigger} ({field} {_ids(listed)})" if listed else str(trigger)
 
 
 def format_reconfiguration(record: Mapping[str, Any]) -> str:
