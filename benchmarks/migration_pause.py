@@ -25,11 +25,16 @@ as a cloud's boots; where the warm-up steps run faster than it starts, the first
 apart). Each kind is repeated `--cycles` times; the tables show medians. Goals (issue 16): with preparation on,
 every kind but a kill pauses <= one step time and <= 1/10 of the same kind without preparation.
 
+`--workers 2` runs the same cycle on a world of two (2x1 -> 1x1 -> 2x1 -> 1x2 -> 2x1, a notice, an addition): a
+training process per core on a 2-core machine, as each instance of a cluster has its own hardware; with four
+workers on two cores a migration's parallel work (the joiner's catch-up beside the old members' last step) queues
+for the cores instead.
+
 With `--kill`, a last cycle adds a preemption without notice: a replica is SIGKILLed mid-step, the survivors detect
 it through the heartbeat (timeout 1 s), abandon the step and regroup live (reported apart, "kill").
 
     python benchmarks/migration_pause.py [--model small-gpt|MODULE:FUNCTION] [--model-args JSON] [--cycles 3]
-                                         [--kill] [--device cpu|cuda|auto] [--json OUT.json]
+                                         [--workers 4|2] [--kill] [--device cpu|cuda|auto] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -60,49 +65,56 @@ KINDS = ("intra-stage", "inter-stage", "pipeline", "notice", "addition", "checkp
 GAP = 3  # steps between reconfigurations: lets every worker reach steady state (and the pause end be visible)
 
 
-def schedule(cycles: int, kill: bool, warmup: int = 24) -> tuple[list[dict], dict[int, str], int]:
+def shapes(workers: int) -> tuple[list[int], list[int], list[int]]:
+    """The strategies a world of `workers` cycles through: 2 x W/2 (the base), 1 x W/2 (half the replicas stand by)
+    and 1 x W (the layers re-cut into W stages)."""
+    return [2, workers // 2], [1, workers // 2], [1, workers]
+
+
+def schedule(cycles: int, kill: bool, warmup: int = 24, workers: int = 4) -> tuple[list[dict], dict[int, str], int]:
     """The events, the kind each reconfiguration step measures, and the job length. `warmup` steps come first: the
     added instance (spawned at the start, beside 4 training processes on 2 cores) needs ~5 s to import torch and
     join, and an addition decided before it joined would hold the boundary for its boot, not its migration."""
+    base, half, recut = shapes(workers)
     events: list[dict] = []
     labels: dict[int, str] = {}
     s = warmup
     for c in range(cycles):
-        doomed = 3 if c == 0 else 3 + c  # the instance the previous cycle added
+        doomed = workers - 1 + c  # the last of the first instances, then the instance the previous cycle added
         cycle = [
-            ("intra-stage", [{"kind": "plan", "strategy": [1, 2]}]),
-            ("inter-stage", [{"kind": "plan", "strategy": [2, 2]}]),
-            ("pipeline", [{"kind": "plan", "strategy": [1, 4]}]),
-            ("pipeline", [{"kind": "plan", "strategy": [2, 2]}]),
+            ("intra-stage", [{"kind": "plan", "strategy": half}]),
+            ("inter-stage", [{"kind": "plan", "strategy": base}]),
+            ("pipeline", [{"kind": "plan", "strategy": recut}]),
+            ("pipeline", [{"kind": "plan", "strategy": base}]),
             ("notice", [{"kind": "preempt", "instances": [doomed], "notice": True},
-                        {"kind": "plan", "strategy": [1, 2]}]),
-            ("addition", [{"kind": "add", "workers": 1}, {"kind": "plan", "strategy": [2, 2]}]),
-            ("checkpoint-restart", [{"kind": "checkpoint-restart", "strategy": [2, 2]}]),
+                        {"kind": "plan", "strategy": half}]),
+            ("addition", [{"kind": "add", "workers": 1}, {"kind": "plan", "strategy": base}]),
+            ("checkpoint-restart", [{"kind": "checkpoint-restart", "strategy": base}]),
         ]  # fmt: skip
         for label, group in cycle:
             events += [{"step": s, **e} for e in group]
             labels[s] = label
             s += GAP
     if kill:
-        events.append({"step": s, "kind": "kill", "instances": [3 + cycles]})
+        events.append({"step": s, "kind": "kill", "instances": [workers - 1 + cycles]})
         labels[s] = "kill"
         s += GAP
     return events, labels, s + GAP
 
 
 def measure(model: str, cycles: int, kill: bool, start_method: str, out: Path, prepare: bool,
-            model_args: dict | None = None, device: str = "cpu") -> dict:  # fmt: skip
-    events, labels, steps = schedule(cycles, kill)
+            model_args: dict | None = None, device: str = "cpu", workers: int = 4) -> dict:  # fmt: skip
+    events, labels, steps = schedule(cycles, kill, workers=workers)
     t0 = time.monotonic()
     job = JobConfig(out_dir=str(out), model=model_config(model, **(model_args or {})),
                     train=TrainConfig(steps=steps, device=device),
                     checkpoint=CheckpointConfig(every=0),
                     control=ControlPlaneConfig(timeout_s=900, pg_timeout_s=60, prepare=prepare),
-                    provider=ProviderConfig(start_method=start_method, max_processes=6))  # fmt: skip
-    # (6 processes: an added instance starts ahead of its event, as a cloud's boots before it joins the job; its pause
-    # then measures the joining, not a cold start)
+                    provider=ProviderConfig(start_method=start_method, max_processes=workers + 2))  # fmt: skip
+    # (2 more processes: an added instance starts ahead of its event, as a cloud's boots before it joins the job;
+    # its pause then measures the joining, not a cold start)
     job = check_job(job, batch_given=False)  # a spec's own rows per step
-    result = run_job(job, Schedule(workers=4, strategy=(2, 2), events=events))
+    result = run_job(job, Schedule(workers=workers, strategy=tuple(shapes(workers)[0]), events=events))
     wall = time.monotonic() - t0
     samples: dict[str, list[float]] = {k: [] for k in (*KINDS, "kill")}
     spreads: dict[str, list[float]] = {k: [] for k in samples}  # the old members' last steps' ends, first to last
@@ -195,19 +207,22 @@ def main(argv: list[str] | None = None) -> int:
         choices=("cpu", "cuda", "auto"),
         help="where the workers train (cuda: the GPUs, shared in turn by the 4 workers where fewer)",
     )
+    ap.add_argument("--workers", type=int, default=4, choices=(2, 4),
+                    help="the world: 4 (2x2, 1x2, 1x4; default) or 2 (2x1, 1x1, 1x2: a process per core on a "
+                    "2-core machine, as each instance of a cluster has its own)")  # fmt: skip
     ap.add_argument("--json", metavar="OUT", help="write {'pause_s': {...}, 'prepared_pause_s': {...}, ...} here")
     a = ap.parse_args(argv)
     runs = {}
     for prepare in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
             runs[prepare] = measure(a.model, a.cycles, a.kill, a.start_method, Path(tmp) / "job", prepare,
-                                    json.loads(a.model_args), a.device)  # fmt: skip
+                                    json.loads(a.model_args), a.device, a.workers)  # fmt: skip
     off, on = runs[False], runs[True]
     pause = {k: statistics.median(v) for k, v in off["samples"].items() if v}
     prepared_pause = {k: statistics.median(v) for k, v in on["samples"].items() if v}
     step_s = statistics.median([off["step_s"], on["step_s"]])
     for prepare, m in runs.items():
-        print(f"{a.model}, 4 workers on {a.device}, start method {a.start_method}, "
+        print(f"{a.model}, {a.workers} workers on {a.device}, start method {a.start_method}, "
               f"preparation {'on' if prepare else 'off'}: "
               f"{m['steps']} steps, {m['wall_s']:.1f} s wall, {m['throughput']['steps_per_s']:.2f} steps/s overall, "
               f"a step {m['step_s'] * 1e3:.0f} ms")  # fmt: skip
@@ -239,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             "prepared": on["prepared"],
             "goals_met": goals,
             "model": a.model,
-            "workers": 4,
+            "workers": a.workers,
             "start_method": a.start_method,
             "wall_s": {"off": off["wall_s"], "on": on["wall_s"]},
             "records": {"off": off["records"], "on": on["records"]},
