@@ -252,11 +252,13 @@ def test_the_slowdown_is_the_median_extra_time_over_one_step_clamped():
     assert fit_slowdown([(10.0, -5.0)])[0] == 0.0 and "clamped" in fit_slowdown([(10.0, 50.0)])[1]
     value, how = fit_slowdown([])
     assert value is None and how.startswith("not measured") and "--steps-per-strategy" in how
-    full = [{"epoch": n, "start_step": 2 * n, "end_step": 2 * n + 2, "train_s": 0.02} for n in range(4)]
-    prep = [{**e, "train_s": 0.025} for e in full]
-    prep[3]["train_s"] = None
-    # epoch 0 is before the visit; epoch 2's successor was not prepared; epoch 3 has no prepared span
-    assert slowdown_pairs(full, prep, {2, 4}, first_step=2) == [(10.0, pytest.approx(5.0))]
+    full = [{"epoch": n, "start_step": 2 * n, "end_step": 2 * n + 2, "train_s": 0.02, "last_step_s": 0.01}
+            for n in range(5)]  # fmt: skip
+    prep = [{**e, "train_s": 0.01, "last_step_s": 0.015} for e in full]  # (the whole epoch is not compared)
+    prep[3]["last_step_s"] = None
+    full[4]["end_step"] = 9  # one step: its last step is its first after the migration
+    # epoch 0 is before the visit; epoch 2's successor was not prepared; epoch 3 has no prepared last step
+    assert slowdown_pairs(full, prep, {2, 4, 5}, first_step=2) == [(10.0, pytest.approx(5.0))]
 
 
 # ---------------------------------------------------------------------------------------------------- the file

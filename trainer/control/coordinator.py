@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -985,7 +986,8 @@ class Coordinator:
         holds the epoch's steps (the first one after the migration included) and no pause; None where an end is not
         in the store (the last epoch: the job's end is not recorded; or no member reached the next boundary).
         decided_at / ready_at / end_at: the wall times of the epoch's publication, last ready member and first
-        arrival (None when absent).
+        arrival (None when absent). last_step_s: how long its last step took (the median over the members that
+        reported it on arriving; None when none did): the step beside which the next epoch was prepared, if it was.
         """
         out = []
         for i, e in enumerate(self.epochs):
@@ -997,11 +999,13 @@ class Coordinator:
             end_at = min(arrive) if arrive else None
             end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.spec.steps
             train_s = end_at - ready_at if ready_at is not None and end_at is not None else None
+            last = self._times(keys.last_step, nxt.number, nxt.previous) if nxt is not None else []
             out.append({
                 "epoch": n, "kind": e.kind.value, "strategy": [e.D, e.P], "bounds": list(e.bounds),
                 "start_step": e.start_step,
                 "end_step": end_step, "train_s": train_s,
                 "decided_at": float(self.store.get(keys.epoch_decided(n))), "ready_at": ready_at, "end_at": end_at,
+                "last_step_s": statistics.median(last) if last else None,
             })  # fmt: skip
         return out
 

@@ -209,17 +209,20 @@ def migrations_from_result(result: Mapping[str, Any], planned: Sequence[Any], sc
 
 def slowdown_pairs(full: Sequence[Mapping[str, Any]], prepared: Sequence[Mapping[str, Any]],
                    prepared_next: set[int], first_step: int) -> list[tuple[float, float]]:  # fmt: skip
-    """(ms per step unprepared, ms longer prepared) of every visit epoch measured in both runs (`full`, `prepared`:
-    their `epoch_spans`) whose next epoch was prepared during its last step (`prepared_next`: epoch numbers)."""
+    """(ms its last step took unprepared, ms longer it took prepared) of every visit epoch measured in both runs
+    (`full`, `prepared`: their `epoch_spans`) whose next epoch was prepared during that last step (`prepared_next`:
+    epoch numbers). The last step alone, and only of epochs of two steps or more: an epoch's whole time also holds
+    its first step after a migration, warmer or colder in one run than in the other, and the noise of every other
+    step (on a shared machine, more than a preparation costs)."""
     by_number = {e["epoch"]: e for e in prepared}
     out = []
     for e in full:
         q = by_number.get(e["epoch"])
         steps = e["end_step"] - e["start_step"]
-        if (q is None or e["start_step"] < first_step or steps < 1 or e["epoch"] + 1 not in prepared_next
-                or e["train_s"] is None or q["train_s"] is None):  # fmt: skip
+        if (q is None or e["start_step"] < first_step or steps < 2 or e["epoch"] + 1 not in prepared_next
+                or e.get("last_step_s") is None or q.get("last_step_s") is None):  # fmt: skip
             continue
-        out.append((1000.0 * e["train_s"] / steps, 1000.0 * (q["train_s"] - e["train_s"])))
+        out.append((1000.0 * e["last_step_s"], 1000.0 * (q["last_step_s"] - e["last_step_s"])))
     return out
 
 

@@ -344,8 +344,9 @@ def split_lead_down(cost: CostModel, full: Sequence[Migration], prepared: Sequen
 
 def fit_slowdown(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, str]:
     """The old strategy's slowdown while a preparation runs beside it (`liveput.Preparation.slowdown`), from
-    `pairs` of (ms per step with nothing prepared, ms the same epoch took longer when the next epoch was prepared
-    during its last step): the median of extra / step (a preparation runs during one step), clamped to [0, 1].
+    `pairs` of (ms an epoch's last step took with nothing prepared, ms longer it took with the next epoch prepared
+    beside it: `trainer.control.measure.slowdown_pairs`): the median of extra / step (a preparation runs during one
+    step), clamped to [0, 1].
     Returns the value and how it was obtained (with the quartiles: two runs on a shared machine are noisy); None
     and why when no epoch had a preparation beside it (a one-step epoch is prepared before it starts)."""
     ratios = sorted(extra / step for step, extra in pairs if step > 0)
@@ -354,8 +355,8 @@ def fit_slowdown(pairs: Sequence[tuple[float, float]]) -> tuple[float | None, st
                       "strategy two steps or more: --steps-per-strategy)")  # fmt: skip
     med = statistics.median(ratios)
     q = statistics.quantiles(ratios, n=4) if len(ratios) >= 2 else [med, med, med]
-    how = (f"median over {len(ratios)} epochs of (their time with the next epoch prepared during their last step "
-           f"- without) / one step: {med:.3f} (quartiles {q[0]:.3f} / {q[2]:.3f})")  # fmt: skip
+    how = (f"median over {len(ratios)} epochs of (their last step's time with the next epoch prepared beside it "
+           f"- without) / that step without: {med:.3f} (quartiles {q[0]:.3f} / {q[2]:.3f})")  # fmt: skip
     if not 0.0 <= med <= 1.0:
         how += ", clamped to [0, 1]"
     return min(1.0, max(0.0, med)), how

@@ -209,6 +209,11 @@ def arrive(n: int, w: int) -> str:
     return f"ctl/e{n}/arrive/{w}"
 
 
+def last_step(n: int, w: int) -> str:
+    """How long worker `w`'s last step before epoch `n`'s boundary took, in seconds (written with its arrival)."""
+    return f"ctl/e{n}/last_step/{w}"
+
+
 def ready(n: int, w: int) -> str:
     return f"ctl/e{n}/ready/{w}"
 

@@ -522,10 +522,16 @@ class Worker:
             checkpoint.remove_before(self.job.checkpoint_dir, steps[keep - 1])
 
     def _arrive(self, number: int, at: float | None = None) -> None:
-        """Report reaching the end of our epoch (by default when our last step ended), on the way into epoch
-        `number` (once)."""
+        """Report reaching the end of our epoch (by default when our last step ended, with how long that step took:
+        `parcae profile` compares it with and without a preparation beside it), on the way into epoch `number`
+        (once)."""
         if self._arrived != number:
-            self.store.set(keys.arrive(number, self.id), repr(self.last_step_end if at is None else at))
+            if at is None and self.last_step_end >= self.step_started > 0:
+                took = self.last_step_end - self.step_started
+                self.store.multi_set([keys.arrive(number, self.id), keys.last_step(number, self.id)],
+                                     [repr(self.last_step_end), repr(took)])  # fmt: skip
+            else:
+                self.store.set(keys.arrive(number, self.id), repr(self.last_step_end if at is None else at))
             self._arrived = number
 
     def _train(self) -> None:
