@@ -29,7 +29,7 @@ from scipy.stats import hypergeom
 from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel, MigrationKind, Trigger
 from liveput.optimizer import IDLE, JobState, Plan, PlannerConfig, plan_interval
-from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast
+from liveput.scenarios import KINDS, IntervalForecast, ScenarioStore, persistence_forecast, with_noticed
 from liveput.throughput import Strategy, ThroughputProfile
 
 if TYPE_CHECKING:
@@ -206,7 +206,7 @@ class ParcaePolicy(Policy):
     def step(
         self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent], first: bool
     ) -> StepResult:
-        forecast = self.forecaster(history, future, self.config.look_ahead)
+        forecast = self._noticed(self.forecaster(history, future, self.config.look_ahead), future)
         p = self._plan(forecast)
         spent = p.decision_s
         target = p.decision
@@ -216,6 +216,17 @@ class ParcaePolicy(Policy):
             target, spent = replan.decision, spent + replan.decision_s
         self.decision_s.append(spent)
         return self._apply(target, event)
+
+    def _noticed(self, forecast: list[IntervalForecast], future: Sequence[IntervalEvent]) -> list[IntervalForecast]:
+        """The forecast with the preemptions the cloud has noticed already (`scenarios.with_noticed`). An interval's
+        event is what changed since the interval before (a trace samples the count at each start): its preemptions
+        came at most T before its start, so those of the j-th interval from now were noticed by now if j T <= the
+        notice — this interval's and the next floor(notice / T) (AWS, 120 s, T = 60 s: three). Only for a runtime
+        that acts on notices (`Preparation.prepares` them); none without notice (`Preparation.notice_s` 0, and the
+        reference's full stop)."""
+        prep = self.cost.preparation
+        ahead = int(prep.notice_s // self.T) + 1 if prep.notice_s > 0 and prep.prepares(Trigger.NOTICE) else 0
+        return with_noticed(forecast, [e.n_out for e in future[:ahead]]) if ahead else forecast
 
     def _surprised(self, expected: IntervalForecast, event: IntervalEvent) -> bool:
         """A prepared runtime sees instances arrive as they do: an arrival the forecast did not make its most likely
@@ -234,12 +245,13 @@ class ParcaePolicy(Policy):
     def _truth_first(
         self, event: IntervalEvent, history: Sequence[IntervalEvent], future: Sequence[IntervalEvent]
     ) -> list[IntervalForecast]:
-        """The K intervals a re-plan sees: this interval's true event, then a forecast made after it."""
+        """The K intervals a re-plan sees: this interval's true event, then a forecast made after it (with the
+        preemptions noticed already)."""
         truth = [IntervalForecast.point(event.prev_available, event.n_in, event.n_out)]
         k = self.config.look_ahead
         if k == 1:
             return truth
-        return truth + list(self.forecaster([*history, event], future[1:], k - 1))
+        return self._noticed(truth + list(self.forecaster([*history, event], future[1:], k - 1)), future)
 
     def _apply(self, target: Strategy, event: IntervalEvent) -> StepResult:
         st = self.state

@@ -93,6 +93,25 @@ def persistence_forecast(alive: int, k: int, first: IntervalForecast | None = No
     return [first] + [IntervalForecast.point(alive)] * (k - 1)
 
 
+def with_noticed(forecast: Sequence[IntervalForecast], noticed: Sequence[int]) -> list[IntervalForecast]:
+    """``forecast`` with the preemptions already noticed: ``noticed[j]`` instances leave in its j-th interval, as
+    their cloud's notices said (AWS's come two minutes ahead). Those intervals' preemptions are then known, not
+    forecast; their arrivals stay the forecast's law. Every later interval starts with the instances the forecast
+    expected less those the notices took and it did not expect (so a perfect forecast is left as it is)."""
+    out: list[IntervalForecast] = []
+    shift = 0.0  # instances the forecast still counts that noticed preemptions took
+    for j, f in enumerate(forecast):
+        prev = max(0, round(f.prev_available - shift))
+        law: dict[tuple[int, int], float] = {}
+        for n_in, n_out, w in f.events:
+            o = min(noticed[j], prev) if j < len(noticed) else min(n_out, prev)
+            law[(n_in, o)] = law.get((n_in, o), 0.0) + w
+        if j < len(noticed):
+            shift += min(noticed[j], prev) - sum(o * w for _, o, w in f.events)
+        out.append(IntervalForecast(prev, tuple((i, o, w) for (i, o), w in law.items())))
+    return out
+
+
 @dataclass(frozen=True)
 class Outcome:
     """Per-target result of one scenario key, arrays aligned with ``targets``.

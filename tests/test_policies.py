@@ -16,6 +16,8 @@ from liveput import (
     IntervalForecast,
     JobState,
     ParcaePolicy,
+    Preparation,
+    Trigger,
     load_profile,
     make_policy,
     plan,
@@ -224,3 +226,51 @@ def test_make_policy_unknown_name_lists_choices():
     assert "varuna" in msg
     for name in POLICY_NAMES:
         assert name in msg
+
+
+# ------------------------------------------------------------------------- parcae: preemptions noticed ahead
+
+
+def test_a_forecast_takes_the_preemptions_noticed_ahead():
+    from liveput.scenarios import persistence_forecast, with_noticed
+
+    # persistence: the noticed preemptions leave, the count after them persists
+    got = with_noticed(persistence_forecast(10, 4), [2, 1])
+    assert got == [IntervalForecast.point(10, 0, 2), IntervalForecast.point(8, 0, 1), IntervalForecast.point(7),
+                   IntervalForecast.point(7)]  # fmt: skip
+    # a forecast that knew them already is left as it is
+    exact = [IntervalForecast.point(10, 0, 2), IntervalForecast.point(8, 1, 1), IntervalForecast.point(8)]
+    assert with_noticed(exact, [2, 1]) == exact
+    # arrivals keep the forecast's law; a later interval starts with what the notices took (here one more than the
+    # forecast's expected 0.5), and cannot lose more than it has
+    law = [IntervalForecast(10, ((0, 0, 0.5), (2, 1, 0.5))), IntervalForecast(10, ((0, 0, 0.7), (1, 10, 0.3)))]
+    assert with_noticed(law, [2]) == [IntervalForecast(10, ((0, 2, 0.5), (2, 2, 0.5))),
+                                      IntervalForecast(8, ((0, 0, 0.7), (1, 8, 0.3)))]  # fmt: skip
+    assert with_noticed(law, [])[1] == law[1]
+
+
+@pytest.mark.parametrize(
+    "notice_s, acts, known", [(120.0, True, 3), (30.0, True, 1), (0.0, True, 0), (120.0, False, 0)]
+)
+def test_parcae_plans_with_the_preemptions_its_cloud_noticed(notice_s, acts, known):
+    """An interval's preemptions came at most T before its start: with AWS's 120 s notice and T = 60 s, those of
+    this interval and the next two are known when it is planned; with GCP's 30 s, this one's; without notice, or in
+    a runtime that does not act on notices, none."""
+    triggers = frozenset(Trigger) - {Trigger.KILL} if acts else frozenset({Trigger.PLANNED})
+    cost = CostModel.reference("gpt-1.5b").prepared(Preparation(triggers=triggers, notice_s=notice_s))
+    asked: list[list[IntervalForecast]] = []
+
+    class Seen(ParcaePolicy):
+        def _plan(self, forecast):
+            asked.append(list(forecast))
+            return super()._plan(forecast)
+
+    pol = Seen(GPT_PROFILE, cost, history_persistence, look_ahead=8)
+    pol.state = JobState((4, 8))
+    history = [IntervalEvent(0, 32, 0, 0)]
+    future = [IntervalEvent(1, 32, 0, 1), IntervalEvent(2, 31, 0, 2), IntervalEvent(3, 29, 0, 1),
+              IntervalEvent(4, 28, 0, 5)] + [IntervalEvent(i, 23, 0, 0) for i in range(5, 12)]  # fmt: skip
+    pol.step(future[0], history, future, first=False)
+    outs = [[o for _, o, _ in f.events] for f in asked[0]]
+    assert outs == [[e.n_out] if j < known else [0] for j, e in enumerate(future[:8])]
+    assert asked[0][-1].prev_available == 32 - sum(e.n_out for e in future[:known])
