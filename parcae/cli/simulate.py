@@ -225,8 +225,8 @@ def simulate(
         typer.Option(
             metavar="S",
             help="Preemption notice, in seconds: how long before a preemption parcae can prepare its migration "
-            "(and knows of it when it plans). Default: the trace's cloud's (120 for AWS traces such as p3, 30 for GCP; 0 when the cloud is "
-            "unknown); 0 = no notice, every preemption a kill.",
+            "(and knows of it when it plans). Default: the trace's cloud's (120 for AWS traces such as p3, 30 for "
+            "GCP; 0 when the cloud is unknown); 0 = no notice, every preemption a kill.",
         ),
     ] = None,
     full_stop: Annotated[
