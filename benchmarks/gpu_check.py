@@ -1,5 +1,5 @@
-"""The GPU check: train the built-in GPT and the Llama-shaped spec on CUDA under every migration kind, beside the
-same steps on the CPU, and print one table.
+"""The GPU check: train the built-in GPT, the Llama-shaped spec and the digits CNN with a fused AdamW on CUDA under
+every migration kind, beside the same steps on the CPU, and print one table.
 
 For each model: one job on `--workers` local worker processes (default: as many as there are GPUs, at least 4, so
 that with one GPU several workers share it through staged gloo) with `--device cuda`, making an intra-stage,
@@ -53,7 +53,12 @@ EVENTS = [
     {"step": 15, "kind": "kill", "instances": [0]},
     {"step": 18, "kind": "checkpoint-restart", "strategy": [1, 2]},
 ]
-MODELS: list[tuple[str, dict[str, Any]]] = [("tiny-gpt", {}), ("tiny-llama", {})]
+#: the built-in GPT, the Llama-shaped spec, and a user's spec with torch's fused AdamW (its `step` lives on the GPU)
+MODELS: list[tuple[str, dict[str, Any]]] = [
+    ("tiny-gpt", {}),
+    ("tiny-llama", {}),
+    (f"{Path(__file__).resolve().parents[1] / 'examples' / 'digits_cnn.py'}:spec", {"fused": True, "batch_size": 16}),
+]
 
 
 def job(model: str, args: dict[str, Any], device: str, workers: int, steps: int, out: Path) -> dict[str, Any]:

@@ -27,8 +27,9 @@ def digits(dtype: torch.dtype) -> torch.utils.data.TensorDataset:
 
 
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
-         seed: int = 0, autocast: str | None = None) -> parcae.TrainSpec:  # fmt: skip
-    """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages."""
+         seed: int = 0, autocast: str | None = None, fused: bool = False) -> parcae.TrainSpec:  # fmt: skip
+    """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages. `fused`: torch's
+    fused AdamW (one kernel a step; what a GPU job would pick)."""
     dt = getattr(torch, dtype)
 
     def conv(c_in: int, c_out: int, pool: bool) -> nn.Module:
@@ -44,6 +45,6 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         ],
         batch=parcae.StepSampler(digits(dt), batch_size, seed=seed),
         loss=lambda logits, labels: F.cross_entropy(logits, labels, reduction="sum"),
-        optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
+        optimizer=lambda params: torch.optim.AdamW(params, lr=lr, fused=True if fused else None),
         autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`)
     )

@@ -43,6 +43,7 @@ from trainer.runtime.pipeline import (
     load_layer_state,
     make_optimizer,
     partition,
+    state_on,
     train_step,
 )
 
@@ -174,6 +175,22 @@ def test_layer_state_round_trip_continues_the_same_run():
         assert all(torch.equal(sa[k], sb[k]) for k in sa), name
     # snapshots are copies: training on did not change them
     assert float(states["head"]["step/lm_head.weight"]) == 2.0
+
+
+def test_optimiser_state_goes_where_torch_would_put_it():
+    """As `torch.optim.Optimizer.load_state_dict` places it: Adam's `step` on the host, unless the group is fused or
+    capturable (a fused AdamW on a GPU refuses a host `step`: every migration of such a job failed there); the rest
+    on the parameter's device. (A parameter on `meta` stands for a GPU's here.)"""
+    param = torch.empty(3, device="meta")
+    step, moment = torch.tensor(4.0, dtype=torch.float64), torch.ones(3)
+    for group in ({}, {"fused": False, "capturable": False}):
+        assert state_on("step", step, param, group).device.type == "cpu"
+        assert state_on("exp_avg", moment, param, group).device.type == "meta"
+    for group in ({"fused": True}, {"capturable": True}):
+        moved = state_on("step", step, param, group)
+        assert moved.device.type == "meta" and moved.dtype == torch.float32
+    kept = state_on("step", step, torch.empty(3), {})
+    assert torch.equal(kept, step) and kept is not step  # a copy: the snapshot stays the sender's
 
 
 def test_a_context_keeps_the_layers_it_is_handed_and_builds_the_rest_from_their_seeds():

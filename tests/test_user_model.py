@@ -430,6 +430,7 @@ def test_an_installed_package_registers_a_model_name_by_entry_point(tmp_path, mo
 
 @pytest.mark.parametrize("example, args, rows", [
     ("digits_cnn.py", {"dtype": "float64", "batch_size": 12}, 12),
+    ("digits_cnn.py", {"dtype": "float64", "batch_size": 12, "fused": True}, 12),  # torch's fused AdamW
     ("token_lm.py", {"dtype": "float64", "batch_size": 12, "tokens": str(ROOT / "README.md")}, 12),
     pytest.param("llama.py", {"dtype": "float64", "layers": 3, "block_size": 16}, 8, marks=pytest.mark.skipif(
         importlib.util.find_spec("transformers") is None, reason="parcae[hf] (transformers) is not installed")),

@@ -398,8 +398,16 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: boo
     return out
 
 
-def _on(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    return t.to(device, copy=True) if t.dim() > 0 else t.clone()
+def state_on(key: str, value: torch.Tensor, param: torch.Tensor, group: Mapping[str, Any]) -> torch.Tensor:
+    """A copy of optimiser state `key` of `param` where its optimiser keeps it, as torch's own
+    `Optimizer.load_state_dict` places it: a tensor on the parameter's device, but Adam's `step` on the host unless
+    the parameter group is `fused` or `capturable` (then float32, on the device: a fused AdamW on a GPU refuses a
+    host `step`)."""
+    if key == "step":
+        if group.get("fused") or group.get("capturable"):
+            return value.to(dtype=torch.float32, device=param.device, copy=True)
+        return value.clone()
+    return value.to(param.device, copy=True)
 
 
 def layer_step(layer: nn.Module) -> LayerState:
@@ -490,8 +498,8 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
             if present and len(present) < len(opt_keys):
                 raise ValueError(f"parameter {name}: optimizer state lacks {sorted(set(opt_keys) - set(present))}")
             if present:
-                # on the parameter's device, but a 0-dim value (Adam's step) stays on the host, as torch keeps it
-                optimizer.state[p] = {k: _on(state[f"{k}/{name}"], p.device) for k in opt_keys}
+                group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
+                optimizer.state[p] = {k: state_on(k, state[f"{k}/{name}"], p, group) for k in opt_keys}
 
 
 @dataclass
