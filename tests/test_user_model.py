@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -380,6 +381,47 @@ def test_a_replica_loads_only_its_rows_where_the_batch_function_can():
     assert torch.equal(x, torch.tensor([6.0, 7.0])) and torch.equal(y, torch.tensor([4, 5]))
     with pytest.raises(ValueError, match=r"rows \[4, 7\) are not within a batch of 6"):
         sampler.rows(0, 4, 7)
+
+
+def test_the_next_step_s_rows_are_loaded_while_this_one_trains_and_never_twice_at_once():
+    """`Prefetcher`: a step's rows come ahead (loaded in a helper thread during the step before), equal to loading
+    them then; other rows (a migration changed the replica's share) are loaded now, after the unwanted load ahead
+    ended; the batch function's error is raised where its rows were wanted; nothing is loaded past the last step."""
+    import threading
+
+    from trainer.runtime.data import Prefetcher, batch_rows
+
+    calls: list[tuple[int, str]] = []
+    busy = threading.Lock()
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        assert busy.acquire(blocking=False), "the batch function was called twice at once"
+        try:
+            time.sleep(0.02)  # (decoding)
+            calls.append((step, threading.current_thread().name))
+            if step == 4:
+                raise OSError("image 17 is truncated")
+            return torch.arange(6.0) + step, torch.arange(6) * step
+        finally:
+            busy.release()
+
+    rows = Prefetcher(batch, steps=6)
+    try:
+        for step, share in [(0, range(0, 3)), (1, range(0, 3)), (2, range(3, 6)), (3, range(3, 6))]:
+            got = rows.load(step, share)
+            want = batch_rows(lambda s: (torch.arange(6.0) + s, torch.arange(6) * s), step, share)
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        assert rows.hits == 2  # steps 1 and 3 came ahead; step 2 wanted other rows than the ones loaded ahead
+        ahead = [step for step, thread in calls if thread.startswith("parcae-prefetch")]
+        now = [step for step, thread in calls if not thread.startswith("parcae-prefetch")]
+        assert now == [0, 2] and ahead == [1, 2, 3, 4][: len(ahead)] and ahead[:3] == [1, 2, 3]
+        with pytest.raises(OSError, match="image 17 is truncated"):  # loaded ahead, raised where it is wanted
+            rows.load(4, range(3, 6))
+        rows.load(5, range(3, 6))  # the last step: nothing after it is loaded
+        time.sleep(0.05)
+        assert max(step for step, _ in calls) == 5
+    finally:
+        rows.close()
 
 
 # ------------------------------------------------------------------------------------------------ 1F1B

@@ -1,9 +1,10 @@
 """The split of a step's global batch into replicas and micro-batches.
 
 Owns: `replica_rows`, `batch_rows` (the rows of a step's batch one replica trains on, loaded alone where the
-batch function can: `RowBatch`) and `shard`; `StepSampler` and `TokenWindows`, the data helpers a spec's `batch` is
-built from. Must not touch: models, processes, torch.distributed. The batch itself is the spec's
-(`TrainSpec.batch(step)`: a pure function of the step).
+batch function can: `RowBatch`), `Prefetcher` (the next step's rows, loaded while this one trains) and `shard`;
+`StepSampler` and `TokenWindows`, the data helpers a spec's `batch` is built from. Must not touch: models,
+processes, torch.distributed. The batch itself is the spec's (`TrainSpec.batch(step)`: a pure function of the
+step).
 
 The invariant the elastic trainer rests on: **the global batch of a step depends only on the step**, never on D or
 P, and `shard` partitions it exactly (every row lands in exactly one micro-batch of one replica). Hence any D x P
@@ -13,6 +14,7 @@ strategy — and any sequence of strategies across migrations — sees the same 
 from __future__ import annotations
 
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -58,6 +60,42 @@ def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range) 
         return rebuild(tree, [t[rows.start : rows.stop] for t in leaves(tree)])
 
     return cut(x), cut(y)
+
+
+class Prefetcher:
+    """A replica's rows of the next step, loaded by one helper thread while this step trains (`TrainSpec.prefetch`):
+    with a batch function that costs something (images to decode), the load overlaps the step instead of preceding
+    it. `load(step, rows)` returns `batch_rows(batch, step, rows)` — what came ahead when it is that step and those
+    rows (the next step of the same replica), else loaded now — and starts loading the step after it (none past
+    `steps`). The batch function is never called twice at once (a load ahead that is not wanted is waited for
+    first), and its error is raised by the `load` that wanted its rows, as if called there."""
+
+    def __init__(self, batch: Callable[[int], tuple[Any, Any]], steps: int) -> None:
+        self.batch, self.steps = batch, steps
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parcae-prefetch")
+        self._ahead: tuple[tuple[int, int, int], Future[tuple[Any, Any]]] | None = None
+        self.hits = 0  # loads that came ahead (for the tests and the benchmark)
+
+    def load(self, step: int, rows: range) -> tuple[Any, Any]:
+        key = (step, rows.start, rows.stop)
+        got: tuple[Any, Any] | None = None
+        if self._ahead is not None:
+            (came, future), self._ahead = self._ahead, None
+            if came == key:
+                got = future.result()  # (its error, as the batch function raised it)
+                self.hits += 1
+            else:  # another step or other rows (a migration, a restart): not wanted, but never two calls at once
+                wait([future])
+        if got is None:
+            got = batch_rows(self.batch, step, rows)
+        if step + 1 < self.steps:
+            self._ahead = ((step + 1, rows.start, rows.stop), self._pool.submit(batch_rows, self.batch, step + 1, rows))
+        return got
+
+    def close(self) -> None:
+        """Stop: a load under way finishes (its result is dropped)."""
+        self._ahead = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> list[tuple[Any, Any]]:

@@ -65,7 +65,7 @@ import torch.nn as nn
 from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
-from trainer.runtime.data import batch_rows, replica_rows, shard
+from trainer.runtime.data import Prefetcher, batch_rows, replica_rows, shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 
@@ -786,7 +786,11 @@ def schedule_order(schedule: str, stage: int, P: int, M: int) -> list[tuple[str,
 
 
 def train_step(
-    ctx: StageContext, step: int, commit: Callable[[], bool] | None = None, reduced: Callable[[], None] | None = None
+    ctx: StageContext,
+    step: int,
+    commit: Callable[[], bool] | None = None,
+    reduced: Callable[[], None] | None = None,
+    rows: Prefetcher | None = None,
 ) -> float:
     """One step of the global batch `step` on this rank (GPipe or 1F1B, `TrainConfig.schedule`); returns the
     global mean loss (on every rank). Either schedule only accumulates gradients, so both train the same run.
@@ -795,12 +799,14 @@ def train_step(
     `StepAbandoned` is raised with parameters and optimiser state untouched (see the module docstring).
     `reduced()` (if given) is called once the gradients the optimiser will apply are final (reduced, normalised,
     clipped) and the step's forwards have left their buffers, before the commit: a migration's source sends them
-    from there (`trainer.runtime.worker`), beside the commit and the update.
+    from there (`trainer.runtime.worker`), beside the commit and the update. `rows`: where this replica's rows come
+    from, the next step's loaded while this one trains (default: loaded now).
     """
     spec, B, D, dev = ctx.spec, ctx.train.global_batch, ctx.strategy.D, ctx.device
     g = ctx.groups
     # this replica's rows of the step's global batch (only those loaded, where the batch function can: `RowBatch`)
-    x, y = batch_rows(spec.batch, step, replica_rows(B, ctx.replica, D))
+    mine = replica_rows(B, ctx.replica, D)
+    x, y = rows.load(step, mine) if rows is not None else batch_rows(spec.batch, step, mine)
     micro = shard(x, y, 0, 1, ctx.train.micro_batch)
     for opt in ctx.optimizers.values():
         opt.zero_grad(set_to_none=True)

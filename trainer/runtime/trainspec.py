@@ -89,7 +89,9 @@ class TrainSpec:
     mean over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
     loss is the global sum over the global count, whatever the split); `autocast`: "bfloat16" or "float16" runs each
     stage's forward and the loss under `torch.autocast` (parameters, gradients and optimiser state stay in their dtype;
-    activations cross stages in the autocast dtype).
+    activations cross stages in the autocast dtype); `prefetch` (default True): a worker loads its rows of the next
+    step in a helper thread while it trains this one (`batch` is then called from that thread, never twice at once;
+    False: on the thread that trains, before each step).
     """
 
     layers: Sequence[Layer]
@@ -101,6 +103,7 @@ class TrainSpec:
     exact: bool = True
     normalizer: str = "rows"
     autocast: str | None = None
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))

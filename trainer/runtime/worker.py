@@ -44,6 +44,7 @@ from torch.distributed.distributed_c10d import Store
 from liveput import MigrationKind
 from trainer.runtime import checkpoint, handoff, keys, wire
 from trainer.runtime.checkpoint_mirror import FINAL, CheckpointMirror, ShardUploader, gather_shards, mirror_for
+from trainer.runtime.data import Prefetcher
 from trainer.runtime.devices import DeviceError, resolve_device
 from trainer.runtime.migration import Epoch, state_bytes
 from trainer.runtime.model import layer_names, model_fingerprint, spec_of
@@ -221,6 +222,7 @@ class Worker:
         self._arrived: int | None = None  # the epoch number whose boundary we already reported arriving at
         self._saved: set[tuple[int, int]] = set()  # (step, epoch) checkpoint shards written
         self._parent = os.getppid()
+        self._rows: Prefetcher | None = None  # the next step's rows, loaded while this one trains (`_prefetcher`)
         # a migration is committed with its epoch's first step; until then the state it started from is kept
         self._uncommitted = False
         self._base: tuple[Epoch, StageContext] | None = None  # (epoch migrated from, its stage) while uncommitted
@@ -563,7 +565,8 @@ class Worker:
                 self.step_started = time.time()
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step),
-                                  reduced=partial(self._grads_ahead, sending) if sending else None)  # fmt: skip
+                                  reduced=partial(self._grads_ahead, sending) if sending else None,
+                                  rows=self._prefetcher())  # fmt: skip
                 self.last_step_end = time.time()
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
                     self._uncommitted, self._base = False, None
@@ -1198,6 +1201,17 @@ class Worker:
             return self._run()
         finally:
             self._stopped.set()
+            if self._rows is not None:
+                self._rows.close()
+
+    def _prefetcher(self) -> Prefetcher | None:
+        """Where this worker's rows come from: the next step's loaded while it trains (`TrainSpec.prefetch`), kept
+        across epochs (a migration's first step loads its own rows now; the steps after it come ahead again)."""
+        if self._rows is None:
+            spec = spec_of(self.job.model, self.job.train)
+            if spec.prefetch:
+                self._rows = Prefetcher(spec.batch, self.job.steps)
+        return self._rows
 
     def _run(self) -> int:
         try:
