@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import pytest
@@ -45,6 +45,15 @@ def until(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> Non
 
 Condition = Callable[[dist.Store], bool]
 Action = Callable[[dist.Store], None]
+
+
+def started(step: int, workers: Iterable[int]) -> Condition:
+    """A worker of `workers` started `step`: the step before it is applied everywhere. (Not a step's loss key: the
+    coordinator deletes each as it reads it, so a script polling one may never see it.)"""
+    from trainer.runtime import keys
+
+    ids = list(workers)
+    return lambda st: any(int(st.get_if(keys.step_at(w)) or -1) >= step for w in ids)
 
 
 class Cloud(JobObserver):

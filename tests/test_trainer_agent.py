@@ -22,7 +22,7 @@ from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env
 from _flow_fixtures import free_port
 from _jobs import run_job
 from _reference import uninterrupted
-from _trainer_fixtures import Action, Cloud, Condition, _one_thread, until  # noqa: F401  (autouse fixture)
+from _trainer_fixtures import Action, Cloud, Condition, _one_thread, started, until  # noqa: F401  (autouse fixture)
 
 from trainer.config import TrainConfig, model_config
 from trainer.control.driver import JobError
@@ -299,8 +299,7 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
         fleet=FleetConfig(max_instances=3, min_instances=2, record_history=False),
     )  # fmt: skip
     ec2 = moto_server.client("ec2")
-    trained_12 = lambda st: st.check(["loss/12"])  # noqa: E731 — past the checkpoint of step 10
-    cloud = Cloud((trained_12, reclaim(ec2, job, ["0"])))
+    cloud = Cloud((started(13, range(16)), reclaim(ec2, job, ["0"])))  # past the checkpoint of step 10
     env = {k: v for k, v in os.environ.items() if k != "PARCAE_TOKEN"}
     with Ec2StandIn(ec2, job, env, tmp_path, notice_at_boot=(1,)) as standin:
         result = on_standin(

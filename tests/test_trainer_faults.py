@@ -321,7 +321,7 @@ def test_the_coordinator_s_host_losing_its_network_for_seconds_loses_nothing(tmp
     10 s heartbeat timeout). The workers wait it out: nobody is declared dead, nothing is recovered or replanned,
     and the run is the uninterrupted one."""
     from _partition import Partition
-    from _trainer_fixtures import Cloud
+    from _trainer_fixtures import Cloud, started
 
     import trainer.control.run as run_module
     from trainer.observe.observer import JobObserver, ObserverList
@@ -344,7 +344,7 @@ def test_the_coordinator_s_host_losing_its_network_for_seconds_loses_nothing(tmp
             self.at.append(time.monotonic())
 
     steps = 12
-    cloud, times = Cloud((lambda st: st.check(["loss/3"]), lambda st: relays[0].silence(4.0))), StepTimes()
+    cloud, times = Cloud((started(4, range(3)), lambda st: relays[0].silence(4.0))), StepTimes()
     try:
         result = run_job(CFG, TRAIN, 3, (1, 2), steps, [], tmp_path / "job", start_method="forkserver",
                          observer=ObserverList([cloud, times]), timeout_s=120)  # fmt: skip
@@ -365,12 +365,11 @@ def test_a_kill_after_its_step_was_applied_then_an_event_at_the_next_boundary(tm
     after every kill); their recovery epoch then begins at that boundary and cannot commit before it is decided. When
     the schedule has an event there, the driver waited for that commit and the job hung (a CI run under load)."""
     from trainer.control import driver as driver_module
-    from trainer.runtime import keys
 
     late = driver_module.Driver._kill
 
     def kill_after_the_step(self, step, victims):
-        self.wait(lambda: self.coord.store.check([keys.loss(step)]), f"step {step} to be applied")
+        self.wait(lambda: self.coord.applied(step), f"step {step} to be applied")
         late(self, step, victims)
 
     monkeypatch.setattr(driver_module.Driver, "_kill", kill_after_the_step)

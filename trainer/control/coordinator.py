@@ -775,6 +775,11 @@ class Coordinator:
         return epoch
 
     # -- results -----------------------------------------------------------------------------------------
+    def applied(self, step: int) -> bool:
+        """Whether `step`'s update is applied: its loss was written (read here already — `committed_losses` deletes
+        the keys it reads —, or still in the store)."""
+        return 0 <= step - self.first_step < len(self._losses) or self.store.check([keys.loss(step)])
+
     def losses(self, steps: int | None = None) -> list[float]:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
@@ -986,8 +991,9 @@ class Coordinator:
         holds the epoch's steps (the first one after the migration included) and no pause; None where an end is not
         in the store (the last epoch: the job's end is not recorded; or no member reached the next boundary).
         decided_at / ready_at / end_at: the wall times of the epoch's publication, last ready member and first
-        arrival (None when absent). last_step_s: how long its last step took (the median over the members that
-        reported it on arriving; None when none did): the step beside which the next epoch was prepared, if it was.
+        arrival (None when absent). last_step_s: how long its last step took, from the end of the step before it
+        (the median over the members that reported it on arriving; None when none did; in a one-step epoch, the
+        migration into it too): the step beside which the next epoch was prepared, if it was.
         """
         out = []
         for i, e in enumerate(self.epochs):
