@@ -210,7 +210,8 @@ def arrive(n: int, w: int) -> str:
 
 
 def last_step(n: int, w: int) -> str:
-    """How long worker `w`'s last step before epoch `n`'s boundary took, in seconds (written with its arrival)."""
+    """How long worker `w`'s last step before epoch `n`'s boundary took, in seconds, from the end of the step before
+    it (the boundary's checks, what it sent ahead, the step; written with its arrival)."""
     return f"ctl/e{n}/last_step/{w}"
 
 

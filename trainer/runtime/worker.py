@@ -215,6 +215,7 @@ class Worker:
         self.step = 0
         self.watch = 1  # the next epoch number to look at
         self.last_step_end = 0.0
+        self.last_cycle_s: float | None = None  # from the end of the step before the last one to the end of the last
         self.step_started = 0.0  # when the step in flight began (after its boundary was passed)
         self.incarnation = 0  # which process of this instance id we are (a checkpoint-restart starts the next)
         self._phases: dict[str, float | str] = {}  # durations of the current migration's phases, for the coordinator
@@ -524,14 +525,13 @@ class Worker:
             checkpoint.remove_before(self.job.checkpoint_dir, steps[keep - 1])
 
     def _arrive(self, number: int, at: float | None = None) -> None:
-        """Report reaching the end of our epoch (by default when our last step ended, with how long that step took:
-        `parcae profile` compares it with and without a preparation beside it), on the way into epoch `number`
-        (once)."""
+        """Report reaching the end of our epoch (by default when our last step ended, with how long it took from the
+        step before's end: `parcae profile` compares it with and without a preparation beside it), on the way into
+        epoch `number` (once)."""
         if self._arrived != number:
-            if at is None and self.last_step_end >= self.step_started > 0:
-                took = self.last_step_end - self.step_started
+            if at is None and self.last_cycle_s is not None and self.last_step_end >= self.step_started:
                 self.store.multi_set([keys.arrive(number, self.id), keys.last_step(number, self.id)],
-                                     [repr(self.last_step_end), repr(took)])  # fmt: skip
+                                     [repr(self.last_step_end), repr(self.last_cycle_s)])  # fmt: skip
             else:
                 self.store.set(keys.arrive(number, self.id), repr(self.last_step_end if at is None else at))
             self._arrived = number
@@ -567,7 +567,8 @@ class Worker:
                 loss = train_step(ctx, step, commit=partial(self._commit, step),
                                   reduced=partial(self._grads_ahead, sending) if sending else None,
                                   rows=self._prefetcher())  # fmt: skip
-                self.last_step_end = time.time()
+                ended, before = time.time(), self.last_step_end
+                self.last_step_end, self.last_cycle_s = ended, ended - before if before > 0 else None
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
                     self._uncommitted, self._base = False, None
                 if reporter:
