@@ -442,3 +442,25 @@ def test_cli_profile_unwritable_out_exits_2(tmp_path):
         res = CliRunner().invoke(app, ["profile", "--out", str(out)])
         assert res.exit_code == 2, res.output
         assert "cannot write profile" in res.output and str(out) in res.output
+
+
+def test_a_profile_whose_epoch_broke_says_so_and_how():
+    """A death or a timeout under load can break one of the schedule's epochs (its members never get ready, the job
+    trains on in a recovery epoch): one clear ProfileError, not a TypeError on its missing pause (seen in a CI run)."""
+    from trainer.control.dry_run import check_schedule
+    from trainer.control.events import group_events, parse_events
+    from trainer.control.measure import migrations_from_result, profile_schedule, visit_order
+    from trainer.runtime.migration import layer_sizes
+
+    mcfg = model_config("tiny-gpt")
+    sched = profile_schedule(3, visit_order([(3, 1), (2, 1), (1, 2)]), 2, 16)
+    planned = check_schedule(mcfg, TrainConfig(steps=sched.steps, global_batch=16), 3, sched.initial, sched.steps,
+                             group_events(parse_events(sched.events)))  # fmt: skip
+    second = planned[1]
+    broken = {"epoch": second.number, "kind": second.kind.value, "strategy": [second.D, second.P], "pause_s": None,
+              "hold_s": 0.0, "phases_s": {}, "step": second.start_step, "preempted": list(second.preempted),
+              "bytes_moved": 0}  # fmt: skip
+    result = {"reconfigurations": [broken], "epochs": [], "events": [{"event": "dead", "worker": 2, "step": 2}]}
+    with pytest.raises(ProfileError, match=rf"epoch {second.number} .* broke before any of its members was ready "
+                                           r"\(.*'dead'.*\): .*run it again"):  # fmt: skip
+        migrations_from_result(result, planned, sched, layer_sizes(mcfg).state_bytes)

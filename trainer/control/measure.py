@@ -182,6 +182,12 @@ def migrations_from_result(result: Mapping[str, Any], planned: Sequence[Any], sc
         if plan is None or prev is None or plan.kind.value != r["kind"] or list(r["strategy"]) != [plan.D, plan.P]:
             raise ProfileError(f"epoch {n} ({r['kind']} to {r['strategy']}) is not the planned one: the job did not "
                                "follow the profile's schedule")  # fmt: skip
+        if r["pause_s"] is None:  # its members never got ready: a death or a timeout broke it (the job then trained on
+            # in a recovery epoch that the schedule does not have)
+            trouble = [e for e in result.get("events", []) if e.get("event") in ("dead", "recover")]
+            raise ProfileError(f"epoch {n} ({r['kind']} to {r['strategy']}) broke before any of its members was ready"
+                               f"{f' ({trouble[0]})' if trouble else ''}: the profile needs its schedule undisturbed; "
+                               "run it again, on a quieter machine")  # fmt: skip
         phases = {k.removesuffix("_s") + "_ms": 1000.0 * v for k, v in r["phases_s"].items()}
         role = "main"
         if r["kind"] == RESTART:
