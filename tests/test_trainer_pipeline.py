@@ -179,7 +179,7 @@ def test_layer_state_round_trip_continues_the_same_run():
 
 def test_optimiser_state_goes_where_torch_would_put_it():
     """As `torch.optim.Optimizer.load_state_dict` places it: Adam's `step` on the host, unless the group is fused or
-    capturable (a fused AdamW on a GPU refuses a host `step`: every migration of such a job failed there); the rest
+    capturable (a fused AdamW on a GPU refuses a host `step`: every migration of such a job would fail there); the rest
     on the parameter's device. (A parameter on `meta` stands for a GPU's here.)"""
     param = torch.empty(3, device="meta")
     step, moment = torch.tensor(4.0, dtype=torch.float64), torch.ones(3)
