@@ -671,7 +671,9 @@ class Driver:
                                            time=time.time()))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
-        if not self._deciding:  # (a decision in progress may claim boundaries: leave them be until it is made)
+        # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
+        # step was committed since; and not during a decision, which may claim boundaries
+        if new and not self._deciding:
             c.forget_passed()
         fresh = c.new_checkpoints()
         for s, n in fresh:
