@@ -74,7 +74,7 @@ class Prefetcher:
         self.batch, self.steps = batch, steps
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="parcae-prefetch")
         self._ahead: tuple[tuple[int, int, int], Future[tuple[Any, Any]]] | None = None
-        self.hits = 0  # loads that came ahead (for the tests and the benchmark)
+        self.hits = 0  # loads that came ahead (for the tests)
 
     def load(self, step: int, rows: range) -> tuple[Any, Any]:
         key = (step, rows.start, rows.stop)

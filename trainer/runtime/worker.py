@@ -543,6 +543,7 @@ class Worker:
         # loss while the survivors train on. Losing every last-stage replica loses that stage's layers too, which
         # checkpoint-restarts and recomputes the steps after the checkpoint.
         reporter = ctx.is_last
+        rows = self._prefetcher()
         try:
             while True:
                 decision = self._boundary(self.step)
@@ -566,7 +567,7 @@ class Worker:
                 self.store.set(keys.step_at(self.id), str(step))
                 loss = train_step(ctx, step, commit=partial(self._commit, step),
                                   reduced=partial(self._grads_ahead, sending) if sending else None,
-                                  rows=self._prefetcher())  # fmt: skip
+                                  rows=rows)  # fmt: skip
                 ended, before = time.time(), self.last_step_end
                 self.last_step_end, self.last_cycle_s = ended, ended - before if before > 0 else None
                 if self._uncommitted:  # the migration into this epoch is committed: its old state can go
