@@ -474,8 +474,8 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
     Parameters and buffers are copied into the existing tensors so the optimiser's references stay valid.
     """
     params = dict(layer.named_parameters())
-    owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-    if owned != {id(p) for p in params.values()}:
+    group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}  # (where its state goes: `state_on`)
+    if group_of.keys() != {id(p) for p in params.values()}:
         raise ValueError("optimizer does not own exactly this layer's parameters")
     buffers = persistent_buffers(layer)
     expected = {f"param/{n}" for n in params} | {f"buffer/{n}" for n in buffers}
@@ -498,8 +498,7 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
             if present and len(present) < len(opt_keys):
                 raise ValueError(f"parameter {name}: optimizer state lacks {sorted(set(opt_keys) - set(present))}")
             if present:
-                group = next(g for g in optimizer.param_groups if any(q is p for q in g["params"]))
-                optimizer.state[p] = {k: state_on(k, state[f"{k}/{name}"], p, group) for k in opt_keys}
+                optimizer.state[p] = {k: state_on(k, state[f"{k}/{name}"], p, group_of[id(p)]) for k in opt_keys}
 
 
 @dataclass
