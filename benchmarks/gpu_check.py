@@ -1,5 +1,6 @@
-"""The GPU check: train the built-in GPT, the Llama-shaped spec and the digits CNN with a fused AdamW on CUDA under
-every migration kind, beside the same steps on the CPU, and print one table.
+"""The GPU check: train the built-in GPT, the Llama-shaped spec and the digits CNN (with a fused AdamW, and under
+float16 autocast with its loss scale) on CUDA under every migration kind, beside the same steps on the CPU, and print
+one table.
 
 For each model: one job on `--workers` local worker processes (default: as many as there are GPUs, at least 4, so
 that with one GPU several workers share it through staged gloo) with `--device cuda`, making an intra-stage,
@@ -53,11 +54,14 @@ EVENTS = [
     {"step": 15, "kind": "kill", "instances": [0]},
     {"step": 18, "kind": "checkpoint-restart", "strategy": [1, 2]},
 ]
-#: the built-in GPT, the Llama-shaped spec, and a user's spec with torch's fused AdamW (its `step` lives on the GPU)
+#: the built-in GPT, the Llama-shaped spec, a user's spec with torch's fused AdamW (its `step` lives on the GPU), and
+#: the same under float16 autocast
+DIGITS = f"{Path(__file__).resolve().parents[1] / 'examples' / 'digits_cnn.py'}:spec"
 MODELS: list[tuple[str, dict[str, Any]]] = [
     ("tiny-gpt", {}),
     ("tiny-llama", {}),
-    (f"{Path(__file__).resolve().parents[1] / 'examples' / 'digits_cnn.py'}:spec", {"fused": True, "batch_size": 16}),
+    (DIGITS, {"fused": True, "batch_size": 16}),
+    (DIGITS, {"autocast": "float16", "batch_size": 16}),  # as on a V100: the loss scale moved through every kind
 ]
 
 
@@ -136,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             gpu = job(model, args, a.device, workers, a.steps, Path(tmp) / "gpu")
             cpu = job(model, args, "cpu", workers, a.steps, Path(tmp) / "cpu")
-        print("\n".join(rows(model, gpu, cpu)))
+        print("\n".join(rows(model + (f" {args}" if args else ""), gpu, cpu)))
     return 0
 
 

@@ -46,5 +46,5 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         batch=parcae.StepSampler(digits(dt), batch_size, seed=seed),
         loss=lambda logits, labels: F.cross_entropy(logits, labels, reduction="sum"),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, fused=True if fused else None),
-        autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`)
+        autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`); "float16" scales the loss
     )

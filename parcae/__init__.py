@@ -1,6 +1,6 @@
 """parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line, the
-checks the flows run first, and the contract a user's own model is written against (`TrainSpec`, `Layer`, and the
-data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
+checks the flows run first, and the contract a user's own model is written against (`TrainSpec`, `Layer`,
+`LossScaling`, and the data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
 
 Map:
 
@@ -18,10 +18,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 #: What a user's training module imports (``import parcae; parcae.TrainSpec(...)``), from the trainer's face.
-_CONTRACT = ("Layer", "StepSampler", "TokenWindows", "TrainSpec", "hf_decoder")
+_CONTRACT = ("Layer", "LossScaling", "StepSampler", "TokenWindows", "TrainSpec", "hf_decoder")
 
 if TYPE_CHECKING:
     from trainer import Layer as Layer
+    from trainer import LossScaling as LossScaling
     from trainer import StepSampler as StepSampler
     from trainer import TokenWindows as TokenWindows
     from trainer import TrainSpec as TrainSpec

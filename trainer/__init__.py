@@ -66,6 +66,7 @@ _HOMES: dict[str, str] = {
                      "train_step"), "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
+    **dict.fromkeys(("LossScaleError", "LossScaling"), "trainer.runtime.loss_scale"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -226,6 +227,8 @@ if TYPE_CHECKING:
     from trainer.runtime.export import Exported as Exported
     from trainer.runtime.export import export_state_dict as export_state_dict
     from trainer.runtime.export import write_state_dict as write_state_dict
+    from trainer.runtime.loss_scale import LossScaleError as LossScaleError
+    from trainer.runtime.loss_scale import LossScaling as LossScaling
     from trainer.runtime.model import (
         Stage as Stage,
     )

@@ -55,7 +55,7 @@ def live_states(ctx: StageContext, names: Sequence[str], layers: Sequence[int]) 
 def step_grads(ctx: StageContext, names: Sequence[str], layers: Sequence[int]) -> dict[str, LayerState]:
     """The last step's final gradients and buffers of `layers`, by name: what a receiver holding their state as of
     the boundary before that step needs to apply it (`catch_up_layers`)."""
-    return {names[i]: layer_step(ctx.module.layer(i)) for i in layers}
+    return {names[i]: layer_step(ctx.module.layer(i), ctx.scaled) for i in layers}
 
 
 def send_one(groups: EpochGroups, epoch: Epoch, dst: int, data: torch.Tensor) -> None:

@@ -65,6 +65,7 @@ import torch.nn as nn
 from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, Store
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
+from trainer.runtime import loss_scale
 from trainer.runtime.data import Prefetcher, batch_rows, replica_rows, shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
@@ -367,16 +368,20 @@ def make_optimizer(layer: nn.Module, spec: TrainSpec) -> torch.optim.Optimizer:
     refuse an empty parameter list, so it gets an empty one of its own and the spec's is not asked."""
     params = list(layer.parameters())
     if not params:
-        return torch.optim.SGD([{"params": []}], lr=0.0)
-    opt = spec.optimizer(params)
-    if not isinstance(opt, torch.optim.Optimizer):
-        raise TypeError(f"the spec's optimizer returned a {type(opt).__name__}, not a torch.optim.Optimizer")
+        opt: torch.optim.Optimizer = torch.optim.SGD([{"params": []}], lr=0.0)
+    else:
+        opt = spec.optimizer(params)
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"the spec's optimizer returned a {type(opt).__name__}, not a torch.optim.Optimizer")
+    if spec.scaling is not None:  # every layer carries the job's loss scale, so every move of a layer moves it
+        loss_scale.attach(opt, spec.scaling.start())
     return opt
 
 
 def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: bool = True) -> LayerState:
     """A snapshot of one layer: "param/<name>" and "<state key>/<name>" (exp_avg, exp_avg_sq, step) tensors, and
-    "buffer/<name>" for its persistent buffers (e.g. BatchNorm's running statistics, which training changes too).
+    "buffer/<name>" for its persistent buffers (e.g. BatchNorm's running statistics, which training changes too),
+    and the job's loss scale where it scales its loss (`trainer.runtime.loss_scale`).
 
     Cloned to host memory, so it stays valid while training continues. `copy=False`: the live tensors themselves
     (detached, on their device), for a reader that copies them before training goes on (`trainer.runtime.wire.pack`
@@ -395,6 +400,9 @@ def layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, *, copy: boo
             out[f"{key}/{name}"] = snap(value) if torch.is_tensor(value) else torch.tensor(value)
     for name, b in persistent_buffers(layer).items():
         out[f"buffer/{name}"] = snap(b)
+    scale = loss_scale.scale_of(optimizer)
+    if scale is not None:
+        out.update(loss_scale.to_state(scale))
     return out
 
 
@@ -410,13 +418,16 @@ def state_on(key: str, value: torch.Tensor, param: torch.Tensor, group: Mapping[
     return value.to(param.device, copy=True)
 
 
-def layer_step(layer: nn.Module) -> LayerState:
+def layer_step(layer: nn.Module, scaled: loss_scale.ScaledStep | None = None) -> LayerState:
     """What the last step did to `layer` besides the optimiser's arithmetic: the gradients it applied, as
     "grad/<name>" (reduced, normalised and clipped: what the optimiser consumed; a parameter without one is left
-    out), and the persistent buffers its forwards left, as "buffer/<name>". Live tensors, for a reader that copies
+    out), the persistent buffers its forwards left, as "buffer/<name>", and, where the job scales its loss, the
+    step's outcome (`scaled`: the scale after it, and whether it was skipped). Live tensors, for a reader that copies
     them before the next step (`trainer.runtime.wire.pack`)."""
     out = {f"grad/{name}": p.grad.detach() for name, p in layer.named_parameters() if p.grad is not None}
     out.update({f"buffer/{name}": b.detach() for name, b in persistent_buffers(layer).items()})
+    if scaled is not None:
+        out.update(loss_scale.step_state(scaled))
     return out
 
 
@@ -433,8 +444,16 @@ def catch_up(
 
 def apply_step(layer: nn.Module, optimizer: torch.optim.Optimizer, grads: LayerState, lr: float | None) -> None:
     """The second half of `catch_up`, for a layer whose state as of boundary s is installed already (ahead of the
-    boundary): step s's update with its holder's gradients at the step's learning rate, and the buffers it left."""
+    boundary): step s's update with its holder's gradients at the step's learning rate, and the buffers it left
+    (a step skipped for an overflow: only the buffers and the loss scale it left)."""
     _copy_buffers(layer, grads)
+    after = loss_scale.from_state(grads)
+    if (after is None) != (loss_scale.scale_of(optimizer) is None):
+        raise ValueError("the step's gradients and the layer disagree on whether the job scales its loss")
+    if after is not None:
+        loss_scale.attach(optimizer, after)
+        if loss_scale.skipped(grads):
+            return
     for name, p in layer.named_parameters():
         g = grads.get(f"grad/{name}")
         p.grad = None if g is None else g.to(p.device).view_as(p)
@@ -477,6 +496,12 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}  # (where its state goes: `state_on`)
     if group_of.keys() != {id(p) for p in params.values()}:
         raise ValueError("optimizer does not own exactly this layer's parameters")
+    scale = loss_scale.from_state(state)
+    if (scale is None) != (loss_scale.scale_of(optimizer) is None):
+        raise ValueError("layer state does not match the job: " + (
+            "it holds a loss scale, and the job scales none" if scale is not None
+            else "it lacks the loss scale the job's float16 training keeps"))  # fmt: skip
+    state = {k: v for k, v in state.items() if k not in loss_scale.STATE_KEYS}
     buffers = persistent_buffers(layer)
     expected = {f"param/{n}" for n in params} | {f"buffer/{n}" for n in buffers}
     missing = expected - state.keys()
@@ -499,6 +524,8 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
                 raise ValueError(f"parameter {name}: optimizer state lacks {sorted(set(opt_keys) - set(present))}")
             if present:
                 optimizer.state[p] = {k: state_on(k, state[f"{k}/{name}"], p, group_of[id(p)]) for k in opt_keys}
+    if scale is not None:
+        loss_scale.attach(optimizer, scale)
 
 
 @dataclass
@@ -520,6 +547,9 @@ class StageContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     names: list[str] = field(init=False)
     spec: TrainSpec = field(init=False)
+    #: what the last step did to the loss scale (None: no step yet, or the job does not scale): a migration's
+    #: source sends it with the step's gradients (`layer_step`)
+    scaled: loss_scale.ScaledStep | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.spec = spec_of(self.model, self.train)
@@ -545,6 +575,14 @@ class StageContext:
     def next_rank(self) -> int | None:
         """Global rank of the next stage of this replica (gradients come from it)."""
         return None if self.is_last else self.strategy.rank(self.stage + 1, self.replica)
+
+    def held_scale(self) -> loss_scale.LossScale | None:
+        """The job's loss scale as this rank's layers hold it (None: the job scales none). Every layer carries it
+        (`make_optimizer`), so layers that came by different paths must hold the same one."""
+        held = {loss_scale.scale_of(opt) for opt in self.optimizers.values()}
+        if len(held) != 1:
+            raise RuntimeError(f"stage {self.stage}'s layers hold different loss scales: {sorted(map(str, held))}")
+        return held.pop()
 
     def layer_states(self) -> dict[str, LayerState]:
         """Snapshots of this rank's layers, by layer name."""
@@ -803,6 +841,10 @@ def train_step(
     """
     spec, B, D, dev = ctx.spec, ctx.train.global_batch, ctx.strategy.D, ctx.device
     g = ctx.groups
+    scaling, scale = spec.scaling, ctx.held_scale()  # float16's loss scale (`trainer.runtime.loss_scale`)
+    if (scaling is None) != (scale is None):
+        raise RuntimeError(f"step {step}: the spec {'scales' if scaling else 'does not scale'} its loss, and the "
+                           f"layers {'hold no' if scale is None else 'hold a'} loss scale")  # fmt: skip
     # this replica's rows of the step's global batch (only those loaded, where the batch function can: `RowBatch`)
     mine = replica_rows(B, ctx.replica, D)
     x, y = rows.load(step, mine) if rows is not None else batch_rows(spec.batch, step, mine)
@@ -868,7 +910,7 @@ def train_step(
         # tensor of an activation carries one (zeros where the stage did not use it)
         inp, out = inputs.pop(m), outputs.pop(m)
         if ctx.is_last:
-            out.backward()
+            (out if scale is None else out * scale.value).backward()
         else:
             assert g is not None and ctx.next_rank is not None
             outs, grads = [], []
@@ -895,9 +937,13 @@ def train_step(
     # Data parallel: sum gradients over this stage's replicas. The loss lives on the last stage, split over
     # replicas (non-last ranks add zero); its all-reduce over the world is the step's last collective.
     # With normalizer "count" the loss and the gradients are sums until the global count is known: then divided.
+    # With a loss scale, the step's last collective also says whether any rank's gradients overflowed (they hold an
+    # Inf or a NaN: then so would the reduced ones), and checks that every rank scaled by the same scale.
     replicated = g is not None and g.dp is not None
     flats = _flat_grads(list(ctx.module.parameters()), replicated)
-    totals = torch.stack([loss, count])
+    overflow = scale is not None and not all(bool(torch.isfinite(flat).all()) for _, flat in flats)
+    totals = torch.tensor([0.0, 0.0, float(overflow), 0.0 if scale is None else scale.value], dtype=torch.float64)
+    totals[0], totals[1] = loss, count
     if g is not None:
         pending = []
         # the gradients in host memory, where gloo reduces them (the same tensors on the CPU)
@@ -912,15 +958,30 @@ def train_step(
     # with replicas, each buffer's tail counts the replicas that gave each parameter a gradient
     grads = [(ps, flat[: -len(ps)], flat[-len(ps) :]) if replicated else (ps, flat, None) for ps, flat in flats]
     loss = totals[0]
+    n = float(totals[1])
     if spec.normalizer == "count":
-        n = float(totals[1])
         if not n > 0:
             raise ValueError(f"step {step}: the loss counted {n} items over the global batch; a step needs some")
         loss = loss / n
-        for _, flat, _ in grads:
+    skipped = False
+    if scaling is not None and scale is not None:
+        world = ctx.strategy.world_size
+        if not math.isclose(float(totals[3]), world * scale.value, rel_tol=1e-9):
+            raise RuntimeError(f"step {step}: the ranks scale the loss differently (this one by {scale.value:g}; the "
+                               f"{world} ranks' scales add up to {float(totals[3]):g})")  # fmt: skip
+        ctx.scaled = scaling.after(scale, float(totals[2]) > 0, step)
+        skipped = ctx.scaled.skipped
+    if skipped:  # an overflow somewhere: no rank updates anything (the buffers the forwards left aside)
+        grads = []
+        for p in ctx.module.parameters():
+            p.grad = None
+    for _, flat, _ in grads:
+        if scale is not None:
+            flat.mul_(1.0 / scale.value)  # (a power of two, by default: exact)
+        if spec.normalizer == "count":
             flat.div_(n)
     clip = spec.clip_grad_norm
-    if clip is not None:
+    if clip is not None and not skipped:
         # the global norm needs the reduced gradients of every stage: replica 0 of each stage adds its square sum
         sq = torch.zeros((), dtype=torch.float64)
         if ctx.replica == 0:
@@ -940,6 +1001,11 @@ def train_step(
     # Only now — every op done, and the step committed everywhere — does anything change.
     if commit is not None and not commit():
         raise StepAbandoned(f"step {step}: the commit was refused (the epoch broke before every rank finished)")
+    if ctx.scaled is not None:
+        for opt in ctx.optimizers.values():
+            loss_scale.attach(opt, ctx.scaled.after)
+    if skipped:
+        return float(loss)
     lr = spec.lr(step) if spec.lr is not None else None
     for opt in ctx.optimizers.values():
         if lr is not None:

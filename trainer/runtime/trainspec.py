@@ -47,6 +47,7 @@ from trainer.config import (
     installed_models,
     model_entry,
 )
+from trainer.runtime.loss_scale import LossScaling
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -89,7 +90,10 @@ class TrainSpec:
     mean over the global batch's rows) or "count" (`loss` returns (sum, count) — e.g. the non-padding tokens — and the
     loss is the global sum over the global count, whatever the split); `autocast`: "bfloat16" or "float16" runs each
     stage's forward and the loss under `torch.autocast` (parameters, gradients and optimiser state stay in their dtype;
-    activations cross stages in the autocast dtype); `prefetch` (default True): a worker loads its rows of the next
+    activations cross stages in the autocast dtype); `loss_scaling`: a `parcae.LossScaling` (the loss multiplied
+    before the backward, the gradients divided after it, a step that overflowed skipped by every rank), None (none),
+    or "auto" (the default: `LossScaling()` under float16 autocast, where small gradients would round to zero, and
+    none otherwise); `prefetch` (default True): a worker loads its rows of the next
     step in a helper thread while it trains this one (`batch` is then called from that thread, never twice at once;
     False: on the thread that trains, before each step).
     """
@@ -103,10 +107,18 @@ class TrainSpec:
     exact: bool = True
     normalizer: str = "rows"
     autocast: str | None = None
+    loss_scaling: LossScaling | str | None = "auto"
     prefetch: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
+
+    @property
+    def scaling(self) -> LossScaling | None:
+        """The loss scaling the job applies ("auto" resolved)."""
+        if self.loss_scaling == "auto":
+            return LossScaling() if self.autocast == "float16" else None
+        return self.loss_scaling if isinstance(self.loss_scaling, LossScaling) else None
 
     @property
     def names(self) -> list[str]:
@@ -281,6 +293,10 @@ def _check_fields(spec: TrainSpec, where: str) -> None:
             raise SpecError(f"{where}: the spec's {name} is not callable; give a function")
     if spec.autocast is not None and spec.autocast not in AUTOCASTS:
         raise SpecError(f"{where}: autocast {spec.autocast!r}; choose one of {', '.join(AUTOCASTS)}, or None")
+    if not (spec.loss_scaling in ("auto", None) or isinstance(spec.loss_scaling, LossScaling)):
+        raise SpecError(f'{where}: loss_scaling {spec.loss_scaling!r}; give a parcae.LossScaling, None or "auto"')
+    if isinstance(spec.loss_scaling, LossScaling) and spec.loss_scaling.problems():
+        raise SpecError(f"{where}: loss_scaling: {'; '.join(spec.loss_scaling.problems())}")
     if spec.normalizer not in NORMALIZERS:
         raise SpecError(f"{where}: normalizer {spec.normalizer!r}; choose one of {', '.join(NORMALIZERS)}")
     if spec.lr is not None and not callable(spec.lr):

@@ -42,7 +42,7 @@ import torch
 from torch.distributed.distributed_c10d import Store
 
 from liveput import MigrationKind
-from trainer.runtime import checkpoint, handoff, keys, wire
+from trainer.runtime import checkpoint, handoff, keys, loss_scale, wire
 from trainer.runtime.checkpoint_mirror import FINAL, CheckpointMirror, ShardUploader, gather_shards, mirror_for
 from trainer.runtime.data import Prefetcher
 from trainer.runtime.devices import DeviceError, resolve_device
@@ -1194,6 +1194,13 @@ class Worker:
         if missing:
             raise checkpoint.CheckpointError(f"the checkpoint of step {step} ({', '.join(f.name for f in files)}) "
                                              f"lacks layers {missing}")  # fmt: skip
+        scales = spec_of(job.model, job.train).scaling is not None
+        if any((loss_scale.SCALE_KEY in ckpt.layers[n]) != scales for n in names):
+            raise checkpoint.CheckpointError(
+                f"the checkpoint of step {step} {'holds no' if scales else 'holds a'} loss scale, and the spec "
+                f"{'scales' if scales else 'does not scale'} its loss: it was written by a job with other "
+                "`loss_scaling` (float16 autocast scales by default since 2026-12-06); give the spec the "
+                "`loss_scaling` it was trained with, or start the job afresh")  # fmt: skip
         return {name: ckpt.layers[name] for name in names}
 
     # -- the loop ----------------------------------------------------------------------------------------
@@ -1242,7 +1249,13 @@ class Worker:
         except Aborted as e:  # the driver knows why (it says so itself): nothing to print here
             self._fail("error", str(e), quiet=True)
             return EXIT_ABORTED
-        except (Diverged, checkpoint.CheckpointError, SpecError, DeviceError) as e:  # a user's problem: one line
+        except (
+            Diverged,
+            loss_scale.LossScaleError,
+            checkpoint.CheckpointError,
+            SpecError,
+            DeviceError,
+        ) as e:  # a user's problem
             self._fail("error", f"worker {self.id} at step {self.step}: {e}")
             return EXIT_FAILED
         except BaseException as e:  # noqa: BLE001 — reported to the coordinator, then the process exits

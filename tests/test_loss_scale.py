@@ -1,0 +1,173 @@
+"""float16 mixed precision's loss scaling (`trainer.runtime.loss_scale`): gradients that float16 would round to zero
+survive, an overflowing step is skipped by every rank and the scale backs off (and grows after good steps), a model
+whose gradients are NaN whatever the scale stops the job, and the scale moves with the layers through every
+migration kind and a checkpoint-restart, so a job under migrations scales as an uninterrupted run does."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from _jobs import EVERY_MIGRATION, run_job
+from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from typer.testing import CliRunner
+
+from parcae import LossScaling
+from parcae.cli import app
+from trainer import (
+    LossScaleError,
+    ModelConfig,
+    SpecError,
+    StageLayout,
+    TrainConfig,
+    build_context,
+    checkpoint,
+    load_spec,
+    train_step,
+)
+from trainer.runtime import loss_scale
+from trainer.runtime.pipeline import layer_state, load_layer_state, make_optimizer
+
+sys.path.insert(0, str(Path(__file__).parent))  # where `_fp16_model` is, for this process and its workers
+TRAIN = TrainConfig(global_batch=16)
+OFTEN = {"init_scale": 2.0**24, "growth_interval": 2}  # starts far too high, then grows every two good steps
+
+
+def context(**args):
+    model = ModelConfig("_fp16_model:spec", args=args)
+    return build_context(model, TRAIN, StageLayout.even(1, 1, model))
+
+
+def first_layer_grad(**args) -> torch.Tensor:
+    ctx = context(**args)
+    train_step(ctx, 0)
+    return ctx.module.layer(0)[0].weight.grad.clone()
+
+
+def test_the_loss_scale_keeps_the_gradients_float16_would_round_to_zero():
+    exact = first_layer_grad(weight=1e-6, autocast=None)  # float32 throughout
+    plain = first_layer_grad(weight=1e-6, scaling=None)  # float16 autocast, no scale
+    scaled = first_layer_grad(weight=1e-6)  # float16 autocast, "auto": LossScaling()
+    assert exact.count_nonzero() > 0 and plain.count_nonzero() == 0  # every element rounded to zero
+    assert (scaled - exact).norm() < 1e-2 * exact.norm()
+    assert load_spec(ModelConfig("_fp16_model:spec")).scaling == LossScaling()  # the default under float16
+    assert load_spec(ModelConfig("_fp16_model:spec", args={"autocast": "bfloat16"})).scaling is None
+
+
+def test_an_overflowing_step_is_skipped_and_the_scale_backs_off_then_grows():
+    ctx = context(scaling=OFTEN)
+    outcomes = []
+    for step in range(12):
+        before = [p.detach().clone() for p in ctx.module.parameters()]
+        scale = ctx.held_scale()
+        train_step(ctx, step)
+        out = ctx.scaled
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))
+        assert unchanged == out.skipped, step  # a skipped step changes no parameter; an applied one does
+        if out.skipped:
+            assert out.after == loss_scale.LossScale(scale.value / 2), step
+        elif scale.good_steps == 1:  # the second good step in a row: the scale grows
+            assert out.after == loss_scale.LossScale(scale.value * 2), step
+        else:
+            assert out.after == loss_scale.LossScale(scale.value, scale.good_steps + 1), step
+        assert ctx.held_scale() == out.after
+        outcomes.append(out.skipped)
+    assert outcomes[0] and not all(outcomes) and outcomes.count(True) >= 5  # 2**24 is too high; it finds its level
+
+
+def test_a_static_scale_stays_and_still_skips_an_overflowing_step():
+    ctx = context(scaling={"init_scale": 2.0**24, "dynamic": False})
+    train_step(ctx, 0)
+    assert ctx.scaled == loss_scale.ScaledStep(loss_scale.LossScale(2.0**24), skipped=True)
+
+
+def test_gradients_that_are_nan_whatever_the_scale_stop_at_the_floor():
+    ctx = context(nan_grads=True, scaling={"init_scale": 4.0})
+    assert all(isinstance(train_step(ctx, s), float) for s in range(2))  # 4 -> 2 -> 1 (the loss itself is finite)
+    with pytest.raises(LossScaleError, match=r"the gradients of step 2 overflowed at loss scale 1, the floor "
+                                             r"\(min_scale 1\): they are not finite whatever the scale"):  # fmt: skip
+        train_step(ctx, 2)
+
+
+def test_a_job_whose_gradients_are_nan_stops_with_one_line(tmp_path, _no_orphans):
+    res = CliRunner().invoke(app, ["train", "--model", "_fp16_model:spec", "--model-args",
+                                   json.dumps({"nan_grads": True, "scaling": {"init_scale": 4.0}}), "--workers", "2",
+                                   "--steps", "6", "--out-dir", str(tmp_path / "run")])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    assert "error: the job failed: " in res.output and "at step 2: the gradients of step 2 overflowed" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_a_layer_state_carries_the_scale_and_a_state_of_another_job_is_refused():
+    spec = load_spec(ModelConfig("_fp16_model:spec"))
+    plain = load_spec(ModelConfig("_fp16_model:spec", args={"scaling": None}))
+    layer = spec.layers[0].build()
+    scaled_opt, plain_opt = make_optimizer(layer, spec), make_optimizer(layer, plain)
+    loss_scale.attach(scaled_opt, loss_scale.LossScale(512.0, 3))
+    state = layer_state(layer, scaled_opt)
+    assert float(state["amp/scale"]) == 512.0 and int(state["amp/good_steps"]) == 3
+    other = make_optimizer(layer, spec)
+    load_layer_state(layer, other, state)
+    assert loss_scale.scale_of(other) == loss_scale.LossScale(512.0, 3)
+    with pytest.raises(ValueError, match="it holds a loss scale, and the job scales none"):
+        load_layer_state(layer, plain_opt, state)
+    with pytest.raises(ValueError, match="it lacks the loss scale the job's float16 training keeps"):
+        load_layer_state(layer, other, layer_state(layer, plain_opt))
+
+
+@pytest.mark.parametrize(
+    ("scaling", "message"),
+    [
+        ({"init_scale": 0.0}, "init_scale 0.0 must be a positive finite number"),
+        ({"growth_factor": 1.0}, "growth_factor 1.0 must be above 1"),
+        ({"backoff_factor": 1.5}, "backoff_factor 1.5 must be between 0 and 1"),
+        ({"growth_interval": 0}, "growth_interval 0 must be a whole number of steps, at least 1"),
+        ({"init_scale": 2.0, "min_scale": 4.0}, "min_scale 4.0 must not exceed init_scale 2.0"),
+        ("always", "loss_scaling 'always'; give a parcae.LossScaling, None or \"auto\""),
+    ],
+)
+def test_a_bad_loss_scaling_is_one_message(scaling, message):
+    with pytest.raises(SpecError, match=f"'_fp16_model:spec': (loss_scaling: )?{message}"):
+        load_spec(ModelConfig("_fp16_model:spec", args={"scaling": scaling}))
+
+
+def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(tmp_path, _no_orphans):
+    """Every kind of live migration (prepared ahead where it can be: the catch-up applies or skips the step its
+    source did), a kill and a checkpoint-restart, on a scale that overflows and grows every few steps: the job skips
+    the steps an uninterrupted run skips and ends on its scale (a rank with another scale would stop the job)."""
+    model, steps = ModelConfig("_fp16_model:spec", args={"scaling": OFTEN}), 13
+    schedule = [*EVERY_MIGRATION, {"step": 10, "kind": "kill", "instances": [3]},
+                {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]}]  # fmt: skip
+    result = run_job(model, TRAIN, 4, (1, 1), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=90)
+    kinds = {r["kind"] for r in result["reconfigurations"]}
+    assert kinds == {"intra-stage", "inter-stage", "pipeline", "checkpoint-restart"}, kinds
+    ref = context(scaling=OFTEN)
+    skips, losses = [], []
+    for step in range(steps):
+        losses.append(train_step(ref, step))
+        skips.append(ref.scaled.skipped)
+    assert any(skips) and not all(skips)
+    assert result["loss"] == pytest.approx(losses, rel=1e-5)
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
+    held = {loss_scale.from_state(state) for state in final.layers.values()}
+    assert held == {ref.held_scale()}, (held, skips)
+
+
+def test_resuming_with_another_loss_scaling_is_one_line(tmp_path, _no_orphans):
+    """A spec edited between a job and its resume (the fingerprint sees layers, not the loss scaling): the
+    checkpoint holds no scale for a spec that now scales, and the job says which setting to give back."""
+    mine = tmp_path / "mine.py"
+    source = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom _fp16_model import spec as base\n"
+              "def spec():\n    return base(scaling={scaling})\n")  # fmt: skip
+    mine.write_text(source.format(scaling="None"))
+    args = ["train", "--model", f"{mine}:spec", "--workers", "2", "--checkpoint-every", "2", "--out-dir",
+            str(tmp_path / "run")]  # fmt: skip
+    assert CliRunner().invoke(app, [*args, "--steps", "3"]).exit_code == 0
+    mine.write_text(source.format(scaling='"auto"'))
+    res = CliRunner().invoke(app, [*args, "--steps", "5", "--resume"])
+    assert res.exit_code == 1, res.output
+    assert "the checkpoint of step 3 holds no loss scale, and the spec scales its loss" in res.output, res.output
+    assert "give the spec the `loss_scaling` it was trained with" in res.output and "Traceback" not in res.output

@@ -1,0 +1,147 @@
+"""Dynamic loss scaling for float16 mixed precision, held by every layer's optimiser so that it moves with the layers.
+
+Owns: `LossScaling` (the rule a spec chooses: torch.amp.GradScaler's, with its defaults, and a floor), `LossScale`
+(the job's scale now), `ScaledStep` (what one step did to it), where the scale lives (`attach` / `scale_of`: beside
+each layer's optimiser) and its form in a layer's state (`to_state` / `from_state`, under "amp/").
+Must not touch: the step itself (`trainer.runtime.pipeline.train_step` scales, checks and skips), process groups.
+
+Why: float16 holds nothing below 6e-8, so under float16 autocast the small gradients of a backward pass round to
+zero (a V100, which has no bfloat16, trains in float16). The loss is multiplied by the scale before the backward,
+the gradients divided by it before the optimiser; a step whose scaled gradients overflowed anywhere is skipped by
+every rank and the scale backs off, and the scale grows after `growth_interval` good steps.
+
+Why not `torch.amp.GradScaler`: it decides per optimiser and per process, while a pipeline's stages and replicas must
+skip a step together (FSDP's `ShardedGradScaler` agrees with an all-reduce per optimiser: here a collective per
+layer per step; the step's one world all-reduce carries the flag instead), and its state lives in one process,
+while here it must move with the layers through migrations, catch-ups and checkpoints: each layer's state carries
+the job's scale (the same value in every layer), so every path that moves a layer moves it, and a rank that ends
+up with a stale one is refused at its next step (`train_step` checks that every rank holds the same).
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+
+#: A layer state's keys for the loss scale (the value after the step, then the good steps since the last change)
+SCALE_KEY, GOOD_STEPS_KEY, SKIPPED_KEY = "amp/scale", "amp/good_steps", "amp/skipped"
+STATE_KEYS = (SCALE_KEY, GOOD_STEPS_KEY)
+
+
+class LossScaleError(FloatingPointError):
+    """Every step overflows whatever the scale: the gradients are not finite (a NaN or Inf in the model or data)."""
+
+
+@dataclass(frozen=True)
+class LossScale:
+    """The job's loss scale now: its value, and the steps since it last changed without an overflow."""
+
+    value: float
+    good_steps: int = 0
+
+
+@dataclass(frozen=True)
+class ScaledStep:
+    """What a step did to the loss scale: the scale after it, and whether its update was skipped (an overflow)."""
+
+    after: LossScale
+    skipped: bool
+
+
+@dataclass(frozen=True)
+class LossScaling:
+    """How a float16 job scales its loss (`TrainSpec.loss_scaling`; the default for float16 autocast).
+
+    torch.amp.GradScaler's rule and defaults: start at `init_scale`; a step whose gradients hold an Inf or a NaN is
+    skipped and the scale multiplied by `backoff_factor`; after `growth_interval` steps without one it is multiplied
+    by `growth_factor`. `dynamic=False` keeps `init_scale` (a static scale; an overflowing step is still skipped).
+    A step that overflows at or below `min_scale` stops the job (`LossScaleError`): no scale makes its gradients
+    finite, and skipping steps forever would train nothing while looking alive (DeepSpeed's `min_loss_scale` rule).
+    """
+
+    init_scale: float = 2.0**16
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    min_scale: float = 1.0
+    dynamic: bool = True
+
+    def problems(self) -> list[str]:
+        """What is wrong with the rule, as the fix to make (empty: nothing)."""
+        out = []
+        for name in ("init_scale", "min_scale"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                out.append(f"{name} {v!r} must be a positive finite number")
+        if not isinstance(self.growth_factor, (int, float)) or not self.growth_factor > 1:
+            out.append(f"growth_factor {self.growth_factor!r} must be above 1")
+        if not isinstance(self.backoff_factor, (int, float)) or not 0 < self.backoff_factor < 1:
+            out.append(f"backoff_factor {self.backoff_factor!r} must be between 0 and 1")
+        interval = self.growth_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            out.append(f"growth_interval {self.growth_interval!r} must be a whole number of steps, at least 1")
+        if not out and self.min_scale > self.init_scale:
+            out.append(f"min_scale {self.min_scale!r} must not exceed init_scale {self.init_scale!r}")
+        return out
+
+    def start(self) -> LossScale:
+        return LossScale(float(self.init_scale))
+
+    def after(self, now: LossScale, overflow: bool, step: int) -> ScaledStep:
+        """The scale after a step that did (or did not) `overflow`: a pure function, so every rank computes the same
+        one. Raises `LossScaleError` for an overflow at the floor."""
+        if overflow:
+            if now.value <= self.min_scale:
+                raise LossScaleError(
+                    f"the gradients of step {step} overflowed at loss scale {now.value:g}, the floor (min_scale "
+                    f"{self.min_scale:g}): they are not finite whatever the scale — look for a NaN or Inf in the model "
+                    "or the data, or lower the learning rate"
+                )
+            if not self.dynamic:
+                return ScaledStep(LossScale(now.value), skipped=True)
+            return ScaledStep(LossScale(max(now.value * self.backoff_factor, self.min_scale)), skipped=True)
+        if self.dynamic and now.good_steps + 1 >= self.growth_interval:
+            return ScaledStep(LossScale(now.value * self.growth_factor), skipped=False)
+        return ScaledStep(LossScale(now.value, now.good_steps + 1 if self.dynamic else 0), skipped=False)
+
+
+# Where the scale lives: beside each layer's optimiser (the pair every migration path carries), without touching
+# the optimiser's own state or param groups (what a user's code may read).
+_SCALES: weakref.WeakKeyDictionary[torch.optim.Optimizer, LossScale] = weakref.WeakKeyDictionary()
+
+
+def attach(optimizer: torch.optim.Optimizer, scale: LossScale) -> None:
+    _SCALES[optimizer] = scale
+
+
+def scale_of(optimizer: torch.optim.Optimizer) -> LossScale | None:
+    """The loss scale the layer of `optimizer` holds (None: its job does not scale its loss)."""
+    return _SCALES.get(optimizer)
+
+
+def to_state(scale: LossScale) -> dict[str, torch.Tensor]:
+    return {SCALE_KEY: torch.tensor(scale.value, dtype=torch.float64),
+            GOOD_STEPS_KEY: torch.tensor(scale.good_steps, dtype=torch.int64)}  # fmt: skip
+
+
+def step_state(outcome: ScaledStep) -> dict[str, torch.Tensor]:
+    """A step's outcome in a layer's `layer_step`: what a catch-up needs to do what the holder did."""
+    return {**to_state(outcome.after), SKIPPED_KEY: torch.tensor(int(outcome.skipped), dtype=torch.int64)}
+
+
+def from_state(state: Mapping[str, torch.Tensor]) -> LossScale | None:
+    """The loss scale a layer's state (or a step's, `step_state`) carries, or None where it carries none."""
+    if SCALE_KEY not in state:
+        return None
+    if GOOD_STEPS_KEY not in state:
+        raise ValueError(f"a layer state holds {SCALE_KEY} without {GOOD_STEPS_KEY}")
+    return LossScale(float(state[SCALE_KEY]), int(state[GOOD_STEPS_KEY]))
+
+
+def skipped(grads: Mapping[str, torch.Tensor]) -> bool:
+    """Whether the step a `layer_step` describes skipped its update (an overflow)."""
+    return SKIPPED_KEY in grads and bool(int(grads[SKIPPED_KEY]))
