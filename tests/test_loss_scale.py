@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from parcae import LossScaling
 from parcae.cli import app
 from trainer import (
+    JobObserver,
     LossScaleError,
     ModelConfig,
     SpecError,
@@ -141,19 +142,24 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
     model, steps = ModelConfig("_fp16_model:spec", args={"scaling": OFTEN}), 13
     schedule = [*EVERY_MIGRATION, {"step": 10, "kind": "kill", "instances": [3]},
                 {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]}]  # fmt: skip
-    result = run_job(model, TRAIN, 4, (1, 1), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=90)
+    seen: dict[int, tuple[float | None, bool]] = {}  # step -> (scale, skipped), as the driver reports it
+    on_step = lambda self, info: seen.update({info.step: (info.loss_scale, info.skipped)})  # noqa: E731
+    observer = type("Scales", (JobObserver,), {"on_step": on_step})()
+    result = run_job(model, TRAIN, 4, (1, 1), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=90,
+                     observer=observer)  # fmt: skip
     kinds = {r["kind"] for r in result["reconfigurations"]}
     assert kinds == {"intra-stage", "inter-stage", "pipeline", "checkpoint-restart"}, kinds
     ref = context(scaling=OFTEN)
-    skips, losses = [], []
+    want, losses = {}, []
     for step in range(steps):
         losses.append(train_step(ref, step))
-        skips.append(ref.scaled.skipped)
-    assert any(skips) and not all(skips)
+        want[step] = (ref.scaled.after.value, ref.scaled.skipped)
+    assert any(s for _, s in want.values()) and not all(s for _, s in want.values())
+    assert seen == want  # the same steps skipped, on the same scale, under every strategy the job went through
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     held = {loss_scale.from_state(state) for state in final.layers.values()}
-    assert held == {ref.held_scale()}, (held, skips)
+    assert held == {ref.held_scale()}, held
 
 
 def test_resuming_with_another_loss_scaling_is_one_line(tmp_path, _no_orphans):

@@ -137,7 +137,8 @@ class Job:
 
         def step(s: int, attempt: int = 0) -> None:
             nonlocal t
-            info = StepInfo(step=s, loss=loss_of(s, attempt), strategy=strategy, alive=alive, time=t)
+            info = StepInfo(step=s, loss=loss_of(s, attempt), strategy=strategy, alive=alive, time=t,
+                            loss_scale=2.0 ** (10 + s % 3), skipped=s % 5 == 4)  # fmt: skip
             self.steps.append(info)
             obs.on_step(info)
             t += STEP_S
@@ -242,6 +243,8 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert final["mean_samples_per_s"] == 123.0  # the driver's own measure, when the result has it
     assert final["total_pause_s"] == pytest.approx(0.8 + 2.5 + 0.3)
     assert final["total_steps_lost"] == 3
+    assert latest(client, run_id, "loss_scale") == {s: 2.0 ** (10 + s % 3) for s in range(20)}
+    assert final["skipped_steps"] == 4  # steps 4, 9 (twice: recomputed), 14 and 19
     # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
     assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]
 
@@ -578,6 +581,7 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     assert latest(client, obs.run_id, "dp_P") == {s: 1.0 if s < 6 else 2.0 for s in range(12)}
     assert run.data.metrics["final_loss"] == result["loss"][-1]
     assert run.data.metrics["mean_samples_per_s"] == pytest.approx(result["throughput"]["samples_per_s"])
+    assert "loss_scale" not in run.data.metrics and "skipped_steps" not in run.data.metrics  # (no float16)
 
     (rec,) = result["reconfigurations"]
     assert (rec["step"], rec["strategy"]) == (6, [1, 2])

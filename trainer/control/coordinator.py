@@ -784,20 +784,21 @@ class Coordinator:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
         n = self.spec.steps if steps is None else steps
         kept = len(self._losses)
-        return [self._losses[s - self.first_step] if s - self.first_step < kept else float(self.store.get(keys.loss(s)))
+        return [self._losses[s - self.first_step] if s - self.first_step < kept
+                else keys.StepLoss.parse(self.store.get(keys.loss(s))).loss
                 for s in range(self.first_step, n)]  # fmt: skip
 
-    def committed_losses(self, from_step: int) -> list[tuple[int, float]]:
-        """(step, loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
+    def committed_losses(self, from_step: int) -> list[tuple[int, keys.StepLoss]]:
+        """(step, its loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
         observer has not seen. Reads only those keys (two store calls per new step, one more to stop), and keeps
         what it read here instead (`losses`): the keys are deleted, so the store does not grow with the steps."""
         out = []
         s = from_step
         while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
-            out.append((s, float(got)))
+            out.append((s, keys.StepLoss.parse(got)))
             i = s - self.first_step
             if i <= len(self._losses):  # (the next one in order, or one read again: kept here, its key deleted)
-                self._losses[i : i + 1] = array("d", [out[-1][1]])
+                self._losses[i : i + 1] = array("d", [out[-1][1].loss])
                 self.store.delete_key(keys.loss(s))
             s += 1
         return out

@@ -664,11 +664,11 @@ class Driver:
         if self._accepts_handed:
             self._read_handed()
         new = c.committed_losses(self._next_step)
-        for s, loss in new:
+        for s, got in new:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
-            self.observer.on_step(StepInfo(step=s, loss=loss, strategy=(e.D, e.P), alive=self.alive_at(s),
-                                           time=time.time()))  # fmt: skip
+            self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
+                                           time=time.time(), loss_scale=got.scale, skipped=got.skipped))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a

@@ -40,6 +40,8 @@ class StepInfo:
     strategy: tuple[int, int]  # (D, P) of the epoch that trained it
     alive: int  # instances alive (admitted, not preempted or dead) when the driver saw the step
     time: float  # wall-clock time.time() when the driver saw it
+    loss_scale: float | None = None  # float16's loss scale after the step (None: the job scales none)
+    skipped: bool = False  # its update was skipped: its scaled gradients overflowed
 
 
 @dataclass(frozen=True)

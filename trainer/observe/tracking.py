@@ -11,11 +11,11 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              a resume adds resume<n>.from_step and resume<n>.<key> for each start value that changed
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from
-             the third step interval on: `trainer.observe.timeline.StepTimeline`);
+             the third step interval on: `trainer.observe.timeline.StepTimeline`), loss_scale (a float16 job's);
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
              reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
-             total_steps_lost, total_bytes_moved; resumes,
+             total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows); resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
   tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
@@ -283,6 +283,7 @@ class MlflowJobObserver(JobObserver):
         self._timeline = StepTimeline(throughput_window)  # step -> (alive, D*P, samples/s), for the figure
         self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
         self._last: tuple[int, float, float] | None = None  # (step, loss, time) of the latest step seen
+        self._skipped: set[int] | None = None  # the steps skipped for an overflow (a job that scales its loss)
         # the logging thread's own state
         self._run_ready = False
         self._plan_exp: str | None = None
@@ -314,6 +315,10 @@ class MlflowJobObserver(JobObserver):
             ]
             if sps is not None:
                 points.append(("samples_per_s", sps, ts, step.step))
+            if step.loss_scale is not None:  # float16: the scale after the step, and the steps it skipped
+                points.append(("loss_scale", float(step.loss_scale), ts, step.step))
+                self._skipped = self._skipped or set()
+                (self._skipped.add if step.skipped else self._skipped.discard)(step.step)  # (a step recomputed)
             self._sender.add(points)
             if self._first is None:
                 self._first = (step.step, step.time)
@@ -570,6 +575,7 @@ class MlflowJobObserver(JobObserver):
         status, result, error = final
         with self._sender.lock:
             records, timeline, last, first = list(self._records), dict(self._timeline.steps), self._last, self._first
+            skipped = None if self._skipped is None else len(self._skipped)
             checkpoints = list(self._timeline.checkpoints)
             gb = self._global_batch
         try:
@@ -597,6 +603,8 @@ class MlflowJobObserver(JobObserver):
                 metrics["mean_samples_per_s"] = gb * (len(timeline) - 1) / (last[2] - first[1])
             if number((result or {}).get("wall_s")) is not None:
                 metrics["wall_s"] = float(result["wall_s"])
+            if skipped is not None:
+                metrics["skipped_steps"] = float(skipped)
             # at step 0: MLflow charts a metric with one value at step 0 as a bar (a summary), and one at a later
             # step as a lone dot on the step axis (the "noise" charts)
             client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])

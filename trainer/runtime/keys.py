@@ -67,9 +67,10 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
   ckpt/restore/{n}         the checkpoint a restoring epoch n loads: JSON {shard file: [its layers]}, set before
                            the epoch is published (a worker loads the shards of its layers, fetching from the URI
                            those its disk does not hold)
-  loss/{s}                 the loss of step s, written by the last stage's replica 0; a checkpoint-restart deletes
-                           those of the steps it recomputes before publishing its epoch (so a key present after it
-                           holds the recomputed value)
+  loss/{s}                 the loss of step s, written by the last stage's replica 0 (`StepLoss`: with the loss
+                           scale after it, and whether it was skipped, where the job scales its loss); a
+                           checkpoint-restart deletes those of the steps it recomputes before publishing its epoch
+                           (so a key present after it holds the recomputed value)
   plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
                            (`trainer.control.planning.HandedPlanner`); absent otherwise
   plan/seq, plan/handed/{i}
@@ -91,6 +92,7 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 # What only the driver writes: the job, its epochs, the orders to leave, restart, stop, the agents' orders. A token
 # holder (a worker) cannot forge these: the driver signs them (Ed25519) inside the sealed value
@@ -261,6 +263,25 @@ def ckpt_restore(n: int) -> str:
 
 def loss(s: int) -> str:
     return f"loss/{s}"
+
+
+class StepLoss(NamedTuple):
+    """A committed step's `loss` value: its loss and, where the job scales its loss (float16), the scale after it
+    and whether its update was skipped for an overflow."""
+
+    loss: float
+    scale: float | None = None
+    skipped: bool = False
+
+    def value(self) -> str:
+        return repr(self.loss) if self.scale is None else f"{self.loss!r} {self.scale!r} {int(self.skipped)}"
+
+    @classmethod
+    def parse(cls, raw: bytes | str) -> StepLoss:
+        parts = (raw.decode() if isinstance(raw, bytes) else raw).split()
+        if len(parts) == 1:
+            return cls(float(parts[0]))
+        return cls(float(parts[0]), float(parts[1]), parts[2] == "1")
 
 
 # -- plans handed in from outside (`trainer.control.planning.hand_plan`) -----------------------------------------------

@@ -577,7 +577,9 @@ class Worker:
                         raise Diverged(f"the loss of step {step} is {loss!r}: training diverged; no checkpoint of "
                                        "it is written (the last good one stays the newest); lower the learning "
                                        "rate or resume from an earlier checkpoint")  # fmt: skip
-                    self.store.set(keys.loss(step), repr(loss))
+                    scaled = ctx.scaled  # (float16: the loss scale after the step, and whether it was skipped)
+                    reported = keys.StepLoss(loss, *((scaled.after.value, scaled.skipped) if scaled else ()))
+                    self.store.set(keys.loss(step), reported.value())
                 self.step += 1
                 every = job.checkpoint_every
                 if every and self.step % every == 0 and self.step < job.steps:
