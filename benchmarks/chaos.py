@@ -10,18 +10,22 @@ until `chaos_schedule` can place every event (it raises a ValueError when the st
 
 The model is tiny-gpt in float64, as in the equivalence tests (tests/test_trainer_faults.py): a reconfiguration
 changes D, and so the order in which gradients are summed; float64 keeps those differences at ~1e-12 where float32
-Adam would amplify them. The reference is one uninterrupted process training the same seed for the same steps
+Adam would amplify them. `--model module:function` (with `--model-args`) puts a user's spec through the same chaos
+(e.g. `tests/_fp16_model.py`, whose float16 loss scale must move with its layers through every event).
+The reference is one uninterrupted process training the same seed for the same steps
 (`trainer.runtime.pipeline.train_step` on a 1 x 1 context, one torch thread as the workers). Reported: whether the job's
 `final_checksum` (sha256 of every parameter) equals the reference's — bit-exact equality only holds if every step
 summed in the same order — and the largest relative difference of parameters and of the loss curve, with the
 verdict of the tests' tolerance (rtol 1e-5, atol 1e-9).
 
 Printed: events by kind, reconfigurations by kind ("(kill)": without notice), the median and p90 pause of each
-(the coordinator's `pause_s`), steps lost (recomputed after a checkpoint-restart), the equivalence, and wall time.
+(the coordinator's `pause_s`), steps lost (recomputed after a checkpoint-restart), the equivalence (for a spec that
+scales its loss, also whether every step's scale and skip equal the uninterrupted run's), and wall time.
 Workers start with "forkserver" by default (a warm pool, as the chaos tests: ~0.1 s instead of ~2.5 s of CPU per
 added or restarted process); `--start-method spawn` makes every start cold.
 
     python benchmarks/chaos.py [--events 200] [--workers 4] [--seed 0] [--steps N] [--json OUT.json]
+                               [--model MODULE:FUNCTION] [--model-args JSON]
 """
 
 from __future__ import annotations
@@ -48,13 +52,16 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     CheckpointConfig,
     ControlPlaneConfig,
     JobConfig,
+    JobObserver,
     ModelConfig,
     ProviderConfig,
     Schedule,  # noqa: E402
     StageLayout,
+    StepInfo,
     TrainConfig,
     build_context,
     chaos_schedule,  # noqa: E402
+    check_job,
     checkpoint,  # noqa: E402
     layer_names,  # noqa: E402
     model_config,
@@ -81,19 +88,35 @@ def place(workers: int, n_events: int, seed: int, steps: int | None, max_workers
     raise SystemExit(f"could not place {n_events} events in up to {s} steps; give --steps")
 
 
-def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[float], dict[str, Any]]:
-    """One uninterrupted process, one torch thread: its loss curve and final layer states."""
+def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[float], dict[str, Any], list[Any]]:
+    """One uninterrupted process, one torch thread: its loss curve, final layer states and, for a spec that scales
+    its loss (float16), each step's (scale after it, skipped)."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         ctx = build_context(model, train, StageLayout.even(1, 1, model))
-        return [train_step(ctx, s) for s in range(steps)], ctx.layer_states()
+        losses, scales = [], []
+        for s in range(steps):
+            losses.append(train_step(ctx, s))
+            scales.append(None if ctx.scaled is None else (ctx.scaled.after.value, ctx.scaled.skipped))
+        return losses, ctx.layer_states(), scales
     finally:
         torch.set_num_threads(old)
 
 
-def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, steps: int) -> dict[str, Any]:
-    ref_loss, ref_layers = reference(model, train, steps)
+class Scales(JobObserver):
+    """Each step's loss scale and skip, as the driver reports it (a float16 job's)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, Any] = {}
+
+    def on_step(self, step: StepInfo) -> None:
+        self.seen[step.step] = None if step.loss_scale is None else (step.loss_scale, step.skipped)
+
+
+def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, steps: int,
+            seen: dict[int, Any]) -> dict[str, Any]:  # fmt: skip
+    ref_loss, ref_layers, ref_scales = reference(model, train, steps)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     worst, close = 0.0, True
     for name, want in ref_layers.items():
@@ -112,6 +135,10 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
         "params_max_rel_diff": worst,
         "loss_max_rel_diff": loss_diff,
         "within_tolerance": close and loss_diff <= RTOL,
+        # float16: the steps whose loss scale or skip differ from the uninterrupted run's, and the steps it skipped
+        "scale_differs_at": [s for s in range(steps) if seen.get(s) != ref_scales[s]],
+        "skipped_steps": sum(1 for x in ref_scales if x is not None and x[1]),
+        "scaled": ref_scales[0] is not None,
     }
 
 
@@ -134,6 +161,7 @@ def report(a: argparse.Namespace, sched: Schedule, steps: int, result: dict[str,
            wall: float) -> dict[str, Any]:  # fmt: skip
     recs = result["reconfigurations"]
     return {
+        "model": a.model or "tiny-gpt float64", "model_args": json.loads(a.model_args),
         "events": a.events, "workers": a.workers, "seed": a.seed, "steps": steps, "max_workers": a.max_workers,
         "start_method": a.start_method, "initial_strategy": list(sched.strategy),
         "events_by_kind": dict(sorted(sched.counts().items())),
@@ -153,7 +181,8 @@ def report(a: argparse.Namespace, sched: Schedule, steps: int, result: dict[str,
 
 
 def print_report(r: dict[str, Any]) -> None:
-    print(f"chaos job: tiny-gpt float64, {r['events']} events (seed {r['seed']}) over {r['steps']} steps, "
+    args = f" {json.dumps(r['model_args'])}" if r["model_args"] else ""
+    print(f"chaos job: {r['model']}{args}, {r['events']} events (seed {r['seed']}) over {r['steps']} steps, "
           f"{r['workers']} initial workers on {r['initial_strategy'][0]}x{r['initial_strategy'][1]}, at most "
           f"{r['max_workers']} alive, {r['processes']} worker processes ({r['start_method']})")  # fmt: skip
     print(f"wall time: {r['wall_s']:.1f} s in all: placing the schedule {r['schedule_s']:.1f} s, the job "
@@ -175,6 +204,10 @@ def print_report(r: dict[str, Any]) -> None:
           f"{'equal' if eq['checksum_equal'] else 'not bit-identical'}; parameters max rel diff "
           f"{eq['params_max_rel_diff']:.1e}, loss max rel diff {eq['loss_max_rel_diff']:.1e} -> "
           f"{'same run' if eq['within_tolerance'] else 'DIFFERENT run'} (rtol {RTOL:g}, atol {ATOL:g})")  # fmt: skip
+    if eq["scaled"]:
+        differs = eq["scale_differs_at"]
+        same = "every step as the uninterrupted run" if not differs else f"differs at steps {differs[:8]}"
+        print(f"loss scale: {same} ({eq['skipped_steps']} steps skipped for an overflow)")
     thr = r["throughput"]
     print(f"exit codes {r['exit_codes']}; {thr['steps_per_s']:.2f} steps/s overall")
 
@@ -191,17 +224,25 @@ def main(argv: list[str] | None = None) -> int:
                     help="how worker processes start (default forkserver: warm; spawn: cold)")  # fmt: skip
     ap.add_argument("--timeout", type=float, default=3600.0, help="job timeout in seconds (default 3600)")
     ap.add_argument("--json", metavar="OUT", help="write the summary and every reconfiguration record here")
+    ap.add_argument("--model", help="a spec (module:function) instead of tiny-gpt in float64")
+    ap.add_argument("--model-args", default="{}", metavar="JSON", help="the spec function's keyword arguments")
     a = ap.parse_args(argv)
     if a.events < 1 or a.workers < 1 or a.max_workers < a.workers:
         ap.error("need --events >= 1, --workers >= 1 and --max-workers >= --workers")
-    model = model_config("tiny-gpt", dtype="float64", seed=a.seed)
+    if a.model is None:
+        model = model_config("tiny-gpt", dtype="float64", seed=a.seed)
+        rows = TrainConfig().global_batch
+    else:
+        model = model_config(a.model, seed=a.seed, **json.loads(a.model_args))
+        spec_job = check_job(JobConfig(out_dir=".", model=model), batch_given=False)  # the spec's own rows per step
+        rows = spec_job.train.global_batch
     t0 = time.monotonic()
     try:
-        probe = TrainConfig(seed=a.seed)
+        probe = TrainConfig(seed=a.seed, global_batch=rows)
         sched, steps = place(a.workers, a.events, a.seed, a.steps, a.max_workers, model, probe)
     except ValueError as e:
         ap.error(str(e))
-    train = TrainConfig(seed=a.seed, steps=steps)
+    train = TrainConfig(seed=a.seed, steps=steps, global_batch=rows)
     place_s = time.monotonic() - t0
     print(f"placed {a.events} events in {steps} steps ({place_s:.1f} s); running the job ...", file=sys.stderr,
           flush=True)  # fmt: skip
@@ -210,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                         checkpoint=CheckpointConfig(every=a.checkpoint_every),
                         control=ControlPlaneConfig(timeout_s=a.timeout),
                         provider=ProviderConfig(start_method=a.start_method))  # fmt: skip
-        result = run_job(job, sched)
-        eq = compare(result, model, train, steps)
+        scales = Scales()
+        result = run_job(job, sched, observer=scales)
+        eq = compare(result, model, train, steps, scales.seen)
         wall = time.monotonic() - t0
     r = report(a, sched, steps, result, eq, wall)
     r["schedule_s"], r["job_wall_s"] = place_s, result["wall_s"]

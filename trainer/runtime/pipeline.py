@@ -18,9 +18,10 @@ Design choices
   groups with arbitrary layer ranges while the global batch stays fixed (uneven replica shards included);
   `PipelineStage` and its schedules assume a static world, a fixed number of micro-batches of one shape and
   scale gradients by 1/n_microbatches. A dozen lines of p2p keep the step readable and under our control.
-* **Loss scaling**: the last stage computes sum of token cross-entropies / (global_batch * block_size) per
-  micro-batch, so gradients summed over micro-batches and over replicas (all-reduce SUM in each stage's
-  data-parallel group) are exactly the gradient of the mean loss over the global batch, whatever D, P or the split.
+* **Loss normalisation**: the last stage divides each micro-batch's summed loss by the global batch, so gradients
+  summed over micro-batches and over replicas (all-reduce SUM in each stage's data-parallel group) are exactly the
+  gradient of the mean loss over the global batch, whatever D, P or the split. (float16's loss *scale*, a factor
+  undone after the reduction, is `trainer.runtime.loss_scale`'s.)
 * **One AdamW per layer**: a layer's parameters and optimiser state are extracted and installed together
   (`layer_state`), which is mathematically identical to one AdamW over all parameters (Adam is element-wise).
 * **Process groups: standalone gloo groups per epoch**, `ProcessGroupGloo` objects built on
