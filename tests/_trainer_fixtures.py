@@ -56,6 +56,16 @@ def started(step: int, workers: Iterable[int]) -> Condition:
     return lambda st: any(int(st.get_if(keys.step_at(w)) or -1) >= step for w in ids)
 
 
+class StepScales(JobObserver):
+    """Each step's loss scale after it and whether it was skipped, as the driver reports it (a float16 job's)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, tuple[float | None, bool]] = {}
+
+    def on_step(self, step: Any) -> None:
+        self.seen[step.step] = (step.loss_scale, step.skipped)
+
+
 class Cloud(JobObserver):
     """Runs `script` — (condition, action) pairs, in order — on a thread with its own store client, from the job's
     start; `done` lists the actions taken."""

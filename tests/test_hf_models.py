@@ -6,9 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 from _jobs import run_job
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from _trainer_fixtures import StepScales, _no_orphans, _one_thread  # noqa: F401  (fixtures)
 
-from trainer import ModelConfig, StageLayout, TrainConfig, build_context, check_spec, checkpoint, load_spec, train_step
+from trainer import (
+    ModelConfig,
+    StageLayout,
+    TrainConfig,
+    build_context,
+    check_spec,
+    checkpoint,
+    load_spec,
+    train_step,
+)
 
 transformers = pytest.importorskip("transformers")
 
@@ -31,6 +40,25 @@ def test_a_llama_shaped_spec_trains_the_same_run_under_migrations(tmp_path, _no_
     for name, state in ref.layer_states().items():
         for key in (k for k in state if k.startswith("param/")):
             assert torch.allclose(final.layers[name][key], state[key], rtol=1e-3, atol=1e-5), f"{name} {key}"
+
+
+def test_a_llama_shaped_spec_trains_under_float16_autocast_with_its_loss_scale(tmp_path, _no_orphans):
+    """As on a V100: the layers under float16 autocast, the loss scaled (the default for float16), through pipeline
+    migrations; close to float32, and the scale the same at every step as one process's."""
+    model, train, steps = ModelConfig("tiny-llama", {"autocast": "float16"}), TrainConfig(global_batch=8), 6
+    ref = build_context(model, train, StageLayout.even(1, 1, model))
+    losses, scales = [], []
+    for s in range(steps):
+        losses.append(train_step(ref, s))
+        scales.append((ref.scaled.after.value, ref.scaled.skipped))
+    full = build_context(ModelConfig("tiny-llama"), train, StageLayout.even(1, 1, model))
+    assert losses == pytest.approx([train_step(full, s) for s in range(steps)], rel=2e-2)
+    observer = StepScales()
+    schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]}, {"step": 4, "kind": "plan", "strategy": [1, 2]}]
+    result = run_job(model, train, 3, (1, 2), steps, schedule, tmp_path / "job", timeout_s=120, observer=observer)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "pipeline"]
+    assert [observer.seen[s] for s in range(steps)] == scales
+    assert result["loss"] == pytest.approx(losses, rel=1e-4)
 
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])

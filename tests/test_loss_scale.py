@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 from _jobs import EVERY_MIGRATION, run_job
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from _trainer_fixtures import StepScales, _no_orphans, _one_thread  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from parcae import LossScaling
 from parcae.cli import app
 from trainer import (
-    JobObserver,
     LossScaleError,
     ModelConfig,
     SpecError,
@@ -142,9 +141,7 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
     model, steps = ModelConfig("_fp16_model:spec", args={"scaling": OFTEN}), 13
     schedule = [*EVERY_MIGRATION, {"step": 10, "kind": "kill", "instances": [3]},
                 {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]}]  # fmt: skip
-    seen: dict[int, tuple[float | None, bool]] = {}  # step -> (scale, skipped), as the driver reports it
-    on_step = lambda self, info: seen.update({info.step: (info.loss_scale, info.skipped)})  # noqa: E731
-    observer = type("Scales", (JobObserver,), {"on_step": on_step})()
+    observer = StepScales()  # step -> (scale, skipped), as the driver reports it
     result = run_job(model, TRAIN, 4, (1, 1), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=90,
                      observer=observer)  # fmt: skip
     kinds = {r["kind"] for r in result["reconfigurations"]}
@@ -155,7 +152,7 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
         losses.append(train_step(ref, step))
         want[step] = (ref.scaled.after.value, ref.scaled.skipped)
     assert any(s for _, s in want.values()) and not all(s for _, s in want.values())
-    assert seen == want  # the same steps skipped, on the same scale, under every strategy the job went through
+    assert observer.seen == want  # the same steps skipped, on the same scale, under every strategy the job went through
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     held = {loss_scale.from_state(state) for state in final.layers.values()}

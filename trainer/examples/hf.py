@@ -191,11 +191,12 @@ def _read_weights(weights: str) -> dict[str, torch.Tensor]:
 
 def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = None, token_dtype: str = "uint16",
          block_size: int = 32, weights: str | None = None, lr: float = 3e-4, dtype: str = "float32",
-         data_seed: int = 0, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
+         data_seed: int = 0, autocast: str | None = None, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
     """A decoder from `config` (a dict with "model_type", or a local folder; default `TINY_LLAMA`), trained on
     next-token windows of `block_size` from a `tokens` file (default: the bundled character corpus),
     `train.global_batch` windows per step, AdamW at `lr`; `weights` starts from a local safetensors checkpoint
-    instead of random weights."""
+    instead of random weights; `autocast` "bfloat16" or "float16" (a V100's: the loss is then scaled) runs the
+    layers under torch.autocast."""
     cfg = load_config(TINY_LLAMA if config is None else config)
     family, dt, n = cfg.model_type, getattr(torch, dtype), cfg.num_hidden_layers
     std = float(getattr(cfg, "initializer_range", 0.02))
@@ -236,6 +237,7 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
         batch=StepSampler(windows, train.global_batch, seed=data_seed),
         loss=loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, betas=train.betas, weight_decay=train.weight_decay),
+        autocast=autocast,
     )
 
 
