@@ -68,7 +68,7 @@ def test_an_overflowing_step_is_skipped_and_the_scale_backs_off_then_grows():
         unchanged = all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))
         assert unchanged == out.skipped, step  # a skipped step changes no parameter; an applied one does
         if out.skipped:
-            assert out.after == loss_scale.LossScale(scale.value / 2), step
+            assert out.after == loss_scale.LossScale(scale.value / 2, 0, scale.overflows + 1), step
         elif scale.good_steps == 1:  # the second good step in a row: the scale grows
             assert out.after == loss_scale.LossScale(scale.value * 2), step
         else:
@@ -81,7 +81,13 @@ def test_an_overflowing_step_is_skipped_and_the_scale_backs_off_then_grows():
 def test_a_static_scale_stays_and_still_skips_an_overflowing_step():
     ctx = context(scaling={"init_scale": 2.0**24, "dynamic": False})
     train_step(ctx, 0)
-    assert ctx.scaled == loss_scale.ScaledStep(loss_scale.LossScale(2.0**24), skipped=True)
+    assert ctx.scaled == loss_scale.ScaledStep(loss_scale.LossScale(2.0**24, 0, 1), skipped=True)
+    rule = LossScaling(init_scale=8.0, dynamic=False)
+    now = loss_scale.LossScale(8.0, 0, loss_scale.STATIC_OVERFLOWS - 2)
+    assert rule.after(now, False, 5) == loss_scale.ScaledStep(loss_scale.LossScale(8.0), skipped=False)  # reset
+    now = rule.after(now, True, 5).after
+    with pytest.raises(LossScaleError, match=r"step 6 overflowed at the static loss scale 8, 16 steps in a row"):
+        rule.after(now, True, 6)
 
 
 def test_gradients_that_are_nan_whatever_the_scale_stop_at_the_floor():
@@ -108,7 +114,7 @@ def test_a_layer_state_carries_the_scale_and_a_state_of_another_job_is_refused()
     scaled_opt, plain_opt = make_optimizer(layer, spec), make_optimizer(layer, plain)
     loss_scale.attach(scaled_opt, loss_scale.LossScale(512.0, 3))
     state = layer_state(layer, scaled_opt)
-    assert float(state["amp/scale"]) == 512.0 and int(state["amp/good_steps"]) == 3
+    assert float(state["amp/scale"]) == 512.0 and int(state["amp/good_steps"]) == 3 and int(state["amp/overflows"]) == 0
     other = make_optimizer(layer, spec)
     load_layer_state(layer, other, state)
     assert loss_scale.scale_of(other) == loss_scale.LossScale(512.0, 3)

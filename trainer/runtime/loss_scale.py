@@ -27,9 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-#: A layer state's keys for the loss scale (the value after the step, then the good steps since the last change)
-SCALE_KEY, GOOD_STEPS_KEY, SKIPPED_KEY = "amp/scale", "amp/good_steps", "amp/skipped"
-STATE_KEYS = (SCALE_KEY, GOOD_STEPS_KEY)
+#: A layer state's keys for the loss scale: its value, the good steps since it last changed, the overflowing steps in
+#: a row (and, in a step's outcome, whether the step was skipped)
+SCALE_KEY, GOOD_STEPS_KEY, OVERFLOWS_KEY, SKIPPED_KEY = "amp/scale", "amp/good_steps", "amp/overflows", "amp/skipped"
+STATE_KEYS = (SCALE_KEY, GOOD_STEPS_KEY, OVERFLOWS_KEY)
+#: A static scale's overflowing steps in a row that stop the job: as many as the default dynamic rule takes from its
+#: start (2**16) to its floor (1)
+STATIC_OVERFLOWS = 16
 
 
 class LossScaleError(FloatingPointError):
@@ -38,10 +42,12 @@ class LossScaleError(FloatingPointError):
 
 @dataclass(frozen=True)
 class LossScale:
-    """The job's loss scale now: its value, and the steps since it last changed without an overflow."""
+    """The job's loss scale now: its value, the steps since it last changed without an overflow, and the steps in a
+    row that overflowed."""
 
     value: float
     good_steps: int = 0
+    overflows: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,7 +66,8 @@ class LossScaling:
     skipped and the scale multiplied by `backoff_factor`; after `growth_interval` steps without one it is multiplied
     by `growth_factor`. `dynamic=False` keeps `init_scale` (a static scale; an overflowing step is still skipped).
     A step that overflows at or below `min_scale` stops the job (`LossScaleError`): no scale makes its gradients
-    finite, and skipping steps forever would train nothing while looking alive (DeepSpeed's `min_loss_scale` rule).
+    finite, and skipping steps forever would train nothing while looking alive (DeepSpeed's `min_loss_scale` rule);
+    a static scale stops it at `STATIC_OVERFLOWS` overflowing steps in a row.
     """
 
     init_scale: float = 2.0**16
@@ -94,16 +101,19 @@ class LossScaling:
     def after(self, now: LossScale, overflow: bool, step: int) -> ScaledStep:
         """The scale after a step that did (or did not) `overflow`: a pure function, so every rank computes the same
         one. Raises `LossScaleError` for an overflow at the floor."""
+        fix = "look for a NaN or Inf in the model or the data, or lower the learning rate"
         if overflow:
-            if now.value <= self.min_scale:
+            n = now.overflows + 1
+            if self.dynamic and now.value <= self.min_scale:
                 raise LossScaleError(
-                    f"the gradients of step {step} overflowed at loss scale {now.value:g}, the floor (min_scale "
-                    f"{self.min_scale:g}): they are not finite whatever the scale — look for a NaN or Inf in the model "
-                    "or the data, or lower the learning rate"
+                    f"the gradients of step {step} overflowed at loss scale {now.value:g}, the floor "
+                    f"(min_scale {self.min_scale:g}): they are not finite whatever the scale — {fix}"
                 )
-            if not self.dynamic:
-                return ScaledStep(LossScale(now.value), skipped=True)
-            return ScaledStep(LossScale(max(now.value * self.backoff_factor, self.min_scale)), skipped=True)
+            if not self.dynamic and n >= STATIC_OVERFLOWS:
+                raise LossScaleError(f"the gradients of step {step} overflowed at the static loss scale {now.value:g}, "
+                                     f"{n} steps in a row: {fix}, or lower the scale")  # fmt: skip
+            value = max(now.value * self.backoff_factor, self.min_scale) if self.dynamic else now.value
+            return ScaledStep(LossScale(value, 0, n), skipped=True)
         if self.dynamic and now.good_steps + 1 >= self.growth_interval:
             return ScaledStep(LossScale(now.value * self.growth_factor), skipped=False)
         return ScaledStep(LossScale(now.value, now.good_steps + 1 if self.dynamic else 0), skipped=False)
@@ -125,7 +135,8 @@ def scale_of(optimizer: torch.optim.Optimizer) -> LossScale | None:
 
 def to_state(scale: LossScale) -> dict[str, torch.Tensor]:
     return {SCALE_KEY: torch.tensor(scale.value, dtype=torch.float64),
-            GOOD_STEPS_KEY: torch.tensor(scale.good_steps, dtype=torch.int64)}  # fmt: skip
+            GOOD_STEPS_KEY: torch.tensor(scale.good_steps, dtype=torch.int64),
+            OVERFLOWS_KEY: torch.tensor(scale.overflows, dtype=torch.int64)}  # fmt: skip
 
 
 def step_state(outcome: ScaledStep) -> dict[str, torch.Tensor]:
@@ -137,9 +148,10 @@ def from_state(state: Mapping[str, torch.Tensor]) -> LossScale | None:
     """The loss scale a layer's state (or a step's, `step_state`) carries, or None where it carries none."""
     if SCALE_KEY not in state:
         return None
-    if GOOD_STEPS_KEY not in state:
-        raise ValueError(f"a layer state holds {SCALE_KEY} without {GOOD_STEPS_KEY}")
-    return LossScale(float(state[SCALE_KEY]), int(state[GOOD_STEPS_KEY]))
+    lacking = [k for k in STATE_KEYS if k not in state]
+    if lacking:
+        raise ValueError(f"a layer state holds {SCALE_KEY} without {', '.join(lacking)}")
+    return LossScale(float(state[SCALE_KEY]), int(state[GOOD_STEPS_KEY]), int(state[OVERFLOWS_KEY]))
 
 
 def skipped(grads: Mapping[str, torch.Tensor]) -> bool:
