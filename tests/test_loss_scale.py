@@ -158,6 +158,8 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
         losses.append(train_step(ref, step))
         want[step] = (ref.scaled.after.value, ref.scaled.skipped)
     assert any(s for _, s in want.values()) and not all(s for _, s in want.values())
+    assert result["loss_scale"] == {"final": ref.held_scale().value,
+                                    "skipped_steps": [s for s, (_, skip) in want.items() if skip]}  # fmt: skip
     assert observer.seen == want  # the same steps skipped, on the same scale, under every strategy the job went through
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
@@ -167,16 +169,18 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
 
 def test_resuming_with_another_loss_scaling_is_one_line(tmp_path, _no_orphans):
     """A spec edited between a job and its resume (the fingerprint sees layers, not the loss scaling): the
-    checkpoint holds no scale for a spec that now scales, and the job says which setting to give back."""
+    checkpoint holds a scale for a spec that no longer scales, and the job says which setting to give back."""
     mine = tmp_path / "mine.py"
     source = (f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\nfrom _fp16_model import spec as base\n"
               "def spec():\n    return base(scaling={scaling})\n")  # fmt: skip
-    mine.write_text(source.format(scaling="None"))
+    mine.write_text(source.format(scaling=OFTEN))
     args = ["train", "--model", f"{mine}:spec", "--workers", "2", "--checkpoint-every", "2", "--out-dir",
             str(tmp_path / "run")]  # fmt: skip
-    assert CliRunner().invoke(app, [*args, "--steps", "3"]).exit_code == 0
-    mine.write_text(source.format(scaling='"auto"'))
+    first = CliRunner().invoke(app, [*args, "--steps", "3"])
+    assert first.exit_code == 0, first.output
+    assert "loss scale 2.09715e+06 at the end; 3 of 3 steps skipped for an overflow" in first.output  # 2**24 / 8
+    mine.write_text(source.format(scaling="None"))
     res = CliRunner().invoke(app, [*args, "--steps", "5", "--resume"])
     assert res.exit_code == 1, res.output
-    assert "the checkpoint of step 3 holds no loss scale, and the spec scales its loss" in res.output, res.output
+    assert "the checkpoint of step 3 holds a loss scale, and the spec does not scale its loss" in res.output
     assert "give the spec the `loss_scaling` it was trained with" in res.output and "Traceback" not in res.output

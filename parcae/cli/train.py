@@ -420,6 +420,10 @@ def train_cmd(
         f"checksum {report['final_checksum'][:16]}",
         soft_wrap=True,  # one line, whatever the width: scripts grep it
     )
+    if "loss_scale" in report:  # float16: the steps it skipped (many: a scale or a learning rate to look at)
+        scaled = report["loss_scale"]
+        out.print(f"loss scale {scaled['final']:g} at the end; {len(scaled['skipped_steps'])} of {len(loss)} steps "
+                  "skipped for an overflow", soft_wrap=True)  # fmt: skip
     table = Table(box=None)
     for col in ("step", "kind", "trigger", "strategy", "pause s", "MB moved", "steps lost"):
         table.add_column(col, justify="right" if col not in ("kind",) else "left")

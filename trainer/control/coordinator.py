@@ -136,6 +136,7 @@ class Coordinator:
         # the committed steps' losses read from the store (whose keys are then deleted: one per step), and the
         # boundary keys deleted below the steps every member has started (`forget_passed`)
         self._losses = array("d")  # from `first_step` on, in step order (8 bytes a step)
+        self._skipped: set[int] = set()  # the steps a float16 job skipped for an overflow (`skipped_steps`)
         self._forgotten = 0
         self._preparations = 0  # preparations published (`prepare`)
         self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
@@ -766,6 +767,7 @@ class Coordinator:
         for s in range(max(restore_step, self.first_step + len(self._losses)), furthest + 1):
             self.store.delete_key(keys.loss(s))
         del self._losses[max(0, restore_step - self.first_step) :]
+        self._skipped = {s for s in self._skipped if s < restore_step}
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
@@ -785,8 +787,17 @@ class Coordinator:
         n = self.spec.steps if steps is None else steps
         kept = len(self._losses)
         return [self._losses[s - self.first_step] if s - self.first_step < kept
-                else keys.StepLoss.parse(self.store.get(keys.loss(s))).loss
+                else self._seen(s, keys.StepLoss.parse(self.store.get(keys.loss(s)))).loss
                 for s in range(self.first_step, n)]  # fmt: skip
+
+    def _seen(self, step: int, got: keys.StepLoss) -> keys.StepLoss:
+        (self._skipped.add if got.skipped else self._skipped.discard)(step)
+        return got
+
+    def skipped_steps(self) -> list[int]:
+        """The steps whose update was skipped for an overflow (a float16 job's), as far as their losses were read
+        (`committed_losses`, `losses`)."""
+        return sorted(self._skipped)
 
     def committed_losses(self, from_step: int) -> list[tuple[int, keys.StepLoss]]:
         """(step, its loss) of the committed steps from `from_step` on, up to the first one not committed yet: what an
@@ -795,7 +806,7 @@ class Coordinator:
         out = []
         s = from_step
         while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
-            out.append((s, keys.StepLoss.parse(got)))
+            out.append((s, self._seen(s, keys.StepLoss.parse(got))))
             i = s - self.first_step
             if i <= len(self._losses):  # (the next one in order, or one read again: kept here, its key deleted)
                 self._losses[i : i + 1] = array("d", [out[-1][1].loss])

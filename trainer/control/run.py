@@ -40,7 +40,7 @@ from trainer.providers import provider as find_provider
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
-from trainer.runtime import checkpoint, keys
+from trainer.runtime import checkpoint, keys, loss_scale
 from trainer.runtime.checkpoint_mirror import (
     FINAL,
     CheckpointMirror,
@@ -245,6 +245,7 @@ def run_job(
             "epochs": coord.epoch_spans(),
             "plans": [plan_info_dict(p) for p in driver.plans],
             "final_checksum": parameters_checksum(final.layers, layer_names(model)),
+            **loss_scale_report(final.layers, coord.skipped_steps()),
             "layers": str(layers_dir),
             "replicas": {w: json.loads(coord.store.get(keys.replica_final(w))) for w in coord.in_force.members},
             "latest_checkpoint": coord.latest_checkpoint(),
@@ -460,6 +461,15 @@ def _write_job_file(out: Path, config: JobConfig) -> None:
     os.replace(tmp, path)
 
 
+def loss_scale_report(layers: Mapping[str, Mapping[str, Any]], skipped: list[int]) -> dict[str, Any]:
+    """`{"loss_scale": {"final": the scale the final layers hold, "skipped_steps": [...]}}` for a job that scales its
+    loss (float16), else nothing."""
+    final = {scale.value for state in layers.values() if (scale := loss_scale.from_state(state)) is not None}
+    if len(final) > 1:  # (every rank checks the scales agree at every step: a bug if they do not here)
+        raise RuntimeError(f"the final layers hold different loss scales: {sorted(final)}")
+    return {"loss_scale": {"final": final.pop(), "skipped_steps": skipped}} if final else {}
+
+
 def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
     """The JSON a CLI writes: the loss per step (from `first_step`: a resumed job's first), throughput, each
     reconfiguration (kind, trigger, pause_s, bytes_moved, steps_lost, ...), each live plan, the resume point and the
@@ -479,4 +489,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         **({"fleet": [dict(r) for r in result["fleet"]]} if "fleet" in result else {}),
         **({"fleet_history": dict(result["fleet_history"])} if "fleet_history" in result else {}),
         **({"checkpoint_uri": dict(result["checkpoint_uri"])} if "checkpoint_uri" in result else {}),
+        **({"loss_scale": dict(result["loss_scale"])} if "loss_scale" in result else {}),
     }
