@@ -184,3 +184,12 @@ def test_resuming_with_another_loss_scaling_is_one_line(tmp_path, _no_orphans):
     assert res.exit_code == 1, res.output
     assert "the checkpoint of step 3 holds a loss scale, and the spec does not scale its loss" in res.output
     assert "give the spec the `loss_scaling` it was trained with" in res.output and "Traceback" not in res.output
+
+
+def test_a_step_s_loss_value_carries_its_scale_and_skip():
+    from trainer.runtime.keys import StepLoss
+
+    for value in (StepLoss(1.5), StepLoss(0.25, 65536.0, True), StepLoss(0.25, 1024.0, False)):
+        assert StepLoss.parse(value.value().encode()) == value
+    with pytest.raises(ValueError, match="holds 2 fields"):
+        StepLoss.parse(b"0.5 1024.0")

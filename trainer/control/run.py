@@ -126,7 +126,8 @@ def run_job(
          the final shards (one per final stage), "replicas": {worker id: {"stage", "replica", "digest"}} of the final
          epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s",
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
-         state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds}
+         state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds,
+         and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}}
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job

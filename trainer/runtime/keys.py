@@ -281,6 +281,8 @@ class StepLoss(NamedTuple):
         parts = (raw.decode() if isinstance(raw, bytes) else raw).split()
         if len(parts) == 1:
             return cls(float(parts[0]))
+        if len(parts) != 3:
+            raise ValueError(f"a step's loss value holds {len(parts)} fields: {raw!r}")
         return cls(float(parts[0]), float(parts[1]), parts[2] == "1")
 
 
