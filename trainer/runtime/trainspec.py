@@ -93,9 +93,9 @@ class TrainSpec:
     activations cross stages in the autocast dtype); `loss_scaling`: a `parcae.LossScaling` (the loss multiplied
     before the backward, the gradients divided after it, a step that overflowed skipped by every rank), None (none),
     or "auto" (the default: `LossScaling()` under float16 autocast, where small gradients would round to zero, and
-    none otherwise); `prefetch` (default True): a worker loads its rows of the next
-    step in a helper thread while it trains this one (`batch` is then called from that thread, never twice at once;
-    False: on the thread that trains, before each step).
+    none otherwise); `prefetch` (default True): a worker loads its rows of the next step in a helper thread while
+    it trains this one (`batch` is then called from that thread, never twice at once; False: on the thread that
+    trains, before each step).
     """
 
     layers: Sequence[Layer]
