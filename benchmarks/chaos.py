@@ -98,7 +98,7 @@ def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[
         losses, scales = [], []
         for s in range(steps):
             losses.append(train_step(ctx, s))
-            scales.append(None if ctx.scaled is None else (ctx.scaled.after.value, ctx.scaled.skipped))
+            scales.append(None if ctx.scaled is None else (ctx.scaled.value, ctx.scaled.skipped))
         return losses, ctx.layer_states(), scales
     finally:
         torch.set_num_threads(old)

@@ -50,7 +50,7 @@ def test_a_llama_shaped_spec_trains_under_float16_autocast_with_its_loss_scale(t
     losses, scales = [], []
     for s in range(steps):
         losses.append(train_step(ref, s))
-        scales.append((ref.scaled.after.value, ref.scaled.skipped))
+        scales.append((ref.scaled.value, ref.scaled.skipped))
     full = build_context(ModelConfig("tiny-llama"), train, StageLayout.even(1, 1, model))
     assert losses == pytest.approx([train_step(full, s) for s in range(steps)], rel=2e-2)
     observer = StepScales()

@@ -68,12 +68,12 @@ def test_an_overflowing_step_is_skipped_and_the_scale_backs_off_then_grows():
         unchanged = all(torch.equal(a, b) for a, b in zip(before, ctx.module.parameters(), strict=True))
         assert unchanged == out.skipped, step  # a skipped step changes no parameter; an applied one does
         if out.skipped:
-            assert out.after == loss_scale.LossScale(scale.value / 2, 0, scale.overflows + 1), step
+            assert out == loss_scale.LossScale(scale.value / 2, 0, scale.overflows + 1), step
         elif scale.good_steps == 1:  # the second good step in a row: the scale grows
-            assert out.after == loss_scale.LossScale(scale.value * 2), step
+            assert out == loss_scale.LossScale(scale.value * 2), step
         else:
-            assert out.after == loss_scale.LossScale(scale.value, scale.good_steps + 1), step
-        assert ctx.held_scale() == out.after
+            assert out == loss_scale.LossScale(scale.value, scale.good_steps + 1), step
+        assert ctx.held_scale() == out
         outcomes.append(out.skipped)
     assert outcomes[0] and not all(outcomes) and outcomes.count(True) >= 5  # 2**24 is too high; it finds its level
 
@@ -81,11 +81,11 @@ def test_an_overflowing_step_is_skipped_and_the_scale_backs_off_then_grows():
 def test_a_static_scale_stays_and_still_skips_an_overflowing_step():
     ctx = context(scaling={"init_scale": 2.0**24, "dynamic": False})
     train_step(ctx, 0)
-    assert ctx.scaled == loss_scale.ScaledStep(loss_scale.LossScale(2.0**24, 0, 1), skipped=True)
+    assert ctx.scaled == loss_scale.LossScale(2.0**24, 0, 1) and ctx.scaled.skipped
     rule = LossScaling(init_scale=8.0, dynamic=False)
     now = loss_scale.LossScale(8.0, 0, loss_scale.STATIC_OVERFLOWS - 2)
-    assert rule.after(now, False, 5) == loss_scale.ScaledStep(loss_scale.LossScale(8.0), skipped=False)  # reset
-    now = rule.after(now, True, 5).after
+    assert rule.after(now, False, 5) == loss_scale.LossScale(8.0) and not rule.after(now, False, 5).skipped  # reset
+    now = rule.after(now, True, 5)
     with pytest.raises(LossScaleError, match=r"step 6 overflowed at the static loss scale 8, 16 steps in a row"):
         rule.after(now, True, 6)
 
@@ -156,7 +156,7 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
     want, losses = {}, []
     for step in range(steps):
         losses.append(train_step(ref, step))
-        want[step] = (ref.scaled.after.value, ref.scaled.skipped)
+        want[step] = (ref.scaled.value, ref.scaled.skipped)
     assert any(s for _, s in want.values()) and not all(s for _, s in want.values())
     assert result["loss_scale"] == {"final": ref.held_scale().value,
                                     "skipped_steps": [s for s, (_, skip) in want.items() if skip]}  # fmt: skip

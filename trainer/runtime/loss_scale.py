@@ -1,8 +1,8 @@
 """Dynamic loss scaling for float16 mixed precision, held by every layer's optimiser so that it moves with the layers.
 
 Owns: `LossScaling` (the rule a spec chooses: torch.amp.GradScaler's, with its defaults, and a floor), `LossScale`
-(the job's scale now), `ScaledStep` (what one step did to it), where the scale lives (`attach` / `scale_of`: beside
-each layer's optimiser) and its form in a layer's state (`to_state` / `from_state`, under "amp/").
+(the job's scale now, and what the last step did to it), where the scale lives (`attach` / `scale_of` / `install`:
+beside each layer's optimiser) and its form in a layer's state (`to_state` / `from_state`, under "amp/").
 Must not touch: the step itself (`trainer.runtime.pipeline.train_step` scales, checks and skips), process groups.
 
 Why: float16 holds nothing below 6e-8, so under float16 autocast the small gradients of a backward pass round to
@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import torch
 
 #: A layer state's keys for the loss scale: its value, the good steps since it last changed, the overflowing steps in
-#: a row (and, in a step's outcome, whether the step was skipped)
-SCALE_KEY, GOOD_STEPS_KEY, OVERFLOWS_KEY, SKIPPED_KEY = "amp/scale", "amp/good_steps", "amp/overflows", "amp/skipped"
+#: a row
+SCALE_KEY, GOOD_STEPS_KEY, OVERFLOWS_KEY = "amp/scale", "amp/good_steps", "amp/overflows"
 STATE_KEYS = (SCALE_KEY, GOOD_STEPS_KEY, OVERFLOWS_KEY)
 #: A static scale's overflowing steps in a row that stop the job: as many as the default dynamic rule takes from its
 #: start (2**16) to its floor (1)
@@ -49,13 +49,10 @@ class LossScale:
     good_steps: int = 0
     overflows: int = 0
 
-
-@dataclass(frozen=True)
-class ScaledStep:
-    """What a step did to the loss scale: the scale after it, and whether its update was skipped (an overflow)."""
-
-    after: LossScale
-    skipped: bool
+    @property
+    def skipped(self) -> bool:
+        """Whether the step that left this scale skipped its update: it overflowed."""
+        return self.overflows > 0
 
 
 @dataclass(frozen=True)
@@ -98,7 +95,7 @@ class LossScaling:
     def start(self) -> LossScale:
         return LossScale(float(self.init_scale))
 
-    def after(self, now: LossScale, overflow: bool, step: int) -> ScaledStep:
+    def after(self, now: LossScale, overflow: bool, step: int) -> LossScale:
         """The scale after a step that did (or did not) `overflow`: a pure function, so every rank computes the same
         one. Raises `LossScaleError` for an overflow at the floor."""
         fix = "look for a NaN or Inf in the model or the data, or lower the learning rate"
@@ -113,10 +110,10 @@ class LossScaling:
                 raise LossScaleError(f"the gradients of step {step} overflowed at the static loss scale {now.value:g}, "
                                      f"{n} steps in a row: {fix}, or lower the scale")  # fmt: skip
             value = max(now.value * self.backoff_factor, self.min_scale) if self.dynamic else now.value
-            return ScaledStep(LossScale(value, 0, n), skipped=True)
+            return LossScale(value, 0, n)
         if self.dynamic and now.good_steps + 1 >= self.growth_interval:
-            return ScaledStep(LossScale(now.value * self.growth_factor), skipped=False)
-        return ScaledStep(LossScale(now.value, now.good_steps + 1 if self.dynamic else 0), skipped=False)
+            return LossScale(now.value * self.growth_factor)
+        return LossScale(now.value, now.good_steps + 1 if self.dynamic else 0)
 
 
 # Where the scale lives: beside each layer's optimiser (the pair every migration path carries), without touching
@@ -139,13 +136,8 @@ def to_state(scale: LossScale) -> dict[str, torch.Tensor]:
             OVERFLOWS_KEY: torch.tensor(scale.overflows, dtype=torch.int64)}  # fmt: skip
 
 
-def step_state(outcome: ScaledStep) -> dict[str, torch.Tensor]:
-    """A step's outcome in a layer's `layer_step`: what a catch-up needs to do what the holder did."""
-    return {**to_state(outcome.after), SKIPPED_KEY: torch.tensor(int(outcome.skipped), dtype=torch.int64)}
-
-
 def from_state(state: Mapping[str, torch.Tensor]) -> LossScale | None:
-    """The loss scale a layer's state (or a step's, `step_state`) carries, or None where it carries none."""
+    """The loss scale a layer's state (or a step's, `layer_step`) carries, or None where it carries none."""
     if SCALE_KEY not in state:
         return None
     lacking = [k for k in STATE_KEYS if k not in state]
@@ -154,6 +146,14 @@ def from_state(state: Mapping[str, torch.Tensor]) -> LossScale | None:
     return LossScale(float(state[SCALE_KEY]), int(state[GOOD_STEPS_KEY]), int(state[OVERFLOWS_KEY]))
 
 
-def skipped(grads: Mapping[str, torch.Tensor]) -> bool:
-    """Whether the step a `layer_step` describes skipped its update (an overflow)."""
-    return SKIPPED_KEY in grads and bool(int(grads[SKIPPED_KEY]))
+def install(optimizer: torch.optim.Optimizer, state: Mapping[str, torch.Tensor], what: str) -> LossScale | None:
+    """Attach the loss scale `state` carries to `optimizer`, whose job must scale its loss exactly when `state` holds
+    a scale (`what` names the state in the error)."""
+    scale = from_state(state)
+    if (scale is None) != (scale_of(optimizer) is None):
+        raise ValueError(f"{what} does not match the job: " + (
+            "it holds a loss scale, and the job scales none" if scale is not None
+            else "it lacks the loss scale the job's float16 training keeps"))  # fmt: skip
+    if scale is not None:
+        attach(optimizer, scale)
+    return scale

@@ -419,16 +419,16 @@ def state_on(key: str, value: torch.Tensor, param: torch.Tensor, group: Mapping[
     return value.to(param.device, copy=True)
 
 
-def layer_step(layer: nn.Module, scaled: loss_scale.ScaledStep | None = None) -> LayerState:
+def layer_step(layer: nn.Module, scaled: loss_scale.LossScale | None = None) -> LayerState:
     """What the last step did to `layer` besides the optimiser's arithmetic: the gradients it applied, as
     "grad/<name>" (reduced, normalised and clipped: what the optimiser consumed; a parameter without one is left
     out), the persistent buffers its forwards left, as "buffer/<name>", and, where the job scales its loss, the
-    step's outcome (`scaled`: the scale after it, and whether it was skipped). Live tensors, for a reader that copies
-    them before the next step (`trainer.runtime.wire.pack`)."""
+    scale after the step (`scaled`; its overflows in a row say whether the step was skipped). Live tensors, for a
+    reader that copies them before the next step (`trainer.runtime.wire.pack`)."""
     out = {f"grad/{name}": p.grad.detach() for name, p in layer.named_parameters() if p.grad is not None}
     out.update({f"buffer/{name}": b.detach() for name, b in persistent_buffers(layer).items()})
     if scaled is not None:
-        out.update(loss_scale.step_state(scaled))
+        out.update(loss_scale.to_state(scaled))
     return out
 
 
@@ -448,13 +448,9 @@ def apply_step(layer: nn.Module, optimizer: torch.optim.Optimizer, grads: LayerS
     boundary): step s's update with its holder's gradients at the step's learning rate, and the buffers it left
     (a step skipped for an overflow: only the buffers and the loss scale it left)."""
     _copy_buffers(layer, grads)
-    after = loss_scale.from_state(grads)
-    if (after is None) != (loss_scale.scale_of(optimizer) is None):
-        raise ValueError("the step's gradients and the layer disagree on whether the job scales its loss")
-    if after is not None:
-        loss_scale.attach(optimizer, after)
-        if loss_scale.skipped(grads):
-            return
+    after = loss_scale.install(optimizer, grads, "the step's gradients")
+    if after is not None and after.skipped:
+        return
     for name, p in layer.named_parameters():
         g = grads.get(f"grad/{name}")
         p.grad = None if g is None else g.to(p.device).view_as(p)
@@ -497,11 +493,7 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
     group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}  # (where its state goes: `state_on`)
     if group_of.keys() != {id(p) for p in params.values()}:
         raise ValueError("optimizer does not own exactly this layer's parameters")
-    scale = loss_scale.from_state(state)
-    if (scale is None) != (loss_scale.scale_of(optimizer) is None):
-        raise ValueError("layer state does not match the job: " + (
-            "it holds a loss scale, and the job scales none" if scale is not None
-            else "it lacks the loss scale the job's float16 training keeps"))  # fmt: skip
+    loss_scale.install(optimizer, state, "layer state")
     state = {k: v for k, v in state.items() if k not in loss_scale.STATE_KEYS}
     buffers = persistent_buffers(layer)
     expected = {f"param/{n}" for n in params} | {f"buffer/{n}" for n in buffers}
@@ -525,8 +517,6 @@ def load_layer_state(layer: nn.Module, optimizer: torch.optim.Optimizer, state: 
                 raise ValueError(f"parameter {name}: optimizer state lacks {sorted(set(opt_keys) - set(present))}")
             if present:
                 optimizer.state[p] = {k: state_on(k, state[f"{k}/{name}"], p, group_of[id(p)]) for k in opt_keys}
-    if scale is not None:
-        loss_scale.attach(optimizer, scale)
 
 
 @dataclass
@@ -550,7 +540,7 @@ class StageContext:
     spec: TrainSpec = field(init=False)
     #: what the last step did to the loss scale (None: no step yet, or the job does not scale): a migration's
     #: source sends it with the step's gradients (`layer_step`)
-    scaled: loss_scale.ScaledStep | None = field(init=False, default=None)
+    scaled: loss_scale.LossScale | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.spec = spec_of(self.model, self.train)
@@ -1004,7 +994,7 @@ def train_step(
         raise StepAbandoned(f"step {step}: the commit was refused (the epoch broke before every rank finished)")
     if ctx.scaled is not None:
         for opt in ctx.optimizers.values():
-            loss_scale.attach(opt, ctx.scaled.after)
+            loss_scale.attach(opt, ctx.scaled)
     if skipped:
         return float(loss)
     lr = spec.lr(step) if spec.lr is not None else None

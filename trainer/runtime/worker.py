@@ -578,7 +578,7 @@ class Worker:
                                        "it is written (the last good one stays the newest); lower the learning "
                                        "rate or resume from an earlier checkpoint")  # fmt: skip
                     scaled = ctx.scaled  # (float16: the loss scale after the step, and whether it was skipped)
-                    reported = keys.StepLoss(loss, *((scaled.after.value, scaled.skipped) if scaled else ()))
+                    reported = keys.StepLoss(loss, *((scaled.value, scaled.skipped) if scaled else ()))
                     self.store.set(keys.loss(step), reported.value())
                 self.step += 1
                 every = job.checkpoint_every
