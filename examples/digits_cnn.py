@@ -5,7 +5,8 @@ step, a loss that is a SUM over rows, and an optimiser per layer. Train it under
 
     parcae train --model examples/digits_cnn.py:spec --trace p3 --workers 4 --steps 200
 
-(`--model-args '{"channels": 16, "dtype": "float64"}'` changes its arguments).
+(`--model-args '{"channels": 16, "dtype": "float64"}'` changes its arguments). The last `holdout` digits are not
+trained on: their mean loss is measured every `validate_every` steps and at the end (MLflow's `val_loss`).
 """
 
 from __future__ import annotations
@@ -13,24 +14,30 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import TensorDataset
 
 import parcae
 
 
-def digits(dtype: torch.dtype) -> torch.utils.data.TensorDataset:
-    """The 1,797 digits bundled with scikit-learn (no download), pixels scaled to [0, 1]."""
+def digits(dtype: torch.dtype, holdout: int) -> tuple[TensorDataset, TensorDataset]:
+    """The 1,797 digits bundled with scikit-learn (no download), pixels scaled to [0, 1]: (the first 1,797 -
+    `holdout` to train on, the last `holdout` to validate on)."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
     images = torch.tensor(data.images, dtype=dtype).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
-    return torch.utils.data.TensorDataset(images, torch.tensor(data.target, dtype=torch.long))
+    labels = torch.tensor(data.target, dtype=torch.long)
+    cut = len(labels) - holdout
+    return TensorDataset(images[:cut], labels[:cut]), TensorDataset(images[cut:], labels[cut:])
 
 
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
-         seed: int = 0, autocast: str | None = None, fused: bool = False) -> parcae.TrainSpec:  # fmt: skip
+         seed: int = 0, autocast: str | None = None, fused: bool = False, holdout: int = 297,
+         validate_every: int = 50) -> parcae.TrainSpec:  # fmt: skip
     """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages. `fused`: torch's
-    fused AdamW (one kernel a step; what a GPU job would pick)."""
+    fused AdamW (one kernel a step; what a GPU job would pick). `holdout`: the digits kept for validation (0: none)."""
     dt = getattr(torch, dtype)
+    train, held_out = digits(dt, holdout)
 
     def conv(c_in: int, c_out: int, pool: bool) -> nn.Module:
         layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU()]
@@ -43,8 +50,10 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
             parcae.Layer("hidden", lambda: nn.Sequential(nn.Flatten(), nn.Linear(32 * channels, 64), nn.ReLU()).to(dt)),
             parcae.Layer("classes", lambda: nn.Linear(64, 10).to(dt)),
         ],
-        batch=parcae.StepSampler(digits(dt), batch_size, seed=seed),
+        batch=parcae.StepSampler(train, batch_size, seed=seed),
         loss=lambda logits, labels: F.cross_entropy(logits, labels, reduction="sum"),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, fused=True if fused else None),
         autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`); "float16" scales the loss
+        # the held-out digits in order, 128 a batch, scored every `validate_every` steps and at the end
+        validation=parcae.Validation.over(held_out, 128, every=validate_every) if holdout else None,
     )

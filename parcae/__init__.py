@@ -1,6 +1,6 @@
 """parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line, the
 checks the flows run first, and the contract a user's own model is written against (`TrainSpec`, `Layer`,
-`LossScaling`, and the data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
+`LossScaling`, `Validation`, and the data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
 
 Map:
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 #: What a user's training module imports (``import parcae; parcae.TrainSpec(...)``), from the trainer's face.
-_CONTRACT = ("Layer", "LossScaling", "StepSampler", "TokenWindows", "TrainSpec", "hf_decoder")
+_CONTRACT = ("Layer", "LossScaling", "StepSampler", "TokenWindows", "TrainSpec", "Validation", "hf_decoder")
 
 if TYPE_CHECKING:
     from trainer import Layer as Layer
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from trainer import StepSampler as StepSampler
     from trainer import TokenWindows as TokenWindows
     from trainer import TrainSpec as TrainSpec
+    from trainer import Validation as Validation
     from trainer import hf_decoder as hf_decoder
 
 __all__ = list(_CONTRACT)

@@ -154,6 +154,10 @@ class TrainProgress(JobObserver):
         self.alive = step.alive
         self._update()
 
+    def on_validation(self, step: int, loss: float) -> None:
+        # one line per validation, above the bar while it is live
+        self.console.print(f"validation loss {loss:.4f} after {step} steps", highlight=False, soft_wrap=True)
+
     def on_reconfiguration(self, record: Mapping[str, Any]) -> None:
         self.reconfigurations += 1
         self.last_migration = migration_label(record)

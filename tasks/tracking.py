@@ -206,6 +206,8 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "resumed_from": report.get("resumed_from"),
         "loss_first": float(loss[0]) if loss else None,
         "loss_last": float(loss[-1]) if loss else None,
+        # a spec with `validation`: the final layers' held-out loss (every scored boundary's: MLflow's val_loss)
+        "val_loss_last": float(report["validation"][-1]["loss"]) if report.get("validation") else None,
         "samples_per_s": float(report["throughput"]["samples_per_s"]),
         "migrations": kinds,
         "pause_s": pauses,
@@ -250,7 +252,8 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
     link = _run_link(tracking.connect(), run) if run else "no MLflow run (the store could not be used; see the log)"
     markdown = "\n".join(
         [
-            f"## Training: {s['steps']} steps{resumed}, loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}",
+            f"## Training: {s['steps']} steps{resumed}, loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
+            + (f", validation loss {s['val_loss_last']:.4f}" if s["val_loss_last"] is not None else ""),
             "",
             f"{s['samples_per_s']:.1f} samples/s; {s['plans']} plans by `{s['planner']}` "
             f"({', '.join(s['decisions']) or 'none'}); forecasts: {s['forecast']}; runtime profile: {s['profile']}.",

@@ -189,7 +189,13 @@ def test_resuming_with_another_loss_scaling_is_one_line(tmp_path, _no_orphans):
 def test_a_step_s_loss_value_carries_its_scale_and_skip():
     from trainer.runtime.keys import StepLoss
 
-    for value in (StepLoss(1.5), StepLoss(0.25, 65536.0, True), StepLoss(0.25, 1024.0, False)):
+    for value in (
+        StepLoss(1.5),
+        StepLoss(0.25, 65536.0, True),
+        StepLoss(0.25, 1024.0, False),
+        StepLoss(1.5, val=0.75),
+        StepLoss(0.25, 2048.0, True, 1.25),
+    ):  # (and a boundary's held-out loss)
         assert StepLoss.parse(value.value().encode()) == value
     with pytest.raises(ValueError, match="holds 2 fields"):
         StepLoss.parse(b"0.5 1024.0")

@@ -331,15 +331,20 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     """A team's own model through the `train` flow: `model` is module:function (here a file path), `model_args` its
     arguments; the job's global batch is the spec's rows, and the MLflow run says which spec trained."""
     digits = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
-    state = train(model=digits, model_args={"batch_size": 12}, workers=2, trace="p3", start_interval=49,
-                  interval_seconds=0.2, step_seconds=0.1, planner="rule", steps=8, checkpoint_every=4,
-                  out_dir=str(store / "digits"), return_state=True)  # fmt: skip
+    state = train(model=digits, model_args={"batch_size": 12, "validate_every": 4}, workers=2, trace="p3",
+                  start_interval=49, interval_seconds=0.2, step_seconds=0.1, planner="rule", steps=8,
+                  checkpoint_every=4, out_dir=str(store / "digits"), return_state=True)  # fmt: skip
     assert state.is_completed(), state.message
     summary = state.result()
     run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
-    assert run.data.params["model"] == digits and json.loads(run.data.params["model_args"]) == {"batch_size": 12}
+    assert run.data.params["model"] == digits
+    assert json.loads(run.data.params["model_args"]) == {"batch_size": 12, "validate_every": 4}
     assert run.data.params["global_batch"] == "12" and len(run.data.params["model_fingerprint"]) == 16
     assert summary["steps"] == 8
+    # its held-out digits, scored at boundaries 0, 4 and 8 (the final layers): charted, and the last in the summary
+    held_out = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_loss")
+    assert sorted(m.step for m in held_out) == [0, 4, 8]
+    assert summary["val_loss_last"] == pytest.approx(max(held_out, key=lambda m: m.step).value)
 
 
 def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans,

@@ -64,6 +64,10 @@ def loss_of(step: int, attempt: int = 0) -> float:
     return round(4.0 / (1.0 + 0.1 * step) + 0.001 * attempt, 6)
 
 
+def val_of(step: int) -> float:
+    return round(5.0 / (1.0 + 0.05 * step), 6)
+
+
 def record(epoch: int, kind: str, step: int, strategy: list[int], pause_s: float, bytes_moved: int,
            steps_lost: int = 0, **extra: Any) -> dict[str, Any]:  # fmt: skip
     """A reconfiguration record with every field `Coordinator.records()` gives."""
@@ -140,6 +144,8 @@ class Job:
             info = StepInfo(step=s, loss=loss_of(s, attempt), strategy=strategy, alive=alive, time=t,
                             loss_scale=2.0 ** (10 + s % 3), skipped=s % 5 == 4)  # fmt: skip
             self.steps.append(info)
+            if s % 5 == 0:  # the held-out loss of boundary s comes before step s (the driver's order)
+                obs.on_validation(s, val_of(s))
             obs.on_step(info)
             t += STEP_S
 
@@ -164,6 +170,7 @@ class Job:
         self.reconfigure(obs, record(3, "intra-stage", 15, [3, 1], 0.3, 40_000))
         for s in range(15, 20):
             step(s)
+        obs.on_validation(20, val_of(20))  # the final layers'
         result = {"loss": [self.loss(s) for s in range(20)], "reconfigurations": self.records,
                   "throughput": {"samples_per_s": 123.0, "steps_per_s": 7.7}, "wall_s": t - T0}  # fmt: skip
         if end:
@@ -245,6 +252,7 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert final["total_steps_lost"] == 3
     assert latest(client, run_id, "loss_scale") == {s: 2.0 ** (10 + s % 3) for s in range(20)}
     assert final["skipped_steps"] == 4  # steps 4, 9 (twice: recomputed), 14 and 19
+    assert latest(client, run_id, "val_loss") == {s: val_of(s) for s in (0, 5, 10, 15, 20)}  # the final at 20
     # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
     assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]
 

@@ -37,11 +37,14 @@ from trainer import (
     fingerprint,
     load_spec,
     train_step,
+    validate,
 )
+from trainer.observe.observer import RecordingObserver
 from trainer.observe.tracking import start_params
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
+ARGS = '{"dtype": "float64", "validate_every": 3}'
 
 # every kind: intra-stage, inter-stage under notice (the victim holds its stage's last copy), an addition, pipeline
 # migrations (P 2 -> 3 -> 2 under a preemption, then 3 replicas), a kill without notice, a checkpoint-restart
@@ -59,6 +62,19 @@ def uninterrupted(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[l
     return [train_step(ref, s) for s in range(steps)], ref.layer_states()
 
 
+def validated(model: ModelConfig, train: TrainConfig, steps: int) -> list[dict]:
+    """One process's held-out losses of the job's scored boundaries (`run_job`'s "validation")."""
+    ref = build_context(model, train, StageLayout.even(1, 1, model))
+    held_out, out = ref.spec.validation, []
+    assert held_out is not None
+    for s in range(steps + 1):
+        if held_out.due(s, steps):
+            out.append({"step": s, "loss": validate(ref, held_out)})
+        if s < steps:
+            train_step(ref, s)
+    return out
+
+
 def assert_same_parameters(layers_dir: str | Path, steps: int, model: ModelConfig, want: dict, rtol: float) -> None:
     final = checkpoint.load(checkpoint.find_shards(layers_dir, steps), config=model, job="job")
     assert final.layers.keys() == want.keys()
@@ -74,7 +90,7 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     steps, out = 13, tmp_path / "run"
     events = tmp_path / "events.json"
     events.write_text(json.dumps(EVERY_KIND))
-    res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", '{"dtype": "float64"}', "--events",
+    res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", ARGS, "--events",
                                    str(events), "--workers", "4", "--steps", str(steps), "--out-dir", str(out),
                                    "--json", str(tmp_path / "report.json"), "--no-prepare"])  # fmt: skip
     assert res.exit_code == 0, res.output
@@ -83,9 +99,14 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     assert not any(r["prepared"] for r in report["reconfigurations"])  # every group formed at its boundary
     assert [r["notice"] for r in report["reconfigurations"]][-2:] == [False, True]
 
-    model = ModelConfig(DIGITS, args={"dtype": "float64"})
+    model = ModelConfig(DIGITS, args=json.loads(ARGS))
     losses, layers = uninterrupted(model, TrainConfig(global_batch=32), steps)  # the spec's 32 rows, found by parcae
     assert report["loss"] == pytest.approx(losses, rel=1e-6)
+    # the held-out digits scored every 3 steps and at the end, through every kind, as one process scores them
+    want = validated(model, TrainConfig(global_batch=32), steps)
+    assert [v["step"] for v in report["validation"]] == [0, 3, 6, 9, 12, 13] == [v["step"] for v in want]
+    assert [v["loss"] for v in report["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-6)
+    assert f"validation loss {want[-1]['loss']:.4f} after 13 steps (6 validations)" in res.output
     assert_same_parameters(out / "layers", steps, model, layers, rtol=1e-6)
 
     # parcae export: one state dict that loads into the user's own modules, outside parcae
@@ -124,6 +145,53 @@ def test_tuple_activations_with_an_integer_mask_migrate_like_tensors(tmp_path, _
     losses, layers = uninterrupted(model, train, steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-6)
     assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
+
+
+def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeline_migrations(tmp_path, _no_orphans):
+    """Validation batches of 2 and 5 rows over 3 replicas (one replica scores no row of the first), tuple activations
+    forward only through 3 stages, and a pipeline migration each way: the held-out losses of one process."""
+    sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is, for this process and its workers
+    model, train, steps = ModelConfig("_tuple_model:spec", {"held_out": 2}), TrainConfig(global_batch=24), 6
+    schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]}, {"step": 5, "kind": "plan", "strategy": [3, 1]}]
+    seen = RecordingObserver()
+    result = run_job(model, train, 3, (3, 1), steps, schedule, tmp_path / "job", timeout_s=80, observer=seen)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "pipeline"]
+    want = validated(model, train, steps)
+    assert [v["step"] for v in result["validation"]] == [0, 2, 4, 6] == [v["step"] for v in want]
+    assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-9)
+    # the observers had each before the step that starts from it, the final layers' last
+    order = [(h, a if h == "validation" else a.step) for h, a in seen.calls if h in ("validation", "step")]
+    assert [s for h, s in order if h == "validation"] == [(v["step"], v["loss"]) for v in result["validation"]]
+    assert order.index(("validation", (2, result["validation"][1]["loss"]))) == order.index(("step", 2)) - 1
+    assert order[-1] == ("validation", (6, result["validation"][-1]["loss"]))
+
+
+def test_validation_scores_the_held_out_rows_in_eval_mode_and_changes_nothing():
+    """One process: the mean loss over every held-out row with BatchNorm on its running statistics (a training-mode
+    forward would use the batch's and move the statistics), the layers back in training mode after, no state
+    changed."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _buffered_model as buffered
+
+    held = buffered.data(99)
+    batches = [(held[0][:10], held[1][:10]), (held[0][10:], held[1][10:])]
+    spec = buffered.spec()
+    model = ModelConfig("_buffered_model:spec")
+    ctx = build_context(model, TrainConfig(global_batch=buffered.ROWS, micro_batch=4), StageLayout.even(1, 1, model))
+    for s in range(3):
+        train_step(ctx, s)
+    before = {name: {k: v.clone() for k, v in state.items()} for name, state in ctx.layer_states().items()}
+    got = validate(ctx, parcae.Validation(lambda i: batches[i], batches=2))
+    assert ctx.module.training
+    after = ctx.layer_states()
+    for name, state in before.items():
+        for key, value in state.items():
+            assert torch.equal(after[name][key], value), f"{name} {key}"
+    net = nn.Sequential(*(ctx.module.layers)).eval()
+    with torch.no_grad():
+        want = nn.functional.cross_entropy(net(held[0]), held[1], reduction="sum").item() / len(held[1])
+    assert got == pytest.approx(want, rel=1e-6)
+    assert len(spec.layers) == len(ctx.module.layers)
 
 
 def test_a_bfloat16_layer_among_float64_ones_trains_and_migrates(tmp_path, _no_orphans):
@@ -214,6 +282,15 @@ varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtyp
                                                      torch.tensor(1.0))), 1, r"the count must be a SUM over the rows"),
     (_spec(layers=[Layer("a", lambda: nn.LazyLinear(4)), Layer("b", lambda: nn.Linear(4, 2))]), 1,
      r"layer 'a' has lazy parameters.*give their sizes \(nn.Linear\(in, out\)\)"),
+    (_spec(validation=lambda i: (torch.ones(3, 4), torch.zeros(3, dtype=torch.long))), 1,
+     r"validation is a function; give a parcae.Validation\(batch=..., batches=..., every=...\)"),
+    (_spec(validation=parcae.Validation(lambda i: None, every=0)), 1, r"validation: every 0 must be an integer >= 1"),
+    (_spec(validation=parcae.Validation(lambda i: (torch.ones(3, 4), torch.zeros(2, dtype=torch.long)))), 1,
+     r"validation.batch\(0\) has 3 rows of inputs and 2 of targets; give both the same rows"),
+    (_spec(validation=parcae.Validation(lambda i: [][i], batches=2)), 1,
+     r"validation.batch\(0\) raised IndexError: .*fix the validation.batch function"),
+    (_spec(validation=parcae.Validation(lambda i: (torch.ones(3, 5), torch.zeros(3, dtype=torch.long)))), 1,
+     r"layer 'a' cannot take the output of validation.batch\(0\)'s inputs \(\(2, 5\) float32\)"),
 ])  # fmt: skip
 def test_a_bad_spec_is_one_message_naming_the_layer_and_the_fix(spec, stages, match):
     with pytest.raises(SpecError, match=match):
@@ -471,7 +548,7 @@ def test_an_installed_package_registers_a_model_name_by_entry_point(tmp_path, mo
 
 
 @pytest.mark.parametrize("example, args, rows", [
-    ("digits_cnn.py", {"dtype": "float64", "batch_size": 12}, 12),
+    ("digits_cnn.py", {"dtype": "float64", "batch_size": 12, "validate_every": 2}, 12),  # scored at 0, 2, 4, 6, 7
     ("digits_cnn.py", {"dtype": "float64", "batch_size": 12, "fused": True}, 12),  # torch's fused AdamW
     ("token_lm.py", {"dtype": "float64", "batch_size": 12, "tokens": str(ROOT / "README.md")}, 12),
     pytest.param("llama.py", {"dtype": "float64", "layers": 3, "block_size": 16}, 8, marks=pytest.mark.skipif(
@@ -493,6 +570,10 @@ def test_every_example_migrates_and_checkpoint_restarts_to_the_same_run(tmp_path
     losses, layers = uninterrupted(model, train, steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-6)
     assert_same_parameters(result["layers"], steps, model, layers, rtol=1e-6)
+    if args.get("validate_every"):  # prepared migrations, a preemption and a restart: the same held-out losses
+        want = validated(model, train, steps)
+        assert [v["step"] for v in result["validation"]] == [0, 2, 4, 6, 7] == [v["step"] for v in want]
+        assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-6)
 
 
 def test_dropout_is_refused_unless_the_spec_accepts_inexact_runs():

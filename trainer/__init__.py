@@ -63,10 +63,11 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("Layer", "SpecError", "TrainSpec", "check_job", "check_spec", "fingerprint", "load_spec"),
                     "trainer.runtime.trainspec"),
     **dict.fromkeys(("StageLayout", "build_context", "host_copy", "micro_loss", "parameters_checksum", "partition",
-                     "train_step"), "trainer.runtime.pipeline"),
+                     "train_step", "validate"), "trainer.runtime.pipeline"),
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     **dict.fromkeys(("LossScaleError", "LossScaling"), "trainer.runtime.loss_scale"),
+    "Validation": "trainer.runtime.validation",
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -262,6 +263,9 @@ if TYPE_CHECKING:
     from trainer.runtime.pipeline import (
         train_step as train_step,
     )
+    from trainer.runtime.pipeline import (
+        validate as validate,
+    )
     from trainer.runtime.store import TOKEN_ENV as TOKEN_ENV
     from trainer.runtime.store import read_token_file as read_token_file
     from trainer.runtime.trainspec import Layer as Layer
@@ -271,6 +275,7 @@ if TYPE_CHECKING:
     from trainer.runtime.trainspec import check_spec as check_spec
     from trainer.runtime.trainspec import fingerprint as fingerprint
     from trainer.runtime.trainspec import load_spec as load_spec
+    from trainer.runtime.validation import Validation as Validation
 
 __all__ = sorted([*_HOMES, "check_aws_credentials"])
 

@@ -420,6 +420,10 @@ def train_cmd(
         f"checksum {report['final_checksum'][:16]}",
         soft_wrap=True,  # one line, whatever the width: scripts grep it
     )
+    if report.get("validation"):  # the held-out loss of the final layers (each scored boundary's: --json, MLflow)
+        last = report["validation"][-1]
+        out.print(f"validation loss {last['loss']:.4f} after {last['step']} steps ({len(report['validation'])} "
+                  "validations)", soft_wrap=True)  # fmt: skip
     if "loss_scale" in report:  # float16: the steps it skipped (many: a scale or a learning rate to look at)
         scaled = report["loss_scale"]
         out.print(f"loss scale {scaled['final']:g} at the end; {len(scaled['skipped_steps'])} of {len(loss)} steps "

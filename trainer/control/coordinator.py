@@ -137,6 +137,7 @@ class Coordinator:
         # boundary keys deleted below the steps every member has started (`forget_passed`)
         self._losses = array("d")  # from `first_step` on, in step order (8 bytes a step)
         self._skipped: set[int] = set()  # the steps a float16 job skipped for an overflow (`skipped_steps`)
+        self._validated: dict[int, float] = {}  # boundary -> held-out loss there, as read with its step (`validations`)
         self._forgotten = 0
         self._preparations = 0  # preparations published (`prepare`)
         self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
@@ -768,6 +769,7 @@ class Coordinator:
             self.store.delete_key(keys.loss(s))
         del self._losses[max(0, restore_step - self.first_step) :]
         self._skipped = {s for s in self._skipped if s < restore_step}
+        self._validated = {s: v for s, v in self._validated.items() if s < restore_step}
         self._restarts.append((epoch.number, restore_step))
         if self.epoch_broken():
             self._replaced |= set(broken)
@@ -792,7 +794,25 @@ class Coordinator:
 
     def _seen(self, step: int, got: keys.StepLoss) -> keys.StepLoss:
         (self._skipped.add if got.skipped else self._skipped.discard)(step)
+        if got.val is not None:
+            self._validated[step] = got.val
         return got
+
+    def final_validation(self) -> float | None:
+        """The held-out loss of the final layers (a job whose spec validates), as the last stage's replicas reported it
+        with their final digests; None before they did, or without validation."""
+        for w in self.in_force.members:
+            raw = self.store.get_if(keys.replica_final(w))
+            if raw is not None and (val := json.loads(raw).get("val_loss")) is not None:
+                return float(val)
+        return None
+
+    def validations(self) -> list[tuple[int, float]]:
+        """(boundary, held-out loss there) in step order, as far as the steps' losses were read (`committed_losses`,
+        `losses`), and the final layers' at the job's last boundary once reported."""
+        out = sorted(self._validated.items())
+        final = self.final_validation()
+        return out + ([(self.spec.steps, final)] if final is not None else [])
 
     def skipped_steps(self) -> list[int]:
         """The steps whose update was skipped for an overflow (a float16 job's), as far as their losses were read

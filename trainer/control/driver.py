@@ -93,6 +93,7 @@ class Driver:
         self._accepts_handed = bool(getattr(planner, "accepts_handed", False))
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
+        self._final_validated = False  # the final layers' held-out loss was delivered to the observers
         # (request, decision, details, seconds) of the planner asked a step before a boundary (`plan_ahead`)
         self._planned_ahead: tuple[PlanRequest, tuple[int, int], Mapping[str, Any], float] | None = None
         # observers
@@ -667,10 +668,15 @@ class Driver:
         for s, got in new:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
+            if got.val is not None:  # the held-out loss of boundary s: the parameters step s started from
+                self.observer.on_validation(s, got.val)
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
                                            time=time.time(), loss_scale=got.scale, skipped=got.skipped))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
+        if final and not self._final_validated and (val := c.final_validation()) is not None:
+            self._final_validated = True
+            self.observer.on_validation(c.spec.steps, val)
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
         # step was committed since; and not during a decision, which may claim boundaries
         if new and not self._deciding:

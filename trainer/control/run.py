@@ -127,7 +127,8 @@ def run_job(
          epoch, "latest_checkpoint": step, "throughput": {"steps_per_s", "samples_per_s",
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds,
-         and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}}
+         and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}, and for a spec with
+         `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last]}
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
@@ -247,6 +248,11 @@ def run_job(
             "plans": [plan_info_dict(p) for p in driver.plans],
             "final_checksum": parameters_checksum(final.layers, layer_names(model)),
             **loss_scale_report(final.layers, coord.skipped_steps()),
+            **(
+                {"validation": [{"step": s, "loss": v} for s, v in held_out]}
+                if (held_out := coord.validations())
+                else {}
+            ),
             "layers": str(layers_dir),
             "replicas": {w: json.loads(coord.store.get(keys.replica_final(w))) for w in coord.in_force.members},
             "latest_checkpoint": coord.latest_checkpoint(),
@@ -491,4 +497,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         **({"fleet_history": dict(result["fleet_history"])} if "fleet_history" in result else {}),
         **({"checkpoint_uri": dict(result["checkpoint_uri"])} if "checkpoint_uri" in result else {}),
         **({"loss_scale": dict(result["loss_scale"])} if "loss_scale" in result else {}),
+        **({"validation": [dict(v) for v in result["validation"]]} if "validation" in result else {}),
     }

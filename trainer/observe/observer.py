@@ -69,6 +69,10 @@ class JobObserver:
     def on_step(self, step: StepInfo) -> None:
         """A step was committed."""
 
+    def on_validation(self, step: int, loss: float) -> None:
+        """The held-out loss (`parcae.Validation`) of the parameters after `step` steps: delivered before the step
+        that starts from them (`on_step(step)`), and at the end for the final layers (`step` = the job's steps)."""
+
     def on_plan(self, plan: PlanInfo) -> None:
         """The planner decided the strategy for the coming interval."""
 
@@ -107,6 +111,9 @@ class ObserverList(JobObserver):
     def on_step(self, step: StepInfo) -> None:
         self._call("on_step", step)
 
+    def on_validation(self, step: int, loss: float) -> None:
+        self._call("on_validation", step, loss)
+
     def on_plan(self, plan: PlanInfo) -> None:
         self._call("on_plan", plan)
 
@@ -134,6 +141,9 @@ class RecordingObserver(JobObserver):
 
     def on_step(self, step: StepInfo) -> None:
         self.calls.append(("step", step))
+
+    def on_validation(self, step: int, loss: float) -> None:
+        self.calls.append(("validation", (step, loss)))
 
     def on_plan(self, plan: PlanInfo) -> None:
         self.calls.append(("plan", plan))

@@ -20,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from trainer.runtime.trainspec import leaves, rebuild, stable_seed
+from trainer.runtime.trainspec import rows as rows_of
 
 
 def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range:
@@ -55,11 +56,31 @@ def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range) 
     if isinstance(batch, RowBatch):
         return batch.rows(step, rows.start, rows.stop)
     x, y = batch(step)
+    return _cut(x, rows), _cut(y, rows)
 
-    def cut(tree: Any) -> Any:
-        return rebuild(tree, [t[rows.start : rows.stop] for t in leaves(tree)])
 
-    return cut(x), cut(y)
+def _cut(tree: Any, rows: range) -> Any:
+    return rebuild(tree, [t[rows.start : rows.stop] for t in leaves(tree)])
+
+
+def replica_part(
+    batch: Callable[[int], tuple[Any, Any]], i: int, replica: int, replicas: int
+) -> tuple[Any, Any] | None:
+    """`replica`'s rows of validation batch `i` (`trainer.runtime.validation`; rows [r*V//D, (r+1)*V//D) of its V, as
+    in training's split), or None where a batch of V < D rows leaves it none. Only those rows are loaded where the
+    batch function knows a batch's size and loads rows alone (`size(i)` and a `RowBatch`: `Validation.over`'s);
+    otherwise the batch is loaded whole and cut."""
+
+    def part(V: int) -> range:
+        return range(replica * V // replicas, (replica + 1) * V // replicas)
+
+    size = getattr(batch, "size", None)
+    if callable(size) and isinstance(batch, RowBatch):
+        mine = part(int(size(i)))
+        return batch_rows(batch, i, mine) if len(mine) else None
+    x, y = batch(i)
+    mine = part(rows_of(x))
+    return (_cut(x, mine), _cut(y, mine)) if len(mine) else None
 
 
 class Prefetcher:

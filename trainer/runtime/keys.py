@@ -266,24 +266,28 @@ def loss(s: int) -> str:
 
 
 class StepLoss(NamedTuple):
-    """A committed step's `loss` value: its loss and, where the job scales its loss (float16), the scale after it
-    and whether its update was skipped for an overflow."""
+    """A committed step's `loss` value: its loss; where the job scales its loss (float16), the scale after it and
+    whether its update was skipped for an overflow; where the boundary before it was validated
+    (`trainer.runtime.validation`), the held-out loss there (`val`)."""
 
     loss: float
     scale: float | None = None
     skipped: bool = False
+    val: float | None = None
 
     def value(self) -> str:
-        return repr(self.loss) if self.scale is None else f"{self.loss!r} {self.scale!r} {int(self.skipped)}"
+        out = [repr(self.loss)] + ([] if self.scale is None else [repr(self.scale), str(int(self.skipped))])
+        return " ".join(out + ([] if self.val is None else [f"val={self.val!r}"]))
 
     @classmethod
     def parse(cls, raw: bytes | str) -> StepLoss:
         parts = (raw.decode() if isinstance(raw, bytes) else raw).split()
-        if len(parts) == 1:
-            return cls(float(parts[0]))
-        if len(parts) != 3:
+        val = float(parts.pop()[4:]) if len(parts) > 1 and parts[-1].startswith("val=") else None
+        if len(parts) not in (1, 3):
             raise ValueError(f"a step's loss value holds {len(parts)} fields: {raw!r}")
-        return cls(float(parts[0]), float(parts[1]), parts[2] == "1")
+        if len(parts) == 1:
+            return cls(float(parts[0]), val=val)
+        return cls(float(parts[0]), float(parts[1]), parts[2] == "1", val)
 
 
 # -- plans handed in from outside (`trainer.control.planning.hand_plan`) -----------------------------------------------

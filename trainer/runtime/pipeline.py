@@ -2,8 +2,9 @@
 
 Owns: the strategy's geometry (`StageLayout`: which global rank runs which stage of which replica, and which layers a
 stage holds), process groups of a reconfiguration epoch (`init_epoch` / `close_epoch`), the per-rank training
-state (`StageContext`: the rank's `Stage`, one optimiser per layer), the training step (`train_step`) and the unit
-that migrations move (`layer_state` / `load_layer_state`).
+state (`StageContext`: the rank's `Stage`, one optimiser per layer), the training step (`train_step`), the held-out
+pass (`validate`: the step's forward alone, `stage_forward`) and the unit that migrations move (`layer_state` /
+`load_layer_state`).
 Must not touch: the model's maths (`trainer.runtime.model`), the data (`trainer.runtime.data`), files
 (`trainer.runtime.checkpoint`), the choice of strategy (the coordinator).
 
@@ -67,9 +68,11 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
 from trainer.runtime import loss_scale
-from trainer.runtime.data import Prefetcher, batch_rows, replica_rows, shard
+from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
+from trainer.runtime.trainspec import rows as rows_of
+from trainer.runtime.validation import Validation
 
 LayerState = dict[str, torch.Tensor]
 
@@ -813,6 +816,65 @@ def schedule_order(schedule: str, stage: int, P: int, M: int) -> list[tuple[str,
     return order + [("B", m) for m in range(M - warm, M)]
 
 
+def _autocast(spec: TrainSpec, dev: torch.device) -> torch.autocast:
+    return torch.autocast(
+        dev.type, dtype=getattr(torch, spec.autocast or "bfloat16"), enabled=spec.autocast is not None
+    )
+
+
+def stage_forward(
+    ctx: StageContext, xm: Any, ym: Any, sends: list[tuple[object, torch.Tensor]], autocast: torch.autocast,
+    divide_by: int,
+) -> tuple[Any, Any, float]:  # fmt: skip
+    """One micro-batch through this rank's stage: receive its activations (or take the batch's inputs `xm`), run the
+    stage, send on (the sends left pending in `sends`) or, on the last stage, score it against `ym`. Returns (the
+    stage's input, its output — on the last stage the micro-batch's loss: the spec's sum divided by `divide_by`, or
+    with normalizer "count" the sum —, the items the loss counted: 0.0 unless "count"). A receiver knows each
+    activation's shapes from the spec alone (`_boundary`), else from a header. With gradients enabled, the received
+    activations' floating-point tensors require them."""
+    g, dev, spec = ctx.groups, ctx.device, ctx.spec
+    if ctx.is_first:
+        inp = to_device(xm, dev)
+    else:
+        assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
+        derived = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
+        if derived is None:
+            header = torch.empty(HEADER_LEN, dtype=torch.int64)
+            g.recv(header, ctx.prev_rank)
+            derived = _from_header(header)
+        staged = _empty_like_boundary(*derived, dev)  # in host memory: gloo sends and receives there
+        for t in leaves(staged):
+            g.recv(t, ctx.prev_rank)
+        inp = to_device(staged, dev)
+        if torch.is_grad_enabled():
+            for t in differentiable(inp):
+                t.requires_grad_()
+    n = 0.0
+    with autocast:
+        out = ctx.module(inp)
+        if ctx.is_last:
+            ym = to_device(ym, dev)
+            if spec.normalizer == "count":
+                out, counted = spec.loss(out, ym)
+                n = float(counted)
+            else:
+                out = micro_loss(spec, out, ym, divide_by)
+    if not ctx.is_last:
+        assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
+        derived = _boundary(ctx.model, ctx.train, ctx.module.last, _signature(xm), isinstance(xm, tuple))
+        if derived is None:
+            header = _header(out)
+            sends.append((g.send(header, ctx.next_rank), header))
+        elif derived != (_signature(out), isinstance(out, tuple)):
+            raise ValueError(f"the output of layer {ctx.module.last - 1} is {_signature(out)}, but its shapes "
+                             f"derived on meta tensors are {derived[0]}: a shape that depends on the data must "
+                             "come from an op without a meta kernel (e.g. nonzero)")  # fmt: skip
+        for t in leaves(out):
+            act = host_copy(t.detach())
+            sends.append((g.send(act, ctx.next_rank), act))
+    return inp, out, n
+
+
 def train_step(
     ctx: StageContext,
     step: int,
@@ -847,54 +909,15 @@ def train_step(
     sends: list[tuple[object, torch.Tensor]] = []  # every send stays pending (and its tensor alive) to the end
     loss = torch.zeros((), dtype=torch.float64)
     count = torch.zeros((), dtype=torch.float64)  # the items the loss counted (normalizer "count")
-    autocast = torch.autocast(dev.type, dtype=getattr(torch, spec.autocast or "bfloat16"),
-                              enabled=spec.autocast is not None)  # fmt: skip
+    autocast = _autocast(spec, dev)
 
     def forward(m: int) -> None:
-        # receive activations (or take the batch's inputs), run the stage, send on (or score); a receiver knows
-        # each activation's shapes from the spec alone (`_boundary`)
         nonlocal loss, count
         xm, ym = micro[m]
-        if ctx.is_first:
-            inp = to_device(xm, dev)
-        else:
-            assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
-            derived = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
-            if derived is None:
-                header = torch.empty(HEADER_LEN, dtype=torch.int64)
-                g.recv(header, ctx.prev_rank)
-                derived = _from_header(header)
-            staged = _empty_like_boundary(*derived, dev)  # in host memory: gloo sends and receives there
-            for t in leaves(staged):
-                g.recv(t, ctx.prev_rank)
-            inp = to_device(staged, dev)
-            for t in differentiable(inp):
-                t.requires_grad_()
-        with autocast:
-            out = ctx.module(inp)
-            if ctx.is_last:
-                ym = to_device(ym, dev)
-                if spec.normalizer == "count":
-                    out, n = spec.loss(out, ym)
-                    count += float(n)
-                else:
-                    out = micro_loss(spec, out, ym, B)
+        inputs[m], outputs[m], n = stage_forward(ctx, xm, ym, sends, autocast, B)
         if ctx.is_last:
-            loss += out.detach().to("cpu", torch.float64)
-        else:
-            assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
-            derived = _boundary(ctx.model, ctx.train, ctx.module.last, _signature(xm), isinstance(xm, tuple))
-            if derived is None:
-                header = _header(out)
-                sends.append((g.send(header, ctx.next_rank), header))
-            elif derived != (_signature(out), isinstance(out, tuple)):
-                raise ValueError(f"the output of layer {ctx.module.last - 1} is {_signature(out)}, but its shapes "
-                                 f"derived on meta tensors are {derived[0]}: a shape that depends on the data must "
-                                 "come from an op without a meta kernel (e.g. nonzero)")  # fmt: skip
-            for t in leaves(out):
-                act = host_copy(t.detach())
-                sends.append((g.send(act, ctx.next_rank), act))
-        inputs[m], outputs[m] = inp, out
+            loss += outputs[m].detach().to("cpu", torch.float64)
+            count += n
 
     def backward(m: int) -> None:
         # gradients of the outputs come from the next stage (or the loss), go to the previous; every floating-point
@@ -1004,3 +1027,37 @@ def train_step(
                 group["lr"] = lr
         opt.step()
     return float(loss)
+
+
+def validate(ctx: StageContext, validation: Validation) -> float:
+    """The held-out loss of the parameters this rank's epoch holds now (on every rank): every batch of
+    `validation` forward only through the strategy's stages and replicas (each replica its rows, in micro-batches),
+    the layers in `eval()` mode, the last stages' sums and counts added over the world in one all-reduce. No
+    parameter, optimiser state or loss scale changes; a broken epoch raises `StepAbandoned` (the boundary is scored
+    again in the next one)."""
+    spec, g, mb = ctx.spec, ctx.groups, ctx.train.micro_batch
+    total = torch.zeros(2, dtype=torch.float64)  # the loss summed over the rows, and the rows (or the count)
+    autocast = _autocast(spec, ctx.device)
+    was = ctx.module.training
+    ctx.module.eval()
+    try:
+        with torch.no_grad():
+            for i in range(validation.batches):
+                sends: list[tuple[object, torch.Tensor]] = []
+                part = replica_part(validation.batch, i, ctx.replica, ctx.strategy.D)
+                for xm, ym in shard(*part, 0, 1, mb) if part is not None else []:
+                    _, out, n = stage_forward(ctx, xm, ym, sends, autocast, 1)
+                    if ctx.is_last:
+                        total[0] += out.to("cpu", torch.float64)
+                        total[1] += n if spec.normalizer == "count" else rows_of(ym)
+                for work, _ in sends:  # a batch's activations are released before the next is run
+                    assert g is not None  # only a rank with a neighbour sends
+                    g.wait(work)
+            if g is not None:
+                g.wait(g.all_reduce(total, g.world))
+    finally:
+        ctx.module.train(was)
+    if not float(total[1]) > 0:
+        raise ValueError(f"validation counted {float(total[1])} items over its {validation.batches} batches; give it "
+                         "batches with rows (with normalizer 'count': items the loss counts)")  # fmt: skip
+    return float(total[0] / total[1])

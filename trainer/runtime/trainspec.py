@@ -48,6 +48,7 @@ from trainer.config import (
     model_entry,
 )
 from trainer.runtime.loss_scale import LossScaling
+from trainer.runtime.validation import Validation
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -95,7 +96,8 @@ class TrainSpec:
     or "auto" (the default: `LossScaling()` under float16 autocast, where small gradients would round to zero, and
     none otherwise); `prefetch` (default True): a worker loads its rows of the next step in a helper thread while
     it trains this one (`batch` is then called from that thread, never twice at once; False: on the thread that
-    trains, before each step).
+    trains, before each step); `validation`: a `parcae.Validation` — held-out batches whose mean loss is measured
+    every `every` steps and at the end, whatever the strategy (none by default).
     """
 
     layers: Sequence[Layer]
@@ -109,6 +111,7 @@ class TrainSpec:
     autocast: str | None = None
     loss_scaling: LossScaling | str | None = "auto"
     prefetch: bool = True
+    validation: Validation | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "layers", tuple(self.layers))
@@ -297,6 +300,11 @@ def _check_fields(spec: TrainSpec, where: str) -> None:
         raise SpecError(f'{where}: loss_scaling {spec.loss_scaling!r}; give a parcae.LossScaling, None or "auto"')
     if isinstance(spec.loss_scaling, LossScaling) and spec.loss_scaling.problems():
         raise SpecError(f"{where}: loss_scaling: {'; '.join(spec.loss_scaling.problems())}")
+    if spec.validation is not None and not isinstance(spec.validation, Validation):
+        raise SpecError(f"{where}: validation is a {type(spec.validation).__name__}; give a "
+                        "parcae.Validation(batch=..., batches=..., every=...) or None")  # fmt: skip
+    if spec.validation is not None and spec.validation.problems():
+        raise SpecError(f"{where}: validation: {'; '.join(spec.validation.problems())}")
     if spec.normalizer not in NORMALIZERS:
         raise SpecError(f"{where}: normalizer {spec.normalizer!r}; choose one of {', '.join(NORMALIZERS)}")
     if spec.lr is not None and not callable(spec.lr):
@@ -443,6 +451,8 @@ def check_spec(spec: TrainSpec, where: str, stages: int = 1, global_batch: int |
         # an op without a meta kernel fails there but may work: the CPU run (two rows) says which it is
         out, sample = _check_flow(spec, where, None)
     _check_sum(spec, where, out, sample)
+    if spec.validation is not None:
+        _check_validation(spec, spec.validation, where)
     return SpecSummary(global_batch=B, names=tuple(spec.names))
 
 
@@ -457,15 +467,36 @@ def _check_exact(module: nn.Module, name: str, where: str) -> None:
                             "between strategies")  # fmt: skip
 
 
-def _batch(spec: TrainSpec, step: int, where: str) -> tuple[Tree, Tree]:
+def _batch(spec: TrainSpec, step: int, where: str, fn: str = "batch") -> tuple[Tree, Tree]:
+    """`fn(step)` of the spec: its training batch ("batch") or a validation batch ("validation.batch")."""
+    function = spec.batch if fn == "batch" else cast(Validation, spec.validation).batch
     try:
-        out = spec.batch(step)
+        out = function(step)
     except Exception as exc:  # noqa: BLE001 — a user's function: name it, whatever it raised
-        raise SpecError(f"{where}: batch({step}) raised {type(exc).__name__}: {exc}; fix the batch function") from None
+        raise SpecError(f"{where}: {fn}({step}) raised {type(exc).__name__}: {exc}; fix the {fn} function") from None
     if not (isinstance(out, tuple) and len(out) == 2 and is_tree(out[0]) and is_tree(out[1])):
-        raise SpecError(f"{where}: batch({step}) must return (inputs, targets), each a tensor or a tuple of tensors; "
+        raise SpecError(f"{where}: {fn}({step}) must return (inputs, targets), each a tensor or a tuple of tensors; "
                         f"it returned a {type(out).__name__}")  # fmt: skip
     return out
+
+
+def _check_validation(spec: TrainSpec, validation: Validation, where: str) -> None:
+    """Its first and last batches: (inputs, targets) with the same rows, the first through every layer (on `meta`,
+    else two rows on the CPU) and the loss."""
+    for i in sorted({0, validation.batches - 1}):
+        x, y = _batch(spec, i, where, "validation.batch")
+        try:
+            n = {rows(x), rows(y)}
+        except ValueError as exc:
+            raise SpecError(f"{where}: validation.batch({i}): {exc}; give every tensor the batch's rows as its first "
+                            "dimension") from None  # fmt: skip
+        if len(n) != 1:
+            raise SpecError(f"{where}: validation.batch({i}) has {rows(x)} rows of inputs and {rows(y)} of targets; "
+                            "give both the same rows")  # fmt: skip
+    try:
+        _check_flow(spec, where, "meta", "validation.batch")
+    except SpecError:
+        _check_flow(spec, where, None, "validation.batch")
 
 
 def _check_batches(spec: TrainSpec, where: str, global_batch: int | None) -> int:
@@ -494,17 +525,17 @@ def _need_rows(B: int, global_batch: int | None, where: str) -> None:
                         f"--global-batch {B} (or leave it out), or change the spec's batch size")  # fmt: skip
 
 
-def _check_flow(spec: TrainSpec, where: str, device: str | None) -> tuple[Any, Any]:
-    """Run a two-row sample through every layer (built on `device`) and the loss: each output must feed the next.
-    Returns the last layer's output (on `device`) and the sample's targets (on the host)."""
-    x, y = _batch(spec, 0, where)
+def _check_flow(spec: TrainSpec, where: str, device: str | None, fn: str = "batch") -> tuple[Any, Any]:
+    """Run a two-row sample of `fn(0)` (`_batch`) through every layer (built on `device`) and the loss: each output
+    must feed the next. Returns the last layer's output (on `device`) and the sample's targets (on the host)."""
+    x, y = _batch(spec, 0, where, fn)
     k = min(2, rows(x))
     out: Any = rebuild(x, [t[:k] for t in leaves(x)])
     sample: Any = rebuild(y, [t[:k] for t in leaves(y)])
     targets = to_device(sample, "meta") if device == "meta" else sample
     if device == "meta":
         out = to_device(out, "meta")
-    prev = "the batch's inputs"
+    prev = "the batch's inputs" if fn == "batch" else f"{fn}(0)'s inputs"
     with torch.no_grad():
         for i, layer in enumerate(spec.layers):
             module = _built(spec, i, where, device)

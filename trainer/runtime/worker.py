@@ -64,6 +64,7 @@ from trainer.runtime.pipeline import (
     make_optimizer,
     parameters_checksum,
     train_step,
+    validate,
 )
 from trainer.runtime.preparation import POLL_MAX_S, POLL_MIN_S, Prepared
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
@@ -544,6 +545,8 @@ class Worker:
         # checkpoint-restarts and recomputes the steps after the checkpoint.
         reporter = ctx.is_last
         rows = self._prefetcher()
+        held_out = ctx.spec.validation
+        val: float | None = None  # the held-out loss of this boundary, reported with its step (or the final layers)
         try:
             while True:
                 decision = self._boundary(self.step)
@@ -557,6 +560,12 @@ class Worker:
                     self._arrive(decision)
                     self._to(WorkerState.RESTARTING)
                     return
+                val = None
+                if held_out is not None and held_out.due(self.step, job.steps):
+                    began = time.time()
+                    val = validate(ctx, held_out)  # every member of the epoch, at the same boundaries
+                    if self.last_step_end > 0:  # (the next step's cycle time is the step's own, not the validation's)
+                        self.last_step_end += time.time() - began
                 if self.step >= job.steps:
                     break
                 step = self.step
@@ -578,7 +587,9 @@ class Worker:
                                        "it is written (the last good one stays the newest); lower the learning "
                                        "rate or resume from an earlier checkpoint")  # fmt: skip
                     scaled = ctx.scaled  # (float16: the loss scale after the step, and whether it was skipped)
-                    reported = keys.StepLoss(loss, *((scaled.value, scaled.skipped) if scaled else ()))
+                    reported = keys.StepLoss(
+                        loss, scaled.value if scaled else None, bool(scaled and scaled.skipped), val
+                    )
                     self.store.set(keys.loss(step), reported.value())
                 self.step += 1
                 every = job.checkpoint_every
@@ -599,7 +610,8 @@ class Worker:
                     self._upload_errors.append(f"final layers of stage {ctx.stage}: {type(e).__name__}: {e}")
                     self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
-        final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest}
+        final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest,
+                 **({"val_loss": val} if val is not None and reporter else {})}  # fmt: skip
         self.store.set(keys.replica_final(self.id), json.dumps(final))
         close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
