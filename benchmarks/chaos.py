@@ -20,7 +20,8 @@ verdict of the tests' tolerance (rtol 1e-5, atol 1e-9).
 
 Printed: events by kind, reconfigurations by kind ("(kill)": without notice), the median and p90 pause of each
 (the coordinator's `pause_s`), steps lost (recomputed after a checkpoint-restart), the equivalence (for a spec that
-scales its loss, also whether every step's scale and skip equal the uninterrupted run's), and wall time.
+scales its loss, also whether every step's scale and skip equal the uninterrupted run's; for a spec that validates,
+whether every held-out loss does), and wall time.
 Workers start with "forkserver" by default (a warm pool, as the chaos tests: ~0.1 s instead of ~2.5 s of CPU per
 added or restarted process); `--start-method spawn` makes every start cold.
 
@@ -68,6 +69,7 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     parameters_checksum,
     run_job,  # noqa: E402
     train_step,
+    validate,
 )
 
 RTOL, ATOL = 1e-5, 1e-9  # the equivalence tests' tolerance
@@ -88,18 +90,26 @@ def place(workers: int, n_events: int, seed: int, steps: int | None, max_workers
     raise SystemExit(f"could not place {n_events} events in up to {s} steps; give --steps")
 
 
-def reference(model: ModelConfig, train: TrainConfig, steps: int) -> tuple[list[float], dict[str, Any], list[Any]]:
-    """One uninterrupted process, one torch thread: its loss curve, final layer states and, for a spec that scales
-    its loss (float16), each step's (scale after it, skipped)."""
+def reference(
+    model: ModelConfig, train: TrainConfig, steps: int
+) -> tuple[list[float], dict[str, Any], list[Any], list[tuple[int, float]]]:
+    """One uninterrupted process, one torch thread: its loss curve, final layer states, for a spec that scales its
+    loss (float16), each step's (scale after it, skipped), and for a spec that validates, (boundary, held-out loss)
+    of each boundary it scores."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         ctx = build_context(model, train, StageLayout.even(1, 1, model))
-        losses, scales = [], []
-        for s in range(steps):
+        held_out = ctx.spec.validation
+        losses, scales, vals = [], [], []
+        for s in range(steps + 1):
+            if held_out is not None and held_out.due(s, steps):
+                vals.append((s, validate(ctx, held_out)))
+            if s == steps:
+                break
             losses.append(train_step(ctx, s))
             scales.append(None if ctx.scaled is None else (ctx.scaled.value, ctx.scaled.skipped))
-        return losses, ctx.layer_states(), scales
+        return losses, ctx.layer_states(), scales, vals
     finally:
         torch.set_num_threads(old)
 
@@ -116,7 +126,7 @@ class Scales(JobObserver):
 
 def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, steps: int,
             seen: dict[int, Any]) -> dict[str, Any]:  # fmt: skip
-    ref_loss, ref_layers, ref_scales = reference(model, train, steps)
+    ref_loss, ref_layers, ref_scales, ref_vals = reference(model, train, steps)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     worst, close = 0.0, True
     for name, want in ref_layers.items():
@@ -127,6 +137,9 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
             worst = max(worst, float(((got - w).abs() / w.abs().clamp_min(ATOL)).max()))
             close = close and torch.allclose(got, w, rtol=RTOL, atol=ATOL)
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(result["loss"], ref_loss, strict=True))
+    got_vals = [(v["step"], v["loss"]) for v in result.get("validation", [])]
+    same_points = [s for s, _ in got_vals] == [s for s, _ in ref_vals]
+    val_diff = max((abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(got_vals, ref_vals, strict=False)), default=0.0)
     ref_checksum = parameters_checksum(ref_layers, layer_names(model))
     return {
         "checksum": result["final_checksum"],
@@ -134,7 +147,12 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
         "checksum_equal": result["final_checksum"] == ref_checksum,
         "params_max_rel_diff": worst,
         "loss_max_rel_diff": loss_diff,
-        "within_tolerance": close and loss_diff <= RTOL,
+        "within_tolerance": close and loss_diff <= RTOL and same_points and val_diff <= RTOL,
+        # a spec that validates: the boundaries scored (the same as the uninterrupted run's?) and the held-out
+        # losses' largest relative difference
+        "validations": len(got_vals),
+        "validation_points_equal": same_points,
+        "validation_max_rel_diff": val_diff,
         # float16: the steps whose loss scale or skip differ from the uninterrupted run's, and the steps it skipped
         "scale_differs_at": [s for s in range(steps) if seen.get(s) != ref_scales[s]],
         "skipped_steps": sum(1 for x in ref_scales if x is not None and x[1]),
@@ -204,6 +222,10 @@ def print_report(r: dict[str, Any]) -> None:
           f"{'equal' if eq['checksum_equal'] else 'not bit-identical'}; parameters max rel diff "
           f"{eq['params_max_rel_diff']:.1e}, loss max rel diff {eq['loss_max_rel_diff']:.1e} -> "
           f"{'same run' if eq['within_tolerance'] else 'DIFFERENT run'} (rtol {RTOL:g}, atol {ATOL:g})")  # fmt: skip
+    if eq["validations"] or not eq["validation_points_equal"]:
+        points = "the same boundaries" if eq["validation_points_equal"] else "OTHER boundaries"
+        print(f"validation: {eq['validations']} held-out losses at {points} as the uninterrupted run's, max rel diff "
+              f"{eq['validation_max_rel_diff']:.1e}")  # fmt: skip
     if eq["scaled"]:
         differs = eq["scale_differs_at"]
         same = "every step as the uninterrupted run" if not differs else f"differs at steps {differs[:8]}"
