@@ -74,11 +74,12 @@ class Gate(nn.Module):
 
 def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | None = None, gate: bool = False,
          unused: bool = False, routed: bool = False, half: bool = False, held_out: int = 0,
-         ) -> parcae.TrainSpec:  # fmt: skip
+         held_out_fails: bool = False) -> parcae.TrainSpec:  # fmt: skip
     """`gate`: a parameter-free `Gate` layer after the first block; `unused`: a parameter in the head that the
     forward never uses; `routed`: the first block is a `Routed` one; `half`: the second a bfloat16 `HalfBlock`;
     `held_out`: validated every 2 steps on two batches of other rows, of `held_out` and 5 rows (a plain function:
-    every replica loads a batch whole)."""
+    every replica loads a batch whole); `held_out_fails`: a third batch between them, whose loading raises (the check
+    before the job loads the first and the last)."""
 
     def block(i: int) -> nn.Module:
         if half and i == 1:
@@ -110,11 +111,17 @@ def spec(blocks: int = 3, costs: list[float] | None = None, frozen_steps: int | 
         clip_grad_norm=1.0,
         # a schedule of the step: lr 0 for the first `frozen_steps` steps (none by default), then the optimiser's
         lr=None if frozen_steps is None else (lambda step: 0.0 if step < frozen_steps else 0.05),
-        validation=parcae.Validation(lambda i: held_out_batch(i, held_out), batches=2, every=2) if held_out else None,
+        validation=parcae.Validation(
+            lambda i: held_out_batch(i, held_out, held_out_fails), batches=2 + held_out_fails, every=2
+        )
+        if held_out
+        else None,
     )
 
 
-def held_out_batch(i: int, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+def held_out_batch(i: int, rows: int, fails: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    if fails and i == 1:
+        raise FileNotFoundError("held-out shard 1")
     g = torch.Generator().manual_seed(77 + i)
     X = torch.randn(rows if i == 0 else 5, FEATURES, generator=g, dtype=torch.float64)
     return X, (X[:, 0] > 0).long() + (X[:, 1] > 0.5).long()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import sys
 import time
 from pathlib import Path
@@ -164,6 +165,28 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     assert [s for h, s in order if h == "validation"] == [(v["step"], v["loss"]) for v in result["validation"]]
     assert order.index(("validation", (2, result["validation"][1]["loss"]))) == order.index(("step", 2)) - 1
     assert order[-1] == ("validation", (6, result["validation"][-1]["loss"]))
+
+
+def test_a_data_function_that_fails_while_the_job_trains_is_one_line_naming_it(tmp_path, _no_orphans):
+    """A validation batch the check before the job does not load raises in the workers: the job stops with one line
+    naming the function, its argument, the error and the user's line — no traceback."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    args = json.dumps({"held_out": 2, "held_out_fails": True})
+    res = CliRunner().invoke(app, ["train", "--model", "_tuple_model:spec", "--model-args", args, "--workers", "1",
+                                   "--steps", "2", "--out-dir", str(tmp_path / "run")])  # fmt: skip
+    assert res.exit_code == 1, res.output
+    assert re.search(r"validation\.batch\(1\) raised FileNotFoundError: held-out shard 1 at .*_tuple_model\.py:\d+ "
+                     r"in held_out_batch; fix the validation\.batch function", res.output), res.output  # fmt: skip
+    assert "Traceback" not in res.output
+
+
+def test_a_job_told_not_to_validate_scores_nothing(tmp_path, _no_orphans):
+    """`TrainConfig(validate=False)` (a runtime profile's job, which measures training) skips the validation."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    model = ModelConfig("_tuple_model:spec", {"held_out": 2})
+    result = run_job(model, TrainConfig(global_batch=24, validate=False), 1, (1, 1), 3, [], tmp_path / "job",
+                     timeout_s=60)  # fmt: skip
+    assert len(result["loss"]) == 3 and "validation" not in result
 
 
 def test_validation_scores_the_held_out_rows_in_eval_mode_and_changes_nothing():
@@ -492,8 +515,11 @@ def test_the_next_step_s_rows_are_loaded_while_this_one_trains_and_never_twice_a
         ahead = [step for step, thread in calls if thread.startswith("parcae-prefetch")]
         now = [step for step, thread in calls if not thread.startswith("parcae-prefetch")]
         assert now == [0, 2] and ahead == [1, 2, 3, 4][: len(ahead)] and ahead[:3] == [1, 2, 3]
-        with pytest.raises(OSError, match="image 17 is truncated"):  # loaded ahead, raised where it is wanted
+        # loaded ahead, raised where it is wanted: one line naming the function, the step and the user's line
+        with pytest.raises(SpecError, match=r"^batch\(4\) raised OSError: image 17 is truncated at .*test_user_model"
+                           r"\.py:\d+ in batch; fix the batch function$") as raised:  # fmt: skip
             rows.load(4, range(3, 6))
+        assert isinstance(raised.value.__cause__, OSError)
         rows.load(5, range(3, 6))  # the last step: nothing after it is loaded
         time.sleep(0.05)
         assert max(step for step, _ in calls) == 5

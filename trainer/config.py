@@ -164,6 +164,9 @@ class TrainConfig:
     # what the stage cut balances, one cost per layer (a runtime profile's measured ms: `RuntimeProfile.stage_costs`);
     # empty: the spec's cost hints, else the layers' parameter counts (`trainer.runtime.migration.LayerSizes.cut`)
     stage_costs: tuple[float, ...] = ()
+    # whether the spec's `validation` is scored (`trainer.runtime.validation`); a runtime profile's job does not: it
+    # measures training
+    validate: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.stage_costs, tuple):  # a list, from JSON (a job spec, job.json)
@@ -176,6 +179,8 @@ class TrainConfig:
         _need(self.schedule in SCHEDULES, "train.schedule", f"must be {_choices(SCHEDULES)}, got {self.schedule!r}",
               "choose one")  # fmt: skip
         _need_count(self.steps, "train.steps", 1, "give a step count")
+        _need(isinstance(self.validate, bool), "train.validate", f"must be true or false, got {self.validate!r}",
+              "give a boolean")  # fmt: skip
         _need_count(self.global_batch, "train.global_batch", 1, "give the rows of a step")
         _need_count(self.micro_batch, "train.micro_batch", 1, "give the rows of a micro-batch")
         _need(_finite_positive(self.lr), "train.lr", f"must be a positive number, got {self.lr!r}",

@@ -323,7 +323,8 @@ def measure(
                                f"(feasible: {', '.join(f'{a}x{b}' for a, b in feasible)})")  # fmt: skip
     order = visit_rounds(visit_order(chosen), rounds)
     sched = profile_schedule(workers, order, steps_per_strategy, batch)
-    tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch, device=device)
+    # (a spec's validation is not scored: its time is no migration's and no strategy's)
+    tcfg = TrainConfig(seed=seed, steps=sched.steps, global_batch=batch, device=device, validate=False)
     t0 = time.monotonic()
     # the stages are cut by measured time, in the profile's job as in the jobs that plan with it: the iteration
     # times it records are those of the cut they will train with

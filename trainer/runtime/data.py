@@ -19,8 +19,33 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from trainer.runtime.trainspec import leaves, rebuild, stable_seed
+from trainer.runtime.trainspec import SpecError, leaves, rebuild, stable_seed
 from trainer.runtime.trainspec import rows as rows_of
+
+
+class DataError(SpecError):
+    """A spec's data function raised while the job trained: the message names the function, its argument, the error
+    and where in the user's code it was raised (the error itself is the `__cause__`)."""
+
+
+def _data_error(what: str, arg: int, exc: Exception) -> DataError:
+    """`what(arg)` raised `exc`: a one-line `DataError` with the deepest frame outside the trainer, torch and Python's
+    own library (the user's code, as far as the traceback shows it)."""
+    import traceback
+    from pathlib import Path
+
+    trainer = Path(__file__).resolve().parents[1]
+    torch_dir, stdlib = Path(torch.__file__).resolve().parent, Path(traceback.__file__).resolve().parent
+
+    def ours(filename: str) -> bool:
+        f = Path(filename).resolve()
+        if f.is_relative_to(trainer) or f.is_relative_to(torch_dir):
+            return True
+        return f.is_relative_to(stdlib) and "site-packages" not in f.parts and "dist-packages" not in f.parts
+
+    theirs = [f for f in traceback.extract_tb(exc.__traceback__) if not ours(f.filename)]
+    at = f" at {theirs[-1].filename}:{theirs[-1].lineno} in {theirs[-1].name}" if theirs else ""
+    return DataError(f"{what}({arg}) raised {type(exc).__name__}: {exc}{at}; fix the {what} function")
 
 
 def replica_rows(global_batch_size: int, replica: int, n_replicas: int) -> range:
@@ -51,12 +76,16 @@ class RowBatch(Protocol):
     def rows(self, step: int, start: int, stop: int) -> tuple[Any, Any]: ...
 
 
-def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range) -> tuple[Any, Any]:
-    """Rows `rows` of `batch(step)`: loaded alone where `batch` is a `RowBatch`, else cut from the whole batch."""
-    if isinstance(batch, RowBatch):
-        return batch.rows(step, rows.start, rows.stop)
-    x, y = batch(step)
-    return _cut(x, rows), _cut(y, rows)
+def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range, what: str = "batch") -> tuple[Any, Any]:
+    """Rows `rows` of `batch(step)`: loaded alone where `batch` is a `RowBatch`, else cut from the whole batch. The
+    function's error is a `DataError` naming `what` (the spec's field: "batch", "validation.batch")."""
+    try:
+        if isinstance(batch, RowBatch):
+            return batch.rows(step, rows.start, rows.stop)
+        x, y = batch(step)
+        return _cut(x, rows), _cut(y, rows)
+    except Exception as exc:  # noqa: BLE001 — a user's function: one line naming it, whatever it raised
+        raise _data_error(what, step, exc) from exc
 
 
 def _cut(tree: Any, rows: range) -> Any:
@@ -74,13 +103,17 @@ def replica_part(
     def part(V: int) -> range:
         return range(replica * V // replicas, (replica + 1) * V // replicas)
 
+    what = "validation.batch"
     size = getattr(batch, "size", None)
     if callable(size) and isinstance(batch, RowBatch):
         mine = part(int(size(i)))
-        return batch_rows(batch, i, mine) if len(mine) else None
-    x, y = batch(i)
-    mine = part(rows_of(x))
-    return (_cut(x, mine), _cut(y, mine)) if len(mine) else None
+        return batch_rows(batch, i, mine, what) if len(mine) else None
+    try:
+        x, y = batch(i)
+        mine = part(rows_of(x))
+        return (_cut(x, mine), _cut(y, mine)) if len(mine) else None
+    except Exception as exc:  # noqa: BLE001 — a user's function: one line naming it, whatever it raised
+        raise _data_error(what, i, exc) from exc
 
 
 class Prefetcher:

@@ -545,7 +545,7 @@ class Worker:
         # checkpoint-restarts and recomputes the steps after the checkpoint.
         reporter = ctx.is_last
         rows = self._prefetcher()
-        held_out = ctx.spec.validation
+        held_out = ctx.spec.validation if job.train.validate else None
         val: float | None = None  # the held-out loss of this boundary, reported with its step (or the final layers)
         try:
             while True:
