@@ -8,6 +8,8 @@ trace with
     parcae train --model examples/token_lm.py:spec --model-args '{"tokens": "README.md"}' --trace p3 --workers 4
 
 A real token file (e.g. uint16 ids from a tokenizer) works the same: give "tokens", "vocab" and "token_dtype".
+The file's last `holdout` share of windows is not trained on: its mean loss is measured every `validate_every` steps
+and at the end (MLflow's `val_loss`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import Subset
 
 import parcae
 
@@ -50,8 +53,13 @@ class Head(nn.Module):
 
 def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, token_dtype: str = "uint8",
          hidden: int = 64, heads: int = 4, blocks: int = 2, batch_size: int = 16, lr: float = 3e-3,
-         dtype: str = "float32", seed: int = 0) -> parcae.TrainSpec:  # fmt: skip
+         dtype: str = "float32", seed: int = 0, holdout: float = 0.1, validate_every: int = 50,
+         ) -> parcae.TrainSpec:  # fmt: skip
     windows = parcae.TokenWindows(tokens, block_size, dtype=token_dtype)
+    if not 0 <= holdout < 1:
+        raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
+    held = int(len(windows) * holdout)  # the last windows of the file, validated on, never trained on
+    train = Subset(windows, range(len(windows) - held))
     dt = getattr(torch, dtype)
 
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # a SUM over rows of per-row means
@@ -63,8 +71,11 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
             *(parcae.Layer(f"block.{i}", lambda: CausalBlock(hidden, heads).to(dt)) for i in range(blocks)),
             parcae.Layer("head", lambda: Head(hidden, vocab).to(dt)),
         ],  # fmt: skip
-        batch=parcae.StepSampler(windows, batch_size, seed=seed),
+        batch=parcae.StepSampler(train, batch_size, seed=seed),
         loss=loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
         clip_grad_norm=1.0,
+        validation=parcae.Validation.over(Subset(windows, range(len(train), len(windows))), 64, every=validate_every)
+        if held
+        else None,
     )
