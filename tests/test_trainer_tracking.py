@@ -142,7 +142,7 @@ class Job:
         def step(s: int, attempt: int = 0) -> None:
             nonlocal t
             info = StepInfo(step=s, loss=loss_of(s, attempt), strategy=strategy, alive=alive, time=t,
-                            loss_scale=2.0 ** (10 + s % 3), skipped=s % 5 == 4)  # fmt: skip
+                            loss_scale=2.0 ** (10 + s % 3), skipped=s % 5 == 4, lr=1e-3 * 0.9**s)  # fmt: skip
             self.steps.append(info)
             if s % 5 == 0:  # the held-out loss of boundary s comes before step s (the driver's order)
                 obs.on_validation(s, val_of(s))
@@ -253,6 +253,7 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert latest(client, run_id, "loss_scale") == {s: 2.0 ** (10 + s % 3) for s in range(20)}
     assert final["skipped_steps"] == 4  # steps 4, 9 (twice: recomputed), 14 and 19
     assert latest(client, run_id, "val_loss") == {s: val_of(s) for s in (0, 5, 10, 15, 20)}  # the final at 20
+    assert latest(client, run_id, "lr") == pytest.approx({s: 1e-3 * 0.9**s for s in range(20)})
     # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
     assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]
 

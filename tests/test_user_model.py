@@ -152,7 +152,8 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     """Validation batches of 2 and 5 rows over 3 replicas (one replica scores no row of the first), tuple activations
     forward only through 3 stages, and a pipeline migration each way: the held-out losses of one process."""
     sys.path.insert(0, str(Path(__file__).parent))  # where `_tuple_model` is, for this process and its workers
-    model, train, steps = ModelConfig("_tuple_model:spec", {"held_out": 2}), TrainConfig(global_batch=24), 6
+    model = ModelConfig("_tuple_model:spec", {"held_out": 2, "frozen_steps": 1})  # (and a learning-rate schedule)
+    train, steps = TrainConfig(global_batch=24), 6
     schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]}, {"step": 5, "kind": "plan", "strategy": [3, 1]}]
     seen = RecordingObserver()
     result = run_job(model, train, 3, (3, 1), steps, schedule, tmp_path / "job", timeout_s=80, observer=seen)
@@ -165,6 +166,7 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     assert [s for h, s in order if h == "validation"] == [(v["step"], v["loss"]) for v in result["validation"]]
     assert order.index(("validation", (2, result["validation"][1]["loss"]))) == order.index(("step", 2)) - 1
     assert order[-1] == ("validation", (6, result["validation"][-1]["loss"]))
+    assert [step.lr for step in seen.of("step")] == [0.0] + [0.05] * 5  # each step's rate, as the spec gives it
 
 
 def test_a_data_function_that_fails_while_the_job_trains_is_one_line_naming_it(tmp_path, _no_orphans):

@@ -31,7 +31,7 @@ from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint_mirror import StepCommitter
 from trainer.runtime.migration import PlanError, recovery_strategy
-from trainer.runtime.model import layer_names
+from trainer.runtime.model import layer_names, spec_of
 from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
@@ -94,6 +94,7 @@ class Driver:
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
         self._final_validated = False  # the final layers' held-out loss was delivered to the observers
+        self._lr = spec_of(cfg.model, cfg.train).lr  # the spec's learning rate of each step (None: the optimiser's)
         # (request, decision, details, seconds) of the planner asked a step before a boundary (`plan_ahead`)
         self._planned_ahead: tuple[PlanRequest, tuple[int, int], Mapping[str, Any], float] | None = None
         # observers
@@ -671,7 +672,8 @@ class Driver:
             if got.val is not None:  # the held-out loss of boundary s: the parameters step s started from
                 self.observer.on_validation(s, got.val)
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
-                                           time=time.time(), loss_scale=got.scale, skipped=got.skipped))  # fmt: skip
+                                           time=time.time(), loss_scale=got.scale, skipped=got.skipped,
+                                           lr=None if self._lr is None else float(self._lr(s))))  # fmt: skip
             self._next_step = s + 1
         self._deliver_records(upto=self._next_step, final=final)
         if final and not self._final_validated and (val := c.final_validation()) is not None:

@@ -42,6 +42,7 @@ class StepInfo:
     time: float  # wall-clock time.time() when the driver saw it
     loss_scale: float | None = None  # float16's loss scale after the step (None: the job scales none)
     skipped: bool = False  # its update was skipped: its scaled gradients overflowed
+    lr: float | None = None  # the learning rate it applied, where the spec gives one per step (`TrainSpec.lr`)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from
              the third step interval on: `trainer.observe.timeline.StepTimeline`), loss_scale (a float16 job's);
-             val_loss (a spec with `validation`: at each scored boundary, the final layers' at the last step);
+             val_loss (a spec with `validation`: at each scored boundary, the final layers' at the last step), lr
+             (a spec with a learning-rate schedule, `TrainSpec.lr`);
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
              reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
@@ -316,6 +317,8 @@ class MlflowJobObserver(JobObserver):
             ]
             if sps is not None:
                 points.append(("samples_per_s", sps, ts, step.step))
+            if step.lr is not None:  # a spec's schedule of the step
+                points.append(("lr", float(step.lr), ts, step.step))
             if step.loss_scale is not None:  # float16: the scale after the step, and the steps it skipped
                 points.append(("loss_scale", float(step.loss_scale), ts, step.step))
                 self._skipped = self._skipped or set()
