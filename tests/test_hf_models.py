@@ -17,6 +17,7 @@ from trainer import (
     checkpoint,
     load_spec,
     train_step,
+    validate,
 )
 
 transformers = pytest.importorskip("transformers")
@@ -26,7 +27,9 @@ GPT2 = {"model_type": "gpt2", "n_embd": 32, "n_layer": 2, "n_head": 4, "vocab_si
 
 
 def test_a_llama_shaped_spec_trains_the_same_run_under_migrations(tmp_path, _no_orphans):
-    model, train, steps = ModelConfig("tiny-llama"), TrainConfig(global_batch=8, micro_batch=2), 7
+    # the last 14 of the corpus' windows held out (0.1%: two batches, of 8 and 6), scored every 3 steps
+    model = ModelConfig("tiny-llama", {"holdout": 0.001, "validate_every": 3})
+    train, steps = TrainConfig(global_batch=8, micro_batch=2), 7
     assert check_spec(load_spec(model, train), "tiny-llama", stages=3).names[1] == "layers.0"
     schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]},
                 {"step": 3, "kind": "preempt", "instances": [0], "notice": True},
@@ -34,8 +37,15 @@ def test_a_llama_shaped_spec_trains_the_same_run_under_migrations(tmp_path, _no_
     result = run_job(model, train, 4, (2, 2), steps, schedule, tmp_path / "job", timeout_s=120)
     assert [r["kind"] for r in result["reconfigurations"]][0] == "pipeline"
     ref = build_context(model, train, StageLayout.even(1, 1, model))
-    losses = [train_step(ref, s) for s in range(steps)]
+    held_out, losses, vals = ref.spec.validation, [], []
+    assert held_out is not None
+    for s in range(steps + 1):
+        if held_out.due(s, steps):
+            vals.append({"step": s, "loss": pytest.approx(validate(ref, held_out), rel=1e-4)})
+        if s < steps:
+            losses.append(train_step(ref, s))
     assert result["loss"] == pytest.approx(losses, rel=1e-4)  # float32: summation orders differ with D
+    assert result["validation"] == vals and [v["step"] for v in vals] == [0, 3, 6, 7]
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     for name, state in ref.layer_states().items():
         for key in (k for k in state if k.startswith("param/")):

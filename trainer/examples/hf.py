@@ -24,11 +24,13 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.data import Subset
 
 from trainer.config import TrainConfig
 from trainer.corpus import corpus
 from trainer.runtime.data import StepSampler, TokenWindows
 from trainer.runtime.trainspec import Layer, SpecError, TrainSpec
+from trainer.runtime.validation import Validation
 
 FAMILIES = ("llama", "gpt2")
 #: A Llama-shaped network small enough for a CPU test (~70 k parameters per decoder layer).
@@ -191,12 +193,16 @@ def _read_weights(weights: str) -> dict[str, torch.Tensor]:
 
 def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = None, token_dtype: str = "uint16",
          block_size: int = 32, weights: str | None = None, lr: float = 3e-4, dtype: str = "float32",
-         data_seed: int = 0, autocast: str | None = None, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
+         data_seed: int = 0, autocast: str | None = None, holdout: float = 0.0, validate_every: int = 100, *,
+         train: TrainConfig) -> TrainSpec:  # fmt: skip
     """A decoder from `config` (a dict with "model_type", or a local folder; default `TINY_LLAMA`), trained on
     next-token windows of `block_size` from a `tokens` file (default: the bundled character corpus),
     `train.global_batch` windows per step, AdamW at `lr`; `weights` starts from a local safetensors checkpoint
     instead of random weights; `autocast` "bfloat16" or "float16" (a V100's: the loss is then scaled) runs the
-    layers under torch.autocast."""
+    layers under torch.autocast; `holdout` (a share, e.g. 0.05): the last windows are never trained on, and their
+    mean loss is measured every `validate_every` steps and at the end."""
+    if not 0 <= holdout < 1:
+        raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
     cfg = load_config(TINY_LLAMA if config is None else config)
     family, dt, n = cfg.model_type, getattr(torch, dtype), cfg.num_hidden_layers
     std = float(getattr(cfg, "initializer_range", 0.02))
@@ -232,12 +238,19 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
             logits = logits.float()
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum") / targets.shape[1]
 
+    held = int(len(windows) * holdout)
+    trained = Subset(windows, range(len(windows) - held)) if held else windows
     return TrainSpec(
         layers=[Layer(name, functools.partial(build, i)) for i, name in enumerate(names)],
-        batch=StepSampler(windows, train.global_batch, seed=data_seed),
+        batch=StepSampler(trained, train.global_batch, seed=data_seed),
         loss=loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, betas=train.betas, weight_decay=train.weight_decay),
         autocast=autocast,
+        validation=Validation.over(
+            Subset(windows, range(len(windows) - held, len(windows))), train.global_batch, every=validate_every
+        )
+        if held
+        else None,
     )
 
 
