@@ -36,6 +36,8 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
          validate_every: int = 50) -> parcae.TrainSpec:  # fmt: skip
     """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages. `fused`: torch's
     fused AdamW (one kernel a step; what a GPU job would pick). `holdout`: the digits kept for validation (0: none)."""
+    if not 0 <= holdout < 1797:
+        raise ValueError(f"holdout {holdout!r}: keep between 0 and 1,796 of the 1,797 digits for validation")
     dt = getattr(torch, dtype)
     train, held_out = digits(dt, holdout)
 

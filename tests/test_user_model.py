@@ -312,6 +312,8 @@ varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtyp
     (_spec(validation=parcae.Validation(lambda i: None, every=0)), 1, r"validation: every 0 must be an integer >= 1"),
     (_spec(validation=parcae.Validation(lambda i: (torch.ones(3, 4), torch.zeros(2, dtype=torch.long)))), 1,
      r"validation.batch\(0\) has 3 rows of inputs and 2 of targets; give both the same rows"),
+    (_spec(validation=parcae.Validation(lambda i: (torch.ones(0, 4), torch.zeros(0, dtype=torch.long)))), 1,
+     r"validation.batch\(0\) has no rows; give every validation batch at least one"),
     (_spec(validation=parcae.Validation(lambda i: [][i], batches=2)), 1,
      r"validation.batch\(0\) raised IndexError: .*fix the validation.batch function"),
     (_spec(validation=parcae.Validation(lambda i: (torch.ones(3, 5), torch.zeros(3, dtype=torch.long)))), 1,

@@ -493,6 +493,8 @@ def _check_validation(spec: TrainSpec, validation: Validation, where: str) -> No
         if len(n) != 1:
             raise SpecError(f"{where}: validation.batch({i}) has {rows(x)} rows of inputs and {rows(y)} of targets; "
                             "give both the same rows")  # fmt: skip
+        if n == {0}:
+            raise SpecError(f"{where}: validation.batch({i}) has no rows; give every validation batch at least one")
     try:
         _check_flow(spec, where, "meta", "validation.batch")
     except SpecError:
