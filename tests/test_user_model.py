@@ -200,7 +200,6 @@ def test_validation_scores_the_held_out_rows_in_eval_mode_and_changes_nothing():
 
     held = buffered.data(99)
     batches = [(held[0][:10], held[1][:10]), (held[0][10:], held[1][10:])]
-    spec = buffered.spec()
     model = ModelConfig("_buffered_model:spec")
     ctx = build_context(model, TrainConfig(global_batch=buffered.ROWS, micro_batch=4), StageLayout.even(1, 1, model))
     for s in range(3):
@@ -216,7 +215,6 @@ def test_validation_scores_the_held_out_rows_in_eval_mode_and_changes_nothing():
     with torch.no_grad():
         want = nn.functional.cross_entropy(net(held[0]), held[1], reduction="sum").item() / len(held[1])
     assert got == pytest.approx(want, rel=1e-6)
-    assert len(spec.layers) == len(ctx.module.layers)
 
 
 def test_a_bfloat16_layer_among_float64_ones_trains_and_migrates(tmp_path, _no_orphans):
