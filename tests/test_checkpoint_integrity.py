@@ -294,6 +294,40 @@ def test_prune_keeps_the_newest_intact_and_never_what_it_does_not_know(tmp_path)
     assert checkpoint.prune(tmp_path, 1, layers=NAMES, job=JOB) == []
 
 
+def test_prune_keeps_the_best_scored_intact_checkpoint_beside_the_newest(tmp_path):
+    for s in (10, 20, 30, 40, 50):
+        write_step(tmp_path, s)
+    for s, loss in ((10, 0.4), (20, 0.3), (30, 0.3), (40, 0.2), (50, 0.6)):  # 30 ties 20: not an improvement
+        checkpoint.write_val_loss(tmp_path, s, loss, job=JOB)
+    checkpoint.write_val_loss(tmp_path, 5, 0.1, job=JOB)  # a score whose checkpoint is gone
+    (tmp_path / "step00000060.val.json").write_text("{torn")  # unreadable: as if never scored
+    flip(checkpoint.shard_path(tmp_path, 40, 1))  # the best-scored one is corrupt: the next best is kept
+    assert checkpoint.val_losses(tmp_path, job=JOB) == {5: 0.1, 10: 0.4, 20: 0.3, 30: 0.3, 40: 0.2, 50: 0.6}
+    assert checkpoint.val_losses(tmp_path, job="job-b") == {}
+    assert checkpoint.best_validated(tmp_path, NAMES, job=JOB) == (20, 0.3)
+
+    gone = {p.name for p in checkpoint.prune(tmp_path, 1, layers=NAMES, job=JOB)}
+    files = {f"step{s:08d}.{f}" for s in (10, 30, 40) for f in ("stage0.pt", "stage1.pt", "stage0.sha256",
+                                                                 "stage1.sha256", "val.json")}  # fmt: skip
+    assert gone == files | {"step00000005.val.json"}
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert [n for n in left if n.endswith(".val.json")] == ["step00000020.val.json", "step00000050.val.json",
+                                                            "step00000060.val.json"]  # fmt: skip
+    assert checkpoint.latest_intact(tmp_path, NAMES, job=JOB).step == 50
+
+    # parcae export --best: the best-scored intact checkpoint, and its loss; refused where nothing is scored
+    from trainer import export_state_dict
+
+    best = export_state_dict(tmp_path, best=True)
+    assert (best.step, best.val_loss) == (20, 0.3) and export_state_dict(tmp_path).step == 50
+    with pytest.raises(ValueError, match="not both"):
+        export_state_dict(tmp_path, 20, best=True)
+    for p in tmp_path.glob("*.val.json"):
+        p.unlink()
+    with pytest.raises(CheckpointError, match=r"no intact checkpoint has a held-out loss beside it"):
+        export_state_dict(tmp_path, best=True)
+
+
 def test_prune_removes_nothing_without_an_intact_checkpoint(tmp_path):
     write_step(tmp_path, 10, stages=STAGES[:1])
     write_step(tmp_path, 20)

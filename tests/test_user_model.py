@@ -93,7 +93,8 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     events.write_text(json.dumps(EVERY_KIND))
     res = CliRunner().invoke(app, ["train", "--model", DIGITS, "--model-args", ARGS, "--events",
                                    str(events), "--workers", "4", "--steps", str(steps), "--out-dir", str(out),
-                                   "--json", str(tmp_path / "report.json"), "--no-prepare"])  # fmt: skip
+                                   "--json", str(tmp_path / "report.json"), "--no-prepare", "--checkpoint-every",
+                                   "3", "--keep-checkpoints", "1"])  # fmt: skip
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "report.json").read_text())
     assert [r["kind"] for r in report["reconfigurations"]] == KINDS
@@ -109,6 +110,14 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     assert [v["loss"] for v in report["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-6)
     assert f"validation loss {want[-1]['loss']:.4f} after 13 steps (6 validations)" in res.output
     assert_same_parameters(out / "layers", steps, model, layers, rtol=1e-6)
+    # the checkpoints of steps 3, 6, 9 and 12 were scored: the best-scored one is kept beside the newest, and named
+    scored = {v["step"]: v["loss"] for v in report["validation"] if v["step"] in (3, 6, 9, 12)}
+    best = min(scored, key=lambda s: (scored[s], s))
+    assert report["best_checkpoint"] == {"step": best, "val_loss": pytest.approx(scored[best], rel=1e-12)}
+    assert checkpoint.checkpoint_steps(out / "checkpoints") == sorted({12, best}, reverse=True)
+    assert f"best checkpoint: step {best}, validation loss {scored[best]:.4f} (parcae export " in res.output
+    res = CliRunner().invoke(app, ["export", str(out / "checkpoints"), "--best", "--out", str(tmp_path / "best.pt")])
+    assert res.exit_code == 0 and f"step {best}, validation loss {scored[best]:.4f})" in res.output, res.output
 
     # parcae export: one state dict that loads into the user's own modules, outside parcae
     res = CliRunner().invoke(app, ["export", str(out / "layers"), "--out", str(tmp_path / "model.pt")])
@@ -156,11 +165,17 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     train, steps = TrainConfig(global_batch=24), 6
     schedule = [{"step": 2, "kind": "plan", "strategy": [1, 3]}, {"step": 5, "kind": "plan", "strategy": [3, 1]}]
     seen = RecordingObserver()
-    result = run_job(model, train, 3, (3, 1), steps, schedule, tmp_path / "job", timeout_s=80, observer=seen)
+    result = run_job(model, train, 3, (3, 1), steps, schedule, tmp_path / "job", timeout_s=80, observer=seen,
+                     checkpoint_every=2)  # fmt: skip
     assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "pipeline"]
     want = validated(model, train, steps)
     assert [v["step"] for v in result["validation"]] == [0, 2, 4, 6] == [v["step"] for v in want]
     assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-9)
+    # the checkpoints of steps 2 and 4 each hold their held-out loss beside them (what retention keeps the best by)
+    scored = {v["step"]: v["loss"] for v in result["validation"] if v["step"] in (2, 4)}
+    assert checkpoint.val_losses(tmp_path / "job" / "checkpoints", job="job") == scored
+    best = min(scored, key=lambda s: (scored[s], s))
+    assert result["best_checkpoint"] == {"step": best, "val_loss": scored[best]}
     # the observers had each before the step that starts from it, the final layers' last
     order = [(h, a if h == "validation" else a.step) for h, a in seen.calls if h in ("validation", "step")]
     assert [s for h, s in order if h == "validation"] == [(v["step"], v["loss"]) for v in result["validation"]]

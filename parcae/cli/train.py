@@ -245,7 +245,12 @@ def train_cmd(
         ),
     ] = None,
     keep_checkpoints: Annotated[
-        int, typer.Option(metavar="N", help="Keep the newest N complete checkpoints on disk (0: all).")
+        int,
+        typer.Option(
+            metavar="N",
+            help="Keep the newest N complete checkpoints on disk (0: all), and the best-scored one of a validating "
+            "spec.",
+        ),
     ] = config_default(CheckpointConfig, "keep"),
     heartbeat_timeout: Annotated[
         float | None,
@@ -424,6 +429,11 @@ def train_cmd(
         last = report["validation"][-1]
         out.print(f"validation loss {last['loss']:.4f} after {last['step']} steps ({len(report['validation'])} "
                   "validations)", soft_wrap=True)  # fmt: skip
+    if best := report.get("best_checkpoint"):  # kept by the retention beside the newest
+        uri = config.checkpoint.uri
+        where = f"at {uri}" if uri else f"parcae export {config.checkpoint_dir} --best"
+        out.print(f"best checkpoint: step {best['step']}, validation loss {best['val_loss']:.4f} ({where})",
+                  soft_wrap=True)  # fmt: skip
     if "loss_scale" in report:  # float16: the steps it skipped (many: a scale or a learning rate to look at)
         scaled = report["loss_scale"]
         out.print(f"loss scale {scaled['final']:g} at the end; {len(scaled['skipped_steps'])} of {len(loss)} steps "
@@ -716,6 +726,12 @@ def export_cmd(
         "model.pt"
     ),
     step: Annotated[int | None, typer.Option(min=0, help="Export this step's checkpoint, not the newest.")] = None,
+    best: Annotated[
+        bool,
+        typer.Option(
+            "--best", help="Export the checkpoint with the lowest held-out loss (a job whose spec validates)."
+        ),
+    ] = False,
 ) -> None:
     """Write a checkpoint's parameters as one state dict keyed "<layer name>.<parameter>", to load into a module of
     the spec's layers outside parcae (the optimiser state stays in parcae's checkpoints)."""
@@ -723,9 +739,11 @@ def export_cmd(
 
     if out.suffix not in (".pt", ".safetensors"):
         raise UserError(f"--out: {str(out)!r} must end in .pt or .safetensors")
+    if best and step is not None:
+        raise UserError("--best and --step: give one of them (the best-scored checkpoint, or a step's)")
     check_writable(out, "--out")
     try:
-        exported = export_state_dict(directory, step)
+        exported = export_state_dict(directory, step, best=best)
     except (checkpoint.CheckpointError, SpecError) as exc:
         raise UserError(str(exc)) from None
     try:
@@ -733,5 +751,6 @@ def export_cmd(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     n = sum(t.numel() for t in exported.state.values())
+    val = "" if exported.val_loss is None else f", validation loss {exported.val_loss:.4f}"
     stdout().print(f"wrote {out}: {len(exported.state)} tensors, {n:,} parameters of {exported.model} (job "
-                   f"{exported.job!r}, step {exported.step})", soft_wrap=True)  # fmt: skip
+                   f"{exported.job!r}, step {exported.step}{val})", soft_wrap=True)  # fmt: skip

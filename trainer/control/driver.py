@@ -13,6 +13,7 @@ Where to look next: `docs/driver.md` (the manual), `trainer.control.run` (which 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names, spec_of
 from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
+
+log = logging.getLogger(__name__)
 
 POLL_S = 0.005
 OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (each poll reads only new store keys)
@@ -94,6 +97,11 @@ class Driver:
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
         self._final_validated = False  # the final layers' held-out loss was delivered to the observers
+        # held-out losses kept beside their checkpoints (`_record_val_losses`): each scored boundary's, the complete
+        # checkpoints' steps, and the steps whose loss is recorded beside them
+        self._scored: dict[int, float] = {}
+        self._checkpointed: set[int] = set()
+        self._val_recorded: set[int] = set()
         self._lr = spec_of(cfg.model, cfg.train).lr  # the spec's learning rate of each step (None: the optimiser's)
         # (request, decision, details, seconds) of the planner asked a step before a boundary (`plan_ahead`)
         self._planned_ahead: tuple[PlanRequest, tuple[int, int], Mapping[str, Any], float] | None = None
@@ -670,6 +678,7 @@ class Driver:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
             if got.val is not None:  # the held-out loss of boundary s: the parameters step s started from
+                self._scored[s] = got.val
                 self.observer.on_validation(s, got.val)
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
                                            time=time.time(), loss_scale=got.scale, skipped=got.skipped,
@@ -685,6 +694,8 @@ class Driver:
             c.forget_passed()
         fresh = c.new_checkpoints()
         for s, n in fresh:
+            self._checkpointed.add(s)
+            self._val_recorded.discard(s)  # (written again: a checkpoint-restart removed the later steps' files)
             self.observer.on_checkpoint(s, Path(c.spec.checkpoint_dir))
             if self.committer is not None:  # every shard is at the URI: its manifest makes the step complete there
                 files = c.checkpoint_files(s, n)
@@ -692,8 +703,30 @@ class Driver:
                     self.committer.errors.append(f"step {s}: the workers' reports of their uploaded files are missing")
                 else:
                     self.committer.submit(s, files, c.shards_of(s, n))
-        if fresh and self.keep_checkpoints and self.committer is None:
+        recorded = self._record_val_losses()  # (a newly scored checkpoint may be the best: pruned again)
+        if (fresh or recorded) and self.keep_checkpoints and self.committer is None:
             self.prune_local()
+
+    def _record_val_losses(self) -> bool:
+        """Keep the held-out loss of each complete checkpoint beside it once both are known (on this disk where it
+        holds the shards, at the checkpoint URI after its manifest): retention keeps the best-scored checkpoint by
+        it, and `parcae export --best` exports it, across resumes. A loss that cannot be written is logged; the
+        checkpoint is then kept or pruned as if never scored. Returns whether any was recorded."""
+        c = self.coord
+        todo = sorted((self._scored.keys() & self._checkpointed) - self._val_recorded)
+        for s in todo:
+            self._val_recorded.add(s)
+            loss = self._scored[s]
+            if self.committer is not None:
+                self.committer.record_val(s, loss)
+            if checkpoint.find_shards(c.spec.checkpoint_dir, s):
+                try:
+                    checkpoint.write_val_loss(c.spec.checkpoint_dir, s, loss, job=c.spec.job)
+                except OSError as e:
+                    c.note({"event": "val-loss-unrecorded", "step": s, "error": f"{type(e).__name__}: {e}"})
+                    log.warning("the held-out loss of the checkpoint of step %d is not kept beside it (retention may "
+                                "remove that checkpoint): %s", s, e)  # fmt: skip
+        return bool(todo)
 
     def prune_local(self, _step: int | None = None) -> None:
         """Keep the newest `keep_checkpoints` complete checkpoints on this machine's disk."""

@@ -128,7 +128,9 @@ def run_job(
          "train_s"} (of the steps this run trained), "events": the coordinator's log, "states": {worker id: its
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds,
          and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}, and for a spec with
-         `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last]}
+         `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last] and
+         "best_checkpoint": {"step", "val_loss"} of the scored checkpoint with the lowest held-out loss, which
+         retention keeps (None: no checkpoint was scored)}
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
@@ -191,7 +193,7 @@ def run_job(
     driver = kind(coord, provider, start.groups, LivePlanning(planner, start.intervals, start.steps_per_interval),
                   deadline=deadline, max_processes=max_processes, observer=obs)  # fmt: skip
     if mirror is not None:
-        driver.committer = StepCommitter(mirror, config.checkpoint.keep,
+        driver.committer = StepCommitter(mirror, config.checkpoint.keep, job=job,
                                          on_upload=driver.prune_local if config.checkpoint.keep else None)  # fmt: skip
     info = {
         "job": job, "model": model.name, "model_args": dict(model.args) or None,
@@ -271,6 +273,10 @@ def run_job(
             copies = driver.committer.summary()
             copies["errors"] += coord.checkpoint_failures()
             result["checkpoint_uri"] = copies
+        if "validation" in result:  # the checkpoint retention keeps beside the newest (`checkpoint.best_validated`)
+            best = (mirror.best_validated(job=job) if mirror is not None
+                    else checkpoint.best_validated(ckpt_dir, layer_names(model), job=job))  # fmt: skip
+            result["best_checkpoint"] = None if best is None else {"step": best[0], "val_loss": best[1]}
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
@@ -498,4 +504,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         **({"checkpoint_uri": dict(result["checkpoint_uri"])} if "checkpoint_uri" in result else {}),
         **({"loss_scale": dict(result["loss_scale"])} if "loss_scale" in result else {}),
         **({"validation": [dict(v) for v in result["validation"]]} if "validation" in result else {}),
+        **({"best_checkpoint": result["best_checkpoint"]} if "best_checkpoint" in result else {}),
     }

@@ -46,6 +46,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import tempfile
@@ -67,7 +68,9 @@ LayerState = dict[str, torch.Tensor]
 
 _SHARD = re.compile(r"step(\d{8,})(?:\.stage(\d+))?\.pt")
 _RECORD = re.compile(r"step(\d{8,})(?:\.stage(\d+))?\.sha256")
-_TEMPORARY = re.compile(r"\.step\d{8,}(?:\.stage\d+)?\.(?:pt|sha256)\.tmp-.+")
+VAL_SUFFIX = ".val.json"
+_VAL = re.compile(r"step(\d{8,})\.val\.json")
+_TEMPORARY = re.compile(r"\.step\d{8,}(?:(?:\.stage\d+)?\.(?:pt|sha256)|\.val\.json)\.tmp-.+")
 # worst first: a step with several problems is reported by the worst
 STATUSES = ("corrupt", "foreign", "unverified", "incomplete")
 
@@ -159,9 +162,9 @@ def record_path(shard: str | os.PathLike[str]) -> Path:
 
 
 def is_checkpoint_file(name: str) -> bool:
-    """Whether a file name is one this module writes and owns: a shard or a hash record of the conventional names
-    (temporary files are not: see `remove_temporary`)."""
-    return bool(_SHARD.fullmatch(name) or _RECORD.fullmatch(name))
+    """Whether a file name is one this module writes and owns: a shard, a hash record or a held-out loss of the
+    conventional names (temporary files are not: see `remove_temporary`)."""
+    return bool(_SHARD.fullmatch(name) or _RECORD.fullmatch(name) or _VAL.fullmatch(name))
 
 
 def _stage_key(p: Path) -> int:
@@ -194,8 +197,9 @@ def checkpoint_steps(directory: str | os.PathLike[str]) -> list[int]:
 
 
 def step_files(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """Every recognised file (shards and records) of `step`."""
-    return sorted(p for p in Path(directory).glob(f"step{step:08d}*") if _step_of(p.name, _SHARD, _RECORD) == step)
+    """Every recognised file (shards, records and the held-out loss) of `step`."""
+    return sorted(p for p in Path(directory).glob(f"step{step:08d}*")
+                  if _step_of(p.name, _SHARD, _RECORD, _VAL) == step)  # fmt: skip
 
 
 # ---- durable writing
@@ -474,6 +478,80 @@ def latest_intact(directory: str | os.PathLike[str], layers: Sequence[str], *, j
     return ResumePoint(step=None, files=(), skipped=tuple(skipped))
 
 
+# ---- held-out losses
+
+
+def val_path(directory: str | os.PathLike[str], step: int) -> Path:
+    """Where the held-out loss of the checkpoint of `step` is kept: `step{s}.val.json` beside its shards."""
+    return Path(directory) / f"step{step:08d}{VAL_SUFFIX}"
+
+
+def val_step(name: str) -> int | None:
+    """The step of a held-out loss's file name (`val_path`), or None for any other name."""
+    return _step_of(name, _VAL)
+
+
+def val_record(step: int, loss: float, *, job: str) -> bytes:
+    """The held-out loss of the parameters the checkpoint of `step` holds (`TrainSpec.validation` scored at
+    boundary `step`, after the shards were written: so it is a file of its own, not in their hash records)."""
+    return json.dumps({"format": RECORD_FORMAT, "step": step, "job": job, "val_loss": float(loss)}).encode()
+
+
+def parse_val_record(data: bytes, step: int, *, job: str | None = None) -> float | None:
+    """The loss `val_record` wrote for `step` (of `job`, if given), or None for anything else: a torn, foreign or
+    non-finite record counts as no score (the checkpoint is then kept or pruned as if never scored)."""
+    try:
+        rec = json.loads(data)
+        loss = float(rec["val_loss"])
+        ok = rec["format"] == RECORD_FORMAT and rec["step"] == step and (job is None or rec["job"] == job)
+    except (ValueError, TypeError, KeyError):
+        return None
+    return loss if ok and math.isfinite(loss) else None
+
+
+def write_val_loss(directory: str | os.PathLike[str], step: int, loss: float, *, job: str) -> Path:
+    """Record, atomically, the held-out loss of the checkpoint of `step` beside it (the driver does, once both are
+    known): `prune` keeps the best-scored checkpoint by it, across resumes."""
+    path = val_path(directory, step)
+    data = val_record(step, loss, job=job)
+    _write_atomic(path, lambda f: f.write(data))
+    return path
+
+
+def val_losses(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, float]:
+    """The held-out losses recorded in `directory`, by step (unreadable or foreign records left out)."""
+    d = Path(directory)
+    out: dict[int, float] = {}
+    for p in d.glob(f"step*{VAL_SUFFIX}") if d.is_dir() else ():
+        step = _step_of(p.name, _VAL)
+        if step is not None:
+            try:
+                loss = parse_val_record(p.read_bytes(), step, job=job)
+            except OSError:
+                continue
+            if loss is not None:
+                out[step] = loss
+    return out
+
+
+def best_scored(scores: Mapping[int, float]) -> list[int]:
+    """`scores`' steps, best first: the lowest held-out loss, the earliest of equal ones (a later checkpoint must
+    improve on it to replace it)."""
+    return sorted(scores, key=lambda s: (scores[s], s))
+
+
+def best_validated(
+    directory: str | os.PathLike[str], layers: Sequence[str] | None = None, *, job: str | None = None
+) -> tuple[int, float] | None:
+    """The intact checkpoint in `directory` with the lowest recorded held-out loss, and that loss (None: no scored
+    checkpoint is intact). What `parcae export --best` writes and `prune` never removes."""
+    scores = val_losses(directory, job=job)
+    for s in best_scored(scores):
+        if verify_step(directory, s, layers, job=job).intact:
+            return s, scores[s]
+    return None
+
+
 # ---- loading
 
 
@@ -635,8 +713,9 @@ def prune(
     layers: Sequence[str] | None = None,
     job: str | None = None,
 ) -> list[Path]:
-    """Keep the newest `keep` intact checkpoints in `directory` (0: keep all) and remove the files (shards and hash
-    records) of every older step, intact or not; returns what was removed.
+    """Keep the newest `keep` intact checkpoints in `directory` (0: keep all), and the best-scored one
+    (`best_validated`: the lowest held-out loss a validating job recorded), and remove the files (shards, hash
+    records, held-out losses) of every older step, intact or not; returns what was removed.
 
     Never removes the newest intact checkpoint, nor anything newer than it (a checkpoint still being written is
     incomplete, not garbage), nor a file whose name it does not recognise (`is_checkpoint_file`); with no intact
@@ -655,4 +734,7 @@ def prune(
             kept.append(s)
     if not kept:
         return []
-    return _remove(p for s in steps if s < kept[0] and s not in kept for p in step_files(d, s))
+    best = best_validated(d, layers, job=job)
+    kept += [best[0]] if best is not None else []
+    scored = val_losses(d).keys() - set(steps)  # held-out losses of steps whose shards are gone
+    return _remove(p for s in sorted({*steps, *scored}) if s < kept[0] and s not in kept for p in step_files(d, s))

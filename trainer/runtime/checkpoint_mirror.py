@@ -160,12 +160,40 @@ class CheckpointMirror:
             raise MirrorError(f"{self.uri}: no readable manifest of step {step} ({type(e).__name__}: {e})") from e
         return data
 
-    def prune(self, keep: int) -> list[int]:
-        """Keep the newest `keep` complete steps (0: all); remove the others, manifest first."""
+    def record_val(self, step: int, loss: float, *, job: str) -> None:
+        """Keep the held-out loss of complete `step` beside it (`checkpoint.val_record`): what `prune` keeps the
+        best-scored step by."""
+        self.put_bytes(checkpoint.val_path("", step).name, checkpoint.val_record(step, loss, job=job))
+
+    def val_losses(self, *, job: str | None = None) -> dict[int, float]:
+        """The held-out losses kept here, by step (unreadable or foreign ones left out)."""
+        out = {}
+        for name in self.list_names():
+            step = checkpoint.val_step(name)
+            if step is not None:
+                try:
+                    loss = checkpoint.parse_val_record(self.get_bytes(name), step, job=job)
+                except Exception:  # noqa: BLE001 — a backend's own error (gone meanwhile): as if never scored
+                    continue
+                if loss is not None:
+                    out[step] = loss
+        return out
+
+    def best_validated(self, *, job: str | None = None) -> tuple[int, float] | None:
+        """The complete step with the lowest held-out loss kept here, and that loss (None: none scored)."""
+        complete = set(self.steps())
+        scores = {s: v for s, v in self.val_losses(job=job).items() if s in complete}
+        best = checkpoint.best_scored(scores)
+        return (best[0], scores[best[0]]) if best else None
+
+    def prune(self, keep: int, *, job: str | None = None) -> list[int]:
+        """Keep the newest `keep` complete steps (0: all) and the best-scored one (`best_validated`); remove the
+        others, manifest first."""
         steps = self.steps()
         if keep <= 0 or len(steps) <= keep:
             return []
-        gone = steps[keep:]
+        best = self.best_validated(job=job)
+        gone = [s for s in steps[keep:] if best is None or s != best[0]]
         names = self.list_names()
         for s in gone:
             self.delete([_manifest_name(s)])
@@ -316,7 +344,8 @@ class _Background:
 class StepCommitter(_Background):
     """The driver's side of a mirrored job, on a thread of its own so that training never waits for it: each step
     whose every shard the workers uploaded (`submit`: the files and sizes they reported, each shard's layers) gets
-    its manifest — complete at the URI from then on —, then the mirror is pruned to `keep` (0: keep all).
+    its manifest — complete at the URI from then on —, then the mirror is pruned to `keep` (0: keep all) and the
+    best-scored step; so again after each held-out loss recorded (`record_val`). `on_upload(step)` follows each.
     `flush()` waits for what is queued (at the job's end). Failures are logged and kept in `errors` (the job's
     report adds the workers' upload failures)."""
 
@@ -325,6 +354,7 @@ class StepCommitter(_Background):
     uploaded: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     on_upload: Callable[[int], None] | None = None
+    job: str | None = None  # whose held-out losses these are (`record_val`)
 
     def __post_init__(self) -> None:
         self._start("parcae-checkpoint-commit")
@@ -332,16 +362,29 @@ class StepCommitter(_Background):
     def submit(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
         self._queue.put((step, dict(files), {k: list(v) for k, v in shards.items()}))
 
-    def _handle(self, item: tuple[int, dict[str, int], dict[str, list[str]]]) -> None:
+    def record_val(self, step: int, loss: float) -> None:
+        """Keep the held-out loss of `step` at the URI (`CheckpointMirror.record_val`), after what is queued: the
+        driver records it once the step is complete, so its manifest is there first."""
+        self._queue.put((step, float(loss), None))
+
+    def _handle(self, item: tuple[int, dict[str, int] | float, dict[str, list[str]] | None]) -> None:
         step, files, shards = item
-        self.mirror.commit_step(step, files, shards)
-        self.uploaded.append(step)
+        if isinstance(files, float):  # a held-out loss (`record_val`): the best-scored step may have changed
+            self.mirror.record_val(step, files, job=str(self.job))
+        else:
+            assert shards is not None
+            self.mirror.commit_step(step, files, shards)
+            self.uploaded.append(step)
         if self.keep:
-            self.mirror.prune(self.keep)
+            self.mirror.prune(self.keep, job=self.job)
         if self.on_upload is not None:
             self.on_upload(step)
 
     def _failure(self, item: tuple[int, Any, Any], exc: Exception) -> None:
+        if isinstance(item[1], float):  # (`record_val`)
+            self.errors.append(f"step {item[0]} (its held-out loss): {type(exc).__name__}: {exc}")
+            log.warning("the held-out loss of step %s is not kept at %s: %s", item[0], self.mirror.uri, exc)
+            return
         self.errors.append(f"step {item[0]}: {type(exc).__name__}: {exc}")
         log.warning("the checkpoint of step %s is not complete at %s: %s", item[0], self.mirror.uri, exc)
 

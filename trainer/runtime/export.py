@@ -1,11 +1,11 @@
 """A checkpoint as one plain state dict, for use outside parcae.
 
 Owns: `export_state_dict` (the newest intact checkpoint of a folder — periodic checkpoints or a job's final
-`layers/` — merged into one state dict keyed ``"<layer name>.<parameter>"``) and `write_state_dict` (``.pt`` with
-torch, ``.safetensors`` with the safetensors library). Must not touch: training, processes. The keys load into a
-module whose children are named like the spec's layers (an ``nn.ModuleDict`` of layers whose names have no dots; a
-GPT's "block.0" into an ``nn.ModuleList`` attribute ``block``); the optimiser state stays in parcae's per-layer
-checkpoints.
+`layers/` —, a given step's or the best-scored one, merged into one state dict keyed ``"<layer name>.<parameter>"``)
+and `write_state_dict` (``.pt`` with torch, ``.safetensors`` with the safetensors library). Must not touch:
+training, processes. The keys load into a module whose children are named like the spec's layers (an
+``nn.ModuleDict`` of layers whose names have no dots; a GPT's "block.0" into an ``nn.ModuleList`` attribute
+``block``); the optimiser state stays in parcae's per-layer checkpoints.
 """
 
 from __future__ import annotations
@@ -21,20 +21,33 @@ from trainer.runtime import checkpoint
 
 @dataclass(frozen=True)
 class Exported:
-    """What was exported: the state dict, and the model, job and step it is of."""
+    """What was exported: the state dict, and the model, job and step it is of (and its held-out loss, if the job
+    recorded one beside it)."""
 
     state: dict[str, torch.Tensor]
     model: str
     job: str
     step: int
+    val_loss: float | None = None
 
 
-def export_state_dict(directory: str | os.PathLike[str], step: int | None = None) -> Exported:
-    """The parameters and persistent buffers of the checkpoint of `step` (default: the newest intact one) in
+def export_state_dict(directory: str | os.PathLike[str], step: int | None = None, *, best: bool = False) -> Exported:
+    """The parameters and persistent buffers of the checkpoint of `step` (default: the newest intact one; with
+    `best`, the intact one with the lowest held-out loss recorded beside it, `checkpoint.best_validated`) in
     `directory`."""
     d = Path(directory)
     if not d.is_dir():
         raise checkpoint.CheckpointError(f"{d}: no such folder; give a job's checkpoints/ or layers/ folder")
+    if best:
+        if step is not None:
+            raise ValueError("give a step or ask for the best checkpoint, not both")
+        found_best = checkpoint.best_validated(d)
+        if found_best is None:
+            raise checkpoint.CheckpointError(
+                f"{d}: no intact checkpoint has a held-out loss beside it (a job whose spec has a `validation` "
+                "records one for each checkpoint it scores); export the newest, or give its step"
+            )
+        step = found_best[0]
     steps = [step] if step is not None else checkpoint.checkpoint_steps(d)
     verdicts = [checkpoint.verify_step(d, s) for s in steps]
     found = next((v for v in verdicts if v.intact), None)
@@ -54,7 +67,8 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
         for key, tensor in ckpt.layers[name].items()
         if key.startswith(("param/", "buffer/"))  # a module's state_dict: parameters and persistent buffers
     }
-    return Exported(state=state, model=config.name, job=job, step=at)
+    val = checkpoint.val_losses(d, job=job).get(at)
+    return Exported(state=state, model=config.name, job=job, step=at, val_loss=val)
 
 
 def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:
