@@ -253,6 +253,7 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert latest(client, run_id, "loss_scale") == {s: 2.0 ** (10 + s % 3) for s in range(20)}
     assert final["skipped_steps"] == 4  # steps 4, 9 (twice: recomputed), 14 and 19
     assert latest(client, run_id, "val_loss") == {s: val_of(s) for s in (0, 5, 10, 15, 20)}  # the final at 20
+    assert (final["best_val_loss"], final["best_val_step"]) == (val_of(20), 20)  # a summary: the lowest one
     assert latest(client, run_id, "lr") == pytest.approx({s: 1e-3 * 0.9**s for s in range(20)})
     # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
     assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]
@@ -605,8 +606,9 @@ def test_a_real_job_is_tracked(client: MlflowClient, store: Path, tmp_path: Path
     # the saved views' columns are what the runs hold (a column the runs lack would be an empty one)
     for held, view in ((run.data, tracking.VIEWS["training"]), (plan.data, tracking.VIEWS["plans"])):
         assert set(view.params) <= set(held.params) and set(view.tags) <= set(held.tags), view
-        # expected_samples: a liveput plan's (tests/test_flows.py); the rule planner expects nothing
-        assert set(view.metrics) - set(held.metrics) <= {"expected_samples"}, view
+        # expected_samples: a liveput plan's (tests/test_flows.py); the rule planner expects nothing; best_val_loss:
+        # a validating spec's (tiny-gpt holds nothing out)
+        assert set(view.metrics) - set(held.metrics) <= {"expected_samples", "best_val_loss"}, view
 
     ckpt = tmp_path / "job" / "checkpoints"
     assert artifact_names(client, obs.run_id, "checkpoints") == {"step-4", "step-8"}

@@ -55,7 +55,14 @@ DESCRIPTIONS: Final = {
 VIEWS: Final = {
     TRAINING_EXPERIMENT: RunsView(
         params=("model", "start_strategy", "workers", "planner", "stage_cut"),
-        metrics=("final_loss", "mean_samples_per_s", "reconfigurations", "total_pause_s", "total_steps_lost"),
+        metrics=(
+            "final_loss",
+            "best_val_loss",
+            "mean_samples_per_s",
+            "reconfigurations",
+            "total_pause_s",
+            "total_steps_lost",
+        ),  # fmt: skip
     ),
     PLANS_EXPERIMENT: RunsView(
         params=("interval", "current_strategy"),

@@ -17,7 +17,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
              reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
-             total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows); resumes,
+             total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows), best_val_loss and
+             best_val_step (a validating job's lowest held-out loss, resumes included); resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
   tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
@@ -286,6 +287,7 @@ class MlflowJobObserver(JobObserver):
         self._first: tuple[int, float] | None = None  # (step, time) of the first step seen
         self._last: tuple[int, float, float] | None = None  # (step, loss, time) of the latest step seen
         self._skipped: set[int] | None = None  # the steps skipped for an overflow (a job that scales its loss)
+        self._validated = False  # a held-out loss was logged (its best is a summary at the end)
         # the logging thread's own state
         self._run_ready = False
         self._plan_exp: str | None = None
@@ -332,6 +334,7 @@ class MlflowJobObserver(JobObserver):
         with self._sender.lock:
             if self._sender.fatal is None:
                 self._sender.add([("val_loss", float(loss), int(time.time() * 1000), step)])
+                self._validated = True
 
     def on_plan(self, plan: PlanInfo) -> None:
         ts = int(time.time() * 1000)
@@ -585,6 +588,7 @@ class MlflowJobObserver(JobObserver):
         with self._sender.lock:
             records, timeline, last, first = list(self._records), dict(self._timeline.steps), self._last, self._first
             skipped = None if self._skipped is None else len(self._skipped)
+            validated = self._validated
             checkpoints = list(self._timeline.checkpoints)
             gb = self._global_batch
         try:
@@ -614,6 +618,11 @@ class MlflowJobObserver(JobObserver):
                 metrics["wall_s"] = float(result["wall_s"])
             if skipped is not None:
                 metrics["skipped_steps"] = float(skipped)
+            if validated:  # the lowest held-out loss of the run, its resumes' included (MLflow holds every one)
+                held_out = client.get_metric_history(run_id, "val_loss")
+                if held_out:
+                    best = min(held_out, key=lambda m: (m.value, m.step))
+                    metrics["best_val_loss"], metrics["best_val_step"] = float(best.value), float(best.step)
             # at step 0: MLflow charts a metric with one value at step 0 as a bar (a summary), and one at a later
             # step as a lone dot on the step axis (the issue's "noise" charts)
             client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])
