@@ -672,8 +672,14 @@ def _remove(files: Iterable[Path]) -> list[Path]:
     return removed
 
 
+def _file_steps(d: Path) -> set[int]:
+    """Steps with any file of ours in `d`: a shard, a record or a held-out loss (whose shards may be gone)."""
+    return {s for p in d.iterdir() if (s := _step_of(p.name, _SHARD, _RECORD, _VAL)) is not None}
+
+
 def remove_after(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """Delete the checkpoint files (shards and hash records) of steps after `step`; returns what was removed.
+    """Delete the checkpoint files (shards, hash records, held-out losses) of steps after `step`; returns what
+    was removed.
 
     A checkpoint-restart from `step` calls it before the restarted job writes again: files of later steps are
     an incomplete checkpoint of the abandoned run, and a shard of another cut left next to the new ones would make
@@ -682,11 +688,12 @@ def remove_after(directory: str | os.PathLike[str], step: int) -> list[Path]:
     d = Path(directory)
     if not d.is_dir():
         return []
-    return _remove(p for s in checkpoint_steps(d) if s > step for p in step_files(d, s))
+    return _remove(p for s in _file_steps(d) if s > step for p in step_files(d, s))
 
 
 def remove_before(directory: str | os.PathLike[str], step: int) -> list[Path]:
-    """Delete the checkpoint files (shards and hash records) of steps before `step`; returns what was removed.
+    """Delete the checkpoint files (shards, hash records, held-out losses) of steps before `step`; returns
+    what was removed.
 
     A worker whose shards are copied to a checkpoint URI keeps only its disk's newest steps with it: the URI holds
     the copies a restore needs (`trainer.runtime.checkpoint_mirror.gather_shards` fetches what this disk lacks).
@@ -694,7 +701,7 @@ def remove_before(directory: str | os.PathLike[str], step: int) -> list[Path]:
     d = Path(directory)
     if not d.is_dir():
         return []
-    return _remove(p for s in checkpoint_steps(d) if s < step for p in step_files(d, s))
+    return _remove(p for s in _file_steps(d) if s < step for p in step_files(d, s))
 
 
 def remove_temporary(directory: str | os.PathLike[str]) -> list[Path]:
@@ -736,5 +743,4 @@ def prune(
         return []
     best = best_validated(d, layers, job=job)
     kept += [best[0]] if best is not None else []
-    scored = val_losses(d).keys() - set(steps)  # held-out losses of steps whose shards are gone
-    return _remove(p for s in sorted({*steps, *scored}) if s < kept[0] and s not in kept for p in step_files(d, s))
+    return _remove(p for s in sorted(_file_steps(d)) if s < kept[0] and s not in kept for p in step_files(d, s))
