@@ -197,6 +197,24 @@ def test_a_data_function_that_fails_while_the_job_trains_is_one_line_naming_it(t
     assert "Traceback" not in res.output
 
 
+def test_the_best_scored_checkpoint_outlives_the_retention_of_a_resumed_job(tmp_path, _no_orphans):
+    """A learning rate high enough that the held-out loss goes up and down: the first run's best checkpoint (step 4)
+    is kept beside the newest through a resume whose driver never scored it (it reads the loss kept beside it), and
+    the resume point — the first run's final layers — gets its loss too."""
+    model = ModelConfig(DIGITS, args={"dtype": "float64", "validate_every": 2, "lr": 0.1, "batch_size": 16})
+    train, out, ckpt = TrainConfig(global_batch=16), tmp_path / "job", tmp_path / "job" / "checkpoints"
+    settings = {"checkpoint_every": 2, "keep_checkpoints": 2, "timeout_s": 80}
+    first = run_job(model, train, 2, (2, 1), 6, [], out, **settings)
+    again = run_job(model, train, 2, (1, 2), 10, [], out, resume=True, **settings)
+    scored = {v["step"]: v["loss"] for v in first["validation"] + again["validation"] if v["step"] in (2, 4, 6, 8)}
+    want = {v["step"]: v["loss"] for v in validated(model, train, 10)}
+    assert scored == pytest.approx({s: want[s] for s in (2, 4, 6, 8)}, rel=1e-9)
+    assert min(scored, key=scored.__getitem__) == 4, scored  # (one process's losses: 2.344, 2.309, 2.319, 2.324)
+    assert again["resumed_from"] == 6 and again["best_checkpoint"] == {"step": 4, "val_loss": scored[4]}
+    assert checkpoint.checkpoint_steps(ckpt) == [8, 6, 4]  # the newest two, and the best
+    assert checkpoint.val_losses(ckpt, job="job") == {s: scored[s] for s in (4, 6, 8)}
+
+
 def test_a_job_told_not_to_validate_scores_nothing(tmp_path, _no_orphans):
     """`TrainConfig(validate=False)` (a runtime profile's job, which measures training) skips the validation."""
     sys.path.insert(0, str(Path(__file__).parent))

@@ -441,6 +441,7 @@ class Driver:
         self._trained_from = (time.monotonic(), restore_step)
         self.history = [len(c.alive())]
         self._next_step = restore_step
+        self.resumed_at(restore_step)
         self.observer.on_start(start_info)
         self._observing = True
         interval_steps = set(self.intervals)
@@ -706,6 +707,12 @@ class Driver:
         recorded = self._record_val_losses()  # (a newly scored checkpoint may be the best: pruned again)
         if (fresh or recorded) and self.keep_checkpoints and self.committer is None:
             self.prune_local()
+
+    def resumed_at(self, step: int) -> None:
+        """A resumed job starts from the checkpoint of `step` (0: from scratch): its first boundary's held-out loss is
+        that checkpoint's too (a finished job's final layers, which became it, were never scored beside it)."""
+        if step:
+            self._checkpointed.add(step)
 
     def _record_val_losses(self) -> bool:
         """Keep the held-out loss of each complete checkpoint beside it once both are known (on this disk where it

@@ -57,6 +57,7 @@ class FleetDriver(Driver):
         self.history = [len(c.alive())]
         fleet.close(now, len(c.alive()))  # interval 0 ends when training starts
         self._next_step = restore_step
+        self.resumed_at(restore_step)
         self.observer.on_start({**start_info, "workers": len(ready), "strategy": rule})  # what the fleet gave
         self._observing = True
         next_plan = now + interval_s
