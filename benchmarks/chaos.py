@@ -104,7 +104,7 @@ def reference(
         losses, scales, vals = [], [], []
         for s in range(steps + 1):
             if held_out is not None and held_out.due(s, steps):
-                vals.append((s, validate(ctx, held_out)))
+                vals.append((s, validate(ctx, held_out)["loss"]))
             if s == steps:
                 break
             losses.append(train_step(ctx, s))

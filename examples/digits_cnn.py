@@ -31,6 +31,11 @@ def digits(dtype: torch.dtype, holdout: int) -> tuple[TensorDataset, TensorDatas
     return TensorDataset(images[:cut], labels[:cut]), TensorDataset(images[cut:], labels[cut:])
 
 
+def correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The digits classified right, of these rows (the validation's "accuracy": parcae divides by the rows)."""
+    return (logits.argmax(1) == labels).sum()
+
+
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
          seed: int = 0, autocast: str | None = None, fused: bool = False, holdout: int = 297,
          validate_every: int = 50) -> parcae.TrainSpec:  # fmt: skip
@@ -56,6 +61,9 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         loss=lambda logits, labels: F.cross_entropy(logits, labels, reduction="sum"),
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, fused=True if fused else None),
         autocast=autocast,  # e.g. "bfloat16": mixed precision (parameters stay in `dtype`); "float16" scales the loss
-        # the held-out digits in order, 128 a batch, scored every `validate_every` steps and at the end
-        validation=parcae.Validation.over(held_out, 128, every=validate_every) if holdout else None,
+        # the held-out digits in order, 128 a batch, scored every `validate_every` steps and at the end: the loss,
+        # and the share of digits classified right (a metric is a SUM over the rows, as the loss)
+        validation=parcae.Validation.over(held_out, 128, every=validate_every, metrics={"accuracy": correct})
+        if holdout
+        else None,
     )

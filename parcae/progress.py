@@ -31,6 +31,11 @@ def _pair(strategy: Sequence[int]) -> tuple[int, int]:
     return int(strategy[0]), int(strategy[1])
 
 
+def scores_text(metrics: Mapping[str, float] | None) -> str:
+    """A validation's own metrics as they follow its loss on a line: ", accuracy 0.9562"."""
+    return "".join(f", {name} {value:.4f}" for name, value in (metrics or {}).items())
+
+
 def migration_label(record: Mapping[str, Any]) -> str:
     """The kind of a reconfiguration as the bar shows it: "pipeline", or "inter-stage (kill)" without notice."""
     kind = str(record.get("kind", "?"))
@@ -154,9 +159,10 @@ class TrainProgress(JobObserver):
         self.alive = step.alive
         self._update()
 
-    def on_validation(self, step: int, loss: float) -> None:
+    def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         # one line per validation, above the bar while it is live
-        self.console.print(f"validation loss {loss:.4f} after {step} steps", highlight=False, soft_wrap=True)
+        self.console.print(f"validation loss {loss:.4f}{scores_text(metrics)} after {step} steps", highlight=False,
+                           soft_wrap=True)  # fmt: skip
 
     def on_reconfiguration(self, record: Mapping[str, Any]) -> None:
         self.reconfigurations += 1

@@ -344,6 +344,8 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     # its held-out digits, scored at boundaries 0, 4 and 8 (the final layers): charted, and the last in the summary
     held_out = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_loss")
     assert sorted(m.step for m in held_out) == [0, 4, 8]
+    accuracy = mlflow.MlflowClient().get_metric_history(run.info.run_id, "val_accuracy")  # the example's metric
+    assert sorted(m.step for m in accuracy) == [0, 4, 8] and all(0 <= m.value <= 1 for m in accuracy)
     assert summary["val_loss_last"] == pytest.approx(max(held_out, key=lambda m: m.step).value)
     # the one checkpoint (step 4) was scored: it is the best one, and MLflow has the run's lowest held-out loss
     assert summary["best_checkpoint"] == {"step": 4, "val_loss": next(m.value for m in held_out if m.step == 4)}

@@ -70,7 +70,8 @@ def validated(model: ModelConfig, train: TrainConfig, steps: int) -> list[dict]:
     assert held_out is not None
     for s in range(steps + 1):
         if held_out.due(s, steps):
-            out.append({"step": s, "loss": validate(ref, held_out)})
+            scores = validate(ref, held_out)
+            out.append({"step": s, "loss": scores.pop("loss"), **({"metrics": scores} if scores else {})})
         if s < steps:
             train_step(ref, s)
     return out
@@ -108,7 +109,11 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     want = validated(model, TrainConfig(global_batch=32), steps)
     assert [v["step"] for v in report["validation"]] == [0, 3, 6, 9, 12, 13] == [v["step"] for v in want]
     assert [v["loss"] for v in report["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-6)
-    assert f"validation loss {want[-1]['loss']:.4f} after 13 steps (6 validations)" in res.output
+    # and its metric, the share of held-out digits classified right (a count over 297: equal, not close)
+    assert [v["metrics"] for v in report["validation"]] == [v["metrics"] for v in want]
+    accuracy = want[-1]["metrics"]["accuracy"]
+    assert f"validation loss {want[-1]['loss']:.4f}, accuracy {accuracy:.4f} after 13 steps (6 validations)" in (
+        res.output)  # fmt: skip
     assert_same_parameters(out / "layers", steps, model, layers, rtol=1e-6)
     # the checkpoints of steps 3, 6, 9 and 12 were scored: the best-scored one is kept beside the newest, and named
     scored = {v["step"]: v["loss"] for v in report["validation"] if v["step"] in (3, 6, 9, 12)}
@@ -238,7 +243,7 @@ def test_validation_scores_the_held_out_rows_in_eval_mode_and_changes_nothing():
     for s in range(3):
         train_step(ctx, s)
     before = {name: {k: v.clone() for k, v in state.items()} for name, state in ctx.layer_states().items()}
-    got = validate(ctx, parcae.Validation(lambda i: batches[i], batches=2))
+    got = validate(ctx, parcae.Validation(lambda i: batches[i], batches=2))["loss"]
     assert ctx.module.training
     after = ctx.layer_states()
     for name, state in before.items():
@@ -306,6 +311,7 @@ def _spec(**change) -> TrainSpec:
 
 
 shared = nn.Linear(4, 4)
+HELD = lambda i: (torch.ones(3, 4), torch.tensor([0, 1, 1]))  # noqa: E731  (a validation batch)
 varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtype=torch.long))  # noqa: E731
 
 
@@ -349,6 +355,17 @@ varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtyp
      r"validation.batch\(0\) raised IndexError: .*fix the validation.batch function"),
     (_spec(validation=parcae.Validation(lambda i: (torch.ones(3, 5), torch.zeros(3, dtype=torch.long)))), 1,
      r"layer 'a' cannot take the output of validation.batch\(0\)'s inputs \(\(2, 5\) float32\)"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"loss": lambda o, y: 0.0})), 1,
+     r"validation: metric name 'loss' must be letters, digits and '_' \(not 'loss', the loss's own\)"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"hit rate": lambda o, y: 0.0})), 1, r"metric name 'hit rate'"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"acc": 0.5})), 1, r"metric 'acc' is a float, not callable"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"acc": lambda o, y: (o.argmax(1) == y).float().mean()})), 1,
+     r"validation metric 'acc' must be a SUM over the rows .*: on two rows it is 0\.5, on each alone 0 and 1; "
+     r"return \.sum\(\), not \.mean\(\)"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"acc": lambda o, y: o.argmax(1) == y})), 1,
+     r"validation metric 'acc' returned a tensor of shape \(2,\); return one number: its sum over the rows"),
+    (_spec(validation=parcae.Validation(HELD, metrics={"acc": lambda o, y: o.nope})), 1,
+     r"validation metric 'acc' raised AttributeError: .*make it a function of \(outputs, targets\)"),
 ])  # fmt: skip
 def test_a_bad_spec_is_one_message_naming_the_layer_and_the_fix(spec, stages, match):
     with pytest.raises(SpecError, match=match):
@@ -635,6 +652,7 @@ def test_every_example_migrates_and_checkpoint_restarts_to_the_same_run(tmp_path
         want = validated(model, train, steps)
         assert [v["step"] for v in result["validation"]] == [0, 2, 4, 6, 7] == [v["step"] for v in want]
         assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-6)
+        assert [v.get("metrics") for v in result["validation"]] == [v.get("metrics") for v in want]
 
 
 def test_dropout_is_refused_unless_the_spec_accepts_inexact_runs():

@@ -372,7 +372,7 @@ def train_cmd(
             )  # fmt: skip
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    from parcae.progress import TrainProgress
+    from parcae.progress import TrainProgress, scores_text
 
     try:  # the spec imports, cuts, feeds and scores before any process starts; it sets the global batch
         config = check_job(config, batch_given=global_batch is not None)
@@ -427,8 +427,8 @@ def train_cmd(
     )
     if report.get("validation"):  # the held-out loss of the final layers (each scored boundary's: --json, MLflow)
         last = report["validation"][-1]
-        out.print(f"validation loss {last['loss']:.4f} after {last['step']} steps ({len(report['validation'])} "
-                  "validations)", soft_wrap=True)  # fmt: skip
+        out.print(f"validation loss {last['loss']:.4f}{scores_text(last.get('metrics'))} after {last['step']} steps "
+                  f"({len(report['validation'])} validations)", soft_wrap=True)  # fmt: skip
     if best := report.get("best_checkpoint"):  # kept by the retention beside the newest
         uri = config.checkpoint.uri
         where = f"at {uri}" if uri else f"parcae export {config.checkpoint_dir} --best"

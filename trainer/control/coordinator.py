@@ -137,7 +137,8 @@ class Coordinator:
         # boundary keys deleted below the steps every member has started (`forget_passed`)
         self._losses = array("d")  # from `first_step` on, in step order (8 bytes a step)
         self._skipped: set[int] = set()  # the steps a float16 job skipped for an overflow (`skipped_steps`)
-        self._validated: dict[int, float] = {}  # boundary -> held-out loss there, as read with its step (`validations`)
+        # boundary -> held-out scores there ("loss", each metric), as read with its step (`validations`)
+        self._validated: dict[int, dict[str, float]] = {}
         self._forgotten = 0
         self._preparations = 0  # preparations published (`prepare`)
         self._prepared: Epoch | None = None  # the epoch the latest preparation expects, until an epoch is published
@@ -795,20 +796,20 @@ class Coordinator:
     def _seen(self, step: int, got: keys.StepLoss) -> keys.StepLoss:
         (self._skipped.add if got.skipped else self._skipped.discard)(step)
         if got.val is not None:
-            self._validated[step] = got.val
+            self._validated[step] = dict(got.val)
         return got
 
-    def final_validation(self) -> float | None:
-        """The held-out loss of the final layers (a job whose spec validates), as the last stage's replicas reported it
-        with their final digests; None before they did, or without validation."""
+    def final_validation(self) -> dict[str, float] | None:
+        """The held-out scores of the final layers ("loss", each metric; a job whose spec validates), as the last
+        stage's replicas reported them with their final digests; None before they did, or without validation."""
         for w in self.in_force.members:
             raw = self.store.get_if(keys.replica_final(w))
-            if raw is not None and (val := json.loads(raw).get("val_loss")) is not None:
-                return float(val)
+            if raw is not None and (val := json.loads(raw).get("val")) is not None:
+                return {str(k): float(v) for k, v in val.items()}
         return None
 
-    def validations(self) -> list[tuple[int, float]]:
-        """(boundary, held-out loss there) in step order, as far as the steps' losses were read (`committed_losses`,
+    def validations(self) -> list[tuple[int, dict[str, float]]]:
+        """(boundary, held-out scores there) in step order, as far as the steps' losses were read (`committed_losses`,
         `losses`), and the final layers' at the job's last boundary once reported."""
         out = sorted(self._validated.items())
         final = self.final_validation()

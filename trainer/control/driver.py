@@ -34,6 +34,7 @@ from trainer.runtime.checkpoint_mirror import StepCommitter
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names, spec_of
 from trainer.runtime.model import n_layers as layer_count
+from trainer.runtime.validation import metrics_of
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
 log = logging.getLogger(__name__)
@@ -678,9 +679,9 @@ class Driver:
         for s, got in new:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
-            if got.val is not None:  # the held-out loss of boundary s: the parameters step s started from
-                self._scored[s] = got.val
-                self.observer.on_validation(s, got.val)
+            if got.val is not None:  # the held-out scores of boundary s: the parameters step s started from
+                self._scored[s] = got.val["loss"]
+                self.observer.on_validation(s, got.val["loss"], metrics_of(got.val))
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
                                            time=time.time(), loss_scale=got.scale, skipped=got.skipped,
                                            lr=None if self._lr is None else float(self._lr(s))))  # fmt: skip
@@ -688,7 +689,7 @@ class Driver:
         self._deliver_records(upto=self._next_step, final=final)
         if final and not self._final_validated and (val := c.final_validation()) is not None:
             self._final_validated = True
-            self.observer.on_validation(c.spec.steps, val)
+            self.observer.on_validation(c.spec.steps, val["loss"], metrics_of(val))
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
         # step was committed since; and not during a decision, which may claim boundaries
         if new and not self._deciding:

@@ -55,6 +55,7 @@ from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
 from trainer.runtime.trainspec import check_job
+from trainer.runtime.validation import metrics_of
 
 WORKERS_PER_CORE = 4  # local worker processes a core can hold usefully (one torch thread each; beyond, they thrash)
 
@@ -251,7 +252,12 @@ def run_job(
             "final_checksum": parameters_checksum(final.layers, layer_names(model)),
             **loss_scale_report(final.layers, coord.skipped_steps()),
             **(
-                {"validation": [{"step": s, "loss": v} for s, v in held_out]}
+                {
+                    "validation": [
+                        {"step": s, "loss": v["loss"], **({"metrics": m} if (m := metrics_of(v)) else {})}
+                        for s, v in held_out
+                    ]
+                }
                 if (held_out := coord.validations())
                 else {}
             ),

@@ -70,9 +70,10 @@ class JobObserver:
     def on_step(self, step: StepInfo) -> None:
         """A step was committed."""
 
-    def on_validation(self, step: int, loss: float) -> None:
+    def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         """The held-out loss (`parcae.Validation`) of the parameters after `step` steps: delivered before the step
-        that starts from them (`on_step(step)`), and at the end for the final layers (`step` = the job's steps)."""
+        that starts from them (`on_step(step)`), and at the end for the final layers (`step` = the job's steps).
+        `metrics`: the validation's own metrics by name (passed only by a spec that has some)."""
 
     def on_plan(self, plan: PlanInfo) -> None:
         """The planner decided the strategy for the coming interval."""
@@ -112,8 +113,9 @@ class ObserverList(JobObserver):
     def on_step(self, step: StepInfo) -> None:
         self._call("on_step", step)
 
-    def on_validation(self, step: int, loss: float) -> None:
-        self._call("on_validation", step, loss)
+    def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        # (without metrics, as a hook written before they existed takes it)
+        self._call("on_validation", step, loss, *([dict(metrics)] if metrics else []))
 
     def on_plan(self, plan: PlanInfo) -> None:
         self._call("on_plan", plan)
@@ -143,8 +145,8 @@ class RecordingObserver(JobObserver):
     def on_step(self, step: StepInfo) -> None:
         self.calls.append(("step", step))
 
-    def on_validation(self, step: int, loss: float) -> None:
-        self.calls.append(("validation", (step, loss)))
+    def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        self.calls.append(("validation", (step, loss, *([dict(metrics)] if metrics else []))))
 
     def on_plan(self, plan: PlanInfo) -> None:
         self.calls.append(("plan", plan))

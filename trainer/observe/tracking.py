@@ -12,7 +12,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
   metrics    per step: loss, alive_instances, dp_D, dp_P, samples_per_s (global batch x step intervals over the
              last `throughput_window` intervals of the driver's clock, so a reconfiguration's pause shows as a dip; from
              the third step interval on: `trainer.observe.timeline.StepTimeline`), loss_scale (a float16 job's);
-             val_loss (a spec with `validation`: at each scored boundary, the final layers' at the last step), lr
+             val_loss and val_<metric> (a spec with `validation`, and each of its metrics: at each scored
+             boundary, the final layers' at the last step), lr
              (a spec with a learning-rate schedule, `TrainSpec.lr`);
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
@@ -330,10 +331,13 @@ class MlflowJobObserver(JobObserver):
                 self._first = (step.step, step.time)
             self._last = (step.step, float(step.loss), step.time)
 
-    def on_validation(self, step: int, loss: float) -> None:
+    def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
+        ts = int(time.time() * 1000)
+        points = [("val_loss", float(loss), ts, step)]
+        points += [(f"val_{name}", float(v), ts, step) for name, v in (metrics or {}).items()]
         with self._sender.lock:
             if self._sender.fatal is None:
-                self._sender.add([("val_loss", float(loss), int(time.time() * 1000), step)])
+                self._sender.add(points)
                 self._validated = True
 
     def on_plan(self, plan: PlanInfo) -> None:

@@ -92,6 +92,7 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import NamedTuple
 
 # What only the driver writes: the job, its epochs, the orders to leave, restart, stop, the agents' orders. A token
@@ -268,21 +269,32 @@ def loss(s: int) -> str:
 class StepLoss(NamedTuple):
     """A committed step's `loss` value: its loss; where the job scales its loss (float16), the scale after it and
     whether its update was skipped for an overflow; where the boundary before it was validated
-    (`trainer.runtime.validation`), the held-out loss there (`val`)."""
+    (`trainer.runtime.validation`), the held-out scores there (`val`: "loss", and each metric by name)."""
 
     loss: float
     scale: float | None = None
     skipped: bool = False
-    val: float | None = None
+    val: Mapping[str, float] | None = None
 
     def value(self) -> str:
         out = [repr(self.loss)] + ([] if self.scale is None else [repr(self.scale), str(int(self.skipped))])
-        return " ".join(out + ([] if self.val is None else [f"val={self.val!r}"]))
+        held_out = dict(self.val or {})
+        if held_out:  # "val=<loss>", then "val.<metric>=<value>" (names are `validation.METRIC_NAME`s)
+            out.append(f"val={held_out.pop('loss')!r}")
+            out += [f"val.{name}={v!r}" for name, v in held_out.items()]
+        return " ".join(out)
 
     @classmethod
     def parse(cls, raw: bytes | str) -> StepLoss:
         parts = (raw.decode() if isinstance(raw, bytes) else raw).split()
-        val = float(parts.pop()[4:]) if len(parts) > 1 and parts[-1].startswith("val=") else None
+        scores = [p for p in parts[1:] if p.startswith("val")]
+        parts = [p for p in parts if p not in scores]
+        val = None
+        if scores:
+            named = [s.partition("=") for s in scores]
+            val = {("loss" if k == "val" else k.removeprefix("val.")): float(v) for k, _, v in named}
+            if "loss" not in val:
+                raise ValueError(f"a step's held-out scores lack the loss: {raw!r}")
         if len(parts) not in (1, 3):
             raise ValueError(f"a step's loss value holds {len(parts)} fields: {raw!r}")
         if len(parts) == 1:

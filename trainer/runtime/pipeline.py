@@ -72,7 +72,7 @@ from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_r
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 from trainer.runtime.trainspec import rows as rows_of
-from trainer.runtime.validation import Validation
+from trainer.runtime.validation import Validation, metric_sum
 
 LayerState = dict[str, torch.Tensor]
 
@@ -824,14 +824,15 @@ def _autocast(spec: TrainSpec, dev: torch.device) -> torch.autocast:
 
 def stage_forward(
     ctx: StageContext, xm: Any, ym: Any, sends: list[tuple[object, torch.Tensor]], autocast: torch.autocast,
-    divide_by: int,
+    divide_by: int, score: Callable[[Any, Any], None] | None = None,
 ) -> tuple[Any, Any, float]:  # fmt: skip
     """One micro-batch through this rank's stage: receive its activations (or take the batch's inputs `xm`), run the
     stage, send on (the sends left pending in `sends`) or, on the last stage, score it against `ym`. Returns (the
     stage's input, its output — on the last stage the micro-batch's loss: the spec's sum divided by `divide_by`, or
     with normalizer "count" the sum —, the items the loss counted: 0.0 unless "count"). A receiver knows each
     activation's shapes from the spec alone (`_boundary`), else from a header. With gradients enabled, the received
-    activations' floating-point tensors require them."""
+    activations' floating-point tensors require them. `score(outputs, targets)`: told the last layer's outputs of
+    the micro-batch before the loss (validation's metrics)."""
     g, dev, spec = ctx.groups, ctx.device, ctx.spec
     if ctx.is_first:
         inp = to_device(xm, dev)
@@ -854,6 +855,8 @@ def stage_forward(
         out = ctx.module(inp)
         if ctx.is_last:
             ym = to_device(ym, dev)
+            if score is not None:
+                score(out, ym)
             if spec.normalizer == "count":
                 out, counted = spec.loss(out, ym)
                 n = float(counted)
@@ -1029,15 +1032,22 @@ def train_step(
     return float(loss)
 
 
-def validate(ctx: StageContext, validation: Validation) -> float:
-    """The held-out loss of the parameters this rank's epoch holds now (on every rank): every batch of
-    `validation` forward only through the strategy's stages and replicas (each replica its rows, in micro-batches),
-    the layers in `eval()` mode, the last stages' sums and counts added over the world in one all-reduce. No
-    parameter, optimiser state or loss scale changes; a broken epoch raises `StepAbandoned` (the boundary is scored
-    again in the next one)."""
+def validate(ctx: StageContext, validation: Validation) -> dict[str, float]:
+    """The held-out loss ("loss") and `validation.metrics` of the parameters this rank's epoch holds now (on every
+    rank): every batch of `validation` forward only through the strategy's stages and replicas (each replica its
+    rows, in micro-batches), the layers in `eval()` mode, the last stages' sums and counts added over the world in
+    one all-reduce. No parameter, optimiser state or loss scale changes; a broken epoch raises `StepAbandoned` (the
+    boundary is scored again in the next one)."""
     spec, g, mb = ctx.spec, ctx.groups, ctx.train.micro_batch
-    total = torch.zeros(2, dtype=torch.float64)  # the loss summed over the rows, and the rows (or the count)
+    names = list(validation.metrics)
+    # the loss summed over the rows, the rows (or the count), then each metric's sum
+    total = torch.zeros(2 + len(names), dtype=torch.float64)
     autocast = _autocast(spec, ctx.device)
+
+    def score(out: Any, ym: Any) -> None:
+        for k, name in enumerate(names):
+            total[2 + k] += metric_sum(validation.metrics[name](out, ym), name)
+
     was = ctx.module.training
     ctx.module.eval()
     try:
@@ -1046,7 +1056,7 @@ def validate(ctx: StageContext, validation: Validation) -> float:
                 sends: list[tuple[object, torch.Tensor]] = []
                 part = replica_part(validation.batch, i, ctx.replica, ctx.strategy.D)
                 for xm, ym in shard(*part, 0, 1, mb) if part is not None else []:
-                    _, out, n = stage_forward(ctx, xm, ym, sends, autocast, 1)
+                    _, out, n = stage_forward(ctx, xm, ym, sends, autocast, 1, score if names else None)
                     if ctx.is_last:
                         total[0] += out.to("cpu", torch.float64)
                         total[1] += n if spec.normalizer == "count" else rows_of(ym)
@@ -1060,4 +1070,5 @@ def validate(ctx: StageContext, validation: Validation) -> float:
     if not float(total[1]) > 0:
         raise ValueError(f"validation counted {float(total[1])} items over its {validation.batches} batches; give it "
                          "batches with rows (with normalizer 'count': items the loss counts)")  # fmt: skip
-    return float(total[0] / total[1])
+    means = (total / total[1]).tolist()
+    return {"loss": means[0], **{name: means[2 + k] for k, name in enumerate(names)}}

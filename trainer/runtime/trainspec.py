@@ -48,7 +48,7 @@ from trainer.config import (
     model_entry,
 )
 from trainer.runtime.loss_scale import LossScaling
-from trainer.runtime.validation import Validation
+from trainer.runtime.validation import Validation, metric_sum
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -496,9 +496,38 @@ def _check_validation(spec: TrainSpec, validation: Validation, where: str) -> No
         if n == {0}:
             raise SpecError(f"{where}: validation.batch({i}) has no rows; give every validation batch at least one")
     try:
-        _check_flow(spec, where, "meta", "validation.batch")
+        out, sample = _check_flow(spec, where, "meta", "validation.batch")
     except SpecError:
-        _check_flow(spec, where, None, "validation.batch")
+        out, sample = _check_flow(spec, where, None, "validation.batch")
+    if validation.metrics:
+        _check_metrics(validation, where, out, sample)
+
+
+def _check_metrics(validation: Validation, where: str, out: Any, y: Any) -> None:
+    """Each metric, on made-up outputs of the last layer's shapes (seeded, on the host) and validation.batch(0)'s
+    targets, returns one number, a SUM over the rows (as the loss: parcae adds it over micro-batches and replicas)."""
+    g = torch.Generator().manual_seed(0)
+    made = rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
+                         else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
+    for name, fn in validation.metrics.items():
+
+        def on(part: slice, fn: Callable[[Any, Any], Any] = fn, name: str = name) -> float:
+            value = fn(rebuild(made, [t[part] for t in leaves(made)]), rebuild(y, [t[part] for t in leaves(y)]))
+            return metric_sum(value, name)
+
+        try:
+            with torch.no_grad():
+                both = on(slice(0, rows(made)))
+                halves = (on(slice(0, 1)), on(slice(1, 2))) if rows(made) == 2 else None
+        except Exception as exc:  # noqa: BLE001 — a user's metric: name it
+            raise SpecError(f"{where}: validation metric {name!r} raised {type(exc).__name__}: {exc} on the outputs "
+                            "of validation.batch(0)'s rows; make it a function of (outputs, targets) returning their "
+                            "sum over the rows") from None  # fmt: skip
+        finite = halves is not None and all(map(math.isfinite, (both, *halves)))
+        if finite and halves is not None and not math.isclose(both, sum(halves), rel_tol=0.05, abs_tol=1e-9):
+            raise SpecError(f"{where}: validation metric {name!r} must be a SUM over the rows (parcae adds it over "
+                            f"micro-batches and divides by the rows itself): on two rows it is {both:.6g}, on each "
+                            f"alone {halves[0]:.6g} and {halves[1]:.6g}; return .sum(), not .mean()")  # fmt: skip
 
 
 def _check_batches(spec: TrainSpec, where: str, global_batch: int | None) -> int:

@@ -1,7 +1,8 @@
 """Validation: the loss on held-out data, measured at step boundaries while the job trains and migrates.
 
-Owns: `Validation` (what a spec's `validation` field holds: the held-out batches and how often to score them),
-`InOrder` (batches over a dataset in its own order, for `Validation.over`) and which boundaries are scored (`due`).
+Owns: `Validation` (what a spec's `validation` field holds: the held-out batches, how often to score them and the
+spec's own metrics), `InOrder` (batches over a dataset in its own order, for `Validation.over`), which boundaries are
+scored (`due`) and what a metric may return (`metric_sum`).
 Must not touch: the pass itself (`trainer.runtime.pipeline.validate`: forward only, through the job's stages and
 replicas), process groups, the store.
 
@@ -15,9 +16,15 @@ nothing is half-reported; the final boundary's with the final layers.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+import torch
+
+#: What a metric's name may be (it becomes an MLflow metric ``val_<name>`` and a token of the step's loss value).
+METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -26,17 +33,25 @@ class Validation:
     the training batch (a tensor or a tuple of tensors; batches may differ in rows); it is scored every `every` steps
     (at boundaries 0, every, 2 every, ...) and at the job's end. The score is the spec's loss summed over every row
     of every batch, divided by the rows (normalizer "rows") or by the count the loss returns ("count"): the mean loss
-    on the held-out data. Layers are in `eval()` mode meanwhile (dropout off, BatchNorm on its running statistics)."""
+    on the held-out data. Layers are in `eval()` mode meanwhile (dropout off, BatchNorm on its running statistics).
+
+    `metrics`: more scores by name, each a function of the last layer's outputs and the targets (as the loss takes
+    them) returning a SUM over the rows — e.g. ``{"accuracy": lambda out, y: (out.argmax(1) == y).sum()}`` — divided
+    as the loss is: the mean over the held-out rows (or per counted item)."""
 
     batch: Callable[[int], tuple[Any, Any]]
     batches: int = 1
     every: int = 100
+    metrics: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
 
     @classmethod
-    def over(cls, dataset: Any, batch_size: int, every: int = 100) -> Validation:
+    def over(
+        cls, dataset: Any, batch_size: int, every: int = 100, metrics: Mapping[str, Callable[[Any, Any], Any]] | None
+        = None,
+    ) -> Validation:  # fmt: skip
         """Every item of a map-style `dataset`, in order, `batch_size` rows a batch (the last may hold fewer)."""
         batches = InOrder(dataset, batch_size)
-        return cls(batch=batches, batches=len(batches), every=every)
+        return cls(batch=batches, batches=len(batches), every=every, metrics=dict(metrics or {}))
 
     def due(self, boundary: int, steps: int) -> bool:
         """Whether the boundary before step `boundary` (after `boundary` steps) is scored in a job of `steps` steps."""
@@ -51,7 +66,31 @@ class Validation:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 out.append(f"{name} {value!r} must be an integer >= 1")
+        if not isinstance(self.metrics, Mapping):
+            return [*out, f"metrics is a {type(self.metrics).__name__}; give a dict of name -> function"]
+        for name, fn in self.metrics.items():
+            if not (isinstance(name, str) and METRIC_NAME.fullmatch(name)) or name == "loss":
+                out.append(f"metric name {name!r} must be letters, digits and '_' (not 'loss', the loss's own)")
+            elif not callable(fn):
+                out.append(f"metric {name!r} is a {type(fn).__name__}, not callable; give a function of (outputs, "
+                           "targets) returning a sum over the rows")  # fmt: skip
         return out
+
+
+def metrics_of(scores: Mapping[str, float]) -> dict[str, float]:
+    """A validation's own metrics among its held-out scores (`trainer.runtime.pipeline.validate`: all but "loss")."""
+    return {k: v for k, v in scores.items() if k != "loss"}
+
+
+def metric_sum(value: Any, name: str) -> float:
+    """A validation metric's value for one micro-batch (a number, or a tensor of one element) as a float; anything
+    else is the metric's mistake, named."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        return float(value.detach().to("cpu", torch.float64))
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    shape = f"a tensor of shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    raise ValueError(f"validation metric {name!r} returned {shape}; return one number: its sum over the rows")
 
 
 class InOrder:

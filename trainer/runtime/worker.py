@@ -546,7 +546,8 @@ class Worker:
         reporter = ctx.is_last
         rows = self._prefetcher()
         held_out = ctx.spec.validation if job.train.validate else None
-        val: float | None = None  # the held-out loss of this boundary, reported with its step (or the final layers)
+        # the held-out scores of this boundary ("loss", each metric), reported with its step (or the final layers)
+        val: dict[str, float] | None = None
         try:
             while True:
                 decision = self._boundary(self.step)
@@ -611,7 +612,7 @@ class Worker:
                     self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
         final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest,
-                 **({"val_loss": val} if val is not None and reporter else {})}  # fmt: skip
+                 **({"val": val} if val is not None and reporter else {})}  # fmt: skip
         self.store.set(keys.replica_final(self.id), json.dumps(final))
         close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
