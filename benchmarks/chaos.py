@@ -92,7 +92,7 @@ def place(workers: int, n_events: int, seed: int, steps: int | None, max_workers
 
 def reference(
     model: ModelConfig, train: TrainConfig, steps: int
-) -> tuple[list[float], dict[str, Any], list[Any], list[tuple[int, float]]]:
+) -> tuple[list[float], dict[str, Any], list[Any], list[tuple[int, dict[str, float]]]]:
     """One uninterrupted process, one torch thread: its loss curve, final layer states, for a spec that scales its
     loss (float16), each step's (scale after it, skipped), and for a spec that validates, (boundary, held-out loss)
     of each boundary it scores."""
@@ -104,7 +104,7 @@ def reference(
         losses, scales, vals = [], [], []
         for s in range(steps + 1):
             if held_out is not None and held_out.due(s, steps):
-                vals.append((s, validate(ctx, held_out)["loss"]))
+                vals.append((s, validate(ctx, held_out)))
             if s == steps:
                 break
             losses.append(train_step(ctx, s))
@@ -137,9 +137,10 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
             worst = max(worst, float(((got - w).abs() / w.abs().clamp_min(ATOL)).max()))
             close = close and torch.allclose(got, w, rtol=RTOL, atol=ATOL)
     loss_diff = max(abs(a - b) / abs(b) for a, b in zip(result["loss"], ref_loss, strict=True))
-    got_vals = [(v["step"], v["loss"]) for v in result.get("validation", [])]
-    same_points = [s for s, _ in got_vals] == [s for s, _ in ref_vals]
-    val_diff = max((abs(a[1] - b[1]) / abs(b[1]) for a, b in zip(got_vals, ref_vals, strict=False)), default=0.0)
+    got_vals = [(v["step"], {"loss": v["loss"], **v.get("metrics", {})}) for v in result.get("validation", [])]
+    same_points = [(s, sorted(v)) for s, v in got_vals] == [(s, sorted(v)) for s, v in ref_vals]
+    val_diff = max((abs(a[1][k] - b[1][k]) / max(abs(b[1][k]), ATOL) for a, b in zip(got_vals, ref_vals, strict=False)
+                    for k in b[1] if k in a[1]), default=0.0)  # fmt: skip
     ref_checksum = parameters_checksum(ref_layers, layer_names(model))
     return {
         "checksum": result["final_checksum"],
@@ -148,8 +149,8 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
         "params_max_rel_diff": worst,
         "loss_max_rel_diff": loss_diff,
         "within_tolerance": close and loss_diff <= RTOL and same_points and val_diff <= RTOL,
-        # a spec that validates: the boundaries scored (the same as the uninterrupted run's?) and the held-out
-        # losses' largest relative difference
+        # a spec that validates: the boundaries and scores (loss, metrics) scored — the same as the uninterrupted
+        # run's? — and the held-out scores' largest relative difference
         "validations": len(got_vals),
         "validation_points_equal": same_points,
         "validation_max_rel_diff": val_diff,
@@ -224,8 +225,8 @@ def print_report(r: dict[str, Any]) -> None:
           f"{'same run' if eq['within_tolerance'] else 'DIFFERENT run'} (rtol {RTOL:g}, atol {ATOL:g})")  # fmt: skip
     if eq["validations"] or not eq["validation_points_equal"]:
         points = "the same boundaries" if eq["validation_points_equal"] else "OTHER boundaries"
-        print(f"validation: {eq['validations']} held-out losses at {points} as the uninterrupted run's, max rel diff "
-              f"{eq['validation_max_rel_diff']:.1e}")  # fmt: skip
+        print(f"validation: {eq['validations']} held-out scores (loss, metrics) at {points} as the uninterrupted "
+              f"run's, max rel diff {eq['validation_max_rel_diff']:.1e}")  # fmt: skip
     if eq["scaled"]:
         differs = eq["scale_differs_at"]
         same = "every step as the uninterrupted run" if not differs else f"differs at steps {differs[:8]}"
