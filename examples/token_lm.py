@@ -65,6 +65,13 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
     def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # a SUM over rows of per-row means
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum") / targets.shape[1]
 
+    def next_token(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:  # the same: rows' shares, summed
+        return ((logits.argmax(-1) == targets).sum(1).double() / targets.shape[1]).sum()
+
+    # the held-out windows: their loss, and the share of next tokens the model ranks first
+    rest = Subset(windows, range(len(train), len(windows)))
+    metrics = {"next_token_accuracy": next_token}
+    held_out = parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics) if held else None
     return parcae.TrainSpec(
         layers=[
             parcae.Layer("embed", lambda: Embed(vocab, block_size, hidden).to(dt)),
@@ -75,7 +82,5 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
         loss=loss,
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr),
         clip_grad_norm=1.0,
-        validation=parcae.Validation.over(Subset(windows, range(len(train), len(windows))), 64, every=validate_every)
-        if held
-        else None,
+        validation=held_out,
     )

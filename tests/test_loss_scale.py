@@ -193,9 +193,11 @@ def test_a_step_s_loss_value_carries_its_scale_and_skip():
         StepLoss(1.5),
         StepLoss(0.25, 65536.0, True),
         StepLoss(0.25, 1024.0, False),
-        StepLoss(1.5, val=0.75),
-        StepLoss(0.25, 2048.0, True, 1.25),
-    ):  # (and a boundary's held-out loss)
+        StepLoss(1.5, val={"loss": 0.75}),
+        StepLoss(0.25, 2048.0, True, {"loss": 1.25, "accuracy": 0.5, "top_5": 0.875}),
+    ):  # (and a boundary's held-out scores: the loss, and a validation's metrics)
         assert StepLoss.parse(value.value().encode()) == value
     with pytest.raises(ValueError, match="holds 2 fields"):
         StepLoss.parse(b"0.5 1024.0")
+    with pytest.raises(ValueError, match="held-out scores lack the loss"):
+        StepLoss.parse(b"0.5 val.accuracy=0.5")
