@@ -15,7 +15,10 @@ layers (no gather through a single rank). Beside each shard its **hash record** 
 `model_layers` — every layer of the model, so a record says on its own what a complete checkpoint is). The record is
 the manifest written **last**: only after the shard is durable (fsync'ed, renamed, directory fsync'ed). The shards
 of one step are written by different processes at different times, so each carries its own record rather than one
-manifest per step that someone would have to write after all of them.
+manifest per step that someone would have to write after all of them. A job that validates keeps the **held-out
+loss** of a checkpoint beside it, `step{s:08d}.val.json` (JSON: `format`, `step`, `job`, `val_loss`), written by the
+driver once the boundary is scored — after the shards, so outside their records —; retention keeps the best-scored
+intact checkpoint by it (`best_validated`).
 
 States of a step's checkpoint (`verify_step`): **intact** — every shard matches its record (size, sha256, file name,
 step), the records agree on the job and cover every layer of the model exactly once; **corrupt** — a shard differs

@@ -509,20 +509,21 @@ def _check_metrics(validation: Validation, where: str, out: Any, y: Any) -> None
     g = torch.Generator().manual_seed(0)
     made = rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
                          else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
+    parts = [slice(0, rows(made)), *((slice(0, 1), slice(1, 2)) if rows(made) == 2 else ())]
     for name, fn in validation.metrics.items():
-
-        def on(part: slice, fn: Callable[[Any, Any], Any] = fn, name: str = name) -> float:
-            value = fn(rebuild(made, [t[part] for t in leaves(made)]), rebuild(y, [t[part] for t in leaves(y)]))
-            return metric_sum(value, name)
-
         try:
             with torch.no_grad():
-                both = on(slice(0, rows(made)))
-                halves = (on(slice(0, 1)), on(slice(1, 2))) if rows(made) == 2 else None
+                values = [fn(rebuild(made, [t[p] for t in leaves(made)]), rebuild(y, [t[p] for t in leaves(y)]))
+                          for p in parts]  # fmt: skip
         except Exception as exc:  # noqa: BLE001 — a user's metric: name it
             raise SpecError(f"{where}: validation metric {name!r} raised {type(exc).__name__}: {exc} on the outputs "
                             "of validation.batch(0)'s rows; make it a function of (outputs, targets) returning their "
                             "sum over the rows") from None  # fmt: skip
+        try:
+            both, *rest = [metric_sum(v, name) for v in values]
+        except ValueError as exc:
+            raise SpecError(f"{where}: {exc}") from None
+        halves = tuple(rest) if rest else None
         finite = halves is not None and all(map(math.isfinite, (both, *halves)))
         if finite and halves is not None and not math.isclose(both, sum(halves), rel_tol=0.05, abs_tol=1e-9):
             raise SpecError(f"{where}: validation metric {name!r} must be a SUM over the rows (parcae adds it over "
