@@ -96,8 +96,9 @@ class TrainSpec:
     or "auto" (the default: `LossScaling()` under float16 autocast, where small gradients would round to zero, and
     none otherwise); `prefetch` (default True): a worker loads its rows of the next step in a helper thread while
     it trains this one (`batch` is then called from that thread, never twice at once; False: on the thread that
-    trains, before each step); `validation`: a `parcae.Validation` — held-out batches whose mean loss is measured
-    every `every` steps and at the end, whatever the strategy (none by default).
+    trains, before each step); `validation`: a `parcae.Validation` — held-out batches whose mean loss (and the
+    validation's own metrics) is measured every `every` steps and at the end, whatever the strategy (none by
+    default).
     """
 
     layers: Sequence[Layer]
