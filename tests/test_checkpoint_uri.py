@@ -10,9 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from moto import mock_aws
+from typer.testing import CliRunner
 
+from parcae.cli import app
+from trainer import export_from_uri, export_state_dict
 from trainer.config import TrainConfig, model_config
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint_mirror import (
@@ -65,6 +69,13 @@ def protocol(mirror, local: Path, fresh: Path) -> None:
     mirror.upload_step(local, 50)
     assert mirror.prune(1, job="job") == [30] and mirror.steps() == [50, 20]
     assert not any(n.startswith("step00000030") for n in mirror.list_names())
+    # parcae export of the URI: the best-scored step, the newest, a given one — downloaded and verified
+    res = CliRunner().invoke(app, ["export", mirror.uri, "--best", "--out", str(fresh / "best.pt")])
+    assert res.exit_code == 0 and "step 20, validation loss 0.5000)" in res.output, res.output
+    assert torch.load(fresh / "best.pt").keys() == export_state_dict(local, 20).state.keys()
+    assert export_from_uri(mirror.uri).step == 50 and export_from_uri(mirror.uri, 20).val_loss == 0.5
+    res = CliRunner().invoke(app, ["export", mirror.uri, "--step", "30", "--out", str(fresh / "x.pt")])
+    assert res.exit_code == 2 and "no complete checkpoint of step 30 there (complete: 50, 20)" in res.output
 
 
 def test_the_step_protocol_on_a_folder(tmp_path):

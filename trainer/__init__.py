@@ -71,7 +71,7 @@ _HOMES: dict[str, str] = {
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
-    **dict.fromkeys(("Exported", "export_state_dict", "write_state_dict"), "trainer.runtime.export"),
+    **dict.fromkeys(("Exported", "export_from_uri", "export_state_dict", "write_state_dict"), "trainer.runtime.export"),
     "checkpoint": "",  # the checkpoint module itself: a namespace (`trainer.checkpoint.latest_intact`)
 }  # fmt: skip
 
@@ -226,6 +226,7 @@ if TYPE_CHECKING:
         resolve_device as resolve_device,
     )
     from trainer.runtime.export import Exported as Exported
+    from trainer.runtime.export import export_from_uri as export_from_uri
     from trainer.runtime.export import export_state_dict as export_state_dict
     from trainer.runtime.export import write_state_dict as write_state_dict
     from trainer.runtime.loss_scale import LossScaleError as LossScaleError

@@ -430,8 +430,7 @@ def train_cmd(
         out.print(f"validation loss {last['loss']:.4f}{scores_text(last.get('metrics'))} after {last['step']} steps "
                   f"({len(report['validation'])} validations)", soft_wrap=True)  # fmt: skip
     if best := report.get("best_checkpoint"):  # kept by the retention beside the newest
-        uri = config.checkpoint.uri
-        where = f"at {uri}" if uri else f"parcae export {config.checkpoint_dir} --best"
+        where = f"parcae export {config.checkpoint.uri or config.checkpoint_dir} --best"
         out.print(f"best checkpoint: step {best['step']}, validation loss {best['val_loss']:.4f} ({where})",
                   soft_wrap=True)  # fmt: skip
     if "loss_scale" in report:  # float16: the steps it skipped (many: a scale or a learning rate to look at)
@@ -720,7 +719,12 @@ def _print_profile(prof: Any) -> None:
 @command("export")
 def export_cmd(
     directory: Annotated[
-        Path, typer.Argument(metavar="DIR", help="A job's checkpoints/ or layers/ folder (its newest intact one).")
+        str,
+        typer.Argument(
+            metavar="DIR|URI",
+            help="A job's checkpoints/ or layers/ folder, or its --checkpoint-uri (s3://bucket/prefix, "
+            "file:///path); its newest intact checkpoint unless --step or --best.",
+        ),
     ],
     out: Annotated[Path, typer.Option("--out", metavar="MODEL.pt|MODEL.safetensors", help="Where to write.")] = Path(
         "model.pt"
@@ -735,17 +739,22 @@ def export_cmd(
 ) -> None:
     """Write a checkpoint's parameters as one state dict keyed "<layer name>.<parameter>", to load into a module of
     the spec's layers outside parcae (the optimiser state stays in parcae's checkpoints)."""
-    from trainer import SpecError, checkpoint, export_state_dict, write_state_dict
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from trainer import SpecError, checkpoint, export_from_uri, export_state_dict, write_state_dict
 
     if out.suffix not in (".pt", ".safetensors"):
         raise UserError(f"--out: {str(out)!r} must end in .pt or .safetensors")
     if best and step is not None:
         raise UserError("--best and --step: give one of them (the best-scored checkpoint, or a step's)")
     check_writable(out, "--out")
+    uri = directory.startswith(("s3://", "file://"))
     try:
-        exported = export_state_dict(directory, step, best=best)
+        exported = export_from_uri(directory, step, best=best) if uri else export_state_dict(directory, step, best=best)
     except (checkpoint.CheckpointError, SpecError) as exc:
         raise UserError(str(exc)) from None
+    except (BotoCoreError, ClientError, OSError, ValueError) as exc:  # (a URI's MirrorError is a ValueError)
+        raise UserError(f"{directory}: cannot read the checkpoint there: {type(exc).__name__}: {exc}") from None
     try:
         write_state_dict(exported.state, out)
     except ValueError as exc:

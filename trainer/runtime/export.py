@@ -1,22 +1,24 @@
 """A checkpoint as one plain state dict, for use outside parcae.
 
 Owns: `export_state_dict` (the newest intact checkpoint of a folder — periodic checkpoints or a job's final
-`layers/` —, a given step's or the best-scored one, merged into one state dict keyed ``"<layer name>.<parameter>"``)
-and `write_state_dict` (``.pt`` with torch, ``.safetensors`` with the safetensors library). Must not touch:
-training, processes. The keys load into a module whose children are named like the spec's layers (an
-``nn.ModuleDict`` of layers whose names have no dots; a GPT's "block.0" into an ``nn.ModuleList`` attribute
-``block``); the optimiser state stays in parcae's per-layer checkpoints.
+`layers/` —, a given step's or the best-scored one, merged into one state dict keyed ``"<layer name>.<parameter>"``),
+`export_from_uri` (the same from a checkpoint URI) and `write_state_dict` (``.pt`` with torch, ``.safetensors``
+with the safetensors library). Must not touch: training, processes. The keys load into a module whose children are
+named like the spec's layers (an ``nn.ModuleDict`` of layers whose names have no dots; a GPT's "block.0" into an
+``nn.ModuleList`` attribute ``block``); the optimiser state stays in parcae's per-layer checkpoints.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import tempfile
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint_mirror import mirror_for
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,36 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
     }
     val = checkpoint.val_losses(d, job=job).get(at)
     return Exported(state=state, model=config.name, job=job, step=at, val_loss=val)
+
+
+def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) -> Exported:
+    """`export_state_dict` of a checkpoint URI (a job's `--checkpoint-uri`: ``s3://bucket/prefix`` or
+    ``file:///path``, where instances that share no disk keep their checkpoints): the complete checkpoint of `step`
+    (default: the newest; with `best`, the best-scored one, `CheckpointMirror.best_validated`) is downloaded into a
+    temporary folder, verified and read there. Raises what the backend raises (no credentials, no bucket)."""
+    mirror = mirror_for(uri)
+    complete = mirror.steps()
+    if best:
+        if step is not None:
+            raise ValueError("give a step or ask for the best checkpoint, not both")
+        found = mirror.best_validated()
+        if found is None:
+            raise checkpoint.CheckpointError(
+                f"{uri}: no complete checkpoint there has a held-out loss beside it (a job whose spec has a "
+                "`validation` records one for each checkpoint it scores); export the newest, or give its step"
+            )
+        step = found[0]
+    if step is None and not complete:
+        raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint there (a step's manifest is written last)")
+    if step is not None and step not in complete:
+        shown = ", ".join(map(str, complete[:8])) or "none"
+        raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint of step {step} there (complete: {shown}); "
+                                         "give one of those")  # fmt: skip
+    at = complete[0] if step is None else step
+    with tempfile.TemporaryDirectory(prefix="parcae-export-") as tmp:
+        mirror.download_step(at, Path(tmp))
+        exported = export_state_dict(tmp, at)
+    return replace(exported, val_loss=mirror.val_losses(job=exported.job).get(at))
 
 
 def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:
