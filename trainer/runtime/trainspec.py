@@ -507,9 +507,7 @@ def _check_validation(spec: TrainSpec, validation: Validation, where: str) -> No
 def _check_metrics(validation: Validation, where: str, out: Any, y: Any) -> None:
     """Each metric, on made-up outputs of the last layer's shapes (seeded, on the host) and validation.batch(0)'s
     targets, returns one number, a SUM over the rows (as the loss: parcae adds it over micro-batches and replicas)."""
-    g = torch.Generator().manual_seed(0)
-    made = rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
-                         else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
+    made = _made_up(out)
     parts = [slice(0, rows(made)), *((slice(0, 1), slice(1, 2)) if rows(made) == 2 else ())]
     for name, fn in validation.metrics.items():
         try:
@@ -621,9 +619,7 @@ def _check_sum(spec: TrainSpec, where: str, out: Any, y: Any) -> None:
                     "take %.0f MiB (the check makes up at most %.0f MiB)", where, size / 2**20,
                     SUM_CHECK_MAX_BYTES / 2**20)  # fmt: skip
         return
-    g = torch.Generator().manual_seed(0)
-    made = rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
-                         else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
+    made = _made_up(out)
 
     def loss(rows: slice) -> list[float]:
         v = spec.loss(rebuild(made, [t[rows] for t in leaves(made)]), rebuild(y, [t[rows] for t in leaves(y)]))
@@ -639,6 +635,14 @@ def _check_sum(spec: TrainSpec, where: str, out: Any, y: Any) -> None:
             raise SpecError(f"{where}: the {what} must be a SUM over the rows it is given (parcae adds it over "
                             f"micro-batches): on two rows it is {b:.6g}, on each alone {f:.6g} and {s:.6g}; use "
                             "reduction='sum' (parcae divides by the global batch itself)")  # fmt: skip
+
+
+def _made_up(out: Any) -> Any:
+    """Outputs of `out`'s shapes and dtypes on the host, made up (seeded uniform values; integers zero): what the
+    checks of the loss and of the metrics call them on (`out` may live on the meta device)."""
+    g = torch.Generator().manual_seed(0)
+    return rebuild(out, [torch.rand(t.shape, generator=g, dtype=t.dtype) if t.is_floating_point()
+                         else torch.zeros(t.shape, dtype=t.dtype) for t in leaves(out)])  # fmt: skip
 
 
 def _shapes(tree: Any) -> str:
