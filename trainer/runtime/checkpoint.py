@@ -53,7 +53,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BufferedIOBase
 from pathlib import Path
@@ -544,13 +544,15 @@ def best_scored(scores: Mapping[int, float]) -> list[int]:
 
 
 def best_validated(
-    directory: str | os.PathLike[str], layers: Sequence[str] | None = None, *, job: str | None = None
-) -> tuple[int, float] | None:
+    directory: str | os.PathLike[str], layers: Sequence[str] | None = None, *, job: str | None = None,
+    intact: Collection[int] = (),
+) -> tuple[int, float] | None:  # fmt: skip
     """The intact checkpoint in `directory` with the lowest recorded held-out loss, and that loss (None: no scored
-    checkpoint is intact). What `parcae export --best` writes and `prune` never removes."""
+    checkpoint is intact). What `parcae export --best` writes and `prune` never removes. `intact`: steps the caller
+    verified already (not hashed again)."""
     scores = val_losses(directory, job=job)
     for s in best_scored(scores):
-        if verify_step(directory, s, layers, job=job).intact:
+        if s in intact or verify_step(directory, s, layers, job=job).intact:
             return s, scores[s]
     return None
 
@@ -744,6 +746,6 @@ def prune(
             kept.append(s)
     if not kept:
         return []
-    best = best_validated(d, layers, job=job)
+    best = best_validated(d, layers, job=job, intact=kept)  # (often the newest: verified just above)
     kept += [best[0]] if best is not None else []
     return _remove(p for s in sorted(_file_steps(d)) if s < kept[0] and s not in kept for p in step_files(d, s))
