@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -41,15 +42,7 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
     if not d.is_dir():
         raise checkpoint.CheckpointError(f"{d}: no such folder; give a job's checkpoints/ or layers/ folder")
     if best:
-        if step is not None:
-            raise ValueError("give a step or ask for the best checkpoint, not both")
-        found_best = checkpoint.best_validated(d)
-        if found_best is None:
-            raise checkpoint.CheckpointError(
-                f"{d}: no intact checkpoint has a held-out loss beside it (a job whose spec has a `validation` "
-                "records one for each checkpoint it scores); export the newest, or give its step"
-            )
-        step = found_best[0]
+        step = _best_step(step, lambda: checkpoint.best_validated(d), f"{d}: no intact checkpoint")[0]
     steps = [step] if step is not None else checkpoint.checkpoint_steps(d)
     verdicts = [checkpoint.verify_step(d, s) for s in steps]
     found = next((v for v in verdicts if v.intact), None)
@@ -79,28 +72,38 @@ def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) ->
     (default: the newest; with `best`, the best-scored one, `CheckpointMirror.best_validated`) is downloaded into a
     temporary folder, verified and read there. Raises what the backend raises (no credentials, no bucket)."""
     mirror = mirror_for(uri)
-    complete = mirror.steps()
-    if best:
-        if step is not None:
-            raise ValueError("give a step or ask for the best checkpoint, not both")
-        found = mirror.best_validated()
-        if found is None:
-            raise checkpoint.CheckpointError(
-                f"{uri}: no complete checkpoint there has a held-out loss beside it (a job whose spec has a "
-                "`validation` records one for each checkpoint it scores); export the newest, or give its step"
-            )
-        step = found[0]
-    if step is None and not complete:
-        raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint there (a step's manifest is written last)")
-    if step is not None and step not in complete:
-        shown = ", ".join(map(str, complete[:8])) or "none"
-        raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint of step {step} there (complete: {shown}); "
-                                         "give one of those")  # fmt: skip
-    at = complete[0] if step is None else step
+    val: float | None = None
+    if best:  # (a complete step: `best_validated` looks only at those)
+        at, val = _best_step(step, mirror.best_validated, f"{uri}: no complete checkpoint there")
+    else:
+        complete = mirror.steps()
+        if step is None and not complete:
+            raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint there (a step's manifest is written last)")
+        if step is not None and step not in complete:
+            shown = ", ".join(map(str, complete[:8])) or "none"
+            raise checkpoint.CheckpointError(f"{uri}: no complete checkpoint of step {step} there (complete: "
+                                             f"{shown}); give one of those")  # fmt: skip
+        at = complete[0] if step is None else step
     with tempfile.TemporaryDirectory(prefix="parcae-export-") as tmp:
         mirror.download_step(at, Path(tmp))
         exported = export_state_dict(tmp, at)
-    return replace(exported, val_loss=mirror.val_losses(job=exported.job).get(at))
+    return replace(exported, val_loss=val if best else mirror.val_losses(job=exported.job).get(at))
+
+
+def _best_step(
+    step: int | None, best_of: Callable[[], tuple[int, float] | None], none_there: str
+) -> tuple[int, float]:  # fmt: skip
+    """The best-scored checkpoint's (step, held-out loss), `best_of()`'s; refused with a `step` too, and where
+    nothing is scored (`none_there` begins the message: where, and what was looked at)."""
+    if step is not None:
+        raise ValueError("give a step or ask for the best checkpoint, not both")
+    found = best_of()
+    if found is None:
+        raise checkpoint.CheckpointError(
+            f"{none_there} has a held-out loss beside it (a job whose spec has a `validation` records one for each "
+            "checkpoint it scores); export the newest, or give its step"
+        )
+    return found
 
 
 def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]) -> Path:
