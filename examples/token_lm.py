@@ -54,7 +54,7 @@ class Head(nn.Module):
 def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, token_dtype: str = "uint8",
          hidden: int = 64, heads: int = 4, blocks: int = 2, batch_size: int = 16, lr: float = 3e-3,
          dtype: str = "float32", seed: int = 0, holdout: float = 0.1, validate_every: int = 50,
-         ) -> parcae.TrainSpec:  # fmt: skip
+         patience: int | None = None) -> parcae.TrainSpec:  # fmt: skip
     windows = parcae.TokenWindows(tokens, block_size, dtype=token_dtype)
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
@@ -71,7 +71,8 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
     # the held-out windows: their loss, and the share of next tokens the model ranks first
     rest = Subset(windows, range(len(train), len(windows)))
     metrics = {"next_token_accuracy": next_token}
-    held_out = parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics) if held else None
+    held_out = (parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics, patience=patience)
+                if held else None)  # (`patience`: stop once the held-out loss stops improving)  # fmt: skip
     return parcae.TrainSpec(
         layers=[
             parcae.Layer("embed", lambda: Embed(vocab, block_size, hidden).to(dt)),

@@ -209,6 +209,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         # a spec with `validation`: the final layers' held-out loss (every scored boundary's: MLflow's val_loss)
         "val_loss_last": float(report["validation"][-1]["loss"]) if report.get("validation") else None,
         "best_checkpoint": report.get("best_checkpoint"),  # {"step", "val_loss"}: kept by the retention
+        "stopped_early": report.get("stopped_early"),  # {"step", "best_step", ...}: the held-out loss stopped it
         "samples_per_s": float(report["throughput"]["samples_per_s"]),
         "migrations": kinds,
         "pause_s": pauses,
@@ -255,7 +256,8 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
         [
             f"## Training: {s['steps']} steps{resumed}, loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
             + (f", validation loss {s['val_loss_last']:.4f}" if s["val_loss_last"] is not None else "")
-            + (f" (best checkpoint: step {b['step']}, {b['val_loss']:.4f})" if (b := s["best_checkpoint"]) else ""),
+            + (f" (best checkpoint: step {b['step']}, {b['val_loss']:.4f})" if (b := s["best_checkpoint"]) else "")
+            + (f"; stopped early at step {e['step']} (patience {e['patience']})" if (e := s["stopped_early"]) else ""),
             "",
             f"{s['samples_per_s']:.1f} samples/s; {s['plans']} plans by `{s['planner']}` "
             f"({', '.join(s['decisions']) or 'none'}); forecasts: {s['forecast']}; runtime profile: {s['profile']}.",

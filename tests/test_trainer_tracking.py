@@ -172,7 +172,9 @@ class Job:
             step(s)
         obs.on_validation(20, val_of(20))  # the final layers'
         result = {"loss": [self.loss(s) for s in range(20)], "reconfigurations": self.records,
-                  "throughput": {"samples_per_s": 123.0, "steps_per_s": 7.7}, "wall_s": t - T0}  # fmt: skip
+                  "throughput": {"samples_per_s": 123.0, "steps_per_s": 7.7}, "wall_s": t - T0,
+                  "stopped_early": {"step": 20, "best_step": 20, "best_val_loss": val_of(20), "patience": 3,
+                                    "min_delta": 0.0}}  # fmt: skip
         if end:
             obs.on_end(result)
         return result
@@ -254,6 +256,7 @@ def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> Non
     assert final["skipped_steps"] == 4  # steps 4, 9 (twice: recomputed), 14 and 19
     assert latest(client, run_id, "val_loss") == {s: val_of(s) for s in (0, 5, 10, 15, 20)}  # the final at 20
     assert (final["best_val_loss"], final["best_val_step"]) == (val_of(20), 20)  # a summary: the lowest one
+    assert final["stopped_early_step"] == 20  # (the job's held-out loss stopped it there: `Validation.patience`)
     assert latest(client, run_id, "lr") == pytest.approx({s: 1e-3 * 0.9**s for s in range(20)})
     # one value at step 0: MLflow charts it as a bar, not as a lone dot at the last step
     assert [m.step for m in client.get_metric_history(run_id, "final_loss")] == [0]

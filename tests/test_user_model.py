@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import sys
 import time
@@ -42,6 +43,7 @@ from trainer import (
 )
 from trainer.observe.observer import RecordingObserver
 from trainer.observe.tracking import start_params
+from trainer.runtime.validation import Patience
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
@@ -220,6 +222,54 @@ def test_the_best_scored_checkpoint_outlives_the_retention_of_a_resumed_job(tmp_
     assert checkpoint.val_losses(ckpt, job="job") == {s: scored[s] for s in (4, 6, 8)}
 
 
+def test_the_held_out_loss_stops_the_job_at_one_process_s_boundary_through_a_joiner_and_a_restart(
+    tmp_path, _no_orphans
+):
+    """`Validation(patience=4)`: the job ends at the scored boundary where one process's held-out losses have not
+    improved on the best for four scorings — although a joiner came in (it was not there to count), a kill made the
+    job restart from the checkpoint of step 4 (boundary 4 scored again, counted once), and an addition is scheduled
+    after that boundary (never reached: the driver does not wait for it)."""
+    model = ModelConfig(DIGITS, args={"dtype": "float64", "validate_every": 2, "lr": 0.1, "batch_size": 16,
+                                      "patience": 4})  # fmt: skip
+    train, steps = TrainConfig(global_batch=16), 16
+    want, count = [], Patience()
+    for v in validated(model, train, steps):
+        want.append(v)
+        count = count.after(v["step"], v["loss"], patience=4)
+        if count.stop_at is not None:
+            break
+    stop = count.stop_at
+    assert stop is not None and 6 <= stop <= 12, want  # (one process's losses: up, down and up again)
+    events = [{"step": 3, "kind": "add", "workers": 1}, {"step": 3, "kind": "plan", "strategy": [1, 3]},
+              {"step": 5, "kind": "kill", "instances": [0]}, {"step": 14, "kind": "add", "workers": 1}]  # fmt: skip
+    result = run_job(model, train, 2, (1, 2), steps, events, tmp_path / "job", checkpoint_every=2, timeout_s=120)
+    assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "checkpoint-restart"]
+    assert result["stopped_early"] == {"step": stop, "best_step": count.best_step, "patience": 4, "min_delta": 0.0,
+                                       "best_val_loss": pytest.approx(count.best, rel=1e-9)}  # fmt: skip
+    assert [v["step"] for v in result["validation"]] == [v["step"] for v in want]
+    assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-9)
+    losses, layers = uninterrupted(model, train, stop)
+    assert result["loss"] == pytest.approx(losses, rel=1e-9)  # the steps before the boundary, and none after
+    assert_same_parameters(tmp_path / "job" / "layers", stop, model, layers, rtol=1e-9)  # its final layers
+    assert set(result["exit_codes"].values()) <= {0, -9}
+
+
+def test_the_early_stopping_count_waits_for_patience_scorings_without_a_real_improvement():
+    count = Patience()
+    for step, loss in [(0, 3.0), (2, 2.5), (4, 2.45)]:
+        count = count.after(step, loss, patience=2, min_delta=0.1)
+    # 2.45 is no improvement on 2.5 by more than 0.1: one scoring waited
+    assert (count.best, count.best_step, count.waited, count.stop_at, count.at) == (2.5, 2, 1, None, 4)
+    assert count.after(6, 2.35, patience=2, min_delta=0.1) == Patience(at=6, best=2.35, best_step=6)  # 0.15 lower
+    count = count.after(6, 2.6, patience=2, min_delta=0.1)  # a second without: the job stops at 6
+    assert (count.best, count.best_step, count.waited, count.stop_at, count.at) == (2.5, 2, 2, 6, 6)
+    assert count.after(6, 1.0, patience=2) is count  # a boundary scored again after a failure: counted once
+    assert Patience().after(0, math.nan, patience=1).stop_at == 0  # a loss that is not a number is no improvement
+    assert Patience.from_json(count.to_json()) == count and Patience.from_json(Patience().to_json()) == Patience()
+    # a resumed job: the best kept beside its checkpoints before the resume point, counted from there
+    assert Patience.since({2: 2.5, 4: 2.2, 6: 2.3, 8: 2.1}, before=8) == Patience(at=7, best=2.2, best_step=4)
+
+
 def test_a_job_told_not_to_validate_scores_nothing(tmp_path, _no_orphans):
     """`TrainConfig(validate=False)` (a runtime profile's job, which measures training) skips the validation."""
     sys.path.insert(0, str(Path(__file__).parent))
@@ -359,6 +409,10 @@ varying_rows = lambda step: (torch.ones(6 + step, 4), torch.zeros(6 + step, dtyp
      r"validation: metric name 'loss' must be letters, digits and '_' \(not 'loss', the loss's own\)"),
     (_spec(validation=parcae.Validation(HELD, metrics={"hit rate": lambda o, y: 0.0})), 1, r"metric name 'hit rate'"),
     (_spec(validation=parcae.Validation(HELD, metrics={"acc": 0.5})), 1, r"metric 'acc' is a float, not callable"),
+    (_spec(validation=parcae.Validation(HELD, patience=0)), 1, r"validation: patience 0 must be an integer >= 1 .*or "
+     r"None to train every step"),
+    (_spec(validation=parcae.Validation(HELD, patience=2, min_delta=-0.1)), 1,
+     r"validation: min_delta -0.1 must be a finite number >= 0"),
     (_spec(validation=parcae.Validation(HELD, metrics={"acc": lambda o, y: (o.argmax(1) == y).float().mean()})), 1,
      r"validation metric 'acc' must be a SUM over the rows .*: on two rows it is 0\.5, on each alone 0 and 1; "
      r"return \.sum\(\), not \.mean\(\)"),

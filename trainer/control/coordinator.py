@@ -37,6 +37,7 @@ from trainer.runtime.migration import (
 from trainer.runtime.model import layer_names, model_fingerprint
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import host_store, new_token
+from trainer.runtime.validation import Patience
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,7 @@ class Coordinator:
         self.store = host_store(host, port, self.token, store_timeout_s)
         self.port = self.store.port
         self.store.set(keys.JOB_SPEC, self.spec.to_json())
+        self.end_step = config.steps  # the job's last boundary: sooner where it stopped early (`read_end`)
         self.sizes = job_layer_sizes(model, config.train)
         self.current: Epoch | None = None
         self.epochs: list[Epoch] = []
@@ -787,7 +789,7 @@ class Coordinator:
 
     def losses(self, steps: int | None = None) -> list[float]:
         """The loss of every step from `first_step` (0, or the step a resumed job started at) to `steps`."""
-        n = self.spec.steps if steps is None else steps
+        n = self.end_step if steps is None else steps
         kept = len(self._losses)
         return [self._losses[s - self.first_step] if s - self.first_step < kept
                 else self._seen(s, keys.StepLoss.parse(self.store.get(keys.loss(s)))).loss
@@ -813,7 +815,27 @@ class Coordinator:
         `losses`), and the final layers' at the job's last boundary once reported."""
         out = sorted(self._validated.items())
         final = self.final_validation()
-        return out + ([(self.spec.steps, final)] if final is not None else [])
+        return out + ([(self.end_step, final)] if final is not None else [])
+
+    def read_end(self) -> int:
+        """The job's last boundary, once every member of the epoch in force reported its final layers: the step they
+        ended at (sooner than the job's steps where the held-out loss stopped it early, `Validation.patience`)."""
+        ends = {json.loads(raw).get("step", self.spec.steps) for w in self.in_force.members
+                if (raw := self.store.get_if(keys.replica_final(w))) is not None}  # fmt: skip
+        if len(ends) > 1:
+            raise RuntimeError(f"the members ended at different steps {sorted(ends)}")
+        if ends:
+            self.end_step = int(ends.pop())
+        return self.end_step
+
+    def patience(self) -> Patience | None:
+        """The early-stopping count the workers kept (`Validation.patience`); None: the job does not stop early."""
+        raw = self.store.get_if(keys.PATIENCE)
+        return None if raw is None else Patience.from_json(raw)
+
+    def seed_patience(self, count: Patience) -> None:
+        """A resumed job's early-stopping count (`Patience.since`), before its workers start."""
+        self.store.set(keys.PATIENCE, count.to_json())
 
     def skipped_steps(self) -> list[int]:
         """The steps whose update was skipped for an overflow (a float16 job's), as far as their losses were read
@@ -826,7 +848,7 @@ class Coordinator:
         what it read here instead (`losses`): the keys are deleted, so the store does not grow with the steps."""
         out = []
         s = from_step
-        while s < self.spec.steps and (got := self.store.get_if(keys.loss(s))) is not None:
+        while s < self.end_step and (got := self.store.get_if(keys.loss(s))) is not None:
             out.append((s, self._seen(s, keys.StepLoss.parse(got))))
             i = s - self.first_step
             if i <= len(self._losses):  # (the next one in order, or one read again: kept here, its key deleted)
@@ -1036,7 +1058,7 @@ class Coordinator:
             arrive = self._times(keys.arrive, nxt.number, nxt.previous) if nxt is not None else []
             ready_at = max(ready) if len(ready) == len(e.members) else None
             end_at = min(arrive) if arrive else None
-            end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.spec.steps
+            end_step = nxt.start_step + nxt.steps_lost if nxt is not None else self.end_step
             train_s = end_at - ready_at if ready_at is not None and end_at is not None else None
             last = self._times(keys.last_step, nxt.number, nxt.previous) if nxt is not None else []
             out.append({

@@ -53,6 +53,11 @@ class JobError(RuntimeError):
     """A job that started but did not finish: a worker failed, exited unexpectedly or the job timed out."""
 
 
+class TrainingEnded(Exception):
+    """Every member of the epoch in force finished the job while the schedule still waited for a later boundary: the
+    held-out loss stopped it early (`trainer.runtime.validation.Patience`). Nothing is left to decide."""
+
+
 class Driver:
     """Applies one job's schedule: the provider's processes on one side, the coordinator's decisions on the other;
     asks the planner at interval boundaries and feeds the observers."""
@@ -98,6 +103,7 @@ class Driver:
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
         self._final_validated = False  # the final layers' held-out loss was delivered to the observers
+        self._schedule_open = False  # `run` applies the schedule: a job that ends early ends it (`TrainingEnded`)
         # held-out losses kept beside their checkpoints (`_record_val_losses`): each scored boundary's, the complete
         # checkpoints' steps, and the steps whose loss is recorded beside them
         self._scored: dict[int, float] = {}
@@ -182,12 +188,21 @@ class Driver:
         return out
 
     def wait(self, cond: Callable[[], bool], what: str, timeout_s: float | None = None) -> None:
+        """Tick until `cond` holds. While the schedule is open (`run`), a job whose members all finished — stopped
+        early by its held-out loss — raises `TrainingEnded`: the boundary waited for never comes."""
         end = self.deadline if timeout_s is None else min(self.deadline, time.monotonic() + timeout_s)
         while not cond():
             self.tick()
+            if self._schedule_open and self.finished():
+                raise TrainingEnded(what)
             if time.monotonic() > end:
                 raise JobError(f"timed out waiting for {what}")
             time.sleep(POLL_S)
+
+    def finished(self) -> bool:
+        """Every member of the epoch in force finished the job (exited done)."""
+        c = self.coord
+        return c.current is not None and all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members)
 
     def settle(self) -> set[int]:
         """Wait until every alive instance's heartbeat is fresh; returns those that went silent meanwhile (the caller
@@ -446,16 +461,22 @@ class Driver:
         self.observer.on_start(start_info)
         self._observing = True
         interval_steps = set(self.intervals)
-        for s in stops:
-            i, g = by_step.get(s, (None, None))
-            if s in interval_steps:
-                self.plan_at(s, i, g)
-            else:
-                i, g = by_step[s]  # a stop that is no interval boundary is a scheduled group's
-                self.apply(i, g)
-            self._stops_left.discard(s)
-            if g is not None and g.kill and g.step + 1 not in stops:
-                c.release(g.step + 1)
+        self._schedule_open = True
+        try:
+            for s in stops:
+                i, g = by_step.get(s, (None, None))
+                if s in interval_steps:
+                    self.plan_at(s, i, g)
+                else:
+                    i, g = by_step[s]  # a stop that is no interval boundary is a scheduled group's
+                    self.apply(i, g)
+                self._stops_left.discard(s)
+                if g is not None and g.kill and g.step + 1 not in stops:
+                    c.release(g.step + 1)
+        except TrainingEnded:
+            pass  # stopped early (`Validation.patience`): the schedule's later boundaries never come
+        finally:
+            self._schedule_open = False
         # the final epoch trains to the end and writes its shards
         self.wait(lambda: all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members), "the last step")
 
@@ -689,7 +710,8 @@ class Driver:
         self._deliver_records(upto=self._next_step, final=final)
         if final and not self._final_validated and (val := c.final_validation()) is not None:
             self._final_validated = True
-            self.observer.on_validation(c.spec.steps, val["loss"], metrics_of(val))
+            self._scored[c.end_step] = val["loss"]  # (a job stopped early has a checkpoint of its final boundary)
+            self.observer.on_validation(c.end_step, val["loss"], metrics_of(val))
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
         # step was committed since; and not during a decision, which may claim boundaries
         if new and not self._deciding:

@@ -50,12 +50,12 @@ from trainer.runtime.checkpoint_mirror import (
     mirror_for,
 )
 from trainer.runtime.devices import resolve_device
-from trainer.runtime.model import layer_names, model_fingerprint
+from trainer.runtime.model import layer_names, model_fingerprint, spec_of
 from trainer.runtime.model import n_layers as layer_count
 from trainer.runtime.pipeline import parameters_checksum
 from trainer.runtime.store import TOKEN_FILE, new_token, write_token_file
 from trainer.runtime.trainspec import check_job
-from trainer.runtime.validation import metrics_of
+from trainer.runtime.validation import Patience, Validation, metrics_of
 
 WORKERS_PER_CORE = 4  # local worker processes a core can hold usefully (one torch thread each; beyond, they thrash)
 
@@ -131,7 +131,8 @@ def run_job(
          and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}, and for a spec with
          `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last] and
          "best_checkpoint": {"step", "val_loss"} of the scored checkpoint with the lowest held-out loss, which
-         retention keeps (None: no checkpoint was scored)}
+         retention keeps (None: no checkpoint was scored), and for a job its held-out loss stopped early
+         (`Validation.patience`), "stopped_early": {"step", "best_step", "best_val_loss", "patience", "min_delta"}}
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
@@ -161,6 +162,9 @@ def run_job(
     token_file = write_token_file(out / TOKEN_FILE, token)  # for clients that hand plans in (`hand_plan`)
     _write_job_file(out, config)
     coord = Coordinator(config, token=token, bind=bind)
+    scoring = spec_of(model, train_cfg).validation if train_cfg.validate else None
+    if restore and scoring is not None and scoring.patience is not None:  # (the count, from the losses kept)
+        coord.seed_patience(Patience.since(checkpoint.val_losses(ckpt_dir, job=job), restore))
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
@@ -226,6 +230,7 @@ def run_job(
             driver.run(start.ids, start.strategy, info, next_id=start.next_id, restore_step=restore,
                        assignment=start.assignment)  # fmt: skip
         t_train = time.time() - float(coord.store.get(keys.epoch_decided(1)))
+        end = coord.read_end()  # (steps, or sooner where the held-out loss stopped the job early)
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
         driver.observe(final=True)
@@ -234,12 +239,12 @@ def run_job(
         last = coord.in_force
         final_mirror = mirror.child(FINAL) if mirror is not None else None
         try:
-            shards = gather_shards(layers_dir, steps, coord.shards_of(steps, last.number), layer_names(model),
+            shards = gather_shards(layers_dir, end, coord.shards_of(end, last.number), layer_names(model),
                                    final_mirror, layers_dir)  # fmt: skip
             final = checkpoint.load(shards, config=model, job=job)
         except checkpoint.CheckpointError as e:  # trained, but the final layers cannot be read here: say which
-            raise JobError(f"the job trained its {steps} steps, but its final layers cannot be loaded: {e}") from None
-        trained = steps - restore
+            raise JobError(f"the job trained its {end} steps, but its final layers cannot be loaded: {e}") from None
+        trained = end - restore
         samples = trained * train_cfg.global_batch
         result = {
             "loss": coord.losses(),
@@ -283,6 +288,8 @@ def run_job(
             best = (mirror.best_validated(job=job) if mirror is not None
                     else checkpoint.best_validated(ckpt_dir, layer_names(model), job=job))  # fmt: skip
             result["best_checkpoint"] = None if best is None else {"step": best[0], "val_loss": best[1]}
+        if end < steps:  # the held-out loss stopped it (`Validation.patience`): where, and on which best
+            result["stopped_early"] = stopped_early(end, coord.patience(), scoring)
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
@@ -300,6 +307,16 @@ def run_job(
         provider.stop()
     obs.on_end(result)
     return result
+
+
+def stopped_early(end: int, count: Patience | None, held_out: Validation | None) -> dict[str, Any]:
+    """`run_job`'s "stopped_early": the boundary the job ended at, the best held-out loss the count waited on and the
+    settings that stopped it."""
+    if count is None or held_out is None or count.stop_at != end:
+        raise JobError(f"the job ended at step {end}, before its last, but no early stop was counted there")
+    best = count.best if math.isfinite(count.best) else None  # (None: no held-out loss was a number)
+    return {"step": end, "best_step": count.best_step, "best_val_loss": best, "patience": held_out.patience,
+            "min_delta": held_out.min_delta}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)
@@ -511,4 +528,5 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         **({"loss_scale": dict(result["loss_scale"])} if "loss_scale" in result else {}),
         **({"validation": [dict(v) for v in result["validation"]]} if "validation" in result else {}),
         **({"best_checkpoint": result["best_checkpoint"]} if "best_checkpoint" in result else {}),
+        **({"stopped_early": dict(result["stopped_early"])} if "stopped_early" in result else {}),
     }

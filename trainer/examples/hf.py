@@ -193,14 +193,15 @@ def _read_weights(weights: str) -> dict[str, torch.Tensor]:
 
 def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = None, token_dtype: str = "uint16",
          block_size: int = 32, weights: str | None = None, lr: float = 3e-4, dtype: str = "float32",
-         data_seed: int = 0, autocast: str | None = None, holdout: float = 0.0, validate_every: int = 100, *,
-         train: TrainConfig) -> TrainSpec:  # fmt: skip
+         data_seed: int = 0, autocast: str | None = None, holdout: float = 0.0, validate_every: int = 100,
+         patience: int | None = None, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
     """A decoder from `config` (a dict with "model_type", or a local folder; default `TINY_LLAMA`), trained on
     next-token windows of `block_size` from a `tokens` file (default: the bundled character corpus),
     `train.global_batch` windows per step, AdamW at `lr`; `weights` starts from a local safetensors checkpoint
     instead of random weights; `autocast` "bfloat16" or "float16" (a V100's: the loss is then scaled) runs the
     layers under torch.autocast; `holdout` (a share, e.g. 0.05): the last windows are never trained on, and their
-    mean loss is measured every `validate_every` steps and at the end."""
+    mean loss is measured every `validate_every` steps and at the end; with `patience`, the job stops once it has not
+    improved for that many measurements (`Validation.patience`)."""
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
     cfg = load_config(TINY_LLAMA if config is None else config)
@@ -247,7 +248,10 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
         optimizer=lambda params: torch.optim.AdamW(params, lr=lr, betas=train.betas, weight_decay=train.weight_decay),
         autocast=autocast,
         validation=Validation.over(
-            Subset(windows, range(len(windows) - held, len(windows))), train.global_batch, every=validate_every
+            Subset(windows, range(len(windows) - held, len(windows))),
+            train.global_batch,
+            every=validate_every,
+            patience=patience,
         )
         if held
         else None,

@@ -19,7 +19,8 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
              reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
              total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows), best_val_loss and
-             best_val_step (a validating job's lowest held-out loss, resumes included); resumes,
+             best_val_step (a validating job's lowest held-out loss, resumes included), stopped_early_step (a
+             job its held-out loss stopped early, `Validation.patience`); resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
   tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
@@ -627,6 +628,8 @@ class MlflowJobObserver(JobObserver):
                 if held_out:
                     best = min(held_out, key=lambda m: (m.value, m.step))
                     metrics["best_val_loss"], metrics["best_val_step"] = float(best.value), float(best.step)
+            if stopped := (result or {}).get("stopped_early"):  # the held-out loss ended the job at this step
+                metrics["stopped_early_step"] = float(stopped["step"])
             # at step 0: MLflow charts a metric with one value at step 0 as a bar (a summary), and one at a later
             # step as a lone dot on the step axis (the "noise" charts)
             client.log_batch(run_id, metrics=[Metric(k, v, now, 0) for k, v in metrics.items()])

@@ -71,6 +71,10 @@ Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step
                            scale after it, and whether it was skipped, where the job scales its loss); a
                            checkpoint-restart deletes those of the steps it recomputes before publishing its epoch
                            (so a key present after it holds the recomputed value)
+  val/patience             a spec that stops early (`Validation.patience`): the count after the latest scored
+                           boundary (`trainer.runtime.validation.Patience`, JSON), rewritten there by the last
+                           stage's replica 0; read by every member at each scored boundary (a joiner or a restarted
+                           process was not there to count); the driver seeds it when a job resumes
   plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
                            (`trainer.control.planning.HandedPlanner`); absent otherwise
   plan/seq, plan/handed/{i}
@@ -260,6 +264,9 @@ def ckpt_failed(w: int) -> str:
 
 def ckpt_restore(n: int) -> str:
     return f"ckpt/restore/{n}"
+
+
+PATIENCE = "val/patience"
 
 
 def loss(s: int) -> str:

@@ -1,8 +1,9 @@
 """Validation: the loss on held-out data, measured at step boundaries while the job trains and migrates.
 
-Owns: `Validation` (what a spec's `validation` field holds: the held-out batches, how often to score them and the
-spec's own metrics), `InOrder` (batches over a dataset in its own order, for `Validation.over`), which boundaries are
-scored (`due`) and what a metric may return (`metric_sum`).
+Owns: `Validation` (what a spec's `validation` field holds: the held-out batches, how often to score them, the
+spec's own metrics and when to stop early), `InOrder` (batches over a dataset in its own order, for
+`Validation.over`), which boundaries are scored (`due`), what a metric may return (`metric_sum`) and the early-stopping
+count (`Patience`).
 Must not touch: the pass itself (`trainer.runtime.pipeline.validate`: forward only, through the job's stages and
 replicas), process groups, the store.
 
@@ -11,14 +12,21 @@ parameters, so the loss there is a function of the step alone — whatever D x P
 (the equivalence tests hold it to one process's). The score of boundary s (the parameters after s steps) travels
 with step s's loss (`trainer.runtime.keys.StepLoss`), so a step abandoned by a failure is scored again with it and
 nothing is half-reported; the final boundary's with the final layers.
+
+Why early stopping is decided by the workers, not the driver: every member of the epoch in force gets the same
+held-out loss from the validation's all-reduce at the same boundary, so each can tell, alone and at once, that the
+job ends there (`Patience.after`) — the job then ends on the parameters that were scored, at a step that depends on
+the data alone, never on when a driver happened to read a loss. The count travels in the store (one value, rewritten
+at each scored boundary) for the workers that were not there to count: a joiner, a restarted process.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -37,21 +45,28 @@ class Validation:
 
     `metrics`: more scores by name, each a function of the last layer's outputs and the targets (as the loss takes
     them) returning a SUM over the rows — e.g. ``{"accuracy": lambda out, y: (out.argmax(1) == y).sum()}`` — divided
-    as the loss is: the mean over the held-out rows (or per counted item)."""
+    as the loss is: the mean over the held-out rows (or per counted item).
+
+    `patience`: stop the job early, at the scored boundary where the held-out loss has not improved on the best so far
+    by more than `min_delta` for `patience` scorings in a row (None: train every step). The job's final layers are
+    then that boundary's; the best-scored checkpoint is kept as ever (`--keep-checkpoints`)."""
 
     batch: Callable[[int], tuple[Any, Any]]
     batches: int = 1
     every: int = 100
     metrics: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
+    patience: int | None = None
+    min_delta: float = 0.0
 
     @classmethod
     def over(
         cls, dataset: Any, batch_size: int, every: int = 100, metrics: Mapping[str, Callable[[Any, Any], Any]] | None
-        = None,
+        = None, patience: int | None = None, min_delta: float = 0.0,
     ) -> Validation:  # fmt: skip
         """Every item of a map-style `dataset`, in order, `batch_size` rows a batch (the last may hold fewer)."""
         batches = InOrder(dataset, batch_size)
-        return cls(batch=batches, batches=len(batches), every=every, metrics=dict(metrics or {}))
+        return cls(batch=batches, batches=len(batches), every=every, metrics=dict(metrics or {}), patience=patience,
+                   min_delta=min_delta)  # fmt: skip
 
     def due(self, boundary: int, steps: int) -> bool:
         """Whether the boundary before step `boundary` (after `boundary` steps) is scored in a job of `steps` steps."""
@@ -66,6 +81,14 @@ class Validation:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 out.append(f"{name} {value!r} must be an integer >= 1")
+        p = self.patience
+        if p is not None and not (isinstance(p, int) and not isinstance(p, bool) and p >= 1):
+            out.append(f"patience {p!r} must be an integer >= 1 (the scorings without improvement before the job "
+                       "stops), or None to train every step")  # fmt: skip
+        d = self.min_delta
+        if not (isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d >= 0):
+            out.append(f"min_delta {d!r} must be a finite number >= 0 (how much lower than the best a held-out loss "
+                       "must be to count as an improvement)")  # fmt: skip
         if not isinstance(self.metrics, Mapping):
             return [*out, f"metrics is a {type(self.metrics).__name__}; give a dict of name -> function"]
         for name, fn in self.metrics.items():
@@ -75,6 +98,49 @@ class Validation:
                 out.append(f"metric {name!r} is a {type(fn).__name__}, not callable; give a function of (outputs, "
                            "targets) returning a sum over the rows")  # fmt: skip
         return out
+
+
+@dataclass(frozen=True)
+class Patience:
+    """The early-stopping count after the scored boundary `at` (-1: none yet): the lowest held-out loss so far
+    (`best`, at boundary `best_step`), the scorings since that did not improve on it by more than `min_delta`
+    (`waited`), and the boundary where the job stops (`stop_at`, once `waited` reaches the patience)."""
+
+    at: int = -1
+    best: float = math.inf
+    best_step: int | None = None
+    waited: int = 0
+    stop_at: int | None = None
+
+    def after(self, step: int, loss: float, patience: int, min_delta: float = 0.0) -> Patience:
+        """The count once boundary `step` scored `loss`. A boundary already counted (`step <= at`: scored again after
+        a failure, the same parameters) leaves it as it is, so a step redone is never counted twice. A loss that is
+        not a number is no improvement."""
+        if step <= self.at:
+            return self
+        if loss < self.best - min_delta:
+            return Patience(at=step, best=loss, best_step=step)
+        waited = self.waited + 1
+        return replace(self, at=step, waited=waited, stop_at=step if waited >= patience else None)
+
+    @classmethod
+    def since(cls, scored: Mapping[int, float], before: int) -> Patience:
+        """A resumed job's count: the best of the losses kept beside its checkpoints (`scored`, by step) before its
+        resume point `before`, counting from there (the scorings between were not kept)."""
+        kept = {s: v for s, v in scored.items() if s < before and math.isfinite(v)}
+        if not kept:
+            return cls(at=before - 1)
+        best = min(kept, key=lambda s: (kept[s], s))
+        return cls(at=before - 1, best=kept[best], best_step=best)
+
+    def to_json(self) -> str:
+        return json.dumps({**asdict(self), "best": None if math.isinf(self.best) else self.best})
+
+    @classmethod
+    def from_json(cls, raw: str | bytes) -> Patience:
+        d = json.loads(raw)
+        return cls(at=int(d["at"]), best=math.inf if d["best"] is None else float(d["best"]),
+                   best_step=d["best_step"], waited=int(d["waited"]), stop_at=d["stop_at"])  # fmt: skip
 
 
 def metrics_of(scores: Mapping[str, float]) -> dict[str, float]:

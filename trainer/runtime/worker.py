@@ -70,6 +70,7 @@ from trainer.runtime.preparation import POLL_MAX_S, POLL_MIN_S, Prepared
 from trainer.runtime.spec import ABORT, APPLY, HOLD, TRAIN, JobSpec
 from trainer.runtime.store import DRIVER_KEY_ENV, TOKEN_ENV, SealedStore, StoreAuthError, connect_store
 from trainer.runtime.trainspec import SpecError
+from trainer.runtime.validation import Patience, Validation
 
 # 13 and 125 are the reference's codes: "preempted", and "not needed in this configuration: restart me"
 EXIT_DONE, EXIT_FAILED, EXIT_TOKEN, EXIT_ABORTED, EXIT_PREEMPTED, EXIT_RESTART = 0, 1, 2, 3, 13, 125
@@ -548,6 +549,7 @@ class Worker:
         held_out = ctx.spec.validation if job.train.validate else None
         # the held-out scores of this boundary ("loss", each metric), reported with its step (or the final layers)
         val: dict[str, float] | None = None
+        end = job.steps  # (sooner where the held-out loss stops the job early: `_patience`)
         try:
             while True:
                 decision = self._boundary(self.step)
@@ -565,9 +567,11 @@ class Worker:
                 if held_out is not None and held_out.due(self.step, job.steps):
                     began = time.time()
                     val = validate(ctx, held_out)  # every member of the epoch, at the same boundaries
+                    if held_out.patience is not None and self._patience(val["loss"], held_out, reporter):
+                        end = self.step
                     if self.last_step_end > 0:  # (the next step's cycle time is the step's own, not the validation's)
                         self.last_step_end += time.time() - began
-                if self.step >= job.steps:
+                if self.step >= end:
                     break
                 step = self.step
                 self._report_uploads()
@@ -600,10 +604,8 @@ class Worker:
             self._abandon(str(e))
             return
         if ctx.replica == 0:  # one shard per stage, written by its first replica
-            path = checkpoint.shard_path(job.layers_dir, job.steps, ctx.stage)
-            checkpoint.save(
-                path, ctx.layer_states(), step=job.steps, config=job.model, job=job.job, settings=job.settings
-            )
+            path = checkpoint.shard_path(job.layers_dir, end, ctx.stage)
+            checkpoint.save(path, ctx.layer_states(), step=end, config=job.model, job=job.job, settings=job.settings)
             if self._mirror is not None:  # the driver fetches the final layers its own disk does not hold
                 try:
                     self._mirror.child(FINAL).upload_files([path, checkpoint.record_path(path)])
@@ -611,11 +613,23 @@ class Worker:
                     self._upload_errors.append(f"final layers of stage {ctx.stage}: {type(e).__name__}: {e}")
                     self.store.set(keys.ckpt_failed(self.id), json.dumps(self._upload_errors))
         digest = parameters_checksum(ctx.layer_states(), ctx.names)
-        final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest,
+        final = {"stage": ctx.stage, "replica": ctx.replica, "digest": digest, "step": end,
                  **({"val": val} if val is not None and reporter else {})}  # fmt: skip
         self.store.set(keys.replica_final(self.id), json.dumps(final))
         close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
+
+    def _patience(self, loss: float, held_out: Validation, writer: bool) -> bool:
+        """Whether the job stops at this scored boundary (`Validation.patience`): the count as the store holds it (the
+        latest boundary counted, by whichever member was there), after this boundary's `loss`. Every member computes
+        the same from the same all-reduced loss; the `writer` (the last stage's replica 0) keeps the new count."""
+        assert held_out.patience is not None
+        raw = self.store.get_if(keys.PATIENCE)
+        count = Patience() if raw is None else Patience.from_json(raw)
+        after = count.after(self.step, loss, held_out.patience, held_out.min_delta)
+        if writer and after is not count:
+            self.store.set(keys.PATIENCE, after.to_json())
+        return after.stop_at == self.step
 
     # -- RECOVERING --------------------------------------------------------------------------------------
     def _abandon(self, reason: str) -> None:
