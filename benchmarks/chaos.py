@@ -55,6 +55,7 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     JobConfig,
     JobObserver,
     ModelConfig,
+    Patience,
     ProviderConfig,
     Schedule,  # noqa: E402
     StageLayout,
@@ -95,17 +96,20 @@ def reference(
 ) -> tuple[list[float], dict[str, Any], list[Any], list[tuple[int, dict[str, float]]]]:
     """One uninterrupted process, one torch thread: its loss curve, final layer states, for a spec that scales its
     loss (float16), each step's (scale after it, skipped), and for a spec that validates, (boundary, held-out loss)
-    of each boundary it scores."""
+    of each boundary it scores — up to the boundary where its held-out loss stops it, for a spec with a patience."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         ctx = build_context(model, train, StageLayout.even(1, 1, model))
         held_out = ctx.spec.validation
         losses, scales, vals = [], [], []
+        count = Patience()
         for s in range(steps + 1):
             if held_out is not None and held_out.due(s, steps):
                 vals.append((s, validate(ctx, held_out)))
-            if s == steps:
+                if held_out.patience is not None:
+                    count = count.after(s, vals[-1][1]["loss"], held_out.patience, held_out.min_delta)
+            if s == steps or count.stop_at == s:
                 break
             losses.append(train_step(ctx, s))
             scales.append(None if ctx.scaled is None else (ctx.scaled.value, ctx.scaled.skipped))
@@ -127,7 +131,9 @@ class Scales(JobObserver):
 def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, steps: int,
             seen: dict[int, Any]) -> dict[str, Any]:  # fmt: skip
     ref_loss, ref_layers, ref_scales, ref_vals = reference(model, train, steps)
-    final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
+    end = len(ref_loss)  # (sooner than steps where the held-out loss stopped the uninterrupted run)
+    stopped = result.get("stopped_early", {}).get("step", steps)
+    final = checkpoint.load(checkpoint.find_shards(result["layers"], stopped), config=model, job="job")
     worst, close = 0.0, True
     for name, want in ref_layers.items():
         for key, w in want.items():
@@ -148,14 +154,17 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
         "checksum_equal": result["final_checksum"] == ref_checksum,
         "params_max_rel_diff": worst,
         "loss_max_rel_diff": loss_diff,
-        "within_tolerance": close and loss_diff <= RTOL and same_points and val_diff <= RTOL,
+        "within_tolerance": close and loss_diff <= RTOL and same_points and val_diff <= RTOL and stopped == end,
+        # a spec with a patience: where the job and the uninterrupted run ended (the same boundary?)
+        "ended_at": stopped,
+        "reference_ended_at": end,
         # a spec that validates: the boundaries and scores (loss, metrics) scored — the same as the uninterrupted
         # run's? — and the held-out scores' largest relative difference
         "validations": len(got_vals),
         "validation_points_equal": same_points,
         "validation_max_rel_diff": val_diff,
         # float16: the steps whose loss scale or skip differ from the uninterrupted run's, and the steps it skipped
-        "scale_differs_at": [s for s in range(steps) if seen.get(s) != ref_scales[s]],
+        "scale_differs_at": [s for s in range(end) if seen.get(s) != ref_scales[s]],
         "skipped_steps": sum(1 for x in ref_scales if x is not None and x[1]),
         "scaled": ref_scales[0] is not None,
     }
@@ -227,6 +236,10 @@ def print_report(r: dict[str, Any]) -> None:
         points = "the same boundaries" if eq["validation_points_equal"] else "OTHER boundaries"
         print(f"validation: {eq['validations']} held-out scores (loss, metrics) at {points} as the uninterrupted "
               f"run's, max rel diff {eq['validation_max_rel_diff']:.1e}")  # fmt: skip
+    if eq["ended_at"] != r["steps"] or eq["reference_ended_at"] != r["steps"]:  # (a spec with a patience)
+        same = "the same boundary" if eq["ended_at"] == eq["reference_ended_at"] else "ANOTHER boundary"
+        print(f"stopped early at step {eq['ended_at']} (held-out loss; the uninterrupted run at "
+              f"{eq['reference_ended_at']}: {same})")  # fmt: skip
     if eq["scaled"]:
         differs = eq["scale_differs_at"]
         same = "every step as the uninterrupted run" if not differs else f"differs at steps {differs[:8]}"

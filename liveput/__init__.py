@@ -7,7 +7,8 @@ The package's public face: code outside liveput imports from here only. Map:
 - `migration`   `MigrationKind`, `migration_kind` (the rule of §D.1), `CostConstants`/`CostModel` (ms per move),
                 lead time and downtime (`MigrationTime`, `Preparation`, `Trigger`, `FULL_STOP`) and the stage
                 matching the trainer's migration reuses; `model_spec`, `network`: what the costs read;
-- `scenarios`   `IntervalForecast`, `persistence_forecast` and the `ScenarioStore` of exact preemption outcomes;
+- `scenarios`   `IntervalForecast`, `persistence_forecast`, `with_noticed` and the `ScenarioStore` of exact
+                preemption outcomes;
 - `horizon`     the interval T's and the look-ahead K's bounds and defaults (the trace grid's too);
 - `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
 - `plan_input`  the JSON document `parcae plan` reads, validated; `plan_plot` its figure (`parcae plan --plot`);
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from liveput.scenarios import Outcome as Outcome
     from liveput.scenarios import ScenarioStore as ScenarioStore
     from liveput.scenarios import persistence_forecast as persistence_forecast
+    from liveput.scenarios import with_noticed as with_noticed
     from liveput.simulator import PolicyResult as PolicyResult
     from liveput.simulator import SimulationConfig as SimulationConfig
     from liveput.simulator import comparison_table as comparison_table
@@ -103,8 +105,8 @@ _LAZY: dict[str, str] = {
     "plot_plan": "liveput.plan_plot",
     **dict.fromkeys(("POLICIES", "POLICY_NAMES", "BambooConstants", "ParcaePolicy", "Policy", "PolicySetup",
                      "make_policy", "oracle_forecast"), "liveput.policies"),
-    **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast"),
-                    "liveput.scenarios"),
+    **dict.fromkeys(("KINDS", "IntervalForecast", "Outcome", "ScenarioStore", "persistence_forecast",
+                     "with_noticed"), "liveput.scenarios"),
     **dict.fromkeys(("PolicyResult", "SimulationConfig", "comparison_table", "events_of", "plot_timeline",
                      "run_policy", "simulate", "timeline_mermaid"), "liveput.simulator"),
 }  # fmt: skip

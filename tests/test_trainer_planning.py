@@ -292,6 +292,49 @@ def test_a_job_that_prepares_its_migrations_is_planned_with_the_profile_s_measur
     assert "although the job prepares them" in why and "measured.prepared.slowdown" in why and "parcae profile" in why
 
 
+def test_liveput_plans_with_the_preemptions_its_cloud_has_noticed():
+    """A job that prepares noticed preemptions (AWS: 120 s ahead, 60 s intervals): the request's `noticed` replaces
+    the forecast's preemptions in the two intervals after the coming one, as the simulator's `parcae` plans; a job
+    priced as full stops (no notice) plans without them."""
+    from dataclasses import replace as copy
+
+    measured = copy(tiny_runtime_profile(), measured={"prepared": {"slowdown": 0.2}})
+    planner, _ = make_planner("liveput", profile=measured, look_ahead=4, interval_s=60.0, notice_s=120.0)
+    assert planner.notices_ahead == 2 and HandedPlanner(planner).notices_ahead == 2
+    _, plain = planner(request((4, 4), (2, 2)))
+    _, told = planner(request((4, 4), (2, 2), noticed=(0, 2, 1)))  # (a third interval is past the notice)
+    assert told["noticed"] == [0, 2] and "noticed" not in plain
+    assert [i["events"] for i in told["intervals"]] == [[[0, 0, 1.0]], [[0, 0, 1.0]], [[0, 2, 1.0]], [[0, 0, 1.0]]]
+    assert [i["prev_available"] for i in told["intervals"]] == [4, 4, 4, 2]  # those two are gone after it
+    assert told["expected_samples"] < plain["expected_samples"]
+    full, _ = make_planner("liveput", profile=measured, look_ahead=4, interval_s=60.0)
+    assert full.notices_ahead == 0 and "noticed" not in full(request((4, 4), (2, 2), noticed=(0, 2)))[1]
+
+
+class NoticedRecorder(RulePlanner):
+    """The rule planner, asking for two intervals of notices and keeping what each request held."""
+
+    notices_ahead = 2
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, tuple[int, ...]]] = []
+
+    def __call__(self, req: PlanRequest):
+        self.seen.append((req.interval, req.noticed))
+        return super().__call__(req)
+
+
+def test_a_replay_tells_its_planner_the_preemptions_a_cloud_would_have_noticed(tmp_path):
+    """Two steps an interval: the preemption with notice at step 6 (interval 3) is in the requests of intervals 1
+    and 2 (within two intervals), not before; the kill at step 8 comes without notice: in no request."""
+    planner = NoticedRecorder()
+    events = [{"step": 6, "kind": "preempt", "instances": [3]}, {"step": 8, "kind": "kill", "instances": [2]}]
+    run_job(CFG, TRAIN, 4, (2, 2), 12, events, tmp_path / "job", planner=planner, steps_per_interval=2,
+            checkpoint_every=2, timeout_s=100)  # fmt: skip
+    assert planner.seen[:3] == [(1, (0, 1)), (2, (1,)), (3, ())]
+    assert all(noticed == () for _, noticed in planner.seen[3:])
+
+
 def test_handed_planner_applies_the_latest_feasible_plan():
     plan = HandedPlan((1, 3), "flow-run-7", seq=2, sent_at=10.0, received_at=10.5)
     decision, details = HandedPlanner()(request((4, 4), (2, 2), handed=plan))

@@ -26,6 +26,7 @@ from trainer import (
     JobObserver,
     Layer,
     ModelConfig,
+    Patience,
     SpecError,
     StageLayout,
     StepSampler,
@@ -43,7 +44,6 @@ from trainer import (
 )
 from trainer.observe.observer import RecordingObserver
 from trainer.observe.tracking import start_params
-from trainer.runtime.validation import Patience
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"

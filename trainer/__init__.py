@@ -67,7 +67,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     **dict.fromkeys(("LossScaleError", "LossScaling"), "trainer.runtime.loss_scale"),
-    "Validation": "trainer.runtime.validation",
+    **dict.fromkeys(("Patience", "Validation"), "trainer.runtime.validation"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -276,6 +276,7 @@ if TYPE_CHECKING:
     from trainer.runtime.trainspec import check_spec as check_spec
     from trainer.runtime.trainspec import fingerprint as fingerprint
     from trainer.runtime.trainspec import load_spec as load_spec
+    from trainer.runtime.validation import Patience as Patience
     from trainer.runtime.validation import Validation as Validation
 
 __all__ = sorted([*_HOMES, "check_aws_credentials"])

@@ -662,7 +662,21 @@ class Driver:
         cur = c.in_force
         return PlanRequest(interval=interval, step=s,
                            alive=alive, current=(cur.D, cur.P), history=history, n_layers=layer_count(c.spec.model),
-                           global_batch=c.spec.train.global_batch, handed=self._handed)  # fmt: skip
+                           global_batch=c.spec.train.global_batch, handed=self._handed,
+                           noticed=self._noticed_ahead(interval))  # fmt: skip
+
+    def _noticed_ahead(self, interval: int) -> tuple[int, ...]:
+        """The preemptions with notice the schedule makes at the starts of the intervals after `interval`, as many as
+        the planner asks for (`notices_ahead`: those its cloud's notice would have told by now); trailing zeros cut.
+        A live fleet has no schedule: its notices are decided as they come (`decide_notices`)."""
+        ahead, spi = getattr(self.planner, "notices_ahead", 0), self.steps_per_interval
+        if not ahead or not spi:
+            return ()
+        at = {g.step: len(g.preempt) for g in self.groups if g.preempt}
+        out = [at.get((interval + j) * spi, 0) for j in range(1, ahead + 1) if (interval + j) * spi < self.steps]
+        while out and not out[-1]:
+            out.pop()
+        return tuple(out)
 
     def _consult(self, req: PlanRequest) -> tuple[tuple[int, int], Mapping[str, Any], float]:
         """The planner's checked decision for `req`, its details and how long it took."""

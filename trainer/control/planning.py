@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, Protocol, runtime_checkable
 
-from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
+from liveput import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD, Trigger
 from trainer.runtime.migration import PlanError, check_strategy
 
 if TYPE_CHECKING:
@@ -92,7 +92,10 @@ class PlanRequest:
     nobody knows yet). `current`: the (D, P) training now. `history`: the alive count at each interval boundary
     since the job (re)started, this one last (`history[-1] == alive`; the first entry is the count it started
     with). `n_layers`, `global_batch`: the model's layer count and the batch (P and D cannot exceed them).
-    `handed`: the latest plan handed in from outside, if any (only `HandedPlanner` reads it).
+    `handed`: the latest plan handed in from outside, if any (only `HandedPlanner` reads it). `noticed`: the
+    preemptions the cloud has noticed already in the intervals after the coming one — ``noticed[j]`` instances leave
+    at the start of interval ``interval + 1 + j`` —, as many intervals as the planner's `notices_ahead` asks (a
+    replay's schedule gives its preemptions with notice there, as a cloud's notices would have told them).
     """
 
     interval: int
@@ -103,6 +106,7 @@ class PlanRequest:
     n_layers: int
     global_batch: int
     handed: HandedPlan | None = None
+    noticed: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.alive < 1:
@@ -345,7 +349,12 @@ class LiveputPlanner:
     (a `Forecast`) gives the K interval forecasts at each boundary (default `observed_persistence`). Details: the
     plan's `to_dict()` (decision, expected samples, the K steps, the alternatives, decision time), the ``model``,
     ``look_ahead`` and ``interval_s`` it planned with, ``forecast`` (where the forecasts came from) and
-    ``intervals`` (the forecasts: per interval, the instances before it and its law over (n_in, n_out, prob)).
+    ``intervals`` (the forecasts: per interval, the instances before it and its law over (n_in, n_out, prob)), and
+    ``noticed`` where the request has notices.
+
+    `notices_ahead`: for a job that prepares noticed preemptions (`cost.preparation`), how many intervals after the
+    coming one the cloud's notice reaches (AWS's 120 s over 60 s intervals: 2) — the request's `noticed` then
+    replaces the forecast's preemptions there (`liveput.with_noticed`), as the simulator's `parcae` policy plans.
     """
 
     name = "liveput"
@@ -364,11 +373,17 @@ class LiveputPlanner:
         self.config = PlannerConfig(**horizon)
         self.store = ScenarioStore(profile, cost)
         self.forecast: Forecast = forecast or observed_persistence
+        prep = cost.preparation
+        noticing = prep.notice_s > 0 and prep.prepares(Trigger.NOTICE)
+        self.notices_ahead = int(prep.notice_s // self.config.interval_s) if noticing else 0
 
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:
-        from liveput import JobState, plan_interval
+        from liveput import JobState, plan_interval, with_noticed
 
         forecast = list(self.forecast(req, self.config.look_ahead))
+        noticed = req.noticed[: self.notices_ahead]
+        if noticed:  # (the first interval is the change seen at this boundary: known already)
+            forecast = [forecast[0], *with_noticed(forecast[1:], noticed)]
         d, p = req.current
         result = plan_interval(forecast, JobState(strategy=(d, p)), self.profile, self.cost,
                                interval_s=self.config.interval_s, store=self.store)  # fmt: skip
@@ -380,6 +395,7 @@ class LiveputPlanner:
             "migrations": self.pricing,
             "intervals": [{"prev_available": f.prev_available, "events": [list(e) for e in f.events]}
                           for f in forecast],
+            **({"noticed": list(noticed)} if noticed else {}),
             **result.to_dict(),
         }  # fmt: skip
         return check_decision(self.name, result.decision, req), details
@@ -404,6 +420,7 @@ class HandedPlanner:
         if max_age_s is not None and not max_age_s > 0:
             raise ValueError(f"max_age_s must be > 0 seconds or None, got {max_age_s!r}")
         self.fallback, self.max_age_s = fallback, max_age_s
+        self.notices_ahead: int = getattr(fallback, "notices_ahead", 0)  # (what its fallback plans with)
         self.name = "handed" if fallback is None else f"handed+{fallback.name}"
 
     def __call__(self, req: PlanRequest) -> tuple[Strategy, Mapping[str, Any]]:

@@ -567,7 +567,8 @@ class Worker:
                 if held_out is not None and held_out.due(self.step, job.steps):
                     began = time.time()
                     val = validate(ctx, held_out)  # every member of the epoch, at the same boundaries
-                    if held_out.patience is not None and self._patience(val["loss"], held_out, reporter):
+                    writer = reporter and ctx.replica == 0  # (one member keeps the count for all)
+                    if held_out.patience is not None and self._patience(val["loss"], held_out, writer):
                         end = self.step
                     if self.last_step_end > 0:  # (the next step's cycle time is the step's own, not the validation's)
                         self.last_step_end += time.time() - began
