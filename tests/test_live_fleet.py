@@ -8,6 +8,7 @@ through `parcae train` exactly as the issue writes it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -280,6 +281,41 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     table = json.loads(Path(client.download_artifacts(obs.run_id, "fleet.json", str(tmp_path))).read_text())
     assert table["columns"] == ["t", "requested", "granted", "alive", "refused", "reclaimed"]
     assert [row[3] for row in table["data"]] == alive
+
+
+class EveryInstanceAStage(RulePlanner):
+    """One pipeline of every instance (up to 3: no standby to preempt), asking for the notices of the next eight
+    intervals and keeping each request's (interval, alive, noticed)."""
+
+    notices_ahead = 8
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, tuple[int, ...]]] = []
+
+    def __call__(self, req: PlanRequest):
+        self.seen.append((req.interval, req.alive, req.noticed))
+        return (1, min(req.alive, 3)), {"rule": "every instance a stage"}
+
+
+def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tmp_path):
+    """A market of 3 instances that falls to 2 at 10 s and warns 8 s ahead (one interval a second): the noticed
+    member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its deadline — told to
+    the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's boundary, its layers handed
+    off with no step lost: the uninterrupted run. (It used to leave at a boundary of its own at once.)"""
+    (tmp_path / "capacity.csv").write_text("0,3\n600000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
+    steps, planner = 200, EveryInstanceAStage()
+    config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3, model=CFG,
+                        options={"seed": 0, "kill_fraction": 0.0, "notice_s": 8.0})  # fmt: skip
+    config = dataclasses.replace(config, control=dataclasses.replace(config.control, notice_grace_s=8.0))
+    report = train(config, planner=planner)
+    assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
+    (left,) = [r for r in report["reconfigurations"] if r["preempted"]]
+    assert left["notice"] and left["steps_lost"] == 0, left
+    at = {p["step"]: p["interval"] for p in report["plans"]}
+    assert left["step"] in at, (left, at)  # a plan's boundary, its decision taking the notice in
+    told = [(i, alive, noticed) for i, alive, noticed in planner.seen if noticed]
+    assert told and all(alive == 3 and sum(noticed) == 1 for _, alive, noticed in told), planner.seen
+    assert told[-1][0] == at[left["step"]] - 1 and told[-1][2] == (1,), planner.seen  # "leaving at the next plan"
 
 
 def test_parcae_train_under_the_market_as_the_issue_writes_it(tmp_path, monkeypatch):

@@ -322,10 +322,14 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     recs = result["reconfigurations"]
     # worker 1 took its notice and left cleanly: handed off live if it was a member by then, else as a standby
-    # (which instances joined first, and so started the job, is the boot order's)
+    # (which instances joined first, and so started the job, is the boot order's) — or, a member whose deadline
+    # (two minutes) lies past the job's end, it trained on through every plan, as a noticed instance does until the
+    # last plan before its deadline, and finished the job
     handed_off = any(r["source"] == "sigterm" and 1 in r["preempted"] and r["steps_lost"] == 0 for r in recs)
     standby = any(e.get("event") == "preempt-standby" and 1 in e["workers"] for e in result["events"])
-    assert (handed_off or standby) and result["exit_codes"][1] == EXIT_PREEMPTED, (recs, result["exit_codes"])
+    stayed = any(e.get("event") == "notice-folded" and 1 in e["workers"] for e in result["events"])
+    assert ((handed_off or standby) and result["exit_codes"][1] == EXIT_PREEMPTED) or (
+        stayed and result["exit_codes"][1] == 0), (recs, result["exit_codes"])  # fmt: skip
     # worker 0 was reclaimed without notice: a member then (the survivors recovered without notice), or a standby
     # (which instances train, and which stand by, is the boot order's and the rule's)
     died = [e for e in result["events"] if e.get("event") == "dead" and 0 in e["workers"]]

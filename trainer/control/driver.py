@@ -333,6 +333,13 @@ class Driver:
                         c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
                     self._folding |= new
                     return
+            elif (eta := self._next_plan_eta()) is not None and eta <= deadline - NOTICE_MARGIN_S:
+                new = set(members) - self._folding  # (a live fleet's next plan, not held yet: decided there)
+                if new:
+                    c.note({"event": "notice-folded", "workers": sorted(new), "boundary": None,
+                            "plan_in_s": round(eta - time.monotonic(), 3)})  # fmt: skip
+                self._folding |= new
+                return
         # prepared (`control.prepare`): a boundary a step further, if it still comes before the deadline, and the
         # epoch published now, so that the hand-off's groups form while training goes on
         ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - NOTICE_MARGIN_S
@@ -411,10 +418,10 @@ class Driver:
 
     def _departures(self, preempt: Iterable[int]) -> tuple[list[int], list[int]]:
         """The preemptions a boundary decision makes: the scheduled ones still possible, plus every pending notice
-        (folded). Returns (all preempted, those from notices)."""
+        (folded) but those that stay for a later one (`_stays`). Returns (all preempted, those from notices)."""
         c = self.coord
         alive = c.alive()
-        noticed = sorted(w for w in self._pending_notices() if w in alive)
+        noticed = sorted(w for w in self._pending_notices() if w in alive and not self._stays(w))
         scheduled = [w for w in preempt if w in alive and w not in noticed]
         return sorted(set(scheduled) | set(noticed)), noticed
 
@@ -687,6 +694,15 @@ class Driver:
         return check_decision(self.planner.name, decision, req), details, took
 
     # -- where a live fleet differs (`trainer.control.fleet_driver.FleetDriver`) ------------------------------
+    def _next_plan_eta(self) -> float | None:
+        """When the next live plan not held yet will decide (monotonic clock), for a notice to fold into; None: no
+        such plan (a replay's interval boundaries are held from the start)."""
+        return None
+
+    def _stays(self, w: int) -> bool:
+        """Whether noticed worker `w` keeps training past the decision now made, to leave at a later one still
+        before its deadline (a live fleet's next plan); a replay's leave at the first."""
+        return False
     def _park(self, s: int, members: Sequence[int]) -> bool:
         """Every instance has a notice and no plan keeps one: whether the job parks at held boundary `s` until
         capacity comes back (a live fleet does; a replay's schedule never leaves it empty: False)."""

@@ -9,11 +9,12 @@ replay does as well (`trainer.control.driver.Driver`: notices, deaths, recoverie
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.control.driver import KILLED, POLL_S, Driver, JobError
+from trainer.control.driver import KILLED, NOTICE_MARGIN_S, POLL_S, Driver, JobError
 from trainer.control.fleet import FleetController
 from trainer.control.schedules import trace_strategy
 from trainer.providers.fleet import Fleet
@@ -25,6 +26,8 @@ class FleetDriver(Driver):
     """A `Driver` whose instances come from a live fleet (`run_fleet`) rather than a schedule."""
 
     _fleet: FleetController | None = None  # the fleet's requests and history (set by `run_fleet`)
+    _next_plan: float = math.inf  # when the next interval's plan is due (monotonic clock; set by `run_fleet`)
+    _interval_s: float = math.inf
 
     def run_fleet(
         self, fleet: FleetController, interval_s: float, start_info: Mapping[str, Any], *, restore_step: int = 0
@@ -60,15 +63,16 @@ class FleetDriver(Driver):
         self.resumed_at(restore_step)
         self.observer.on_start({**start_info, "workers": len(ready), "strategy": rule})  # what the fleet gave
         self._observing = True
-        next_plan = now + interval_s
+        self._interval_s = interval_s
+        self._next_plan = now + interval_s  # (read by the notices: `_next_plan_eta`, `_stays`)
         while not all(self.provider.exitcode(w) == EXIT_DONE for w in c.in_force.members):
             self.tick()
             self._poll_fleet(admit=True)
             now = time.monotonic()
-            if now >= next_plan and self._plan_live():
-                next_plan += interval_s
-                if next_plan <= now:  # an interval missed (a long recovery) is not made up: the next is a whole one
-                    next_plan = now + interval_s
+            if now >= self._next_plan and self._plan_live():
+                self._next_plan += interval_s
+                if self._next_plan <= now:  # an interval missed (a long recovery) is not made up: a whole one
+                    self._next_plan = now + interval_s
             if time.monotonic() > self.deadline:
                 raise JobError("timed out waiting for the last step")
             time.sleep(POLL_S)
@@ -240,6 +244,45 @@ class FleetDriver(Driver):
     def _park(self, s: int, members: Sequence[int]) -> bool:
         self.park(s, members)
         return True
+
+    # -- notices: a noticed instance trains on until the last plan before its deadline ---------------------------
+    def _plan_lead_s(self) -> float:
+        """From a plan's time to the boundary it decides: the two steps it holds ahead (`_plan_live`)."""
+        return 2 * self._step_s(self.step_in_flight())
+
+    def _next_plan_eta(self) -> float | None:
+        if self._fleet is None or self._live_at is not None:
+            return None
+        return max(self._next_plan, time.monotonic()) + self._plan_lead_s()
+
+    def _stays(self, w: int) -> bool:
+        """A noticed member stays past the plan now deciding (at `_next_plan`) if the plan after it still decides
+        `NOTICE_MARGIN_S` before its deadline: an AWS instance, warned two minutes ahead, trains on through about one
+        more minute-long interval instead of leaving at the first boundary (its replacement, asked for at the notice,
+        boots meanwhile), as the simulator counts it until its preemption."""
+        return self._leaves_after(w) is not None
+
+    def _leaves_after(self, w: int) -> int | None:
+        """How many plans after the one now deciding noticed worker `w` trains through, then leaves at the next
+        (0: it leaves at the following plan); None: it leaves at this one."""
+        deadline = self._noticed.get(w)
+        if self._fleet is None or deadline is None or w not in self.coord.in_force.members:
+            return None
+        following = max(self._next_plan + self._interval_s, time.monotonic()) + self._plan_lead_s()
+        spare = deadline - NOTICE_MARGIN_S - following
+        return None if spare < 0 else int(spare // self._interval_s)
+
+    def _noticed_ahead(self, interval: int) -> tuple[int, ...]:
+        """The noticed members that stay past this plan (`_stays`), by the interval at whose start they leave."""
+        ahead = getattr(self.planner, "notices_ahead", 0)
+        out = [0] * ahead
+        for w in self._pending_notices():
+            j = self._leaves_after(w)
+            if j is not None and j < ahead:
+                out[j] += 1
+        while out and not out[-1]:
+            out.pop()
+        return tuple(out)
 
     def _lost_all(self, why: str) -> None:
         self.await_capacity(why)
