@@ -333,11 +333,11 @@ class Driver:
                         c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
                     self._folding |= new
                     return
-            elif (eta := self._next_plan_eta()) is not None and eta <= deadline - NOTICE_MARGIN_S:
+            elif (plan := self._next_plan_eta()) is not None and plan <= deadline - NOTICE_MARGIN_S:
                 new = set(members) - self._folding  # (a live fleet's next plan, not held yet: decided there)
                 if new:
                     c.note({"event": "notice-folded", "workers": sorted(new), "boundary": None,
-                            "plan_in_s": round(eta - time.monotonic(), 3)})  # fmt: skip
+                            "plan_in_s": round(plan - time.monotonic(), 3)})  # fmt: skip
                 self._folding |= new
                 return
         # prepared (`control.prepare`): a boundary a step further, if it still comes before the deadline, and the
@@ -703,6 +703,7 @@ class Driver:
         """Whether noticed worker `w` keeps training past the decision now made, to leave at a later one still
         before its deadline (a live fleet's next plan); a replay's leave at the first."""
         return False
+
     def _park(self, s: int, members: Sequence[int]) -> bool:
         """Every instance has a notice and no plan keeps one: whether the job parks at held boundary `s` until
         capacity comes back (a live fleet does; a replay's schedule never leaves it empty: False)."""
