@@ -230,20 +230,34 @@ def test_sigterm_to_a_standby_instance_lets_it_leave_at_once(tmp_path):
     assert result["final_checksum"] == reference(STEPS)[2]
 
 
-def test_sigterm_in_a_planned_job_is_folded_into_the_next_interval_boundary(tmp_path):
+def test_sigterm_in_a_planned_job_trains_on_to_the_last_interval_boundary_before_its_deadline(tmp_path):
     # 2x2 on 0-3, the rule planner decides every 4 steps; worker 3 gets a SIGTERM during step 1 with 30 s of grace:
-    # the boundary before step 4 comes long before its deadline, so its preemption is part of that decision
+    # the boundaries before steps 4 and 8 both come long before its deadline, so it trains on through 4 (the plan
+    # there told it leaves at the next) and its preemption is part of the decision at 8 (it used to leave at 4)
     cloud = Cloud((started(0, 1), send(3, signal.SIGTERM)))
-    result = job(tmp_path, 4, (2, 2), [], cloud, planner=RulePlanner(), steps_per_interval=4, notice_grace_s=30)
-    first = result["plans"][0]
-    assert (first["step"], first["alive"], first["decision"]) == (4, 3, [1, 2])
-    r = result["reconfigurations"][0]
-    assert (r["step"], r["source"], r["preempted"], r["noticed"], r["strategy"]) == (4, "sigterm", [3], [3], [1, 2])
-    assert all(x["step"] != 4 or x is r for x in result["reconfigurations"])
+    planner = NoticeTelling()
+    result = job(tmp_path, 4, (2, 2), [], cloud, planner=planner, steps_per_interval=4, notice_grace_s=30)
+    assert [(p["step"], p["alive"], p["decision"]) for p in result["plans"]] == [(4, 4, [2, 2]), (8, 3, [1, 2])]
+    assert planner.seen == [(1, (1,)), (2, ())]  # at 4: one instance leaves at the start of the next interval
+    (r,) = result["reconfigurations"]
+    assert (r["step"], r["source"], r["preempted"], r["noticed"], r["strategy"]) == (8, "sigterm", [3], [3], [1, 2])
     assert any(e["event"] == "notice-folded" and e["boundary"] == 4 for e in result["events"])
     assert result["exit_codes"][3] == EXIT_PREEMPTED
-    assert all(x["steps_lost"] == 0 for x in result["reconfigurations"])
+    assert r["steps_lost"] == 0
     assert_same_run(result)
+
+
+class NoticeTelling(RulePlanner):
+    """The rule planner, asking for two intervals of notices and keeping what each request held."""
+
+    notices_ahead = 2
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, tuple[int, ...]]] = []
+
+    def __call__(self, req):
+        self.seen.append((req.interval, req.noticed))
+        return super().__call__(req)
 
 
 def test_a_worker_that_overruns_its_deadline_is_killed_and_the_job_recovers(tmp_path):

@@ -416,12 +416,12 @@ class Driver:
         self.coord.release(s)
         self.recover(silent)
 
-    def _departures(self, preempt: Iterable[int]) -> tuple[list[int], list[int]]:
-        """The preemptions a boundary decision makes: the scheduled ones still possible, plus every pending notice
-        (folded) but those that stay for a later one (`_stays`). Returns (all preempted, those from notices)."""
+    def _departures(self, preempt: Iterable[int], at: int) -> tuple[list[int], list[int]]:
+        """The preemptions the decision at boundary `at` makes: the scheduled ones still possible, plus every pending
+        notice (folded) but those that stay for a later one (`_stays`). Returns (all preempted, those from notices)."""
         c = self.coord
         alive = c.alive()
-        noticed = sorted(w for w in self._pending_notices() if w in alive and not self._stays(w))
+        noticed = sorted(w for w in self._pending_notices() if w in alive and not self._stays(w, at))
         scheduled = [w for w in preempt if w in alive and w not in noticed]
         return sorted(set(scheduled) | set(noticed)), noticed
 
@@ -520,7 +520,7 @@ class Driver:
                 c.admit(added)
                 self.checkpoint_restart(g.step, g.strategy, on_demand=True)
             else:
-                preempt, noticed = self._departures(g.preempt)
+                preempt, noticed = self._departures(g.preempt, g.step)
                 self.reconfigure(g.step, g.strategy, preempt, added, noticed)
                 for w in preempt:
                     self.allowed[w] = self.allowed.get(w, {EXIT_DONE}) | {EXIT_PREEMPTED, KILLED}
@@ -543,7 +543,7 @@ class Driver:
         self._deciding = True
         try:
             added = self.wait_joined(added)
-            preempt, _ = self._departures(g.preempt)
+            preempt, _ = self._departures(g.preempt, g.step)
             c.prepare(g.step, g.strategy, preempt, added)
         finally:
             self._deciding = False
@@ -603,7 +603,7 @@ class Driver:
             added, scheduled = self._interval_events(i, g)
             if self.settle():
                 return  # an instance fell silent: the boundary recovers first, then plans
-            preempt, _ = self._departures(scheduled)
+            preempt, _ = self._departures(scheduled, s)
             alive = len((c.alive() | set(added)) - set(preempt))
             self._ask_ahead(s, alive, s // self.steps_per_interval, preempt, added)
         finally:
@@ -635,7 +635,7 @@ class Driver:
         if silent:
             self.recover(silent)
         c.admit(added)
-        preempt, noticed = self._departures(scheduled)
+        preempt, noticed = self._departures(scheduled, s)
         alive = len(c.alive() - set(preempt))
         self.history.append(alive)
         decision = self._ask_planner(s, s // self.steps_per_interval, alive)
@@ -673,13 +673,17 @@ class Driver:
                            noticed=self._noticed_ahead(interval))  # fmt: skip
 
     def _noticed_ahead(self, interval: int) -> tuple[int, ...]:
-        """The preemptions with notice the schedule makes at the starts of the intervals after `interval`, as many as
-        the planner asks for (`notices_ahead`: those its cloud's notice would have told by now); trailing zeros cut.
-        A live fleet has no schedule: its notices are decided as they come (`decide_notices`)."""
+        """The preemptions with notice the schedule makes at the starts of the intervals after `interval`, and the
+        noticed members that stay past this boundary (`_stays`), as many intervals as the planner asks for
+        (`notices_ahead`: what its cloud's notice would have told by now); trailing zeros cut."""
         ahead, spi = getattr(self.planner, "notices_ahead", 0), self.steps_per_interval
         if not ahead or not spi:
             return ()
         at = {g.step: len(g.preempt) for g in self.groups if g.preempt}
+        for w in self._pending_notices():  # (a member that stays past this boundary, `_stays`, leaves at a later one)
+            b = self._leaves_at(w, after=interval * spi)
+            if b is not None:
+                at[b] = at.get(b, 0) + 1
         out = [at.get((interval + j) * spi, 0) for j in range(1, ahead + 1) if (interval + j) * spi < self.steps]
         while out and not out[-1]:
             out.pop()
@@ -699,10 +703,25 @@ class Driver:
         such plan (a replay's interval boundaries are held from the start)."""
         return None
 
-    def _stays(self, w: int) -> bool:
-        """Whether noticed worker `w` keeps training past the decision now made, to leave at a later one still
-        before its deadline (a live fleet's next plan); a replay's leave at the first."""
-        return False
+    def _stays(self, w: int, at: int) -> bool:
+        """Whether noticed member `w` keeps training past the decision at boundary `at`: a planned job's next interval
+        boundary still comes `NOTICE_MARGIN_S` before its deadline (it leaves at the last that does, as the
+        simulator counts an instance until its preemption; a live fleet's plans: `FleetDriver`)."""
+        return self._leaves_at(w, after=at) is not None
+
+    def _leaves_at(self, w: int, after: int) -> int | None:
+        """The last interval boundary after `after` that comes `NOTICE_MARGIN_S` before noticed member `w`'s deadline
+        (at the pace trained so far), where it leaves; None: none does (it leaves at `after`'s decision)."""
+        deadline = self._noticed.get(w)
+        c = self.coord
+        if deadline is None or c.current is None or w not in c.current.members:
+            return None
+        p = self.step_in_flight()
+        now, step_s = time.monotonic(), self._step_s(p)
+        fits = [
+            b for b in self.intervals if after < b < self.steps and now + (b - p) * step_s <= deadline - NOTICE_MARGIN_S
+        ]
+        return max(fits, default=None)
 
     def _park(self, s: int, members: Sequence[int]) -> bool:
         """Every instance has a notice and no plan keeps one: whether the job parks at held boundary `s` until

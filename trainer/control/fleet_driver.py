@@ -199,7 +199,7 @@ class FleetDriver(Driver):
                 return False
             self._deciding = True
             try:
-                preempt, _ = self._departures(())
+                preempt, _ = self._departures((), s)
                 alive = len(c.alive() - set(preempt))
                 if alive >= 1:
                     self._ask_ahead(s, alive, len(fleet.rows), preempt)
@@ -226,7 +226,7 @@ class FleetDriver(Driver):
             return False
         self._deciding = True
         try:
-            preempt, noticed = self._departures(())
+            preempt, noticed = self._departures((), s)
             alive = len(c.alive() - set(preempt))
             interval = len(self._fleet.rows)
             self._fleet.close(time.monotonic(), alive)
@@ -255,7 +255,7 @@ class FleetDriver(Driver):
             return None
         return max(self._next_plan, time.monotonic()) + self._plan_lead_s()
 
-    def _stays(self, w: int) -> bool:
+    def _stays(self, w: int, at: int) -> bool:
         """A noticed member stays past the plan now deciding (at `_next_plan`) if the plan after it still decides
         `NOTICE_MARGIN_S` before its deadline: an AWS instance, warned two minutes ahead, trains on through about one
         more minute-long interval instead of leaving at the first boundary (its replacement, asked for at the notice,
