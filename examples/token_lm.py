@@ -71,8 +71,9 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
     # the held-out windows: their loss, and the share of next tokens the model ranks first
     rest = Subset(windows, range(len(train), len(windows)))
     metrics = {"next_token_accuracy": next_token}
+    # (`patience`: stop once the held-out loss stops improving)
     held_out = (parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics, patience=patience)
-                if held else None)  # (`patience`: stop once the held-out loss stops improving)  # fmt: skip
+                if held else None)  # fmt: skip
     return parcae.TrainSpec(
         layers=[
             parcae.Layer("embed", lambda: Embed(vocab, block_size, hidden).to(dt)),

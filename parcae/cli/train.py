@@ -753,7 +753,7 @@ def export_cmd(
     if best and step is not None:
         raise UserError("--best and --step: give one of them (the best-scored checkpoint, or a step's)")
     check_writable(out, "--out")
-    uri = directory.startswith(("s3://", "file://"))
+    uri = "://" in directory  # (which schemes a checkpoint URI may have is `mirror_for`'s to say)
     try:
         exported = export_from_uri(directory, step, best=best) if uri else export_state_dict(directory, step, best=best)
     except (checkpoint.CheckpointError, SpecError) as exc:

@@ -266,7 +266,8 @@ class FleetDriver(Driver):
         """How many plans after the one now deciding noticed worker `w` trains through, then leaves at the next
         (0: it leaves at the following plan); None: it leaves at this one."""
         deadline = self._noticed.get(w)
-        if self._fleet is None or deadline is None or w not in self.coord.in_force.members:
+        c = self.coord
+        if self._fleet is None or deadline is None or c.current is None or w not in c.current.members:
             return None
         following = max(self._next_plan + self._interval_s, time.monotonic()) + self._plan_lead_s()
         spare = deadline - NOTICE_MARGIN_S - following

@@ -522,12 +522,11 @@ def _check_metrics(validation: Validation, where: str, out: Any, y: Any) -> None
             both, *rest = [metric_sum(v, name) for v in values]
         except ValueError as exc:
             raise SpecError(f"{where}: {exc}") from None
-        halves = tuple(rest) if rest else None
-        finite = halves is not None and all(map(math.isfinite, (both, *halves)))
-        if finite and halves is not None and not math.isclose(both, sum(halves), rel_tol=0.05, abs_tol=1e-9):
+        finite = all(map(math.isfinite, (both, *rest)))
+        if rest and finite and not math.isclose(both, sum(rest), rel_tol=0.05, abs_tol=1e-9):
             raise SpecError(f"{where}: validation metric {name!r} must be a SUM over the rows (parcae adds it over "
                             f"micro-batches and divides by the rows itself): on two rows it is {both:.6g}, on each "
-                            f"alone {halves[0]:.6g} and {halves[1]:.6g}; return .sum(), not .mean()")  # fmt: skip
+                            f"alone {rest[0]:.6g} and {rest[1]:.6g}; return .sum(), not .mean()")  # fmt: skip
 
 
 def _check_batches(spec: TrainSpec, where: str, global_batch: int | None) -> int:
