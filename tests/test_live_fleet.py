@@ -37,7 +37,15 @@ from trainer.control.planning import PlanRequest, RulePlanner
 from trainer.control.run import train
 from trainer.observe.tracking import MlflowJobObserver
 from trainer.providers.fleet import CapacityAnswer
-from trainer.providers.market import PENDING, REFUSED, MarketError, MarketOptions, SpotMarket, market_capacity
+from trainer.providers.market import (
+    PENDING,
+    REFUSED,
+    MarketError,
+    MarketOptions,
+    MarketStep,
+    SpotMarket,
+    market_capacity,
+)
 
 # ------------------------------------------------------------------------------------------------ the market
 
@@ -86,6 +94,38 @@ def test_a_fall_in_capacity_reclaims_with_notice_or_a_seeded_share_without():
     m.request(2, now=0.0)
     step = m.advance(1.0)
     assert step.dropped == [0, 1] and not step.noticed and not step.killed and m.booting() == 0
+
+
+def test_a_fall_is_warned_notice_s_ahead_and_reclaims_when_it_comes():
+    """As a cloud warns before it reclaims: the instances a fall at 20 s takes are warned 4 s ahead, with the fall
+    as their deadline, and leave the market's count only then; those reclaimed without notice go at the fall."""
+
+    def market(kill_fraction: float) -> SpotMarket:
+        m = SpotMarket([3, 3, 1], interval_s=10.0, start=0.0, seed=0, kill_fraction=kill_fraction, notice_s=4.0)
+        m.request(3, now=0.0)
+        assert m.advance(0.0).booted == [0, 1, 2]
+        assert m.advance(15.9) == MarketStep()  # the fall is more than 4 s away: nothing yet
+        return m
+
+    m = market(0.0)
+    step = m.advance(16.5)
+    assert len(step.noticed) == 2 and step.deadline == {w: 20.0 for w in step.noticed} and not step.killed
+    assert len(m.held) == 3 and m.request(1, now=17.0).refused == 1  # the warned still hold their places
+    m.release([w for w in m.held if w not in step.noticed])  # the one staying ends: two places are free now, but
+    a = m.request(2, now=17.0)  # one only at the fall that a notice given now reaches: one is offered
+    assert len(a.granted) == 1 and a.refused == 1
+    assert m.advance(19.9) == MarketStep(booted=list(a.granted))  # warned once
+    assert m.advance(20.0) == MarketStep() and len(m.held) == 1  # reclaimed at the fall
+    m = market(1.0)
+    assert m.advance(16.5) == MarketStep() and len(m.held) == 3  # no warning for those killed ...
+    step = m.advance(20.0)
+    assert len(step.killed) == 2 and not step.noticed and len(m.held) == 1  # ... at the fall
+    # a reclaim a request's advance found is reported by the next advance, not lost
+    m = SpotMarket([2, 1], interval_s=1.0, start=0.0, seed=0, kill_fraction=1.0)
+    m.request(2, now=0.0)
+    m.advance(0.0)
+    assert m.request(1, now=1.0).refused == 1
+    assert len(m.advance(1.0).killed) == 1 and len(m.held) == 1
 
 
 def test_market_options_and_capacity_name_the_fix():
@@ -248,7 +288,8 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
 
     # alive follows the market (its clock: seconds since the fleet started asking) within one interval, once the
     # first instances have started their workers: never above its capacity, down and up with it within an interval
-    # (a refused fleet asks again within half an interval; a granted instance's worker starts and joins)
+    # (a refused fleet asks again within half an interval; a granted instance's worker starts and joins) — down
+    # ahead of a fall by up to the market's notice (2 s: the warned hand off and leave before it, as on a cloud)
     def cap(t: float) -> int:
         return capacity[min(max(int(t), 0), len(capacity) - 1)]
 
@@ -257,7 +298,7 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     full = alive.index(4)
     for r in rows[full:]:
         assert r["alive"] <= max(cap(r["t"] - 1.0), cap(r["t"])), rows
-        assert r["alive"] >= min(cap(r["t"] - 1.0), cap(r["t"])), rows
+        assert r["alive"] >= min(cap(r["t"] - 1.0), cap(r["t"]), cap(r["t"] + 2.0)), rows
     plans = report["plans"]
     assert [p["interval"] for p in plans] == list(range(1, len(plans) + 1)) and len(plans) >= 5
     assert all(p["decision"][0] * p["decision"][1] <= p["alive"] for p in plans)
@@ -298,11 +339,12 @@ class EveryInstanceAStage(RulePlanner):
 
 
 def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tmp_path):
-    """A market of 3 instances that falls to 2 at 10 s and warns 8 s ahead (one interval a second): the noticed
-    member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its deadline — told to
-    the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's boundary, its layers handed
-    off with no step lost: the uninterrupted run. (It used to leave at a boundary of its own at once.)"""
-    (tmp_path / "capacity.csv").write_text("0,3\n600000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
+    """A market of 3 instances that falls to 2 at 18 s and warns 8 s ahead (one interval a second; the warning at
+    10 s): the noticed member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its
+    deadline — told to the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's
+    boundary, its layers handed off with no step lost: the uninterrupted run. (It used to leave at a boundary of its
+    own at once.)"""
+    (tmp_path / "capacity.csv").write_text("0,3\n1080000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
     steps, planner = 200, EveryInstanceAStage()
     config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3, model=CFG,
                         options={"seed": 0, "kill_fraction": 0.0, "notice_s": 8.0})  # fmt: skip

@@ -100,31 +100,39 @@ def market_capacity(trace: str, max_instances: int, start_interval: int = 0) -> 
 
 @dataclass
 class MarketStep:
-    """What the market did when it advanced: instances that `booted`, were reclaimed with a notice (`noticed`) or
-    without one (`killed`), and granted instances reclaimed while still booting (`dropped`: they never ran)."""
+    """What the market did since it last advanced: instances that `booted`, were given notice (`noticed`: each is
+    reclaimed at `deadline[w]`) or reclaimed without one (`killed`), and granted instances reclaimed while still
+    booting (`dropped`: they never ran)."""
 
     booted: list[int] = field(default_factory=list)
     noticed: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
+    deadline: dict[int, float] = field(default_factory=dict)
 
 
 class SpotMarket:
     """Spot capacity over time: `capacity[i]` instances exist in interval i (of `interval_s` seconds from `start`;
-    the last value holds past the end). Pure: every call says what time it is."""
+    the last value holds past the end). Pure: every call says what time it is.
+
+    A fall in capacity reclaims instances when it comes, as the trace has it; those it warns are warned `notice_s`
+    ahead of it, as a cloud warns before it reclaims (AWS two minutes, GCP 30 s), and reclaimed at the fall."""
 
     def __init__(
         self, capacity: Sequence[int], interval_s: float, start: float, *, seed: int = 0, kill_fraction: float = 0.5,
-        boot_s: float = 0.0, open_requests: bool = False,
+        boot_s: float = 0.0, open_requests: bool = False, notice_s: float = 0.0,
     ) -> None:  # fmt: skip
         if not capacity:
             raise ValueError("a market needs the capacity of at least one interval")
         self.capacity_by_interval = [max(0, int(n)) for n in capacity]
         self.interval_s, self.start = float(interval_s), float(start)
         self.kill_fraction, self.boot_s, self.open_requests = kill_fraction, boot_s, open_requests
+        self.notice_s = float(notice_s)
         self._rng = random.Random(seed)
         self.held: set[int] = set()  # granted and neither reclaimed nor ended: booting or running
         self._booting: dict[int, float] = {}  # id -> when it is up
+        self._doomed: dict[int, tuple[float, bool]] = {}  # id -> (when it is reclaimed, whether it was warned)
+        self._step = MarketStep()  # what happened since the last `advance` (a request advances the market too)
         self.pending = 0  # instances of requests left open
         self._next_id = 0
 
@@ -142,12 +150,21 @@ class SpotMarket:
             self._booting[w] = now + self.boot_s
         return ids
 
+    def free(self, now: float) -> int:
+        """Instances a request may have now: what the capacity leaves free now and at each fall a notice given now
+        would reach (a cloud offers no spot capacity it is about to reclaim; the warned keep their places until
+        their fall)."""
+        free, staying = self.capacity(now) - len(self.held), len(self.held) - len(self._doomed)
+        for at in self._falls(now)[1:]:
+            free = min(free, self.capacity(at) - staying)
+        return max(0, free)
+
     def request(self, n: int, now: float) -> CapacityAnswer:
-        """Grant up to the free capacity now; refuse the rest, or leave it pending (`open_requests`)."""
+        """Grant up to the free capacity (`free`); refuse the rest, or leave it pending (`open_requests`)."""
         if n < 1:
             raise ValueError(f"a request is for at least one instance, got {n}")
         self.advance_capacity(now)
-        granted = self._grant(min(n, max(0, self.capacity(now) - len(self.held))), now)
+        granted = self._grant(min(n, self.free(now)), now)
         rest = n - len(granted)
         if not rest:
             return CapacityAnswer(n, granted)
@@ -159,31 +176,50 @@ class SpotMarket:
     def cancel_pending(self) -> None:
         self.pending = 0
 
-    def advance_capacity(self, now: float) -> MarketStep:
-        """Reclaim what exceeds the capacity now (seeded victims, each killed with probability `kill_fraction`,
-        else noticed), then fill pending requests from what is free."""
-        out = MarketStep()
-        excess = len(self.held) - self.capacity(now)
-        if excess > 0:
-            for w in sorted(self._rng.sample(sorted(self.held), excess)):
-                self.held.discard(w)
+    def _falls(self, now: float) -> list[float]:
+        """Now, and the interval boundaries after it that a notice given now reaches (`notice_s`)."""
+        first = int((now - self.start) // self.interval_s) + 1
+        last = int((now + self.notice_s - self.start) // self.interval_s)
+        return [now, *(self.start + k * self.interval_s for k in range(max(first, 1), last + 1))]
+
+    def advance_capacity(self, now: float) -> None:
+        """Doom what exceeds the capacity now or at a fall within `notice_s` (seeded victims, each reclaimed without
+        notice with probability `kill_fraction`, else warned now; one still booting is dropped at once), reclaim
+        the doomed whose fall has come, then fill pending requests from what is free."""
+        out = self._step
+        staying = self.held - set(self._doomed)
+        for at in self._falls(now):
+            excess = len(staying) - self.capacity(at)
+            if excess <= 0:
+                continue
+            for w in sorted(self._rng.sample(sorted(staying), excess)):
+                staying.discard(w)
                 if self._booting.pop(w, None) is not None:
+                    self.held.discard(w)
                     out.dropped.append(w)
                 elif self._rng.random() < self.kill_fraction:
-                    out.killed.append(w)
+                    self._doomed[w] = (at, False)
                 else:
+                    self._doomed[w] = (at, True)
                     out.noticed.append(w)
-        free = self.capacity(now) - len(self.held)
+                    out.deadline[w] = at
+        for w, (at, warned) in sorted(self._doomed.items()):
+            if at <= now:
+                del self._doomed[w]
+                self.held.discard(w)
+                if not warned:
+                    out.killed.append(w)
+        free = self.free(now)
         if self.pending and free > 0:
             k = min(self.pending, free)
             self.pending -= k
             self._grant(k, now)
-        return out
 
     def advance(self, now: float) -> MarketStep:
-        """The market at time `now`: reclaims and filled requests (`advance_capacity`), then the boots that are
-        due."""
-        out = self.advance_capacity(now)
+        """What the market did up to time `now` (since the last call): warnings, reclaims and filled requests
+        (`advance_capacity`), then the boots that are due."""
+        self.advance_capacity(now)
+        out, self._step = self._step, MarketStep()
         out.booted = sorted(w for w, t in self._booting.items() if t <= now)
         for w in out.booted:
             self._booting.pop(w)
@@ -197,6 +233,7 @@ class SpotMarket:
         self.held -= set(ids)
         for w in ids:
             self._booting.pop(w, None)
+            self._doomed.pop(w, None)
 
 
 class MarketFleet(LocalProcessProvider, Fleet):
@@ -216,7 +253,7 @@ class MarketFleet(LocalProcessProvider, Fleet):
         capacity = market_capacity(options.trace, setup.max_instances, options.start_interval)
         self.market = SpotMarket(capacity, setup.interval_s, clock(), seed=options.seed,
                                  kill_fraction=options.kill_fraction, boot_s=options.boot_s,
-                                 open_requests=options.open_requests)  # fmt: skip
+                                 open_requests=options.open_requests, notice_s=self.notice_s)  # fmt: skip
         self._arrived: list[int] = []
         self._joined: set[int] = set()
         self._ended: set[int] = set()
@@ -240,13 +277,14 @@ class MarketFleet(LocalProcessProvider, Fleet):
 
     def poll(self) -> None:
         with self._lock:
-            step = self.market.advance(self.clock())
+            now = self.clock()
+            step = self.market.advance(now)
             for w in step.booted:
                 self.start_ids([w], w + 1)
                 self._arrived.append(w)
-            for w in step.noticed:
+            for w in step.noticed:  # warned ahead of the fall that reclaims it
                 if w in self._joined:
-                    self.preempt([w], self.notice_s)
+                    self.preempt([w], max(0.0, step.deadline[w] - now))
                 else:
                     step.killed.append(w)
             self.kill(step.killed)
