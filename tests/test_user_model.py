@@ -437,6 +437,15 @@ def test_the_sum_check_of_a_large_output_is_skipped_with_a_warning(monkeypatch, 
     with caplog.at_level("WARNING", logger="trainer.runtime.trainspec"):
         assert check_spec(mean, "model 'mine'").global_batch == 6
     assert "model 'mine': the check that the loss is a sum over rows is skipped" in caplog.text
+    # the metrics' check likewise (made up on two rows of validation.batch(0) too)
+    mean_metric = _spec(validation=parcae.Validation(HELD, metrics={"acc": lambda o, y: (o.argmax(1) == y).float()
+                                                                    .mean()}))  # fmt: skip
+    with caplog.at_level("WARNING", logger="trainer.runtime.trainspec"):
+        check_spec(mean_metric, "model 'mine'", stages=1)
+    assert "model 'mine': the check of the validation metrics is skipped" in caplog.text
+    monkeypatch.setattr(trainspec, "SUM_CHECK_MAX_BYTES", 16)
+    with pytest.raises(SpecError, match="validation metric 'acc' must be a SUM"):
+        check_spec(mean_metric, "model 'mine'", stages=1)
 
 
 def test_a_tied_weight_between_two_factories_is_refused():

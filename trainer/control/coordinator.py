@@ -801,27 +801,34 @@ class Coordinator:
             self._validated[step] = dict(got.val)
         return got
 
-    def final_validation(self) -> dict[str, float] | None:
+    def final_records(self) -> dict[int, dict[str, Any]]:
+        """What each member of the epoch in force reported with its final layers (stage, replica, digest, the step it
+        ended at, the held-out scores there), by worker; those yet to report are missing."""
+        raw = {w: self.store.get_if(keys.replica_final(w)) for w in self.in_force.members}
+        return {w: json.loads(r) for w, r in raw.items() if r is not None}
+
+    def final_validation(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> dict[str, float] | None:
         """The held-out scores of the final layers ("loss", each metric; a job whose spec validates), as the last
-        stage's replicas reported them with their final digests; None before they did, or without validation."""
-        for w in self.in_force.members:
-            raw = self.store.get_if(keys.replica_final(w))
-            if raw is not None and (val := json.loads(raw).get("val")) is not None:
+        stage's replicas reported them with their final digests (`records`: read now if not given); None before
+        they did, or without validation."""
+        for rec in (self.final_records() if records is None else records).values():
+            if (val := rec.get("val")) is not None:
                 return {str(k): float(v) for k, v in val.items()}
         return None
 
-    def validations(self) -> list[tuple[int, dict[str, float]]]:
+    def validations(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> list[tuple[int, dict[str, float]]]:
         """(boundary, held-out scores there) in step order, as far as the steps' losses were read (`committed_losses`,
-        `losses`), and the final layers' at the job's last boundary once reported."""
+        `losses`), and the final layers' at the job's last boundary once reported (`final_validation`)."""
         out = sorted(self._validated.items())
-        final = self.final_validation()
+        final = self.final_validation(records)
         return out + ([(self.end_step, final)] if final is not None else [])
 
-    def read_end(self) -> int:
-        """The job's last boundary, once every member of the epoch in force reported its final layers: the step they
-        ended at (sooner than the job's steps where the held-out loss stopped it early, `Validation.patience`)."""
-        ends = {json.loads(raw).get("step", self.spec.steps) for w in self.in_force.members
-                if (raw := self.store.get_if(keys.replica_final(w))) is not None}  # fmt: skip
+    def read_end(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> int:
+        """The job's last boundary, once every member of the epoch in force reported its final layers (`records`: read
+        now if not given): the step they ended at (sooner than the job's steps where the held-out loss stopped it
+        early, `Validation.patience`)."""
+        ends = {rec.get("step", self.spec.steps) for rec in (self.final_records() if records is None
+                                                              else records).values()}  # fmt: skip
         if len(ends) > 1:
             raise RuntimeError(f"the members ended at different steps {sorted(ends)}")
         if ends:

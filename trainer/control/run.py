@@ -14,7 +14,6 @@ driven, in detail), `trainer.config.JobConfig` (every setting), `trainer.control
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import time
@@ -230,7 +229,11 @@ def run_job(
             driver.run(start.ids, start.strategy, info, next_id=start.next_id, restore_step=restore,
                        assignment=start.assignment)  # fmt: skip
         t_train = time.time() - float(coord.store.get(keys.epoch_decided(1)))
-        end = coord.read_end()  # (steps, or sooner where the held-out loss stopped the job early)
+        records = coord.final_records()  # every member of the epoch in force reported its final layers
+        if set(records) != set(coord.in_force.members):
+            raise JobError(f"workers {sorted(set(coord.in_force.members) - set(records))} ended without reporting "
+                           "their final layers")  # fmt: skip
+        end = coord.read_end(records)  # (steps, or sooner where the held-out loss stopped the job early)
         coord.finish()
         driver.wait(lambda: all(c is not None for c in provider.exitcodes().values()), "every process to end")
         driver.observe(final=True)
@@ -263,11 +266,11 @@ def run_job(
                         for s, v in held_out
                     ]
                 }
-                if (held_out := coord.validations())
+                if (held_out := coord.validations(records))
                 else {}
             ),
             "layers": str(layers_dir),
-            "replicas": {w: json.loads(coord.store.get(keys.replica_final(w))) for w in coord.in_force.members},
+            "replicas": records,
             "latest_checkpoint": coord.latest_checkpoint(),
             "throughput": {
                 "steps_per_s": trained / t_train,

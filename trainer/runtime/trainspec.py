@@ -506,7 +506,16 @@ def _check_validation(spec: TrainSpec, validation: Validation, where: str) -> No
 
 def _check_metrics(validation: Validation, where: str, out: Any, y: Any) -> None:
     """Each metric, on made-up outputs of the last layer's shapes (seeded, on the host) and validation.batch(0)'s
-    targets, returns one number, a SUM over the rows (as the loss: parcae adds it over micro-batches and replicas)."""
+    targets, returns one number, a SUM over the rows (as the loss: parcae adds it over micro-batches and replicas).
+    Not where those outputs would take more than the loss's check makes up (`SUM_CHECK_MAX_BYTES`): said in the
+    log."""
+    size = sum(t.numel() * t.element_size() for t in leaves(out))
+    if size > SUM_CHECK_MAX_BYTES:
+        if validation.metrics:
+            log.warning("%s: the check of the validation metrics is skipped: the last layer's output on "
+                        "validation.batch(0) takes %.0f MiB (the check makes up at most %.0f MiB)", where,
+                        size / 2**20, SUM_CHECK_MAX_BYTES / 2**20)  # fmt: skip
+        return
     made = _made_up(out)
     parts = [slice(0, rows(made)), *((slice(0, 1), slice(1, 2)) if rows(made) == 2 else ())]
     for name, fn in validation.metrics.items():
