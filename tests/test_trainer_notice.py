@@ -24,6 +24,7 @@ from _trainer_fixtures import Action, Cloud, Condition, _no_orphans, _one_thread
 
 from liveput.migration import MigrationKind
 from trainer.config import TrainConfig, model_config
+from trainer.control.driver import NOTICE_MARGIN_S, notice_margin_s
 from trainer.control.planning import RulePlanner
 from trainer.providers.local import LocalProcessProvider
 from trainer.runtime import checkpoint
@@ -350,3 +351,12 @@ def test_the_last_instance_declared_dead_checkpoint_restarts_instead_of_failing(
     assert restart["kind"] == "checkpoint-restart" and restart["restore_step"] == 4
     assert result["exit_codes"] == {0: 0}
     assert_same_run(result)
+
+
+def test_the_notice_margin_covers_two_steps_and_the_longest_hand_off_where_they_take_longer():
+    """A noticed member must reach the boundary it leaves at this long before its deadline: small jobs keep the floor;
+    a large model's (a GPT-1.5B step of 4 s, a hand-off of 10 s) leaves 18 s — with the floor alone, a boundary
+    estimated a step late and a hand-off that outlasts the rest would have it killed mid-hand-off."""
+    assert notice_margin_s(step_s=0.1, handoff_s=0.02) == NOTICE_MARGIN_S == 5.0
+    assert notice_margin_s(step_s=4.0, handoff_s=10.0) == 18.0
+    assert notice_margin_s(step_s=0.5, handoff_s=4.5) == pytest.approx(5.5)

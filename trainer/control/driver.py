@@ -44,7 +44,8 @@ OBSERVE_S = 0.1  # observers are fed at most this often from the driver loop (ea
 KILLED = -9  # exit code of a SIGKILLed process
 NOTICE_S = 120.0  # a preempted worker still running this long after its notice is killed (AWS: two minutes)
 NOTICE_MARGIN_S = 5.0  # a notice is folded into the next interval boundary only if it comes this long before the
-# deadline (time for the hand-off itself); else the preemption gets a boundary of its own at once
+# deadline (time for the hand-off itself; longer where steps and hand-offs are: `notice_margin_s`); else the
+# preemption gets a boundary of its own at once
 NOTICE_POLL_S = 0.05  # notices are read from the store at most this often (with the heartbeats)
 GONE = {KILLED, EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, 1, 3}  # exit codes a worker declared dead may show
 
@@ -56,6 +57,14 @@ class JobError(RuntimeError):
 class TrainingEnded(Exception):
     """Every member of the epoch in force finished the job while the schedule still waited for a later boundary: the
     held-out loss stopped it early (`trainer.runtime.validation.Patience`). Nothing is left to decide."""
+
+
+def notice_margin_s(step_s: float, handoff_s: float) -> float:
+    """How long before its deadline a noticed member must reach the boundary where it leaves: `NOTICE_MARGIN_S`, or
+    two steps (when a boundary comes is estimated from the pace so far, off by up to a step) and the longest hand-off
+    seen (`handoff_s`: the pause of a migration that moved state) where those take longer — a large model's steps and
+    transfers do (a GPT-1.5B step takes seconds on a V100, a stage's state tens of seconds to move)."""
+    return max(NOTICE_MARGIN_S, 2.0 * step_s + handoff_s)
 
 
 class Driver:
@@ -103,6 +112,7 @@ class Driver:
         self._handed: HandedPlan | None = None
         self._handed_seen = 0
         self._final_validated = False  # the final layers' held-out loss was delivered to the observers
+        self._handoff_s = 0.0  # the longest pause of a migration that moved state so far (`_margin_s`)
         self._schedule_open = False  # `run` applies the schedule: a job that ends early ends it (`TrainingEnded`)
         # held-out losses kept beside their checkpoints (`_record_val_losses`): each scored boundary's, the complete
         # checkpoints' steps, and the steps whose loss is recorded beside them
@@ -281,16 +291,20 @@ class Driver:
         t0, s0 = self._trained_from
         return (time.monotonic() - t0) / max(1, at_step - s0)
 
+    def _margin_s(self, at_step: int) -> float:
+        """`notice_margin_s` at this job's pace and hand-offs so far."""
+        return notice_margin_s(self._step_s(at_step), self._handoff_s)
+
     def decide_notices(self) -> None:
-        """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves
-        at once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a
-        planned job folded into the next interval boundary's decision (a live fleet's prepared plan too) if it comes
-        at least `NOTICE_MARGIN_S` before the earliest deadline, into a scheduled event's decision if the claim lands
-        on its boundary. The reconfiguration is the one a scripted `preempt` gives (survivors take over, the noticed
-        workers send the layers whose last copy they hold, then exit). With `control.prepare`, when the deadline
+        """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves at
+        once; members are preempted at the next boundary training has not reached (`Coordinator.claim`) — in a planned
+        job folded into the next interval boundary's decision (a live fleet's prepared plan too) if it comes at least
+        the notice margin (`notice_margin_s`) before the earliest deadline, into a scheduled event's decision if the
+        claim lands on its boundary. The reconfiguration is the one a scripted `preempt` gives (survivors take over, the
+        noticed workers send the layers whose last copy they hold, then exit). With `control.prepare`, when the deadline
         leaves a step to spare, the boundary claimed is one step further and the epoch is published at once
-        (`Coordinator.prepare`): its groups form while training goes on, and the decision is taken once training is
-        live at the step before (`_notice_at`)."""
+        (`Coordinator.prepare`): its groups form while training goes on, and the decision is taken once training is live
+        at the step before (`_notice_at`)."""
         pending = self._pending_notices()
         c = self.coord
         if self._deciding or self._recovering or c.current is None:
@@ -327,13 +341,13 @@ class Driver:
             if upcoming:
                 b = min(upcoming)
                 eta = time.monotonic() + (b - p) * self._step_s(p)
-                if eta <= deadline - NOTICE_MARGIN_S:
+                if eta <= deadline - self._margin_s(p):
                     new = set(members) - self._folding
                     if new:
                         c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
                     self._folding |= new
                     return
-            elif (plan := self._next_plan_eta()) is not None and plan <= deadline - NOTICE_MARGIN_S:
+            elif (plan := self._next_plan_eta()) is not None and plan <= deadline - self._margin_s(p):
                 new = set(members) - self._folding  # (a live fleet's next plan, not held yet: decided there)
                 if new:
                     c.note({"event": "notice-folded", "workers": sorted(new), "boundary": None,
@@ -342,7 +356,7 @@ class Driver:
                 return
         # prepared (`control.prepare`): a boundary a step further, if it still comes before the deadline, and the
         # epoch published now, so that the hand-off's groups form while training goes on
-        ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - NOTICE_MARGIN_S
+        ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - self._margin_s(p)
         s = c.claim(first + 1 if ahead else first)
         if s in self._stops_left or s == self._live_at:
             return  # the boundary of a decision the schedule (or a live plan) makes anyway: the notices fold into it
@@ -705,22 +719,22 @@ class Driver:
 
     def _stays(self, w: int, at: int) -> bool:
         """Whether noticed member `w` keeps training past the decision at boundary `at`: a planned job's next interval
-        boundary still comes `NOTICE_MARGIN_S` before its deadline (it leaves at the last that does, as the
-        simulator counts an instance until its preemption; a live fleet's plans: `FleetDriver`)."""
+        boundary still comes the notice margin (`notice_margin_s`) before its deadline (it leaves at the last that does,
+        as the simulator counts an instance until its preemption; a live fleet's plans: `FleetDriver`)."""
         return self._leaves_at(w, after=at) is not None
 
     def _leaves_at(self, w: int, after: int) -> int | None:
-        """The last interval boundary after `after` that comes `NOTICE_MARGIN_S` before noticed member `w`'s deadline
-        (at the pace trained so far), where it leaves; None: none does (it leaves at `after`'s decision)."""
+        """The last interval boundary after `after` that comes the notice margin (`notice_margin_s`) before noticed
+        member `w`'s deadline (at the pace trained so far), where it leaves; None: none does (it leaves at `after`'s
+        decision)."""
         deadline = self._noticed.get(w)
         c = self.coord
         if deadline is None or c.current is None or w not in c.current.members:
             return None
         p = self.step_in_flight()
         now, step_s = time.monotonic(), self._step_s(p)
-        fits = [
-            b for b in self.intervals if after < b < self.steps and now + (b - p) * step_s <= deadline - NOTICE_MARGIN_S
-        ]
+        margin = self._margin_s(p)
+        fits = [b for b in self.intervals if after < b < self.steps and now + (b - p) * step_s <= deadline - margin]
         return max(fits, default=None)
 
     def _park(self, s: int, members: Sequence[int]) -> bool:
@@ -821,7 +835,10 @@ class Driver:
             e = c.epochs[self._next_record]
             if not final and (e.start_step > upto or not c.record_complete(e)):
                 return
-            self.observer.on_reconfiguration(c.record(e))
+            rec = c.record(e)
+            if rec["bytes_moved"] and rec["kind"] != "checkpoint-restart" and rec["trigger"] != "kill":
+                self._handoff_s = max(self._handoff_s, float(rec["pause_s"]))  # (what a noticed member's takes)
+            self.observer.on_reconfiguration(rec)
             self._next_record += 1
 
     def alive_from(self, step: int) -> None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from trainer.control.driver import KILLED, NOTICE_MARGIN_S, POLL_S, Driver, JobError
+from trainer.control.driver import KILLED, POLL_S, Driver, JobError
 from trainer.control.fleet import FleetController
 from trainer.control.schedules import trace_strategy
 from trainer.providers.fleet import Fleet
@@ -256,10 +256,10 @@ class FleetDriver(Driver):
         return max(self._next_plan, time.monotonic()) + self._plan_lead_s()
 
     def _stays(self, w: int, at: int) -> bool:
-        """A noticed member stays past the plan now deciding (at `_next_plan`) if the plan after it still decides
-        `NOTICE_MARGIN_S` before its deadline: an AWS instance, warned two minutes ahead, trains on through about one
-        more minute-long interval instead of leaving at the first boundary (its replacement, asked for at the notice,
-        boots meanwhile), as the simulator counts it until its preemption."""
+        """A noticed member stays past the plan now deciding (at `_next_plan`) if the plan after it still decides the
+        notice margin (`trainer.control.driver.notice_margin_s`) before its deadline: an AWS instance, warned two
+        minutes ahead, trains on through about one more minute-long interval instead of leaving at the first boundary
+        (its replacement, asked for at the notice, boots meanwhile), as the simulator counts it until its preemption."""
         return self._leaves_after(w) is not None
 
     def _leaves_after(self, w: int) -> int | None:
@@ -270,7 +270,7 @@ class FleetDriver(Driver):
         if self._fleet is None or deadline is None or c.current is None or w not in c.current.members:
             return None
         following = max(self._next_plan + self._interval_s, time.monotonic()) + self._plan_lead_s()
-        spare = deadline - NOTICE_MARGIN_S - following
+        spare = deadline - self._margin_s(self.step_in_flight()) - following
         return None if spare < 0 else int(spare // self._interval_s)
 
     def _noticed_ahead(self, interval: int) -> tuple[int, ...]:
