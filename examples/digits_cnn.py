@@ -7,7 +7,8 @@ step, a loss that is a SUM over rows, and an optimiser per layer. Train it under
 
 (`--model-args '{"channels": 16, "dtype": "float64"}'` changes its arguments). The last `holdout` digits are not
 trained on: their mean loss is measured every `validate_every` steps and at the end (MLflow's `val_loss`); with
-`patience`, the job stops early once that loss has not improved for `patience` measurements in a row.
+`patience`, the job stops early once that loss — or the score `monitor` names, e.g. `{"patience": 3, "monitor":
+"accuracy", "mode": "max"}` — has not improved for `patience` measurements in a row.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ def correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
          seed: int = 0, autocast: str | None = None, fused: bool = False, holdout: int = 297,
-         validate_every: int = 50, patience: int | None = None,
-         min_delta: float = 0.0) -> parcae.TrainSpec:  # fmt: skip
+         validate_every: int = 50, patience: int | None = None, min_delta: float = 0.0, monitor: str = "loss",
+         mode: str = "min") -> parcae.TrainSpec:  # fmt: skip
     """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages. `fused`: torch's
     fused AdamW (one kernel a step; what a GPU job would pick). `holdout`: the digits kept for validation (0: none);
-    `patience`, `min_delta`: stop early (`parcae.Validation`; None: train every step)."""
+    `patience`, `min_delta`, `monitor`, `mode`: stop early (`parcae.Validation`; None: train every step)."""
     if not 0 <= holdout < 1797:
         raise ValueError(f"holdout {holdout!r}: keep between 0 and 1,796 of the 1,797 digits for validation")
     dt = getattr(torch, dtype)
@@ -67,7 +68,14 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         # the held-out digits in order, 128 a batch, scored every `validate_every` steps and at the end: the loss,
         # and the share of digits classified right (a metric is a SUM over the rows, as the loss)
         validation=parcae.Validation.over(
-            held_out, 128, every=validate_every, metrics={"accuracy": correct}, patience=patience, min_delta=min_delta
+            held_out,
+            128,
+            every=validate_every,
+            metrics={"accuracy": correct},
+            patience=patience,
+            min_delta=min_delta,
+            monitor=monitor,
+            mode=mode,
         )
         if holdout
         else None,

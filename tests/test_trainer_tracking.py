@@ -173,8 +173,8 @@ class Job:
         obs.on_validation(20, val_of(20))  # the final layers'
         result = {"loss": [self.loss(s) for s in range(20)], "reconfigurations": self.records,
                   "throughput": {"samples_per_s": 123.0, "steps_per_s": 7.7}, "wall_s": t - T0,
-                  "stopped_early": {"step": 20, "best_step": 20, "best_val_loss": val_of(20), "patience": 3,
-                                    "min_delta": 0.0}}  # fmt: skip
+                  "stopped_early": {"step": 20, "best_step": 20, "monitor": "loss", "mode": "min",
+                                    "best": val_of(20), "patience": 3, "min_delta": 0.0}}  # fmt: skip
         if end:
             obs.on_end(result)
         return result

@@ -222,30 +222,34 @@ def test_the_best_scored_checkpoint_outlives_the_retention_of_a_resumed_job(tmp_
     assert checkpoint.val_losses(ckpt, job="job") == {s: scored[s] for s in (4, 6, 8)}
 
 
-def test_the_held_out_loss_stops_the_job_at_one_process_s_boundary_through_a_joiner_and_a_restart(
-    tmp_path, _no_orphans
+@pytest.mark.parametrize(("monitor", "mode", "stops_at"), [("loss", "min", 8), ("accuracy", "max", 10)])
+def test_the_held_out_scores_stop_the_job_at_one_process_s_boundary_through_a_joiner_and_a_restart(
+    tmp_path, _no_orphans, monitor, mode, stops_at
 ):
-    """`Validation(patience=4)`: the job ends at the scored boundary where one process's held-out losses have not
-    improved on the best for four scorings — although a joiner came in (it was not there to count), a kill made the
-    job restart from the checkpoint of step 4 (boundary 4 scored again, counted once), and an addition is scheduled
-    after that boundary (never reached: the driver does not wait for it)."""
+    """`Validation(patience=4)`: the job ends at the scored boundary where one process's held-out loss (or accuracy,
+    higher being better) has not improved on the best for four scorings — although a joiner came in (it was not there
+    to count), a kill made the job restart from the checkpoint of step 4 (boundary 4 scored again, counted once), and
+    an addition is scheduled after that boundary (never reached: the driver does not wait for it)."""
     model = ModelConfig(DIGITS, args={"dtype": "float64", "validate_every": 2, "lr": 0.1, "batch_size": 16,
-                                      "patience": 4})  # fmt: skip
+                                      "patience": 4, "monitor": monitor, "mode": mode})  # fmt: skip
     train, steps = TrainConfig(global_batch=16), 16
     want, count = [], Patience()
     for v in validated(model, train, steps):
         want.append(v)
-        count = count.after(v["step"], v["loss"], patience=4)
+        value = v["loss"] if monitor == "loss" else v["metrics"][monitor]
+        count = count.after(v["step"], value if mode == "min" else -value, patience=4)
         if count.stop_at is not None:
             break
     stop = count.stop_at
-    assert stop is not None and 6 <= stop <= 12, want  # (one process's losses: up, down and up again)
+    # (one process's: the loss up, down and up again — lowest at 0; the accuracy highest at 2 and 4, equal)
+    assert stop == stops_at, want
     events = [{"step": 3, "kind": "add", "workers": 1}, {"step": 3, "kind": "plan", "strategy": [1, 3]},
               {"step": 5, "kind": "kill", "instances": [0]}, {"step": 14, "kind": "add", "workers": 1}]  # fmt: skip
     result = run_job(model, train, 2, (1, 2), steps, events, tmp_path / "job", checkpoint_every=2, timeout_s=120)
     assert [r["kind"] for r in result["reconfigurations"]] == ["pipeline", "checkpoint-restart"]
+    best = pytest.approx(count.best if mode == "min" else -count.best, rel=1e-9)
     assert result["stopped_early"] == {"step": stop, "best_step": count.best_step, "patience": 4, "min_delta": 0.0,
-                                       "best_val_loss": pytest.approx(count.best, rel=1e-9)}  # fmt: skip
+                                       "monitor": monitor, "mode": mode, "best": best}  # fmt: skip
     assert [v["step"] for v in result["validation"]] == [v["step"] for v in want]
     assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-9)
     losses, layers = uninterrupted(model, train, stop)
@@ -268,6 +272,24 @@ def test_the_early_stopping_count_waits_for_patience_scorings_without_a_real_imp
     assert Patience.from_json(count.to_json()) == count and Patience.from_json(Patience().to_json()) == Patience()
     # a resumed job: the best kept beside its checkpoints before the resume point, counted from there
     assert Patience.since({2: 2.5, 4: 2.2, 6: 2.3, 8: 2.1}, before=8) == Patience(at=7, best=2.2, best_step=4)
+
+
+def test_early_stopping_watches_the_monitored_score_in_its_direction_and_a_checkpoint_keeps_every_score(tmp_path):
+    acc = parcae.Validation(HELD, metrics={"accuracy": lambda o, y: (o.argmax(1) == y).sum()}, patience=2,
+                            monitor="accuracy", mode="max")  # fmt: skip
+    scores = {"loss": 2.0, "accuracy": 0.75}
+    assert acc.score(scores) == -0.75 and acc.value(acc.score(scores)) == 0.75  # lower is better, as Patience counts
+    assert parcae.Validation(HELD).score(scores) == 2.0
+    assert acc.problems() == []
+    assert parcae.Validation(HELD, monitor="accuracy").problems() == [
+        "monitor 'accuracy' is neither 'loss' nor one of the metrics []; name the score early stopping watches"
+    ]
+    assert "mode 'best' must be 'min'" in parcae.Validation(HELD, mode="best").problems()[0]
+    # beside a checkpoint: its held-out loss and metrics, which a resumed job's count is seeded from
+    checkpoint.write_val_loss(tmp_path, 4, 2.0, job="job", metrics={"accuracy": 0.75})
+    checkpoint.write_val_loss(tmp_path, 6, 2.1, job="job")  # (a record without metrics: the loss alone)
+    assert checkpoint.val_scores(tmp_path, job="job") == {4: scores, 6: {"loss": 2.1}}
+    assert checkpoint.val_losses(tmp_path, job="job") == {4: 2.0, 6: 2.1}
 
 
 def test_a_job_told_not_to_validate_scores_nothing(tmp_path, _no_orphans):

@@ -429,10 +429,15 @@ def train_cmd(
         last = report["validation"][-1]
         out.print(f"validation loss {last['loss']:.4f}{scores_text(last.get('metrics'))} after {last['step']} steps "
                   f"({len(report['validation'])} validations)", soft_wrap=True)  # fmt: skip
-    if stop := report.get("stopped_early"):  # the held-out loss stopped it (the spec's `Validation.patience`)
+    if stop := report.get("stopped_early"):  # the held-out scores stopped it (the spec's `Validation.patience`)
         on = ("was not a number" if stop["best_step"] is None else
-              f"has not improved on step {stop['best_step']}'s {stop['best_val_loss']:.4f}")  # fmt: skip
-        out.print(f"stopped early at step {stop['step']} of {config.steps}: the validation loss {on} for "
+              f"has not improved on step {stop['best_step']}'s {stop['best']:.4f}")  # fmt: skip
+        what = (
+            "loss"
+            if stop["monitor"] == "loss"
+            else f"{stop['monitor']} ({'higher' if stop['mode'] == 'max' else 'lower'} is better)"
+        )
+        out.print(f"stopped early at step {stop['step']} of {config.steps}: the validation {what} {on} for "
                   f"{stop['patience']} validations (min_delta {stop['min_delta']:g})", soft_wrap=True)  # fmt: skip
     if best := report.get("best_checkpoint"):  # kept by the retention beside the newest
         where = f"parcae export {config.checkpoint.uri or config.checkpoint_dir} --best"

@@ -117,6 +117,7 @@ class Driver:
         # held-out losses kept beside their checkpoints (`_record_val_losses`): each scored boundary's, the complete
         # checkpoints' steps, and the steps whose loss is recorded beside them
         self._scored: dict[int, float] = {}
+        self._metrics: dict[int, dict[str, float]] = {}  # and the spec's own metrics there (`Validation.monitor`)
         self._checkpointed: set[int] = set()
         self._val_recorded: set[int] = set()
         self._lr = spec_of(cfg.model, cfg.train).lr  # the spec's learning rate of each step (None: the optimiser's)
@@ -765,7 +766,7 @@ class Driver:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
             if got.val is not None:  # the held-out scores of boundary s: the parameters step s started from
-                self._scored[s] = got.val["loss"]
+                self._scored[s], self._metrics[s] = got.val["loss"], metrics_of(got.val)
                 self.observer.on_validation(s, got.val["loss"], metrics_of(got.val))
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
                                            time=time.time(), loss_scale=got.scale, skipped=got.skipped,
@@ -775,6 +776,7 @@ class Driver:
         if final and not self._final_validated and (val := c.final_validation()) is not None:
             self._final_validated = True
             self._scored[c.end_step] = val["loss"]  # (a job stopped early has a checkpoint of its final boundary)
+            self._metrics[c.end_step] = metrics_of(val)
             self.observer.on_validation(c.end_step, val["loss"], metrics_of(val))
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
         # step was committed since; and not during a decision, which may claim boundaries
@@ -815,7 +817,8 @@ class Driver:
                 self.committer.record_val(s, loss)
             if checkpoint.find_shards(c.spec.checkpoint_dir, s):
                 try:
-                    checkpoint.write_val_loss(c.spec.checkpoint_dir, s, loss, job=c.spec.job)
+                    checkpoint.write_val_loss(c.spec.checkpoint_dir, s, loss, job=c.spec.job,
+                                              metrics=self._metrics.get(s))  # fmt: skip
                 except OSError as e:
                     c.note({"event": "val-loss-unrecorded", "step": s, "error": f"{type(e).__name__}: {e}"})
                     log.warning("the held-out loss of the checkpoint of step %d is not kept beside it (retention may "

@@ -130,8 +130,9 @@ def run_job(
          and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}, and for a spec with
          `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last] and
          "best_checkpoint": {"step", "val_loss"} of the scored checkpoint with the lowest held-out loss, which
-         retention keeps (None: no checkpoint was scored), and for a job its held-out loss stopped early
-         (`Validation.patience`), "stopped_early": {"step", "best_step", "best_val_loss", "patience", "min_delta"}}
+         retention keeps (None: no checkpoint was scored), and for a job its held-out scores stopped early
+         (`Validation.patience`), "stopped_early": {"step", "best_step", "monitor", "mode", "best", "patience",
+         "min_delta"}}
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
@@ -162,8 +163,10 @@ def run_job(
     _write_job_file(out, config)
     coord = Coordinator(config, token=token, bind=bind)
     scoring = spec_of(model, train_cfg).validation if train_cfg.validate else None
-    if restore and scoring is not None and scoring.patience is not None:  # (the count, from the losses kept)
-        coord.seed_patience(Patience.since(checkpoint.val_losses(ckpt_dir, job=job), restore))
+    if restore and scoring is not None and scoring.patience is not None:  # (the count, from the scores kept)
+        kept = checkpoint.val_scores(ckpt_dir, job=job)
+        coord.seed_patience(Patience.since({s: scoring.score(v) for s, v in kept.items() if scoring.monitor in v},
+                                           restore))  # fmt: skip
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
@@ -313,13 +316,13 @@ def run_job(
 
 
 def stopped_early(end: int, count: Patience | None, held_out: Validation | None) -> dict[str, Any]:
-    """`run_job`'s "stopped_early": the boundary the job ended at, the best held-out loss the count waited on and the
-    settings that stopped it."""
+    """`run_job`'s "stopped_early": the boundary the job ended at, the best monitored held-out score the count waited
+    on and the settings that stopped it."""
     if count is None or held_out is None or count.stop_at != end:
         raise JobError(f"the job ended at step {end}, before its last, but no early stop was counted there")
-    best = count.best if math.isfinite(count.best) else None  # (None: no held-out loss was a number)
-    return {"step": end, "best_step": count.best_step, "best_val_loss": best, "patience": held_out.patience,
-            "min_delta": held_out.min_delta}  # fmt: skip
+    best = held_out.value(count.best) if math.isfinite(count.best) else None  # (None: no score was a number)
+    return {"step": end, "best_step": count.best_step, "monitor": held_out.monitor, "mode": held_out.mode,
+            "best": best, "patience": held_out.patience, "min_delta": held_out.min_delta}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -494,47 +494,64 @@ def val_step(name: str) -> int | None:
     return _step_of(name, _VAL)
 
 
-def val_record(step: int, loss: float, *, job: str) -> bytes:
+def val_record(step: int, loss: float, *, job: str, metrics: Mapping[str, float] | None = None) -> bytes:
     """The held-out loss of the parameters the checkpoint of `step` holds (`TrainSpec.validation` scored at
-    boundary `step`, after the shards were written: so it is a file of its own, not in their hash records)."""
-    return json.dumps({"format": RECORD_FORMAT, "step": step, "job": job, "val_loss": float(loss)}).encode()
+    boundary `step`, after the shards were written: so it is a file of its own, not in their hash records), and the
+    spec's own held-out `metrics` there (what early stopping may watch: `Validation.monitor`)."""
+    rec = {"format": RECORD_FORMAT, "step": step, "job": job, "val_loss": float(loss)}
+    return json.dumps({**rec, **({"metrics": {k: float(v) for k, v in metrics.items()}} if metrics else {})}).encode()
+
+
+def parse_val_scores(data: bytes, step: int, *, job: str | None = None) -> dict[str, float] | None:
+    """The scores `val_record` wrote for `step` (of `job`, if given): "loss" and each metric; None for anything else:
+    a torn, foreign or non-finite record counts as no score (the checkpoint is then kept or pruned as if never
+    scored)."""
+    try:
+        rec = json.loads(data)
+        scores = {"loss": float(rec["val_loss"]), **{str(k): float(v) for k, v in rec.get("metrics", {}).items()}}
+        ok = rec["format"] == RECORD_FORMAT and rec["step"] == step and (job is None or rec["job"] == job)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return scores if ok and math.isfinite(scores["loss"]) else None
 
 
 def parse_val_record(data: bytes, step: int, *, job: str | None = None) -> float | None:
-    """The loss `val_record` wrote for `step` (of `job`, if given), or None for anything else: a torn, foreign or
-    non-finite record counts as no score (the checkpoint is then kept or pruned as if never scored)."""
-    try:
-        rec = json.loads(data)
-        loss = float(rec["val_loss"])
-        ok = rec["format"] == RECORD_FORMAT and rec["step"] == step and (job is None or rec["job"] == job)
-    except (ValueError, TypeError, KeyError):
-        return None
-    return loss if ok and math.isfinite(loss) else None
+    """The loss `val_record` wrote for `step` (`parse_val_scores`)."""
+    scores = parse_val_scores(data, step, job=job)
+    return None if scores is None else scores["loss"]
 
 
-def write_val_loss(directory: str | os.PathLike[str], step: int, loss: float, *, job: str) -> Path:
-    """Record, atomically, the held-out loss of the checkpoint of `step` beside it (the driver does, once both are
-    known): `prune` keeps the best-scored checkpoint by it, across resumes."""
+def write_val_loss(
+    directory: str | os.PathLike[str], step: int, loss: float, *, job: str, metrics: Mapping[str, float] | None = None
+) -> Path:  # fmt: skip
+    """Record, atomically, the held-out loss (and `metrics`) of the checkpoint of `step` beside it (the driver does,
+    once both are known): `prune` keeps the best-scored checkpoint by it, across resumes."""
     path = val_path(directory, step)
-    data = val_record(step, loss, job=job)
+    data = val_record(step, loss, job=job, metrics=metrics)
     _write_atomic(path, lambda f: f.write(data))
     return path
 
 
-def val_losses(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, float]:
-    """The held-out losses recorded in `directory`, by step (unreadable or foreign records left out)."""
+def val_scores(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, dict[str, float]]:
+    """The held-out scores recorded in `directory` ("loss" and each metric), by step (unreadable or foreign records
+    left out)."""
     d = Path(directory)
-    out: dict[int, float] = {}
+    out: dict[int, dict[str, float]] = {}
     for p in d.glob(f"step*{VAL_SUFFIX}") if d.is_dir() else ():
         step = _step_of(p.name, _VAL)
         if step is not None:
             try:
-                loss = parse_val_record(p.read_bytes(), step, job=job)
+                scores = parse_val_scores(p.read_bytes(), step, job=job)
             except OSError:
                 continue
-            if loss is not None:
-                out[step] = loss
+            if scores is not None:
+                out[step] = scores
     return out
+
+
+def val_losses(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, float]:
+    """The held-out losses recorded in `directory`, by step (`val_scores`)."""
+    return {s: scores["loss"] for s, scores in val_scores(directory, job=job).items()}
 
 
 def best_scored(scores: Mapping[int, float]) -> list[int]:

@@ -47,9 +47,11 @@ class Validation:
     them) returning a SUM over the rows — e.g. ``{"accuracy": lambda out, y: (out.argmax(1) == y).sum()}`` — divided
     as the loss is: the mean over the held-out rows (or per counted item).
 
-    `patience`: stop the job early, at the scored boundary where the held-out loss has not improved on the best so far
-    by more than `min_delta` for `patience` scorings in a row (None: train every step). The job's final layers are
-    then that boundary's; the best-scored checkpoint is kept as ever (`--keep-checkpoints`)."""
+    `patience`: stop the job early, at the scored boundary where the monitored score has not improved on the best so
+    far by more than `min_delta` for `patience` scorings in a row (None: train every step). `monitor`: that score,
+    the held-out loss ("loss") or one of `metrics`; `mode`: "min" (lower is better, as a loss) or "max" (higher, as
+    an accuracy). The job's final layers are then that boundary's; the checkpoint with the lowest held-out loss is
+    kept as ever (`--keep-checkpoints`)."""
 
     batch: Callable[[int], tuple[Any, Any]]
     batches: int = 1
@@ -57,16 +59,28 @@ class Validation:
     metrics: Mapping[str, Callable[[Any, Any], Any]] = field(default_factory=dict)
     patience: int | None = None
     min_delta: float = 0.0
+    monitor: str = "loss"
+    mode: str = "min"
 
     @classmethod
     def over(
         cls, dataset: Any, batch_size: int, every: int = 100, metrics: Mapping[str, Callable[[Any, Any], Any]] | None
-        = None, patience: int | None = None, min_delta: float = 0.0,
+        = None, patience: int | None = None, min_delta: float = 0.0, monitor: str = "loss", mode: str = "min",
     ) -> Validation:  # fmt: skip
         """Every item of a map-style `dataset`, in order, `batch_size` rows a batch (the last may hold fewer)."""
         batches = InOrder(dataset, batch_size)
         return cls(batch=batches, batches=len(batches), every=every, metrics=dict(metrics or {}), patience=patience,
-                   min_delta=min_delta)  # fmt: skip
+                   min_delta=min_delta, monitor=monitor, mode=mode)  # fmt: skip
+
+    def score(self, scores: Mapping[str, float]) -> float:
+        """The early-stopping score of a boundary's held-out `scores` ("loss", each metric): the `monitor`ed one,
+        negated under `mode` "max", so that lower is better either way (`Patience` counts on it)."""
+        v = float(scores[self.monitor])
+        return v if self.mode == "min" else -v
+
+    def value(self, score: float) -> float:
+        """The monitored value a `score` stands for (its inverse)."""
+        return score if self.mode == "min" else -score
 
     def due(self, boundary: int, steps: int) -> bool:
         """Whether the boundary before step `boundary` (after `boundary` steps) is scored in a job of `steps` steps."""
@@ -89,8 +103,14 @@ class Validation:
         if not (isinstance(d, (int, float)) and not isinstance(d, bool) and math.isfinite(d) and d >= 0):
             out.append(f"min_delta {d!r} must be a finite number >= 0 (how much lower than the best a held-out loss "
                        "must be to count as an improvement)")  # fmt: skip
+        if self.mode not in ("min", "max"):
+            out.append(f"mode {self.mode!r} must be 'min' (the monitored score improves as it falls, as a loss) or "
+                       "'max' (as it rises, as an accuracy)")  # fmt: skip
         if not isinstance(self.metrics, Mapping):
             return [*out, f"metrics is a {type(self.metrics).__name__}; give a dict of name -> function"]
+        if self.monitor != "loss" and self.monitor not in self.metrics:
+            out.append(f"monitor {self.monitor!r} is neither 'loss' nor one of the metrics {sorted(self.metrics)}; "
+                       "name the score early stopping watches")  # fmt: skip
         for name, fn in self.metrics.items():
             if not (isinstance(name, str) and METRIC_NAME.fullmatch(name)) or name == "loss":
                 out.append(f"metric name {name!r} must be letters, digits and '_' (not 'loss', the loss's own)")
@@ -102,9 +122,10 @@ class Validation:
 
 @dataclass(frozen=True)
 class Patience:
-    """The early-stopping count after the scored boundary `at` (-1: none yet): the lowest held-out loss so far
-    (`best`, at boundary `best_step`), the scorings since that did not improve on it by more than `min_delta`
-    (`waited`), and the boundary where the job stops (`stop_at`, once `waited` reaches the patience)."""
+    """The early-stopping count after the scored boundary `at` (-1: none yet): the lowest score so far (`best`, at
+    boundary `best_step`; `Validation.score`: the monitored held-out score, lower is better), the scorings since that
+    did not improve on it by more than `min_delta` (`waited`), and the boundary where the job stops (`stop_at`, once
+    `waited` reaches the patience)."""
 
     at: int = -1
     best: float = math.inf
@@ -112,20 +133,20 @@ class Patience:
     waited: int = 0
     stop_at: int | None = None
 
-    def after(self, step: int, loss: float, patience: int, min_delta: float = 0.0) -> Patience:
-        """The count once boundary `step` scored `loss`. A boundary already counted (`step <= at`: scored again after
-        a failure, the same parameters) leaves it as it is, so a step redone is never counted twice. A loss that is
+    def after(self, step: int, score: float, patience: int, min_delta: float = 0.0) -> Patience:
+        """The count once boundary `step` scored `score`. A boundary already counted (`step <= at`: scored again after
+        a failure, the same parameters) leaves it as it is, so a step redone is never counted twice. A score that is
         not a number is no improvement."""
         if step <= self.at:
             return self
-        if loss < self.best - min_delta:
-            return Patience(at=step, best=loss, best_step=step)
+        if score < self.best - min_delta:
+            return Patience(at=step, best=score, best_step=step)
         waited = self.waited + 1
         return replace(self, at=step, waited=waited, stop_at=step if waited >= patience else None)
 
     @classmethod
     def since(cls, scored: Mapping[int, float], before: int) -> Patience:
-        """A resumed job's count: the best of the losses kept beside its checkpoints (`scored`, by step) before its
+        """A resumed job's count: the best of the scores kept beside its checkpoints (`scored`, by step) before its
         resume point `before`, counting from there (the scorings between were not kept)."""
         kept = {s: v for s, v in scored.items() if s < before and math.isfinite(v)}
         if not kept:

@@ -549,7 +549,7 @@ class Worker:
         held_out = ctx.spec.validation if job.train.validate else None
         # the held-out scores of this boundary ("loss", each metric), reported with its step (or the final layers)
         val: dict[str, float] | None = None
-        end = job.steps  # (sooner where the held-out loss stops the job early: `_patience`)
+        end = job.steps  # (sooner where the held-out scores stop the job early: `_patience`)
         try:
             while True:
                 decision = self._boundary(self.step)
@@ -568,7 +568,7 @@ class Worker:
                     began = time.time()
                     val = validate(ctx, held_out)  # every member of the epoch, at the same boundaries
                     writer = reporter and ctx.replica == 0  # (one member keeps the count for all)
-                    if held_out.patience is not None and self._patience(val["loss"], held_out, writer):
+                    if held_out.patience is not None and self._patience(held_out.score(val), held_out, writer):
                         end = self.step
                     if self.last_step_end > 0:  # (the next step's cycle time is the step's own, not the validation's)
                         self.last_step_end += time.time() - began
@@ -620,14 +620,15 @@ class Worker:
         close_epoch(ctx.groups)
         self._to(WorkerState.DONE)
 
-    def _patience(self, loss: float, held_out: Validation, writer: bool) -> bool:
+    def _patience(self, score: float, held_out: Validation, writer: bool) -> bool:
         """Whether the job stops at this scored boundary (`Validation.patience`): the count as the store holds it (the
-        latest boundary counted, by whichever member was there), after this boundary's `loss`. Every member computes
-        the same from the same all-reduced loss; the `writer` (the last stage's replica 0) keeps the new count."""
+        latest boundary counted, by whichever member was there), after this boundary's `score` (`Validation.score`).
+        Every member computes the same from the same all-reduced scores; the `writer` (the last stage's replica 0)
+        keeps the new count."""
         assert held_out.patience is not None
         raw = self.store.get_if(keys.PATIENCE)
         count = Patience() if raw is None else Patience.from_json(raw)
-        after = count.after(self.step, loss, held_out.patience, held_out.min_delta)
+        after = count.after(self.step, score, held_out.patience, held_out.min_delta)
         if writer and after is not count:
             self.store.set(keys.PATIENCE, after.to_json())
         return after.stop_at == self.step
