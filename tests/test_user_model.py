@@ -285,6 +285,7 @@ def test_early_stopping_watches_the_monitored_score_in_its_direction_and_a_check
         "monitor 'accuracy' is neither 'loss' nor one of the metrics []; name the score early stopping watches"
     ]
     assert "mode 'best' must be 'min'" in parcae.Validation(HELD, mode="best").problems()[0]
+    assert "monitor ['accuracy'] is neither" in parcae.Validation(HELD, monitor=["accuracy"]).problems()[0]  # type: ignore[arg-type]
     # beside a checkpoint: its held-out loss and metrics, which a resumed job's count is seeded from
     checkpoint.write_val_loss(tmp_path, 4, 2.0, job="job", metrics={"accuracy": 0.75})
     checkpoint.write_val_loss(tmp_path, 6, 2.1, job="job")  # (a record without metrics: the loss alone)

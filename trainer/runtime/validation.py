@@ -108,7 +108,7 @@ class Validation:
                        "'max' (as it rises, as an accuracy)")  # fmt: skip
         if not isinstance(self.metrics, Mapping):
             return [*out, f"metrics is a {type(self.metrics).__name__}; give a dict of name -> function"]
-        if self.monitor != "loss" and self.monitor not in self.metrics:
+        if not isinstance(self.monitor, str) or (self.monitor != "loss" and self.monitor not in self.metrics):
             out.append(f"monitor {self.monitor!r} is neither 'loss' nor one of the metrics {sorted(self.metrics)}; "
                        "name the score early stopping watches")  # fmt: skip
         for name, fn in self.metrics.items():
