@@ -816,19 +816,18 @@ class Coordinator:
                 return {str(k): float(v) for k, v in val.items()}
         return None
 
-    def validations(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> list[tuple[int, dict[str, float]]]:
+    def validations(self, records: Mapping[int, Mapping[str, Any]]) -> list[tuple[int, dict[str, float]]]:
         """(boundary, held-out scores there) in step order, as far as the steps' losses were read (`committed_losses`,
-        `losses`), and the final layers' at the job's last boundary once reported (`final_validation`)."""
+        `losses`), and the final layers' at the job's last boundary, from the members' final `records`."""
         out = sorted(self._validated.items())
         final = self.final_validation(records)
         return out + ([(self.end_step, final)] if final is not None else [])
 
-    def read_end(self, records: Mapping[int, Mapping[str, Any]] | None = None) -> int:
-        """The job's last boundary, once every member of the epoch in force reported its final layers (`records`: read
-        now if not given): the step they ended at (sooner than the job's steps where the held-out loss stopped it
+    def read_end(self, records: Mapping[int, Mapping[str, Any]]) -> int:
+        """The job's last boundary, from the final `records` of every member of the epoch in force
+        (`final_records`): the step they ended at (sooner than the job's steps where the held-out scores stopped it
         early, `Validation.patience`)."""
-        ends = {rec.get("step", self.spec.steps) for rec in (self.final_records() if records is None
-                                                              else records).values()}  # fmt: skip
+        ends = {rec.get("step", self.spec.steps) for rec in records.values()}
         if len(ends) > 1:
             raise RuntimeError(f"the members ended at different steps {sorted(ends)}")
         if ends:

@@ -114,10 +114,9 @@ class Driver:
         self._final_validated = False  # the final layers' held-out loss was delivered to the observers
         self._handoff_s = 0.0  # the longest pause of a migration that moved state so far (`_margin_s`)
         self._schedule_open = False  # `run` applies the schedule: a job that ends early ends it (`TrainingEnded`)
-        # held-out losses kept beside their checkpoints (`_record_val_losses`): each scored boundary's, the complete
-        # checkpoints' steps, and the steps whose loss is recorded beside them
-        self._scored: dict[int, float] = {}
-        self._metrics: dict[int, dict[str, float]] = {}  # and the spec's own metrics there (`Validation.monitor`)
+        # held-out scores kept beside their checkpoints (`_record_val_losses`): each scored boundary's ("loss", the
+        # spec's metrics), the complete checkpoints' steps, and the steps whose scores are recorded beside them
+        self._scored: dict[int, dict[str, float]] = {}
         self._checkpointed: set[int] = set()
         self._val_recorded: set[int] = set()
         self._lr = spec_of(cfg.model, cfg.train).lr  # the spec's learning rate of each step (None: the optimiser's)
@@ -334,7 +333,7 @@ class Driver:
         first = p + 1
         if first >= self.steps:
             return  # the job ends before any boundary: the noticed workers finish it
-        deadline = min(pending[w] for w in members)
+        latest = min(pending[w] for w in members) - self._margin_s(p)  # the last moment to reach the leaving boundary
         if self.planner is not None:
             upcoming = [b for b in self._stops_left if b in self.intervals and b >= first]
             if self._live_at is not None and self._live_at >= first:
@@ -342,13 +341,13 @@ class Driver:
             if upcoming:
                 b = min(upcoming)
                 eta = time.monotonic() + (b - p) * self._step_s(p)
-                if eta <= deadline - self._margin_s(p):
+                if eta <= latest:
                     new = set(members) - self._folding
                     if new:
                         c.note({"event": "notice-folded", "workers": sorted(new), "boundary": b})
                     self._folding |= new
                     return
-            elif (plan := self._next_plan_eta()) is not None and plan <= deadline - self._margin_s(p):
+            elif (plan := self._next_plan_eta()) is not None and plan <= latest:
                 new = set(members) - self._folding  # (a live fleet's next plan, not held yet: decided there)
                 if new:
                     c.note({"event": "notice-folded", "workers": sorted(new), "boundary": None,
@@ -357,7 +356,7 @@ class Driver:
                 return
         # prepared (`control.prepare`): a boundary a step further, if it still comes before the deadline, and the
         # epoch published now, so that the hand-off's groups form while training goes on
-        ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= deadline - self._margin_s(p)
+        ahead = self.prepare and time.monotonic() + (first + 1 - p) * self._step_s(p) <= latest
         s = c.claim(first + 1 if ahead else first)
         if s in self._stops_left or s == self._live_at:
             return  # the boundary of a decision the schedule (or a live plan) makes anyway: the notices fold into it
@@ -766,7 +765,7 @@ class Driver:
             self._deliver_records(upto=s)
             e = self._epoch_of(s)
             if got.val is not None:  # the held-out scores of boundary s: the parameters step s started from
-                self._scored[s], self._metrics[s] = got.val["loss"], metrics_of(got.val)
+                self._scored[s] = dict(got.val)
                 self.observer.on_validation(s, got.val["loss"], metrics_of(got.val))
             self.observer.on_step(StepInfo(step=s, loss=got.loss, strategy=(e.D, e.P), alive=self.alive_at(s),
                                            time=time.time(), loss_scale=got.scale, skipped=got.skipped,
@@ -775,8 +774,7 @@ class Driver:
         self._deliver_records(upto=self._next_step, final=final)
         if final and not self._final_validated and (val := c.final_validation()) is not None:
             self._final_validated = True
-            self._scored[c.end_step] = val["loss"]  # (a job stopped early has a checkpoint of its final boundary)
-            self._metrics[c.end_step] = metrics_of(val)
+            self._scored[c.end_step] = val  # (a job stopped early has a checkpoint of its final boundary)
             self.observer.on_validation(c.end_step, val["loss"], metrics_of(val))
         # boundaries are passed only as steps go on: asked (every member's progress, a request each) only when a
         # step was committed since; and not during a decision, which may claim boundaries
@@ -812,13 +810,13 @@ class Driver:
         todo = sorted((self._scored.keys() & self._checkpointed) - self._val_recorded)
         for s in todo:
             self._val_recorded.add(s)
-            loss = self._scored[s]
+            loss, metrics = self._scored[s]["loss"], metrics_of(self._scored[s])
             if self.committer is not None:
                 self.committer.record_val(s, loss)
             if checkpoint.find_shards(c.spec.checkpoint_dir, s):
                 try:
                     checkpoint.write_val_loss(c.spec.checkpoint_dir, s, loss, job=c.spec.job,
-                                              metrics=self._metrics.get(s))  # fmt: skip
+                                              metrics=metrics)  # fmt: skip
                 except OSError as e:
                     c.note({"event": "val-loss-unrecorded", "step": s, "error": f"{type(e).__name__}: {e}"})
                     log.warning("the held-out loss of the checkpoint of step %d is not kept beside it (retention may "

@@ -100,15 +100,19 @@ def market_capacity(trace: str, max_instances: int, start_interval: int = 0) -> 
 
 @dataclass
 class MarketStep:
-    """What the market did since it last advanced: instances that `booted`, were given notice (`noticed`: each is
-    reclaimed at `deadline[w]`) or reclaimed without one (`killed`), and granted instances reclaimed while still
-    booting (`dropped`: they never ran)."""
+    """What the market did since it last advanced: instances that `booted`, were given notice (`deadline`: each one
+    warned, by the time it is reclaimed) or reclaimed without one (`killed`), and granted instances reclaimed while
+    still booting (`dropped`: they never ran)."""
 
     booted: list[int] = field(default_factory=list)
-    noticed: list[int] = field(default_factory=list)
     killed: list[int] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)
     deadline: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def noticed(self) -> list[int]:
+        """The instances warned (`deadline`'s)."""
+        return sorted(self.deadline)
 
 
 class SpotMarket:
@@ -201,7 +205,6 @@ class SpotMarket:
                     self._doomed[w] = (at, False)
                 else:
                     self._doomed[w] = (at, True)
-                    out.noticed.append(w)
                     out.deadline[w] = at
         for w, (at, warned) in sorted(self._doomed.items()):
             if at <= now:
@@ -282,9 +285,9 @@ class MarketFleet(LocalProcessProvider, Fleet):
             for w in step.booted:
                 self.start_ids([w], w + 1)
                 self._arrived.append(w)
-            for w in step.noticed:  # warned ahead of the fall that reclaims it
+            for w, deadline in step.deadline.items():  # warned ahead of the fall that reclaims it
                 if w in self._joined:
-                    self.preempt([w], max(0.0, step.deadline[w] - now))
+                    self.preempt([w], max(0.0, deadline - now))
                 else:
                     step.killed.append(w)
             self.kill(step.killed)
