@@ -343,9 +343,10 @@ def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tm
     10 s): the noticed member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its
     deadline — told to the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's
     boundary, its layers handed off with no step lost: the uninterrupted run. (It used to leave at a boundary of its
-    own at once.)"""
+    own at once.) Enough steps that the job still trains when the member leaves (about 13 s in): 200 steps once
+    ended in 12 s on a fast machine; with 360 the test took 68 s on this 2-core one."""
     (tmp_path / "capacity.csv").write_text("0,3\n1080000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
-    steps, planner = 200, EveryInstanceAStage()
+    steps, planner = 360, EveryInstanceAStage()
     config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3, model=CFG,
                         options={"seed": 0, "kill_fraction": 0.0, "notice_s": 8.0})  # fmt: skip
     config = dataclasses.replace(config, control=dataclasses.replace(config.control, notice_grace_s=8.0))
