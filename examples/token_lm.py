@@ -54,7 +54,8 @@ class Head(nn.Module):
 def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, token_dtype: str = "uint8",
          hidden: int = 64, heads: int = 4, blocks: int = 2, batch_size: int = 16, lr: float = 3e-3,
          dtype: str = "float32", seed: int = 0, holdout: float = 0.1, validate_every: int = 50,
-         patience: int | None = None) -> parcae.TrainSpec:  # fmt: skip
+         patience: int | None = None, min_delta: float = 0.0, monitor: str = "loss",
+         mode: str = "min") -> parcae.TrainSpec:  # fmt: skip
     windows = parcae.TokenWindows(tokens, block_size, dtype=token_dtype)
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
@@ -71,8 +72,10 @@ def spec(tokens: str = "README.md", block_size: int = 32, vocab: int = 256, toke
     # the held-out windows: their loss, and the share of next tokens the model ranks first
     rest = Subset(windows, range(len(train), len(windows)))
     metrics = {"next_token_accuracy": next_token}
-    # (`patience`: stop once the held-out loss stops improving)
-    held_out = (parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics, patience=patience)
+    # (`patience`: stop once the held-out loss stops improving — or the score `monitor` names, in its `mode`: e.g.
+    # "next_token_accuracy", "max"; the best checkpoint is picked by the same score)
+    held_out = (parcae.Validation.over(rest, 64, every=validate_every, metrics=metrics, patience=patience,
+                                       min_delta=min_delta, monitor=monitor, mode=mode)
                 if held else None)  # fmt: skip
     return parcae.TrainSpec(
         layers=[

@@ -208,7 +208,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "loss_last": float(loss[-1]) if loss else None,
         # a spec with `validation`: the final layers' held-out loss (every scored boundary's: MLflow's val_loss)
         "val_loss_last": float(report["validation"][-1]["loss"]) if report.get("validation") else None,
-        "best_checkpoint": report.get("best_checkpoint"),  # {"step", "val_loss"}: kept by the retention
+        "best_checkpoint": report.get("best_checkpoint"),  # {"step", "val_loss", "monitor", ...}: kept by retention
         "stopped_early": report.get("stopped_early"),  # {"step", "best_step", ...}: the held-out loss stopped it
         "samples_per_s": float(report["throughput"]["samples_per_s"]),
         "migrations": kinds,
@@ -247,6 +247,8 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
     """A Prefect markdown artifact (key ``training-summary-<model>-<trace>``, the job's other artifact keys' ending:
     each job of that model and trace is a new version of it, no longer of one key for every job) of a finished
     training job; returns `train_summary`."""
+    from trainer import score_text
+
     s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
     rows = [f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())]
     resumed = f" (resumed from step {s['resumed_from']})" if s["resumed_from"] is not None else ""
@@ -256,7 +258,11 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
         [
             f"## Training: {s['steps']} steps{resumed}, loss {s['loss_first']:.4f} -> {s['loss_last']:.4f}"
             + (f", validation loss {s['val_loss_last']:.4f}" if s["val_loss_last"] is not None else "")
-            + (f" (best checkpoint: step {b['step']}, {b['val_loss']:.4f})" if (b := s["best_checkpoint"]) else "")
+            + (
+                f" (best checkpoint: step {b['step']}, {score_text(b['monitor'], b['value'], b['val_loss'])})"
+                if (b := s["best_checkpoint"])
+                else ""
+            )
             + (f"; stopped early at step {e['step']} (patience {e['patience']})" if (e := s["stopped_early"]) else ""),
             "",
             f"{s['samples_per_s']:.1f} samples/s; {s['plans']} plans by `{s['planner']}` "

@@ -18,8 +18,9 @@ import torch
 
 from trainer.config import model_config
 from trainer.runtime import checkpoint
-from trainer.runtime.checkpoint import CheckpointError
+from trainer.runtime.checkpoint import CheckpointError, HeldOut
 from trainer.runtime.model import layer_names
+from trainer.runtime.validation import Monitor
 
 CFG = model_config("tiny-gpt")
 NAMES = layer_names(CFG)  # embed, block.0..3, head
@@ -298,13 +299,13 @@ def test_prune_keeps_the_best_scored_intact_checkpoint_beside_the_newest(tmp_pat
     for s in (10, 20, 30, 40, 50):
         write_step(tmp_path, s)
     for s, loss in ((10, 0.4), (20, 0.3), (30, 0.3), (40, 0.2), (50, 0.6)):  # 30 ties 20: not an improvement
-        checkpoint.write_val_loss(tmp_path, s, loss, job=JOB)
-    checkpoint.write_val_loss(tmp_path, 5, 0.1, job=JOB)  # a score whose checkpoint is gone
+        checkpoint.write_held_out(tmp_path, s, HeldOut({"loss": loss}), job=JOB)
+    checkpoint.write_held_out(tmp_path, 5, HeldOut({"loss": 0.1}), job=JOB)  # a score whose checkpoint is gone
     (tmp_path / "step00000060.val.json").write_text("{torn")  # unreadable: as if never scored
     flip(checkpoint.shard_path(tmp_path, 40, 1))  # the best-scored one is corrupt: the next best is kept
     assert checkpoint.val_losses(tmp_path, job=JOB) == {5: 0.1, 10: 0.4, 20: 0.3, 30: 0.3, 40: 0.2, 50: 0.6}
     assert checkpoint.val_losses(tmp_path, job="job-b") == {}
-    assert checkpoint.best_validated(tmp_path, NAMES, job=JOB) == (20, 0.3)
+    assert checkpoint.best_validated(tmp_path, NAMES, job=JOB) == (20, HeldOut({"loss": 0.3}))
 
     gone = {p.name for p in checkpoint.prune(tmp_path, 1, layers=NAMES, job=JOB)}
     files = {f"step{s:08d}.{f}" for s in (10, 30, 40) for f in ("stage0.pt", "stage1.pt", "stage0.sha256",
@@ -326,6 +327,40 @@ def test_prune_keeps_the_best_scored_intact_checkpoint_beside_the_newest(tmp_pat
         p.unlink()
     with pytest.raises(CheckpointError, match=r"no intact checkpoint has a held-out loss beside it"):
         export_state_dict(tmp_path, best=True)
+
+
+def test_the_best_checkpoint_is_the_best_by_the_validation_s_monitor_in_its_direction(tmp_path):
+    """A job that watches its accuracy (higher is better) keeps and exports the checkpoint with the highest one, not
+    the lowest loss; the newest record's monitor ranks them (a resume may watch another score)."""
+    from typer.testing import CliRunner
+
+    from parcae.cli import app
+    from trainer import export_state_dict
+
+    for s in (10, 20, 30):
+        write_step(tmp_path, s)
+    accuracy = Monitor("accuracy", "max")
+    for s, loss, acc in ((10, 0.3, 0.80), (20, 0.4, 0.90), (30, 0.5, 0.85)):
+        checkpoint.write_held_out(tmp_path, s, HeldOut({"loss": loss, "accuracy": acc}, accuracy), job=JOB)
+    assert checkpoint.best_validated(tmp_path, NAMES, job=JOB) == (
+        20,
+        HeldOut({"loss": 0.4, "accuracy": 0.9}, accuracy),
+    )
+    assert checkpoint.best_scored(checkpoint.held_out(tmp_path, job=JOB)) == [20, 30, 10]
+    assert {p.name for p in checkpoint.prune(tmp_path, 1, layers=NAMES, job=JOB)} == {
+        f"step00000010.{f}" for f in ("stage0.pt", "stage1.pt", "stage0.sha256", "stage1.sha256", "val.json")
+    }
+    best = export_state_dict(tmp_path, best=True)
+    assert (best.step, best.val_loss, best.held_out.value) == (20, 0.4, 0.9)
+    res = CliRunner().invoke(app, ["export", str(tmp_path), "--best", "--out", str(tmp_path / "best.pt")])
+    assert res.exit_code == 0 and "step 20, validation accuracy 0.9000, loss 0.4000)" in res.output, res.output
+    # the newest record ranks by the loss (a record written before monitors were kept does too): the lowest loss
+    (tmp_path / "step00000030.val.json").write_text(json.dumps({"format": 1, "step": 30, "job": JOB, "val_loss": 0.35}))
+    assert checkpoint.best_scored(checkpoint.held_out(tmp_path, job=JOB)) == [30, 20]
+    # a record that lacks its own monitored score, or has no known mode, counts as no score
+    for bad in ({"monitor": "accuracy"}, {"mode": "best"}):
+        record = {"format": 1, "step": 30, "job": JOB, "val_loss": 0.35, **bad}
+        assert checkpoint.parse_held_out(json.dumps(record).encode(), 30) is None
 
 
 def test_prune_removes_nothing_without_an_intact_checkpoint(tmp_path):

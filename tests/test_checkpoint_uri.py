@@ -19,6 +19,7 @@ from parcae.cli import app
 from trainer import export_from_uri, export_state_dict
 from trainer.config import TrainConfig, model_config
 from trainer.runtime import checkpoint
+from trainer.runtime.checkpoint import HeldOut
 from trainer.runtime.checkpoint_mirror import (
     FileMirror,
     MirrorError,
@@ -61,10 +62,11 @@ def protocol(mirror, local: Path, fresh: Path) -> None:
     with pytest.raises(MirrorError, match="not a complete checkpoint"):
         mirror.upload_step(local, 50)
     # held-out losses beside the steps: the best-scored complete step outlives the retention
-    mirror.record_val(20, 0.5, job="job")
-    mirror.record_val(30, 0.7, job="job")
-    mirror.record_val(40, 0.1, job="job")  # (40 is not complete at the URI: no manifest)
-    assert mirror.best_validated(job="job") == (20, 0.5) and mirror.best_validated(job="another") is None
+    mirror.record_val(20, HeldOut({"loss": 0.5}), job="job")
+    mirror.record_val(30, HeldOut({"loss": 0.7}), job="job")
+    mirror.record_val(40, HeldOut({"loss": 0.1}), job="job")  # (40 is not complete at the URI: no manifest)
+    assert mirror.best_validated(job="job") == (20, HeldOut({"loss": 0.5}))
+    assert mirror.best_validated(job="another") is None
     write_checkpoint(local, 50)
     mirror.upload_step(local, 50)
     assert mirror.prune(1, job="job") == [30] and mirror.steps() == [50, 20]
@@ -123,7 +125,7 @@ def test_bad_uris_and_a_failed_upload_are_said(tmp_path):
 
     committer = StepCommitter(Refusing(tmp_path / "ro", "file://ro"))
     committer.submit(10, {"step00000010.stage0.pt": 1}, {"step00000010.stage0.pt": ["wte"]})
-    committer.record_val(10, 0.5)
+    committer.record_val(10, HeldOut({"loss": 0.5}))
     committer.close()
     assert committer.uploaded == [] and "access denied" in committer.errors[0]
     assert committer.errors[1].startswith("step 10 (its held-out loss): PermissionError")
@@ -141,10 +143,10 @@ def test_the_committer_keeps_the_best_scored_step_at_the_uri_as_the_losses_come(
         for p in checkpoint.step_files(local, step):
             mirror.put(p.name, p)
         committer.submit(step, files, checkpoint.shard_layers(local, step))
-        committer.record_val(step, loss)
+        committer.record_val(step, HeldOut({"loss": loss}))
     committer.close()
     assert committer.errors == [] and committer.uploaded == [10, 20, 30] and pruned == [10, 10, 20, 20, 30, 30]
-    assert mirror.steps() == [30, 20] and mirror.best_validated(job="job") == (20, 0.4)
+    assert mirror.steps() == [30, 20] and mirror.best_validated(job="job") == (20, HeldOut({"loss": 0.4}))
 
 
 def test_a_worker_loads_its_layers_from_its_disk_or_fetches_them_from_the_uri(tmp_path):

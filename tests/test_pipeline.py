@@ -348,7 +348,8 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     assert sorted(m.step for m in accuracy) == [0, 4, 8] and all(0 <= m.value <= 1 for m in accuracy)
     assert summary["val_loss_last"] == pytest.approx(max(held_out, key=lambda m: m.step).value)
     # the one checkpoint (step 4) was scored: it is the best one, and MLflow has the run's lowest held-out loss
-    assert summary["best_checkpoint"] == {"step": 4, "val_loss": next(m.value for m in held_out if m.step == 4)}
+    at_4 = next(m.value for m in held_out if m.step == 4)
+    assert summary["best_checkpoint"] == {"step": 4, "val_loss": at_4, "monitor": "loss", "mode": "min", "value": at_4}
     best = min(held_out, key=lambda m: (m.value, m.step))
     ended = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
     assert (ended["best_val_loss"], ended["best_val_step"]) == (best.value, best.step)

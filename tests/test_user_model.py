@@ -44,6 +44,7 @@ from trainer import (
 )
 from trainer.observe.observer import RecordingObserver
 from trainer.observe.tracking import start_params
+from trainer.runtime.validation import Monitor
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS = f"{ROOT / 'examples' / 'digits_cnn.py'}:spec"
@@ -120,7 +121,9 @@ def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migrat
     # the checkpoints of steps 3, 6, 9 and 12 were scored: the best-scored one is kept beside the newest, and named
     scored = {v["step"]: v["loss"] for v in report["validation"] if v["step"] in (3, 6, 9, 12)}
     best = min(scored, key=lambda s: (scored[s], s))
-    assert report["best_checkpoint"] == {"step": best, "val_loss": pytest.approx(scored[best], rel=1e-12)}
+    held = pytest.approx(scored[best], rel=1e-12)
+    assert report["best_checkpoint"] == {"step": best, "val_loss": held, "monitor": "loss", "mode": "min",
+                                         "value": held}  # fmt: skip
     assert checkpoint.checkpoint_steps(out / "checkpoints") == sorted({12, best}, reverse=True)
     assert f"best checkpoint: step {best}, validation loss {scored[best]:.4f} (parcae export " in res.output
     res = CliRunner().invoke(app, ["export", str(out / "checkpoints"), "--best", "--out", str(tmp_path / "best.pt")])
@@ -182,7 +185,8 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     scored = {v["step"]: v["loss"] for v in result["validation"] if v["step"] in (2, 4)}
     assert checkpoint.val_losses(tmp_path / "job" / "checkpoints", job="job") == scored
     best = min(scored, key=lambda s: (scored[s], s))
-    assert result["best_checkpoint"] == {"step": best, "val_loss": scored[best]}
+    assert result["best_checkpoint"] == {"step": best, "val_loss": scored[best], "monitor": "loss", "mode": "min",
+                                         "value": scored[best]}  # fmt: skip
     # the observers had each before the step that starts from it, the final layers' last
     order = [(h, a if h == "validation" else a.step) for h, a in seen.calls if h in ("validation", "step")]
     assert [s for h, s in order if h == "validation"] == [(v["step"], v["loss"]) for v in result["validation"]]
@@ -217,7 +221,9 @@ def test_the_best_scored_checkpoint_outlives_the_retention_of_a_resumed_job(tmp_
     want = {v["step"]: v["loss"] for v in validated(model, train, 10)}
     assert scored == pytest.approx({s: want[s] for s in (2, 4, 6, 8)}, rel=1e-9)
     assert min(scored, key=scored.__getitem__) == 4, scored  # (one process's losses: 2.344, 2.309, 2.319, 2.324)
-    assert again["resumed_from"] == 6 and again["best_checkpoint"] == {"step": 4, "val_loss": scored[4]}
+    assert again["resumed_from"] == 6
+    assert again["best_checkpoint"] == {"step": 4, "val_loss": scored[4], "monitor": "loss", "mode": "min",
+                                        "value": scored[4]}  # fmt: skip
     assert checkpoint.checkpoint_steps(ckpt) == [8, 6, 4]  # the newest two, and the best
     assert checkpoint.val_losses(ckpt, job="job") == {s: scored[s] for s in (4, 6, 8)}
 
@@ -234,10 +240,16 @@ def test_the_held_out_scores_stop_the_job_at_one_process_s_boundary_through_a_jo
                                       "patience": 4, "monitor": monitor, "mode": mode})  # fmt: skip
     train, steps = TrainConfig(global_batch=16), 16
     want, count = [], Patience()
+
+    def watched(v):
+        return v["loss"] if monitor == "loss" else v["metrics"][monitor]
+
+    def count_score(v):  # lower is better, as Patience counts
+        return watched(v) if mode == "min" else -watched(v)
+
     for v in validated(model, train, steps):
         want.append(v)
-        value = v["loss"] if monitor == "loss" else v["metrics"][monitor]
-        count = count.after(v["step"], value if mode == "min" else -value, patience=4)
+        count = count.after(v["step"], count_score(v), patience=4)
         if count.stop_at is not None:
             break
     stop = count.stop_at
@@ -252,6 +264,12 @@ def test_the_held_out_scores_stop_the_job_at_one_process_s_boundary_through_a_jo
                                        "monitor": monitor, "mode": mode, "best": best}  # fmt: skip
     assert [v["step"] for v in result["validation"]] == [v["step"] for v in want]
     assert [v["loss"] for v in result["validation"]] == pytest.approx([v["loss"] for v in want], rel=1e-9)
+    # the best checkpoint by the same score in the same direction (a checkpoint every 2 steps, each scored)
+    kept = {v["step"]: v for v in want if v["step"] > 0}
+    top = min(kept, key=lambda s: (count_score(kept[s]), s))
+    assert result["best_checkpoint"] == {"step": top, "val_loss": pytest.approx(kept[top]["loss"], rel=1e-9),
+                                         "monitor": monitor, "mode": mode,
+                                         "value": pytest.approx(watched(kept[top]), rel=1e-9)}  # fmt: skip
     losses, layers = uninterrupted(model, train, stop)
     assert result["loss"] == pytest.approx(losses, rel=1e-9)  # the steps before the boundary, and none after
     assert_same_parameters(tmp_path / "job" / "layers", stop, model, layers, rtol=1e-9)  # its final layers
@@ -287,9 +305,10 @@ def test_early_stopping_watches_the_monitored_score_in_its_direction_and_a_check
     assert "mode 'best' must be 'min'" in parcae.Validation(HELD, mode="best").problems()[0]
     assert "monitor ['accuracy'] is neither" in parcae.Validation(HELD, monitor=["accuracy"]).problems()[0]  # type: ignore[arg-type]
     # beside a checkpoint: its held-out loss and metrics, which a resumed job's count is seeded from
-    checkpoint.write_val_loss(tmp_path, 4, 2.0, job="job", metrics={"accuracy": 0.75})
-    checkpoint.write_val_loss(tmp_path, 6, 2.1, job="job")  # (a record without metrics: the loss alone)
-    assert checkpoint.val_scores(tmp_path, job="job") == {4: scores, 6: {"loss": 2.1}}
+    checkpoint.write_held_out(tmp_path, 4, checkpoint.HeldOut(scores, acc.watched), job="job")
+    checkpoint.write_held_out(tmp_path, 6, checkpoint.HeldOut({"loss": 2.1}), job="job")  # (the loss alone)
+    assert checkpoint.held_out(tmp_path, job="job") == {4: checkpoint.HeldOut(scores, Monitor("accuracy", "max")),
+                                                        6: checkpoint.HeldOut({"loss": 2.1})}  # fmt: skip
     assert checkpoint.val_losses(tmp_path, job="job") == {4: 2.0, 6: 2.1}
 
 

@@ -67,7 +67,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("StepSampler", "TokenWindows", "shard"), "trainer.runtime.data"),
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     **dict.fromkeys(("LossScaleError", "LossScaling"), "trainer.runtime.loss_scale"),
-    **dict.fromkeys(("Patience", "Validation"), "trainer.runtime.validation"),
+    **dict.fromkeys(("Patience", "Validation", "score_text"), "trainer.runtime.validation"),
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -278,6 +278,7 @@ if TYPE_CHECKING:
     from trainer.runtime.trainspec import load_spec as load_spec
     from trainer.runtime.validation import Patience as Patience
     from trainer.runtime.validation import Validation as Validation
+    from trainer.runtime.validation import score_text as score_text
 
 __all__ = sorted([*_HOMES, "check_aws_credentials"])
 

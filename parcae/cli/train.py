@@ -402,7 +402,7 @@ def train_cmd(
     check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
     if json_out is not None:
         check_writable(json_out, "--json report")
-    from trainer import ObserverList, StepTimeline
+    from trainer import ObserverList, StepTimeline, score_text
 
     timeline = StepTimeline()
     try:
@@ -441,8 +441,8 @@ def train_cmd(
                   f"{stop['patience']} validations (min_delta {stop['min_delta']:g})", soft_wrap=True)  # fmt: skip
     if best := report.get("best_checkpoint"):  # kept by the retention beside the newest
         where = f"parcae export {config.checkpoint.uri or config.checkpoint_dir} --best"
-        out.print(f"best checkpoint: step {best['step']}, validation loss {best['val_loss']:.4f} ({where})",
-                  soft_wrap=True)  # fmt: skip
+        score = score_text(best["monitor"], best["value"], best["val_loss"])
+        out.print(f"best checkpoint: step {best['step']}, {score} ({where})", soft_wrap=True)
     if "loss_scale" in report:  # float16: the steps it skipped (many: a scale or a learning rate to look at)
         scaled = report["loss_scale"]
         out.print(f"loss scale {scaled['final']:g} at the end; {len(scaled['skipped_steps'])} of {len(loss)} steps "
@@ -743,7 +743,9 @@ def export_cmd(
     best: Annotated[
         bool,
         typer.Option(
-            "--best", help="Export the checkpoint with the lowest held-out loss (a job whose spec validates)."
+            "--best",
+            help="Export the checkpoint with the best held-out score (a job whose spec validates: the "
+            "lowest loss, or its validation's monitor).",
         ),
     ] = False,
 ) -> None:
@@ -751,7 +753,7 @@ def export_cmd(
     the spec's layers outside parcae (the optimiser state stays in parcae's checkpoints)."""
     from botocore.exceptions import BotoCoreError, ClientError
 
-    from trainer import SpecError, checkpoint, export_from_uri, export_state_dict, write_state_dict
+    from trainer import SpecError, checkpoint, export_from_uri, export_state_dict, score_text, write_state_dict
 
     if out.suffix not in (".pt", ".safetensors"):
         raise UserError(f"--out: {str(out)!r} must end in .pt or .safetensors")
@@ -770,6 +772,7 @@ def export_cmd(
     except ValueError as exc:
         raise UserError(str(exc)) from None
     n = sum(t.numel() for t in exported.state.values())
-    val = "" if exported.val_loss is None else f", validation loss {exported.val_loss:.4f}"
+    held = exported.held_out
+    val = "" if held is None else f", {score_text(held.monitor.name, held.value, held.loss)}"
     stdout().print(f"wrote {out}: {len(exported.state)} tensors, {n:,} parameters of {exported.model} (job "
                    f"{exported.job!r}, step {exported.step}{val})", soft_wrap=True)  # fmt: skip

@@ -34,7 +34,7 @@ from trainer.runtime.checkpoint_mirror import StepCommitter
 from trainer.runtime.migration import PlanError, recovery_strategy
 from trainer.runtime.model import layer_names, spec_of
 from trainer.runtime.model import n_layers as layer_count
-from trainer.runtime.validation import metrics_of
+from trainer.runtime.validation import Monitor, metrics_of
 from trainer.runtime.worker import EXIT_DONE, EXIT_PREEMPTED, EXIT_RESTART, EXIT_TOKEN
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,10 @@ class Driver:
         self._scored: dict[int, dict[str, float]] = {}
         self._checkpointed: set[int] = set()
         self._val_recorded: set[int] = set()
-        self._lr = spec_of(cfg.model, cfg.train).lr  # the spec's learning rate of each step (None: the optimiser's)
+        spec = spec_of(cfg.model, cfg.train)
+        self._lr = spec.lr  # the spec's learning rate of each step (None: the optimiser's)
+        # what ranks the scored checkpoints (kept beside each: retention and `parcae export --best` read it there)
+        self._monitor = spec.validation.watched if spec.validation is not None else Monitor()
         # (request, decision, details, seconds) of the planner asked a step before a boundary (`plan_ahead`)
         self._planned_ahead: tuple[PlanRequest, tuple[int, int], Mapping[str, Any], float] | None = None
         # observers
@@ -802,21 +805,20 @@ class Driver:
             self._checkpointed.add(step)
 
     def _record_val_losses(self) -> bool:
-        """Keep the held-out loss of each complete checkpoint beside it once both are known (on this disk where it
+        """Keep the held-out scores of each complete checkpoint beside it once both are known (on this disk where it
         holds the shards, at the checkpoint URI after its manifest): retention keeps the best-scored checkpoint by
-        it, and `parcae export --best` exports it, across resumes. A loss that cannot be written is logged; the
+        them, and `parcae export --best` exports it, across resumes. A loss that cannot be written is logged; the
         checkpoint is then kept or pruned as if never scored. Returns whether any was recorded."""
         c = self.coord
         todo = sorted((self._scored.keys() & self._checkpointed) - self._val_recorded)
         for s in todo:
             self._val_recorded.add(s)
-            loss, metrics = self._scored[s]["loss"], metrics_of(self._scored[s])
+            held = checkpoint.HeldOut(self._scored[s], self._monitor)
             if self.committer is not None:
-                self.committer.record_val(s, loss)
+                self.committer.record_val(s, held)
             if checkpoint.find_shards(c.spec.checkpoint_dir, s):
                 try:
-                    checkpoint.write_val_loss(c.spec.checkpoint_dir, s, loss, job=c.spec.job,
-                                              metrics=metrics)  # fmt: skip
+                    checkpoint.write_held_out(c.spec.checkpoint_dir, s, held, job=c.spec.job)
                 except OSError as e:
                     c.note({"event": "val-loss-unrecorded", "step": s, "error": f"{type(e).__name__}: {e}"})
                     log.warning("the held-out loss of the checkpoint of step %d is not kept beside it (retention may "

@@ -129,8 +129,9 @@ def run_job(
          state transitions}, "exit_codes": {worker id: code of its last process}, "wall_s": seconds,
          and, for a job that scales its loss (float16), "loss_scale": {"final", "skipped_steps"}, and for a spec with
          `validation`, "validation": [{"step", "loss"} of each boundary scored, the final layers' last] and
-         "best_checkpoint": {"step", "val_loss"} of the scored checkpoint with the lowest held-out loss, which
-         retention keeps (None: no checkpoint was scored), and for a job its held-out scores stopped early
+         "best_checkpoint": {"step", "val_loss", "monitor", "mode", "value"} of the scored checkpoint with the
+         best held-out score (`Validation.monitor`, the loss by default), which retention keeps (None: no checkpoint
+         was scored), and for a job its held-out scores stopped early
          (`Validation.patience`), "stopped_early": {"step", "best_step", "monitor", "mode", "best", "patience",
          "min_delta"}}
     """
@@ -164,9 +165,9 @@ def run_job(
     coord = Coordinator(config, token=token, bind=bind)
     scoring = spec_of(model, train_cfg).validation if train_cfg.validate else None
     if restore and scoring is not None and scoring.patience is not None:  # (the count, from the scores kept)
-        kept = checkpoint.val_scores(ckpt_dir, job=job)
-        coord.seed_patience(Patience.since({s: scoring.score(v) for s, v in kept.items() if scoring.monitor in v},
-                                           restore))  # fmt: skip
+        kept = {**checkpoint.held_out(ckpt_dir, job=job), **(mirror.held_out(job=job) if mirror is not None else {})}
+        coord.seed_patience(Patience.since({s: scoring.score(r.scores) for s, r in kept.items()
+                                            if scoring.monitor in r.scores}, restore))  # fmt: skip
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
@@ -213,6 +214,7 @@ def run_job(
         "interval_seconds": config.availability.interval_seconds, "profile": config.planning.profile,
         "steps_per_interval": start.steps_per_interval, "notice_grace_s": config.control.notice_grace_s,
         "config": config.to_dict(),
+        **({"val_monitor": scoring.monitor, "val_mode": scoring.mode} if scoring is not None else {}),
     }  # fmt: skip
     fleet, history = None, None
     try:
@@ -293,7 +295,7 @@ def run_job(
         if "validation" in result:  # the checkpoint retention keeps beside the newest (`checkpoint.best_validated`)
             best = (mirror.best_validated(job=job) if mirror is not None
                     else checkpoint.best_validated(ckpt_dir, layer_names(model), job=job))  # fmt: skip
-            result["best_checkpoint"] = None if best is None else {"step": best[0], "val_loss": best[1]}
+            result["best_checkpoint"] = None if best is None else best_checkpoint(*best)
         if end < steps:  # the held-out loss stopped it (`Validation.patience`): where, and on which best
             result["stopped_early"] = stopped_early(end, coord.patience(), scoring)
         if fleet is not None:
@@ -323,6 +325,12 @@ def stopped_early(end: int, count: Patience | None, held_out: Validation | None)
     best = held_out.value(count.best) if math.isfinite(count.best) else None  # (None: no score was a number)
     return {"step": end, "best_step": count.best_step, "monitor": held_out.monitor, "mode": held_out.mode,
             "best": best, "patience": held_out.patience, "min_delta": held_out.min_delta}  # fmt: skip
+
+
+def best_checkpoint(step: int, held: checkpoint.HeldOut) -> dict[str, Any]:
+    """`run_job`'s "best_checkpoint": the step, its held-out loss, and the score that made it the best."""
+    return {"step": step, "val_loss": held.loss, "monitor": held.monitor.name, "mode": held.monitor.mode,
+            "value": held.value}  # fmt: skip
 
 
 @dataclasses.dataclass(frozen=True)

@@ -194,14 +194,14 @@ def _read_weights(weights: str) -> dict[str, torch.Tensor]:
 def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = None, token_dtype: str = "uint16",
          block_size: int = 32, weights: str | None = None, lr: float = 3e-4, dtype: str = "float32",
          data_seed: int = 0, autocast: str | None = None, holdout: float = 0.0, validate_every: int = 100,
-         patience: int | None = None, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
+         patience: int | None = None, min_delta: float = 0.0, *, train: TrainConfig) -> TrainSpec:  # fmt: skip
     """A decoder from `config` (a dict with "model_type", or a local folder; default `TINY_LLAMA`), trained on
     next-token windows of `block_size` from a `tokens` file (default: the bundled character corpus),
     `train.global_batch` windows per step, AdamW at `lr`; `weights` starts from a local safetensors checkpoint
     instead of random weights; `autocast` "bfloat16" or "float16" (a V100's: the loss is then scaled) runs the
     layers under torch.autocast; `holdout` (a share, e.g. 0.05): the last windows are never trained on, and their
     mean loss is measured every `validate_every` steps and at the end; with `patience`, the job stops once it has not
-    improved for that many measurements (`Validation.patience`)."""
+    improved by more than `min_delta` for that many measurements (`Validation.patience`)."""
     if not 0 <= holdout < 1:
         raise ValueError(f"holdout {holdout!r} must be a share of the windows in [0, 1)")
     cfg = load_config(TINY_LLAMA if config is None else config)
@@ -252,6 +252,7 @@ def spec(config: Mapping[str, Any] | str | None = None, tokens: str | None = Non
             train.global_batch,
             every=validate_every,
             patience=patience,
+            min_delta=min_delta,
         )
         if held
         else None,

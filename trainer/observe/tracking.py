@@ -18,8 +18,9 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              per plan, at its step: planned_D, planned_P, plan_decision_ms; at the end (summaries, one value
              each, at step 0, which MLflow charts as bars): final_loss, mean_samples_per_s, wall_s,
              reconfigurations, migrations_<kind> (e.g. migrations_intra_stage), total_pause_s, max_pause_s,
-             total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows), best_val_loss and
-             best_val_step (a validating job's lowest held-out loss, resumes included), stopped_early_step (a
+             total_steps_lost, total_bytes_moved, skipped_steps (a float16 job's overflows), best_val_<monitor>
+             and best_val_step (a validating job's best monitored held-out score, `Validation.monitor`: best_val_loss
+             by default; resumes included), stopped_early_step (a
              job its held-out loss stopped early, `Validation.patience`); resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
              overflowed). Each migration's own values are a row of the migrations table, not a step metric.
@@ -75,6 +76,7 @@ from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.timeline import StepTimeline, expected_available, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
+from trainer.runtime.validation import Monitor  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -593,7 +595,7 @@ class MlflowJobObserver(JobObserver):
         with self._sender.lock:
             records, timeline, last, first = list(self._records), dict(self._timeline.steps), self._last, self._first
             skipped = None if self._skipped is None else len(self._skipped)
-            validated = self._validated
+            validated, info = self._validated, dict(self._info or {})
             checkpoints = list(self._timeline.checkpoints)
             gb = self._global_batch
         try:
@@ -623,11 +625,12 @@ class MlflowJobObserver(JobObserver):
                 metrics["wall_s"] = float(result["wall_s"])
             if skipped is not None:
                 metrics["skipped_steps"] = float(skipped)
-            if validated:  # the lowest held-out loss of the run, its resumes' included (MLflow holds every one)
-                held_out = client.get_metric_history(run_id, "val_loss")
+            if validated:  # the best monitored held-out score of the run, its resumes' included (MLflow holds all)
+                watched = Monitor(str(info.get("val_monitor", "loss")), str(info.get("val_mode", "min")))
+                held_out = client.get_metric_history(run_id, f"val_{watched.name}")
                 if held_out:
-                    best = min(held_out, key=lambda m: (m.value, m.step))
-                    metrics["best_val_loss"], metrics["best_val_step"] = float(best.value), float(best.step)
+                    best = min(held_out, key=lambda m: (watched.score({watched.name: m.value}), m.step))
+                    metrics[f"best_val_{watched.name}"], metrics["best_val_step"] = float(best.value), float(best.step)
             if stopped := (result or {}).get("stopped_early"):  # the held-out loss ended the job at this step
                 metrics["stopped_early_step"] = float(stopped["step"])
             # at step 0: MLflow charts a metric with one value at step 0 as a bar (a summary), and one at a later

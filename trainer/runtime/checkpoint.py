@@ -16,9 +16,9 @@ layers (no gather through a single rank). Beside each shard its **hash record** 
 the manifest written **last**: only after the shard is durable (fsync'ed, renamed, directory fsync'ed). The shards
 of one step are written by different processes at different times, so each carries its own record rather than one
 manifest per step that someone would have to write after all of them. A job that validates keeps the **held-out
-loss** of a checkpoint beside it, `step{s:08d}.val.json` (JSON: `format`, `step`, `job`, `val_loss`), written by the
-driver once the boundary is scored — after the shards, so outside their records —; retention keeps the best-scored
-intact checkpoint by it (`best_validated`).
+scores** of a checkpoint beside it, `step{s:08d}.val.json` (JSON: `format`, `step`, `job`, `val_loss`, `metrics`,
+and the `monitor` and `mode` the job ranks by), written by the driver once the boundary is scored — after the shards,
+so outside their records —; retention keeps the best-scored intact checkpoint by them (`best_validated`).
 
 States of a step's checkpoint (`verify_step`): **intact** — every shard matches its record (size, sha256, file name,
 step), the records agree on the job and cover every layer of the model exactly once; **corrupt** — a shard differs
@@ -63,6 +63,7 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.runtime.model import layer_names, model_fingerprint
+from trainer.runtime.validation import Monitor
 
 FORMAT = 1
 RECORD_FORMAT = 1
@@ -494,83 +495,102 @@ def val_step(name: str) -> int | None:
     return _step_of(name, _VAL)
 
 
-def val_record(step: int, loss: float, *, job: str, metrics: Mapping[str, float] | None = None) -> bytes:
-    """The held-out loss of the parameters the checkpoint of `step` holds (`TrainSpec.validation` scored at
-    boundary `step`, after the shards were written: so it is a file of its own, not in their hash records), and the
-    spec's own held-out `metrics` there (what early stopping may watch: `Validation.monitor`)."""
-    rec = {"format": RECORD_FORMAT, "step": step, "job": job, "val_loss": float(loss)}
-    return json.dumps({**rec, **({"metrics": {k: float(v) for k, v in metrics.items()}} if metrics else {})}).encode()
+@dataclass(frozen=True)
+class HeldOut:
+    """The held-out scores recorded beside a checkpoint ("loss" and each of the spec's metrics) and the score the job
+    ranked its checkpoints by when it wrote them (`Monitor`: its validation's `monitor` and `mode`)."""
+
+    scores: Mapping[str, float]
+    monitor: Monitor = Monitor()
+
+    @property
+    def loss(self) -> float:
+        return self.scores["loss"]
+
+    @property
+    def value(self) -> float:
+        """The monitored score."""
+        return self.scores[self.monitor.name]
 
 
-def parse_val_scores(data: bytes, step: int, *, job: str | None = None) -> dict[str, float] | None:
-    """The scores `val_record` wrote for `step` (of `job`, if given): "loss" and each metric; None for anything else:
-    a torn, foreign or non-finite record counts as no score (the checkpoint is then kept or pruned as if never
-    scored)."""
+def val_record(step: int, held: HeldOut, *, job: str) -> bytes:
+    """The held-out scores of the parameters the checkpoint of `step` holds (`TrainSpec.validation` scored at
+    boundary `step`, after the shards were written: so it is a file of its own, not in their hash records) and the
+    monitor that ranks the job's checkpoints (so that `parcae export --best` needs no spec to tell the best one)."""
+    metrics = {k: float(v) for k, v in held.scores.items() if k != "loss"}
+    rec = {"format": RECORD_FORMAT, "step": step, "job": job, "val_loss": float(held.loss),
+           "monitor": held.monitor.name, "mode": held.monitor.mode}  # fmt: skip
+    return json.dumps({**rec, **({"metrics": metrics} if metrics else {})}).encode()
+
+
+def parse_held_out(data: bytes, step: int, *, job: str | None = None) -> HeldOut | None:
+    """What `val_record` wrote for `step` (of `job`, if given); None for anything else: a torn, foreign or
+    non-finite record counts as no score (the checkpoint is then kept or pruned as if never scored). A record
+    without a monitor (written before they were kept) ranks by the loss."""
     try:
         rec = json.loads(data)
         scores = {"loss": float(rec["val_loss"]), **{str(k): float(v) for k, v in rec.get("metrics", {}).items()}}
+        monitor = Monitor(str(rec.get("monitor", "loss")), str(rec.get("mode", "min")))
         ok = rec["format"] == RECORD_FORMAT and rec["step"] == step and (job is None or rec["job"] == job)
     except (ValueError, TypeError, KeyError, AttributeError):
         return None
-    return scores if ok and math.isfinite(scores["loss"]) else None
+    if not ok or monitor.mode not in ("min", "max") or monitor.name not in scores:
+        return None
+    return HeldOut(scores, monitor) if math.isfinite(scores["loss"]) and math.isfinite(scores[monitor.name]) else None
 
 
-def parse_val_record(data: bytes, step: int, *, job: str | None = None) -> float | None:
-    """The loss `val_record` wrote for `step` (`parse_val_scores`)."""
-    scores = parse_val_scores(data, step, job=job)
-    return None if scores is None else scores["loss"]
-
-
-def write_val_loss(
-    directory: str | os.PathLike[str], step: int, loss: float, *, job: str, metrics: Mapping[str, float] | None = None
-) -> Path:  # fmt: skip
-    """Record, atomically, the held-out loss (and `metrics`) of the checkpoint of `step` beside it (the driver does,
-    once both are known): `prune` keeps the best-scored checkpoint by it, across resumes."""
+def write_held_out(directory: str | os.PathLike[str], step: int, held: HeldOut, *, job: str) -> Path:
+    """Record, atomically, the held-out scores of the checkpoint of `step` beside it (the driver does, once both are
+    known): `prune` keeps the best-scored checkpoint by them, across resumes."""
     path = val_path(directory, step)
-    data = val_record(step, loss, job=job, metrics=metrics)
+    data = val_record(step, held, job=job)
     _write_atomic(path, lambda f: f.write(data))
     return path
 
 
-def val_scores(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, dict[str, float]]:
-    """The held-out scores recorded in `directory` ("loss" and each metric), by step (unreadable or foreign records
-    left out)."""
+def held_out(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, HeldOut]:
+    """The held-out scores recorded in `directory`, by step (unreadable or foreign records left out)."""
     d = Path(directory)
-    out: dict[int, dict[str, float]] = {}
+    out: dict[int, HeldOut] = {}
     for p in d.glob(f"step*{VAL_SUFFIX}") if d.is_dir() else ():
         step = _step_of(p.name, _VAL)
         if step is not None:
             try:
-                scores = parse_val_scores(p.read_bytes(), step, job=job)
+                record = parse_held_out(p.read_bytes(), step, job=job)
             except OSError:
                 continue
-            if scores is not None:
-                out[step] = scores
+            if record is not None:
+                out[step] = record
     return out
 
 
 def val_losses(directory: str | os.PathLike[str], *, job: str | None = None) -> dict[int, float]:
-    """The held-out losses recorded in `directory`, by step (`val_scores`)."""
-    return {s: scores["loss"] for s, scores in val_scores(directory, job=job).items()}
+    """The held-out losses recorded in `directory`, by step (`held_out`)."""
+    return {s: record.loss for s, record in held_out(directory, job=job).items()}
 
 
-def best_scored(scores: Mapping[int, float]) -> list[int]:
-    """`scores`' steps, best first: the lowest held-out loss, the earliest of equal ones (a later checkpoint must
+def best_scored(records: Mapping[int, HeldOut]) -> list[int]:
+    """`records`' steps, best first by the newest record's monitor (the job's, as it was last run: a resume may
+    watch another score), among those that hold that score; the earliest of equal ones (a later checkpoint must
     improve on it to replace it)."""
-    return sorted(scores, key=lambda s: (scores[s], s))
+    if not records:
+        return []
+    monitor = records[max(records)].monitor
+    ranked = {s: monitor.score(r.scores) for s, r in records.items() if monitor.name in r.scores}
+    return sorted(ranked, key=lambda s: (ranked[s], s))
 
 
 def best_validated(
     directory: str | os.PathLike[str], layers: Sequence[str] | None = None, *, job: str | None = None,
     intact: Collection[int] = (),
-) -> tuple[int, float] | None:  # fmt: skip
-    """The intact checkpoint in `directory` with the lowest recorded held-out loss, and that loss (None: no scored
-    checkpoint is intact). What `parcae export --best` writes and `prune` never removes. `intact`: steps the caller
-    verified already (not hashed again)."""
-    scores = val_losses(directory, job=job)
-    for s in best_scored(scores):
+) -> tuple[int, HeldOut] | None:  # fmt: skip
+    """The intact checkpoint in `directory` with the best recorded held-out score (`best_scored`: the validation's
+    monitor, the loss by default), and its scores (None: no scored checkpoint is intact). What `parcae export
+    --best` writes and `prune` never removes. `intact`: steps the caller verified already (not hashed again)."""
+    records = held_out(directory, job=job)
+    for s in best_scored(records):
         if s in intact or verify_step(directory, s, layers, job=job).intact:
-            return s, scores[s]
+            return s, records[s]
     return None
 
 
@@ -743,8 +763,8 @@ def prune(
     job: str | None = None,
 ) -> list[Path]:
     """Keep the newest `keep` intact checkpoints in `directory` (0: keep all), and the best-scored one
-    (`best_validated`: the lowest held-out loss a validating job recorded), and remove the files (shards, hash
-    records, held-out losses) of every older step, intact or not; returns what was removed.
+    (`best_validated`: the best held-out score a validating job recorded, by its monitor), and remove the files
+    (shards, hash records, held-out scores) of every older step, intact or not; returns what was removed.
 
     Never removes the newest intact checkpoint, nor anything newer than it (a checkpoint still being written is
     incomplete, not garbage), nor a file whose name it does not recognise (`is_checkpoint_file`); with no intact

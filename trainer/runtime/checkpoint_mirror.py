@@ -160,31 +160,32 @@ class CheckpointMirror:
             raise MirrorError(f"{self.uri}: no readable manifest of step {step} ({type(e).__name__}: {e})") from e
         return data
 
-    def record_val(self, step: int, loss: float, *, job: str) -> None:
-        """Keep the held-out loss of complete `step` beside it (`checkpoint.val_record`): what `prune` keeps the
-        best-scored step by."""
-        self.put_bytes(checkpoint.val_path("", step).name, checkpoint.val_record(step, loss, job=job))
+    def record_val(self, step: int, held: checkpoint.HeldOut, *, job: str) -> None:
+        """Keep the held-out scores of complete `step` beside it (`checkpoint.val_record`): what `prune` keeps the
+        best-scored step by, and what a resumed job's early stopping counts from."""
+        self.put_bytes(checkpoint.val_path("", step).name, checkpoint.val_record(step, held, job=job))
 
-    def val_losses(self, *, job: str | None = None) -> dict[int, float]:
-        """The held-out losses kept here, by step (unreadable or foreign ones left out)."""
+    def held_out(self, *, job: str | None = None) -> dict[int, checkpoint.HeldOut]:
+        """The held-out scores kept here, by step (unreadable or foreign ones left out)."""
         out = {}
         for name in self.list_names():
             step = checkpoint.val_step(name)
             if step is not None:
                 try:
-                    loss = checkpoint.parse_val_record(self.get_bytes(name), step, job=job)
+                    record = checkpoint.parse_held_out(self.get_bytes(name), step, job=job)
                 except Exception:  # noqa: BLE001 — a backend's own error (gone meanwhile): as if never scored
                     continue
-                if loss is not None:
-                    out[step] = loss
+                if record is not None:
+                    out[step] = record
         return out
 
-    def best_validated(self, *, job: str | None = None) -> tuple[int, float] | None:
-        """The complete step with the lowest held-out loss kept here, and that loss (None: none scored)."""
+    def best_validated(self, *, job: str | None = None) -> tuple[int, checkpoint.HeldOut] | None:
+        """The complete step with the best held-out score kept here (`checkpoint.best_scored`), and its scores (None:
+        none scored)."""
         complete = set(self.steps())
-        scores = {s: v for s, v in self.val_losses(job=job).items() if s in complete}
-        best = checkpoint.best_scored(scores)
-        return (best[0], scores[best[0]]) if best else None
+        records = {s: r for s, r in self.held_out(job=job).items() if s in complete}
+        best = checkpoint.best_scored(records)
+        return (best[0], records[best[0]]) if best else None
 
     def prune(self, keep: int, *, job: str | None = None) -> list[int]:
         """Keep the newest `keep` complete steps (0: all) and the best-scored one (`best_validated`); remove the
@@ -354,7 +355,7 @@ class StepCommitter(_Background):
     uploaded: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     on_upload: Callable[[int], None] | None = None
-    job: str | None = None  # whose held-out losses these are (`record_val`)
+    job: str | None = None  # whose held-out scores these are (`record_val`)
 
     def __post_init__(self) -> None:
         self._start("parcae-checkpoint-commit")
@@ -362,14 +363,14 @@ class StepCommitter(_Background):
     def submit(self, step: int, files: Mapping[str, int], shards: Mapping[str, Sequence[str]]) -> None:
         self._queue.put((step, dict(files), {k: list(v) for k, v in shards.items()}))
 
-    def record_val(self, step: int, loss: float) -> None:
-        """Keep the held-out loss of `step` at the URI (`CheckpointMirror.record_val`), after what is queued: the
-        driver records it once the step is complete, so its manifest is there first."""
-        self._queue.put((step, float(loss), None))
+    def record_val(self, step: int, held: checkpoint.HeldOut) -> None:
+        """Keep the held-out scores of `step` at the URI (`CheckpointMirror.record_val`), after what is queued: the
+        driver records them once the step is complete, so its manifest is there first."""
+        self._queue.put((step, held, None))
 
-    def _handle(self, item: tuple[int, dict[str, int] | float, dict[str, list[str]] | None]) -> None:
+    def _handle(self, item: tuple[int, dict[str, int] | checkpoint.HeldOut, dict[str, list[str]] | None]) -> None:
         step, files, shards = item
-        if isinstance(files, float):  # a held-out loss (`record_val`): the best-scored step may have changed
+        if isinstance(files, checkpoint.HeldOut):  # held-out scores (`record_val`): the best step may have changed
             self.mirror.record_val(step, files, job=str(self.job))
         else:
             assert shards is not None
@@ -381,7 +382,7 @@ class StepCommitter(_Background):
             self.on_upload(step)
 
     def _failure(self, item: tuple[int, Any, Any], exc: Exception) -> None:
-        if isinstance(item[1], float):  # (`record_val`)
+        if isinstance(item[1], checkpoint.HeldOut):  # (`record_val`)
             self.errors.append(f"step {item[0]} (its held-out loss): {type(exc).__name__}: {exc}")
             log.warning("the held-out loss of step %s is not kept at %s: %s", item[0], self.mirror.uri, exc)
             return

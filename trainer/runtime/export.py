@@ -24,19 +24,23 @@ from trainer.runtime.checkpoint_mirror import mirror_for
 
 @dataclass(frozen=True)
 class Exported:
-    """What was exported: the state dict, and the model, job and step it is of (and its held-out loss, if the job
-    recorded one beside it)."""
+    """What was exported: the state dict, and the model, job and step it is of (and its held-out scores, if the job
+    recorded them beside it)."""
 
     state: dict[str, torch.Tensor]
     model: str
     job: str
     step: int
-    val_loss: float | None = None
+    held_out: checkpoint.HeldOut | None = None
+
+    @property
+    def val_loss(self) -> float | None:
+        return None if self.held_out is None else self.held_out.loss
 
 
 def export_state_dict(directory: str | os.PathLike[str], step: int | None = None, *, best: bool = False) -> Exported:
     """The parameters and persistent buffers of the checkpoint of `step` (default: the newest intact one; with
-    `best`, the intact one with the lowest held-out loss recorded beside it, `checkpoint.best_validated`) in
+    `best`, the intact one with the best held-out score recorded beside it, `checkpoint.best_validated`) in
     `directory`."""
     d = Path(directory)
     if not d.is_dir():
@@ -62,8 +66,7 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
         for key, tensor in ckpt.layers[name].items()
         if key.startswith(("param/", "buffer/"))  # a module's state_dict: parameters and persistent buffers
     }
-    val = checkpoint.val_losses(d, job=job).get(at)
-    return Exported(state=state, model=config.name, job=job, step=at, val_loss=val)
+    return Exported(state=state, model=config.name, job=job, step=at, held_out=checkpoint.held_out(d, job=job).get(at))
 
 
 def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) -> Exported:
@@ -72,7 +75,7 @@ def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) ->
     (default: the newest; with `best`, the best-scored one, `CheckpointMirror.best_validated`) is downloaded into a
     temporary folder, verified and read there. Raises what the backend raises (no credentials, no bucket)."""
     mirror = mirror_for(uri)
-    val: float | None = None
+    val: checkpoint.HeldOut | None = None
     if best:  # (a complete step: `best_validated` looks only at those)
         at, val = _best_step(step, mirror.best_validated, f"{uri}: no complete checkpoint there")
     else:
@@ -87,13 +90,13 @@ def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) ->
     with tempfile.TemporaryDirectory(prefix="parcae-export-") as tmp:
         mirror.download_step(at, Path(tmp))
         exported = export_state_dict(tmp, at)
-    return replace(exported, val_loss=val if best else mirror.val_losses(job=exported.job).get(at))
+    return replace(exported, held_out=val if best else mirror.held_out(job=exported.job).get(at))
 
 
 def _best_step(
-    step: int | None, best_of: Callable[[], tuple[int, float] | None], none_there: str
-) -> tuple[int, float]:  # fmt: skip
-    """The best-scored checkpoint's (step, held-out loss), `best_of()`'s; refused with a `step` too, and where
+    step: int | None, best_of: Callable[[], tuple[int, checkpoint.HeldOut] | None], none_there: str
+) -> tuple[int, checkpoint.HeldOut]:  # fmt: skip
+    """The best-scored checkpoint's (step, held-out scores), `best_of()`'s; refused with a `step` too, and where
     nothing is scored (`none_there` begins the message: where, and what was looked at)."""
     if step is not None:
         raise ValueError("give a step or ask for the best checkpoint, not both")

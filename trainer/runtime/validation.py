@@ -1,7 +1,8 @@
 """Validation: the loss on held-out data, measured at step boundaries while the job trains and migrates.
 
 Owns: `Validation` (what a spec's `validation` field holds: the held-out batches, how often to score them, the
-spec's own metrics and when to stop early), `InOrder` (batches over a dataset in its own order, for
+spec's own metrics and when to stop early), `Monitor` (which score is better: early stopping's and the best
+checkpoint's), `InOrder` (batches over a dataset in its own order, for
 `Validation.over`), which boundaries are scored (`due`), what a metric may return (`metric_sum`) and the early-stopping
 count (`Patience`).
 Must not touch: the pass itself (`trainer.runtime.pipeline.validate`: forward only, through the job's stages and
@@ -36,6 +37,32 @@ METRIC_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,63}")
 
 
 @dataclass(frozen=True)
+class Monitor:
+    """Which held-out score tells a better boundary from a worse one: `name` ("loss", or one of the validation's
+    metrics) and `mode` ("min": lower is better; "max": higher). The one definition of "better" that early stopping
+    (`Patience`) and the best checkpoint (`trainer.runtime.checkpoint.best_scored`) both rank by."""
+
+    name: str = "loss"
+    mode: str = "min"
+
+    def score(self, scores: Mapping[str, float]) -> float:
+        """The monitored one of a boundary's held-out `scores` ("loss", each metric), negated under `mode` "max", so
+        that lower is better either way."""
+        v = float(scores[self.name])
+        return v if self.mode == "min" else -v
+
+    def value(self, score: float) -> float:
+        """The monitored value a `score` stands for (its inverse)."""
+        return score if self.mode == "min" else -score
+
+
+def score_text(monitor: str, value: float, loss: float) -> str:
+    """A checkpoint's held-out score as the CLI and the train flow's summary say it: the monitored one (`Monitor`),
+    and the loss beside any other."""
+    return f"validation loss {loss:.4f}" if monitor == "loss" else f"validation {monitor} {value:.4f}, loss {loss:.4f}"
+
+
+@dataclass(frozen=True)
 class Validation:
     """The held-out data of a `TrainSpec`: `batch(i)` is validation batch i (i < `batches`) as (inputs, targets), like
     the training batch (a tensor or a tuple of tensors; batches may differ in rows); it is scored every `every` steps
@@ -50,8 +77,9 @@ class Validation:
     `patience`: stop the job early, at the scored boundary where the monitored score has not improved on the best so
     far by more than `min_delta` for `patience` scorings in a row (None: train every step). `monitor`: that score,
     the held-out loss ("loss") or one of `metrics`; `mode`: "min" (lower is better, as a loss) or "max" (higher, as
-    an accuracy). The job's final layers are then that boundary's; the checkpoint with the lowest held-out loss is
-    kept as ever (`--keep-checkpoints`)."""
+    an accuracy). The job's final layers are then that boundary's. The same score, in the same direction, picks the
+    best checkpoint, which `--keep-checkpoints` keeps and `parcae export --best` writes (with or without a
+    patience)."""
 
     batch: Callable[[int], tuple[Any, Any]]
     batches: int = 1
@@ -72,15 +100,19 @@ class Validation:
         return cls(batch=batches, batches=len(batches), every=every, metrics=dict(metrics or {}), patience=patience,
                    min_delta=min_delta, monitor=monitor, mode=mode)  # fmt: skip
 
+    @property
+    def watched(self) -> Monitor:
+        """The score this validation ranks boundaries by (`monitor`, `mode`)."""
+        return Monitor(self.monitor, self.mode)
+
     def score(self, scores: Mapping[str, float]) -> float:
-        """The early-stopping score of a boundary's held-out `scores` ("loss", each metric): the `monitor`ed one,
-        negated under `mode` "max", so that lower is better either way (`Patience` counts on it)."""
-        v = float(scores[self.monitor])
-        return v if self.mode == "min" else -v
+        """The early-stopping score of a boundary's held-out `scores` (`Monitor.score`: lower is better; `Patience`
+        counts on it)."""
+        return self.watched.score(scores)
 
     def value(self, score: float) -> float:
         """The monitored value a `score` stands for (its inverse)."""
-        return score if self.mode == "min" else -score
+        return self.watched.value(score)
 
     def due(self, boundary: int, steps: int) -> bool:
         """Whether the boundary before step `boundary` (after `boundary` steps) is scored in a job of `steps` steps."""
