@@ -222,6 +222,18 @@ def replayed(store: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[str
     return obs.run_id, job, result
 
 
+def test_the_run_s_best_held_out_score_is_the_monitored_one_in_its_direction(client: MlflowClient, store) -> None:
+    """A job that watches its accuracy (`Validation(monitor="accuracy", mode="max")`): MLflow's summary is the
+    highest accuracy and its step (the earliest of equal ones), as its best checkpoint is picked."""
+    obs = MlflowJobObserver(flush_every_s=0.2)
+    obs.on_start(start_info("accuracy-job", val_monitor="accuracy", val_mode="max"))
+    for s, loss, accuracy in ((0, 2.0, 0.1), (5, 1.0, 0.8), (10, 0.9, 0.8), (15, 1.1, 0.7)):
+        obs.on_validation(s, loss, {"accuracy": accuracy})
+    obs.on_end({"loss": [1.0], "reconfigurations": []})
+    final = client.get_run(obs.run_id).data.metrics
+    assert (final["best_val_accuracy"], final["best_val_step"]) == (0.8, 5) and "best_val_loss" not in final
+
+
 def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> None:
     run_id, job, _ = replayed
     run = client.get_run(run_id)
