@@ -300,7 +300,8 @@ def test_early_stopping_watches_the_monitored_score_in_its_direction_and_a_check
     assert parcae.Validation(HELD).score(scores) == 2.0
     assert acc.problems() == []
     assert parcae.Validation(HELD, monitor="accuracy").problems() == [
-        "monitor 'accuracy' is neither 'loss' nor one of the metrics []; name the score early stopping watches"
+        "monitor 'accuracy' is neither 'loss' nor one of the metrics []; name the score that early stopping and the "
+        "best checkpoint go by"
     ]
     assert "mode 'best' must be 'min'" in parcae.Validation(HELD, mode="best").problems()[0]
     assert "monitor ['accuracy'] is neither" in parcae.Validation(HELD, monitor=["accuracy"]).problems()[0]  # type: ignore[arg-type]

@@ -142,7 +142,7 @@ class Validation:
             return [*out, f"metrics is a {type(self.metrics).__name__}; give a dict of name -> function"]
         if not isinstance(self.monitor, str) or (self.monitor != "loss" and self.monitor not in self.metrics):
             out.append(f"monitor {self.monitor!r} is neither 'loss' nor one of the metrics {sorted(self.metrics)}; "
-                       "name the score early stopping watches")  # fmt: skip
+                       "name the score that early stopping and the best checkpoint go by")  # fmt: skip
         for name, fn in self.metrics.items():
             if not (isinstance(name, str) and METRIC_NAME.fullmatch(name)) or name == "loss":
                 out.append(f"metric name {name!r} must be letters, digits and '_' (not 'loss', the loss's own)")
