@@ -69,6 +69,7 @@ from trainer import (  # noqa: E402  # noqa: E402  # noqa: E402
     model_config,
     parameters_checksum,
     run_job,  # noqa: E402
+    spec_of,
     train_step,
     validate,
 )
@@ -96,7 +97,8 @@ def reference(
 ) -> tuple[list[float], dict[str, Any], list[Any], list[tuple[int, dict[str, float]]]]:
     """One uninterrupted process, one torch thread: its loss curve, final layer states, for a spec that scales its
     loss (float16), each step's (scale after it, skipped), and for a spec that validates, (boundary, held-out loss)
-    of each boundary it scores — up to the boundary where its held-out loss stops it, for a spec with a patience."""
+    of each boundary it scores — up to the boundary where its monitored held-out score stops it, for a spec with a
+    patience."""
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -108,7 +110,7 @@ def reference(
             if held_out is not None and held_out.due(s, steps):
                 vals.append((s, validate(ctx, held_out)))
                 if held_out.patience is not None:
-                    count = count.after(s, vals[-1][1]["loss"], held_out.patience, held_out.min_delta)
+                    count = count.after(s, held_out.score(vals[-1][1]), held_out.patience, held_out.min_delta)
             if s == steps or count.stop_at == s:
                 break
             losses.append(train_step(ctx, s))
@@ -148,13 +150,21 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
     val_diff = max((abs(a[1][k] - b[1][k]) / max(abs(b[1][k]), ATOL) for a, b in zip(got_vals, ref_vals, strict=False)
                     for k in b[1] if k in a[1]), default=0.0)  # fmt: skip
     ref_checksum = parameters_checksum(ref_layers, layer_names(model))
+    # the best checkpoint: the job's, and the one the uninterrupted run's scores pick among the same checkpoints
+    ranked = spec_of(model, train).validation
+    kept = set(checkpoint.checkpoint_steps(Path(result["layers"]).parent / "checkpoints"))
+    ref_scored = {s: ranked.score(v) for s, v in ref_vals if s in kept} if ranked is not None else {}
+    ref_best = min(ref_scored, key=lambda s: (ref_scored[s], s)) if ref_scored else None
+    best = (result.get("best_checkpoint") or {}).get("step")
+    same_run = close and loss_diff <= RTOL and same_points and val_diff <= RTOL
+    same_run = same_run and stopped == end and best == ref_best
     return {
         "checksum": result["final_checksum"],
         "reference_checksum": ref_checksum,
         "checksum_equal": result["final_checksum"] == ref_checksum,
         "params_max_rel_diff": worst,
         "loss_max_rel_diff": loss_diff,
-        "within_tolerance": close and loss_diff <= RTOL and same_points and val_diff <= RTOL and stopped == end,
+        "within_tolerance": same_run,
         # a spec with a patience: where the job and the uninterrupted run ended (the same boundary?)
         "ended_at": stopped,
         "reference_ended_at": end,
@@ -163,6 +173,9 @@ def compare(result: dict[str, Any], model: ModelConfig, train: TrainConfig, step
         "validations": len(got_vals),
         "validation_points_equal": same_points,
         "validation_max_rel_diff": val_diff,
+        # ... and its best checkpoint (by the validation's monitor), beside the uninterrupted run's pick
+        "best_checkpoint": best,
+        "reference_best_checkpoint": ref_best,
         # float16: the steps whose loss scale or skip differ from the uninterrupted run's, and the steps it skipped
         "scale_differs_at": [s for s in range(end) if seen.get(s) != ref_scales[s]],
         "skipped_steps": sum(1 for x in ref_scales if x is not None and x[1]),
@@ -238,8 +251,12 @@ def print_report(r: dict[str, Any]) -> None:
               f"run's, max rel diff {eq['validation_max_rel_diff']:.1e}")  # fmt: skip
     if eq["ended_at"] != r["steps"] or eq["reference_ended_at"] != r["steps"]:  # (a spec with a patience)
         same = "the same boundary" if eq["ended_at"] == eq["reference_ended_at"] else "ANOTHER boundary"
-        print(f"stopped early at step {eq['ended_at']} (held-out loss; the uninterrupted run at "
+        print(f"stopped early at step {eq['ended_at']} (held-out score; the uninterrupted run at "
               f"{eq['reference_ended_at']}: {same})")  # fmt: skip
+    if eq["best_checkpoint"] is not None or eq["reference_best_checkpoint"] is not None:
+        same = "the same" if eq["best_checkpoint"] == eq["reference_best_checkpoint"] else "ANOTHER"
+        print(f"best checkpoint: step {eq['best_checkpoint']} (the uninterrupted run's scores pick step "
+              f"{eq['reference_best_checkpoint']} among the same checkpoints: {same})")  # fmt: skip
     if eq["scaled"]:
         differs = eq["scale_differs_at"]
         same = "every step as the uninterrupted run" if not differs else f"differs at steps {differs[:8]}"
