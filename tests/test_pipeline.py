@@ -21,7 +21,9 @@ from pathlib import Path  # noqa: E402
 import _prefect_home  # noqa: E402,F401 - before prefect: a temporary PREFECT_HOME, telemetry off
 import boto3  # noqa: E402
 import mlflow  # noqa: E402
+import mlflow.pytorch  # noqa: E402
 import pytest  # noqa: E402
+import torch  # noqa: E402
 import yaml  # noqa: E402
 from _aws import fake_aws_account, isolate_aws  # noqa: E402
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env  # noqa: E402
@@ -36,6 +38,7 @@ from parcae import settings  # noqa: E402
 from tasks.training import RUN_FILE  # noqa: E402
 from trainer.config import model_config  # noqa: E402
 from trainer.runtime import checkpoint  # noqa: E402
+from trainer.runtime.export import export_state_dict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: p3 scaled to 3 processes from interval 49: 3 alive, 2 from interval 51, 1 at 59-60, 2 again from 61.
@@ -353,6 +356,18 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     best = min(held_out, key=lambda m: (m.value, m.step))
     ended = mlflow.MlflowClient().get_run(run.info.run_id).data.metrics
     assert (ended["best_val_loss"], ended["best_val_step"]) == (best.value, best.step)
+    # the trained model and the best checkpoint, as MLflow models of the run: each loads as the spec's layers
+    client = mlflow.MlflowClient()
+    models = client.search_logged_models([run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")
+    assert {m.name: (m.params["step"], str(m.status)) for m in models} == {"model": ("8", "READY"),
+                                                                           "best": ("4", "READY")}  # fmt: skip
+    final = next(m for m in models if m.name == "model")
+    assert float(final.params["val_loss"]) == pytest.approx(max(held_out, key=lambda m: m.step).value, rel=1e-5)
+    loaded = mlflow.pytorch.load_model(f"models:/{final.model_id}")
+    exported = export_state_dict(store / "digits" / "layers")
+    for key, value in exported.state.items():
+        name, rest = key.split(".", 1)
+        assert torch.equal(loaded.layer(name).state_dict()[rest], value), key
 
 
 def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans,

@@ -33,6 +33,10 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              the end: a row per reconfiguration, `MIGRATION_COLUMNS`, MLflow's table format), plans.json (the plan
              runs), checkpoints/step-<N>/ (the checkpoint's shard files), final/ (the final layers: each stage's
              shard and hash record, as `parcae export` reads them), timeline.png
+  models     MLflow logged models whose source is the run (`trainer.observe.logged_model`): "model", the final
+             layers, and "best", a validating job's best-scored checkpoint where it is not the final one, each the
+             spec's layers as one module (`mlflow.pytorch.load_model("models:/<id>")`), its step and held-out
+             scores as params
 Each plan is a run of experiment "plans", like the Prefect plan flow's: decision, expected samples (and liveput),
 decision_ms, interval, alive, plan.json and alternatives.json, tagged ``parcae.training_run_id``.
 
@@ -72,10 +76,13 @@ from mlflow.exceptions import MlflowException  # noqa: E402
 from mlflow.tracking.context import registry as _run_context  # noqa: E402, F401  (tracking.context_tags, at exit too)
 
 from liveput import strategy_key, strategy_text
+from trainer.config import JobConfig  # noqa: E402
+from trainer.observe.logged_model import log_trained_model  # noqa: E402
 from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.timeline import StepTimeline, expected_available, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
+from trainer.runtime.export import export_state_dict  # noqa: E402
 from trainer.runtime.validation import Monitor  # noqa: E402
 
 if TYPE_CHECKING:
@@ -276,6 +283,7 @@ class MlflowJobObserver(JobObserver):
         self.resuming = run_id is not None
         self.flush_every_s, self.log_checkpoints, self.max_pending = flush_every_s, log_checkpoints, max_pending
         self.close_timeout_s, self.handle_sigterm = close_timeout_s, handle_sigterm
+        self.models: dict[str, str] = {}  # the run's logged models ("model", "best") by name -> model id
 
         self._sender = MlflowSender(self.uri, self, flush_every_s=flush_every_s, max_pending=max_pending,
                                     close_timeout_s=close_timeout_s, handle_sigterm=handle_sigterm,
@@ -388,9 +396,17 @@ class MlflowJobObserver(JobObserver):
         layers = result.get("layers")
         if self.log_checkpoints and layers:  # the trained model itself, beside its checkpoints
             step = int(result.get("first_step") or 0) + len(result.get("loss") or [])
+            scored = {int(v["step"]): {"loss": v["loss"], **v.get("metrics", {})} for v in result.get("validation", [])}
+            best = (result.get("best_checkpoint") or {}).get("step")
+            ckpt = (self._info or {}).get("checkpoint_dir")
             with self._sender.lock:
                 if self._sender.fatal is None:
                     self._sender.queue("final layers", lambda: self._log_final(step, Path(layers)))
+                    self._sender.queue("model", lambda: self._log_model("model", step, Path(layers), scored.get(step)))
+                    if best is not None and best != step and ckpt:  # the best-scored checkpoint, another model
+                        self._sender.queue(
+                            "best model", lambda: self._log_model("best", best, Path(ckpt), scored.get(best))
+                        )
         self._sender.close("FINISHED", result, None)
 
     def on_error(self, error: BaseException) -> None:
@@ -585,6 +601,17 @@ class MlflowJobObserver(JobObserver):
             return
         for f in [*shards, *(p for p in map(record_path, shards) if p.exists())]:
             client.log_artifact(run_id, str(f), FINAL_ARTIFACTS)
+
+    def _log_model(self, name: str, step: int, directory: Path, scores: Mapping[str, float] | None) -> None:
+        """Log the checkpoint of `step` in `directory` as the run's logged model `name` (`log_trained_model`), once
+        (a retry after the store went away does not log it again)."""
+        client, run_id = self._sender.client, self.run_id
+        assert client is not None and run_id is not None and self._exp is not None
+        if name in self.models:
+            return
+        config = JobConfig.from_dict((self._info or {})["config"])
+        exported = export_state_dict(directory, step)
+        self.models[name] = log_trained_model(client, self._exp, run_id, name, exported, config.train, scores)
 
     def finish(self, client: MlflowClient, final: RunEnd) -> bool:
         """End the run: final metrics, the timeline, tags, status. True when done (or not worth a retry)."""

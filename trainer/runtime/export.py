@@ -2,8 +2,9 @@
 
 Owns: `export_state_dict` (the newest intact checkpoint of a folder — periodic checkpoints or a job's final
 `layers/` —, a given step's or the best-scored one, merged into one state dict keyed ``"<layer name>.<parameter>"``),
-`export_from_uri` (the same from a checkpoint URI) and `write_state_dict` (``.pt`` with torch, ``.safetensors``
-with the safetensors library). Must not touch: training, processes. The keys load into a module whose children are
+`export_from_uri` (the same from a checkpoint URI), `write_state_dict` (``.pt`` with torch, ``.safetensors``
+with the safetensors library) and `trained_model` (a checkpoint loaded into the spec's own layers, as one
+`SpecModel`). Must not touch: training, processes. The keys load into a module whose children are
 named like the spec's layers (an ``nn.ModuleDict`` of layers whose names have no dots; a GPT's "block.0" into an
 ``nn.ModuleList`` attribute ``block``); the optimiser state stays in parcae's per-layer checkpoints.
 """
@@ -18,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint_mirror import mirror_for
+from trainer.runtime.spec_model import SpecModel
 
 
 @dataclass(frozen=True)
@@ -28,10 +31,14 @@ class Exported:
     recorded them beside it)."""
 
     state: dict[str, torch.Tensor]
-    model: str
+    config: ModelConfig
     job: str
     step: int
     held_out: checkpoint.HeldOut | None = None
+
+    @property
+    def model(self) -> str:
+        return self.config.name
 
     @property
     def val_loss(self) -> float | None:
@@ -66,7 +73,7 @@ def export_state_dict(directory: str | os.PathLike[str], step: int | None = None
         for key, tensor in ckpt.layers[name].items()
         if key.startswith(("param/", "buffer/"))  # a module's state_dict: parameters and persistent buffers
     }
-    return Exported(state=state, model=config.name, job=job, step=at, held_out=checkpoint.held_out(d, job=job).get(at))
+    return Exported(state=state, config=config, job=job, step=at, held_out=checkpoint.held_out(d, job=job).get(at))
 
 
 def export_from_uri(uri: str, step: int | None = None, *, best: bool = False) -> Exported:
@@ -125,3 +132,23 @@ def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]
     else:
         raise ValueError(f"{path}: give a .pt or .safetensors file name")
     return path
+
+
+def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecModel:
+    """The spec's layers, built by its own factories and loaded with `exported`'s parameters and persistent buffers
+    (every one of each layer's, or `CheckpointError` names what is missing): the trained model as one module.
+    `train`: the job's (a spec that reads it, as the built-in GPTs do)."""
+    from trainer.runtime.model import build_layer, layer_names
+
+    names = layer_names(exported.config)
+    layers = [build_layer(exported.config, i, train) for i in range(len(names))]
+    for name, layer in zip(names, layers, strict=True):
+        wanted = [k for k in layer.state_dict() if not k.endswith("_extra_state")]
+        missing = [f"{name}.{k}" for k in wanted if f"{name}.{k}" not in exported.state]
+        if missing:
+            raise checkpoint.CheckpointError(
+                f"the checkpoint of step {exported.step} lacks {missing[:3]} of the spec's layers; was it written by "
+                "another version of the spec?"
+            )
+        layer.load_state_dict({k: exported.state[f"{name}.{k}"] for k in wanted}, strict=False)
+    return SpecModel(names, layers).eval()
