@@ -1,96 +1,14 @@
 """The control plane's store keys: one function or constant per key, shared by everyone who talks through the store
 — the coordinator, the workers, the instance agents, the driver and `trainer.control.planning.hand_plan` clients.
 
-Owns: the names of the keys, what each holds (below), and which of them only the driver may write (`DRIVER_ONLY`,
-which `trainer.runtime.store` signs and checks). Pure: no store, no torch (the agent imports it before torch). Must not
+Owns: the names of the keys, what each holds (the docstring or comment at its definition: {id} a worker/instance id,
+{n} an epoch number, {s} a step), and which of them only the driver may write (`DRIVER_ONLY`, which
+`trainer.runtime.store` signs and checks). Pure: no store, no torch (the agent imports it before torch). Must not
 touch: what is done with the values (`trainer.control.coordinator` decides, `trainer.runtime.worker` acts,
-`trainer.providers.agent` reports), the sealing (`trainer.runtime.store`, which also owns its own ``auth/*`` keys).
-
-Keys in the store ({id}: a worker/instance id, {n}: an epoch number, {s}: a step):
-
-  job/spec                 JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
-  auth/salt, auth/check     the salt the job's key is derived with (plain), and a sealed check value: a client
-                           whose token does not open it is refused (a worker exits with EXIT_TOKEN); see
-                           `trainer.runtime.store`. Every other value is sealed with the job's key, counters (add)
-                           aside
-  epoch/{n}, epoch/current the epoch blobs (`Epoch.to_json`): every epoch, and the latest one
-  epoch/prep/{p}, .../latest  preparation p: the epoch the driver expects to decide at a coming boundary (its
-                           `prepared` = p), published a step or more ahead so that its members and transfer parties
-                           form its groups (on prefix prep{p}) while the old epoch trains; and the latest p. The
-                           epoch decided at the boundary uses them only if it is that epoch (else it forms its own)
-  ctl/prep/{p}/{id}        when worker id finished forming preparation p's groups
-  ctl/joined               "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
-  ctl/joins/{id}           how many processes of instance `id` registered (a checkpoint-restart starts a new one)
-  ctl/worker/{id}          the registered process's pid
-  ctl/final/{id}           the incarnation (ctl/joins value) of instance id's process that ended normally
-  hb/{id}                  the heartbeat: a counter the worker's heartbeat thread (its own TCPStore client) bumps
-                           every `hb_interval_s`; the coordinator declares a worker dead when it stops moving for
-                           `hb_timeout_s` (measured on the coordinator's clock: no clock skew between hosts)
-  ctl/at/{id}              the step the worker started last (the driver kills a victim mid-step with it)
-  ctl/boundary/{s}         the decision for the boundary before step s, taken **once** by compare-and-set (as the
-                           reference's `/rdzv/global_steps_{step}` CAS, §D.3): the first worker to reach it writes
-                           "train"; the coordinator claims it beforehand with "hold" and resolves a hold to
-                           "epoch:{n}" (migrate into epoch n; "epoch:{n}:{p}" when it is preparation p's epoch,
-                           which its parties hold already), "restart:{n}" (checkpoint here, exit for a
-                           checkpoint-restart into epoch n) or "train". A decision naming an epoch the worker has
-                           already reached is stale (the boundary is being passed again after a recovery) and means
-                           "train". Every member of an epoch therefore sees the same decision.
-  ctl/decided/{s}          when the boundary before step s was resolved (wall clock)
-  ctl/preempt/{id}         the last epoch number a preempted worker takes part in (standby workers exit after it)
-  ctl/notice/{id}, ctl/notices
-                           a preemption notice the worker received (SIGTERM, `trainer.runtime.worker`): its
-                           deadline (wall clock: time of the signal + the job's `notice_grace_s`); then the id
-                           appended to the list the driver polls with the heartbeats
-  ctl/exit/{id}            when the worker's process ended normally (a notice's notice-to-exit time)
-  ctl/restart/{id}         the worker's process must exit (EXIT_RESTART) for a checkpoint-restart
-  ctl/e{n}/abort           epoch n is broken (a member died, or a worker saw a collective fail): members abandon
-                           the step in flight (nothing applied) and report; set by the coordinator or a worker
-  ctl/e{n}/abandon/{id}, ctl/e{n}/failed/{id}
-                           the step a survivor of broken epoch n abandoned (= the steps it applied; all agree), and
-                           when the work it lost started
-  ctl/e{n}/next            the number of the epoch that replaces broken epoch n (survivors wait for it)
-  ctl/e{n}/commit/{s}/{id}, ctl/e{n}/decide/{s}
-                           the once-only commit of step s in epoch n (each member marks itself done): "apply" iff
-                           every rank finished its collectives, "abort" if the epoch broke first (see
-                           `trainer.runtime.pipeline`). The decision
-                           of a migrated epoch's first step is also the migration's: "apply" commits it, "abort"
-                           (which the coordinator writes itself when the hand-off breaks) rolls it back
-  ctl/e{n}/...             per-epoch measurements: arrive/{id} (old member's last step ended), ready/{id} (new
-                           member about to run its first step), phases/{id} (its migration's phase durations,
-                           JSON), bytes (sent or loaded, counter), sent/{id} (a
-                           transfer source has added what it sent to bytes), decided (when the epoch was published)
-  ckpt/written             "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s (with a
-                           checkpoint URI: once the shard and its record are uploaded there)
-  ckpt/files/{s}/{n}/{k}   with a checkpoint URI: the files stage k of epoch n uploaded for step s and their sizes
-                           (JSON {name: size}), set before ckpt/written names them (the driver's manifest lists them)
-  ckpt/failed/{id}         with a checkpoint URI: the uploads worker id could not make (JSON list of messages)
-  ckpt/restore/{n}         the checkpoint a restoring epoch n loads: JSON {shard file: [its layers]}, set before
-                           the epoch is published (a worker loads the shards of its layers, fetching from the URI
-                           those its disk does not hold)
-  loss/{s}                 the loss of step s, written by the last stage's replica 0 (`StepLoss`: with the loss
-                           scale after it, and whether it was skipped, where the job scales its loss); a
-                           checkpoint-restart deletes those of the steps it recomputes before publishing its epoch
-                           (so a key present after it holds the recomputed value)
-  val/patience             a spec that stops early (`Validation.patience`): the count after the latest scored
-                           boundary (`trainer.runtime.validation.Patience`, JSON), rewritten there by the last
-                           stage's replica 0; read by every member at each scored boundary (a joiner or a restarted
-                           process was not there to count); the driver seeds it when a job resumes
-  plan/accepts             the planner's name, when the job's live planner takes plans handed in from outside
-                           (`trainer.control.planning.HandedPlanner`); absent otherwise
-  plan/seq, plan/handed/{i}
-                           plans handed in by `trainer.control.planning.hand_plan` clients: the counter, then plan
-                           i as JSON {"strategy", "source", "sent_at"} (the client increments the counter, then
-                           writes the plan)
-  ctl/states/{id}          the worker's state transitions, "TRAINING@0;MIGRATING@2;..."
-  ctl/error/{id}, ctl/rejected/{id}
-                           why the worker failed (`message`); ctl/abort: why the job was aborted; ctl/done: it ended
-  agent/{id}/up/{k}        the agent started instance id's k-th worker process (its pid; k = 0, 1, ...)
-  agent/{id}/exit/{k}      the exit code of that process (negative: killed by that signal)
-  agent/{id}/start/{k}     the driver asks for process k (k >= 1: after a checkpoint-restart)
-  agent/{id}/signals, agent/{id}/signal/{n}
-                           the driver asks the agent to send signal n's number to the worker (a counter, then
-                           the numbers): how a preemption notice the driver learns of reaches a worker elsewhere
-  final/{id}               the worker's stage, replica and parameter digest when it finished the job (JSON)
+`trainer.providers.agent` reports), the sealing (`trainer.runtime.store`, which owns its own ``auth/salt`` and
+``auth/check`` keys: every other value is sealed with the job's key, counters aside). Where to look next: `boundary`
+(the once-only decision at a step boundary) and `commit` (the once-only commit of a step) hold the protocol's two
+agreements.
 """
 
 from __future__ import annotations
@@ -108,37 +26,52 @@ DRIVER_ONLY = re.compile(
 )
 
 # -- the job ---------------------------------------------------------------------------------------------------
+#: JSON: model and train configs, steps, job id, directories, checkpoint period, timeouts
 JOB_SPEC = "job/spec"
+#: the job ended
 DONE = "ctl/done"
+#: why the job was aborted
 ABORT = "ctl/abort"
+#: the latest epoch's blob (`Epoch.to_json`)
 EPOCH_CURRENT = "epoch/current"
 
 
 def epoch(n: int) -> str:
+    """Epoch `n`'s blob (`Epoch.to_json`)."""
     return f"epoch/{n}"
 
 
+#: the latest preparation's number (`prepare`)
 PREPARE_LATEST = "epoch/prep/latest"
 
 
 def prepare(p: int) -> str:
+    """Preparation `p`: the epoch the driver expects to decide at a coming boundary (its `prepared` = p), published a
+    step or more ahead so that its members and transfer parties form its groups (on prefix prep{p}) while the old epoch
+    trains. The epoch decided at the boundary uses them only if it is that epoch (else it forms its own)."""
     return f"epoch/prep/{p}"
 
 
 def prepared(p: int, w: int) -> str:
+    """When worker `w` finished forming preparation `p`'s groups."""
     return f"ctl/prep/{p}/{w}"
 
 
 # -- membership and liveness -------------------------------------------------------------------------------------
+#: "3,0,1,..." appended by each worker when it registers (JOINING -> STANDBY)
 JOINED = "ctl/joined"
+#: the ids of the workers that received a preemption notice (`notice`), appended; the driver polls it with the
+#: heartbeats
 NOTICES = "ctl/notices"
 
 
 def joins(w: int) -> str:
+    """How many processes of instance `w` registered (a checkpoint-restart starts a new one)."""
     return f"ctl/joins/{w}"
 
 
 def worker_pid(w: int) -> str:
+    """The registered process's pid."""
     return f"ctl/worker/{w}"
 
 
@@ -148,30 +81,40 @@ def final(w: int) -> str:
 
 
 def heartbeat(w: int) -> str:
+    """A counter worker `w`'s heartbeat thread (its own TCPStore client) bumps every `hb_interval_s`; the coordinator
+    declares the worker dead when it stops moving for `hb_timeout_s` (on the coordinator's clock: no skew between
+    hosts)."""
     return f"hb/{w}"
 
 
 def step_at(w: int) -> str:
+    """The step worker `w` started last (the driver kills a victim mid-step with it)."""
     return f"ctl/at/{w}"
 
 
 def preempt(w: int) -> str:
+    """The last epoch number a preempted worker takes part in (standby workers exit after it)."""
     return f"ctl/preempt/{w}"
 
 
 def notice(w: int) -> str:
+    """A preemption notice worker `w` received (SIGTERM, `trainer.runtime.worker`): its deadline (wall clock: the
+    signal's time + the job's `notice_grace_s`); then `w` is appended to `NOTICES`."""
     return f"ctl/notice/{w}"
 
 
 def exited(w: int) -> str:
+    """When worker `w`'s process ended normally (a notice's notice-to-exit time)."""
     return f"ctl/exit/{w}"
 
 
 def restart(w: int) -> str:
+    """Worker `w`'s process must exit (EXIT_RESTART) for a checkpoint-restart."""
     return f"ctl/restart/{w}"
 
 
 def states(w: int) -> str:
+    """Worker `w`'s state transitions, "TRAINING@0;MIGRATING@2;..."."""
     return f"ctl/states/{w}"
 
 
@@ -187,23 +130,35 @@ def replica_final(w: int) -> str:
 
 # -- step boundaries ---------------------------------------------------------------------------------------------
 def boundary(s: int) -> str:
+    """The decision for the boundary before step `s`, taken **once** by compare-and-set (as the reference's
+    `/rdzv/global_steps_{step}` CAS, §D.3): the first worker to reach it writes "train"; the coordinator claims it
+    beforehand with "hold" and resolves a hold to "epoch:{n}" (migrate into epoch n; "epoch:{n}:{p}" when it is
+    preparation p's epoch, which its parties hold already), "restart:{n}" (checkpoint here, exit for a checkpoint-
+    restart into epoch n) or "train". A decision naming an epoch the worker has already reached is stale (the boundary
+    is being passed again after a recovery) and means "train". Every member of an epoch therefore sees the same
+    decision."""
     return f"ctl/boundary/{s}"
 
 
 def boundary_decided(s: int) -> str:
+    """When the boundary before step `s` was resolved (wall clock)."""
     return f"ctl/decided/{s}"
 
 
 # -- per epoch ---------------------------------------------------------------------------------------------------
 def epoch_abort(n: int) -> str:
+    """Epoch `n` is broken (a member died, or a worker saw a collective fail): members abandon the step in flight
+    (nothing applied) and report; set by the coordinator or a worker."""
     return f"ctl/e{n}/abort"
 
 
 def epoch_next(n: int) -> str:
+    """The number of the epoch that replaces broken epoch `n` (survivors wait for it)."""
     return f"ctl/e{n}/next"
 
 
 def epoch_decided(n: int) -> str:
+    """When epoch `n` was published."""
     return f"ctl/e{n}/decided"
 
 
@@ -213,6 +168,7 @@ def loaded(n: int, w: int) -> str:
 
 
 def arrive(n: int, w: int) -> str:
+    """When old member `w`'s last step before epoch `n` ended."""
     return f"ctl/e{n}/arrive/{w}"
 
 
@@ -223,53 +179,76 @@ def last_step(n: int, w: int) -> str:
 
 
 def ready(n: int, w: int) -> str:
+    """When new member `w` of epoch `n` is about to run its first step."""
     return f"ctl/e{n}/ready/{w}"
 
 
 def phases(n: int, w: int) -> str:
+    """Worker `w`'s migration into epoch `n`: its phases' durations (JSON)."""
     return f"ctl/e{n}/phases/{w}"
 
 
 def sent(n: int, w: int) -> str:
+    """The bytes of state transfer source `w` sent into epoch `n` (sealed: the driver adds them up)."""
     return f"ctl/e{n}/sent/{w}"
 
 
 def abandon(n: int, w: int) -> str:
+    """The step survivor `w` of broken epoch `n` abandoned (= the steps it applied; all agree)."""
     return f"ctl/e{n}/abandon/{w}"
 
 
 def failed(n: int, w: int) -> str:
+    """When the work survivor `w` of broken epoch `n` lost started."""
     return f"ctl/e{n}/failed/{w}"
 
 
 def commit(n: int, s: int, w: int) -> str:
+    """Member `w`'s mark on the once-only commit of step `s` in epoch `n` (`decide`): "apply" iff every rank finished
+    its collectives, "abort" if the epoch broke first (`trainer.runtime.pipeline`). The decision of a migrated epoch's
+    first step is also the migration's: "apply" commits it, "abort" (which the coordinator writes itself when the
+    hand-off breaks) rolls it back."""
     return f"ctl/e{n}/commit/{s}/{w}"
 
 
 def decide(n: int, s: int) -> str:
+    """The once-only decision on step `s` of epoch `n` (`commit`)."""
     return f"ctl/e{n}/decide/{s}"
 
 
 # -- checkpoints and losses --------------------------------------------------------------------------------------
+#: "s:n:k;" appended when stage k of epoch n wrote its shard of the checkpoint of step s (with a checkpoint URI: once
+#: the shard and its record are uploaded there)
 CKPT_WRITTEN = "ckpt/written"
 
 
 def ckpt_files(s: int, n: int, k: int) -> str:
+    """With a checkpoint URI: the files stage `k` of epoch `n` uploaded for step `s` and their sizes (JSON {name:
+    size}), set before `CKPT_WRITTEN` names them (the driver's manifest lists them)."""
     return f"ckpt/files/{s}/{n}/{k}"
 
 
 def ckpt_failed(w: int) -> str:
+    """With a checkpoint URI: the uploads worker `w` could not make (JSON list of messages)."""
     return f"ckpt/failed/{w}"
 
 
 def ckpt_restore(n: int) -> str:
+    """The checkpoint a restoring epoch `n` loads: JSON {shard file: [its layers]}, set before the epoch is published (a
+    worker loads the shards of its layers, fetching from the URI those its disk does not hold)."""
     return f"ckpt/restore/{n}"
 
 
+#: a spec that stops early (`Validation.patience`): the count after the latest scored boundary
+#: (`trainer.runtime.validation.Patience`, JSON), rewritten there by the last stage's replica 0; read by every member
+#: at each scored boundary (a joiner or a restarted process was not there to count); the driver seeds it when a job
+#: resumes
 PATIENCE = "val/patience"
 
 
 def loss(s: int) -> str:
+    """The loss of step `s` (`StepLoss`), written by the last stage's replica 0; a checkpoint-restart deletes those of
+    the steps it recomputes before publishing its epoch (so a key present after it holds the recomputed value)."""
     return f"loss/{s}"
 
 
@@ -310,7 +289,10 @@ class StepLoss(NamedTuple):
 
 
 # -- plans handed in from outside (`trainer.control.planning.hand_plan`) -----------------------------------------------
+#: the planner's name, when the job's live planner takes plans handed in from outside
+#: (`trainer.control.planning.HandedPlanner`); absent otherwise
 ACCEPTS = "plan/accepts"
+#: how many plans were handed in (`handed`): a client increments it, then writes the plan
 HANDED_SEQ = "plan/seq"
 
 
@@ -321,20 +303,26 @@ def handed(i: int) -> str:
 
 # -- instance agents (`trainer.providers.agent`) -----------------------------------------------------------------------
 def agent_up(w: int, k: int) -> str:
+    """The agent started instance `w`'s `k`-th worker process (its pid; k = 0, 1, ...)."""
     return f"agent/{w}/up/{k}"
 
 
 def agent_exit(w: int, k: int) -> str:
+    """The exit code of that process (negative: killed by that signal)."""
     return f"agent/{w}/exit/{k}"
 
 
 def agent_start(w: int, k: int) -> str:
+    """The driver asks for instance `w`'s process `k` (k >= 1: after a checkpoint-restart)."""
     return f"agent/{w}/start/{k}"
 
 
 def agent_signals(w: int) -> str:
+    """How many signals the driver asked instance `w`'s agent to send its worker (`agent_signal`): how a preemption
+    notice the driver learns of reaches a worker elsewhere."""
     return f"agent/{w}/signals"
 
 
 def agent_signal(w: int, n: int) -> str:
+    """The number of the `n`-th signal to send."""
     return f"agent/{w}/signal/{n}"
