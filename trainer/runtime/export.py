@@ -150,5 +150,6 @@ def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecM
                 f"the checkpoint of step {exported.step} lacks {missing[:3]} of the spec's layers; was it written by "
                 "another version of the spec?"
             )
-        layer.load_state_dict({k: exported.state[f"{name}.{k}"] for k in wanted}, strict=False)
+        # assigned, not copied: the checkpoint's tensors become the layer's (a model's size in memory, not twice it)
+        layer.load_state_dict({k: exported.state[f"{name}.{k}"] for k in wanted}, strict=False, assign=True)
     return SpecModel(names, layers).eval()
