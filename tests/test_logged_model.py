@@ -13,13 +13,26 @@ from pathlib import Path
 
 import tracking
 
+import mlflow.pytorch  # noqa: E402  (after tracking: telemetry off)
 import pytest
 import torch
 from _mlflow import temporary_mlflow_store
-from mlflow import MlflowClient  # noqa: E402  (after tracking: telemetry off)
+from mlflow import MlflowClient  # noqa: E402
 
-from trainer import ModelConfig, StageLayout, TrainConfig, build_context, checkpoint, export_state_dict, train_step
+from trainer import (
+    CheckpointConfig,
+    JobConfig,
+    ModelConfig,
+    StageLayout,
+    TrainConfig,
+    build_context,
+    checkpoint,
+    export_state_dict,
+    train_step,
+)
 from trainer.observe.logged_model import log_trained_model
+from trainer.observe.tracking import MlflowJobObserver
+from trainer.runtime.checkpoint_mirror import mirror_for
 from trainer.runtime.export import trained_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,3 +93,43 @@ def test_a_checkpoint_that_lacks_a_layer_s_parameter_is_not_a_model(tmp_path):
     del exported.state["head.out.bias"]
     with pytest.raises(checkpoint.CheckpointError, match=r"step 0 lacks \['head.out.bias'\]"):
         trained_model(exported, train)
+
+
+def test_the_run_logs_its_final_layers_and_a_best_checkpoint_only_its_checkpoint_uri_holds(store, tmp_path):
+    """The driver's observer at the job's end: "model" from the final layers on this disk, "best" from the job's
+    checkpoint URI, where the instances that wrote it (sharing no disk with the driver) copied it."""
+    model, train = ModelConfig(SPEC, {}), TrainConfig(global_batch=24)
+    ctx = build_context(model, train, StageLayout.even(1, 1, model))
+    local, layers, durable = tmp_path / "job" / "checkpoints", tmp_path / "job" / "layers", tmp_path / "durable"
+    steps = {}
+    for s in range(1, 5):
+        train_step(ctx, s - 1)
+        steps[s] = ctx.layer_states()
+    checkpoint.save(checkpoint.shard_path(local, 2), steps[2], step=2, config=model, job="job")
+    mirror_for(f"file://{durable}").upload_step(local, 2)
+    for f in checkpoint.step_files(local, 2):  # the driver's disk never held it
+        f.unlink()
+    checkpoint.save(checkpoint.shard_path(layers, 4), steps[4], step=4, config=model, job="job")
+    job = JobConfig(out_dir=str(tmp_path / "job"), model=model, train=train,
+                    checkpoint=CheckpointConfig(uri=f"file://{durable}"))  # fmt: skip
+    obs = MlflowJobObserver(experiment="a-job", flush_every_s=0.1)
+    obs.on_start({"job": "job", "model": SPEC, "workers": 1, "strategy": (1, 1), "steps": 4, "global_batch": 24,
+                  "checkpoint_dir": str(local), "config": job.to_dict()})  # fmt: skip
+    obs.on_end(
+        {
+            "layers": str(layers),
+            "first_step": 0,
+            "loss": [1.0] * 4,
+            "reconfigurations": [],
+            "validation": [{"step": 2, "loss": 0.25}, {"step": 4, "loss": 0.5}],
+            "best_checkpoint": {"step": 2},
+        }
+    )
+    assert obs.closed and set(obs.models) == {"model", "best"}
+    client = MlflowClient(tracking.tracking_uri())
+    for name, step in (("model", 4), ("best", 2)):
+        logged = client.get_logged_model(obs.models[name])
+        assert (logged.params["step"], logged.params["val_loss"], logged.source_run_id) == (
+            str(step), "0.5" if step == 4 else "0.25", obs.run_id)  # fmt: skip
+        loaded = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+        assert torch.equal(loaded.layer("head").out.weight, steps[step]["head"]["param/out.weight"])

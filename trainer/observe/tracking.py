@@ -82,7 +82,7 @@ from trainer.observe.observer import JobObserver, PlanInfo, StepInfo
 from trainer.observe.timeline import StepTimeline, expected_available, number, timeline_figure
 from trainer.observe.tracking_sender import MlflowSender, RunEnd, transient  # noqa: E402
 from trainer.runtime.checkpoint import find_shards, record_path  # noqa: E402
-from trainer.runtime.export import export_state_dict  # noqa: E402
+from trainer.runtime.export import export_from_uri, export_state_dict  # noqa: E402
 from trainer.runtime.validation import Monitor  # noqa: E402
 
 if TYPE_CHECKING:
@@ -604,13 +604,18 @@ class MlflowJobObserver(JobObserver):
 
     def _log_model(self, name: str, step: int, directory: Path, scores: Mapping[str, float] | None) -> None:
         """Log the checkpoint of `step` in `directory` as the run's logged model `name` (`log_trained_model`), once
-        (a retry after the store went away does not log it again)."""
+        (a retry after the store went away does not log it again). A checkpoint written on instances that share no
+        disk with this one is read from the job's checkpoint URI."""
         client, run_id = self._sender.client, self.run_id
         assert client is not None and run_id is not None and self._exp is not None
         if name in self.models:
             return
         config = JobConfig.from_dict((self._info or {})["config"])
-        exported = export_state_dict(directory, step)
+        uri = config.checkpoint.uri
+        if uri is not None and not find_shards(directory, step):
+            exported = export_from_uri(uri, step)
+        else:
+            exported = export_state_dict(directory, step)
         self.models[name] = log_trained_model(client, self._exp, run_id, name, exported, config.train, scores)
 
     def finish(self, client: MlflowClient, final: RunEnd) -> bool:
