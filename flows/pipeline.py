@@ -133,6 +133,8 @@ def main() -> int:
     print(f"  training:   {job['steps']} steps, loss {job['loss_first']:.3f} -> {job['loss_last']:.3f}; "
           f"migrations: {kinds}; plans: {job['plans']} ({job['forecast']})")  # fmt: skip
     print(f"              checkpoints in {job['checkpoint_dir']}; MLflow run {job['mlflow_run_id']}")
+    for name, uri in job.get("mlflow_models", {}).items():  # the trained model, as MLflow loads it
+        print(f"              {name}: mlflow.pytorch.load_model({uri!r})")
     missing = [k for k in LIVE_KINDS if k not in job["migrations"]]
     if missing:
         print(f"  note: no {', no '.join(missing)} migration in this run: the liveput planner chose only "

@@ -224,6 +224,8 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "checkpoint_uri": report.get("checkpoint_uri"),  # {"uri", "uploaded", "errors"} with a --checkpoint-uri
         "mlflow_run_id": trained.run_id,
         "mlflow_resumed_run": trained.resumed_run,
+        # the trained model as MLflow logged models of the run ("model": the final layers; "best"): their URIs
+        "mlflow_models": {name: f"models:/{model_id}" for name, model_id in trained.models.items()},
         "tracking_uri": trained.tracking_uri,
         "final_checksum": report["final_checksum"],
         "wall_s": float(report["wall_s"]),
@@ -274,6 +276,14 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
             "",
             f"Steps lost to checkpoint-restarts: {s['steps_lost']}. Checkpoints: `{s['checkpoint_dir']}`.",
             *_uri_lines(s["checkpoint_uri"]),
+            *(
+                [
+                    f"MLflow models: {', '.join(f'`{n}` `{u}`' for n, u in s['mlflow_models'].items())} "
+                    "(`mlflow.pytorch.load_model`)."
+                ]
+                if s["mlflow_models"]
+                else []
+            ),
             "",
             link,
         ]

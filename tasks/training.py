@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -250,6 +250,7 @@ class TrainedRun:
     out_dir: str
     resumed_run: bool  # the MLflow run was reopened (a resumed job)
     key: str = "job"  # the job's Prefect artifact keys end with it (`artifact_key` of its model and trace)
+    models: dict[str, str] = field(default_factory=dict)  # the run's logged models: "model", "best" -> model id
 
 
 @task(name="train-job", persist_result=False)
@@ -286,4 +287,4 @@ def train_job(
     run_id = mlflow_obs.run_id  # on_end (in train) has ended the run and stopped its logging thread
     if run_id is not None:
         _write_run_file(out, run_id, uri, "FINISHED")
-    return TrainedRun(report, run_id, uri, str(out.resolve()), reopen is not None, key)
+    return TrainedRun(report, run_id, uri, str(out.resolve()), reopen is not None, key, dict(mlflow_obs.models))

@@ -361,6 +361,7 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     models = client.search_logged_models([run.info.experiment_id], f"source_run_id = '{run.info.run_id}'")
     assert {m.name: (m.params["step"], str(m.status)) for m in models} == {"model": ("8", "READY"),
                                                                            "best": ("4", "READY")}  # fmt: skip
+    assert summary["mlflow_models"] == {m.name: f"models:/{m.model_id}" for m in models}  # (and in its artifact)
     final = next(m for m in models if m.name == "model")
     assert float(final.params["val_loss"]) == pytest.approx(max(held_out, key=lambda m: m.step).value, rel=1e-5)
     loaded = mlflow.pytorch.load_model(f"models:/{final.model_id}")
