@@ -357,6 +357,9 @@ def test_the_best_checkpoint_is_the_best_by_the_validation_s_monitor_in_its_dire
     # the newest record ranks by the loss (a record written before monitors were kept does too): the lowest loss
     (tmp_path / "step00000030.val.json").write_text(json.dumps({"format": 1, "step": 30, "job": JOB, "val_loss": 0.35}))
     assert checkpoint.best_scored(checkpoint.held_out(tmp_path, job=JOB)) == [30, 20]
+    # a record whose score under the newest monitor is not a number is not ranked
+    nan = {5: HeldOut({"loss": 0.1, "accuracy": float("nan")}), 6: HeldOut({"loss": 0.2, "accuracy": 0.5}, accuracy)}
+    assert checkpoint.best_scored(nan) == [6]
     # a record that lacks its own monitored score, or has no known mode, counts as no score
     for bad in ({"monitor": "accuracy"}, {"mode": "best"}):
         record = {"format": 1, "step": 30, "job": JOB, "val_loss": 0.35, **bad}

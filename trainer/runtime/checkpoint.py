@@ -571,12 +571,13 @@ def val_losses(directory: str | os.PathLike[str], *, job: str | None = None) -> 
 
 def best_scored(records: Mapping[int, HeldOut]) -> list[int]:
     """`records`' steps, best first by the newest record's monitor (the job's, as it was last run: a resume may
-    watch another score), among those that hold that score; the earliest of equal ones (a later checkpoint must
-    improve on it to replace it)."""
+    watch another score), among those that hold that score as a number; the earliest of equal ones (a later
+    checkpoint must improve on it to replace it)."""
     if not records:
         return []
     monitor = records[max(records)].monitor
-    ranked = {s: monitor.score(r.scores) for s, r in records.items() if monitor.name in r.scores}
+    held = {s: r.scores[monitor.name] for s, r in records.items() if monitor.name in r.scores}
+    ranked = {s: monitor.score({monitor.name: v}) for s, v in held.items() if math.isfinite(v)}  # (a NaN: unranked)
     return sorted(ranked, key=lambda s: (ranked[s], s))
 
 
