@@ -131,5 +131,5 @@ def test_the_run_logs_its_final_layers_and_a_best_checkpoint_only_its_checkpoint
         logged = client.get_logged_model(obs.models[name])
         assert (logged.params["step"], logged.params["val_loss"], logged.source_run_id) == (
             str(step), "0.5" if step == 4 else "0.25", obs.run_id)  # fmt: skip
-        loaded = mlflow.pytorch.load_model(f"models:/{logged.model_id}")
+        loaded = mlflow.pytorch.load_model(logged.artifact_location)  # (models:/ reads MLflow's global tracking URI)
         assert torch.equal(loaded.layer("head").out.weight, steps[step]["head"]["param/out.weight"])

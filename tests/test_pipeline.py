@@ -364,7 +364,7 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
     assert summary["mlflow_models"] == {m.name: f"models:/{m.model_id}" for m in models}  # (and in its artifact)
     final = next(m for m in models if m.name == "model")
     assert float(final.params["val_loss"]) == pytest.approx(max(held_out, key=lambda m: m.step).value, rel=1e-5)
-    loaded = mlflow.pytorch.load_model(f"models:/{final.model_id}")
+    loaded = mlflow.pytorch.load_model(final.artifact_location)  # (models:/ would read MLflow's global tracking URI)
     exported = export_state_dict(store / "digits" / "layers")
     for key, value in exported.state.items():
         name, rest = key.split(".", 1)
