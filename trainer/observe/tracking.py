@@ -661,7 +661,7 @@ class MlflowJobObserver(JobObserver):
                 watched = Monitor(str(info.get("val_monitor", "loss")), str(info.get("val_mode", "min")))
                 held_out = client.get_metric_history(run_id, f"val_{watched.name}")
                 if held_out:
-                    best = min(held_out, key=lambda m: (watched.score({watched.name: m.value}), m.step))
+                    best = min(held_out, key=lambda m: (watched.rank(m.value), m.step))
                     metrics[f"best_val_{watched.name}"], metrics["best_val_step"] = float(best.value), float(best.step)
             if stopped := (result or {}).get("stopped_early"):  # the held-out loss ended the job at this step
                 metrics["stopped_early_step"] = float(stopped["step"])

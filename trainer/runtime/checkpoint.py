@@ -577,7 +577,7 @@ def best_scored(records: Mapping[int, HeldOut]) -> list[int]:
         return []
     monitor = records[max(records)].monitor
     held = {s: r.scores[monitor.name] for s, r in records.items() if monitor.name in r.scores}
-    ranked = {s: monitor.score({monitor.name: v}) for s, v in held.items() if math.isfinite(v)}  # (a NaN: unranked)
+    ranked = {s: monitor.rank(v) for s, v in held.items() if math.isfinite(v)}  # (a NaN: unranked)
     return sorted(ranked, key=lambda s: (ranked[s], s))
 
 

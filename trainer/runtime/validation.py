@@ -45,15 +45,18 @@ class Monitor:
     name: str = "loss"
     mode: str = "min"
 
+    def rank(self, value: float) -> float:
+        """A value of the monitored score as a rank, lower being better either way: negated under `mode` "max" (its
+        own inverse: it also turns a rank back into the value, `value`)."""
+        return value if self.mode == "min" else -value
+
     def score(self, scores: Mapping[str, float]) -> float:
-        """The monitored one of a boundary's held-out `scores` ("loss", each metric), negated under `mode` "max", so
-        that lower is better either way."""
-        v = float(scores[self.name])
-        return v if self.mode == "min" else -v
+        """The rank of the monitored one of a boundary's held-out `scores` ("loss", each metric)."""
+        return self.rank(float(scores[self.name]))
 
     def value(self, score: float) -> float:
         """The monitored value a `score` stands for (its inverse)."""
-        return score if self.mode == "min" else -score
+        return self.rank(score)
 
 
 def score_text(monitor: str, value: float, loss: float) -> str:
