@@ -144,8 +144,8 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
     """Every kind of live migration (prepared ahead where it can be: the catch-up applies or skips the step its
     source did), a kill and a checkpoint-restart, on a scale that overflows and grows every few steps: the job skips
     the steps an uninterrupted run skips and ends on its scale (a rank with another scale would stop the job)."""
-    model, steps = ModelConfig("_fp16_model:spec", args={"scaling": OFTEN}), 13
-    schedule = [*EVERY_MIGRATION, {"step": 10, "kind": "kill", "instances": [3]},
+    model, steps, kill = ModelConfig("_fp16_model:spec", args={"scaling": OFTEN}), 13, 10
+    schedule = [*EVERY_MIGRATION, {"step": kill, "kind": "kill", "instances": [3]},
                 {"step": 11, "kind": "checkpoint-restart", "strategy": [1, 2]}]  # fmt: skip
     observer = StepScales()  # step -> (scale, skipped), as the driver reports it
     result = run_job(model, TRAIN, 4, (1, 1), steps, schedule, tmp_path / "job", checkpoint_every=2, timeout_s=90,
@@ -161,7 +161,13 @@ def test_the_scale_moves_with_the_layers_through_every_migration_and_a_restart(t
     assert result["loss_scale"] == {"final": ref.held_scale().value,
                                     "skipped_steps": [s for s, (_, skip) in want.items() if skip]}  # fmt: skip
     assert observer.seen == want  # the same steps skipped, on the same scale, under every strategy the job went through
-    assert result["loss"] == pytest.approx(losses, rel=1e-5)
+    # Up to the killed step the strategies are the schedule's, whatever the timing: the uninterrupted run's losses.
+    # The step the kill lands in may complete on every rank first (the kill comes after the step starts, before the
+    # next boundary): then it is applied at D=3, whose micro-batches group the rows otherwise, and under float16
+    # autocast a last-bit difference in a float32 weight can round its float16 copy one unit apart. Measured: the
+    # schedule with step 10 run whole at D=3 ends 4.5e-5 from the uninterrupted run; within float16's unit roundoff.
+    assert result["loss"][: kill + 1] == pytest.approx(losses[: kill + 1], rel=1e-5)
+    assert result["loss"][kill + 1 :] == pytest.approx(losses[kill + 1 :], rel=2.0**-11)
     final = checkpoint.load(checkpoint.find_shards(result["layers"], steps), config=model, job="job")
     held = {loss_scale.from_state(state) for state in final.layers.values()}
     assert held == {ref.held_scale()}, held
