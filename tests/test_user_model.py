@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -639,6 +640,65 @@ def test_a_replica_loads_only_its_rows_where_the_batch_function_can():
     assert torch.equal(x, torch.tensor([6.0, 7.0])) and torch.equal(y, torch.tensor([4, 5]))
     with pytest.raises(ValueError, match=r"rows \[4, 7\) are not within a batch of 6"):
         sampler.rows(0, 4, 7)
+    short = lambda step: (torch.arange(5.0), torch.arange(6))  # noqa: E731  (a step's inputs one row short)
+    with pytest.raises(SpecError, match=r"^batch\(3\) gave 1 and 2 rows where rows \[4, 6\) of its batch were "
+                       r"wanted: every step's batch holds the global batch's rows \(train.global_batch\), inputs and "
+                       r"targets alike$"):  # fmt: skip
+        batch_rows(short, 3, range(4, 6))
+
+
+_LOGGED_SPEC = """
+import os
+import torch, torch.nn as nn
+import parcae
+
+def spec(log):
+    X = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    Y = X.sum(1, keepdim=True)
+
+    def batch(step):
+        with open(log, "a") as f:
+            f.write(f"{os.getpid()} {step}\\n")
+        rows = torch.arange(step * 8, step * 8 + 8) % 64
+        return X[rows], Y[rows]
+
+    class HeldOut(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()} held-out\\n")
+            return -X[i], -Y[i]
+
+    return parcae.TrainSpec(
+        validation=parcae.Validation.over(HeldOut(), batch_size=8, every=2),
+        layers=[*(parcae.Layer(f"block.{i}", lambda: nn.Sequential(nn.Linear(4, 4), nn.Tanh())) for i in range(3)),
+                parcae.Layer("head", lambda: nn.Linear(4, 1))],
+        batch=batch,
+        loss=lambda out, y: nn.functional.mse_loss(out, y, reduction="sum"),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.01),
+    )
+"""
+
+
+def test_a_middle_stage_loads_no_data(tmp_path, _no_orphans):
+    """On three stages the first loads a step's inputs and the last its targets; the middle one loads nothing (its
+    inputs' shapes come in headers, as Megatron-LM's and DeepSpeed's middle stages load no data), nor held-out
+    batches whose sizes are known; the job trains and scores as one process does."""
+    log, file = tmp_path / "loads", tmp_path / "logged.py"
+    file.write_text(_LOGGED_SPEC)
+    model, train, steps = ModelConfig(f"{file}:spec", args={"log": str(log)}), TrainConfig(global_batch=8), 4
+    result = run_job(model, train, 3, (1, 3), steps, [], tmp_path / "job", timeout_s=60)
+    ctx = build_context(model, train, StageLayout.even(1, 1, model))
+    assert result["loss"] == pytest.approx([train_step(ctx, step) for step in range(steps)], rel=1e-5)
+    assert [v["loss"] for v in result["validation"]] == pytest.approx(
+        [v["loss"] for v in validated(model, train, steps)], rel=1e-5)  # fmt: skip
+    loads = [line.split() for line in log.read_text().splitlines()]
+    mine = str(os.getpid())  # (the spec's checks and the one-process run)
+    workers = {pid for pid, what in loads if pid != mine and what not in ("0", "1", "held-out")}
+    assert len(workers) == 2, loads  # of the three stages' processes
+    assert {pid for pid, what in loads if pid != mine and what == "held-out"} == workers
 
 
 def test_the_next_step_s_rows_are_loaded_while_this_one_trains_and_never_twice_at_once():

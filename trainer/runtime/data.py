@@ -81,15 +81,36 @@ def batch_rows(batch: Callable[[int], tuple[Any, Any]], step: int, rows: range, 
     function's error is a `DataError` naming `what` (the spec's field: "batch", "validation.batch")."""
     try:
         if isinstance(batch, RowBatch):
-            return batch.rows(step, rows.start, rows.stop)
-        x, y = batch(step)
-        return _cut(x, rows), _cut(y, rows)
+            x, y = batch.rows(step, rows.start, rows.stop)
+        else:
+            x, y = batch(step)
+            x, y = _cut(x, rows), _cut(y, rows)
     except Exception as exc:  # noqa: BLE001 — a user's function: one line naming it, whatever it raised
         raise _data_error(what, step, exc) from exc
+    # a step whose batch is short would cut fewer micro-batches here than a middle stage, which loads nothing, counts
+    got = {int(t.shape[0]) if t.dim() else 0 for t in leaves((x, y))}
+    if got != {len(rows)}:
+        rule = ("every step's batch holds the global batch's rows (train.global_batch)" if what == "batch" else
+                "a batch holds the rows its size() gives")  # fmt: skip
+        raise DataError(f"{what}({step}) gave {' and '.join(map(str, sorted(got)))} rows where rows "
+                        f"[{rows.start}, {rows.stop}) of its batch were wanted: {rule}, inputs and targets "
+                        "alike")  # fmt: skip
+    return x, y
 
 
 def _cut(tree: Any, rows: range) -> Any:
     return rebuild(tree, [t[rows.start : rows.stop] for t in leaves(tree)])
+
+
+def _part(V: int, replica: int, replicas: int) -> range:
+    return range(replica * V // replicas, (replica + 1) * V // replicas)
+
+
+def replica_share(batch: Callable[[int], tuple[Any, Any]], i: int, replica: int, replicas: int) -> range | None:
+    """`replica`'s rows of validation batch `i` (see `replica_part`) without loading them, where the batch function
+    gives a batch's size (`size(i)`: `Validation.over`'s); None where only loading the batch tells."""
+    size = getattr(batch, "size", None)
+    return _part(int(size(i)), replica, replicas) if callable(size) else None
 
 
 def replica_part(
@@ -100,17 +121,13 @@ def replica_part(
     batch function knows a batch's size and loads rows alone (`size(i)` and a `RowBatch`: `Validation.over`'s);
     otherwise the batch is loaded whole and cut."""
 
-    def part(V: int) -> range:
-        return range(replica * V // replicas, (replica + 1) * V // replicas)
-
     what = "validation.batch"
-    size = getattr(batch, "size", None)
-    if callable(size) and isinstance(batch, RowBatch):
-        mine = part(int(size(i)))
+    mine = replica_share(batch, i, replica, replicas) if isinstance(batch, RowBatch) else None
+    if mine is not None:
         return batch_rows(batch, i, mine, what) if len(mine) else None
     try:
         x, y = batch(i)
-        mine = part(rows_of(x))
+        mine = _part(rows_of(x), replica, replicas)
         return (_cut(x, mine), _cut(y, mine)) if len(mine) else None
     except Exception as exc:  # noqa: BLE001 — a user's function: one line naming it, whatever it raised
         raise _data_error(what, i, exc) from exc

@@ -68,7 +68,7 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
 from trainer.runtime import loss_scale
-from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, shard
+from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, replica_share, shard
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 from trainer.runtime.trainspec import rows as rows_of
@@ -688,7 +688,7 @@ def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signat
     the output of layers [0, first), computed on `meta` tensors (no memory, no compute), and whether it is a tuple;
     None where a shape depends on the data (an op that cannot run on `meta`, such as `nonzero`). The sender and the
     receiver of a boundary derive it alike: a derived activation needs no header, the others are preceded by one
-    (`_send_header`)."""
+    (`stage_forward`)."""
     spec = spec_of(model, train)
     if spec.autocast is not None:  # meta tensors do not autocast: the activations' dtypes come in a header
         return None
@@ -702,6 +702,16 @@ def _boundary(model: ModelConfig, train: TrainConfig, first: int, inputs: Signat
     except Exception:  # noqa: BLE001 — data-dependent shapes: both ends fall back to a header, never a guess
         return None
     return _signature(x), isinstance(x, tuple)
+
+
+def _derived(ctx: StageContext, layer: int, xm: Any) -> tuple[Signature, bool] | None:
+    """What crosses the boundary before `layer` for a micro-batch of inputs `xm`, derived from the spec (`_boundary`)
+    where both of its ends load the data: two stages, the first and the last. A middle stage loads no data (only the
+    first stage needs the inputs, only the last the targets, as in Megatron-LM and DeepSpeed): with three stages or
+    more every boundary is preceded by a header (None)."""
+    if ctx.strategy.P != 2:
+        return None
+    return _boundary(ctx.model, ctx.train, layer, _signature(xm), isinstance(xm, tuple))
 
 
 def _empty_like_boundary(sig: Signature, is_tuple: bool, device: torch.device) -> Any:
@@ -830,15 +840,15 @@ def stage_forward(
     stage, send on (the sends left pending in `sends`) or, on the last stage, score it against `ym`. Returns (the
     stage's input, its output — on the last stage the micro-batch's loss: the spec's sum divided by `divide_by`, or
     with normalizer "count" the sum —, the items the loss counted: 0.0 unless "count"). A receiver knows each
-    activation's shapes from the spec alone (`_boundary`), else from a header. With gradients enabled, the received
-    activations' floating-point tensors require them. `score(outputs, targets)`: told the last layer's outputs of
-    the micro-batch before the loss (validation's metrics)."""
+    activation's shapes from the spec alone where it can (`_derived`), else from a header. With gradients enabled,
+    the received activations' floating-point tensors require them. `score(outputs, targets)`: told the last layer's
+    outputs of the micro-batch before the loss (validation's metrics)."""
     g, dev, spec = ctx.groups, ctx.device, ctx.spec
     if ctx.is_first:
         inp = to_device(xm, dev)
     else:
         assert g is not None and ctx.prev_rank is not None  # a later stage: P > 1, so the rank has groups
-        derived = _boundary(ctx.model, ctx.train, ctx.module.first, _signature(xm), isinstance(xm, tuple))
+        derived = _derived(ctx, ctx.module.first, xm)
         if derived is None:
             header = torch.empty(HEADER_LEN, dtype=torch.int64)
             g.recv(header, ctx.prev_rank)
@@ -864,7 +874,7 @@ def stage_forward(
                 out = micro_loss(spec, out, ym, divide_by)
     if not ctx.is_last:
         assert g is not None and ctx.next_rank is not None  # an earlier stage: P > 1, so the rank has groups
-        derived = _boundary(ctx.model, ctx.train, ctx.module.last, _signature(xm), isinstance(xm, tuple))
+        derived = _derived(ctx, ctx.module.last, xm)
         if derived is None:
             header = _header(out)
             sends.append((g.send(header, ctx.next_rank), header))
@@ -902,9 +912,12 @@ def train_step(
         raise RuntimeError(f"step {step}: the spec {'scales' if scaling else 'does not scale'} its loss, and the "
                            f"layers {'hold no' if scale is None else 'hold a'} loss scale")  # fmt: skip
     # this replica's rows of the step's global batch (only those loaded, where the batch function can: `RowBatch`)
-    mine = replica_rows(B, ctx.replica, D)
-    x, y = rows.load(step, mine) if rows is not None else batch_rows(spec.batch, step, mine)
-    micro = shard(x, y, 0, 1, ctx.train.micro_batch)
+    mine, mb = replica_rows(B, ctx.replica, D), ctx.train.micro_batch
+    if ctx.is_first or ctx.is_last:  # the inputs, the targets: a middle stage loads nothing (its inputs' shapes
+        x, y = rows.load(step, mine) if rows is not None else batch_rows(spec.batch, step, mine)  # come in headers)
+        micro = shard(x, y, 0, 1, mb)
+    else:
+        micro = [(None, None)] * -(-len(mine) // mb)  # (as many micro-batches as `shard` cuts)
     for opt in ctx.optimizers.values():
         opt.zero_grad(set_to_none=True)
     inputs: dict[int, Any] = {}
@@ -1035,10 +1048,10 @@ def train_step(
 def validate(ctx: StageContext, validation: Validation) -> dict[str, float]:
     """The held-out loss ("loss") and `validation.metrics` of the parameters this rank's epoch holds now (on every
     rank): every batch of `validation` forward only through the strategy's stages and replicas (each replica its
-    rows, in micro-batches), the layers in `eval()` mode, the last stages' sums and counts added over the world in
-    one all-reduce. No parameter, optimiser state or loss scale changes; a broken epoch raises `StepAbandoned` (the
-    boundary is scored again in the next one)."""
-    spec, g, mb = ctx.spec, ctx.groups, ctx.train.micro_batch
+    rows, in micro-batches; a middle stage loads none where the batches give their sizes), the layers in `eval()`
+    mode, the last stages' sums and counts added over the world in one all-reduce. No parameter, optimiser state or
+    loss scale changes; a broken epoch raises `StepAbandoned` (the boundary is scored again in the next one)."""
+    spec, g, mb, D = ctx.spec, ctx.groups, ctx.train.micro_batch, ctx.strategy.D
     names = list(validation.metrics)
     # the loss summed over the rows, the rows (or the count), then each metric's sum
     total = torch.zeros(2 + len(names), dtype=torch.float64)
@@ -1054,8 +1067,13 @@ def validate(ctx: StageContext, validation: Validation) -> dict[str, float]:
         with torch.no_grad():
             for i in range(validation.batches):
                 sends: list[tuple[object, torch.Tensor]] = []
-                part = replica_part(validation.batch, i, ctx.replica, ctx.strategy.D)
-                for xm, ym in shard(*part, 0, 1, mb) if part is not None else []:
+                micro: list[tuple[Any, Any]] = []
+                known = None if ctx.is_first or ctx.is_last else replica_share(validation.batch, i, ctx.replica, D)
+                if known is not None:  # a middle stage loads nothing where the batch's size tells its micro-batches
+                    micro = [(None, None)] * -(-len(known) // mb)
+                elif (part := replica_part(validation.batch, i, ctx.replica, D)) is not None:
+                    micro = shard(*part, 0, 1, mb)
+                for xm, ym in micro:
                     _, out, n = stage_forward(ctx, xm, ym, sends, autocast, 1, score if names else None)
                     if ctx.is_last:
                         total[0] += out.to("cpu", torch.float64)
