@@ -1303,8 +1303,9 @@ class Worker:
         return code
 
     def _fail(self, kind: str, message: str, quiet: bool = False) -> None:
-        if not quiet:
-            print(message, file=sys.stderr, flush=True)
+        if not quiet:  # one write, the line's end with it: workers failing together share the terminal
+            sys.stderr.write(message + "\n")
+            sys.stderr.flush()
         try:
             self._to(WorkerState.FAILED)
             if self._store is not None:
