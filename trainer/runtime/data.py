@@ -108,9 +108,10 @@ def _part(V: int, replica: int, replicas: int) -> range:
 
 def replica_share(batch: Callable[[int], tuple[Any, Any]], i: int, replica: int, replicas: int) -> range | None:
     """`replica`'s rows of validation batch `i` (see `replica_part`) without loading them, where the batch function
-    gives a batch's size (`size(i)`: `Validation.over`'s); None where only loading the batch tells."""
+    gives a batch's size (`size(i)`) and loads rows alone (a `RowBatch`: `Validation.over`'s), so that a stage that
+    loads them gets what the size says (`batch_rows` checks); None where only loading the batch tells."""
     size = getattr(batch, "size", None)
-    return _part(int(size(i)), replica, replicas) if callable(size) else None
+    return _part(int(size(i)), replica, replicas) if callable(size) and isinstance(batch, RowBatch) else None
 
 
 def replica_part(
@@ -122,7 +123,7 @@ def replica_part(
     otherwise the batch is loaded whole and cut."""
 
     what = "validation.batch"
-    mine = replica_share(batch, i, replica, replicas) if isinstance(batch, RowBatch) else None
+    mine = replica_share(batch, i, replica, replicas)
     if mine is not None:
         return batch_rows(batch, i, mine, what) if len(mine) else None
     try:
