@@ -183,6 +183,12 @@ def shard(x: Any, y: Any, replica: int, n_replicas: int, micro_batch: int) -> li
     return list(zip(cut(x), cut(y), strict=True))
 
 
+def unloaded(rows: range, micro_batch: int) -> list[tuple[Any, Any]]:
+    """The micro-batches of `rows` for a stage that loads no data (a middle stage: its inputs come from the stage
+    before): as many as `shard` cuts those rows into, each without its data."""
+    return [(None, None)] * -(-len(rows) // micro_batch)
+
+
 # ------------------------------------------------------------------------------------------------ helpers for specs
 
 

@@ -68,7 +68,7 @@ from torch.distributed.distributed_c10d import PrefixStore, ProcessGroupGloo, St
 
 from trainer.config import SCHEDULES, ModelConfig, TrainConfig
 from trainer.runtime import loss_scale
-from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, replica_share, shard
+from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, replica_share, shard, unloaded
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
 from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
 from trainer.runtime.trainspec import rows as rows_of
@@ -917,7 +917,7 @@ def train_step(
         x, y = rows.load(step, mine) if rows is not None else batch_rows(spec.batch, step, mine)  # come in headers)
         micro = shard(x, y, 0, 1, mb)
     else:
-        micro = [(None, None)] * -(-len(mine) // mb)  # (as many micro-batches as `shard` cuts)
+        micro = unloaded(mine, mb)
     for opt in ctx.optimizers.values():
         opt.zero_grad(set_to_none=True)
     inputs: dict[int, Any] = {}
@@ -1070,7 +1070,7 @@ def validate(ctx: StageContext, validation: Validation) -> dict[str, float]:
                 micro: list[tuple[Any, Any]] = []
                 known = None if ctx.is_first or ctx.is_last else replica_share(validation.batch, i, ctx.replica, D)
                 if known is not None:  # a middle stage loads nothing where the batch's size tells its micro-batches
-                    micro = [(None, None)] * -(-len(known) // mb)
+                    micro = unloaded(known, mb)
                 elif (part := replica_part(validation.batch, i, ctx.replica, D)) is not None:
                     micro = shard(*part, 0, 1, mb)
                 for xm, ym in micro:
