@@ -18,7 +18,8 @@ from trainer.config import ModelConfig, TrainConfig
 from trainer.runtime.data import shard
 from trainer.runtime.devices import resolve_device
 from trainer.runtime.pipeline import differentiable, micro_loss
-from trainer.runtime.trainspec import leaves, load_spec, run_layer, seeded_build, to_device
+from trainer.runtime.spec_model import run_layer
+from trainer.runtime.trainspec import leaves, load_spec, seeded_build, to_device
 
 
 def layer_times(model: ModelConfig, train: TrainConfig, *, repeats: int = 5, threads: int = 1) -> tuple[float, ...]:

@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 
 from trainer.config import ModelConfig, TrainConfig
-from trainer.runtime.trainspec import TrainSpec, fingerprint, load_spec, run_layer, seeded_build
+from trainer.runtime.spec_model import run_layer
+from trainer.runtime.trainspec import TrainSpec, fingerprint, load_spec, seeded_build
 
 
 def spec_of(cfg: ModelConfig, train: TrainConfig | None = None) -> TrainSpec:

@@ -70,7 +70,8 @@ from trainer.config import SCHEDULES, ModelConfig, TrainConfig
 from trainer.runtime import loss_scale
 from trainer.runtime.data import Prefetcher, batch_rows, replica_part, replica_rows, replica_share, shard, unloaded
 from trainer.runtime.model import Stage, build_layer, hollow_layer, n_layers, persistent_buffers, spec_of
-from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, run_layer, seeded_build, to_device
+from trainer.runtime.spec_model import run_layer
+from trainer.runtime.trainspec import TrainSpec, leaves, rebuild, seeded_build, to_device
 from trainer.runtime.trainspec import rows as rows_of
 from trainer.runtime.validation import Validation, metric_sum
 

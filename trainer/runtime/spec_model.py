@@ -1,7 +1,8 @@
 """A spec's layers as one `nn.Module`, for use outside parcae: inference, an MLflow model.
 
-Owns: `SpecModel`. Must not import anything of parcae: a logged model pickles this class by value
-(`trainer.observe.logged_model`), so that loading it needs torch and the spec's own layer classes only.
+Owns: `SpecModel` and `run_layer` (how a layer takes an activation, here and in the stages). Must not import
+anything of parcae: a logged model pickles this module by value (`trainer.observe.logged_model`), so that loading it
+needs torch and the spec's own layer classes only.
 """
 
 from __future__ import annotations
@@ -29,5 +30,11 @@ class SpecModel(nn.Module):
 
     def forward(self, x: Any) -> Any:
         for layer in self.layers:
-            x = layer(*x) if isinstance(x, tuple) else layer(x)
+            x = run_layer(layer, x)
         return x
+
+
+def run_layer(layer: nn.Module, x: Any) -> Any:
+    """A layer applied to an activation: a tuple is spread over the layer's arguments (here, where a logged model
+    pickled by value finds it: the stages run their layers through it too)."""
+    return layer(*x) if isinstance(x, tuple) else layer(x)

@@ -48,6 +48,7 @@ from trainer.config import (
     model_entry,
 )
 from trainer.runtime.loss_scale import LossScaling
+from trainer.runtime.spec_model import run_layer
 from trainer.runtime.validation import Validation, metric_sum
 
 if TYPE_CHECKING:
@@ -345,11 +346,6 @@ def rows(tree: Tree) -> int:
 def to_device(tree: Any, device: torch.device | str) -> Any:
     """A tensor or tuple of tensors on `device` (the same tensors where they are there already; "meta": shapes only)."""
     return rebuild(tree, [t.to(device) for t in leaves(tree)])
-
-
-def run_layer(layer: nn.Module, x: Any) -> Any:
-    """A layer applied to an activation: a tuple is spread over the layer's arguments."""
-    return layer(*x) if isinstance(x, tuple) else layer(x)
 
 
 # ------------------------------------------------------------------------------------------------ checks
