@@ -188,7 +188,7 @@ class PrefectJobObserver(JobObserver):
             description=f"steps trained of {self.steps}",
         )
         get_run_logger().info(
-            "job %s started: %s workers on %s, coordinator %s:%s (hand plans there with the plan-interval flow's "
+            "job %r started: %s workers on %s, coordinator %s:%s (hand plans there with the plan-interval flow's "
             "`coordinator` and `token_file` %s)%s", info.get("job"), info.get("workers"), info.get("strategy"),
             info.get("host"), info.get("port"), info.get("token_file"),
             f"; resumed from step {resumed}" if resumed else "",

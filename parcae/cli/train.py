@@ -458,7 +458,8 @@ def train_cmd(
     out.print(table)
     if live is not None:
         decisions = ", ".join(strategy_text(p["decision"]) for p in report["plans"]) or "none"
-        out.print(f"{len(report['plans'])} plans by {live.name} ({decisions}); forecasts: {forecasts}",
+        n = len(report["plans"])
+        out.print(f"{n} plan{'' if n == 1 else 's'} by {live.name} ({decisions}); forecasts: {forecasts}",
                   soft_wrap=True)  # fmt: skip
     _warn_uncopied(report)
     if json_out:
