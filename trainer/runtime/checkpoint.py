@@ -6,19 +6,20 @@ construction (it stores and returns `trainer.runtime.pipeline.layer_state` snaps
 `StageContext.load_layer_states`). Every function here is file-level: the caller decides when to call it (a worker
 saves its shard, the driver picks the resume point and prunes).
 
-Format. A **shard** file holds `{"format": FORMAT, "layers": {name: layer_state}, "step": s, "config": ModelConfig
-as a dict, "job": job_id, "settings": the job's JobConfig as a dict}` (read with `torch.load(weights_only=True)`: a
-checkpoint is data, never code). A checkpoint is **one shard or several**: a single process writes `step{s:08d}.pt`
-with every layer; a distributed job lets one replica of each stage write `step{s:08d}.stage{k}.pt` with that stage's
-layers (no gather through a single rank). Beside each shard its **hash record** `step{s:08d}[.stage{k}].sha256`
-(JSON, `RECORD_FORMAT`: `file`, `size`, `sha256` of the shard's bytes, `step`, `job`, `model`, `layers` it holds,
-`model_layers` — every layer of the model, so a record says on its own what a complete checkpoint is). The record is
-the manifest written **last**: only after the shard is durable (fsync'ed, renamed, directory fsync'ed). The shards
-of one step are written by different processes at different times, so each carries its own record rather than one
-manifest per step that someone would have to write after all of them. A job that validates keeps the **held-out
-scores** of a checkpoint beside it, `step{s:08d}.val.json` (JSON: `format`, `step`, `job`, `val_loss`, `metrics`,
-and the `monitor` and `mode` the job ranks by), written by the driver once the boundary is scored — after the shards,
-so outside their records —; retention keeps the best-scored intact checkpoint by them (`best_validated`).
+Format. A **shard** file holds `{"format": FORMAT, "layers": {name: layer_state}, "step": s, "config": ModelConfig as a
+dict, "job": job_id, "settings": the job's JobConfig as a dict}` (read with `torch.load(weights_only=True, mmap=True)`:
+a checkpoint is data, never code, mapped rather than read into the reader's memory). A checkpoint is **one shard or
+several**: a single process writes `step{s:08d}.pt` with every layer; a distributed job lets one replica of each stage
+write `step{s:08d}.stage{k}.pt` with that stage's layers (no gather through a single rank). Beside each shard its **hash
+record** `step{s:08d}[.stage{k}].sha256` (JSON, `RECORD_FORMAT`: `file`, `size`, `sha256` of the shard's bytes, `step`,
+`job`, `model`, `layers` it holds, `model_layers` — every layer of the model, so a record says on its own what a
+complete checkpoint is). The record is the manifest written **last**: only after the shard is durable (fsync'ed,
+renamed, directory fsync'ed). The shards of one step are written by different processes at different times, so each
+carries its own record rather than one manifest per step that someone would have to write after all of them. A job that
+validates keeps the **held-out scores** of a checkpoint beside it, `step{s:08d}.val.json` (JSON: `format`, `step`,
+`job`, `val_loss`, `metrics`, and the `monitor` and `mode` the job ranks by), written by the driver once the boundary is
+scored — after the shards, so outside their records —; retention keeps the best-scored intact checkpoint by them
+(`best_validated`).
 
 States of a step's checkpoint (`verify_step`): **intact** — every shard matches its record (size, sha256, file name,
 step), the records agree on the job and cover every layer of the model exactly once; **corrupt** — a shard differs
@@ -614,8 +615,10 @@ def _read(path: Path, *, allow_unverified: bool) -> dict[str, Any]:
             wrong = _check_bytes(path, f, rec)
             if wrong is not None:
                 raise CheckpointError(f"{path}: corrupt checkpoint, {wrong.removeprefix(path.name + ': ')}")
-        try:
-            data = torch.load(f, map_location="cpu", weights_only=True)
+        try:  # mapped, not read: the tensors' pages come from the file as they are touched, and the page cache
+            # can drop them (a loader wanting only some tensors — the parameters, not the optimiser state — or
+            # copying them into its layers holds no second copy of the shard in its own memory)
+            data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # a truncated zip, garbage, or a pickle that is not plain data
             raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from e
     fields = {"layers", "step", "config", "job"}

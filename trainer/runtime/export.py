@@ -141,8 +141,9 @@ def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecM
     from trainer.runtime.model import build_layer, layer_names
 
     names = layer_names(exported.config)
-    layers = [build_layer(exported.config, i, train) for i in range(len(names))]
-    for name, layer in zip(names, layers, strict=True):
+    layers = []
+    for i, name in enumerate(names):  # built and loaded one at a time: a layer's fresh weights live only until here
+        layer = build_layer(exported.config, i, train)
         wanted = [k for k in layer.state_dict() if not k.endswith("_extra_state")]
         missing = [f"{name}.{k}" for k in wanted if f"{name}.{k}" not in exported.state]
         if missing:
@@ -150,6 +151,7 @@ def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecM
                 f"the checkpoint of step {exported.step} lacks {missing[:3]} of the spec's layers; was it written by "
                 "another version of the spec?"
             )
-        # assigned, not copied: the checkpoint's tensors become the layer's (a model's size in memory, not twice it)
+        # assigned, not copied: the checkpoint's tensors, mapped from its files (`checkpoint.load`), become the layer's
         layer.load_state_dict({k: exported.state[f"{name}.{k}"] for k in wanted}, strict=False, assign=True)
+        layers.append(layer)
     return SpecModel(names, layers).eval()
