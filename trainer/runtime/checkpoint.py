@@ -617,7 +617,8 @@ def _read(path: Path, *, allow_unverified: bool) -> dict[str, Any]:
                 raise CheckpointError(f"{path}: corrupt checkpoint, {wrong.removeprefix(path.name + ': ')}")
         try:  # mapped, not read: the tensors' pages come from the file as they are touched, and the page cache
             # can drop them (a loader wanting only some tensors — the parameters, not the optimiser state — or
-            # copying them into its layers holds no second copy of the shard in its own memory)
+            # copying them into its layers holds no second copy of the shard in its own memory). By its path, as
+            # torch maps only a named file: a shard is never written in place, only renamed over whole
             data = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as e:  # a truncated zip, garbage, or a pickle that is not plain data
             raise CheckpointError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from e
