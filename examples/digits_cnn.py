@@ -41,10 +41,11 @@ def correct(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str = "float32",
          seed: int = 0, autocast: str | None = None, fused: bool = False, holdout: int = 297,
          validate_every: int = 50, patience: int | None = None, min_delta: float = 0.0, monitor: str = "loss",
-         mode: str = "min") -> parcae.TrainSpec:  # fmt: skip
+         mode: str = "min", init: str | None = None) -> parcae.TrainSpec:  # fmt: skip
     """Conv -> conv + pool -> hidden -> classes: four layers, so pipelines of up to four stages. `fused`: torch's
     fused AdamW (one kernel a step; what a GPU job would pick). `holdout`: the digits kept for validation (0: none);
-    `patience`, `min_delta`, `monitor`, `mode`: stop early (`parcae.Validation`; None: train every step)."""
+    `patience`, `min_delta`, `monitor`, `mode`: stop early (`parcae.Validation`; None: train every step). `init`: a
+    warm start, from what `parcae export` wrote of an earlier job (or its checkpoint folder; `parcae.warm_start`)."""
     if not 0 <= holdout < 1797:
         raise ValueError(f"holdout {holdout!r}: keep between 0 and 1,796 of the 1,797 digits for validation")
     dt = getattr(torch, dtype)
@@ -54,7 +55,7 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         layers: list[nn.Module] = [nn.Conv2d(c_in, c_out, 3, padding=1), nn.ReLU()]
         return nn.Sequential(*layers, *([nn.MaxPool2d(2)] if pool else [])).to(dt)
 
-    return parcae.TrainSpec(
+    trained = parcae.TrainSpec(
         layers=[
             parcae.Layer("conv1", lambda: conv(1, channels, pool=False)),
             parcae.Layer("conv2", lambda: conv(channels, 2 * channels, pool=True)),  # -> (2C, 4, 4)
@@ -80,3 +81,4 @@ def spec(channels: int = 8, batch_size: int = 32, lr: float = 1e-2, dtype: str =
         if holdout
         else None,
     )
+    return trained if init is None else parcae.warm_start(trained, init)

@@ -1,6 +1,7 @@
 """parcae: the front door of liveput-optimised DNN training on spot instances — the ``parcae`` command line, the
 checks the flows run first, and the contract a user's own model is written against (`TrainSpec`, `Layer`,
-`LossScaling`, `Validation`, and the data helpers `StepSampler` and `TokenWindows`, from the trainer's face).
+`LossScaling`, `Validation`, the data helpers `StepSampler` and `TokenWindows`, and `warm_start`, from the trainer's
+face).
 
 Map:
 
@@ -18,7 +19,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 #: What a user's training module imports (``import parcae; parcae.TrainSpec(...)``), from the trainer's face.
-_CONTRACT = ("Layer", "LossScaling", "StepSampler", "TokenWindows", "TrainSpec", "Validation", "hf_decoder")
+_CONTRACT = (
+    "Layer",
+    "LossScaling",
+    "StepSampler",
+    "TokenWindows",
+    "TrainSpec",
+    "Validation",
+    "hf_decoder",
+    "warm_start",
+)
 
 if TYPE_CHECKING:
     from trainer import Layer as Layer
@@ -28,6 +38,7 @@ if TYPE_CHECKING:
     from trainer import TrainSpec as TrainSpec
     from trainer import Validation as Validation
     from trainer import hf_decoder as hf_decoder
+    from trainer import warm_start as warm_start
 
 __all__ = list(_CONTRACT)
 

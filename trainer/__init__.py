@@ -68,6 +68,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("DeviceError", "resolve_device"), "trainer.runtime.devices"),
     **dict.fromkeys(("LossScaleError", "LossScaling"), "trainer.runtime.loss_scale"),
     **dict.fromkeys(("Patience", "Validation", "score_text"), "trainer.runtime.validation"),
+    "warm_start": "trainer.runtime.warm_start",
     "global_batch": "trainer.examples.gpt",
     "hf_decoder": "trainer.examples.hf",
     "corpus": "trainer.corpus",
@@ -279,6 +280,7 @@ if TYPE_CHECKING:
     from trainer.runtime.validation import Patience as Patience
     from trainer.runtime.validation import Validation as Validation
     from trainer.runtime.validation import score_text as score_text
+    from trainer.runtime.warm_start import warm_start as warm_start
 
 __all__ = sorted([*_HOMES, "check_aws_credentials"])
 
