@@ -32,35 +32,33 @@ def warm_start(spec: TrainSpec, source: str | os.PathLike[str], *, strict: bool 
     (its newest intact one). Checked here, against the layers built on the meta device: every tensor of the source
     must be of its layer's shape and dtype; with `strict` (as torch's `load_state_dict`), every tensor of the spec's
     layers must be in the source and every one of the source in a layer; `strict=False` lets what the source lacks (a
-    new layer) keep its seeded init, and leaves out what no layer holds. Read in every process
-    that builds a layer, so `source` must be readable there; a ``.pt`` is mapped, not read whole."""
+    new layer) keep its seeded init, and leaves out what no layer holds. Read in every process that builds a layer,
+    so `source` must be readable there; a ``.pt`` is mapped, not read whole."""
     where = str(source)
     state = _load(where)
-    names = {layer.name for layer in spec.layers}
-    # a layer name may hold dots ("block.0"): a key belongs to the longest layer name it begins with
-    owner = {key: max((n for n in names if key.startswith(n + ".")), key=len, default=None) for key in state}
-    unknown = sorted({key for key, n in owner.items() if n is None})
-    if unknown and strict:
-        raise SpecError(f"warm start from {where}: {unknown[:3]} belong to no layer of the spec (its layers: "
-                        f"{', '.join(sorted(names))}); {_FIX}, or warm_start(..., strict=False) to leave them "
-                        "out")  # fmt: skip
-    missing: list[str] = []
+    wanted: dict[str, torch.Tensor] = {}  # every tensor of the spec's layers, as `parcae export` keys it
     for layer in spec.layers:
         with torch.device("meta"):
-            wanted = _state(layer.build())
-        for key, t in wanted.items():
-            got = state.get(f"{layer.name}.{key}")
-            if got is None:
-                missing.append(f"{layer.name}.{key}")
-            elif got.shape != t.shape or got.dtype != t.dtype:
-                raise SpecError(f"warm start from {where}: {layer.name}.{key} is {tuple(got.shape)} {got.dtype} "
-                                f"there, the layer's is {tuple(t.shape)} {t.dtype}; {_FIX}")  # fmt: skip
+            wanted.update({f"{layer.name}.{k}": t for k, t in _state(layer.build()).items()})
+    for key, t in wanted.items():
+        got = state.get(key)
+        if got is not None and (got.shape != t.shape or got.dtype != t.dtype):
+            raise SpecError(f"warm start from {where}: {key} is {tuple(got.shape)} {got.dtype} there, the layer's is "
+                            f"{tuple(t.shape)} {t.dtype}; {_FIX}")  # fmt: skip
+    unknown, missing = sorted(set(state) - set(wanted)), [k for k in wanted if k not in state]
+    if unknown and strict:
+        raise SpecError(f"warm start from {where}: {_some(unknown)} belong to no layer of the spec (its layers: "
+                        f"{', '.join(layer.name for layer in spec.layers)}); {_FIX}, or warm_start(..., strict=False) "
+                        "to leave them out")  # fmt: skip
     if missing and strict:
-        raise SpecError(f"warm start from {where}: it lacks {missing[:3]}{' ...' if len(missing) > 3 else ''} "
-                        f"({len(missing)} of the spec's tensors); {_FIX}, or warm_start(..., strict=False) to let the "
-                        "layers it lacks keep their seeded init")  # fmt: skip
+        raise SpecError(f"warm start from {where}: it lacks {_some(missing)} of the spec's tensors; {_FIX}, or "
+                        "warm_start(..., strict=False) to let the layers it lacks keep their seeded init")  # fmt: skip
     layers = [replace(layer, build=functools.partial(_loaded, layer.build, layer.name, where)) for layer in spec.layers]
     return replace(spec, layers=layers)
+
+
+def _some(keys: list[str]) -> str:
+    return f"{keys[:3]}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
 
 
 def _state(module: nn.Module) -> dict[str, torch.Tensor]:
