@@ -112,3 +112,16 @@ def test_a_job_warm_started_from_an_export_scores_its_source_s_model_and_migrate
     for i in range(len(base.layers)):
         want = seeded_build(from_file, 0, i).state_dict()
         assert all(torch.equal(v, want[k]) for k, v in seeded_build(from_folder, 0, i).state_dict().items())
+
+
+def test_the_built_in_gpts_take_init(tmp_path):
+    """`--model-args '{"init": ...}'` warm-starts tiny-gpt and small-gpt as it does a user's spec."""
+    base = spec_of(ModelConfig("tiny-gpt"), TrainConfig())
+    state = {f"{layer.name}.{k}": v for i, layer in enumerate(base.layers)
+             for k, v in seeded_build(base, 5, i).state_dict().items()}  # fmt: skip
+    torch.save(state, tmp_path / "gpt.pt")
+    warm = spec_of(ModelConfig("tiny-gpt", {"init": str(tmp_path / "gpt.pt")}), TrainConfig())
+    head = seeded_build(warm, 0, len(warm.layers) - 1).state_dict()
+    assert head.keys() and all(torch.equal(v, state[f"head.{k}"]) for k, v in head.items())
+    with pytest.raises(SpecError, match=r"embed\.wte\.weight is \(\d+, 64\) .* the layer's is \(\d+, 128\)"):
+        spec_of(ModelConfig("small-gpt", {"init": str(tmp_path / "gpt.pt")}), TrainConfig())

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from trainer.config import TrainConfig
 from trainer.corpus import corpus
 from trainer.runtime.trainspec import Layer, TrainSpec, stable_seed
+from trainer.runtime.warm_start import warm_start
 
 INIT_STD = 0.02
 
@@ -182,11 +183,13 @@ def spec(
     block_size: int = 32,
     vocab_size: int | None = None,
     dtype: str = "float32",
+    init: str | None = None,
     *,
     train: TrainConfig,
 ) -> TrainSpec:
     """The GPT as a training spec: embed, `n_layer` blocks, head; the corpus batch of `train.global_batch` rows
-    drawn from (train.seed, step); AdamW with the job's learning rate, betas and weight decay."""
+    drawn from (train.seed, step); AdamW with the job's learning rate, betas and weight decay. `init`: a warm start
+    from what `parcae export` wrote of an earlier job of this shape, or its checkpoint folder (`warm_start`)."""
     cfg = GptShape(n_layer, n_embd, n_head, block_size, corpus().vocab_size if vocab_size is None else vocab_size,
                    dtype)  # fmt: skip
     names = ["embed", *(f"block.{i}" for i in range(n_layer)), "head"]
@@ -194,9 +197,10 @@ def spec(
     def optimizer(params: Any) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=train.lr, betas=train.betas, weight_decay=train.weight_decay)
 
-    return TrainSpec(
+    gpt = TrainSpec(
         layers=[Layer(name, functools.partial(build_layer, cfg, i)) for i, name in enumerate(names)],
         batch=lambda step: global_batch(step, train, block_size),
         loss=token_loss,
         optimizer=optimizer,
     )
+    return gpt if init is None else warm_start(gpt, init)
