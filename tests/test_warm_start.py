@@ -43,7 +43,7 @@ def _saved(tmp_path: Path, name: str, seed: int = 7, drop: str | None = None, ad
     return path
 
 
-def test_the_layers_begin_from_the_source_and_a_layer_a_migration_fills_reads_nothing(tmp_path):
+def test_the_layers_begin_from_the_source_and_a_hollow_build_stays_hollow(tmp_path):
     source = torch.load(_saved(tmp_path, "init.pt"))
     spec = parcae.warm_start(_spec(), tmp_path / "init.pt")
     for i, layer in enumerate(spec.layers):

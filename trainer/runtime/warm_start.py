@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from trainer.runtime.checkpoint import CheckpointError
+from trainer.runtime.export import export_state_dict
 from trainer.runtime.trainspec import SpecError, TrainSpec
 
 _FIX = "give the state dict `parcae export` wrote for a job of this spec (or its checkpoint folder)"
@@ -94,9 +96,6 @@ def _load(where: str) -> Mapping[str, torch.Tensor]:
 def _cached(path: str, mtime_ns: int, size: int) -> Mapping[str, torch.Tensor]:
     p = Path(path)
     if p.is_dir():
-        from trainer.runtime.checkpoint import CheckpointError
-        from trainer.runtime.export import export_state_dict
-
         try:
             return export_state_dict(p).state
         except CheckpointError as exc:
