@@ -134,6 +134,12 @@ def write_state_dict(state: dict[str, torch.Tensor], out: str | os.PathLike[str]
     return path
 
 
+def exported_state(layer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A layer's state as `export_state_dict` keys it below the layer's name: its `state_dict` (parameters and
+    persistent buffers) less the `_extra_state` entries a module may add (not tensors of its own)."""
+    return {k: v for k, v in layer.state_dict().items() if not k.endswith("_extra_state")}
+
+
 def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecModel:
     """The spec's layers, built by its own factories and loaded with `exported`'s parameters and persistent buffers
     (every one of each layer's, or `CheckpointError` names what is missing): the trained model as one module.
@@ -144,7 +150,7 @@ def trained_model(exported: Exported, train: TrainConfig | None = None) -> SpecM
     layers = []
     for i, name in enumerate(names):  # built and loaded one at a time: a layer's fresh weights live only until here
         layer = build_layer(exported.config, i, train)
-        wanted = [k for k in layer.state_dict() if not k.endswith("_extra_state")]
+        wanted = list(exported_state(layer))
         missing = [f"{name}.{k}" for k in wanted if f"{name}.{k}" not in exported.state]
         if missing:
             raise checkpoint.CheckpointError(

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 
 from trainer.runtime.checkpoint import CheckpointError
-from trainer.runtime.export import export_state_dict
+from trainer.runtime.export import export_state_dict, exported_state
 from trainer.runtime.trainspec import SpecError, TrainSpec
 
 _FIX = "give the state dict `parcae export` wrote for a job of this spec (or its checkpoint folder)"
@@ -41,7 +41,7 @@ def warm_start(spec: TrainSpec, source: str | os.PathLike[str], *, strict: bool 
     wanted: dict[str, torch.Tensor] = {}  # every tensor of the spec's layers, as `parcae export` keys it
     for layer in spec.layers:
         with torch.device("meta"):
-            wanted.update({f"{layer.name}.{k}": t for k, t in _state(layer.build()).items()})
+            wanted.update({f"{layer.name}.{k}": t for k, t in exported_state(layer.build()).items()})
     for key, t in wanted.items():
         got = state.get(key)
         if got is not None and (got.shape != t.shape or got.dtype != t.dtype):
@@ -63,16 +63,11 @@ def _some(keys: list[str]) -> str:
     return f"{keys[:3]}{f' and {len(keys) - 3} more' if len(keys) > 3 else ''}"
 
 
-def _state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """What a layer's state is here: its `state_dict` (parameters and persistent buffers), as `parcae export` keys."""
-    return {k: v for k, v in module.state_dict().items() if not k.endswith("_extra_state")}
-
-
 def _loaded(build: Callable[[], nn.Module], name: str, where: str) -> nn.Module:
     """(A layer's factory) `build()`, then the source's tensors of layer `name` copied in — on the layer's own device
     and dtype. Built on the meta device (a layer a migration fills, `hollow_layer`), it has no values to set."""
     module = build()
-    own = _state(module)
+    own = exported_state(module)
     if any(t.is_meta for t in own.values()):
         return module
     state = _load(where)
