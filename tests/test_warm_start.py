@@ -30,11 +30,15 @@ def _spec(width: int = 4) -> parcae.TrainSpec:
     )
 
 
+def _seeded(spec: parcae.TrainSpec, seed: int) -> dict[str, torch.Tensor]:
+    """`spec`'s layers built from `seed`, as `parcae export` keys their state."""
+    return {f"{layer.name}.{k}": v for i, layer in enumerate(spec.layers)
+            for k, v in seeded_build(spec, seed, i).state_dict().items()}  # fmt: skip
+
+
 def _saved(tmp_path: Path, name: str, seed: int = 7, drop: str | None = None, add: str | None = None) -> Path:
     """The state dict of `_spec()`'s layers built from another seed, as `parcae export` keys it."""
-    spec = _spec()
-    state = {f"{layer.name}.{k}": v for i, layer in enumerate(spec.layers)
-             for k, v in seeded_build(spec, seed, i).state_dict().items()}  # fmt: skip
+    state = _seeded(_spec(), seed)
     state.pop(drop, None)
     if add:
         state[add] = torch.zeros(1)
@@ -116,9 +120,7 @@ def test_a_job_warm_started_from_an_export_scores_its_source_s_model_and_migrate
 
 def test_the_built_in_gpts_take_init(tmp_path):
     """`--model-args '{"init": ...}'` warm-starts tiny-gpt and small-gpt as it does a user's spec."""
-    base = spec_of(ModelConfig("tiny-gpt"), TrainConfig())
-    state = {f"{layer.name}.{k}": v for i, layer in enumerate(base.layers)
-             for k, v in seeded_build(base, 5, i).state_dict().items()}  # fmt: skip
+    state = _seeded(spec_of(ModelConfig("tiny-gpt"), TrainConfig()), 5)
     torch.save(state, tmp_path / "gpt.pt")
     warm = spec_of(ModelConfig("tiny-gpt", {"init": str(tmp_path / "gpt.pt")}), TrainConfig())
     head = seeded_build(warm, 0, len(warm.layers) - 1).state_dict()
