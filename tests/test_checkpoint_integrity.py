@@ -98,6 +98,38 @@ def test_a_bit_flip_is_refused_and_the_previous_checkpoint_resumed(tmp_path):
     assert checkpoint.load(found.files, config=CFG, job=JOB).step == 10
 
 
+def test_a_verified_shard_is_hashed_once_until_it_changes(tmp_path, monkeypatch):
+    """A resume or an export verifies a step, then loads it: each settled shard is hashed once per process; a shard
+    changed since (in place, or renamed over) is hashed again, and one changed just before its hash every time."""
+    shards = write_step(tmp_path, 10)
+    hashed: list[str] = []
+    real = checkpoint._sha256
+
+    def counted(f):  # (a writer's hash of its own file, opened by descriptor, is not counted)
+        hashed.extend([Path(f.name).name] if isinstance(f.name, str) else [])
+        return real(f)
+
+    monkeypatch.setattr(checkpoint, "_sha256", counted)
+    assert checkpoint.verify_step(tmp_path, 10, NAMES, job=JOB).intact  # written just now: not remembered
+    checkpoint.load(shards, config=CFG, job=JOB)
+    assert sorted(hashed) == sorted([s.name for s in shards] * 2)
+    monkeypatch.setattr(checkpoint, "_SETTLED_NS", 0)  # (as a shard written a second before)
+    hashed.clear()
+    assert checkpoint.verify_step(tmp_path, 10, NAMES, job=JOB).intact
+    checkpoint.load(shards, config=CFG, job=JOB)
+    checkpoint.describe(shards[0])
+    assert sorted(hashed) == sorted(s.name for s in shards)
+    flip(shards[1])
+    st = shards[1].stat()
+    os.utime(shards[1], ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # (its time moved, whatever the clock's tick)
+    with pytest.raises(CheckpointError, match=r"step00000010\.stage1\.pt: corrupt checkpoint, sha256 mismatch"):
+        checkpoint.load(shards, config=CFG, job=JOB)
+    os.replace(write_step(tmp_path / "other", 10)[1], shards[1])  # the same bytes as a new file: hashed again
+    hashed.clear()
+    checkpoint.load(shards, config=CFG, job=JOB)
+    assert hashed == [shards[1].name]
+
+
 def test_a_flip_in_the_zip_header_is_caught_too(tmp_path):
     shard = checkpoint.save(tmp_path / "step00000010.pt", layers(NAMES), step=10, config=CFG, job=JOB)
     flip(shard, at=0, n=4)

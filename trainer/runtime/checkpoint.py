@@ -54,6 +54,8 @@ import math
 import os
 import re
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from io import BufferedIOBase
@@ -245,6 +247,33 @@ def _sha256(f: BufferedIOBase) -> tuple[int, str]:
     return size, digest
 
 
+#: The digests this process took of shard files it verified, by the file's identity (device, inode, size, mtime,
+#: ctime): the callers verify a step and then load it (a resume, `parcae export`, the logged model), and a shard of a
+#: large model is hashed at ~1.5 GB/s. A shard is never written in place, only renamed over whole (a new inode); an
+#: unchanged identity is the same file. A file changed less than `_SETTLED_NS` before it is hashed is not remembered:
+#: file times move at the kernel's tick (a few ms), so a write in the tick of the last one would leave them as they
+#: were. Bounded: the oldest entries go first.
+_DIGESTS: dict[tuple[int, int, int, int, int], tuple[int, str]] = {}
+_DIGESTS_MAX = 1024
+_DIGESTS_LOCK = threading.Lock()
+_SETTLED_NS = 1_000_000_000
+
+
+def _verified_sha256(f: BufferedIOBase) -> tuple[int, str]:
+    """`_sha256(f)`, once per settled file a process reads (see `_DIGESTS`)."""
+    st, now = os.fstat(f.fileno()), time.time_ns()
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    known = _DIGESTS.get(key)
+    if known is None:
+        known = _sha256(f)
+        if now - max(st.st_mtime_ns, st.st_ctime_ns) >= _SETTLED_NS:
+            with _DIGESTS_LOCK:  # (a worker's helper threads read checkpoints too)
+                while len(_DIGESTS) >= _DIGESTS_MAX:
+                    del _DIGESTS[next(iter(_DIGESTS))]
+                _DIGESTS[key] = known
+    return known
+
+
 def _non_finite(layers: Mapping[str, Mapping[str, object]]) -> tuple[str, str, int, int] | None:
     """The first (layer, key, NaN count, Inf count) holding a non-finite value, or None."""
     for name, state in layers.items():
@@ -359,7 +388,7 @@ def _check_bytes(shard: Path, f: BufferedIOBase, rec: ShardRecord) -> str | None
     """What is wrong with the open shard `f` against its record, or None when it matches."""
     if rec.file != shard.name:
         return f"{shard.name}: its hash record {record_path(shard).name} is for {rec.file!r}"
-    size, digest = _sha256(f)
+    size, digest = _verified_sha256(f)
     if size != rec.size:
         return f"{shard.name}: {size} bytes, its hash record says {rec.size} (truncated or overwritten)"
     if digest != rec.sha256:
