@@ -51,7 +51,7 @@ from trainer import (
     config_default,
     model_config,
     profile_cut,
-    provider,
+    provider_of,
 )
 
 
@@ -90,8 +90,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
     fleet = a.get("fleet")
     if a["provider"] == "market":  # the local market follows the flow's trace, as a replay would (the job is blind)
         options = {"trace": a["trace"], "start_interval": a["start_interval"], "seed": a["seed"], **options}
-    instances = ProviderConfig(name=a["provider"], options=options)  # checked first
-    return JobConfig(
+    config = JobConfig(
         out_dir=str(Path(a["out_dir"])),
         model=model_config(a["model"], seed=a["seed"], **dict(a.get("model_args") or {})),
         train=TrainConfig(steps=a["steps"], seed=a["seed"], device=a.get("device", "auto")),
@@ -99,13 +98,14 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
                                         interval_seconds=a["interval_seconds"], step_seconds=a["step_seconds"],
                                         start_interval=0 if fleet else a["start_interval"]),
         checkpoint=CheckpointConfig(every=a["checkpoint_every"], resume=a["resume"], uri=a.get("checkpoint_uri")),
-        control=ControlPlaneConfig(timeout_s=a["timeout_s"],
-                                   notice_grace_s=provider(instances.name).notice_grace_s(instances.options)),
-        provider=instances,
+        control=ControlPlaneConfig(timeout_s=a["timeout_s"]),
+        provider=ProviderConfig(name=a["provider"], options=options),
         planning=PlanningConfig(planner=a["planner"], look_ahead=a["look_ahead"], profile=a["profile"],
                                 accept_plans=a.get("accept_plans", False)),
         fleet=FleetConfig(max_instances=fleet, min_instances=a.get("min_instances", 1)),
     )  # fmt: skip
+    chosen = provider_of(config)  # its name, its options and what it runs
+    return config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
 
 
 @flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")

@@ -16,7 +16,7 @@ from trainer.config import (
     TrainConfig,
     config_default,
 )
-from trainer.providers import PROVIDERS, ProviderError, provider
+from trainer.providers import PROVIDERS, ProviderError, provider, provider_of
 
 
 def test_a_job_config_round_trips_through_json():
@@ -31,6 +31,11 @@ def test_a_job_config_round_trips_through_json():
     assert cfg.replace(checkpoint={"resume": True}).checkpoint == CheckpointConfig(every=5, keep=2, resume=True)
 
 
+def checked_provider(name: str, options: dict | None = None):
+    """A job of provider `name` with `options`, its provider checked (`provider_of`, before anything starts)."""
+    return lambda: provider_of(JobConfig(provider=ProviderConfig(name, options or {})))
+
+
 @pytest.mark.parametrize(
     ("build", "names"),
     [
@@ -39,11 +44,11 @@ def test_a_job_config_round_trips_through_json():
         (lambda: ControlPlaneConfig(timeout_s=float("nan")), "control.timeout_s"),
         (lambda: AvailabilityConfig(trace="p3", events_file="e.json"), "not both"),
         (lambda: AvailabilityConfig(interval_seconds=0), "availability.interval_seconds"),
-        (lambda: ProviderConfig("gcp"), "choose one of local, hosts, aws"),
-        (lambda: ProviderConfig("local", {"region": "x"}), "no option 'region'"),
-        (lambda: ProviderConfig("hosts", {"hosts": "a"}), "hosts and coordinator go together"),
-        (lambda: ProviderConfig("hosts", {"hosts": "a", "coordinator": "127.0.0.1:29500"}), "loopback"),
-        (lambda: ProviderConfig("aws", {"regon": "us-east-1"}), "unknown field(s) regon"),
+        (checked_provider("gcp"), "choose one of local, hosts, aws"),
+        (checked_provider("local", {"region": "x"}), "no option 'region'"),
+        (checked_provider("hosts", {"hosts": "a"}), "hosts and coordinator go together"),
+        (checked_provider("hosts", {"hosts": "a", "coordinator": "127.0.0.1:29500"}), "loopback"),
+        (checked_provider("aws", {"regon": "us-east-1"}), "unknown field(s) regon"),
         (lambda: JobConfig.from_dict({"modle": {}}), "unknown fields ['modle']"),
     ],
 )

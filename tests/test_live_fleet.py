@@ -36,6 +36,7 @@ from trainer.control.fleet import FleetController
 from trainer.control.planning import PlanRequest, RulePlanner
 from trainer.control.run import train
 from trainer.observe.tracking import MlflowJobObserver
+from trainer.providers import provider_of
 from trainer.providers.fleet import CapacityAnswer
 from trainer.providers.market import (
     PENDING,
@@ -217,12 +218,12 @@ def test_the_job_never_peeks_two_markets_alike_up_to_k_plan_alike_up_to_k():
 def test_a_fleet_replays_nothing_and_the_market_runs_only_a_fleet(tmp_path):
     market = ProviderConfig(name="market", options={"trace": "p3"})
     with pytest.raises(ConfigError, match="provider 'market' runs a live fleet only"):
-        JobConfig(out_dir=str(tmp_path), provider=market)
+        provider_of(JobConfig(out_dir=str(tmp_path), provider=market))
     with pytest.raises(ConfigError, match="replays no trace"):
         JobConfig(out_dir=str(tmp_path), provider=market, fleet=FleetConfig(max_instances=4),
                   availability=AvailabilityConfig(trace="p3"))  # fmt: skip
     with pytest.raises(ConfigError, match="provider 'local' runs no live fleet; choose one that does: aws, market"):
-        JobConfig(out_dir=str(tmp_path), fleet=FleetConfig(max_instances=4))
+        provider_of(JobConfig(out_dir=str(tmp_path), fleet=FleetConfig(max_instances=4)))
     with pytest.raises(ConfigError, match="fleet.min_instances: 5 is above fleet.max_instances"):
         FleetConfig(max_instances=4, min_instances=5)
     with pytest.raises(ConfigError, match="fleet.backoff_s"):

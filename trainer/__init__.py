@@ -42,7 +42,8 @@ _HOMES: dict[str, str] = {
                      "ProviderConfig", "SCHEDULES", "START_METHODS", "TrainConfig", "UnknownModelError",
                      "config_default", "model_config", "register_model"),
                     "trainer.config"),
-    **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "register_provider"), "trainer.providers"),
+    **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "provider_of", "register_provider"),
+                   "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
     **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
     "JobError": "trainer.control.driver",
@@ -209,6 +210,9 @@ if TYPE_CHECKING:
     )
     from trainer.providers import (
         provider as provider,
+    )
+    from trainer.providers import (
+        provider_of as provider_of,
     )
     from trainer.providers import (
         register_provider as register_provider,

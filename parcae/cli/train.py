@@ -297,10 +297,10 @@ def train_cmd(
         make_planner,
         model_config,
         profile_cut,
+        provider_of,
         resolve_device,
         train,
     )
-    from trainer import PROVIDERS as providers
 
     if events is not None and trace is not None:
         raise UserError("give --events or --trace, not both")
@@ -346,7 +346,6 @@ def train_cmd(
             checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume,
                                         uri=checkpoint_uri),
             control=ControlPlaneConfig(timeout_s=timeout,
-                                       notice_grace_s=providers[provider_name].notice_grace_s(options),
                                        hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
                                        else heartbeat_timeout, prepare=prepare),
             provider=ProviderConfig(name=provider_name, options=options),
@@ -354,6 +353,8 @@ def train_cmd(
                                     profile=None if profile is None else str(profile), accept_plans=accept_plans),
             fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
         )  # fmt: skip
+        chosen = provider_of(config)  # its name, its options and what it runs
+        config = config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
     except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
         raise UserError(_config_message(exc)) from None
     if provider_name == "local":  # the workers run here: a device this machine lacks is refused before anything
@@ -368,7 +369,7 @@ def train_cmd(
                 planner, profile=runtime, model=model, look_ahead=look_ahead,
                 interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
                 accept_plans_for_s=2 * interval_seconds if accept_plans else None,
-                notice_s=providers[provider_name].notice_grace_s(options) if prepare else None,
+                notice_s=config.control.notice_grace_s if prepare else None,
             )  # fmt: skip
         except ValueError as exc:
             raise UserError(str(exc)) from None

@@ -35,7 +35,7 @@ from trainer.control.resume import check_same_job, clear_for_resume, resume_poin
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
 from trainer.observe.fleet_history import FleetHistoryWriter, trace_store_root
 from trainer.observe.observer import JobObserver, ObserverList
-from trainer.providers import provider as find_provider
+from trainer.providers import provider_of
 from trainer.providers.agent import AgentInstances, RemoteJob
 from trainer.providers.fleet import Fleet, FleetSetup
 from trainer.providers.local import LocalProcessProvider
@@ -137,6 +137,7 @@ def run_job(
     """
     t0 = time.monotonic()
     model, train_cfg, steps, job = config.model, config.train, config.steps, config.job
+    chosen = provider_of(config)  # (its name, its options and what it runs: checked before anything starts)
     mirror = mirror_for(config.checkpoint.uri) if config.checkpoint.uri is not None else None
     if mirror is not None:
         check_checkpoint_uri(mirror)
@@ -171,7 +172,7 @@ def run_job(
     if planner is not None and getattr(planner, "accepts_handed", False):
         coord.accept_handed_plans(planner.name)
     provider: LocalProcessProvider | AgentInstances
-    build_fleet = find_provider(config.provider.name).fleet
+    build_fleet = chosen.fleet
     if config.fleet.live and remote is not None:  # a fleet elsewhere (AWS): its agents run the workers
         if remote.fleet is None:
             coord.abort("the provider runs no live fleet")
@@ -487,10 +488,11 @@ def train(
     `planner` every interval if one is given; the report is `job_report(result)` (also written to `json_out`).
     With `config.checkpoint.resume` the job continues from the latest checkpoint in its out_dir (the same config
     gives the same schedule, which restarts there)."""
+    chosen = provider_of(config)
     check_job(config)  # the spec imports, cuts, feeds and scores before any process starts
     if config.provider.name == "local":  # the workers run here: a device this machine lacks is refused now
         resolve_device(config.train.device, 0)
-    remote = find_provider(config.provider.name).job(config.provider.options)  # None: local worker processes
+    remote = chosen.job(config.provider.options)  # None: local worker processes
     schedule = None if config.fleet.live else job_schedule(config, planned=planner is not None)
     result = run_job(config, schedule, observer=observer, planner=planner, remote=remote)
     report = job_report(result)

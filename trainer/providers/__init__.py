@@ -1,11 +1,12 @@
 """The registry of instance providers: where a job's instances come from, in one place.
 
 Owns: `Provider` (a name, its options' check, how it builds the job's instances, the grace of its preemption
-notices, its live fleet if it runs one) and `PROVIDERS` — `local` (worker processes on this machine), `hosts`
-(instance agents on machines you have, over ssh: `trainer.providers.hosts`), `aws` (EC2 spot instances through
-boto3: `trainer.providers.aws`), `market` (a live fleet under a local spot market whose capacity follows a trace
-the job never reads: `trainer.providers.market`). The command line, the flows, the tasks and the settings checks
-all look providers up here, so each supports every provider it holds.
+notices, its live fleet if it runs one), `provider_of` (a job's provider, checked against the job) and `PROVIDERS` —
+`local` (worker processes on this machine), `hosts` (instance agents on machines you have, over ssh:
+`trainer.providers.hosts`), `aws` (EC2 spot instances through boto3: `trainer.providers.aws`), `market` (a live fleet
+under a local spot market whose capacity follows a trace the job never reads: `trainer.providers.market`). The
+command line, the flows, the tasks and the settings checks all look providers up here, so each supports every
+provider it holds.
 Must not touch: the providers' own machinery (imported only when a provider is used, so that looking a name up
 costs nothing), training, the coordinator.
 
@@ -18,6 +19,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from trainer.config import ConfigError, JobConfig
 
 if TYPE_CHECKING:
     from trainer.providers.agent import RemoteJob
@@ -70,6 +73,28 @@ def provider(name: str) -> Provider:
         return PROVIDERS[name]
     except KeyError:
         raise ProviderError(f"unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}") from None
+
+
+def provider_of(config: JobConfig) -> Provider:
+    """The job's provider, checked before anything starts: registered, its options workable, and running what the
+    job asks (a live fleet, or a trace replay and scripted events). Raises `ConfigError` naming the field and the
+    fix. Here, not in `JobConfig`'s own checks: the config is the ground every provider stands on, so it cannot look
+    them up."""
+    name, options = config.provider.name, config.provider.options
+    if name not in PROVIDERS:
+        raise ConfigError(f"provider.name: unknown provider {name!r}; choose one of {', '.join(PROVIDERS)}")
+    chosen = PROVIDERS[name]
+    try:
+        chosen.check(options)
+    except ProviderError as exc:
+        raise ConfigError(f"provider.options: {exc}") from None
+    if config.fleet.live and not chosen.runs_fleet:
+        fleets = ", ".join(n for n, p in PROVIDERS.items() if p.runs_fleet)
+        raise ConfigError(f"fleet: provider {name!r} runs no live fleet; choose one that does: {fleets}")
+    if not config.fleet.live and not chosen.replays:
+        raise ConfigError(f"provider.name: provider {name!r} runs a live fleet only; give fleet.max_instances "
+                          "(parcae train --fleet N)")  # fmt: skip
+    return chosen
 
 
 def _only(options: Mapping[str, Any], allowed: set[str], name: str) -> None:
