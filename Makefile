@@ -31,9 +31,10 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # ruff (lint, then format), mypy (strict on liveput, forecasting, tracking), the import contracts of pyproject.toml
-# (lint-imports: no prefect in domain packages, imports down the floors, no cycles, faces only) and the private-name
-# rule they cannot state. Every check runs, so one failure does not hide the next; the target fails if any did.
-LINT_CHECKS := "ruff check ." "ruff format --check ." "mypy" "lint-imports --no-cache" "python .ci/check_private_imports.py"
+# (lint-imports: no prefect in domain packages, imports down the floors, no cycles, faces only) and the two rules
+# they cannot state: no private names across modules, no project module loaded by its name (an arrow they cannot see).
+# Every check runs, so one failure does not hide the next; the target fails if any did.
+LINT_CHECKS := "ruff check ." "ruff format --check ." "mypy" "lint-imports --no-cache" "python .ci/check_private_imports.py" "python .ci/check_hidden_imports.py"
 lint: $(STAMP)
 	@status=0; for check in $(LINT_CHECKS); do \
 		echo "== $$check"; $(BIN)/$$check || status=1; \
