@@ -32,7 +32,7 @@ from trainer.config import (
     TrainConfig,
     model_config,
 )
-from trainer.control.fleet import FleetController
+from trainer.control.fleet import FleetController, FleetRow
 from trainer.control.planning import PlanRequest, RulePlanner
 from trainer.control.run import train
 from trainer.observe.tracking import MlflowJobObserver
@@ -437,6 +437,27 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
         assert not any(refused_while_empty)  # an open request waits in the market instead
     else:
         assert sum(refused_while_empty) >= 2
+
+
+def test_the_fleet_s_history_is_appended_without_reading_the_store(tmp_path, monkeypatch):
+    """Each interval's row is written while the interval's boundary waits: the writer never reads what the store
+    holds (every part file of every fleet before it, a read that grows with the store)."""
+    from trainer.observe.fleet_history import FleetHistoryWriter
+
+    store = TraceStore(tmp_path / "store")
+    store.append("fleet_intervals", [{"job_tag": "other@1", "provider": "market", "interval": 0, "interval_s": 60.0,
+                                      "capacity": 4, "requested": 1, "granted": 1, "refused": 0, "reclaimed": 0,
+                                      "alive": 1, "timestamp": "2026-12-01T00:00:00Z"}])  # fmt: skip
+    writer = FleetHistoryWriter(tmp_path / "store", "job@1", "market", 60.0, 4)
+    with monkeypatch.context() as m:
+        m.setattr(TraceStore, "read", lambda *_a, **_k: pytest.fail("the writer read the store"))
+        for i in range(3):
+            writer(i, FleetRow(t=float(i), requested=1, granted=1, alive=2 + i, refused=0, reclaimed=0))
+    assert writer.summary()["rows"] == 3 and not writer.errors
+    stored = store.read("fleet_intervals").sort_values(["job_tag", "interval"])
+    assert stored[["job_tag", "interval", "alive"]].values.tolist() == [
+        ["job@1", 0, 2], ["job@1", 1, 3], ["job@1", 2, 4], ["other@1", 0, 1]
+    ]  # fmt: skip
 
 
 def test_fleet_histories_in_the_trace_store_join_the_forecaster_s_corpus(tmp_path):

@@ -48,8 +48,9 @@ class FleetHistoryWriter:
                   "interval_s": self.interval_s, "capacity": self.capacity, "requested": row.requested,
                   "granted": row.granted, "refused": row.refused, "reclaimed": row.reclaimed, "alive": row.alive,
                   "timestamp": pd.Timestamp.now(tz="UTC")}  # fmt: skip
-        try:
-            self.rows += TraceStore(self.root).append("fleet_intervals", [record])
+        try:  # the row's key (job_tag, interval) is this writer's own: no lookup of what the store holds, which
+            # read every part file of every fleet before (0.6 s at 561) while the interval's boundary waited
+            self.rows += TraceStore(self.root).append("fleet_intervals", [record], skip_existing=False)
         except (OSError, ValueError) as exc:
             self.errors.append(f"interval {interval}: {exc}")
             log.warning("the fleet's history could not be written to %s: %s", self.root, exc)
