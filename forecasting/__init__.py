@@ -13,8 +13,8 @@ What is here, and where it lives:
 - traces: `load_trace` and the trace catalog (`available_traces`), the canonical per-interval table
   (`forecasting.traces`), the training corpus (`forecasting.corpus`);
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
-- collection from EC2: `SpotCollector`, `TraceStore` (`forecasting.collect`) and the EC2 constants the trainer's
-  AWS provider shares (`forecasting.ec2`);
+- collection from EC2: `SpotCollector`, `TraceStore` and its compaction threshold `COMPACT_AT`
+  (`forecasting.collect`) and the EC2 constants the trainer's AWS provider shares (`forecasting.ec2`);
 - two namespaces whose names are too generic to flatten: `jsonio` (bounded JSON in, strict JSON out) and
   `features` (the look-ahead-free features and the anchor).
 
@@ -85,6 +85,7 @@ _HOMES: dict[str, str] = {
     "SPOT_WARNING_RE": "ec2",
     "no_credentials": "ec2",
     "no_region": "ec2",
+    "COMPACT_AT": "collect",
     "CollectError": "collect",
     "SpotCollector": "collect",
     "TraceStore": "collect",
@@ -105,6 +106,7 @@ if TYPE_CHECKING:
     from forecasting.baselines import ArimaForecaster as ArimaForecaster
     from forecasting.baselines import EtsForecaster as EtsForecaster
     from forecasting.baselines import PersistenceForecaster as PersistenceForecaster
+    from forecasting.collect import COMPACT_AT as COMPACT_AT
     from forecasting.collect import CollectError as CollectError
     from forecasting.collect import SpotCollector as SpotCollector
     from forecasting.collect import TraceStore as TraceStore

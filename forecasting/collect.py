@@ -24,9 +24,11 @@ is reported in :class:`CollectResult` and nothing of that call is written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,9 +37,11 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+from filelock import FileLock, Timeout
 
 from forecasting.ec2 import (
     ALIVE_STATES,
@@ -54,6 +58,7 @@ if TYPE_CHECKING:
     import boto3
 
 __all__ = [
+    "COMPACT_AT",
     "JOB_TAG_KEY",
     "TABLES",
     "CollectError",
@@ -67,6 +72,10 @@ __all__ = [
 
 
 _TS: Final = pa.timestamp("us", tz="UTC")
+#: Part files a table holds before `TraceStore.compact` merges them by default (a read opens every part).
+COMPACT_AT: Final = 32
+_STALE_TMP_S: Final = 3600.0  # a temp file this old belongs to a write that crashed
+_READ_TRIES: Final = 8  # listings a read makes while compactions remove the parts it listed
 
 
 @dataclass(frozen=True)
@@ -205,15 +214,21 @@ class TraceStore:
 
     Each :meth:`append` writes one new part file (temp file, fsync, rename), so a crash or a concurrent
     reader never sees half a batch, and two collectors may append at once: rows both of them wrote are
-    merged by :meth:`read` (first written wins). Part files are never rewritten.
+    merged by :meth:`read` (first written wins). An append never rewrites a part; :meth:`compact` merges
+    a table's parts into one, while appends and reads go on.
     """
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
 
-    def _dir(self, table: str) -> Path:
+    @staticmethod
+    def _spec(table: str) -> _Table:
         if table not in TABLES:
             raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
+        return TABLES[table]
+
+    def _dir(self, table: str) -> Path:
+        self._spec(table)
         return self.root / table
 
     def parts(self, table: str) -> list[Path]:
@@ -222,13 +237,65 @@ class TraceStore:
 
     def read(self, table: str) -> pd.DataFrame:
         """All rows of ``table``, one per natural key (the first written), in write order."""
-        files = self.parts(table)  # validates the table name
-        spec = TABLES[table]
-        if not files:
-            return spec.schema.empty_table().to_pandas()
+        return _first_per_key(self._load(table), self._spec(table).key).to_pandas()
+
+    def _load(self, table: str) -> pa.Table:
+        """Every row of every part of ``table``, in write order.
+
+        Lock-free: a compaction may remove a part between the listing and its read, so a missing part means
+        list again (its rows are in the merged part by then).
+        """
+        schema = self._spec(table).schema
+        attempt = 0
+        while True:
+            attempt += 1
+            files = self.parts(table)
+            try:
+                return pa.concat_tables([schema.empty_table(), *(pq.read_table(f, schema=schema) for f in files)])
+            except FileNotFoundError:
+                if attempt == _READ_TRIES:
+                    raise
+                time.sleep(0.01 * attempt)
+
+    def compact(self, *tables: str, min_parts: int = COMPACT_AT) -> dict[str, int]:
+        """Merge each table (default: all) that holds at least ``min_parts`` part files into one; returns the
+        part files removed per table.
+
+        Why: parts are never rewritten, so every append adds a file that every later read opens (about 1 ms
+        each here), and collection rounds and live fleets append for as long as the store lives. The merged
+        rows are exactly what :meth:`read` returns; they replace the oldest part (a rename), so they sort
+        first and win over the merged parts for as long as a crash leaves any of them. Appends go on meanwhile
+        (their parts are newer and untouched); a table already being compacted elsewhere is skipped (a lock
+        file). Temp files of writes that crashed over an hour ago are removed.
+        """
+        removed: dict[str, int] = {}
+        for table in tables or tuple(TABLES):
+            directory = self._dir(table)
+            removed[table] = 0
+            if directory.is_dir():
+                try:
+                    with FileLock(directory / ".compact.lock", timeout=0):
+                        removed[table] = self._compact(table, max(2, min_parts))
+                except Timeout:
+                    pass
+        return removed
+
+    def _compact(self, table: str, min_parts: int) -> int:
+        directory, spec = self._dir(table), self._spec(table)
+        cutoff = time.time() - _STALE_TMP_S
+        for tmp in directory.glob(".tmp-*.parquet"):
+            with contextlib.suppress(FileNotFoundError):
+                if tmp.stat().st_mtime < cutoff:
+                    tmp.unlink()
+        files = self.parts(table)
+        if len(files) < min_parts:
+            return 0
         data = pa.concat_tables([pq.read_table(f, schema=spec.schema) for f in files])
-        df = data.to_pandas()
-        return df.drop_duplicates(subset=list(spec.key), keep="first").reset_index(drop=True)
+        _commit_part(directory, _first_per_key(data, spec.key), files[0])
+        for old in files[1:]:
+            old.unlink(missing_ok=True)
+        _fsync_dir(directory)
+        return len(files) - 1
 
     def append(
         self,
@@ -268,17 +335,8 @@ class TraceStore:
         if new.empty:
             return 0
         directory.mkdir(parents=True, exist_ok=True)
-        stamp = _now().strftime("%Y%m%dT%H%M%S%fZ")
-        final = directory / f"part-{stamp}-{uuid.uuid4().hex[:12]}.parquet"
-        tmp = directory / f".tmp-{uuid.uuid4().hex}.parquet"
-        try:
-            pq.write_table(_to_arrow(new, spec.schema), tmp)
-            with open(tmp, "rb") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, final)  # atomic on POSIX and Windows: readers see all of the batch or none
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(directory)
+        name = f"part-{_now().strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
+        _commit_part(directory, _to_arrow(new, spec.schema), directory / name)
         return len(new)
 
     # ------------------------------------------------------------------------- live fleets' histories
@@ -376,6 +434,26 @@ def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
     warns (Pandas4Warning); batches are small, so Python lists cost nothing that matters.
     """
     return pa.Table.from_pydict({f.name: pa.array(df[f.name].tolist(), type=f.type) for f in schema}, schema=schema)
+
+
+def _first_per_key(data: pa.Table, key: Sequence[str]) -> pa.Table:
+    """The first row of each natural key, in row order: the store's rule for rows written more than once."""
+    rows = pa.array(np.arange(data.num_rows, dtype=np.int64))
+    firsts = data.append_column("_row", rows).group_by(list(key), use_threads=False).aggregate([("_row", "min")])
+    return data.take(np.sort(firsts["_row_min"].to_numpy()))
+
+
+def _commit_part(directory: Path, data: pa.Table, final: Path) -> None:
+    """Write ``data`` as the part file ``final`` (temp file, fsync, rename): readers see all of it or none."""
+    tmp = directory / f".tmp-{uuid.uuid4().hex}.parquet"
+    try:
+        pq.write_table(data, tmp)
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)  # atomic on POSIX and Windows
+    finally:
+        tmp.unlink(missing_ok=True)
+    _fsync_dir(directory)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -49,8 +49,8 @@ def collect_spot_traces(
 ) -> dict[str, Any]:
     """One collection round (fleet events, spot prices of the last ``price_hours``, placement scores).
 
-    Returns the store folder, rows written per table and the calls the endpoint does not support;
-    raises `CollectIncomplete` when any call failed.
+    Returns the store folder, rows written per table, the calls the endpoint does not support and the part
+    files merged per table (`forecasting.TraceStore.compact`); raises `CollectIncomplete` when any call failed.
     """
     collector = SpotCollector(
         regions=regions or None,
@@ -65,6 +65,7 @@ def collect_spot_traces(
         collector.collect_prices(now - timedelta(hours=price_hours), now),
         collector.collect_placement_scores(target_capacity),
     ]
+    compacted = collector.store.compact()  # the rounds' parts merged once a table holds COMPACT_AT of them
     errors = [e for r in results for e in r.errors]
     if errors:
         raise CollectIncomplete(f"{len(errors)} EC2 call(s) failed: " + "; ".join(errors))
@@ -73,6 +74,7 @@ def collect_spot_traces(
         "regions": list(collector.regions),
         "rows_written": {k: v for r in results for k, v in r.rows_written.items()},
         "unsupported": [u for r in results for u in r.unsupported],
+        "parts_compacted": compacted,
     }
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from _aws import fake_aws_account, isolate_aws
 from _mlflow import temporary_mlflow_store
 from typer.testing import CliRunner
 
+from forecasting import COMPACT_AT
 from parcae.cli import app
 
 FORECAST_KEYS = {"model", "last_available", "capacity", "point", "quantiles", "preemption_prob", "events"}
@@ -246,22 +248,17 @@ def test_collect_with_moto_writes_prices(
 
     fake_aws_account(monkeypatch)
     store = tmp_path / "store"
+    args = ["collect", "--store", str(store), "--region", "us-east-1", "--instance-type", "m5.large"]
+    args += ["--job-tag", "job-t"]
     with mock_aws():
-        result = runner.invoke(
-            app,
-            [
-                "collect",
-                "--store",
-                str(store),
-                "--region",
-                "us-east-1",
-                "--instance-type",
-                "m5.large",
-                "--job-tag",
-                "job-t",
-            ],
-        )
-    assert result.exit_code == 0, result.output
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, result.output
+        [part] = (store / "spot_prices").glob("part-*.parquet")
+        for i in range(COMPACT_AT - 1):  # the store of a long-lived collector: the round compacts it
+            shutil.copy(part, part.with_name(f"part-copy-{i:02}.parquet"))
+        again = runner.invoke(app, args)
+    assert again.exit_code == 0 and f"compacted: {COMPACT_AT - 1} part files merged" in again.stdout, again.output
+    assert [p.name for p in (store / "spot_prices").glob("part-*.parquet")] == [part.name]
     rows = {
         line.split()[0]: line.split()[1:]
         for line in result.stdout.splitlines()

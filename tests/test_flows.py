@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
-from datetime import timedelta  # noqa: E402
+from datetime import UTC, datetime, timedelta  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -40,7 +40,7 @@ from prefect.states import Failed  # noqa: E402
 from flows.collect_traces import collect_traces  # noqa: E402
 from flows.plan_interval import plan_interval  # noqa: E402
 from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
-from forecasting.collect import TraceStore  # noqa: E402
+from forecasting.collect import COMPACT_AT, TraceStore  # noqa: E402
 from forecasting.registry import CHAMPION, DEFAULT_REGISTERED_NAME  # noqa: E402
 from forecasting.traces import load_trace  # noqa: E402
 from liveput.optimizer import JobState  # noqa: E402
@@ -234,6 +234,10 @@ def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch:
     isolate_aws(monkeypatch, tmp_path)
     fake_aws_account(monkeypatch, REGION)
     store = tmp_path / "store"
+    for i in range(COMPACT_AT):  # a store that collection rounds have grown: the round compacts it
+        row = {"region": REGION, "az_id": "", "instance_types": "m5.large", "target_capacity": 4, "single_az": False,
+               "score": 3, "timestamp": datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=10 * i)}  # fmt: skip
+        TraceStore(store).append("placement_scores", [row])
     with mock_aws():
         ec2 = boto3.client("ec2", region_name=REGION)
         ec2.run_instances(
@@ -247,6 +251,8 @@ def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch:
     assert result["rows_written"]["fleet_events"] == 3
     assert result["rows_written"]["spot_prices"] > 0
     assert any("get_spot_placement_scores" in u for u in result["unsupported"])  # moto lacks it
+    assert result["parts_compacted"]["placement_scores"] == COMPACT_AT - 1
+    assert len(TraceStore(store).read("placement_scores")) == COMPACT_AT
     events = TraceStore(store).read("fleet_events")
     assert len(events) == 3 and set(events["event"]) == {"add"} and set(events["job_tag"]) == {"job-a"}
 

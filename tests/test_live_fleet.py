@@ -20,7 +20,7 @@ from _reference import uninterrupted_losses
 from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
-from forecasting import TraceStore, training_corpus
+from forecasting import COMPACT_AT, TraceStore, training_corpus
 from parcae.cli import app
 from trainer.config import (
     AvailabilityConfig,
@@ -275,6 +275,11 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     )
     capacity = market_capacity("p3", 4)[41:]
     assert capacity[:17] == [4] * 10 + [3] * 6 + [2]
+    for i in range(COMPACT_AT):  # an earlier fleet's history, a part file per interval: the job's end compacts it
+        TraceStore(tmp_path / "store").append("fleet_intervals", [{
+            "job_tag": "earlier@1", "provider": "market", "interval": i, "interval_s": 60.0, "capacity": 4,
+            "requested": 1, "granted": 1, "refused": 0, "reclaimed": 0, "alive": 1, "timestamp": "2026-12-01",
+        }])  # fmt: skip
     obs = MlflowJobObserver(flush_every_s=0.5)
     report = train(config, planner=ScriptedRule(), observer=obs)
     assert obs.closed and obs.run_id is not None
@@ -311,9 +316,11 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     # the trace store holds the fleet's history, one row per interval, and the forecaster's corpus takes it
     history = report["fleet_history"]
     assert history["rows"] == len(rows) and not history["errors"]
+    assert len(TraceStore(tmp_path / "store").parts("fleet_intervals")) == 1  # compacted at the job's end
     stored = TraceStore(tmp_path / "store").read("fleet_intervals")
+    assert set(stored["job_tag"]) == {history["job_tag"], "earlier@1"} and history["job_tag"].startswith("job@")
+    stored = stored[stored["job_tag"] == history["job_tag"]]
     assert stored["alive"].tolist() == alive and set(stored["interval_s"]) == {60.0}  # the trace's own interval
-    assert set(stored["job_tag"]) == {history["job_tag"]} and history["job_tag"].startswith("job@")
     corpus = training_corpus(store=TraceStore(tmp_path / "store"))
     fleet_table = corpus[f"fleet:{history['job_tag']}"]
     assert fleet_table["available"].tolist() == alive and int(fleet_table["capacity"].iloc[0]) == 4
@@ -458,6 +465,20 @@ def test_the_fleet_s_history_is_appended_without_reading_the_store(tmp_path, mon
     assert stored[["job_tag", "interval", "alive"]].values.tolist() == [
         ["job@1", 0, 2], ["job@1", 1, 3], ["job@1", 2, 4], ["other@1", 0, 1]
     ]  # fmt: skip
+
+
+def test_a_long_fleet_s_history_is_compacted_as_it_grows(tmp_path):
+    """One part file per interval would make every read of the history (the planner's, each interval) open as many
+    files as the fleet lived intervals: the writer compacts the table every COMPACT_AT rows, off the boundary."""
+    from trainer.observe.fleet_history import FleetHistoryWriter
+
+    writer = FleetHistoryWriter(tmp_path / "store", "job@1", "market", 60.0, 4)
+    for i in range(COMPACT_AT + 2):
+        writer(i, FleetRow(t=float(i), requested=1, granted=1, alive=i % 5, refused=0, reclaimed=0))
+    writer.close()  # waits for the compaction in flight; 3 parts left are under the threshold
+    store = TraceStore(tmp_path / "store")
+    assert len(store.parts("fleet_intervals")) == 3 and not writer.errors
+    assert store.fleet_histories()["fleet:job@1"]["available"].tolist() == [i % 5 for i in range(COMPACT_AT + 2)]
 
 
 def test_fleet_histories_in_the_trace_store_join_the_forecaster_s_corpus(tmp_path):

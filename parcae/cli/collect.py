@@ -100,6 +100,12 @@ def collect(
     for name, r in results.items():
         table.add_row(name, str(sum(r.rows_written.values())), str(len(r.errors)), str(len(r.unsupported)))
     out.print(table)
+    try:  # the rounds' parts merged once a table holds COMPACT_AT of them: every read opens every part
+        compacted = sum(collector.store.compact().values())
+    except OSError as exc:
+        raise UserError(f"cannot compact the trace store {collector.store.root}: {exc}") from None
+    if compacted:
+        out.print(f"compacted: {compacted} part files merged")
     errors = [e for r in results.values() for e in r.errors]
     for line in (u for r in results.values() for u in r.unsupported):
         warn(f"unsupported: {line}")

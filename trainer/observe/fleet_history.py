@@ -6,20 +6,23 @@ Owns: `FleetHistoryWriter` (appends each `trainer.control.fleet.FleetRow` to the
 as the ``collect-traces`` flow). Must not touch: what the rows say (`trainer.control.fleet`), training.
 
 A failed write (a full disk, a read-only folder) does not stop the job: it is logged, counted, and the job's
-report says it (``fleet_history.errors``), never silently.
+report says it (``fleet_history.errors``), never silently. Every `forecasting.COMPACT_AT` rows, and at the job's end,
+the table is compacted (`forecasting.TraceStore.compact`) in a thread of its own, so that the planner's reads of the
+fleet's history (one part file per interval otherwise) stay short while no boundary waits for it.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from forecasting import TraceStore
+from forecasting import COMPACT_AT, TraceStore
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +45,7 @@ class FleetHistoryWriter:
     capacity: int
     rows: int = 0
     errors: list[str] = field(default_factory=list)
+    _compaction: threading.Thread | None = field(default=None, repr=False)
 
     def __call__(self, interval: int, row: Any) -> None:
         record = {"job_tag": self.job_tag, "provider": self.provider, "interval": interval,
@@ -54,6 +58,24 @@ class FleetHistoryWriter:
         except (OSError, ValueError) as exc:
             self.errors.append(f"interval {interval}: {exc}")
             log.warning("the fleet's history could not be written to %s: %s", self.root, exc)
+            return
+        if self.rows % COMPACT_AT == 0 and not (self._compaction is not None and self._compaction.is_alive()):
+            self._compaction = threading.Thread(target=self._compact, name="fleet-history-compaction", daemon=True)
+            self._compaction.start()
+
+    def _compact(self) -> None:
+        try:
+            TraceStore(self.root).compact("fleet_intervals")
+        except (OSError, ValueError) as exc:
+            self.errors.append(f"compaction: {exc}")
+            log.warning("the trace store %s could not be compacted: %s", self.root, exc)
+
+    def close(self) -> None:
+        """At the job's end: the store compacted once no compaction is in flight (a crash before leaves the parts,
+        which read the same)."""
+        if self._compaction is not None:
+            self._compaction.join()
+        self._compact()
 
     def summary(self) -> dict[str, Any]:
         return {"store": str(self.root), "job_tag": self.job_tag, "rows": self.rows, "errors": list(self.errors)}
