@@ -5,9 +5,10 @@ strategy D x P, the instances alive and the last migration's kind on one bar, pl
 (`format_reconfiguration`). Must not touch: the job (it only reads what the driver hands its hooks), stdout (the
 command prints its results there), MLflow.
 
-On a terminal the bar is live and stays on screen when the job ends (not transient); the reconfiguration lines are
-printed above it as they complete. When the console is not a terminal (piped, a CI log) there is no bar, no cursor
-control: only the reconfiguration lines, one each, so the log reads as a record of the job.
+On a terminal the bar is live and stays on screen when the job ends (not transient); the reconfiguration lines, and
+a live fleet's waits for instances, are printed above it as they happen. When the console is not a terminal (piped,
+a CI log) there is no bar, no cursor control: those lines, one each, and a line of progress at most every
+`log_every_s` (30 s) of a training step, so the log reads as a record of the job and shows it is alive.
 
 The driver calls the hooks from its own thread between control decisions (see `trainer.observe.observer`), so every hook
 only updates a few fields; rich redraws from its own refresh thread.
@@ -15,7 +16,9 @@ only updates a few fields; rich redraws from its own refresh thread.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -23,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from liveput import strategy_text
-from trainer import JobObserver, StepInfo
+from trainer import JobObserver, StepInfo, fleet_text
 
 
 def _pair(strategy: Sequence[int]) -> tuple[int, int]:
@@ -79,12 +82,16 @@ class TrainProgress(JobObserver):
     """Shows a job's progress on `console` (default: stderr). Use it as a context manager around the job, or rely
     on `on_end` / `on_error` to stop the bar; `stop()` is idempotent.
 
-    `live` is whether a bar is drawn (the console is a terminal); otherwise only reconfiguration lines are printed.
+    `live` is whether a bar is drawn (the console is a terminal); otherwise lines are printed: reconfigurations,
+    the fleet's waits, and progress at most every `log_every_s` of `clock`.
     """
 
-    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0) -> None:
+    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0, log_every_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
         self.console = console if console is not None else Console(stderr=True, highlight=False)
         self.live = self.console.is_terminal
+        self.log_every_s, self._clock = log_every_s, clock
+        self._logged_at = -math.inf
         self.total: int | None = None
         self.steps_done = 0
         self.loss: float | None = None
@@ -158,6 +165,12 @@ class TrainProgress(JobObserver):
         self.strategy = _pair(step.strategy)
         self.alive = step.alive
         self._update()
+        now = self._clock()
+        if not self.live and now - self._logged_at >= self.log_every_s:
+            self._logged_at = now
+            f = self._fields()
+            self.console.print(f"step {self.steps_done}/{self.total}: loss {f['loss']}, {f['strategy']}, {f['alive']} "
+                               "alive", highlight=False, soft_wrap=True)  # fmt: skip
 
     def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         # one line per validation, above the bar while it is live
@@ -172,6 +185,9 @@ class TrainProgress(JobObserver):
         # while the bar is live, rich prints this above it; otherwise it is just the next line of the log
         self.console.print(format_reconfiguration(record), highlight=False, soft_wrap=True)
         self._update()
+
+    def on_fleet(self, event: Mapping[str, Any]) -> None:
+        self.console.print(fleet_text(event), highlight=False, soft_wrap=True)
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         if self.total is not None:

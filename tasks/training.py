@@ -35,7 +35,7 @@ from prefect.artifacts import (
 from forecasting import Forecaster, skill_gated
 from liveput import strategy_key, strategy_text
 from tasks.tracking import artifact_key, run_markdown
-from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo
+from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo, fleet_text
 
 __all__ = [
     "RUN_FILE",
@@ -200,6 +200,9 @@ class PrefectJobObserver(JobObserver):
         if self._progress is not None and done - self._shown >= 5.0:
             self._shown = done
             update_progress_artifact(self._progress, min(done, 100.0))
+
+    def on_fleet(self, event: Mapping[str, Any]) -> None:
+        get_run_logger().info(fleet_text(event))  # why a live fleet's job is not training (yet)
 
     def on_plan(self, plan: PlanInfo) -> None:
         first, self._planned = not self._planned, True

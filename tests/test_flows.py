@@ -12,6 +12,7 @@ running job (coordinator and worker processes, a `HandedPlanner`) in a thread of
 from __future__ import annotations
 
 import contextlib  # noqa: E402
+import logging  # noqa: E402
 import os  # noqa: E402
 import threading  # noqa: E402
 from datetime import UTC, datetime, timedelta  # noqa: E402
@@ -342,8 +343,6 @@ def test_an_idle_plan_interval_neither_plans_nor_reads_the_registry(
 ) -> None:
     """Every minute with no running job: nothing planned, and no "no model registered" warning on an empty store
     (the champion is loaded only for a job to plan)."""
-    import logging
-
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/empty.db")
     with caplog.at_level(logging.WARNING, logger="forecasting"):
         idle = plan_interval(running_jobs=True)
@@ -446,3 +445,22 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
     # nothing runs now: nothing is planned, and the flow says so
     idle = plan_interval(running_jobs=True, look_ahead=LOOK_AHEAD)
     assert idle == {"jobs": [], "note": "no running job takes handed plans: nothing planned"}
+
+
+def test_a_training_flow_logs_why_a_live_fleet_s_job_is_not_training(tmp_path: Path, caplog) -> None:
+    """The train flow's observer says in the flow run's log what a log reader needs: the fleet's waits."""
+    from prefect import flow
+
+    from tasks.training import PrefectJobObserver
+
+    @flow
+    def waits() -> None:
+        observer = PrefectJobObserver(None, tmp_path, "job", 10)
+        observer.on_fleet({"event": "fleet-waiting", "need": 2})
+        observer.on_fleet({"event": "fleet-empty", "reason": "every instance was lost", "step": 7})
+
+    with caplog.at_level(logging.INFO):
+        waits()
+    said = [r.getMessage() for r in caplog.records]
+    assert "waiting for the fleet: training starts once 2 instances joined" in said, said
+    assert "the fleet is empty at step 7: every instance was lost; waiting for capacity" in said, said

@@ -35,6 +35,7 @@ from trainer.config import (
 from trainer.control.fleet import FleetController, FleetRow
 from trainer.control.planning import PlanRequest, RulePlanner
 from trainer.control.run import train
+from trainer.observe.observer import RecordingObserver
 from trainer.observe.tracking import MlflowJobObserver
 from trainer.providers import provider_of
 from trainer.providers.fleet import CapacityAnswer
@@ -426,8 +427,13 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
         options={"kill_fraction": kill_fraction, **market_options},
         fleet={"record_history": False},
     )
-    report = train(config, planner=RulePlanner())
+    rec = RecordingObserver()
+    report = train(config, planner=RulePlanner(), observer=rec)
     assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)
+    # the observers (a log, the progress display) are told why nothing trains: the first wait, the empty fleet
+    waits = rec.of("fleet")
+    assert [e["event"] for e in waits] == ["fleet-waiting", "fleet-empty", "fleet-back"], waits
+    assert [h for h, _ in rec.calls][:2] == ["fleet", "start"] and waits[2]["waited_s"] > 2.0
     restarts = [r for r in report["reconfigurations"] if r["kind"] == "checkpoint-restart"]
     assert len(restarts) == 1, report["reconfigurations"]
     (restart,) = restarts

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import re
 
@@ -59,14 +60,18 @@ def test_terminal_shows_a_bar_with_steps_loss_strategy_alive_and_last_migration(
     assert progress._progress is None and progress.reconfigurations == 2
 
 
-def test_no_terminal_prints_one_line_per_reconfiguration_and_no_bar():
+def test_no_terminal_prints_a_line_per_reconfiguration_and_progress_every_30_s_and_no_bar():
     con, buf = console(False)
-    progress = TrainProgress(con)
+    progress = TrainProgress(con, clock=itertools.count(0.0, 10.0).__next__)  # each step 10 s
     assert not progress.live
     feed(progress)
     text = buf.getvalue()
-    assert "\x1b" not in text and "10/10" not in text and "alive" not in text
-    assert text.splitlines() == [format_reconfiguration(PIPELINE), format_reconfiguration(KILL)]
+    assert "\x1b" not in text
+    assert text.splitlines() == [
+        "step 1/10: loss 4.5000, 2x2, 4 alive", "step 4/10: loss 4.2000, 2x2, 4 alive",
+        format_reconfiguration(PIPELINE), "step 7/10: loss 3.9000, 1x4, 4 alive",
+        format_reconfiguration(KILL), "step 10/10: loss 3.6000, 1x3, 3 alive",
+    ]  # fmt: skip
     # the state is still tracked (the CLI could print it), only not drawn
     state = (progress.steps_done, progress.loss, progress.strategy, progress.alive)
     assert state == (10, pytest.approx(3.6), (1, 3), 3)
@@ -116,9 +121,28 @@ def test_a_failed_job_releases_the_terminal_and_keeps_the_last_state():
 
 def test_works_behind_the_drivers_observer_list():
     con, buf = console(False)
-    progress = TrainProgress(con)
+    progress = TrainProgress(con, clock=lambda: 0.0)  # a fast job: one line of progress, at its first step
     feed(ObserverList([progress, None]))
-    assert progress.steps_done == 10 and len(buf.getvalue().splitlines()) == 2
+    assert progress.steps_done == 10 and len(buf.getvalue().splitlines()) == 3
+
+
+def test_a_live_fleet_s_waits_are_printed_in_a_log_and_above_the_bar():
+    waits = [{"event": "fleet-waiting", "need": 2},
+             {"event": "fleet-empty", "reason": "every instance was killed", "step": 7},
+             {"event": "fleet-back", "workers": [5, 6], "waited_s": 42.25}]  # fmt: skip
+    lines = ["waiting for the fleet: training starts once 2 instances joined",
+             "the fleet is empty at step 7: every instance was killed; waiting for capacity",
+             "the fleet is back after 42.2 s: workers 5, 6"]  # fmt: skip
+    for terminal in (False, True):
+        con, buf = console(terminal)
+        progress = TrainProgress(con)
+        progress.on_fleet(waits[0])
+        progress.on_start(START)
+        for event in waits[1:]:
+            ObserverList([progress]).on_fleet(event)
+        progress.stop()
+        text = ANSI.sub("", buf.getvalue())
+        assert [line for line in text.splitlines() if "fleet" in line] == lines, text
 
 
 def test_parcae_train_reports_steps_and_each_migration(tmp_path):
@@ -133,11 +157,12 @@ def test_parcae_train_reports_steps_and_each_migration(tmp_path):
     res = CliRunner().invoke(app, ["train", "--workers", "2", "--steps", "5", "--events", str(events),
                                    "--out-dir", str(tmp_path / "run")])  # fmt: skip
     assert res.exit_code == 0, res.output
-    # stderr: one line per reconfiguration as it completed (no bar: not a terminal)
+    # stderr: one line per reconfiguration as it completed, progress at the first step (no bar: not a terminal)
     steps = [ln for ln in res.output.splitlines() if ln.startswith("step ")]
-    assert len(steps) == 2, res.output
-    assert steps[0].startswith("step 2: pipeline -> 2x1, planned, pause "), steps
-    assert steps[1].startswith("step 3: intra-stage -> 1x1, planned, pause "), steps
+    assert len(steps) == 3, res.output
+    assert steps[0] == "step 1/5: loss 4.6772, 1x2, 2 alive", steps
+    assert steps[1].startswith("step 2: pipeline -> 2x1, planned, pause "), steps
+    assert steps[2].startswith("step 3: intra-stage -> 1x1, planned, pause "), steps
     assert "\x1b" not in res.output and "5/5" not in res.output
     # stdout: the summary
     assert "tiny-gpt: 5 steps" in res.output

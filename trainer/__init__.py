@@ -54,7 +54,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
                     "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
-    **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo"), "trainer.observe.observer"),
+    **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo", "fleet_text"), "trainer.observe.observer"),
     **dict.fromkeys(("ACCEPTS_PLANS_TAG", "DECIDED_BY_TAG", "MlflowJobObserver", "TRAINING_RUN_TAG"),
                     "trainer.observe.tracking"),
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
@@ -184,6 +184,9 @@ if TYPE_CHECKING:
     )
     from trainer.observe.observer import (
         StepInfo as StepInfo,
+    )
+    from trainer.observe.observer import (
+        fleet_text as fleet_text,
     )
     from trainer.observe.profile import (
         ProfileError as ProfileError,

@@ -45,6 +45,7 @@ class FleetDriver(Driver):
         self._asked_ids: set[int] = set()
         self._gone_seen: set[int] = set()
         ready: list[int] = []
+        self.observer.on_fleet({"event": "fleet-waiting", "need": fleet.min_instances})
         while len(ready) < fleet.min_instances:
             self.check()
             ready += self._poll_fleet(admit=False)
@@ -154,7 +155,7 @@ class FleetDriver(Driver):
         assert self._fleet is not None
         c = self.coord
         fleet = self._fleet
-        c.note({"event": "fleet-empty", "reason": why, "step": self.step_in_flight()})
+        self._note_fleet({"event": "fleet-empty", "reason": why, "step": self.step_in_flight()})
         t0 = time.monotonic()
         row_at = t0 + fleet.interval_s
         while len(c.alive()) < fleet.min_instances:
@@ -168,7 +169,13 @@ class FleetDriver(Driver):
             if now > self.deadline:
                 raise JobError(f"timed out waiting for capacity: {why}")
             time.sleep(POLL_S)
-        c.note({"event": "fleet-back", "workers": sorted(c.alive()), "waited_s": round(time.monotonic() - t0, 3)})
+        waited_s = round(time.monotonic() - t0, 3)
+        self._note_fleet({"event": "fleet-back", "workers": sorted(c.alive()), "waited_s": waited_s})
+
+    def _note_fleet(self, entry: dict[str, Any]) -> None:
+        """A wait for capacity, on the job's timeline and to the observers (a log shows why nothing trains)."""
+        self.coord.note(entry)
+        self.observer.on_fleet(entry)
 
     def _plan_live(self) -> bool:
         """An interval of a live fleet is over: at the next step boundary training has not reached, fold the

@@ -1,7 +1,8 @@
 """Job observers: how the outside world watches a running job without slowing it down.
 
 Owns: the `JobObserver` interface the driver (`trainer.control.run`) calls as the job advances, `ObserverList` (fan-out
-to several observers) and `RecordingObserver` (keeps every call; tests and reports). Must not touch: training, the
+to several observers), `RecordingObserver` (keeps every call; tests and reports) and `fleet_text` (a live fleet's wait
+in words). Must not touch: training, the
 control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.observe.tracking`),
 the CLI's progress bar (`parcae.progress`).
 
@@ -14,6 +15,7 @@ Contract, for implementers:
   after a checkpoint-restart is reported again, after the `on_reconfiguration` of that restart), `on_plan`,
   `on_reconfiguration` (once per reconfiguration, when its record is complete), `on_checkpoint` (once per complete
   checkpoint), then `on_end` (success) or `on_error` (the job failed; the observer should flush what it has).
+- `on_fleet` (a live fleet's wait for instances) may come before `on_start`: a job waits for its first ones.
 - Invalid input (unknown model, impossible strategy, bad events) raises before any hook is called. A job that
   fails after validation but before its first epoch (workers never joined) gets `on_error` without `on_start`.
 - `on_checkpoint` reports files that a later checkpoint-restart may delete (it discards checkpoints newer than the
@@ -59,6 +61,20 @@ class PlanInfo:
     details: Mapping[str, Any] = field(default_factory=dict)  # e.g. the liveput plan's to_dict()
 
 
+def fleet_text(event: Mapping[str, Any]) -> str:
+    """One line for a live fleet's wait (`JobObserver.on_fleet`), for a log or a progress display."""
+    kind = event.get("event")
+    if kind == "fleet-waiting":
+        need = int(event["need"])
+        return f"waiting for the fleet: training starts once {need} instance{'s' * (need != 1)} joined"
+    if kind == "fleet-empty":
+        return f"the fleet is empty at step {event.get('step')}: {event.get('reason')}; waiting for capacity"
+    if kind == "fleet-back":
+        workers = ", ".join(map(str, event.get("workers") or []))
+        return f"the fleet is back after {float(event['waited_s']):.1f} s: workers {workers}"
+    return f"fleet: {dict(event)}"
+
+
 class JobObserver:
     """Base class: every hook does nothing. Override the ones you need."""
 
@@ -85,6 +101,12 @@ class JobObserver:
     def on_checkpoint(self, step: int, directory: Path) -> None:
         """Every shard of the checkpoint of `step` is written: under `directory` where the instances share the
         driver's disk, at the job's checkpoint URI where it has one (workers elsewhere copy them there)."""
+
+    def on_fleet(self, event: Mapping[str, Any]) -> None:
+        """A live fleet waits for instances, as the job's timeline records it (`fleet_text` says it in words):
+        ``{"event": "fleet-waiting", "need": n}`` before the job starts (it starts once n have joined),
+        ``{"event": "fleet-empty", "reason": ..., "step": s}`` when the cloud took every instance (the job waits for
+        capacity), ``{"event": "fleet-back", "workers": [...], "waited_s": t}`` when it trains again."""
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         """The job finished; `result` is `run_job`'s return value."""
@@ -126,6 +148,9 @@ class ObserverList(JobObserver):
     def on_checkpoint(self, step: int, directory: Path) -> None:
         self._call("on_checkpoint", step, directory)
 
+    def on_fleet(self, event: Mapping[str, Any]) -> None:
+        self._call("on_fleet", event)
+
     def on_end(self, result: Mapping[str, Any]) -> None:
         self._call("on_end", result)
 
@@ -156,6 +181,9 @@ class RecordingObserver(JobObserver):
 
     def on_checkpoint(self, step: int, directory: Path) -> None:
         self.calls.append(("checkpoint", (step, Path(directory))))
+
+    def on_fleet(self, event: Mapping[str, Any]) -> None:
+        self.calls.append(("fleet", dict(event)))
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         self.calls.append(("end", result))
