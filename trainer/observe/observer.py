@@ -103,10 +103,10 @@ class JobObserver:
         driver's disk, at the job's checkpoint URI where it has one (workers elsewhere copy them there)."""
 
     def on_fleet(self, event: Mapping[str, Any]) -> None:
-        """A live fleet waits for instances, as the job's timeline records it (`fleet_text` says it in words):
-        ``{"event": "fleet-waiting", "need": n}`` before the job starts (it starts once n have joined),
-        ``{"event": "fleet-empty", "reason": ..., "step": s}`` when the cloud took every instance (the job waits for
-        capacity), ``{"event": "fleet-back", "workers": [...], "waited_s": t}`` when it trains again."""
+        """A live fleet waits for instances (`fleet_text` says it in words): ``{"event": "fleet-waiting", "need": n}``
+        before the job starts (it starts once n have joined); ``{"event": "fleet-empty", "reason": ..., "step": s}``
+        when the cloud took every instance (the job waits for capacity) and ``{"event": "fleet-back", "workers":
+        [...], "waited_s": t}`` when it trains again, the entries of the job's timeline (its report's ``events``)."""
 
     def on_end(self, result: Mapping[str, Any]) -> None:
         """The job finished; `result` is `run_job`'s return value."""
