@@ -8,7 +8,8 @@ command prints its results there), MLflow.
 On a terminal the bar is live and stays on screen when the job ends (not transient); the reconfiguration lines, and
 a live fleet's waits for instances, are printed above it as they happen. When the console is not a terminal (piped,
 a CI log) there is no bar, no cursor control: those lines, one each, and a line of progress at most every
-`log_every_s` (30 s) of a training step, so the log reads as a record of the job and shows it is alive.
+`log_every_s` (30 s) of training with the samples a second since the last, so the log reads as a record of the
+job and shows it is alive.
 
 The driver calls the hooks from its own thread between control decisions (see `trainer.observe.observer`), so every hook
 only updates a few fields; rich redraws from its own refresh thread.
@@ -16,9 +17,7 @@ only updates a few fields; rich redraws from its own refresh thread.
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -83,15 +82,17 @@ class TrainProgress(JobObserver):
     on `on_end` / `on_error` to stop the bar; `stop()` is idempotent.
 
     `live` is whether a bar is drawn (the console is a terminal); otherwise lines are printed: reconfigurations,
-    the fleet's waits, and progress at most every `log_every_s` of `clock`.
+    the fleet's waits, and progress at most every `log_every_s` of the steps' own times, with the samples a second
+    trained since the last such line.
     """
 
-    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0, log_every_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0,
+                 log_every_s: float = 30.0) -> None:  # fmt: skip
         self.console = console if console is not None else Console(stderr=True, highlight=False)
         self.live = self.console.is_terminal
-        self.log_every_s, self._clock = log_every_s, clock
-        self._logged_at = -math.inf
+        self.log_every_s = log_every_s
+        self._logged: tuple[int, float] | None = None  # (steps done, time) at the last progress line
+        self.global_batch: int | None = None
         self.total: int | None = None
         self.steps_done = 0
         self.loss: float | None = None
@@ -133,6 +134,7 @@ class TrainProgress(JobObserver):
     # -- the hooks -------------------------------------------------------------------------------------------
     def on_start(self, info: Mapping[str, Any]) -> None:
         self.total = int(info["steps"])
+        self.global_batch = int(info["global_batch"]) if info.get("global_batch") else None
         self.steps_done = int(info.get("resumed_from") or 0)
         strategy = info.get("strategy")
         self.strategy = _pair(strategy) if strategy else None
@@ -165,12 +167,15 @@ class TrainProgress(JobObserver):
         self.strategy = _pair(step.strategy)
         self.alive = step.alive
         self._update()
-        now = self._clock()
-        if not self.live and now - self._logged_at >= self.log_every_s:
-            self._logged_at = now
-            f = self._fields()
-            self.console.print(f"step {self.steps_done}/{self.total}: loss {f['loss']}, {f['strategy']}, {f['alive']} "
-                               "alive", highlight=False, soft_wrap=True)  # fmt: skip
+        if self.live or (self._logged is not None and step.time - self._logged[1] < self.log_every_s):
+            return
+        f = self._fields()
+        line = f"step {self.steps_done}/{self.total}: loss {f['loss']}, {f['strategy']}, {f['alive']} alive"
+        if self._logged is not None and self.global_batch and self.steps_done > self._logged[0]:
+            rate = (self.steps_done - self._logged[0]) * self.global_batch / (step.time - self._logged[1])
+            line += f", {rate:.1f} samples/s"  # (none across a restart's rewind)
+        self._logged = (self.steps_done, step.time)
+        self.console.print(line, highlight=False, soft_wrap=True)
 
     def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         # one line per validation, above the bar while it is live

@@ -93,7 +93,7 @@ def test_train_replays_a_trace_planned_by_liveput_on_a_profile(tmp_path, _no_orp
     assert all(p["planner"] == "liveput" and p["decision"] == [2, 1] for p in plans), plans
     assert all(p["details"]["look_ahead"] == 3 and p["details"]["interval_s"] == 60.0 for p in plans)
     assert all(p["details"]["forecast"] == "persistence" for p in plans)
-    assert "3 plans by liveput (2x1, 2x1, 2x1); forecasts: persistence" in res.output
+    assert "3 plans by liveput (2x1 (1-3)); forecasts: persistence" in res.output
 
 
 def test_train_resume_continues_a_finished_job_only_with_more_steps(tmp_path, _no_orphans):
@@ -179,3 +179,12 @@ def test_a_migration_that_broke_before_any_member_was_ready_is_shown_without_a_p
     assert res.exit_code == 0, res.output
     row = next(line for line in res.stdout.splitlines() if "pipeline" in line)
     assert row.split() == ["7", "pipeline", "planned", "1x2", "-", "0.00", "0"]
+
+
+def test_the_summary_names_each_run_of_equal_plans_once_with_its_intervals():
+    from parcae.cli.train import plan_runs
+
+    decisions = [[1, 2]] * 3 + [[2, 2]] + [[1, 2]] * 40
+    plans = [{"interval": i, "decision": d} for i, d in enumerate(decisions, start=1)]
+    assert plan_runs(plans) == "1x2 (1-3), 2x2 (4), 1x2 (5-44)"
+    assert plan_runs([]) == "none"

@@ -6,10 +6,12 @@ touch: running the job (`trainer.train`, `trainer.measure`), the live progress (
 """
 
 import bisect
+import itertools
 import math
 import os
 import shlex
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Final, NoReturn
 
@@ -456,12 +458,14 @@ def train_cmd(
         pause = "-" if r["pause_s"] is None else f"{r['pause_s']:.3f}"  # (None: it broke before any member was ready)
         table.add_row(str(r.get("step")), r["kind"], str(r.get("trigger")), strategy, pause,
                       f"{r['bytes_moved'] / 1e6:.2f}", str(r["steps_lost"]))  # fmt: skip
-    out.print(table)
+    if report["reconfigurations"]:
+        out.print(table)
+    else:
+        out.print("no migrations")
     if live is not None:
-        decisions = ", ".join(strategy_text(p["decision"]) for p in report["plans"]) or "none"
         n = len(report["plans"])
-        out.print(f"{n} plan{'' if n == 1 else 's'} by {live.name} ({decisions}); forecasts: {forecasts}",
-                  soft_wrap=True)  # fmt: skip
+        out.print(f"{n} plan{'' if n == 1 else 's'} by {live.name} ({plan_runs(report['plans'])}); forecasts: "
+                  f"{forecasts}", soft_wrap=True)  # fmt: skip
     _warn_uncopied(report)
     if json_out:
         out.print(f"wrote {json_out}")
@@ -473,6 +477,14 @@ def train_cmd(
             lambda p: timeline.figure(report["reconfigurations"], title, report["plans"]).savefig(p, dpi=110),
         )
         out.print(f"wrote {plot}")
+
+
+def plan_runs(plans: Sequence[Mapping[str, Any]]) -> str:
+    """The plans' decisions, a run of equal ones once with its intervals: "1x2 (1-3), 2x2 (4), 1x2 (5-44)" (a job
+    plans every interval: one entry each would make a day's summary a line of a thousand)."""
+    runs = [(strategy_text(d), [p["interval"] for p in group])
+            for d, group in itertools.groupby(plans, key=lambda p: tuple(p["decision"]))]  # fmt: skip
+    return ", ".join(f"{text} ({i[0]}{f'-{i[-1]}' if len(i) > 1 else ''})" for text, i in runs) or "none"
 
 
 def _warn_uncopied(report: dict[str, Any]) -> None:
