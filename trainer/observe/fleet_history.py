@@ -6,9 +6,9 @@ Owns: `FleetHistoryWriter` (appends each `trainer.control.fleet.FleetRow` to the
 as the ``collect-traces`` flow). Must not touch: what the rows say (`trainer.control.fleet`), training.
 
 A failed write (a full disk, a read-only folder) does not stop the job: it is logged, counted, and the job's
-report says it (``fleet_history.errors``), never silently. Every `forecasting.COMPACT_AT` rows, and at the job's end,
-the table is compacted (`forecasting.TraceStore.compact`) in a thread of its own, so that the planner's reads of the
-fleet's history (one part file per interval otherwise) stay short while no boundary waits for it.
+report says it (``fleet_history.errors``), never silently. The table is compacted (`forecasting.TraceStore.compact`)
+every `forecasting.COMPACT_AT` rows, in a thread of its own so that no boundary waits for it, and at the job's end:
+the planner's reads of the fleet's history (one part file per interval otherwise) stay short.
 """
 
 from __future__ import annotations
