@@ -25,7 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
 from liveput import strategy_text
-from trainer import JobObserver, StepInfo, fleet_text
+from trainer import JobObserver, ProgressLog, StepInfo, fleet_text
 
 
 def _pair(strategy: Sequence[int]) -> tuple[int, int]:
@@ -82,17 +82,14 @@ class TrainProgress(JobObserver):
     on `on_end` / `on_error` to stop the bar; `stop()` is idempotent.
 
     `live` is whether a bar is drawn (the console is a terminal); otherwise lines are printed: reconfigurations,
-    the fleet's waits, and progress at most every `log_every_s` of the steps' own times, with the samples a second
-    trained since the last such line.
+    the fleet's waits, and progress at most every `log_every_s` of the steps' own times (`trainer.ProgressLog`).
     """
 
     def __init__(self, console: Console | None = None, *, refresh_per_second: float = 4.0,
                  log_every_s: float = 30.0) -> None:  # fmt: skip
         self.console = console if console is not None else Console(stderr=True, highlight=False)
         self.live = self.console.is_terminal
-        self.log_every_s = log_every_s
-        self._logged: tuple[int, float] | None = None  # (steps done, time) at the last progress line
-        self.global_batch: int | None = None
+        self.log = ProgressLog(log_every_s)
         self.total: int | None = None
         self.steps_done = 0
         self.loss: float | None = None
@@ -134,7 +131,7 @@ class TrainProgress(JobObserver):
     # -- the hooks -------------------------------------------------------------------------------------------
     def on_start(self, info: Mapping[str, Any]) -> None:
         self.total = int(info["steps"])
-        self.global_batch = int(info["global_batch"]) if info.get("global_batch") else None
+        self.log.start(info)
         self.steps_done = int(info.get("resumed_from") or 0)
         strategy = info.get("strategy")
         self.strategy = _pair(strategy) if strategy else None
@@ -167,15 +164,8 @@ class TrainProgress(JobObserver):
         self.strategy = _pair(step.strategy)
         self.alive = step.alive
         self._update()
-        if self.live or (self._logged is not None and step.time - self._logged[1] < self.log_every_s):
-            return
-        f = self._fields()
-        line = f"step {self.steps_done}/{self.total}: loss {f['loss']}, {f['strategy']}, {f['alive']} alive"
-        if self._logged is not None and self.global_batch and self.steps_done > self._logged[0]:
-            rate = (self.steps_done - self._logged[0]) * self.global_batch / (step.time - self._logged[1])
-            line += f", {rate:.1f} samples/s"  # (none across a restart's rewind)
-        self._logged = (self.steps_done, step.time)
-        self.console.print(line, highlight=False, soft_wrap=True)
+        if not self.live and (line := self.log.line(step)) is not None:
+            self.console.print(line, highlight=False, soft_wrap=True)
 
     def on_validation(self, step: int, loss: float, metrics: Mapping[str, float] | None = None) -> None:
         # one line per validation, above the bar while it is live

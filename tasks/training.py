@@ -35,7 +35,7 @@ from prefect.artifacts import (
 from forecasting import Forecaster, skill_gated
 from liveput import strategy_key, strategy_text
 from tasks.tracking import artifact_key, run_markdown
-from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, StepInfo, fleet_text
+from trainer import JobConfig, JobObserver, ObserverList, PlanInfo, ProgressLog, StepInfo, fleet_text
 
 __all__ = [
     "RUN_FILE",
@@ -166,6 +166,7 @@ class PrefectJobObserver(JobObserver):
         self._progress: Any = None
         self._shown = -1.0
         self._planned = False
+        self.log = ProgressLog(every_s=60.0)
 
     def _run_known(self) -> None:
         run_id = getattr(self.mlflow, "run_id", None)
@@ -181,6 +182,7 @@ class PrefectJobObserver(JobObserver):
 
     def on_start(self, info: Mapping[str, Any]) -> None:
         self._run_known()
+        self.log.start(info)
         resumed = info.get("resumed_from")
         self._progress = create_progress_artifact(
             progress=100.0 * (resumed or 0) / max(1, self.steps),
@@ -200,6 +202,8 @@ class PrefectJobObserver(JobObserver):
         if self._progress is not None and done - self._shown >= 5.0:
             self._shown = done
             update_progress_artifact(self._progress, min(done, 100.0))
+        if (line := self.log.line(step)) is not None:  # the run's log says the job is alive (every minute)
+            get_run_logger().info(line)
 
     def on_fleet(self, event: Mapping[str, Any]) -> None:
         get_run_logger().info(fleet_text(event))  # why a live fleet's job is not training (yet)

@@ -447,20 +447,29 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
     assert idle == {"jobs": [], "note": "no running job takes handed plans: nothing planned"}
 
 
-def test_a_training_flow_logs_why_a_live_fleet_s_job_is_not_training(tmp_path: Path, caplog) -> None:
-    """The train flow's observer says in the flow run's log what a log reader needs: the fleet's waits."""
+def test_a_training_flow_logs_its_progress_and_why_a_live_fleet_s_job_is_not_training(tmp_path: Path, caplog) -> None:
+    """The train flow's observer says in the flow run's log what a log reader needs: the fleet's waits, and a line of
+    progress a minute."""
     from prefect import flow
 
     from tasks.training import PrefectJobObserver
+    from trainer import StepInfo
 
     @flow
-    def waits() -> None:
+    def job() -> None:
         observer = PrefectJobObserver(None, tmp_path, "job", 10)
         observer.on_fleet({"event": "fleet-waiting", "need": 2})
+        observer.on_start({"job": "job", "steps": 10, "global_batch": 4, "workers": 2, "strategy": (1, 2)})
+        for s in range(10):  # a step every 20 s
+            observer.on_step(StepInfo(step=s, loss=4.0 - 0.1 * s, strategy=(1, 2), alive=2, time=1000.0 + 20.0 * s))
         observer.on_fleet({"event": "fleet-empty", "reason": "every instance was lost", "step": 7})
 
     with caplog.at_level(logging.INFO):
-        waits()
+        job()
     said = [r.getMessage() for r in caplog.records]
     assert "waiting for the fleet: training starts once 2 instances joined" in said, said
     assert "the fleet is empty at step 7: every instance was lost; waiting for capacity" in said, said
+    assert [m for m in said if m.startswith("step ")] == [
+        "step 1/10: loss 4.0000, 1x2, 2 alive", "step 4/10: loss 3.7000, 1x2, 2 alive, 0.2 samples/s",
+        "step 7/10: loss 3.4000, 1x2, 2 alive, 0.2 samples/s", "step 10/10: loss 3.1000, 1x2, 2 alive, 0.2 samples/s",
+    ]  # fmt: skip

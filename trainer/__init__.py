@@ -54,7 +54,8 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
                     "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
-    **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "StepInfo", "fleet_text"), "trainer.observe.observer"),
+    **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "ProgressLog", "StepInfo", "fleet_text"),
+                    "trainer.observe.observer"),
     **dict.fromkeys(("ACCEPTS_PLANS_TAG", "DECIDED_BY_TAG", "MlflowJobObserver", "TRAINING_RUN_TAG"),
                     "trainer.observe.tracking"),
     **dict.fromkeys(("ProfileError", "ProfileFormatError", "RuntimeProfile"), "trainer.observe.profile"),
@@ -181,6 +182,9 @@ if TYPE_CHECKING:
     )
     from trainer.observe.observer import (
         PlanInfo as PlanInfo,
+    )
+    from trainer.observe.observer import (
+        ProgressLog as ProgressLog,
     )
     from trainer.observe.observer import (
         StepInfo as StepInfo,

@@ -1,8 +1,8 @@
 """Job observers: how the outside world watches a running job without slowing it down.
 
 Owns: the `JobObserver` interface the driver (`trainer.control.run`) calls as the job advances, `ObserverList` (fan-out
-to several observers), `RecordingObserver` (keeps every call; tests and reports) and `fleet_text` (a live fleet's wait
-in words). Must not touch: training, the
+to several observers), `RecordingObserver` (keeps every call; tests and reports), and for logs `ProgressLog` (a line
+of progress every so often) and `fleet_text` (a live fleet's wait in words). Must not touch: training, the
 control plane. Concrete observers live with their tool: the MLflow run of a training job (`trainer.observe.tracking`),
 the CLI's progress bar (`parcae.progress`).
 
@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from liveput import strategy_text
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,34 @@ def fleet_text(event: Mapping[str, Any]) -> str:
         workers = ", ".join(map(str, event.get("workers") or []))
         return f"the fleet is back after {float(event['waited_s']):.1f} s: workers {workers}"
     return f"fleet: {dict(event)}"
+
+
+class ProgressLog:
+    """Lines of progress for a log (`parcae train` without a terminal, the train flow's run log): at most one every
+    `every_s` of the steps' own times, with the samples a second trained since the line before.
+
+    `line(step)` is the line for a committed step when one is due, else None; `start(info)` takes the job's steps
+    and global batch from `JobObserver.on_start`'s info."""
+
+    def __init__(self, every_s: float = 30.0) -> None:
+        self.every_s = every_s
+        self.total: int | None = None
+        self.global_batch: int | None = None
+        self._last: tuple[int, float] | None = None  # (steps done, time) at the last line
+
+    def start(self, info: Mapping[str, Any]) -> None:
+        self.total = int(info["steps"]) if info.get("steps") else None
+        self.global_batch = int(info["global_batch"]) if info.get("global_batch") else None
+
+    def line(self, step: StepInfo) -> str | None:
+        done, last = step.step + 1, self._last
+        if last is not None and step.time - last[1] < self.every_s:
+            return None
+        text = f"step {done}/{self.total}: loss {step.loss:.4f}, {strategy_text(step.strategy)}, {step.alive} alive"
+        if last is not None and self.global_batch and done > last[0]:  # (no rate across a restart's rewind)
+            text += f", {(done - last[0]) * self.global_batch / (step.time - last[1]):.1f} samples/s"
+        self._last = (done, step.time)
+        return text
 
 
 class JobObserver:
