@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -195,6 +195,23 @@ class CollectResult:
     @property
     def ok(self) -> bool:
         return not self.errors
+
+
+@dataclass
+class CollectRound:
+    """One collection round (`SpotCollector.collect_round`): each table's `CollectResult`, then the part files
+    merged per table by the store's compaction (`TraceStore.compact`)."""
+
+    results: dict[str, CollectResult]
+    compacted: dict[str, int]
+
+    @property
+    def errors(self) -> list[str]:
+        return [e for r in self.results.values() for e in r.errors]
+
+    @property
+    def unsupported(self) -> list[str]:
+        return [u for r in self.results.values() for u in r.unsupported]
 
 
 # ----------------------------------------------------------------------------------------------- store
@@ -827,6 +844,21 @@ class SpotCollector:
             rows += fleet_transitions(observed, last, notices, now=observed_at, job_tag=self.job_tag, region=region)
         result.rows_written["fleet_events"] = self.store.append("fleet_events", rows)
         return result
+
+    def collect_round(self, price_window: timedelta, target_capacity: int) -> CollectRound:
+        """The job's fleet, the spot prices of the last ``price_window`` and the placement scores, then the
+        store's compaction: every read opens every part file, and each round adds up to three.
+
+        A failed call is in its result's ``errors`` (the others still write); an unwritable store raises
+        ``OSError``.
+        """
+        now = datetime.now(UTC)
+        results = {
+            "fleet_events": self.collect_fleet(now=now),
+            "spot_prices": self.collect_prices(now - price_window, now),
+            "placement_scores": self.collect_placement_scores(target_capacity),
+        }
+        return CollectRound(results, self.store.compact())
 
     # -------------------------------------------------------------------------------- market
 

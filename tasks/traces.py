@@ -8,7 +8,7 @@ the only one with retries.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -59,22 +59,15 @@ def collect_spot_traces(
         store=TraceStore(store) if store else None,
         endpoint_url=endpoint_url,
     )
-    now = datetime.now(UTC)
-    results = [
-        collector.collect_fleet(now=now),
-        collector.collect_prices(now - timedelta(hours=price_hours), now),
-        collector.collect_placement_scores(target_capacity),
-    ]
-    compacted = collector.store.compact()  # the rounds' parts merged once a table holds COMPACT_AT of them
-    errors = [e for r in results for e in r.errors]
-    if errors:
-        raise CollectIncomplete(f"{len(errors)} EC2 call(s) failed: " + "; ".join(errors))
+    done = collector.collect_round(timedelta(hours=price_hours), target_capacity)
+    if done.errors:
+        raise CollectIncomplete(f"{len(done.errors)} EC2 call(s) failed: " + "; ".join(done.errors))
     return {
         "store": str(collector.store.root.resolve()),
         "regions": list(collector.regions),
-        "rows_written": {k: v for r in results for k, v in r.rows_written.items()},
-        "unsupported": [u for r in results for u in r.unsupported],
-        "parts_compacted": compacted,
+        "rows_written": {k: v for r in done.results.values() for k, v in r.rows_written.items()},
+        "unsupported": done.unsupported,
+        "parts_compacted": done.compacted,
     }
 
 

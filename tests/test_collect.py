@@ -23,6 +23,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from forecasting.collect import (
+    COMPACT_AT,
     TABLES,
     CollectError,
     InstanceObservation,
@@ -387,6 +388,34 @@ def test_prices_with_moto_and_dedup(tmp_path: Path) -> None:
     assert set(prices["instance_type"]) == {"m5.large"} and (prices["price"] > 0).all()
     with pytest.raises(ValueError, match="empty price window"):
         col.collect_prices(end, end)
+
+
+def test_a_collection_round_writes_each_table_then_compacts(tmp_path: Path) -> None:
+    store = TraceStore(tmp_path)
+    for i in range(COMPACT_AT - 2):  # another job's fleet, a part per round: two rounds short of compaction
+        row = {"job_tag": "job-other", "region": REGION, "instance_id": f"i-{i:04d}", "event": "add",
+               "timestamp": T0 + timedelta(minutes=i), "state": "running", "reason": "running",
+               "instance_type": "m5.large", "az": "us-east-1a", "lifecycle": "spot", "spot_request_id": "",
+               "observed_at": T0 + timedelta(minutes=i)}  # fmt: skip
+        store.append("fleet_events", [row])
+    with mock_aws():
+        ec2 = boto3.client("ec2", region_name=REGION)
+        launch(ec2, 2, {"parcae:job": "job-r"})
+        col = SpotCollector(regions=[REGION], instance_types=["m5.large"], job_tag="job-r", store=store)
+        first = col.collect_round(timedelta(hours=1), 4)
+        assert list(first.results) == ["fleet_events", "spot_prices", "placement_scores"]
+        assert first.results["fleet_events"].rows_written == {"fleet_events": 2}
+        assert first.results["spot_prices"].rows_written["spot_prices"] > 0
+        assert first.errors == [] and len(first.unsupported) == 1  # moto has no placement scores
+        assert not any(first.compacted.values())  # COMPACT_AT - 1 fleet parts: under the threshold
+        prices = store.read("spot_prices")
+        ec2.terminate_instances(InstanceIds=launch(ec2, 1, {"parcae:job": "job-r"}))
+        second = col.collect_round(timedelta(hours=1), 4)
+    assert second.results["fleet_events"].rows_written == {"fleet_events": 2}  # launched and gone between rounds
+    # the prices all known (no second part), the fleet's COMPACT_AT parts merged into one
+    assert {t: n for t, n in second.compacted.items() if n} == {"fleet_events": COMPACT_AT - 1}
+    assert len(store.parts("fleet_events")) == 1 and len(store.read("fleet_events")) == COMPACT_AT - 2 + 4
+    assert store.read("spot_prices").equals(prices)
 
 
 def price(az: str, hour: int, value: str = "0.9") -> dict:

@@ -5,7 +5,7 @@ Owns: the command's options and its report. Must not touch: the EC2 calls and th
 """
 
 import math
-from datetime import UTC
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,8 +54,6 @@ def collect(
     price_hours: Annotated[float, typer.Option(help="Collect spot prices of the last this many hours.")] = 1.0,
     target_capacity: Annotated[int, typer.Option(min=1, help="Instances asked for in the placement scores.")] = 32,
 ) -> None:
-    from datetime import datetime, timedelta
-
     from forecasting import CollectError, SpotCollector, TraceStore
 
     if not (math.isfinite(price_hours) and price_hours > 0):
@@ -77,16 +75,13 @@ def collect(
                     "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
                 ) from None
             raise
-        now = datetime.now(UTC)
-        results = {
-            "fleet_events": collector.collect_fleet(now=now),
-            "spot_prices": collector.collect_prices(now - timedelta(hours=price_hours), now),
-            "placement_scores": collector.collect_placement_scores(target_capacity),
-        }
+        done = collector.collect_round(timedelta(hours=price_hours), target_capacity)
     except CollectError as exc:
         raise UserError(str(exc)) from None
     except ValueError as exc:  # e.g. a malformed --endpoint-url
         raise UserError(str(exc)) from None
+    except OSError as exc:  # the store's folder: its path is in the message
+        raise UserError(f"cannot write the trace store: {exc}") from None
 
     out = stdout()
     out.print(
@@ -97,19 +92,15 @@ def collect(
     table.add_column("rows written", justify="right")
     table.add_column("errors", justify="right")
     table.add_column("unsupported", justify="right")
-    for name, r in results.items():
+    for name, r in done.results.items():
         table.add_row(name, str(sum(r.rows_written.values())), str(len(r.errors)), str(len(r.unsupported)))
     out.print(table)
-    try:  # the rounds' parts merged once a table holds COMPACT_AT of them: every read opens every part
-        compacted = sum(collector.store.compact().values())
-    except OSError as exc:
-        raise UserError(f"cannot compact the trace store {collector.store.root}: {exc}") from None
+    compacted = sum(done.compacted.values())
     if compacted:
         out.print(f"compacted: {compacted} part files merged")
-    errors = [e for r in results.values() for e in r.errors]
-    for line in (u for r in results.values() for u in r.unsupported):
+    for line in done.unsupported:
         warn(f"unsupported: {line}")
-    for line in errors:
+    for line in done.errors:
         error(line)
-    if errors:
+    if done.errors:
         raise typer.Exit(EXIT_FAILED)
