@@ -1,4 +1,4 @@
-"""Collect: the job's spot fleet and the spot market -> the local trace store. Scheduled every 10 minutes.
+"""Collect: the job's spot fleet and the spot market -> the trace store. Scheduled every 10 minutes.
 
     EC2 (instances tagged parcae:job=<job_tag>, spot prices, placement scores) --collect_spot_traces--> TraceStore
 

@@ -13,8 +13,10 @@ What is here, and where it lives:
 - traces: `load_trace` and the trace catalog (`available_traces`), the canonical per-interval table
   (`forecasting.traces`), the training corpus (`forecasting.corpus`);
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
-- collection from EC2: `SpotCollector`, `TraceStore` and its compaction threshold `COMPACT_AT`
-  (`forecasting.collect`) and the EC2 constants the trainer's AWS provider shares (`forecasting.ec2`);
+- collection from EC2: `SpotCollector` (`forecasting.collect`) and the EC2 constants the trainer's AWS provider
+  shares (`forecasting.ec2`);
+- the trace store, in a folder or on S3: `TraceStore` and its compaction threshold `COMPACT_AT`
+  (`forecasting.trace_store`);
 - two namespaces whose names are too generic to flatten: `jsonio` (bounded JSON in, strict JSON out) and
   `features` (the look-ahead-free features and the anchor).
 
@@ -85,10 +87,11 @@ _HOMES: dict[str, str] = {
     "SPOT_WARNING_RE": "ec2",
     "no_credentials": "ec2",
     "no_region": "ec2",
-    "COMPACT_AT": "collect",
     "CollectError": "collect",
     "SpotCollector": "collect",
-    "TraceStore": "collect",
+    # the trace store
+    "COMPACT_AT": "trace_store",
+    "TraceStore": "trace_store",
     # namespaces
     "features": "",
     "jsonio": "",
@@ -106,10 +109,8 @@ if TYPE_CHECKING:
     from forecasting.baselines import ArimaForecaster as ArimaForecaster
     from forecasting.baselines import EtsForecaster as EtsForecaster
     from forecasting.baselines import PersistenceForecaster as PersistenceForecaster
-    from forecasting.collect import COMPACT_AT as COMPACT_AT
     from forecasting.collect import CollectError as CollectError
     from forecasting.collect import SpotCollector as SpotCollector
-    from forecasting.collect import TraceStore as TraceStore
     from forecasting.corpus import training_corpus as training_corpus
     from forecasting.ec2 import ALIVE_STATES as ALIVE_STATES
     from forecasting.ec2 import FILTER_VALUES_MAX as FILTER_VALUES_MAX
@@ -137,6 +138,8 @@ if TYPE_CHECKING:
     from forecasting.registry import train_and_log as train_and_log
     from forecasting.skill_gate import SkillGated as SkillGated
     from forecasting.skill_gate import skill_gated as skill_gated
+    from forecasting.trace_store import COMPACT_AT as COMPACT_AT
+    from forecasting.trace_store import TraceStore as TraceStore
     from forecasting.traces import COLUMNS as COLUMNS
     from forecasting.traces import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
     from forecasting.traces import INTERVAL_S_RANGE as INTERVAL_S_RANGE

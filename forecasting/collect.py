@@ -1,20 +1,12 @@
-"""Collection of spot availability from AWS into a local, append-only trace store.
+"""Collection of spot availability from AWS into the trace store (`forecasting.trace_store`).
 
 This module owns the *I/O edge* of availability data: it asks EC2 (through boto3) what happened to the
-job's own spot fleet and what the spot market looks like, and records the answers as Parquet files that
-:mod:`forecasting.traces` can turn into the canonical per-interval table. It must not import the planner
-(liveput, simulator, CLI, trainer): collection has to run on a small cron box with only boto3 and pandas.
-
-Four tables, each a folder of immutable part files under ``TraceStore.root``:
-
-* ``fleet_events``: one row per state transition of an instance tagged ``parcae:job=<job tag>``
-  (``add`` when it is pending/running, ``remove`` when it shuts down, stops, terminates, vanishes, or gets
-  a spot interruption notice);
-* ``spot_prices``: ``describe_spot_price_history`` rows;
-* ``placement_scores``: ``get_spot_placement_scores`` rows;
-* ``fleet_intervals``: one row per interval of a live fleet a parcae job ran (what it requested, was granted
-  and refused, what the cloud reclaimed, what was alive), written by the job's driver as each interval ends —
-  the fleet's own history, which `TraceStore.fleet_histories` turns into canonical tables for the forecaster.
+job's own spot fleet and what the spot market looks like, and records the answers in the store's tables
+(``fleet_events``: one row per state transition of an instance tagged ``parcae:job=<job tag>`` — ``add`` when
+it is pending/running, ``remove`` when it shuts down, stops, terminates, vanishes, or gets a spot interruption
+notice; ``spot_prices``; ``placement_scores``), which :mod:`forecasting.traces` can turn into the canonical
+per-interval table. It must not import the planner (liveput, simulator, CLI, trainer): collection has to run on a
+small cron box with only boto3 and pandas.
 
 Credentials and region come from boto3's standard chain (environment, config files, SSO, instance
 profile), or from a ``boto3.Session`` the caller builds; never from arguments of this module.
@@ -24,24 +16,15 @@ is reported in :class:`CollectResult` and nothing of that call is written.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
 import os
 import re
-import time
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.parquet as pq
-from filelock import FileLock, Timeout
 
 from forecasting.ec2 import (
     ALIVE_STATES,
@@ -52,106 +35,21 @@ from forecasting.ec2 import (
     no_credentials,
     no_region,
 )
-from forecasting.traces import AvailabilityEvents, events_from_log
+from forecasting.trace_store import TraceStore, as_utc
 
 if TYPE_CHECKING:
     import boto3
 
 __all__ = [
-    "COMPACT_AT",
     "JOB_TAG_KEY",
-    "TABLES",
     "CollectError",
     "CollectResult",
     "InstanceObservation",
     "Interruption",
     "SpotCollector",
-    "TraceStore",
     "fleet_transitions",
 ]
 
-
-_TS: Final = pa.timestamp("us", tz="UTC")
-#: Part files a table holds before `TraceStore.compact` merges them by default (a read opens every part).
-COMPACT_AT: Final = 32
-_STALE_TMP_S: Final = 3600.0  # a temp file this old belongs to a write that crashed
-_READ_TRIES: Final = 8  # listings a read makes while compactions remove the parts it listed
-
-
-@dataclass(frozen=True)
-class _Table:
-    schema: pa.Schema
-    key: tuple[str, ...]  # natural key: rows with equal keys are the same observation
-
-
-#: Schemas and natural keys of the store's tables.
-TABLES: Final[dict[str, _Table]] = {
-    "fleet_events": _Table(
-        pa.schema(
-            [
-                ("job_tag", pa.string()),
-                ("region", pa.string()),
-                ("instance_id", pa.string()),
-                ("event", pa.string()),  # "add" | "remove"
-                ("timestamp", _TS),  # when it happened (LaunchTime, transition time, notice time, or observed)
-                ("state", pa.string()),
-                ("reason", pa.string()),
-                ("instance_type", pa.string()),
-                ("az", pa.string()),
-                ("lifecycle", pa.string()),  # "spot" | "on-demand"
-                ("spot_request_id", pa.string()),
-                ("observed_at", _TS),
-            ]
-        ),
-        ("instance_id", "event", "timestamp"),
-    ),
-    "spot_prices": _Table(
-        pa.schema(
-            [
-                ("region", pa.string()),
-                ("instance_type", pa.string()),
-                ("az", pa.string()),
-                ("product", pa.string()),
-                ("timestamp", _TS),
-                ("price", pa.float64()),
-                ("observed_at", _TS),
-            ]
-        ),
-        ("instance_type", "az", "product", "timestamp"),
-    ),
-    "placement_scores": _Table(
-        pa.schema(
-            [
-                ("region", pa.string()),
-                ("az_id", pa.string()),  # "" unless single_az scores were asked
-                ("instance_types", pa.string()),  # sorted, comma-joined
-                ("target_capacity", pa.int64()),
-                ("single_az", pa.bool_()),
-                ("score", pa.int64()),
-                ("timestamp", _TS),  # scores carry no time of their own: the collection time
-            ]
-        ),
-        ("region", "az_id", "instance_types", "target_capacity", "timestamp"),
-    ),
-    "fleet_intervals": _Table(
-        pa.schema(
-            [
-                ("job_tag", pa.string()),  # one run of a job's driver
-                ("provider", pa.string()),
-                ("interval", pa.int64()),
-                ("interval_s", pa.float64()),  # the interval the planner prices (a compressed market: the trace's)
-                ("capacity", pa.int64()),  # the fleet's maximum
-                ("requested", pa.int64()),
-                ("granted", pa.int64()),
-                ("refused", pa.int64()),
-                ("reclaimed", pa.int64()),
-                ("alive", pa.int64()),  # for the next interval
-                ("timestamp", _TS),  # when the interval ended
-            ]
-        ),
-        ("job_tag", "interval"),
-    ),
-}
 
 _NO_CREDENTIALS: Final = no_credentials(
     "collecting spot traces",
@@ -217,274 +115,8 @@ class CollectRound:
 # ----------------------------------------------------------------------------------------------- store
 
 
-def _utc(value: Any) -> pd.Timestamp:
-    ts = pd.Timestamp(value)
-    return ts.tz_localize("UTC") if ts.tzinfo is None else ts.tz_convert("UTC")
-
-
 def _now() -> pd.Timestamp:
     return pd.Timestamp.now(tz="UTC")
-
-
-class TraceStore:
-    """Append-only Parquet tables on local disk, deduplicated by natural key on read.
-
-    Each :meth:`append` writes one new part file (temp file, fsync, rename), so a crash or a concurrent
-    reader never sees half a batch, and two collectors may append at once: rows both of them wrote are
-    merged by :meth:`read` (first written wins). An append never rewrites a part; :meth:`compact` merges
-    a table's parts into one, while appends and reads go on.
-    """
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.root = Path(root)
-
-    @staticmethod
-    def _spec(table: str) -> _Table:
-        if table not in TABLES:
-            raise ValueError(f"unknown table {table!r}; known: {', '.join(TABLES)}")
-        return TABLES[table]
-
-    def _dir(self, table: str) -> Path:
-        self._spec(table)
-        return self.root / table
-
-    def parts(self, table: str) -> list[Path]:
-        """Committed part files of ``table``, oldest first (temp files of a write in progress excluded)."""
-        return sorted(self._dir(table).glob("part-*.parquet"))
-
-    def read(self, table: str) -> pd.DataFrame:
-        """All rows of ``table``, one per natural key (the first written), in write order."""
-        return _first_per_key(self._load(table), self._spec(table).key).to_pandas()
-
-    def _load(self, table: str) -> pa.Table:
-        """Every row of every part of ``table``, in write order.
-
-        Lock-free: a compaction may remove a part between the listing and its read, so a missing part means
-        list again (its rows are in the merged part by then).
-        """
-        schema = self._spec(table).schema
-        attempt = 0
-        while True:
-            attempt += 1
-            files = self.parts(table)
-            try:
-                return pa.concat_tables([schema.empty_table(), *(pq.read_table(f, schema=schema) for f in files)])
-            except FileNotFoundError:
-                if attempt == _READ_TRIES:
-                    raise
-                time.sleep(0.01 * attempt)
-
-    def compact(self, *tables: str, min_parts: int = COMPACT_AT) -> dict[str, int]:
-        """Merge each table (default: all) that holds at least ``min_parts`` part files into one; returns the
-        part files removed per table.
-
-        Why: parts are never rewritten, so every append adds a file that every later read opens (about 1 ms
-        each here), and collection rounds and live fleets append for as long as the store lives. The merged
-        rows are exactly what :meth:`read` returns; they replace the oldest part (a rename), so they sort
-        first and win over the merged parts for as long as a crash leaves any of them. Appends go on meanwhile
-        (their parts are newer and untouched); a table already being compacted elsewhere is skipped (a lock
-        file). Temp files of writes that crashed over an hour ago are removed.
-        """
-        removed: dict[str, int] = {}
-        for table in tables or tuple(TABLES):
-            directory = self._dir(table)
-            removed[table] = 0
-            if directory.is_dir():
-                try:
-                    with FileLock(directory / ".compact.lock", timeout=0):
-                        removed[table] = self._compact(table, max(2, min_parts))
-                except Timeout:
-                    pass
-        return removed
-
-    def _compact(self, table: str, min_parts: int) -> int:
-        directory, spec = self._dir(table), self._spec(table)
-        cutoff = time.time() - _STALE_TMP_S
-        for tmp in directory.glob(".tmp-*.parquet"):
-            with contextlib.suppress(FileNotFoundError):
-                if tmp.stat().st_mtime < cutoff:
-                    tmp.unlink()
-        files = self.parts(table)
-        if len(files) < min_parts:
-            return 0
-        data = pa.concat_tables([pq.read_table(f, schema=spec.schema) for f in files])
-        _commit_part(directory, _first_per_key(data, spec.key), files[0])
-        for old in files[1:]:
-            old.unlink(missing_ok=True)
-        _fsync_dir(directory)
-        return len(files) - 1
-
-    def append(
-        self,
-        table: str,
-        rows: pd.DataFrame | Iterable[Mapping[str, Any]],
-        *,
-        skip_existing: bool = True,
-    ) -> int:
-        """Write ``rows`` as one new part file; returns the number of rows written.
-
-        Rows whose key is already stored are dropped first (``skip_existing``) so repeated collection
-        of the same window does not grow the store; :meth:`read` deduplicates anyway, which covers
-        concurrent writers that cannot see each other's batch.
-        """
-        directory = self._dir(table)
-        spec = TABLES[table]
-        df = rows.copy() if isinstance(rows, pd.DataFrame) else pd.DataFrame(list(rows))
-        if df.empty:
-            return 0
-        missing = [c for c in spec.schema.names if c not in df.columns]
-        if missing:
-            raise ValueError(f"{table}: rows lack column(s) {', '.join(missing)}")
-        df = df[spec.schema.names]
-        for f in spec.schema:
-            if pa.types.is_timestamp(f.type):
-                df[f.name] = pd.to_datetime(df[f.name], utc=True)
-            elif pa.types.is_string(f.type):
-                df[f.name] = df[f.name].fillna("").astype(str)
-        # round-trip through the schema so the key comparison below sees exactly what read() returns
-        new = _to_arrow(df, spec.schema).to_pandas()
-        new = new.drop_duplicates(subset=list(spec.key), keep="first")
-        if skip_existing:
-            old = self.read(table)[list(spec.key)]
-            if not old.empty:
-                merged = new.merge(old.drop_duplicates(), on=list(spec.key), how="left", indicator=True)
-                new = new.loc[(merged["_merge"] == "left_only").to_numpy()]
-        if new.empty:
-            return 0
-        directory.mkdir(parents=True, exist_ok=True)
-        name = f"part-{_now().strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
-        _commit_part(directory, _to_arrow(new, spec.schema), directory / name)
-        return len(new)
-
-    # ------------------------------------------------------------------------- live fleets' histories
-
-    def fleet_histories(self, min_intervals: int = 2) -> dict[str, pd.DataFrame]:
-        """Every live fleet's history in ``fleet_intervals`` with at least ``min_intervals`` intervals, as the
-        canonical table of its alive count (`forecasting.traces.counts_table`), keyed ``fleet:<job tag>``."""
-        from forecasting.traces import counts_table
-
-        df = self.read("fleet_intervals")
-        out: dict[str, pd.DataFrame] = {}
-        for tag, rows in df.groupby("job_tag", sort=True):
-            rows = rows.sort_values("interval")
-            if len(rows) < min_intervals:
-                continue
-            capacity = int(max(rows["capacity"].max(), rows["alive"].max(), 1))
-            interval_s = float(rows["interval_s"].iloc[0])
-            table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"fleet:{tag}")
-            table.attrs["source"] = str(self.root / "fleet_intervals")
-            out[f"fleet:{tag}"] = table
-        return out
-
-    # ------------------------------------------------------------------------- fleet trace export
-
-    def fleet_events(self, job_tag: str) -> pd.DataFrame:
-        """The job's fleet events, in time order."""
-        df = self.read("fleet_events")
-        df = df[df["job_tag"] == job_tag]
-        rank = df["event"].map({"add": 0, "remove": 1})
-        return df.assign(_rank=rank).sort_values(["timestamp", "_rank", "instance_id"]).drop(columns="_rank")
-
-    def _event_log(self, job_tag: str) -> tuple[pd.Timestamp, list[tuple[int, str, str]]]:
-        """Origin and a consistent ``(ms since origin, op, node)`` log of the job's fleet.
-
-        Collected events may repeat a state (two collectors both saw a removal, an interruption notice
-        followed by the termination) or remove an instance never seen alive; those are dropped here so the
-        log satisfies :func:`forecasting.traces.read_event_csv` (no add of a live node, no remove of a dead
-        one). At one instant an alive node is removed before it is re-added, a dead one added first.
-        """
-        df = self.fleet_events(job_tag)
-        if df.empty:
-            raise ValueError(f"no fleet events stored for job tag {job_tag!r} under {self.root}")
-        origin = _utc(df["timestamp"].iloc[0])
-        alive: set[str] = set()
-        log: list[tuple[int, str, str]] = []
-        records = zip(df["timestamp"], df["instance_id"], df["event"], strict=True)
-        for (ts, node), group in itertools.groupby(sorted(records, key=lambda r: (r[0], r[1])), key=lambda r: r[:2]):
-            ops = {op for _, _, op in group}
-            order = ("remove", "add") if node in alive else ("add", "remove")
-            ms = int((_utc(ts) - origin) // pd.Timedelta(milliseconds=1))
-            for op in order:
-                if op not in ops or (op == "add") == (node in alive):
-                    continue
-                (alive.add if op == "add" else alive.discard)(node)
-                log.append((ms, op, node))
-        return origin, log
-
-    def fleet_trace(self, job_tag: str) -> AvailabilityEvents:
-        """The collected fleet as :class:`AvailabilityEvents`, binned exactly like its event CSV.
-
-        Times are seconds since the first event, whose absolute time is ``start_time`` (the CSV written by
-        :meth:`export_event_csv` cannot carry it). The trace ends at the last change.
-        """
-        origin, log = self._event_log(job_tag)
-        return events_from_log(
-            ((ms, op) for ms, op, _ in log),
-            start_time=origin,
-            name=job_tag,
-            source=str(self.root / "fleet_events"),
-            fmt="event-csv",
-        )
-
-    def export_event_csv(self, job_tag: str, path: str | os.PathLike[str]) -> Path:
-        """Write the job's fleet as a ``ts_ms,add|remove,node`` file for ``load_trace``; returns its path.
-
-        ``ts_ms`` counts from the first event (absolute epoch ms would make the loaders pad decades of
-        empty intervals); :meth:`fleet_trace` gives the absolute ``start_time``.
-        """
-        _, log = self._event_log(job_tag)
-        out = Path(path)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
-        try:
-            tmp.write_text("".join(f"{ms},{op},{node}\n" for ms, op, node in log), encoding="utf-8")
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
-        return out
-
-
-def _to_arrow(df: pd.DataFrame, schema: pa.Schema) -> pa.Table:
-    """``df`` as an Arrow table of ``schema``, column by column.
-
-    Not ``pa.Table.from_pandas``: with pandas 3 it reads ``Series.values`` of tz-aware columns, which
-    warns (Pandas4Warning); batches are small, so Python lists cost nothing that matters.
-    """
-    return pa.Table.from_pydict({f.name: pa.array(df[f.name].tolist(), type=f.type) for f in schema}, schema=schema)
-
-
-def _first_per_key(data: pa.Table, key: Sequence[str]) -> pa.Table:
-    """The first row of each natural key, in row order: the store's rule for rows written more than once."""
-    rows = pa.array(np.arange(data.num_rows, dtype=np.int64))
-    firsts = data.append_column("_row", rows).group_by(list(key), use_threads=False).aggregate([("_row", "min")])
-    return data.take(np.sort(firsts["_row_min"].to_numpy()))
-
-
-def _commit_part(directory: Path, data: pa.Table, final: Path) -> None:
-    """Write ``data`` as the part file ``final`` (temp file, fsync, rename): readers see all of it or none."""
-    tmp = directory / f".tmp-{uuid.uuid4().hex}.parquet"
-    try:
-        pq.write_table(data, tmp)
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)  # atomic on POSIX and Windows
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync_dir(directory)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable (POSIX only; a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # ----------------------------------------------------------------------------- fleet state machine
@@ -513,13 +145,13 @@ class InstanceObservation:
             instance_id=inst["InstanceId"],
             region=region,
             state=inst.get("State", {}).get("Name", ""),
-            launch_time=_utc(launch) if launch is not None else None,
+            launch_time=as_utc(launch) if launch is not None else None,
             instance_type=inst.get("InstanceType", ""),
             az=inst.get("Placement", {}).get("AvailabilityZone", ""),
             lifecycle=inst.get("InstanceLifecycle") or "on-demand",
             spot_request_id=inst.get("SpotInstanceRequestId") or "",
             state_reason=(inst.get("StateReason") or {}).get("Code") or "",
-            transition_time=_utc(m.group(1)) if m else None,
+            transition_time=as_utc(m.group(1)) if m else None,
         )
 
 
@@ -556,7 +188,7 @@ def fleet_transitions(
     * known alive in ``region`` but no longer listed -> ``remove`` at ``now`` (reason ``vanished``).
     """
     rows: list[dict[str, Any]] = []
-    now = _utc(now)
+    now = as_utc(now)
 
     def row(base: Mapping[str, Any], event: str, ts: pd.Timestamp, state: str, reason: str) -> None:
         rows.append(
@@ -589,7 +221,7 @@ def fleet_transitions(
         }
         last = last_known.get(o.instance_id)
         last_event = last["event"] if last is not None else None
-        last_ts = _utc(last["timestamp"]) if last is not None else None
+        last_ts = as_utc(last["timestamp"]) if last is not None else None
         launch = o.launch_time if o.launch_time is not None else now
         notice = interruptions.get(o.instance_id)
         if notice is not None and notice.time is not None and o.launch_time is not None and o.launch_time > notice.time:
@@ -621,7 +253,7 @@ def fleet_transitions(
         notice = interruptions.get(instance_id)
         when = notice.time if notice and notice.time is not None else now
         reason = notice.code if notice else "vanished"
-        row(last, "remove", max(when, _utc(last["timestamp"])), "unknown", reason)
+        row(last, "remove", max(when, as_utc(last["timestamp"])), "unknown", reason)
     return rows
 
 
@@ -804,7 +436,7 @@ class SpotCollector:
                     interrupted = SPOT_WARNING_RE.fullmatch(code) or SPOT_RECLAIMED_RE.fullmatch(code)
                     if not req.get("InstanceId") or not interrupted:
                         continue
-                    when = _utc(status["UpdateTime"]) if status.get("UpdateTime") else None
+                    when = as_utc(status["UpdateTime"]) if status.get("UpdateTime") else None
                     prev = found.get(req["InstanceId"])
                     if prev is None or (when is not None and (prev.time is None or when > prev.time)):
                         found[req["InstanceId"]] = Interruption(code, when)
@@ -818,7 +450,7 @@ class SpotCollector:
         good). ``now`` is the observation time (default: the clock).
         """
         result = CollectResult(rows_written={"fleet_events": 0})
-        observed_at = _utc(now) if now is not None else _now()
+        observed_at = as_utc(now) if now is not None else _now()
         last = _last_known(self.store.fleet_events(self.job_tag))
         rows: list[dict[str, Any]] = []
         for region in self.regions:
@@ -864,7 +496,7 @@ class SpotCollector:
 
     def collect_prices(self, start: datetime, end: datetime) -> CollectResult:
         """Record spot price history of ``instance_types`` in ``[start, end]`` (all pages, every region)."""
-        start_ts, end_ts = _utc(start), _utc(end)
+        start_ts, end_ts = as_utc(start), as_utc(end)
         if not start_ts < end_ts:
             raise ValueError(f"empty price window: start {start_ts} is not before end {end_ts}")
         result = CollectResult(rows_written={"spot_prices": 0})
@@ -886,7 +518,7 @@ class SpotCollector:
                     "instance_type": p["InstanceType"],
                     "az": p.get("AvailabilityZone", ""),
                     "product": p.get("ProductDescription", ""),
-                    "timestamp": _utc(p["Timestamp"]),
+                    "timestamp": as_utc(p["Timestamp"]),
                     "price": float(p["SpotPrice"]),
                     "observed_at": observed_at,
                 }

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -63,7 +62,7 @@ def collect_spot_traces(
     if done.errors:
         raise CollectIncomplete(f"{len(done.errors)} EC2 call(s) failed: " + "; ".join(done.errors))
     return {
-        "store": str(collector.store.root.resolve()),
+        "store": collector.store.uri,
         "regions": list(collector.regions),
         "rows_written": {k: v for r in done.results.values() for k, v in r.rows_written.items()},
         "unsupported": done.unsupported,
@@ -80,8 +79,8 @@ def load_training_corpus(
 ) -> dict[str, pd.DataFrame]:
     """The distinct traces a forecaster trains on (all known ones by default), without ``exclude`` and copies,
     and the live fleets' own histories in the trace store at ``store`` (if it exists)."""
-    found = TraceStore(store) if store is not None and Path(store).is_dir() else None
-    return training_corpus(names, interval_s, exclude, store=found)
+    found = TraceStore(store) if store is not None else None
+    return training_corpus(names, interval_s, exclude, store=found if found is not None and found.exists() else None)
 
 
 @task(name="load-availability-trace", persist_result=False)

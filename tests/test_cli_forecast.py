@@ -17,7 +17,7 @@ from _aws import fake_aws_account, isolate_aws
 from _mlflow import temporary_mlflow_store
 from typer.testing import CliRunner
 
-from forecasting import COMPACT_AT
+from forecasting import COMPACT_AT, TraceStore
 from parcae.cli import app
 
 FORECAST_KEYS = {"model", "last_available", "capacity", "point", "quantiles", "preemption_prob", "events"}
@@ -258,7 +258,8 @@ def test_collect_with_moto_writes_prices(
             shutil.copy(part, part.with_name(f"part-copy-{i:02}.parquet"))
         again = runner.invoke(app, args)
     assert again.exit_code == 0 and f"compacted: {COMPACT_AT - 1} part files merged" in again.stdout, again.output
-    assert [p.name for p in (store / "spot_prices").glob("part-*.parquet")] == [part.name]
+    [merged] = (store / "spot_prices").glob("part-*.parquet")  # one part, sorting where the oldest did
+    assert merged.name.rsplit("-", 1)[0] == part.name.rsplit("-", 1)[0]
     rows = {
         line.split()[0]: line.split()[1:]
         for line in result.stdout.splitlines()
@@ -268,6 +269,23 @@ def test_collect_with_moto_writes_prices(
     assert int(rows["spot_prices"][0]) > 0 and (store / "spot_prices").is_dir()
     assert rows["placement_scores"] == ["0", "0", "1"]  # moto does not implement placement scores
     assert "unsupported" in result.stderr
+
+
+def test_collect_into_a_store_in_s3(runner: CliRunner, no_aws, monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+    from moto import mock_aws
+
+    fake_aws_account(monkeypatch, "us-east-1")
+    args = ["collect", "--region", "us-east-1", "--instance-type", "m5.large", "--job-tag", "job-t"]
+    with mock_aws():
+        boto3.client("s3").create_bucket(Bucket="traces")
+        result = runner.invoke(app, [*args, "--store", "s3://traces/team"])
+        assert result.exit_code == 0, result.output
+        assert result.stdout.startswith("store s3://traces/team, job tag 'job-t'"), result.stdout
+        assert len(TraceStore("s3://traces/team").read("spot_prices")) > 0
+        missing = runner.invoke(app, [*args, "--store", "s3://no-such-bucket/team"])
+    assert_user_error(missing, "the trace store cannot be used", "s3://no-such-bucket/team", "NoSuchBucket")
+    assert_user_error(runner.invoke(app, [*args, "--store", "gs://traces"]), "trace store 'gs://traces'", "s3://")
 
 
 def test_simulate_with_a_forecaster_drives_parcae(runner, tmp_path):

@@ -1,4 +1,4 @@
-"""Tests for forecasting.collect: the trace store, fleet/price/score collection, errors, a moto_server run.
+"""Tests for forecasting.collect: fleet/price/score collection into the trace store, errors, a moto_server run.
 
 Everything is offline. AWS is moto (in-process ``mock_aws``, or ``ThreadedMotoServer`` on 127.0.0.1), a
 ``botocore.stub.Stubber`` where moto cannot say what we need (interruption notices, placement scores,
@@ -8,8 +8,6 @@ runs. Clients that are not mocked point at ``http://127.0.0.1:9`` so that a mist
 
 from __future__ import annotations
 
-import os
-import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,15 +20,8 @@ from botocore.awsrequest import AWSResponse
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from forecasting.collect import (
-    COMPACT_AT,
-    TABLES,
-    CollectError,
-    InstanceObservation,
-    SpotCollector,
-    TraceStore,
-    fleet_transitions,
-)
+from forecasting.collect import CollectError, InstanceObservation, SpotCollector, fleet_transitions
+from forecasting.trace_store import COMPACT_AT, TraceStore
 from forecasting.traces import load_trace, read_event_csv, to_intervals
 
 REGION = "us-east-1"
@@ -73,108 +64,6 @@ def launch(ec2, n: int, tags: dict[str, str] | None, itype: str = "m5.large") ->
 
 def no_duplicate_keys(df: pd.DataFrame, key: list[str]) -> bool:
     return not df.duplicated(subset=key).any()
-
-
-# ----------------------------------------------------------------------------------------- store
-
-
-def test_store_appends_atomic_parts_and_dedups_on_read(tmp_path: Path) -> None:
-    store = TraceStore(tmp_path)
-    assert list(store.read("spot_prices").columns) == [
-        "region",
-        "instance_type",
-        "az",
-        "product",
-        "timestamp",
-        "price",
-        "observed_at",
-    ]
-    row = {
-        "region": REGION,
-        "instance_type": "p3.2xlarge",
-        "az": "us-east-1a",
-        "product": "Linux/UNIX",
-        "timestamp": T0,
-        "price": 0.9,
-        "observed_at": T0,
-    }
-    later = {**row, "timestamp": T0 + timedelta(hours=1), "price": 1.1}
-    assert store.append("spot_prices", [row, row]) == 1  # duplicate within a batch
-    assert store.append("spot_prices", [row, later]) == 1  # the stored key is skipped
-    assert store.append("spot_prices", [row], skip_existing=False) == 1  # a racing writer's copy
-    assert len(store.parts("spot_prices")) == 3
-    (tmp_path / "spot_prices" / ".tmp-crashed.parquet").write_bytes(b"half a file")  # a crashed write
-    df = store.read("spot_prices")
-    assert len(df) == 2 and df["price"].tolist() == [0.9, 1.1]
-    assert str(df["timestamp"].dt.tz) == "UTC"
-    with pytest.raises(ValueError, match="unknown table"):
-        store.read("nope")
-    with pytest.raises(ValueError, match="lack column"):
-        store.append("spot_prices", [{"region": REGION}])
-
-
-def interval_row(tag: str, interval: int, alive: int) -> dict:
-    return {"job_tag": tag, "provider": "market", "interval": interval, "interval_s": 60.0, "capacity": 8,
-            "requested": 1, "granted": 1, "refused": 0, "reclaimed": 0, "alive": alive, "timestamp": T0}  # fmt: skip
-
-
-def test_compaction_merges_the_parts_into_what_read_returned(tmp_path: Path) -> None:
-    from filelock import FileLock
-
-    store = TraceStore(tmp_path)
-    table = tmp_path / "fleet_intervals"
-    for i in range(4):
-        store.append("fleet_intervals", [interval_row("a", i, i), interval_row("b", i, 10 + i)])
-    store.append("fleet_intervals", [interval_row("a", 1, 99)], skip_existing=False)  # a racing writer's copy
-    stale, fresh = table / ".tmp-crashed.parquet", table / ".tmp-writing.parquet"
-    for tmp in (stale, fresh):
-        tmp.write_bytes(b"half a file")
-    os.utime(stale, (0, 0))
-    before, parts = store.read("fleet_intervals"), store.parts("fleet_intervals")
-    assert store.compact("fleet_intervals", min_parts=6) == {"fleet_intervals": 0}  # 5 parts: left alone
-    with FileLock(table / ".compact.lock"):  # another process compacts: skipped
-        assert store.compact("fleet_intervals", min_parts=2) == {"fleet_intervals": 0}
-    assert store.compact(min_parts=2) == {t: 4 if t == "fleet_intervals" else 0 for t in TABLES}
-    assert store.parts("fleet_intervals") == parts[:1]  # the oldest part's place: newer appends sort after it
-    assert not stale.exists() and fresh.exists()
-    pd.testing.assert_frame_equal(store.read("fleet_intervals"), before)
-    assert before.set_index(["job_tag", "interval"]).loc[("a", 1), "alive"] == 1  # the first written
-    store.append("fleet_intervals", [interval_row("a", 0, 98), interval_row("a", 4, 4)], skip_existing=False)
-    after = store.read("fleet_intervals")
-    assert after.iloc[:-1].equals(before) and after.iloc[-1]["alive"] == 4  # the merged rows still win
-
-
-def test_a_read_lists_again_when_a_compaction_removes_a_part_under_it(tmp_path: Path, monkeypatch) -> None:
-    store = TraceStore(tmp_path)
-    store.append("fleet_intervals", [interval_row("a", 0, 3)])
-    listed = store.parts("fleet_intervals")
-    gone = [*listed, tmp_path / "fleet_intervals" / "part-merged-away.parquet"]
-    calls = iter([gone, gone, listed])
-    monkeypatch.setattr(TraceStore, "parts", lambda self, table: next(calls))
-    assert store.read("fleet_intervals")["alive"].tolist() == [3]
-    monkeypatch.setattr(TraceStore, "parts", lambda self, table: gone)
-    with pytest.raises(FileNotFoundError):  # a part that stays missing is not papered over
-        store.read("fleet_intervals")
-
-
-def test_appends_and_reads_go_on_while_the_store_compacts(tmp_path: Path) -> None:
-    store, stop = TraceStore(tmp_path), threading.Event()
-    merged: list[int] = []
-
-    def compact() -> None:
-        while not stop.is_set():
-            merged.append(store.compact("fleet_intervals", min_parts=2)["fleet_intervals"])
-
-    thread = threading.Thread(target=compact)
-    thread.start()
-    try:
-        for i in range(60):
-            store.append("fleet_intervals", [interval_row("a", i, i)], skip_existing=False)
-            assert store.read("fleet_intervals")["interval"].tolist() == list(range(i + 1))
-    finally:
-        stop.set()
-        thread.join()
-    assert sum(merged) > 0 and len(store.parts("fleet_intervals")) <= 2
 
 
 # -------------------------------------------------------------------------------- fleet (moto)

@@ -41,7 +41,7 @@ from prefect.states import Failed  # noqa: E402
 from flows.collect_traces import collect_traces  # noqa: E402
 from flows.plan_interval import plan_interval  # noqa: E402
 from flows.retrain_forecaster import retrain_forecaster  # noqa: E402
-from forecasting.collect import COMPACT_AT, TraceStore  # noqa: E402
+from forecasting import COMPACT_AT, TraceStore  # noqa: E402
 from forecasting.registry import CHAMPION, DEFAULT_REGISTERED_NAME  # noqa: E402
 from forecasting.traces import load_trace  # noqa: E402
 from liveput.optimizer import JobState  # noqa: E402

@@ -11,6 +11,7 @@ from trainer.config import (
     CheckpointConfig,
     ConfigError,
     ControlPlaneConfig,
+    FleetConfig,
     JobConfig,
     ProviderConfig,
     TrainConfig,
@@ -50,12 +51,24 @@ def checked_provider(name: str, options: dict | None = None):
         (checked_provider("hosts", {"hosts": "a", "coordinator": "127.0.0.1:29500"}), "loopback"),
         (checked_provider("aws", {"regon": "us-east-1"}), "unknown field(s) regon"),
         (lambda: JobConfig.from_dict({"modle": {}}), "unknown fields ['modle']"),
+        (lambda: FleetConfig(max_instances=2, trace_store="gs://b/traces"), "fleet.trace_store"),
+        (lambda: FleetConfig(max_instances=2, trace_store="s3:///traces"), "s3://bucket/prefix"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_the_field(build, names):
     with pytest.raises(ConfigError, match=".") as e:
         build()
     assert names in str(e.value)
+
+
+def test_a_live_fleet_s_trace_store_from_the_environment_is_checked_before_the_job(monkeypatch):
+    monkeypatch.setenv("PARCAE_TRACE_STORE", "gs://b/traces")
+    with pytest.raises(ConfigError, match=r"\$PARCAE_TRACE_STORE: must be a folder or s3://bucket/prefix"):
+        FleetConfig(max_instances=2)
+    FleetConfig(max_instances=2, record_history=False)  # no history: the store is not used
+    FleetConfig()  # no fleet
+    monkeypatch.setenv("PARCAE_TRACE_STORE", "s3://b/traces")
+    assert FleetConfig(max_instances=2).trace_store is None  # (resolved where the history is written)
 
 
 def test_every_provider_is_in_one_registry():

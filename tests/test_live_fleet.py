@@ -380,7 +380,8 @@ def test_parcae_train_under_the_market_as_the_issue_writes_it(tmp_path, monkeypa
     assert res.exit_code == 0, res.output
     report = json.loads(out.read_text())
     assert len(report["loss"]) == 150 and report["loss"][-1] < report["loss"][0]
-    assert report["fleet_history"]["store"] == "trace-store" and (tmp_path / "trace-store" / "fleet_intervals").is_dir()
+    assert report["fleet_history"]["store"] == str((tmp_path / "trace-store").resolve())
+    assert (tmp_path / "trace-store" / "fleet_intervals").is_dir()
     assert "fleet_history" not in report or report["fleet_history"]["rows"] == len(report["fleet"])
     assert report["fleet"] and report["plans"]
     assert report["fleet"][0]["granted"] >= 1

@@ -24,6 +24,7 @@ from _jobs import run_job
 from _reference import uninterrupted
 from _trainer_fixtures import Action, Cloud, Condition, _one_thread, started, until  # noqa: F401  (autouse fixture)
 
+from forecasting import TraceStore
 from trainer.config import TrainConfig, model_config
 from trainer.control.driver import JobError
 from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
@@ -296,7 +297,7 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
         checkpoint=CheckpointConfig(every=5, keep=3, uri=f"s3://ckpt/{job}"),
         control=ControlPlaneConfig(notice_grace_s=120, timeout_s=300),
         provider=ProviderConfig(name="aws", options=options), planning=PlanningConfig(planner="rule"),
-        fleet=FleetConfig(max_instances=3, min_instances=2, record_history=False),
+        fleet=FleetConfig(max_instances=3, min_instances=2, trace_store="s3://ckpt/traces"),
     )  # fmt: skip
     ec2 = moto_server.client("ec2")
     cloud = Cloud((started(13, range(16)), reclaim(ec2, job, ["0"])))  # past the checkpoint of step 10
@@ -343,6 +344,13 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     copies = result["checkpoint_uri"]
     assert copies["uri"] == f"s3://ckpt/{job}" and not copies["errors"] and steps - 5 in copies["uploaded"]
     assert S3Mirror("ckpt", job, copies["uri"], moto_server.client("s3")).steps() == [steps - 5, steps - 10, steps - 15]
+    # the fleet's history, an interval a row, in the trace store at an S3 prefix: a forecaster elsewhere trains on it
+    history = result["fleet_history"]
+    assert history["store"] == "s3://ckpt/traces" and not history["errors"]
+    stored = TraceStore("s3://ckpt/traces").read("fleet_intervals")
+    assert stored["alive"].tolist() == [r["alive"] for r in result["fleet"]] and set(stored["job_tag"]) == {
+        history["job_tag"]
+    }
 
 
 def test_a_killed_driver_s_spot_fleet_resumes_from_s3_on_a_second_driver(moto_server, tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -382,8 +383,8 @@ class FleetConfig:
     decides what exists (None: no fleet; the instances come from `availability`). Training starts once
     `min_instances` have joined and never waits for more. A refused request is retried after `backoff_s` (default:
     a quarter interval), doubling up to `max_backoff_s` (default: half an interval) while refusals continue. The fleet's
-    history goes, one row per interval, to the trace store at `trace_store` (default: ``$PARCAE_TRACE_STORE``, else
-    ``./trace-store``), unless `record_history` is False."""
+    history goes, one row per interval, to the trace store at `trace_store` (a folder or ``s3://bucket/prefix``;
+    default: ``$PARCAE_TRACE_STORE``, else ``./trace-store``), unless `record_history` is False."""
 
     max_instances: int | None = None
     min_instances: int = 1
@@ -406,6 +407,14 @@ class FleetConfig:
             v = getattr(self, name)
             _need(v is None or _finite_positive(v), f"fleet.{name}",
                   f"must be a positive number of seconds or None (the default), got {v!r}", "give seconds")  # fmt: skip
+        if self.live and self.record_history:  # a history that cannot go where it is told: before the job starts
+            where, store = "fleet.trace_store", self.trace_store
+            if store is None:
+                where, store = "$PARCAE_TRACE_STORE", os.environ.get("PARCAE_TRACE_STORE")
+            _need(store is None or (isinstance(store, str) and bool(store) and ("://" not in store or (
+                  store.startswith("s3://") and len(store) > 5 and not store[5:].startswith("/")))), where,
+                  f"must be a folder or s3://bucket/prefix, got {store!r}",
+                  "give a folder, or an S3 bucket and prefix")  # fmt: skip
 
     @property
     def live(self) -> bool:

@@ -6,7 +6,6 @@ Owns: the command's options and its report. Must not touch: the EC2 calls and th
 
 import math
 from datetime import timedelta
-from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -32,8 +31,11 @@ def _credentials_missing(session: Any) -> bool:
 )
 def collect(
     store: Annotated[
-        Path | None,
-        typer.Option(metavar="DIR", help="Trace store folder (default: $PARCAE_TRACE_STORE or ./trace-store)."),
+        str | None,
+        typer.Option(
+            metavar="DIR|s3://BUCKET/PREFIX",
+            help="Trace store: a folder or an S3 prefix (default: $PARCAE_TRACE_STORE or ./trace-store).",
+        ),
     ] = None,
     region: Annotated[
         list[str] | None,
@@ -81,12 +83,10 @@ def collect(
     except ValueError as exc:  # e.g. a malformed --endpoint-url
         raise UserError(str(exc)) from None
     except OSError as exc:  # the store's folder: its path is in the message
-        raise UserError(f"cannot write the trace store: {exc}") from None
+        raise UserError(f"the trace store cannot be used: {exc}") from None
 
     out = stdout()
-    out.print(
-        f"store {collector.store.root.resolve()}, job tag {job_tag!r}, regions {', '.join(regions)}", soft_wrap=True
-    )
+    out.print(f"store {collector.store.uri}, job tag {job_tag!r}, regions {', '.join(regions)}", soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("table", no_wrap=True)
     table.add_column("rows written", justify="right")

@@ -227,7 +227,7 @@ def run_job(
                 tag = f"{job}@{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{coord.port}"
                 history = FleetHistoryWriter(trace_store_root(config.fleet.trace_store), tag, config.provider.name,
                                              priced_s, peak)  # fmt: skip
-                info["fleet_history"] = {"store": str(history.root), "job_tag": tag}
+                info["fleet_history"] = {"store": history.summary()["store"], "job_tag": tag}
             fleet = FleetController(config.fleet, interval_s, time.monotonic(), on_row=history)
             assert isinstance(driver, FleetDriver)
             driver.run_fleet(fleet, config.availability.interval_seconds, info, restore_step=restore)

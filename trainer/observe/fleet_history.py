@@ -17,7 +17,6 @@ import logging
 import os
 import threading
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -27,18 +26,19 @@ from forecasting import COMPACT_AT, TraceStore
 log = logging.getLogger(__name__)
 
 
-def trace_store_root(configured: str | None) -> Path:
-    """The trace store a fleet's history goes to."""
-    return Path(configured or os.environ.get("PARCAE_TRACE_STORE") or "trace-store")
+def trace_store_root(configured: str | None) -> str:
+    """The trace store a fleet's history goes to: a folder or ``s3://bucket/prefix``."""
+    return configured or os.environ.get("PARCAE_TRACE_STORE") or "trace-store"
 
 
 @dataclass
 class FleetHistoryWriter:
-    """Writes the rows of one live fleet (`job_tag`: one run of a job's driver) into the store at `root`.
+    """Writes the rows of one live fleet (`job_tag`: one run of a job's driver) into the store at `root` (a folder or
+    ``s3://bucket/prefix``).
     `interval_s` is the interval the planner prices (a compressed market's: the trace's), `capacity` the fleet's
     maximum."""
 
-    root: Path
+    root: str
     job_tag: str
     provider: str
     interval_s: float
@@ -46,6 +46,10 @@ class FleetHistoryWriter:
     rows: int = 0
     errors: list[str] = field(default_factory=list)
     _compaction: threading.Thread | None = field(default=None, repr=False)
+    _store: TraceStore = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._store = TraceStore(self.root)  # one for the job: on S3, one boto3 client (thread-safe) for every write
 
     def __call__(self, interval: int, row: Any) -> None:
         record = {"job_tag": self.job_tag, "provider": self.provider, "interval": interval,
@@ -54,10 +58,10 @@ class FleetHistoryWriter:
                   "timestamp": pd.Timestamp.now(tz="UTC")}  # fmt: skip
         try:  # the row's key (job_tag, interval) is this writer's own: no lookup of what the store holds, which
             # read every part file of every fleet before (0.6 s at 561) while the interval's boundary waited
-            self.rows += TraceStore(self.root).append("fleet_intervals", [record], skip_existing=False)
+            self.rows += self._store.append("fleet_intervals", [record], skip_existing=False)
         except (OSError, ValueError) as exc:
             self.errors.append(f"interval {interval}: {exc}")
-            log.warning("the fleet's history could not be written to %s: %s", self.root, exc)
+            log.warning("the fleet's history could not be written to %s: %s", self._store.uri, exc)
             return
         if self.rows % COMPACT_AT == 0 and not (self._compaction is not None and self._compaction.is_alive()):
             self._compaction = threading.Thread(target=self._compact, name="fleet-history-compaction", daemon=True)
@@ -65,10 +69,10 @@ class FleetHistoryWriter:
 
     def _compact(self) -> None:
         try:
-            TraceStore(self.root).compact("fleet_intervals")
+            self._store.compact("fleet_intervals")
         except (OSError, ValueError) as exc:
             self.errors.append(f"compaction: {exc}")
-            log.warning("the trace store %s could not be compacted: %s", self.root, exc)
+            log.warning("the trace store %s could not be compacted: %s", self._store.uri, exc)
 
     def close(self) -> None:
         """At the job's end: the store compacted once no compaction is in flight (a crash before leaves the parts,
@@ -78,4 +82,4 @@ class FleetHistoryWriter:
         self._compact()
 
     def summary(self) -> dict[str, Any]:
-        return {"store": str(self.root), "job_tag": self.job_tag, "rows": self.rows, "errors": list(self.errors)}
+        return {"store": self._store.uri, "job_tag": self.job_tag, "rows": self.rows, "errors": list(self.errors)}

@@ -184,8 +184,8 @@ def start_tags(info: Mapping[str, Any]) -> dict[str, str]:
                            ("parcae.profile_path", info.get("profile")),
                            ("parcae.trace_store", history.get("store")), ("parcae.fleet_tag", history.get("job_tag")),
                            ("parcae.fleet_max", (info.get("fleet") or {}).get("max_instances"))):  # fmt: skip
-            if value is not None:  # paths absolute: a client elsewhere in the machine reads them
-                paths = ("parcae.token_file", "parcae.trace_store", "parcae.profile_path")
+            if value is not None:  # paths absolute: a client elsewhere in the machine reads them (the store's is)
+                paths = ("parcae.token_file", "parcae.profile_path")
                 tags[tag] = str(Path(value).resolve()) if tag in paths else str(value)
     return tags
 
