@@ -31,6 +31,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
@@ -130,6 +131,7 @@ _STALE_TMP_S: Final = 3600.0  # a temp file this old belongs to a local write th
 _LEASE_S: Final = 900.0  # an S3 compaction lock this old belongs to a compaction that died
 _READ_TRIES: Final = 8  # listings a read makes while compactions remove the parts it listed
 _LOCK: Final = ".compact.lock"
+_READERS: Final = 8  # parallel GETs of an S3 store's parts
 _TAKEN: Final = ("PreconditionFailed", "ConditionalRequestConflict")  # S3's answers to a lock that exists
 
 
@@ -207,7 +209,7 @@ class TraceStore:
         schema = self._spec(table).schema
         for attempt in range(1, _READ_TRIES + 1):
             names = self.parts(table)
-            data = [self._parts.read(table, n, schema) for n in names]
+            data = self._parts.read_all(table, names, schema)
             if all(d is not None for d in data):
                 return pa.concat_tables([schema.empty_table(), *(d for d in data if d is not None)])
             if attempt < _READ_TRIES:
@@ -242,7 +244,7 @@ class TraceStore:
         names = self.parts(table)
         if len(names) < min_parts:
             return 0
-        data = [self._parts.read(table, n, spec.schema) for n in names]
+        data = self._parts.read_all(table, names, spec.schema)
         if any(d is None for d in data):  # merged away meanwhile (a compaction whose lock expired): next time
             return 0
         merged = _first_per_key(pa.concat_tables([d for d in data if d is not None]), spec.key)
@@ -417,11 +419,15 @@ class _Folder:
     def names(self, table: str) -> list[str]:
         return sorted(p.name for p in (self.root / table).glob("part-*.parquet"))
 
-    def read(self, table: str, name: str, schema: pa.Schema) -> pa.Table | None:
-        try:
-            return pq.read_table(self.root / table / name, schema=schema)
-        except FileNotFoundError:
-            return None
+    def read_all(self, table: str, names: Sequence[str], schema: pa.Schema) -> list[pa.Table | None]:
+        """Each part's rows, None for a part removed since it was listed."""
+        out: list[pa.Table | None] = []
+        for name in names:
+            try:
+                out.append(pq.read_table(self.root / table / name, schema=schema))
+            except FileNotFoundError:
+                out.append(None)
+        return out
 
     def write(self, table: str, name: str, data: pa.Table) -> None:
         directory = self.root / table
@@ -525,13 +531,22 @@ class _S3:
                 names += [o["Key"].rsplit("/", 1)[-1] for o in page.get("Contents", [])]
         return sorted(n for n in names if n.endswith(".parquet"))
 
-    def read(self, table: str, name: str, schema: pa.Schema) -> pa.Table | None:
-        with self._errors(f"read {table}/{name}"):
-            try:
-                body = self.s3.get_object(Bucket=self.bucket, Key=self._key(table, name))["Body"].read()
-            except self.s3.exceptions.NoSuchKey:
-                return None
-        return pq.read_table(pa.BufferReader(body), schema=schema)
+    def read_all(self, table: str, names: Sequence[str], schema: pa.Schema) -> list[pa.Table | None]:
+        """Each part's rows, None for a part removed since it was listed; the GETs run in parallel (a request
+        each: up to COMPACT_AT of them between compactions)."""
+
+        def read(name: str) -> pa.Table | None:
+            with self._errors(f"read {table}/{name}"):
+                try:
+                    body = self.s3.get_object(Bucket=self.bucket, Key=self._key(table, name))["Body"].read()
+                except self.s3.exceptions.NoSuchKey:
+                    return None
+            return pq.read_table(pa.BufferReader(body), schema=schema)
+
+        if len(names) < 2:
+            return [read(n) for n in names]
+        with ThreadPoolExecutor(max_workers=min(_READERS, len(names)), thread_name_prefix="trace-store") as pool:
+            return list(pool.map(read, names))
 
     def write(self, table: str, name: str, data: pa.Table) -> None:
         sink = pa.BufferOutputStream()
