@@ -4,9 +4,10 @@ A live fleet appends one part file to ``fleet_intervals`` per interval and a col
 read opens every part. This builds a store of ``--parts`` part files (``--fleets`` live fleets' histories, one row an
 interval, seeded), times `TraceStore.read` and `TraceStore.fleet_histories` (the planner's read, each interval of
 the ``plan-interval`` flow) on it, compacts it (`TraceStore.compact`, timed) and times both again. Medians of
-``--repeat`` runs; the rows read must be the same before and after.
+``--repeat`` runs; the rows read must be the same before and after. ``--store s3://bucket/prefix`` runs it on an
+empty S3 prefix instead of a temporary folder (boto3's credentials; the compacted store stays there).
 
-    python benchmarks/trace_store.py [--parts 640] [--fleets 8] [--repeat 5] [--json OUT.json]
+    python benchmarks/trace_store.py [--parts 640] [--fleets 8] [--repeat 5] [--store URI] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from forecasting import TraceStore  # noqa: E402
 
 
-def build(root: Path, parts: int, fleets: int, seed: int = 0) -> TraceStore:
+def build(root: str, parts: int, fleets: int, seed: int = 0) -> TraceStore:
     """A store whose ``fleet_intervals`` holds `parts` part files: the fleets' intervals in turn, one row each."""
     rng = np.random.default_rng(seed)
     store = TraceStore(root)
@@ -58,13 +59,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parts", type=int, default=640, help="part files in the store before compaction")
     ap.add_argument("--fleets", type=int, default=8, help="live fleets whose histories the store holds")
     ap.add_argument("--repeat", type=int, default=5, help="runs per timing (the median is reported)")
+    ap.add_argument("--store", help="an empty s3://bucket/prefix to run on (default: a temporary folder)")
     ap.add_argument("--json", type=Path, help="also write the numbers here")
     args = ap.parse_args(argv)
     if args.parts < 2 or args.fleets < 1 or args.repeat < 1:
         ap.error("--parts must be at least 2, --fleets and --repeat at least 1")
 
     with tempfile.TemporaryDirectory(prefix="parcae-trace-store-") as tmp:
-        store = build(Path(tmp), args.parts, args.fleets)
+        root = args.store or str(Path(tmp) / "store")
+        if TraceStore(root).exists():
+            ap.error(f"--store {root}: not empty; give a prefix this benchmark may fill")
+        store = build(root, args.parts, args.fleets)
         before_rows = store.read("fleet_intervals")
         before = {"read": median_s(lambda: store.read("fleet_intervals"), args.repeat),
                   "fleet_histories": median_s(store.fleet_histories, args.repeat)}  # fmt: skip
@@ -76,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         left = len(store.parts("fleet_intervals"))
         pd.testing.assert_frame_equal(store.read("fleet_intervals"), before_rows)  # the same rows, in the same order
 
+    print(f"store {root if args.store else 'a temporary folder'}")
     print(f"fleet_intervals: {args.parts} part files ({len(before_rows)} rows, {args.fleets} fleets); compaction "
           f"removed {removed} in {compact_s:.3f} s, {left} left; medians of {args.repeat}")  # fmt: skip
     print(f"{'call':<16} {'before s':>9} {'after s':>9} {'before/after':>13}")
