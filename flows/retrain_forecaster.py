@@ -12,11 +12,11 @@ persisted as JSON so other processes can read it (`run_deployment(...).state.res
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from prefect import flow
 
+from forecasting import trace_store_root
 from liveput import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import train_forecaster
@@ -46,7 +46,7 @@ def retrain_forecaster(
     ``forecaster_params``: `LightGbmForecaster` arguments (e.g. a small ``n_estimators``).
     """
     settings.check_all(*settings.flow_checks("retrain-forecaster", locals()))  # locals(): the flow's arguments
-    store = trace_store or os.environ.get("PARCAE_TRACE_STORE") or "trace-store"
+    store = trace_store_root(trace_store)
     corpus = load_training_corpus(train_traces, exclude=[eval_trace], interval_s=interval_s, store=store)
     evaluation = load_availability_trace(eval_trace, interval_s=interval_s)
     outcome = train_forecaster(corpus, (eval_trace, evaluation), horizon, forecaster_params, plots).to_dict()

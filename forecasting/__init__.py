@@ -15,8 +15,8 @@ What is here, and where it lives:
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
 - collection from EC2: `SpotCollector` (`forecasting.collect`) and the EC2 constants the trainer's AWS provider
   shares (`forecasting.ec2`);
-- the trace store, in a folder or on S3: `TraceStore` and its compaction threshold `COMPACT_AT`
-  (`forecasting.trace_store`);
+- the trace store, in a folder or on S3: `TraceStore`, its compaction threshold `COMPACT_AT`, where it is by
+  default (`trace_store_root`) and whether a location can be one (`check_trace_store`) (`forecasting.trace_store`);
 - two namespaces whose names are too generic to flatten: `jsonio` (bounded JSON in, strict JSON out) and
   `features` (the look-ahead-free features and the anchor).
 
@@ -92,6 +92,8 @@ _HOMES: dict[str, str] = {
     # the trace store
     "COMPACT_AT": "trace_store",
     "TraceStore": "trace_store",
+    "check_trace_store": "trace_store",
+    "trace_store_root": "trace_store",
     # namespaces
     "features": "",
     "jsonio": "",
@@ -140,6 +142,8 @@ if TYPE_CHECKING:
     from forecasting.skill_gate import skill_gated as skill_gated
     from forecasting.trace_store import COMPACT_AT as COMPACT_AT
     from forecasting.trace_store import TraceStore as TraceStore
+    from forecasting.trace_store import check_trace_store as check_trace_store
+    from forecasting.trace_store import trace_store_root as trace_store_root
     from forecasting.traces import COLUMNS as COLUMNS
     from forecasting.traces import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
     from forecasting.traces import INTERVAL_S_RANGE as INTERVAL_S_RANGE

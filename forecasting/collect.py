@@ -16,7 +16,6 @@ is reported in :class:`CollectResult` and nothing of that call is written.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from forecasting.ec2 import (
     no_credentials,
     no_region,
 )
-from forecasting.trace_store import TraceStore, as_utc
+from forecasting.trace_store import TraceStore, as_utc, trace_store_root
 
 if TYPE_CHECKING:
     import boto3
@@ -308,7 +307,7 @@ class SpotCollector:
         self.session = session if session is not None else boto3.Session()
         self.instance_types = tuple(instance_types)
         self.job_tag = job_tag
-        self.store = store if store is not None else TraceStore(os.environ.get("PARCAE_TRACE_STORE", "trace-store"))
+        self.store = store if store is not None else TraceStore(trace_store_root())
         self.endpoint_url = endpoint_url
         self.product_descriptions = tuple(product_descriptions)
         self.max_attempts = int(max_attempts)

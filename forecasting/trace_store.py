@@ -45,7 +45,7 @@ from filelock import FileLock, Timeout
 
 from forecasting.traces import AvailabilityEvents, events_from_log
 
-__all__ = ["COMPACT_AT", "TABLES", "TraceStore", "as_utc"]
+__all__ = ["COMPACT_AT", "TABLES", "TraceStore", "as_utc", "check_trace_store", "trace_store_root"]
 
 _TS: Final = pa.timestamp("us", tz="UTC")
 #: Part files a table holds before `TraceStore.compact` merges them by default (a read opens every part).
@@ -146,6 +146,26 @@ def _part_name() -> str:
     return f"part-{pd.Timestamp.now(tz='UTC').strftime('%Y%m%dT%H%M%S%fZ')}-{uuid.uuid4().hex[:12]}.parquet"
 
 
+def trace_store_root(configured: str | os.PathLike[str] | None = None) -> str:
+    """Where the trace store is: ``configured``, else ``$PARCAE_TRACE_STORE``, else ``./trace-store`` — for
+    collection, the live fleets' histories, the forecaster's corpus and the commands alike."""
+    return os.fspath(configured) if configured else os.environ.get("PARCAE_TRACE_STORE") or "trace-store"
+
+
+def check_trace_store(root: str | os.PathLike[str]) -> str:
+    """``root`` as text if it names a trace store (a folder, or ``s3://bucket[/prefix]``); else a ValueError that
+    says what to give. Where a job checks its settings before it starts, and where a store is opened."""
+    text = os.fspath(root)
+    if not text:
+        raise ValueError("trace store '': give a folder, or s3://bucket/prefix")
+    if text.startswith("s3://"):
+        if not urlparse(text).netloc:
+            raise ValueError(f"trace store {text!r}: name the bucket, e.g. s3://my-bucket/parcae/traces")
+    elif "://" in text:
+        raise ValueError(f"trace store {text!r}: expected a folder or s3://bucket/prefix")
+    return text
+
+
 class TraceStore:
     """Append-only Parquet tables, deduplicated by natural key on read, in a local folder or at
     ``s3://bucket/prefix`` (boto3's credential chain; the endpoint from ``$AWS_ENDPOINT_URL_S3`` /
@@ -158,14 +178,10 @@ class TraceStore:
     """
 
     def __init__(self, root: str | os.PathLike[str], *, s3_client: Any = None) -> None:
-        text = os.fspath(root)
+        text = check_trace_store(root)
         if text.startswith("s3://"):
             parsed = urlparse(text)
-            if not parsed.netloc:
-                raise ValueError(f"trace store {text!r}: name the bucket, e.g. s3://my-bucket/parcae/traces")
             self._parts: _Folder | _S3 = _S3(parsed.netloc, parsed.path.strip("/"), s3_client)
-        elif "://" in text:
-            raise ValueError(f"trace store {text!r}: expected a folder or s3://bucket/prefix")
         else:
             self._parts = _Folder(Path(text))
 
@@ -309,6 +325,8 @@ class TraceStore:
             interval_s = float(rows["interval_s"].iloc[0])
             table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"fleet:{tag}")
             table.attrs["source"] = self.where("fleet_intervals")
+            if set(rows["provider"]) == {"aws"}:  # the cloud whose notice a simulation of it assumes (`trace_cloud`)
+                table.attrs["cloud"] = "aws"
             out[f"fleet:{tag}"] = table
         return out
 

@@ -52,7 +52,7 @@ def checked_provider(name: str, options: dict | None = None):
         (checked_provider("aws", {"regon": "us-east-1"}), "unknown field(s) regon"),
         (lambda: JobConfig.from_dict({"modle": {}}), "unknown fields ['modle']"),
         (lambda: FleetConfig(max_instances=2, trace_store="gs://b/traces"), "fleet.trace_store"),
-        (lambda: FleetConfig(max_instances=2, trace_store="s3:///traces"), "s3://bucket/prefix"),
+        (lambda: FleetConfig(max_instances=2, trace_store="s3:///traces"), "name the bucket"),
     ],
 )
 def test_a_bad_setting_is_refused_naming_the_field(build, names):
@@ -63,7 +63,7 @@ def test_a_bad_setting_is_refused_naming_the_field(build, names):
 
 def test_a_live_fleet_s_trace_store_from_the_environment_is_checked_before_the_job(monkeypatch):
     monkeypatch.setenv("PARCAE_TRACE_STORE", "gs://b/traces")
-    with pytest.raises(ConfigError, match=r"\$PARCAE_TRACE_STORE: must be a folder or s3://bucket/prefix"):
+    with pytest.raises(ConfigError, match=r"\$PARCAE_TRACE_STORE: trace store 'gs://b/traces': expected a folder"):
         FleetConfig(max_instances=2)
     FleetConfig(max_instances=2, record_history=False)  # no history: the store is not used
     FleetConfig()  # no fleet

@@ -408,13 +408,16 @@ class FleetConfig:
             _need(v is None or _finite_positive(v), f"fleet.{name}",
                   f"must be a positive number of seconds or None (the default), got {v!r}", "give seconds")  # fmt: skip
         if self.live and self.record_history:  # a history that cannot go where it is told: before the job starts
+            from forecasting import check_trace_store
+
             where, store = "fleet.trace_store", self.trace_store
             if store is None:
                 where, store = "$PARCAE_TRACE_STORE", os.environ.get("PARCAE_TRACE_STORE")
-            _need(store is None or (isinstance(store, str) and bool(store) and ("://" not in store or (
-                  store.startswith("s3://") and len(store) > 5 and not store[5:].startswith("/")))), where,
-                  f"must be a folder or s3://bucket/prefix, got {store!r}",
-                  "give a folder, or an S3 bucket and prefix")  # fmt: skip
+            _need(store is None or isinstance(store, str), where, f"must be a folder, got {store!r}", "give a path")
+            try:
+                check_trace_store(store or "trace-store")
+            except ValueError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
 
     @property
     def live(self) -> bool:

@@ -33,7 +33,7 @@ from trainer.control.fleet_driver import FleetDriver
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
 from trainer.control.schedules import LocalTraceProvider, trace_strategy
-from trainer.observe.fleet_history import FleetHistoryWriter, trace_store_root
+from trainer.observe.fleet_history import FleetHistoryWriter
 from trainer.observe.observer import JobObserver, ObserverList
 from trainer.providers import provider_of
 from trainer.providers.agent import AgentInstances, RemoteJob
@@ -225,7 +225,7 @@ def run_job(
             if config.fleet.record_history:
                 priced_s = DEFAULT_INTERVAL_S if isinstance(provider, Fleet) and provider.compressed else interval_s
                 tag = f"{job}@{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{coord.port}"
-                history = FleetHistoryWriter(trace_store_root(config.fleet.trace_store), tag, config.provider.name,
+                history = FleetHistoryWriter(config.fleet.trace_store, tag, config.provider.name,
                                              priced_s, peak)  # fmt: skip
                 info["fleet_history"] = {"store": history.summary()["store"], "job_tag": tag}
             fleet = FleetController(config.fleet, interval_s, time.monotonic(), on_row=history)

@@ -1,9 +1,9 @@
 """A live fleet's history, recorded where collected spot traces go: one row per interval into the trace store.
 
 Owns: `FleetHistoryWriter` (appends each `trainer.control.fleet.FleetRow` to the ``fleet_intervals`` table of a
-`forecasting.TraceStore` as the interval ends, so that a crash keeps every interval but the one in flight) and
-`trace_store_root` (where: the fleet config's `trace_store`, else ``$PARCAE_TRACE_STORE``, else ``./trace-store``,
-as the ``collect-traces`` flow). Must not touch: what the rows say (`trainer.control.fleet`), training.
+`forecasting.TraceStore` as the interval ends, so that a crash keeps every interval but the one in flight), at the
+fleet config's `trace_store`, else where collection writes (`forecasting.trace_store_root`). Must not touch: what
+the rows say (`trainer.control.fleet`), training.
 
 A failed write (a full disk, a read-only folder) does not stop the job: it is logged, counted, and the job's
 report says it (``fleet_history.errors``), never silently. The table is compacted (`forecasting.TraceStore.compact`)
@@ -21,24 +21,19 @@ from typing import Any
 
 import pandas as pd
 
-from forecasting import COMPACT_AT, TraceStore
+from forecasting import COMPACT_AT, TraceStore, trace_store_root
 
 log = logging.getLogger(__name__)
-
-
-def trace_store_root(configured: str | None) -> str:
-    """The trace store a fleet's history goes to: a folder or ``s3://bucket/prefix``."""
-    return configured or os.environ.get("PARCAE_TRACE_STORE") or "trace-store"
 
 
 @dataclass
 class FleetHistoryWriter:
     """Writes the rows of one live fleet (`job_tag`: one run of a job's driver) into the store at `root` (a folder or
-    ``s3://bucket/prefix``).
+    ``s3://bucket/prefix``; None: `forecasting.trace_store_root`'s).
     `interval_s` is the interval the planner prices (a compressed market's: the trace's), `capacity` the fleet's
     maximum."""
 
-    root: str
+    root: str | os.PathLike[str] | None
     job_tag: str
     provider: str
     interval_s: float
@@ -49,7 +44,8 @@ class FleetHistoryWriter:
     _store: TraceStore = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._store = TraceStore(self.root)  # one for the job: on S3, one boto3 client (thread-safe) for every write
+        # one store for the job: on S3, one boto3 client (thread-safe) for every write
+        self._store = TraceStore(trace_store_root(self.root))
 
     def __call__(self, interval: int, row: Any) -> None:
         record = {"job_tag": self.job_tag, "provider": self.provider, "interval": interval,
