@@ -288,6 +288,41 @@ def test_collect_into_a_store_in_s3(runner: CliRunner, no_aws, monkeypatch: pyte
     assert_user_error(runner.invoke(app, [*args, "--store", "gs://traces"]), "trace store 'gs://traces'", "s3://")
 
 
+def test_a_live_fleet_s_history_is_a_trace_the_commands_take(runner, tmp_path, monkeypatch) -> None:
+    """`parcae traces` lists the fleets' histories in the trace store as fleet:<job tag>; `parcae simulate` and
+    `parcae forecast` take them (an AWS fleet's: with AWS's notice); `parcae train` says where they replay."""
+    store = TraceStore(tmp_path / "store")
+    counts = [4, 4, 4, 3, 3, 2, 2, 4, 4, 4] * 9
+    store.append("fleet_intervals", [{"job_tag": "nightly@1", "provider": "aws", "interval": i, "interval_s": 60.0,
+                                      "capacity": 4, "requested": 0, "granted": 0, "refused": 0, "reclaimed": 0,
+                                      "alive": n, "timestamp": "2026-12-01T00:00:00Z"}
+                                     for i, n in enumerate(counts)])  # fmt: skip
+    monkeypatch.setenv("PARCAE_TRACE_STORE", str(tmp_path / "store"))
+    listed = runner.invoke(app, ["traces"])
+    assert listed.exit_code == 0 and "fleet:nightly@1" in listed.stdout and "90 x 60 s" in listed.stdout, listed.output
+    out = tmp_path / "sim.json"
+    sim = runner.invoke(app, ["simulate", "--trace", "fleet:nightly@1", "-p", "parcae", "-p", "reactive",
+                              "--model", "bert", "--json", str(out)])  # fmt: skip
+    assert sim.exit_code == 0, sim.output
+    doc = json.loads(out.read_text())
+    assert doc["trace"] == "fleet:nightly@1" and doc["window"] == {"first_interval": 0, "last_interval": 89}
+    assert doc["migrations"]["notice_s"] == 120.0 and doc["policies"]["parcae"]["samples"] > 0  # AWS's notice
+    scores = tmp_path / "scores.json"
+    evaluated = runner.invoke(app, ["forecast", "evaluate", "--trace", "fleet:nightly@1", "--horizon", "4",
+                                    "--models", "persistence", "--json", str(scores)])  # fmt: skip
+    assert evaluated.exit_code == 0 and json.loads(scores.read_text())["models"]["persistence"]["mae"], evaluated.output
+    assert_user_error(runner.invoke(app, ["simulate", "--trace", "fleet:nightly@1", "--interval-seconds", "30"]),
+                      "fleet:nightly@1 was recorded an interval every 60 s", "--interval-seconds 60")  # fmt: skip
+    assert_user_error(runner.invoke(app, ["simulate", "--trace", "fleet:weekly@1"]),
+                      "no live fleet 'fleet:weekly@1'", "fleet:nightly@1")  # fmt: skip
+    train = runner.invoke(app, ["train", "--trace", "fleet:nightly@1", "--out-dir", str(tmp_path / "job")])
+    assert train.exit_code == 2 and "replays in `parcae simulate`" in train.stderr and "Traceback" not in train.output
+    monkeypatch.setenv("PARCAE_TRACE_STORE", "gs://elsewhere")
+    assert_user_error(runner.invoke(app, ["simulate", "--trace", "fleet:nightly@1"]), "$PARCAE_TRACE_STORE")
+    listed = runner.invoke(app, ["traces"])  # the bundled traces still listed, the store's problem said
+    assert listed.exit_code == 0 and "p3" in listed.stdout and "gs://elsewhere" in listed.stderr, listed.output
+
+
 def test_simulate_with_a_forecaster_drives_parcae(runner, tmp_path):
     out = tmp_path / "sim.json"
     res = runner.invoke(

@@ -207,6 +207,8 @@ def trace_cloud(table: pd.DataFrame) -> str | None:
     """The cloud a loaded trace was measured on ("aws", "gcp"), or None when nothing says (a user's own file):
     what sets the preemption notice a simulation of it assumes. The p3 traces (Bamboo's and Parcae's event and
     count files) are of AWS p3 instances."""
+    if table.attrs.get("cloud") in ("aws", "gcp"):  # a live fleet's history on a cloud provider
+        return str(table.attrs["cloud"])
     fmt = str(table.attrs.get("format", ""))
     if fmt in _FORMAT_CLOUD:
         return _FORMAT_CLOUD[fmt]

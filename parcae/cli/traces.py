@@ -1,4 +1,5 @@
-"""``parcae traces`` and the trace loading the commands share (`load_window`: ``--trace`` and an hour window).
+"""``parcae traces`` and the trace loading the commands share (`load_window`: ``--trace`` and an hour window; a
+``fleet:<job tag>`` name is a live fleet's own history in the trace store).
 
 Owns: the messages of an unknown or malformed trace. Must not touch: reading trace formats (`forecasting`'s face:
 `load_trace`, `available_traces`); the forecast commands' corpus (`parcae.cli.forecast`).
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from rich import box
 from rich.table import Table
 
-from parcae.cli.common import UserError, check_interval, command, stdout
+from parcae.cli.common import UserError, check_interval, command, stdout, warn
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -30,6 +31,36 @@ def _unknown_trace_message(exc: Any) -> str:
     )
 
 
+FLEET = "fleet:"  # a live fleet's own history in the trace store, `forecasting.TraceStore.fleet_histories`' keys
+
+
+def _fleet_histories() -> tuple[str, dict[str, "pd.DataFrame"]]:
+    """The trace store's location and the live fleets' histories it holds (none where it does not exist)."""
+    from forecasting import TraceStore, trace_store_root
+
+    root = trace_store_root()
+    try:
+        store = TraceStore(root)
+        return store.uri, store.fleet_histories(min_intervals=1) if store.exists() else {}
+    except (OSError, ValueError) as exc:
+        raise UserError(f"the trace store {root!r} ($PARCAE_TRACE_STORE) cannot be read: {exc}") from None
+
+
+def _fleet_history(name: str, interval_s: float) -> "pd.DataFrame":
+    """A live fleet's history as a trace (its alive count per interval), at the interval the fleet recorded."""
+    where, histories = _fleet_histories()
+    if name not in histories:
+        known = ", ".join(sorted(histories)[:8]) or "none"
+        raise UserError(f"no live fleet {name!r} in the trace store {where} ($PARCAE_TRACE_STORE); the fleets there: "
+                        f"{known} (`parcae traces` lists them)")  # fmt: skip
+    table = histories[name]
+    recorded = float(table.attrs["interval_s"])
+    if recorded != interval_s:
+        raise UserError(f"{name} was recorded an interval every {recorded:g} s, a count per interval that cannot be "
+                        f"cut otherwise: give --interval-seconds {recorded:g}")  # fmt: skip
+    return table
+
+
 def load_window(
     trace: str, interval_s: float, start_hour: float | None, end_hour: float | None
 ) -> tuple["pd.DataFrame", "pd.DataFrame"]:
@@ -38,7 +69,7 @@ def load_window(
 
     check_interval(interval_s, "--interval-seconds")
     try:
-        df = load_trace(trace, interval_s)
+        df = _fleet_history(trace, interval_s) if trace.startswith(FLEET) else load_trace(trace, interval_s)
     except UnknownTraceError as exc:
         raise UserError(_unknown_trace_message(exc)) from None
     except TraceFormatError as exc:
@@ -63,7 +94,12 @@ def load_window(
     return df, window
 
 
-@command(help="List the trace names --trace accepts (bundled, plus ../shared/traces when present).")
+@command(
+    help=(
+        "List the trace names --trace accepts: bundled, ../shared/traces when present, and the live fleets' own "
+        "histories in the trace store ($PARCAE_TRACE_STORE, else ./trace-store), as fleet:<job tag>."
+    )
+)
 def traces() -> None:
     from forecasting import TraceFormatError, available_traces, detect_format
 
@@ -77,4 +113,12 @@ def traces() -> None:
         except (TraceFormatError, OSError) as exc:
             fmt = f"? ({type(exc).__name__})"
         table.add_row(name, fmt, str(path))
+    try:
+        where, histories = _fleet_histories()
+    except UserError as exc:  # the bundled traces are still worth listing
+        warn(str(exc))
+        histories = {}
+    for name, history in histories.items():
+        fmt = f"fleet history: {len(history)} x {float(history.attrs['interval_s']):g} s"
+        table.add_row(name, fmt, f"{where} (fleet_intervals)")
     stdout().print(table)

@@ -395,10 +395,13 @@ def train_cmd(
             settings.check_aws(options.get("region"), setting="--provider aws")
         except settings.SettingError as exc:
             raise UserError(str(exc)) from None
-    for given in (trace, market_trace):  # an unknown or malformed trace is the user's to fix, before any process
+    for option, given in (("--trace", trace), ("--market-trace", market_trace)):  # before any process starts
         if given is not None:
-            from parcae.cli.traces import load_window
+            from parcae.cli.traces import FLEET, load_window
 
+            if given.startswith(FLEET):
+                raise UserError(f"{option} {given}: a live fleet's history replays in `parcae simulate` and `parcae "
+                                "forecast`; a training job replays a trace name or file (`parcae traces`)")  # fmt: skip
             load_window(given, DEFAULT_INTERVAL_S, None, None)
     if plot is not None:
         check_outputs(None, plot)  # a known image format, a folder that can be made
