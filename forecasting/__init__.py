@@ -15,8 +15,9 @@ What is here, and where it lives:
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
 - collection from EC2: `SpotCollector` (`forecasting.collect`) and the EC2 constants the trainer's AWS provider
   shares (`forecasting.ec2`);
-- the trace store, in a folder or on S3: `TraceStore`, its compaction threshold `COMPACT_AT`, where it is by
-  default (`trace_store_root`) and whether a location can be one (`check_trace_store`) (`forecasting.trace_store`);
+- the trace store, in a folder or on S3: `TraceStore`, its compaction threshold `COMPACT_AT`, the prefix of a
+  live fleet's history as a trace (`FLEET`), where the store is by default (`trace_store_root`) and whether a
+  location can be one (`check_trace_store`) (`forecasting.trace_store`);
 - two namespaces whose names are too generic to flatten: `jsonio` (bounded JSON in, strict JSON out) and
   `features` (the look-ahead-free features and the anchor).
 
@@ -91,6 +92,7 @@ _HOMES: dict[str, str] = {
     "SpotCollector": "collect",
     # the trace store
     "COMPACT_AT": "trace_store",
+    "FLEET": "trace_store",
     "TraceStore": "trace_store",
     "check_trace_store": "trace_store",
     "trace_store_root": "trace_store",
@@ -141,6 +143,7 @@ if TYPE_CHECKING:
     from forecasting.skill_gate import SkillGated as SkillGated
     from forecasting.skill_gate import skill_gated as skill_gated
     from forecasting.trace_store import COMPACT_AT as COMPACT_AT
+    from forecasting.trace_store import FLEET as FLEET
     from forecasting.trace_store import TraceStore as TraceStore
     from forecasting.trace_store import check_trace_store as check_trace_store
     from forecasting.trace_store import trace_store_root as trace_store_root

@@ -45,11 +45,13 @@ from filelock import FileLock, Timeout
 
 from forecasting.traces import AvailabilityEvents, events_from_log
 
-__all__ = ["COMPACT_AT", "TABLES", "TraceStore", "as_utc", "check_trace_store", "trace_store_root"]
+__all__ = ["COMPACT_AT", "FLEET", "TABLES", "TraceStore", "as_utc", "check_trace_store", "trace_store_root"]
 
 _TS: Final = pa.timestamp("us", tz="UTC")
 #: Part files a table holds before `TraceStore.compact` merges them by default (a read opens every part).
 COMPACT_AT: Final = 32
+#: A live fleet's history is the trace ``fleet:<job tag>`` (`TraceStore.fleet_histories`' keys, the commands' names).
+FLEET: Final = "fleet:"
 
 
 @dataclass(frozen=True)
@@ -323,11 +325,11 @@ class TraceStore:
                 continue
             capacity = int(max(rows["capacity"].max(), rows["alive"].max(), 1))
             interval_s = float(rows["interval_s"].iloc[0])
-            table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"fleet:{tag}")
+            table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"{FLEET}{tag}")
             table.attrs["source"] = self.where("fleet_intervals")
             if set(rows["provider"]) == {"aws"}:  # the cloud whose notice a simulation of it assumes (`trace_cloud`)
                 table.attrs["cloud"] = "aws"
-            out[f"fleet:{tag}"] = table
+            out[f"{FLEET}{tag}"] = table
         return out
 
     # ------------------------------------------------------------------------- fleet trace export

@@ -143,12 +143,12 @@ def running_jobs() -> list[dict[str, Any]]:
 def fleet_history(job: Mapping[str, Any]) -> pd.DataFrame:
     """A running job's own history (`forecasting.TraceStore.fleet_histories`: the alive count per interval its
     driver recorded), as a canonical table; ValueError when it has none yet."""
-    from forecasting import TraceStore
+    from forecasting import FLEET, TraceStore
 
     if not job.get("trace_store") or not job.get("fleet_tag"):
         raise ValueError(f"job {job['job']!r} records no fleet history (it runs no live fleet)")
     histories = TraceStore(job["trace_store"]).fleet_histories(min_intervals=1)
-    name = f"fleet:{job['fleet_tag']}"
+    name = f"{FLEET}{job['fleet_tag']}"
     if name not in histories:
         raise ValueError(f"job {job['job']!r} has no interval in {job['trace_store']} yet")
     return histories[name]

@@ -31,9 +31,6 @@ def _unknown_trace_message(exc: Any) -> str:
     )
 
 
-FLEET = "fleet:"  # a live fleet's own history in the trace store, `forecasting.TraceStore.fleet_histories`' keys
-
-
 def _fleet_histories() -> tuple[str, dict[str, "pd.DataFrame"]]:
     """The trace store's location and the live fleets' histories it holds (none where it does not exist)."""
     from forecasting import TraceStore, trace_store_root
@@ -65,7 +62,7 @@ def load_window(
     trace: str, interval_s: float, start_hour: float | None, end_hour: float | None
 ) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
-    from forecasting import TraceFormatError, UnknownTraceError, load_trace, slice_hours
+    from forecasting import FLEET, TraceFormatError, UnknownTraceError, load_trace, slice_hours
 
     check_interval(interval_s, "--interval-seconds")
     try:

@@ -397,7 +397,8 @@ def train_cmd(
             raise UserError(str(exc)) from None
     for option, given in (("--trace", trace), ("--market-trace", market_trace)):  # before any process starts
         if given is not None:
-            from parcae.cli.traces import FLEET, load_window
+            from forecasting import FLEET
+            from parcae.cli.traces import load_window
 
             if given.startswith(FLEET):
                 raise UserError(f"{option} {given}: a live fleet's history replays in `parcae simulate` and `parcae "
