@@ -538,9 +538,9 @@ class _S3:
             raise OSError(f"trace store {self.uri}: {what}: {exc}") from None
 
     def exists(self) -> bool:
+        start = f"{self.prefix}/" if self.prefix else ""
         with self._errors("list"):
-            got = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=self._key("") + "/" if self.prefix else "",
-                                          MaxKeys=1)  # fmt: skip
+            got = self.s3.list_objects_v2(Bucket=self.bucket, Prefix=start, MaxKeys=1)
         return bool(got.get("KeyCount"))
 
     def names(self, table: str) -> list[str]:
@@ -578,7 +578,12 @@ class _S3:
         keys = [{"Key": self._key(table, n)} for n in names]
         with self._errors(f"delete from {table}"):
             for i in range(0, len(keys), 1000):  # DeleteObjects takes at most 1000 keys
-                self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True})
+                got = self.s3.delete_objects(Bucket=self.bucket, Delete={"Objects": keys[i : i + 1000], "Quiet": True})
+                failed = got.get("Errors") or []  # per key, in a 200 answer: no exception of boto3's
+                if failed:
+                    first = failed[0]
+                    raise OSError(f"trace store {self.uri}: delete from {table}: {len(failed)} object(s) not deleted, "
+                                  f"{first.get('Key')}: {first.get('Code')}: {first.get('Message')}")  # fmt: skip
 
     @contextlib.contextmanager
     def compaction_lock(self, table: str) -> Iterator[bool]:

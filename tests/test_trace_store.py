@@ -185,6 +185,22 @@ def test_an_s3_store_skips_a_held_lock_and_takes_over_an_expired_one() -> None:
         )
 
 
+def test_an_s3_delete_refused_per_key_is_an_error_not_a_silent_leftover(monkeypatch) -> None:
+    """DeleteObjects answers 200 with an error per key it could not delete (no permission, say): the compaction
+    says so, and the rows still read once."""
+    with mock_aws():
+        boto3.client("s3").create_bucket(Bucket=BUCKET)
+        store = TraceStore(f"s3://{BUCKET}/traces")
+        for i in range(3):
+            store.append("fleet_intervals", [interval_row("a", i, i)])
+        client = store._parts.s3
+        denied = {"Errors": [{"Key": "traces/fleet_intervals/x", "Code": "AccessDenied", "Message": "Access Denied"}]}
+        monkeypatch.setattr(client, "delete_objects", lambda **_: denied)
+        with pytest.raises(OSError, match=r"delete from fleet_intervals: 1 object\(s\) not deleted.*AccessDenied"):
+            store.compact("fleet_intervals", min_parts=2)
+        assert store.read("fleet_intervals")["interval"].tolist() == [0, 1, 2]
+
+
 def test_a_store_that_cannot_work_says_which_and_why(tmp_path: Path) -> None:
     for bad in ("gs://bucket/x", "s3://", "s3:///prefix"):
         with pytest.raises(ValueError, match="trace store"):
