@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from pathlib import Path
 
 import mlflow
@@ -468,11 +469,38 @@ def test_the_fleet_s_history_is_appended_without_reading_the_store(tmp_path, mon
         m.setattr(TraceStore, "read", lambda *_a, **_k: pytest.fail("the writer read the store"))
         for i in range(3):
             writer(i, FleetRow(t=float(i), requested=1, granted=1, alive=2 + i, refused=0, reclaimed=0))
+        writer.close()
     assert writer.summary()["rows"] == 3 and not writer.errors
     stored = store.read("fleet_intervals").sort_values(["job_tag", "interval"])
     assert stored[["job_tag", "interval", "alive"]].values.tolist() == [
         ["job@1", 0, 2], ["job@1", 1, 3], ["job@1", 2, 4], ["other@1", 0, 1]
     ]  # fmt: skip
+
+
+def test_the_interval_s_boundary_does_not_wait_for_the_fleet_s_history_to_be_written(tmp_path, monkeypatch):
+    """The row is told while training waits at the boundary: the writer queues it and returns; a write in flight
+    (a PUT to S3) holds no boundary, the rows told meanwhile go into one part after it, and `close` (the job's end,
+    or its failure) writes every row queued."""
+    from trainer.observe.fleet_history import FleetHistoryWriter
+
+    release, written = threading.Event(), []
+    append = TraceStore.append
+
+    def slow_append(self, table, rows, **kw):
+        written.append(release.wait(timeout=30))  # False: nothing released it (the boundary waited on this write)
+        return append(self, table, rows, **kw)
+
+    monkeypatch.setattr(TraceStore, "append", slow_append)
+    writer = FleetHistoryWriter(tmp_path / "store", "job@1", "market", 60.0, 4)
+    for i in range(3):  # interval 0's write is in flight while 1 and 2 are told
+        writer(i, FleetRow(t=float(i), requested=1, granted=1, alive=2 + i, refused=0, reclaimed=0))
+    release.set()
+    writer.close()
+    # interval 0's part, then 1 and 2's (all three in one where the writer's thread first woke after them)
+    assert written in ([True, True], [True]) and writer.rows == 3 and not writer.errors
+    assert TraceStore(tmp_path / "store").fleet_histories()["fleet:job@1"]["available"].tolist() == [2, 3, 4]
+    with pytest.raises(RuntimeError, match="closed"):
+        writer(3, FleetRow(t=3.0, requested=0, granted=0, alive=4, refused=0, reclaimed=0))
 
 
 def test_a_long_fleet_s_history_is_compacted_as_it_grows(tmp_path):
@@ -483,6 +511,7 @@ def test_a_long_fleet_s_history_is_compacted_as_it_grows(tmp_path):
     writer = FleetHistoryWriter(tmp_path / "store", "job@1", "market", 60.0, 4)
     for i in range(COMPACT_AT + 2):
         writer(i, FleetRow(t=float(i), requested=1, granted=1, alive=i % 5, refused=0, reclaimed=0))
+        writer.flush()  # a part per interval, as a fleet's boundaries a minute apart write them
     writer.close()  # waits for the compaction in flight; 3 parts left are under the threshold
     store = TraceStore(tmp_path / "store")
     assert len(store.parts("fleet_intervals")) == 3 and not writer.errors

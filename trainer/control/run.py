@@ -308,6 +308,8 @@ def run_job(
     except BaseException as e:  # noqa: BLE001 — KeyboardInterrupt/SystemExit too: observers flush, then re-raise
         why = "the job was interrupted" if isinstance(e, KeyboardInterrupt) else f"run_job failed: {type(e).__name__}"
         coord.abort(why)
+        if history is not None:  # the fleet's intervals queued for the trace store, written before the job ends
+            history.close()
         err = JobError(str(e)) if isinstance(e, TimeoutError) else e
         obs.on_error(err)
         if err is e:
