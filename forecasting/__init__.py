@@ -10,14 +10,16 @@ What is here, and where it lives:
   learned point forecast only where it beat persistence on the trace's own past (`SkillGated`, `skill_gated`:
   `forecasting.skill_gate`);
 - evaluation: `rolling_origin`, `BacktestResult` (`forecasting.backtest`);
-- traces: `load_trace` and the trace catalog (`available_traces`), the canonical per-interval table
-  (`forecasting.traces`), the training corpus (`forecasting.corpus`);
+- traces: the trace catalog (`available_traces`), the canonical per-interval table (`forecasting.traces`), the
+  training corpus (`forecasting.corpus`); `load_trace`, a name or path (the catalog's) or a live fleet's history
+  (`fleet:<job tag>`, in the trace store: `forecasting.trace_store`);
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
 - collection from EC2: `SpotCollector` (`forecasting.collect`) and the EC2 constants the trainer's AWS provider
   shares (`forecasting.ec2`);
 - the trace store, in a folder or on S3: `TraceStore`, its compaction threshold `COMPACT_AT`, the prefix of a
-  live fleet's history as a trace (`FLEET`), where the store is by default (`trace_store_root`) and whether a
-  location can be one (`check_trace_store`) (`forecasting.trace_store`);
+  live fleet's history as a trace (`FLEET`; `FleetIntervalError` where asked at another interval), where the store
+  is by default (`trace_store_root`) and whether a location can be one (`check_trace_store`)
+  (`forecasting.trace_store`);
 - two namespaces whose names are too generic to flatten: `jsonio` (bounded JSON in, strict JSON out) and
   `features` (the look-ahead-free features and the anchor).
 
@@ -66,7 +68,6 @@ _HOMES: dict[str, str] = {
     "available_traces": "traces",
     "counts_table": "traces",
     "detect_format": "traces",
-    "load_trace": "traces",
     "scale_trace": "traces",
     "slice_hours": "traces",
     "trace_cloud": "traces",
@@ -93,8 +94,10 @@ _HOMES: dict[str, str] = {
     # the trace store
     "COMPACT_AT": "trace_store",
     "FLEET": "trace_store",
+    "FleetIntervalError": "trace_store",
     "TraceStore": "trace_store",
     "check_trace_store": "trace_store",
+    "load_trace": "trace_store",
     "trace_store_root": "trace_store",
     # namespaces
     "features": "",
@@ -144,8 +147,10 @@ if TYPE_CHECKING:
     from forecasting.skill_gate import skill_gated as skill_gated
     from forecasting.trace_store import COMPACT_AT as COMPACT_AT
     from forecasting.trace_store import FLEET as FLEET
+    from forecasting.trace_store import FleetIntervalError as FleetIntervalError
     from forecasting.trace_store import TraceStore as TraceStore
     from forecasting.trace_store import check_trace_store as check_trace_store
+    from forecasting.trace_store import load_trace as load_trace
     from forecasting.trace_store import trace_store_root as trace_store_root
     from forecasting.traces import COLUMNS as COLUMNS
     from forecasting.traces import DEFAULT_INTERVAL_S as DEFAULT_INTERVAL_S
@@ -156,7 +161,6 @@ if TYPE_CHECKING:
     from forecasting.traces import available_traces as available_traces
     from forecasting.traces import counts_table as counts_table
     from forecasting.traces import detect_format as detect_format
-    from forecasting.traces import load_trace as load_trace
     from forecasting.traces import scale_trace as scale_trace
     from forecasting.traces import slice_hours as slice_hours
     from forecasting.traces import trace_cloud as trace_cloud

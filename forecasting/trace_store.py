@@ -1,10 +1,11 @@
 """The trace store: append-only Parquet tables of collected spot traces and live fleets' histories.
 
 Owns: `TraceStore` (append, read, compaction, the fleets' histories and event exports), the tables' schemas and
-natural keys (`TABLES`), the compaction threshold (`COMPACT_AT`), and where the parts live: a local folder, or
-``s3://bucket/prefix`` through boto3, so that collection, live fleets and the forecaster's training on several
-machines (a Prefect work pool, instances on AWS) share one store. Must not touch: EC2 (`forecasting.collect`), the
-canonical per-interval tables (`forecasting.traces`).
+natural keys (`TABLES`), the compaction threshold (`COMPACT_AT`), `load_trace` (the catalog's names and files, and
+the fleets' histories as ``fleet:<job tag>``: the one loader the commands and the trainer call), and where the
+parts live: a local folder, or ``s3://bucket/prefix`` through boto3, so that collection, live fleets and the
+forecaster's training on several machines (a Prefect work pool, instances on AWS) share one store. Must not touch:
+EC2 (`forecasting.collect`), the canonical per-interval tables (`forecasting.traces`).
 
 Four tables, each a folder (an S3 prefix) of immutable part files:
 
@@ -43,9 +44,26 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from filelock import FileLock, Timeout
 
-from forecasting.traces import AvailabilityEvents, events_from_log
+from forecasting.traces import (
+    DEFAULT_INTERVAL_S,
+    AvailabilityEvents,
+    UnknownTraceError,
+    counts_table,
+    events_from_log,
+)
+from forecasting.traces import load_trace as load_named_trace
 
-__all__ = ["COMPACT_AT", "FLEET", "TABLES", "TraceStore", "as_utc", "check_trace_store", "trace_store_root"]
+__all__ = [
+    "COMPACT_AT",
+    "FLEET",
+    "TABLES",
+    "FleetIntervalError",
+    "TraceStore",
+    "as_utc",
+    "check_trace_store",
+    "load_trace",
+    "trace_store_root",
+]
 
 _TS: Final = pa.timestamp("us", tz="UTC")
 #: Part files a table holds before `TraceStore.compact` merges them by default (a read opens every part).
@@ -135,6 +153,37 @@ _READ_TRIES: Final = 8  # listings a read makes while compactions remove the par
 _LOCK: Final = ".compact.lock"
 _READERS: Final = 8  # parallel GETs of an S3 store's parts
 _TAKEN: Final = ("PreconditionFailed", "ConditionalRequestConflict")  # S3's answers to a lock that exists
+
+
+class FleetIntervalError(ValueError):
+    """A live fleet's history asked for at an interval other than the one it was recorded with."""
+
+    def __init__(self, name: str, recorded_s: float, asked_s: float) -> None:
+        self.name, self.recorded_s, self.asked_s = name, recorded_s, asked_s
+        super().__init__(f"{name} was recorded an interval every {recorded_s:g} s, a count per interval that cannot "
+                         f"be cut into intervals of {asked_s:g} s")  # fmt: skip
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.name, self.recorded_s, self.asked_s))
+
+
+def load_trace(
+    source: str | os.PathLike[str] = "p3",
+    interval_s: float = DEFAULT_INTERVAL_S,
+    capacity: int | None = None,
+) -> pd.DataFrame:
+    """A trace by name or path as the canonical per-interval table (`forecasting.traces.load_trace`), or a live
+    fleet's history by its name in the trace store, ``fleet:<job tag>`` (`TraceStore.fleet_history`, in the store
+    `trace_store_root` names): so that every command and job that replays a trace replays the capacity a team's own
+    fleet got as well. A store that cannot be read is an OSError naming it."""
+    if not os.fspath(source).startswith(FLEET):
+        return load_named_trace(source, interval_s, capacity)
+    root = trace_store_root()
+    try:
+        store = TraceStore(root)
+    except ValueError as exc:
+        raise OSError(f"the trace store {root!r} ($PARCAE_TRACE_STORE) cannot be used: {exc}") from None
+    return store.fleet_history(os.fspath(source), interval_s, capacity)
 
 
 def as_utc(value: Any) -> pd.Timestamp:
@@ -315,22 +364,38 @@ class TraceStore:
     def fleet_histories(self, min_intervals: int = 2) -> dict[str, pd.DataFrame]:
         """Every live fleet's history in ``fleet_intervals`` with at least ``min_intervals`` intervals, as the
         canonical table of its alive count (`forecasting.traces.counts_table`), keyed ``fleet:<job tag>``."""
-        from forecasting.traces import counts_table
-
         df = self.read("fleet_intervals")
-        out: dict[str, pd.DataFrame] = {}
-        for tag, rows in df.groupby("job_tag", sort=True):
-            rows = rows.sort_values("interval")
-            if len(rows) < min_intervals:
-                continue
+        return {f"{FLEET}{tag}": self._fleet_table(str(tag), rows.sort_values("interval"))
+                for tag, rows in df.groupby("job_tag", sort=True) if len(rows) >= min_intervals}  # fmt: skip
+
+    def _fleet_table(self, tag: str, rows: pd.DataFrame, capacity: int | None = None) -> pd.DataFrame:
+        """One fleet's rows (in interval order) as the canonical table of its alive count; `capacity` overrides
+        the fleet's maximum (`forecasting.traces.counts_table` refuses one below a count)."""
+        if capacity is None:
             capacity = int(max(rows["capacity"].max(), rows["alive"].max(), 1))
-            interval_s = float(rows["interval_s"].iloc[0])
-            table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"{FLEET}{tag}")
-            table.attrs["source"] = self.where("fleet_intervals")
-            if set(rows["provider"]) == {"aws"}:  # the cloud whose notice a simulation of it assumes (`trace_cloud`)
-                table.attrs["cloud"] = "aws"
-            out[f"{FLEET}{tag}"] = table
-        return out
+        interval_s = float(rows["interval_s"].iloc[0])
+        table = counts_table(rows["alive"].tolist(), capacity, interval_s, name=f"{FLEET}{tag}")
+        table.attrs["source"] = self.where("fleet_intervals")
+        if set(rows["provider"]) == {"aws"}:  # the cloud whose notice a simulation of it assumes (`trace_cloud`)
+            table.attrs["cloud"] = "aws"
+        return table
+
+    def fleet_history(self, name: str, interval_s: float, capacity: int | None = None) -> pd.DataFrame:
+        """The live fleet `name` (``fleet:<job tag>``) as a trace, at `interval_s`: the interval it was recorded
+        with, since a count per interval cannot be cut otherwise (`FleetIntervalError`); an `UnknownTraceError`
+        naming the fleets here when it is not one of them."""
+        tag = name.removeprefix(FLEET)
+        df = self.read("fleet_intervals") if self.exists() else None
+        rows = None if df is None else df[df["job_tag"] == tag].sort_values("interval")
+        if rows is None or rows.empty:
+            fleets = [] if df is None else sorted(f"{FLEET}{t}" for t in df["job_tag"].unique())
+            known = ", ".join(fleets[:8]) + (f" and {len(fleets) - 8} more" if len(fleets) > 8 else "")
+            raise UnknownTraceError(name, fleets, message=f"no live fleet {name!r} in the trace store {self.uri}; "
+                                    f"the fleets there: {known or 'none'} (`parcae traces` lists them)")  # fmt: skip
+        recorded = float(rows["interval_s"].iloc[0])
+        if recorded != interval_s:
+            raise FleetIntervalError(name, recorded, interval_s)
+        return self._fleet_table(tag, rows, capacity)
 
     # ------------------------------------------------------------------------- fleet trace export
 

@@ -290,7 +290,7 @@ def test_collect_into_a_store_in_s3(runner: CliRunner, no_aws, monkeypatch: pyte
 
 def test_a_live_fleet_s_history_is_a_trace_the_commands_take(runner, tmp_path, monkeypatch) -> None:
     """`parcae traces` lists the fleets' histories in the trace store as fleet:<job tag>; `parcae simulate` and
-    `parcae forecast` take them (an AWS fleet's: with AWS's notice); `parcae train` says where they replay."""
+    `parcae forecast` take them (an AWS fleet's: with AWS's notice); `parcae train` too (tests/test_cli_train.py)."""
     store = TraceStore(tmp_path / "store")
     counts = [4, 4, 4, 3, 3, 2, 2, 4, 4, 4] * 9
     store.append("fleet_intervals", [{"job_tag": "nightly@1", "provider": "aws", "interval": i, "interval_s": 60.0,
@@ -315,8 +315,6 @@ def test_a_live_fleet_s_history_is_a_trace_the_commands_take(runner, tmp_path, m
                       "fleet:nightly@1 was recorded an interval every 60 s", "--interval-seconds 60")  # fmt: skip
     assert_user_error(runner.invoke(app, ["simulate", "--trace", "fleet:weekly@1"]),
                       "no live fleet 'fleet:weekly@1'", "fleet:nightly@1")  # fmt: skip
-    train = runner.invoke(app, ["train", "--trace", "fleet:nightly@1", "--out-dir", str(tmp_path / "job")])
-    assert train.exit_code == 2 and "replays in `parcae simulate`" in train.stderr and "Traceback" not in train.output
     monkeypatch.setenv("PARCAE_TRACE_STORE", "gs://elsewhere")
     assert_user_error(runner.invoke(app, ["simulate", "--trace", "fleet:nightly@1"]), "$PARCAE_TRACE_STORE")
     listed = runner.invoke(app, ["traces"])  # the bundled traces still listed, the store's problem said

@@ -9,6 +9,7 @@ from _flow_fixtures import runtime_profile_file
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
+from forecasting import TraceStore
 from parcae.cli import app
 
 
@@ -21,6 +22,30 @@ def test_train_writes_the_report(tmp_path):
     report = json.loads(out.read_text())
     assert len(report["loss"]) == 3
     assert {"throughput", "reconfigurations", "final_checksum"} <= set(report)
+
+
+def test_train_replays_a_live_fleet_s_history_from_the_trace_store(tmp_path, monkeypatch, _no_orphans):
+    """A team replays the capacity its own fleet got (`fleet:<job tag>`, from the trace store) with its model: the
+    job's plans follow the fleet's alive counts; a fleet recorded at other than the 60 s a replay cuts is refused."""
+    store = TraceStore(tmp_path / "store")
+    counts = [2, 1, 2, 2, 2, 2]  # interval i's count is the instances alive at the plan of interval i + 1
+    store.append("fleet_intervals", [{"job_tag": tag, "provider": "aws", "interval": i, "interval_s": interval_s,
+                                      "capacity": 2, "requested": 0, "granted": 0, "refused": 0, "reclaimed": 0,
+                                      "alive": n, "timestamp": "2026-12-01T00:00:00Z"}
+                                     for tag, interval_s in (("nightly@1", 60.0), ("fast@1", 1.0))
+                                     for i, n in enumerate(counts)])  # fmt: skip
+    monkeypatch.setenv("PARCAE_TRACE_STORE", str(tmp_path / "store"))
+    out = tmp_path / "report.json"
+    args = ["train", "--workers", "2", "--steps", "6", "--interval-seconds", "0.2", "--json", str(out)]
+    res = CliRunner().invoke(app, [*args, "--trace", "fleet:nightly@1", "--out-dir", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    report = json.loads(out.read_text())
+    plans = report["plans"]
+    assert len(plans) >= 2 and [p["alive"] for p in plans] == counts[: len(plans)], plans
+    assert report["reconfigurations"], "the fall to 1 instance at interval 1 is a migration"
+    res = CliRunner().invoke(app, [*args, "--trace", "fleet:fast@1", "--out-dir", str(tmp_path / "other")])
+    assert res.exit_code == 2 and "fleet:fast@1 was recorded an interval every 1 s" in res.output, res.output
+    assert "--trace" in res.output and "Traceback" not in res.output
 
 
 def test_train_rejects_events_and_trace_together(tmp_path):

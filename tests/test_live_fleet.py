@@ -147,6 +147,20 @@ def test_market_options_and_capacity_name_the_fix():
         market_capacity("no-such-trace", 4)
 
 
+def test_the_market_follows_a_live_fleet_s_history(tmp_path, monkeypatch):
+    """`--market-trace fleet:<job tag>`: the local market replays the capacity a team's own fleet got (from the
+    trace store), scaled as any trace."""
+    TraceStore(tmp_path / "store").append("fleet_intervals", [
+        {"job_tag": "prod@1", "provider": "aws", "interval": i, "interval_s": 60.0, "capacity": 8, "requested": 0,
+         "granted": 0, "refused": 0, "reclaimed": 0, "alive": n, "timestamp": "2026-12-01T00:00:00Z"}
+        for i, n in enumerate([8, 6, 4, 8])])  # fmt: skip
+    monkeypatch.setenv("PARCAE_TRACE_STORE", str(tmp_path / "store"))
+    assert market_capacity("fleet:prod@1", 4) == [4, 3, 2, 4]
+    assert market_capacity("fleet:prod@1", 8, start_interval=1) == [6, 4, 8]
+    with pytest.raises(MarketError, match="no live fleet 'fleet:dev@1' in the trace store .*fleet:prod@1"):
+        market_capacity("fleet:dev@1", 4)
+
+
 # ------------------------------------------------------------------------------------------------ the requests
 
 

@@ -42,18 +42,21 @@ BUNDLED: Final[dict[str, Path]] = {
 
 
 class UnknownTraceError(LookupError):
-    """``load_trace`` got a name that is neither bundled, shared, nor an existing file."""
+    """``load_trace`` got a name that is neither bundled, shared, nor an existing file (`message`: what another
+    kind of name, a live fleet's, says instead)."""
 
-    def __init__(self, source: str, known: Sequence[str]) -> None:
+    def __init__(self, source: str, known: Sequence[str], message: str | None = None) -> None:
         self.source = source
         self.known = tuple(known)
+        self.message = message
         super().__init__(
-            f"unknown trace {source!r}: not a bundled or shared trace name and not an existing file. "
+            message
+            or f"unknown trace {source!r}: not a bundled or shared trace name and not an existing file. "
             f"Known names: {', '.join(self.known) or '(none)'}. A path to a trace file also works."
         )
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.source, self.known))
+        return (type(self), (self.source, self.known, self.message))
 
 
 # ------------------------------------------------------------------------------- named traces

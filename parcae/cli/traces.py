@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def _unknown_trace_message(exc: Any) -> str:
     """The library's message, with the list of names cut to close matches when it is long."""
     known = list(exc.known)
-    if len(known) <= 12:
+    if len(known) <= 12 or exc.message:  # (a live fleet's: the store's own message)
         return str(exc)
     close = difflib.get_close_matches(exc.source, known, n=5, cutoff=0.5)
     hint = f" Did you mean: {', '.join(close)}?" if close else ""
@@ -43,32 +43,19 @@ def _fleet_histories() -> tuple[str, dict[str, "pd.DataFrame"]]:
         raise UserError(f"the trace store {root!r} ($PARCAE_TRACE_STORE) cannot be read: {exc}") from None
 
 
-def _fleet_history(name: str, interval_s: float) -> "pd.DataFrame":
-    """A live fleet's history as a trace (its alive count per interval), at the interval the fleet recorded."""
-    where, histories = _fleet_histories()
-    if name not in histories:
-        known = ", ".join(sorted(histories)[:8]) or "none"
-        raise UserError(f"no live fleet {name!r} in the trace store {where} ($PARCAE_TRACE_STORE); the fleets there: "
-                        f"{known} (`parcae traces` lists them)")  # fmt: skip
-    table = histories[name]
-    recorded = float(table.attrs["interval_s"])
-    if recorded != interval_s:
-        raise UserError(f"{name} was recorded an interval every {recorded:g} s, a count per interval that cannot be "
-                        f"cut otherwise: give --interval-seconds {recorded:g}")  # fmt: skip
-    return table
-
-
 def load_window(
     trace: str, interval_s: float, start_hour: float | None, end_hour: float | None
 ) -> tuple["pd.DataFrame", "pd.DataFrame"]:
     """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
-    from forecasting import FLEET, TraceFormatError, UnknownTraceError, load_trace, slice_hours
+    from forecasting import FleetIntervalError, TraceFormatError, UnknownTraceError, load_trace, slice_hours
 
     check_interval(interval_s, "--interval-seconds")
     try:
-        df = _fleet_history(trace, interval_s) if trace.startswith(FLEET) else load_trace(trace, interval_s)
+        df = load_trace(trace, interval_s)
     except UnknownTraceError as exc:
         raise UserError(_unknown_trace_message(exc)) from None
+    except FleetIntervalError as exc:
+        raise UserError(f"{exc}: give --interval-seconds {exc.recorded_s:g}") from None
     except TraceFormatError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:  # unreadable file (permissions, a directory, ...)

@@ -92,7 +92,12 @@ def train_cmd(
         AvailabilityConfig, "workers"
     ),
     trace: Annotated[
-        str | None, typer.Option(metavar="NAME|PATH", help="Replay this spot trace, scaled to the workers.")
+        str | None,
+        typer.Option(
+            metavar="NAME|PATH",
+            help="Replay this spot trace, scaled to the workers (a name from `parcae traces`, a live fleet's "
+            "history fleet:<job tag> among them, or a file).",
+        ),
     ] = None,
     events: Annotated[
         Path | None, typer.Option(metavar="FILE", help="A scripted schedule of events (JSON) instead of a trace.")
@@ -397,13 +402,16 @@ def train_cmd(
             raise UserError(str(exc)) from None
     for option, given in (("--trace", trace), ("--market-trace", market_trace)):  # before any process starts
         if given is not None:
-            from forecasting import FLEET
+            from forecasting import FleetIntervalError, load_trace
             from parcae.cli.traces import load_window
 
-            if given.startswith(FLEET):
-                raise UserError(f"{option} {given}: a live fleet's history replays in `parcae simulate` and `parcae "
-                                "forecast`; a training job replays a trace name or file (`parcae traces`)")  # fmt: skip
-            load_window(given, DEFAULT_INTERVAL_S, None, None)
+            try:  # a replay's intervals are the planner's (60 s), whatever --interval-seconds compresses them to
+                load_trace(given, DEFAULT_INTERVAL_S)
+            except FleetIntervalError as exc:
+                raise UserError(f"{option} {given}: {exc}; a job replays a trace's {DEFAULT_INTERVAL_S:g} s "
+                                "intervals, each in --interval-seconds") from None  # fmt: skip
+            except (LookupError, ValueError, OSError):
+                load_window(given, DEFAULT_INTERVAL_S, None, None)  # says what is wrong, as every command does
     if plot is not None:
         check_outputs(None, plot)  # a known image format, a folder that can be made
     check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
