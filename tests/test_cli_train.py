@@ -24,6 +24,31 @@ def test_train_writes_the_report(tmp_path):
     assert {"throughput", "reconfigurations", "final_checksum"} <= set(report)
 
 
+def test_train_runs_a_job_again_from_its_settings_file(tmp_path):
+    """`--config job.json` (the file each job writes in its out_dir, and its MLflow run records) trains the same job
+    again, to the same final parameters; TOML too; an option that is a job setting beside it is refused."""
+    first, again = tmp_path / "first.json", tmp_path / "again.json"
+    args = ["train", "--workers", "2", "--steps", "3", "--model-args", '{"n_layer": 2}', "--seed", "3"]
+    res = CliRunner().invoke(app, [*args, "--out-dir", str(tmp_path / "run"), "--json", str(first)])
+    assert res.exit_code == 0, res.output
+    job = tmp_path / "run" / "job.json"
+    res = CliRunner().invoke(app, ["train", "--config", str(job), "--out-dir", str(tmp_path / "b"),
+                                   "--json", str(again)])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert json.loads(again.read_text())["final_checksum"] == json.loads(first.read_text())["final_checksum"]
+    assert json.loads((tmp_path / "b" / "job.json").read_text())["model"]["args"]["n_layer"] == 2
+    res = CliRunner().invoke(app, ["train", "--config", str(job), "--workers", "3", "--steps", "5"])
+    beside = "--workers (availability.workers), --steps (train.steps) cannot be given"
+    assert res.exit_code == 2 and beside in res.output.replace("\n", ""), res.output
+    toml = tmp_path / "job.toml"
+    toml.write_text('[model]\nname = "tiny-gpt"\n\n[train]\nsteps = 0\n')
+    res = CliRunner().invoke(app, ["train", "--config", str(toml), "--out-dir", str(tmp_path / "c")])
+    assert res.exit_code == 2 and f"--config {toml}: train.steps" in res.output.replace("\n", ""), res.output
+    toml.write_text("[model\n")
+    res = CliRunner().invoke(app, ["train", "--config", str(toml)])
+    assert res.exit_code == 2 and "not TOML" in res.output and "Traceback" not in res.output, res.output
+
+
 def test_train_replays_a_live_fleet_s_history_from_the_trace_store(tmp_path, monkeypatch, _no_orphans):
     """A team replays the capacity its own fleet got (`fleet:<job tag>`, from the trace store) with its model: the
     job's plans follow the fleet's alive counts; a fleet recorded at other than the 60 s a replay cuts is refused."""

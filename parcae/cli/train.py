@@ -83,11 +83,22 @@ TRAIN_PANELS: Final = {
                                 "json_out", "plot"),
     "Other hosts (--hosts)": ("hosts", "coordinator", "slots", "remote_python", "remote_workdir"),
     "Failures and time": ("timeout", "heartbeat_timeout"),
+    "Settings from a file": ("config_file",),
 }  # fmt: skip
 
 
 @command("train", cls=grouped(TRAIN_PANELS))
 def train_cmd(
+    ctx: typer.Context,
+    config_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--config",
+            metavar="FILE",
+            help="The job's settings from a file instead of the options: a JobConfig as JSON (the job.json of "
+            "every job's MLflow run: a run again) or TOML. Only --out-dir, --resume, --json and --plot go with it.",
+        ),
+    ] = None,
     workers: Annotated[int, typer.Option(help="Local worker processes (instances) at the start.")] = config_default(
         AvailabilityConfig, "workers"
     ),
@@ -309,61 +320,75 @@ def train_cmd(
         train,
     )
 
-    if events is not None and trace is not None:
-        raise UserError("give --events or --trace, not both")
-    provider_name, options = _provider_options(provider, provider_options, hosts=hosts, coordinator=coordinator,
-                                               slots=slots, python=remote_python, workdir=remote_workdir,
-                                               market=market_trace)  # fmt: skip
-    if provider_name == "market":  # the market follows --start-interval and --seed as a replay does
-        options = {"start_interval": start_interval, "seed": seed, **options}
-        if fleet is None:
-            raise UserError("--provider market runs a live fleet: give its size, --fleet N")
-    if fleet is not None and (trace is not None or events is not None):
-        raise UserError("--fleet trains on what the provider gives: it replays no --trace and no --events "
-                        "(the local market follows a trace the job never reads: --market-trace)")  # fmt: skip
-    if interval_seconds is None:  # a replay's and the local market's time is compressed; a real fleet's is not
-        interval_seconds = 2.0 if fleet is None or provider_name == "market" else DEFAULT_INTERVAL_S
-    if events is not None and not events.is_file():
-        raise UserError(f"--events: no such file {str(events)!r}")
-    if planner not in PLANNERS:
-        raise UserError(f"--planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
-    runtime = None
-    if profile is not None and planner != "liveput":
-        warn(f"--profile is used by --planner liveput only; {str(profile)!r} is ignored")
-    elif profile is not None:
+    if config_file is not None:  # the job as a file holds it; the options that are this run's own go with it
+        config = job_from_file(ctx, config_file, out_dir=out_dir, resume=resume)
+        av, plan, opts = config.availability, config.planning, config.provider.options
+        model, trace, provider_name, options = config.model.name, av.trace, config.provider.name, dict(opts)
+        market_trace = opts.get("trace") if provider_name == "market" else None
+        interval_seconds, device, global_batch = av.interval_seconds, config.train.device, config.train.global_batch
+        planned, planner = plan.planner is not None, plan.planner or "rule"
+        look_ahead, accept_plans, prepare = plan.look_ahead, plan.accept_plans, config.control.prepare
         try:
-            runtime = RuntimeProfile.load(profile)
+            runtime = None if plan.profile is None else RuntimeProfile.load(plan.profile)
         except ProfileFormatError as exc:
-            raise UserError(f"--profile: {exc}") from None
-    # an events file with the rule planner keeps its scripted plans
-    planned = planner != "rule" or events is None
+            raise UserError(f"--config {config_file}: planning.profile: {exc}") from None
+    else:
+        if events is not None and trace is not None:
+            raise UserError("give --events or --trace, not both")
+        provider_name, options = _provider_options(provider, provider_options, hosts=hosts, coordinator=coordinator,
+                                                   slots=slots, python=remote_python, workdir=remote_workdir,
+                                                   market=market_trace)  # fmt: skip
+        if provider_name == "market":  # the market follows --start-interval and --seed as a replay does
+            options = {"start_interval": start_interval, "seed": seed, **options}
+            if fleet is None:
+                raise UserError("--provider market runs a live fleet: give its size, --fleet N")
+        if fleet is not None and (trace is not None or events is not None):
+            raise UserError("--fleet trains on what the provider gives: it replays no --trace and no --events "
+                            "(the local market follows a trace the job never reads: --market-trace)")  # fmt: skip
+        if interval_seconds is None:  # a replay's and the local market's time is compressed; a real fleet's is not
+            interval_seconds = 2.0 if fleet is None or provider_name == "market" else DEFAULT_INTERVAL_S
+        if events is not None and not events.is_file():
+            raise UserError(f"--events: no such file {str(events)!r}")
+        if planner not in PLANNERS:
+            raise UserError(f"--planner must be one of {', '.join(PLANNERS)}, got {planner!r}")
+        runtime = None
+        if profile is not None and planner != "liveput":
+            warn(f"--profile is used by --planner liveput only; {str(profile)!r} is ignored")
+        elif profile is not None:
+            try:
+                runtime = RuntimeProfile.load(profile)
+            except ProfileFormatError as exc:
+                raise UserError(f"--profile: {exc}") from None
+        # an events file with the rule planner keeps its scripted plans
+        planned = planner != "rule" or events is None
 
-    batch_size: dict[str, Any] = {"schedule": schedule, "device": device}
-    if global_batch is not None:
-        batch_size["global_batch"] = global_batch
-    try:
-        config = JobConfig(
-            out_dir=str(out_dir),
-            model=model_config(model, seed=seed, **json_object_option(model_args, "--model-args", '{"hidden": 512}')),
-            # `seed` seeds the initial weights and the data order too
-            train=TrainConfig(steps=steps, seed=seed, **batch_size),
-            availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
-                                            events_file=None if events is None else str(events),
-                                            start_interval=start_interval),
-            checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume,
-                                        uri=checkpoint_uri),
-            control=ControlPlaneConfig(timeout_s=timeout,
-                                       hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
-                                       else heartbeat_timeout, prepare=prepare),
-            provider=ProviderConfig(name=provider_name, options=options),
-            planning=PlanningConfig(planner=planner if planned else None, look_ahead=look_ahead,
-                                    profile=None if profile is None else str(profile), accept_plans=accept_plans),
-            fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
-        )  # fmt: skip
-        chosen = provider_of(config)  # its name, its options and what it runs
-        config = config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
-    except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
-        raise UserError(_config_message(exc)) from None
+        batch_size: dict[str, Any] = {"schedule": schedule, "device": device}
+        if global_batch is not None:
+            batch_size["global_batch"] = global_batch
+        try:
+            config = JobConfig(
+                out_dir=str(out_dir),
+                model=model_config(model, seed=seed,
+                                   **json_object_option(model_args, "--model-args", '{"hidden": 512}')),
+                # `seed` seeds the initial weights and the data order too
+                train=TrainConfig(steps=steps, seed=seed, **batch_size),
+                availability=AvailabilityConfig(workers=workers, trace=trace, interval_seconds=interval_seconds,
+                                                events_file=None if events is None else str(events),
+                                                start_interval=start_interval),
+                checkpoint=CheckpointConfig(every=checkpoint_every, keep=keep_checkpoints, resume=resume,
+                                            uri=checkpoint_uri),
+                control=ControlPlaneConfig(timeout_s=timeout,
+                                           hb_timeout_s=DEFAULT_HB_TIMEOUT_S if heartbeat_timeout is None
+                                           else heartbeat_timeout, prepare=prepare),
+                provider=ProviderConfig(name=provider_name, options=options),
+                planning=PlanningConfig(planner=planner if planned else None, look_ahead=look_ahead,
+                                        profile=None if profile is None else str(profile), accept_plans=accept_plans),
+                fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
+            )  # fmt: skip
+            chosen = provider_of(config)  # its name, its options and what it runs
+            config = config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
+        except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
+            raise UserError(_config_message(exc)) from None
     if provider_name == "local":  # the workers run here: a device this machine lacks is refused before anything
         try:
             resolve_device(device, 0)
@@ -510,6 +535,57 @@ def _warn_uncopied(report: dict[str, Any]) -> None:
     copied = copies.get("uploaded") or "none"
     warn(f"{len(errors)} cop{'y' if len(errors) == 1 else 'ies'} to {copies.get('uri')} failed ({shown}): the URI "
          f"holds the checkpoints of steps {copied}; what it lacks is in --out-dir")  # fmt: skip
+
+
+#: The options of `parcae train` that go with --config: this run's own, not the job's settings.
+WITH_CONFIG: Final = frozenset({"config_file", "out_dir", "resume", "json_out", "plot"})
+
+
+def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool) -> Any:
+    """The `JobConfig` that `path` holds (JSON, as `JobConfig.to_dict` writes it and each job's MLflow run records
+    it in job.json, or TOML with the same sections), with this run's --out-dir (where given) and --resume. An option
+    that is a job setting given beside it is refused, naming the field to change in the file instead: a file that
+    the command line silently overrode would not be the job that ran."""
+    import tomllib
+
+    from forecasting import jsonio
+    from trainer import JobConfig, provider_of
+
+    def given(name: str) -> bool:  # typed on the command line, or from an environment variable
+        source = ctx.get_parameter_source(name)  # (typer's own click: its enum is not click's, so by name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    beside = [p for p in ctx.command.params if p.name is not None and p.name not in WITH_CONFIG and given(p.name)]
+    if beside:
+        fields: dict[str, str] = {}
+        for field_path, option in TRAIN_OPTIONS.items():
+            fields.setdefault(option, field_path)
+        named = ", ".join(f"{p.opts[0]} ({fields[p.opts[0]]})" if p.opts[0] in fields else p.opts[0] for p in beside)
+        raise UserError(f"--config {path} holds the job's settings: {named} cannot be given beside it; change them in "
+                        "the file, or give every setting as an option without --config")  # fmt: skip
+    try:
+        text = jsonio.read(path)
+        doc = tomllib.loads(text) if path.suffix.lower() == ".toml" else jsonio.loads(text)
+    except OSError as exc:
+        raise UserError(f"--config: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise UserError(f"--config {path}: not TOML ({exc})") from None
+    except jsonio.JsonSyntaxError as exc:
+        raise UserError(f"--config {path}: not JSON ({exc.at('')}); a .toml file is read as TOML") from None
+    except jsonio.JsonInputError as exc:
+        raise UserError(f"--config {path}: {exc.at('')}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"--config {path}: expected a JobConfig (an object of sections: model, train, ...), got "
+                        f"{type(doc).__name__}")  # fmt: skip
+    try:
+        config = JobConfig.from_dict(doc)
+        if given("out_dir") or "out_dir" not in doc:
+            config = config.replace(out_dir=str(out_dir))
+        config = config.replace(checkpoint={"resume": resume})
+        provider_of(config)  # its name, its options and what it runs
+    except (TypeError, ValueError) as exc:  # ConfigError: "section.field: problem; fix"
+        raise UserError(f"--config {path}: {exc}") from None
+    return config
 
 
 #: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.
