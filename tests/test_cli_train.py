@@ -13,24 +13,17 @@ from forecasting import TraceStore
 from parcae.cli import app
 
 
-def test_train_writes_the_report(tmp_path):
-    out = tmp_path / "report.json"
-    res = CliRunner().invoke(
-        app, ["train", "--workers", "2", "--steps", "3", "--out-dir", str(tmp_path / "run"), "--json", str(out)]
-    )
-    assert res.exit_code == 0, res.output
-    report = json.loads(out.read_text())
-    assert len(report["loss"]) == 3
-    assert {"throughput", "reconfigurations", "final_checksum"} <= set(report)
-
-
-def test_train_runs_a_job_again_from_its_settings_file(tmp_path):
-    """`--config job.json` (the file each job writes in its out_dir, and its MLflow run records) trains the same job
-    again, to the same final parameters; TOML too; an option that is a job setting beside it is refused."""
+def test_train_writes_the_report_and_runs_the_job_again_from_its_settings_file(tmp_path):
+    """The report; then `--config job.json` (the file each job writes in its out_dir, and its MLflow run records)
+    trains the same job again, to the same final parameters; TOML too; an option that is a job setting beside it
+    is refused."""
     first, again = tmp_path / "first.json", tmp_path / "again.json"
     args = ["train", "--workers", "2", "--steps", "3", "--model-args", '{"n_layer": 2}', "--seed", "3"]
     res = CliRunner().invoke(app, [*args, "--out-dir", str(tmp_path / "run"), "--json", str(first)])
     assert res.exit_code == 0, res.output
+    report = json.loads(first.read_text())
+    assert len(report["loss"]) == 3
+    assert {"throughput", "reconfigurations", "final_checksum"} <= set(report)
     job = tmp_path / "run" / "job.json"
     res = CliRunner().invoke(app, ["train", "--config", str(job), "--out-dir", str(tmp_path / "b"),
                                    "--json", str(again)])  # fmt: skip
