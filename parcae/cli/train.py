@@ -329,7 +329,8 @@ def train_cmd(
         planned, planner = plan.planner is not None, plan.planner or "rule"
         look_ahead, accept_plans, prepare = plan.look_ahead, plan.accept_plans, config.control.prepare
         try:
-            runtime = None if plan.profile is None else RuntimeProfile.load(plan.profile)
+            liveput_on = plan.profile is not None and plan.planner == "liveput"  # (as --profile: liveput's only)
+            runtime = RuntimeProfile.load(plan.profile) if liveput_on else None
         except ProfileFormatError as exc:
             raise UserError(f"--config {config_file}: planning.profile: {exc}") from None
     else:
