@@ -4,6 +4,7 @@ on a runtime profile file, a resumed job), and the errors a user can make."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from _flow_fixtures import runtime_profile_file
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
@@ -40,6 +41,22 @@ def test_train_writes_the_report_and_runs_the_job_again_from_its_settings_file(t
     toml.write_text("[model\n")
     res = CliRunner().invoke(app, ["train", "--config", str(toml)])
     assert res.exit_code == 2 and "not TOML" in res.output and "Traceback" not in res.output, res.output
+
+
+def test_the_example_job_file_is_a_job_that_checks(monkeypatch):
+    """examples/job.toml, as a user copies it: a `JobConfig` whose spec loads and checks (the digits CNN, the global
+    batch its spec's rows, as `parcae train --config` takes a file that does not give one)."""
+    import tomllib
+
+    from trainer import JobConfig, check_job
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(repo)  # (the model is named by its path from the repository's root)
+    config = JobConfig.from_dict(tomllib.loads((repo / "examples" / "job.toml").read_text()))
+    checked = check_job(config, batch_given=False)
+    assert checked.model.name == "examples/digits_cnn.py:spec" and checked.model.args == {"channels": 16}
+    assert checked.train.global_batch == 32 and checked.train.steps == 200 and checked.checkpoint.keep == 3
+    assert checked.availability.trace == "p3" and checked.planning.planner == "rule"
 
 
 def test_train_replays_a_live_fleet_s_history_from_the_trace_store(tmp_path, monkeypatch, _no_orphans):

@@ -321,11 +321,12 @@ def train_cmd(
     )
 
     if config_file is not None:  # the job as a file holds it; the options that are this run's own go with it
-        config = job_from_file(ctx, config_file, out_dir=out_dir, resume=resume)
+        config, batch_given = job_from_file(ctx, config_file, out_dir=out_dir, resume=resume)
         av, plan, opts = config.availability, config.planning, config.provider.options
         model, trace, provider_name, options = config.model.name, av.trace, config.provider.name, dict(opts)
         market_trace = opts.get("trace") if provider_name == "market" else None
-        interval_seconds, device, global_batch = av.interval_seconds, config.train.device, config.train.global_batch
+        interval_seconds, device = av.interval_seconds, config.train.device
+        global_batch = config.train.global_batch if batch_given else None  # (None: the spec's rows set it)
         planned, planner = plan.planner is not None, plan.planner or "rule"
         look_ahead, accept_plans, prepare = plan.look_ahead, plan.accept_plans, config.control.prepare
         try:
@@ -542,9 +543,10 @@ def _warn_uncopied(report: dict[str, Any]) -> None:
 WITH_CONFIG: Final = frozenset({"config_file", "out_dir", "resume", "json_out", "plot"})
 
 
-def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool) -> Any:
+def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool) -> tuple[Any, bool]:
     """The `JobConfig` that `path` holds (JSON, as `JobConfig.to_dict` writes it and each job's MLflow run records
-    it in job.json, or TOML with the same sections), with this run's --out-dir (where given) and --resume. An option
+    it in job.json, or TOML with the same sections), with this run's --out-dir (where given) and --resume, and
+    whether the file gives the global batch (else the spec's rows set it, as without --global-batch). An option
     that is a job setting given beside it is refused, naming the field to change in the file instead: a file that
     the command line silently overrode would not be the job that ran."""
     import tomllib
@@ -586,7 +588,7 @@ def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool
         provider_of(config)  # its name, its options and what it runs
     except (TypeError, ValueError) as exc:  # ConfigError: "section.field: problem; fix"
         raise UserError(f"--config {path}: {exc}") from None
-    return config
+    return config, "global_batch" in (doc.get("train") or {})
 
 
 #: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.
