@@ -114,12 +114,21 @@ def _fail(setting: str, problem: str, fix: str) -> SettingError:
 
 
 def check_trace(trace: str | os.PathLike[str], *, setting: str = "trace") -> str:
-    """The trace's display name if ``trace`` is a known trace name or an existing trace file, else SettingError
-    listing the known names (bundled ones, plus ``$PARCAE_SHARED_TRACES`` when present)."""
-    from forecasting import available_traces
+    """The trace's display name if ``trace`` is a known trace name, an existing trace file or a live fleet's history
+    in the trace store (``fleet:<job tag>``, recorded at 60 s), else SettingError listing the known names (bundled
+    ones, plus ``$PARCAE_SHARED_TRACES`` when present) or the fleets in the store."""
+    from forecasting import FLEET, FleetIntervalError, available_traces, load_trace
 
     if not isinstance(trace, (str, os.PathLike)) or not str(trace):
         raise _fail(setting, f"expected a trace name or file, got {trace!r}", "give a name from `parcae traces`")
+    if isinstance(trace, str) and trace.startswith(FLEET):  # a live fleet's history: is it in the trace store?
+        try:
+            load_trace(trace)
+        except FleetIntervalError as exc:  # a replay's intervals are 60 s (a count per interval is not cut)
+            raise _fail(setting, str(exc), "replay a fleet's history recorded at 60 s") from None
+        except (LookupError, OSError, ValueError) as exc:
+            raise _fail(setting, str(exc), "`parcae traces` lists the fleets in the trace store") from None
+        return trace
     known = available_traces()
     if isinstance(trace, str) and trace in known:
         return trace

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from _flow_fixtures import runtime_profile_file
 from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
 from forecasting import TraceStore
+from parcae import settings
 from parcae.cli import app
 
 
@@ -81,6 +83,11 @@ def test_train_replays_a_live_fleet_s_history_from_the_trace_store(tmp_path, mon
     res = CliRunner().invoke(app, [*args, "--trace", "fleet:fast@1", "--out-dir", str(tmp_path / "other")])
     assert res.exit_code == 2 and "fleet:fast@1 was recorded an interval every 1 s" in res.output, res.output
     assert "--trace" in res.output and "Traceback" not in res.output
+    # the train flow's (and each deployment's) check of its trace parameter takes the same names
+    assert settings.check_trace("fleet:nightly@1") == "fleet:nightly@1"
+    for name, needle in (("fleet:fast@1", "recorded an interval every 1 s"), ("fleet:weekly@1", "no live fleet")):
+        with pytest.raises(settings.SettingError, match=needle):
+            settings.check_trace(name)
 
 
 def test_train_rejects_events_and_trace_together(tmp_path):
