@@ -40,9 +40,14 @@ def test_train_writes_the_report_and_runs_the_job_again_from_its_settings_file(t
     toml.write_text('[model]\nname = "tiny-gpt"\n\n[train]\nsteps = 0\n')
     res = CliRunner().invoke(app, ["train", "--config", str(toml), "--out-dir", str(tmp_path / "c")])
     assert res.exit_code == 2 and f"--config {toml}: train.steps" in res.output.replace("\n", ""), res.output
-    toml.write_text("[model\n")
-    res = CliRunner().invoke(app, ["train", "--config", str(toml)])
-    assert res.exit_code == 2 and "not TOML" in res.output and "Traceback" not in res.output, res.output
+    for bad in (b"[model\n", b"\xff\xfe["):
+        toml.write_bytes(bad)
+        res = CliRunner().invoke(app, ["train", "--config", str(toml)])
+        assert res.exit_code == 2 and "not TOML" in res.output and "Traceback" not in res.output, res.output
+    res = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "first.json")])  # a report, not a job
+    assert res.exit_code == 2 and "JobConfig: unknown fields" in res.output, res.output
+    res = CliRunner().invoke(app, ["train", "--config", str(tmp_path / "missing.json")])
+    assert res.exit_code == 2 and "cannot read" in res.output and "missing.json" in res.output, res.output
 
 
 def test_the_example_job_file_is_a_job_that_checks(monkeypatch):

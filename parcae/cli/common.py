@@ -192,17 +192,24 @@ def strict_json(doc: Any, what: str) -> str:
 def json_object_option(raw: str | None, what: str, example: str) -> dict[str, Any]:
     """The JSON object an option holds inline or in @FILE (`{}` when the option is absent), read within
     `forecasting.jsonio`'s bounds on size and nesting, as every JSON input."""
+    if raw is None:
+        return {}
+    fix = f"give an object such as '{example}' or @FILE.json"
+    return json_object(raw[1:] if raw.startswith("@") else None, raw, what, fix)
+
+
+def json_object(path: str | os.PathLike[str] | None, text: str, what: str, fix: str) -> dict[str, Any]:
+    """The JSON object in the file at `path` (None: `text` itself), or a UserError that starts with `what` (and
+    ends with `fix` where the text is not JSON)."""
     from forecasting import jsonio
     from liveput import shown
 
-    if raw is None:
-        return {}
     try:
-        doc = jsonio.loads(jsonio.read(raw[1:]) if raw.startswith("@") else raw)
+        doc = jsonio.loads(text if path is None else jsonio.read(path))
     except OSError as exc:
-        raise UserError(f"{what}: cannot read {raw[1:]!r} ({exc.strerror or exc})") from None
+        raise UserError(f"{what}: cannot read {str(path)!r} ({exc.strerror or exc})") from None
     except jsonio.JsonSyntaxError as exc:
-        raise UserError(f"{what}: not JSON ({exc.at('')}); give an object such as '{example}' or @FILE.json") from None
+        raise UserError(f"{what}: not JSON ({exc.at('')}); {fix}") from None
     except jsonio.JsonInputError as exc:
         raise UserError(f"{what}: {exc.at('')}") from None
     if not isinstance(doc, dict):

@@ -29,6 +29,7 @@ from parcae.cli.common import (
     check_writable_dir,
     command,
     grouped,
+    json_object,
     json_object_option,
     stderr,
     stdout,
@@ -566,20 +567,18 @@ def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool
         named = ", ".join(f"{p.opts[0]} ({fields[p.opts[0]]})" if p.opts[0] in fields else p.opts[0] for p in beside)
         raise UserError(f"--config {path} holds the job's settings: {named} cannot be given beside it; change them in "
                         "the file, or give every setting as an option without --config")  # fmt: skip
-    try:
-        text = jsonio.read(path)
-        doc = tomllib.loads(text) if path.suffix.lower() == ".toml" else jsonio.loads(text)
-    except OSError as exc:
-        raise UserError(f"--config: cannot read {str(path)!r} ({exc.strerror or exc})") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise UserError(f"--config {path}: not TOML ({exc})") from None
-    except jsonio.JsonSyntaxError as exc:
-        raise UserError(f"--config {path}: not JSON ({exc.at('')}); a .toml file is read as TOML") from None
-    except jsonio.JsonInputError as exc:
-        raise UserError(f"--config {path}: {exc.at('')}") from None
-    if not isinstance(doc, dict):
-        raise UserError(f"--config {path}: expected a JobConfig (an object of sections: model, train, ...), got "
-                        f"{type(doc).__name__}")  # fmt: skip
+    if path.suffix.lower() != ".toml":
+        doc = json_object(path, "", f"--config {path}", "give a JobConfig, an object of its sections (model, "
+                          "train, ...), as the job.json of a job; a .toml file is read as TOML")  # fmt: skip
+    else:
+        try:
+            doc = tomllib.loads(jsonio.read(path))
+        except OSError as exc:
+            raise UserError(f"--config {path}: cannot read {str(path)!r} ({exc.strerror or exc})") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise UserError(f"--config {path}: not TOML ({exc})") from None
+        except jsonio.JsonInputError as exc:  # too large, or not UTF-8 text
+            raise UserError(f"--config {path}: not TOML ({exc.at('')})") from None
     try:
         config = JobConfig.from_dict(doc)
         if given("out_dir") or "out_dir" not in doc:
