@@ -44,9 +44,10 @@ def _fleet_histories() -> tuple[str, dict[str, "pd.DataFrame"]]:
 
 
 def load_window(
-    trace: str, interval_s: float, start_hour: float | None, end_hour: float | None
+    trace: str, interval_s: float, start_hour: float | None, end_hour: float | None, *, interval_fix: str | None = None
 ) -> tuple["pd.DataFrame", "pd.DataFrame"]:
-    """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError."""
+    """(full trace, window) for ``--trace`` and the optional hours; every user mistake is a UserError. A live fleet's
+    history recorded at another interval says `interval_fix` (default: the --interval-seconds to give)."""
     from forecasting import FleetIntervalError, TraceFormatError, UnknownTraceError, load_trace, slice_hours
 
     check_interval(interval_s, "--interval-seconds")
@@ -55,7 +56,7 @@ def load_window(
     except UnknownTraceError as exc:
         raise UserError(_unknown_trace_message(exc)) from None
     except FleetIntervalError as exc:
-        raise UserError(f"{exc}: give --interval-seconds {exc.recorded_s:g}") from None
+        raise UserError(f"{exc}: {interval_fix or f'give --interval-seconds {exc.recorded_s:g}'}") from None
     except TraceFormatError as exc:
         raise UserError(str(exc)) from None
     except OSError as exc:  # unreadable file (permissions, a directory, ...)

@@ -430,16 +430,12 @@ def train_cmd(
             raise UserError(str(exc)) from None
     for option, given in (("--trace", trace), ("--market-trace", market_trace)):  # before any process starts
         if given is not None:
-            from forecasting import FleetIntervalError, load_trace
             from parcae.cli.traces import load_window
 
-            try:  # a replay's intervals are the planner's (60 s), whatever --interval-seconds compresses them to
-                load_trace(given, DEFAULT_INTERVAL_S)
-            except FleetIntervalError as exc:
-                raise UserError(f"{option} {given}: {exc}; a job replays a trace's {DEFAULT_INTERVAL_S:g} s "
-                                "intervals, each in --interval-seconds") from None  # fmt: skip
-            except (LookupError, ValueError, OSError):
-                load_window(given, DEFAULT_INTERVAL_S, None, None)  # says what is wrong, as every command does
+            # a replay's intervals are the planner's (60 s), whatever --interval-seconds compresses them to
+            load_window(given, DEFAULT_INTERVAL_S, None, None,
+                        interval_fix=f"{option} replays a trace's {DEFAULT_INTERVAL_S:g} s intervals, each in "
+                        "--interval-seconds")  # fmt: skip
     if plot is not None:
         check_outputs(None, plot)  # a known image format, a folder that can be made
     check_writable_dir(out_dir, "--out-dir")  # before training, not after it: the report would be lost
