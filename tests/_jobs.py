@@ -50,12 +50,16 @@ def job_config(
 ) -> JobConfig:
     """A `JobConfig` of `steps` steps: `settings` are the names of the old flat `run_job` keywords (job,
     checkpoint_every, checkpoint_dir, keep_checkpoints, resume, host, port, *_timeout_s, hb_interval_s,
-    notice_grace_s, start_method, max_processes); periodic checkpoints are off unless asked for."""
+    notice_grace_s, start_method, max_processes); periodic checkpoints are off unless asked for; workers are forked
+    from a warm server unless `start_method="spawn"`."""
     model = model_config(model) if isinstance(model, str) else model
     ckpt: dict[str, Any] = {"every": 0}
     control: dict[str, Any] = {}
     provider: dict[str, Any] = {}
     job = settings.pop("job", "job")
+    # workers forked from a server that imported torch once (~0.1 s a worker instead of ~2.5 s of CPU, the most of
+    # a short job's time on 2 cores); a test of what a cold start does asks for "spawn", the product's default
+    provider["start_method"] = settings.pop("start_method", "forkserver")
     for name, value in settings.items():
         if name in _CHECKPOINT:
             ckpt[_CHECKPOINT[name]] = None if value is None else (str(value) if name == "checkpoint_dir" else value)

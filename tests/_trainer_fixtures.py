@@ -105,6 +105,20 @@ class Cloud(JobObserver):
 # ----------------------------------------------------------------------------------------------- the local market
 
 
+def warm_forkserver() -> None:
+    """Start the server that "forkserver" workers are forked from, and wait until it has imported torch: a market's
+    clock runs from the job's first request, and a cold server (the first job of a test process, ~3-6 s here) made
+    the first instances boot past the market's first seconds — a test alone saw its market empty before it trained.
+    """
+    from trainer.providers.local import FORKSERVER_PRELOAD
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
+    warm = ctx.Process(target=time.sleep, args=(0,), name="warm-forkserver")
+    warm.start()
+    warm.join()
+
+
 def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, interval_s: float = 1.0,
                options: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
                planning: dict[str, Any] | None = None, **fields: Any) -> Any:  # fmt: skip
@@ -121,6 +135,7 @@ def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, int
         TrainConfig,
     )
 
+    warm_forkserver()
     return JobConfig(
         out_dir=str(out_dir), train=TrainConfig(steps=steps),
         availability=AvailabilityConfig(interval_seconds=interval_s),

@@ -427,5 +427,5 @@ def test_migrated_job_trains_the_same_run_as_one_uninterrupted_process(tmp_path,
 
 def test_a_job_that_cannot_start_in_time_fails_cleanly(tmp_path):
     with pytest.raises(JobError, match="did not join within"):
-        run_job(CFG, TRAIN, 2, (1, 2), 3, [], tmp_path / "job", timeout_s=0.5)
+        run_job(CFG, TRAIN, 2, (1, 2), 3, [], tmp_path / "job", timeout_s=0.5, start_method="spawn")  # cold
     # the autouse fixture checks that no worker process is left

@@ -124,6 +124,8 @@ class NoticeDeadlines:
 
 # "spawn": every worker process starts cold (imports torch, ~2.5 s of CPU) — a restart costs what a real one does.
 # "forkserver": workers are forked from a server that imported torch once — a warm pool, for fast tests.
+# What that server imports, once (torch and dynamo, which the first optimiser imports): ~0.1 s a worker, not ~2.5 s.
+FORKSERVER_PRELOAD = ["torch", "torch._dynamo", "trainer.runtime.worker"]
 
 
 class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
@@ -153,9 +155,7 @@ class LocalProcessProvider(NoticeDeadlines, NumberedInstances):
             mp.get_context("forkserver") if start_method == "forkserver" else mp.get_context("spawn")
         )
         if start_method == "forkserver":
-            # the server imports these once; every worker is forked from it with torch (and dynamo, which the first
-            # optimiser imports) already loaded: ~0.1 s to start instead of ~2.5 s of CPU
-            self.ctx.set_forkserver_preload(["torch", "torch._dynamo", "trainer.runtime.worker"])
+            self.ctx.set_forkserver_preload(FORKSERVER_PRELOAD)
         super().__init__()
         self.procs: dict[int, BaseProcess] = {}
         self.exit_history: dict[int, list[int]] = {}
