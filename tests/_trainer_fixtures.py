@@ -121,10 +121,12 @@ def warm_forkserver() -> None:
 
 def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, interval_s: float = 1.0,
                options: dict[str, Any] | None = None, fleet: dict[str, Any] | None = None,
-               planning: dict[str, Any] | None = None, **fields: Any) -> Any:  # fmt: skip
+               planning: dict[str, Any] | None = None, train: dict[str, Any] | None = None,
+               **fields: Any) -> Any:  # fmt: skip
     """A live-fleet job under the local market whose capacity follows `market` (a trace name, or a path such as a
     `ts_ms,count` CSV): the rule planner, a 2 s notice grace, a 300 s deadline; `options`, `fleet`, `planning` and
-    `fields` add to or override the market's options, the `FleetConfig`, the `PlanningConfig` and the `JobConfig`."""
+    `train` and `fields` add to or override the market's options, the `FleetConfig`, the `PlanningConfig`, the
+    `TrainConfig` and the `JobConfig`."""
     from trainer.config import (
         AvailabilityConfig,
         ControlPlaneConfig,
@@ -137,7 +139,7 @@ def market_job(out_dir: Any, market: Any, *, steps: int, max_instances: int, int
 
     warm_forkserver()
     return JobConfig(
-        out_dir=str(out_dir), train=TrainConfig(steps=steps),
+        out_dir=str(out_dir), train=TrainConfig(**{"steps": steps, **(train or {})}),
         availability=AvailabilityConfig(interval_seconds=interval_s),
         control=ControlPlaneConfig(notice_grace_s=2.0, timeout_s=300),
         provider=ProviderConfig(name="market", start_method="forkserver",

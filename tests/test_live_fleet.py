@@ -12,11 +12,13 @@ import dataclasses
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import mlflow
 import pytest
 import torch
 from _mlflow import temporary_mlflow_store
+from _paced import paced_gpt
 from _reference import uninterrupted_losses
 from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
@@ -253,8 +255,8 @@ def test_a_fleet_replays_nothing_and_the_market_runs_only_a_fleet(tmp_path):
 CFG = model_config("tiny-gpt", dtype="float64")
 
 
-def reference(steps: int) -> list[float]:
-    return uninterrupted_losses(CFG, TrainConfig(), steps)
+def reference(steps: int, **train: Any) -> list[float]:
+    return uninterrupted_losses(CFG, TrainConfig(**train), steps)
 
 
 @pytest.fixture(scope="module")
@@ -276,15 +278,17 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     """p3 from interval 41 as the market's capacity, scaled to 4 instances, one interval a second (the job never
     reads it): 4 for 10 s, then 3 for 6, then 2. The job fills up to 4, plans every interval from the fleet's own
     history, re-cuts its pipeline, grows to 2x2 (inter-stage), hands the noticed instances' layers off live when the
-    market falls (2x2 -> 1x2: intra-stage), and trains the uninterrupted run. (300 steps: the fall at 10 s came at
-    step 82 here, and the job must still be training then on a faster machine.)"""
-    steps = 300
+    market falls (2x2 -> 1x2: intra-stage), and trains the uninterrupted run. (Its steps paced to 0.1 s, about
+    this machine's own at 2x2: 220 of them train past the fall to 2 at 16 s on any machine — 300 unpaced, sized for
+    a faster one, took 40-61 s here.)"""
+    steps = 220
     config = market_job(
         tmp_path / "job",
         "p3",
         steps=steps,
         max_instances=4,
-        model=CFG,
+        model=paced_gpt(0.1),
+        train={"global_batch": 8},  # (half the default's compute: the pace, not this CPU, sets a step's time)
         checkpoint=CheckpointConfig(every=10),
         options={"start_interval": 41, "seed": 0, "kill_fraction": 0.0},
         fleet={"min_instances": 1, "trace_store": str(tmp_path / "store")},
@@ -299,7 +303,7 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     obs = MlflowJobObserver(flush_every_s=0.5)
     report = train(config, planner=ScriptedRule(), observer=obs)
     assert obs.closed and obs.run_id is not None
-    assert report["loss"] == pytest.approx(reference(steps), rel=1e-6)  # float64: the uninterrupted run
+    assert report["loss"] == pytest.approx(reference(steps, global_batch=8), rel=1e-6)  # float64: uninterrupted
     kinds = {r["kind"] for r in report["reconfigurations"]}
     assert kinds >= {"pipeline", "inter-stage", "intra-stage"}, report["reconfigurations"]
     noticed = [r for r in report["reconfigurations"] if r["preempted"]]
@@ -368,11 +372,13 @@ def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tm
     10 s): the noticed member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its
     deadline — told to the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's
     boundary, its layers handed off with no step lost: the uninterrupted run. (It used to leave at a boundary of its
-    own at once.) Enough steps that the job still trains when the member leaves (about 13 s in): 200 steps once
-    ended in 12 s on a fast machine; with 360 the test took 68 s on this 2-core one."""
+    own at once.) Enough steps that the job still trains when the member leaves (about 13 s in): 200 unpaced steps
+    once ended in 12 s on a fast machine, and 360 took 44-68 s on this 2-core one; paced to 0.1 s a step (about this
+    machine's own), 180 train for 18 s or more anywhere."""
     (tmp_path / "capacity.csv").write_text("0,3\n1080000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
-    steps, planner = 360, EveryInstanceAStage()
-    config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3, model=CFG,
+    steps, planner = 180, EveryInstanceAStage()
+    config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3,
+                        model=paced_gpt(0.1),
                         options={"seed": 0, "kill_fraction": 0.0, "notice_s": 8.0})  # fmt: skip
     config = dataclasses.replace(config, control=dataclasses.replace(config.control, notice_grace_s=8.0))
     report = train(config, planner=planner)
@@ -430,8 +436,9 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
     and leave, and the job resumes there on the new instances (no step lost); killed without notice, it resumes
     from the latest periodic checkpoint. Either way the losses are the uninterrupted run's, and the fleet's history
     shows the empty intervals. (Enough steps that no machine trains them all in the first 6 s: a fast CI run once
-    finished 100 before the market emptied; here it empties at step 74-105.)"""
-    steps = 240
+    finished 100 unpaced ones before the market emptied, where this machine empties it at step 74-105; paced to
+    0.06 s a step, about this machine's own, 130 take 7.8 s or more anywhere.)"""
+    steps = 130
     market = tmp_path / "market.csv"
     market.write_text("0,2\n360000,0\n600000,2\n3600000,2\n")
     config = market_job(
@@ -439,7 +446,7 @@ def test_a_fleet_the_cloud_takes_whole_waits_and_resumes_when_capacity_returns(t
         market,
         steps=steps,
         max_instances=2,
-        model=CFG,
+        model=paced_gpt(0.06),
         checkpoint=CheckpointConfig(every=5),
         options={"kill_fraction": kill_fraction, **market_options},
         fleet={"record_history": False},
