@@ -29,7 +29,7 @@ from trainer.config import TrainConfig, model_config
 from trainer.control.driver import JobError
 from trainer.providers.agent import KILLED, AgentInstances, InstanceAgent, RemoteJob
 from trainer.providers.aws import JOB_TAG_KEY, WORKER_TAG_KEY, AwsSpotConfig, aws_job
-from trainer.providers.local import InstanceProvider
+from trainer.providers.instances import InstanceProvider
 from trainer.runtime import checkpoint
 from trainer.runtime.checkpoint_mirror import S3Mirror
 from trainer.runtime.keys import agent_exit as exit_key

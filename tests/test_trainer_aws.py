@@ -45,7 +45,7 @@ from trainer.providers.aws import (
     user_data,
 )
 from trainer.providers.imds import InstanceActionWatcher
-from trainer.providers.local import InstanceProvider
+from trainer.providers.instances import InstanceProvider
 
 REGION = "us-east-1"
 AMI = "ami-12c6146b"  # any id: moto does not validate AMIs without its default set

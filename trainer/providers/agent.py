@@ -39,7 +39,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.providers.local import InstanceProvider, NoticeDeadlines
+from trainer.providers.instances import InstanceProvider, NoticeDeadlines
 from trainer.runtime import keys
 
 KILLED = -9  # exit code the driver reads for an instance reclaimed without its agent reporting (SIGKILL)

@@ -50,7 +50,7 @@ from trainer.providers.aws_errors import (
 )
 from trainer.providers.fleet import CapacityAnswer, Fleet
 from trainer.providers.imds import IMDS_ENDPOINT, parse_time, watch_process
-from trainer.providers.local import InstanceProvider, NumberedInstances
+from trainer.providers.instances import InstanceProvider, NumberedInstances
 
 __all__ = [
     "CAPACITY_CODES",

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from trainer.providers.agent import AgentInstances, RemoteJob
-from trainer.providers.local import NumberedInstances
+from trainer.providers.instances import NumberedInstances
 from trainer.runtime.devices import DEVICE_INDEX_ENV
 
 SSH = ("ssh", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=accept-new")
