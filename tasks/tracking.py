@@ -222,6 +222,7 @@ def train_summary(trained: Any, *, planner: str, forecast: str, profile: str) ->
         "out_dir": trained.out_dir,
         "checkpoint_dir": str(Path(trained.out_dir) / "checkpoints"),
         "checkpoint_uri": report.get("checkpoint_uri"),  # {"uri", "uploaded", "errors"} with a --checkpoint-uri
+        "fleet_cost": report.get("fleet_cost"),  # a live fleet's: instance-hours and dollars (`trainer.fleet_cost`)
         "mlflow_run_id": trained.run_id,
         "mlflow_resumed_run": trained.resumed_run,
         # the trained model as MLflow logged models of the run ("model": the final layers; "best"): their URIs
@@ -249,7 +250,7 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
     """A Prefect markdown artifact (key ``training-summary-<model>-<trace>``, the job's other artifact keys' ending:
     each job of that model and trace is a new version of it, no longer of one key for every job) of a finished
     training job; returns `train_summary`."""
-    from trainer import score_text
+    from trainer import fleet_cost_text, score_text
 
     s = train_summary(trained, planner=planner, forecast=forecast, profile=profile)
     rows = [f"| {kind} | {n} | {s['pause_s'][kind]:.2f} |" for kind, n in sorted(s["migrations"].items())]
@@ -275,6 +276,7 @@ def publish_train_report(trained: Any, *, planner: str, forecast: str, profile: 
             *rows,
             "",
             f"Steps lost to checkpoint-restarts: {s['steps_lost']}. Checkpoints: `{s['checkpoint_dir']}`.",
+            *(["", f"{fleet_cost_text(s['fleet_cost'])}."] if s["fleet_cost"] else []),
             *_uri_lines(s["checkpoint_uri"]),
             *(
                 [

@@ -35,7 +35,7 @@ from trainer.config import (
     TrainConfig,
     model_config,
 )
-from trainer.control.fleet import FleetController, FleetRow
+from trainer.control.fleet import FleetController, FleetRow, fleet_cost, fleet_cost_text
 from trainer.control.planning import PlanRequest, RulePlanner
 from trainer.control.run import train
 from trainer.observe.observer import RecordingObserver
@@ -135,10 +135,16 @@ def test_a_fall_is_warned_notice_s_ahead_and_reclaims_when_it_comes():
 
 def test_market_options_and_capacity_name_the_fix():
     assert MarketOptions.from_mapping({"trace": "p3"}).notice_s == 2.0
+    market = provider_of(
+        JobConfig(provider=ProviderConfig("market", {"trace": "p3"}), fleet=FleetConfig(max_instances=2))
+    )
+    assert market.instance_type({"trace": "p3"}) == "p3.2xlarge"  # what its fleet's cost is counted at, unless told
+    assert market.instance_type({"trace": "p3", "instance_type": "g5.xlarge"}) == "g5.xlarge"
     for options, match in [({}, "needs a trace"), ({"trace": "p3", "boot": 1}, "no option 'boot'"),
                            ({"trace": "p3", "kill_fraction": 2}, "kill_fraction"),
                            ({"trace": "p3", "notice_s": -1}, "notice_s"),
-                           ({"trace": "p3", "open_requests": "yes"}, "open_requests")]:  # fmt: skip
+                           ({"trace": "p3", "open_requests": "yes"}, "open_requests"),
+                           ({"trace": "p3", "instance_type": ""}, "instance_type: expected")]:  # fmt: skip
         with pytest.raises(MarketError, match=match):
             MarketOptions.from_mapping(options)
     cap = market_capacity("p3", 4, start_interval=44)
@@ -189,6 +195,30 @@ def test_refused_requests_back_off_doubling_and_a_granted_one_resets():
     slow = FleetController(FleetConfig(max_instances=2, backoff_s=10.0, max_backoff_s=20.0), 4.0, start=0.0)
     slow.answered(CapacityAnswer(2, refused=2, reason=REFUSED), 0.0)
     assert slow.ask(9.9, 0, 0) == 0 and slow.ask(10.0, 0, 0) == 2
+
+
+def test_the_fleet_s_cost_counts_every_instance_held_from_its_grant_to_its_end_at_the_bundled_prices():
+    f = FleetController(FleetConfig(max_instances=4), interval_s=60.0, start=100.0)
+    f.hold(100.0, 2)  # two booting
+    f.hold(130.0, 3)  # 30 s later: a third granted
+    f.hold(190.0, 1)  # 60 s later: two taken by the cloud
+    f.hold(250.0, 0)  # the job's end
+    assert f.instance_seconds == 2 * 30 + 3 * 60 + 1 * 60
+    f.hold(400.0, 0)  # nothing held since
+    assert f.instance_seconds == 300.0
+    cost = fleet_cost(3600.0, "p3.2xlarge", samples=1_000_000)
+    assert cost == {"instance_hours": 1.0, "instance_type": "p3.2xlarge", "time_scale": 1.0, "spot_usd": 0.612,
+                    "on_demand_usd": 3.06, "usd_per_million_samples": 0.612, "prices_as_of": "2025-06-28"}  # fmt: skip
+    assert fleet_cost_text(cost) == ("fleet: 1.00 instance-hours of p3.2xlarge, $0.61 at spot ($3.06 on demand; "
+                                     "prices as of 2025-06-28)")  # fmt: skip
+    market = fleet_cost(60.0, "p3.2xlarge", samples=0, time_scale=60.0)  # a market's second: its trace's minute
+    assert market["instance_hours"] == 1.0 and market["usd_per_million_samples"] is None
+    assert fleet_cost_text(market).startswith("fleet: 1.00 instance-hours of p3.2xlarge (in the market's trace time: "
+                                              "60x the wall clock), $0.61 at spot")  # fmt: skip
+    unknown = fleet_cost(1800.0, "x9.huge", samples=10)
+    assert unknown["instance_hours"] == 0.5 and "spot_usd" not in unknown
+    assert "no price for instance type 'x9.huge'; known: p3.2xlarge" in fleet_cost_text(unknown)
+    assert fleet_cost(0.0, None, 0)["unpriced"] == "the provider names no instance type"
 
 
 def fleet_plans(capacity: list[int], intervals: int, seed: int = 0) -> list[tuple[int, int, tuple[int, int]]]:
@@ -351,6 +381,12 @@ def test_a_job_under_the_p3_market_makes_every_migration_kind_and_trains_the_uni
     table = json.loads(Path(client.download_artifacts(obs.run_id, "fleet.json", str(tmp_path))).read_text())
     assert table["columns"] == ["t", "requested", "granted", "alive", "refused", "reclaimed"]
     assert [row[3] for row in table["data"]] == alive
+    # and what the fleet cost, beside the run's other summaries (runs compare in dollars)
+    logged = client.get_run(obs.run_id).data.metrics
+    cost = report["fleet_cost"]
+    assert cost["instance_hours"] > 0 and cost["instance_type"] == "p3.2xlarge"
+    assert {k: logged[f"fleet_{k}"] for k in ("instance_hours", "spot_usd", "on_demand_usd")} == pytest.approx(
+        {k: cost[k] for k in ("instance_hours", "spot_usd", "on_demand_usd")})  # fmt: skip
 
 
 class EveryInstanceAStage(RulePlanner):
@@ -407,6 +443,15 @@ def test_parcae_train_under_the_market_as_the_issue_writes_it(tmp_path, monkeypa
     assert report["fleet"] and report["plans"]
     assert report["fleet"][0]["granted"] >= 1
     assert torch.isfinite(torch.tensor(report["loss"])).all()
+    # what the fleet cost, in the market's trace time (a second of it stands for p3's minute): at least one instance
+    # held while it trained, at most the four asked for through the whole job
+    cost = report["fleet_cost"]
+    assert cost["instance_type"] == "p3.2xlarge" and cost["time_scale"] == 60.0
+    train_s, wall_s = report["throughput"]["train_s"], report["wall_s"]
+    assert train_s * 60 / 3600 <= cost["instance_hours"] <= 4 * wall_s * 60 / 3600, (cost, train_s, wall_s)
+    assert cost["spot_usd"] == pytest.approx(cost["instance_hours"] * 0.612, abs=1e-5)
+    line = f"fleet: {cost['instance_hours']:.2f} instance-hours of p3.2xlarge (in the market's trace time: 60x"
+    assert line in res.output and f"${cost['spot_usd']:.2f} at spot" in res.output, res.output
 
 
 def test_parcae_train_names_the_fleet_s_fix():

@@ -390,6 +390,9 @@ def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, pr
     table = mlflow.artifacts.load_dict(f"runs:/{summary['mlflow_run_id']}/fleet.json")
     assert table["columns"] == ["t", "requested", "granted", "alive", "refused", "reclaimed"]
     assert table["data"] and max(row[3] for row in table["data"]) >= 1
+    cost = summary["fleet_cost"]  # what the fleet cost: the market's instances stand for p3's p3.2xlarge
+    assert cost["instance_type"] == "p3.2xlarge" and cost["instance_hours"] > 0 and cost["spot_usd"] > 0
+    assert run.data.metrics["fleet_spot_usd"] == pytest.approx(cost["spot_usd"])
     job = json.loads((store / "fleet" / "job.json").read_text())
     assert job["fleet"]["max_instances"] == 2 and job["provider"]["options"]["trace"] == "p3"
     assert job["availability"]["trace"] is None

@@ -319,6 +319,8 @@ def test_a_live_fleet_of_spot_instances_through_moto_takes_what_the_cloud_gives(
     assert first["refused"] == 1 and first["requested"] <= 6, result["fleet"]
     totals = result["fleet_totals"]
     assert totals["granted"] >= 4 and totals["reclaimed"] >= 2, totals  # replacements were asked for
+    cost = result["fleet_cost"]  # its instances' hours, on the wall clock, at their type's bundled prices
+    assert cost["instance_type"] == "p3.2xlarge" and cost["time_scale"] == 1.0 and cost["spot_usd"] > 0, cost
     losses, _ = reference(steps)
     assert result["loss"] == pytest.approx(losses, rel=1e-5)
     recs = result["reconfigurations"]

@@ -51,6 +51,7 @@ _HOMES: dict[str, str] = {
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
     "ScheduleError": "trainer.control.dry_run",
     "chaos_schedule": "trainer.control.schedules",
+    **dict.fromkeys(("fleet_cost", "fleet_cost_text"), "trainer.control.fleet"),
     **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
                     "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
@@ -141,6 +142,8 @@ if TYPE_CHECKING:
     from trainer.control.events import EventError as EventError
     from trainer.control.events import Schedule as Schedule
     from trainer.control.events import load_events as load_events
+    from trainer.control.fleet import fleet_cost as fleet_cost
+    from trainer.control.fleet import fleet_cost_text as fleet_cost_text
     from trainer.control.measure import cached_profile as cached_profile
     from trainer.control.measure import measure as measure
     from trainer.control.planning import (

@@ -46,6 +46,7 @@ from trainer import (
     ProviderConfig,
     TrainConfig,
     config_default,
+    fleet_cost_text,
 )
 
 #: --model and --model-args, as `parcae train` and `parcae profile` take them.
@@ -502,6 +503,8 @@ def train_cmd(
         n = len(report["plans"])
         out.print(f"{n} plan{'' if n == 1 else 's'} by {live.name} ({plan_runs(report['plans'])}); forecasts: "
                   f"{forecasts}", soft_wrap=True)  # fmt: skip
+    if "fleet_cost" in report:  # a live fleet: what its instances cost
+        out.print(fleet_cost_text(report["fleet_cost"]), soft_wrap=True)
     _warn_uncopied(report)
     if json_out:
         out.print(f"wrote {json_out}")

@@ -1,10 +1,11 @@
 """The driver's side of a live fleet: how many instances to ask the provider for and when, and the fleet's history.
 
 Owns: `FleetController` (keep up to `FleetConfig.max_instances` requested; a refused or pending request backs off,
-doubling, so that a market without capacity gets no request storm; every answer, reclaim and interval counted) and
-`FleetRow` (one interval of the fleet's history: the JSON report's ``fleet`` rows, and what the planner forecasts
-from). Must not touch: processes, the store, the provider's market behind `trainer.providers.fleet.Fleet`, what the
-planner decides (`trainer.control.planning`).
+doubling, so that a market without capacity gets no request storm; every answer, reclaim, interval and instance-second
+counted), `FleetRow` (one interval of the fleet's history: the JSON report's ``fleet`` rows, and what the planner
+forecasts from) and `fleet_cost` (the instance time in hours and dollars: the report's ``fleet_cost``). Must not
+touch: processes, the store, the provider's market behind `trainer.providers.fleet.Fleet`, what the planner decides
+(`trainer.control.planning`).
 
 Pure: every call says what time it is, so the same answers give the same requests (tests drive it on a virtual
 clock against `trainer.providers.market.SpotMarket`).
@@ -12,9 +13,11 @@ clock against `trainer.providers.market.SpotMarket`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from typing import Any
 
+from liveput import instance_price
 from trainer.config import FleetConfig
 from trainer.providers.fleet import CapacityAnswer
 
@@ -62,6 +65,8 @@ class FleetController:
         self._next_ask = start
         self._counts = {"requested": 0, "granted": 0, "refused": 0, "reclaimed": 0}
         self.totals = dict(self._counts)
+        self.instance_seconds = 0.0  # the instance time held so far (`hold`): what a cloud bills
+        self._held = (start, 0)
 
     def ask(self, now: float, have: int, outstanding: int) -> int:
         """How many instances to request now, with `have` alive or joining and `outstanding` granted but not
@@ -92,6 +97,14 @@ class FleetController:
             self._counts[k] += v
             self.totals[k] += v
 
+    def hold(self, now: float, held: int) -> None:
+        """From `now` on the fleet holds `held` instances (booting, joining, training or leaving after a notice: each
+        billed from its grant to its end, as clouds bill); the time since the last call is counted at the count
+        that call gave."""
+        since, count = self._held
+        self.instance_seconds += count * max(0.0, now - since)
+        self._held = (now, held)
+
     def close(self, now: float, alive: int) -> FleetRow:
         """End the interval at `now`, with `alive` instances for the next one."""
         row = FleetRow(t=round(now - self.start, 3), alive=alive, **self._counts)
@@ -100,3 +113,43 @@ class FleetController:
         if self.on_row is not None:
             self.on_row(len(self.rows) - 1, row)
         return row
+
+
+def fleet_cost(instance_seconds: float, instance_type: str | None, samples: int, time_scale: float = 1.0
+               ) -> dict[str, Any]:  # fmt: skip
+    """What a live fleet cost (the JSON report's ``fleet_cost``): its `instance_seconds` (times `time_scale`: a
+    compressed market's interval stands for its trace's own) in instance-hours and, at the bundled prices of
+    `instance_type` (`liveput.instance_price`: dated, a reference point rather than a quote), in dollars at spot and
+    on demand, and per million of the `samples` trained. An instance type without a price gives the hours, and
+    ``unpriced`` says why."""
+    hours = instance_seconds * time_scale / 3600.0
+    cost: dict[str, Any] = {"instance_hours": round(hours, 6), "instance_type": instance_type,
+                            "time_scale": time_scale}  # fmt: skip
+    if instance_type is None:
+        return {**cost, "unpriced": "the provider names no instance type"}
+    try:
+        price = instance_price(instance_type)
+    except KeyError as exc:
+        return {**cost, "unpriced": str(exc.args[0])}
+    spot = hours * price.spot_per_hour
+    return {
+        **cost,
+        "spot_usd": round(spot, 6),
+        "on_demand_usd": round(hours * price.on_demand_per_hour, 6),
+        "usd_per_million_samples": round(spot / samples * 1e6, 6) if samples > 0 else None,
+        "prices_as_of": price.as_of,
+    }
+
+
+def fleet_cost_text(cost: Mapping[str, Any]) -> str:
+    """`fleet_cost` in a line: "fleet: 0.57 instance-hours of p3.2xlarge, $0.35 at spot ($1.74 on demand; prices as
+    of 2025-06-28)"; under the local market, in its trace's time."""
+    hours = f"{cost['instance_hours']:.2f} instance-hours" + (
+        f" of {cost['instance_type']}" if cost.get("instance_type") else ""
+    )
+    if cost.get("time_scale", 1.0) != 1.0:
+        hours += f" (in the market's trace time: {cost['time_scale']:g}x the wall clock)"
+    if "spot_usd" not in cost:
+        return f"fleet: {hours}; not priced: {cost.get('unpriced')}"
+    return (f"fleet: {hours}, ${cost['spot_usd']:.2f} at spot (${cost['on_demand_usd']:.2f} on demand; prices as of "
+            f"{cost['prices_as_of']})")  # fmt: skip

@@ -77,7 +77,9 @@ class FleetDriver(Driver):
             if time.monotonic() > self.deadline:
                 raise JobError("timed out waiting for the last step")
             time.sleep(POLL_S)
-        fleet.close(time.monotonic(), len(c.alive()))  # the last interval, cut short by the job's end
+        end = time.monotonic()
+        fleet.close(end, len(c.alive()))  # the last interval, cut short by the job's end
+        fleet.hold(end, 0)  # (the provider hands every instance back now)
 
     def _poll_fleet(self, *, admit: bool) -> list[int]:
         """Take the fleet's news: instances that arrived (their workers are expected), workers that joined (admitted
@@ -114,6 +116,8 @@ class FleetDriver(Driver):
             self._gone_seen |= gone
             fleet.reclaimed(len(gone))
         now = time.monotonic()
+        # held (and billed): every instance alive or waiting, joining, or still booting
+        fleet.hold(now, len(c.alive() | self._waiting) + len(self._joining) + provider.booting())
         have = len((c.alive() | self._waiting) - set(self._pending_notices())) + len(self._joining)
         n = fleet.ask(now, have, provider.outstanding())
         if n:

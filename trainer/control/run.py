@@ -28,7 +28,7 @@ from trainer.control.coordinator import Coordinator
 from trainer.control.driver import Driver, JobError, LivePlanning
 from trainer.control.dry_run import ScheduleError, check_schedule, schedule_state
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
-from trainer.control.fleet import FleetController
+from trainer.control.fleet import FleetController, fleet_cost
 from trainer.control.fleet_driver import FleetDriver
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
@@ -222,8 +222,9 @@ def run_job(
         if config.fleet.live:
             info["fleet"] = dataclasses.asdict(config.fleet)
             interval_s = config.availability.interval_seconds
+            # a compressed market's interval stands for the trace's own (60 s): in its history and in its cost
+            priced_s = DEFAULT_INTERVAL_S if isinstance(provider, Fleet) and provider.compressed else interval_s
             if config.fleet.record_history:
-                priced_s = DEFAULT_INTERVAL_S if isinstance(provider, Fleet) and provider.compressed else interval_s
                 tag = f"{job}@{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{coord.port}"
                 history = FleetHistoryWriter(config.fleet.trace_store, tag, config.provider.name,
                                              priced_s, peak)  # fmt: skip
@@ -302,6 +303,9 @@ def run_job(
         if fleet is not None:
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
+            trained = len(result["loss"]) * train_cfg.global_batch
+            result["fleet_cost"] = fleet_cost(fleet.instance_seconds, chosen.instance_type(config.provider.options),
+                                              trained, priced_s / interval_s)  # fmt: skip
             if history is not None:
                 history.close()
                 result["fleet_history"] = history.summary()
@@ -543,6 +547,7 @@ def job_report(result: Mapping[str, Any]) -> dict[str, Any]:
         "wall_s": result["wall_s"],
         **({"fleet": [dict(r) for r in result["fleet"]]} if "fleet" in result else {}),
         **({"fleet_history": dict(result["fleet_history"])} if "fleet_history" in result else {}),
+        **({"fleet_cost": dict(result["fleet_cost"])} if "fleet_cost" in result else {}),
         **({"checkpoint_uri": dict(result["checkpoint_uri"])} if "checkpoint_uri" in result else {}),
         **({"loss_scale": dict(result["loss_scale"])} if "loss_scale" in result else {}),
         **({"validation": [dict(v) for v in result["validation"]]} if "validation" in result else {}),

@@ -657,6 +657,10 @@ class MlflowJobObserver(JobObserver):
                 metrics["wall_s"] = float(result["wall_s"])
             if skipped is not None:
                 metrics["skipped_steps"] = float(skipped)
+            cost = (result or {}).get("fleet_cost") or {}  # a live fleet's: runs compare in dollars too
+            for key in ("instance_hours", "spot_usd", "on_demand_usd", "usd_per_million_samples"):
+                if number(cost.get(key)) is not None:
+                    metrics[f"fleet_{key}"] = float(cost[key])
             if validated:  # the best monitored held-out score of the run, its resumes' included (MLflow holds all)
                 watched = Monitor(str(info.get("val_monitor", "loss")), str(info.get("val_mode", "min")))
                 held_out = client.get_metric_history(run_id, f"val_{watched.name}")

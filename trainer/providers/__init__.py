@@ -51,6 +51,8 @@ class Provider:
     fleet: Callable[[Mapping[str, Any], FleetSetup], Fleet] | None = None
     replays: bool = True
     remote_fleet: bool = False  # its `RemoteJob` builds a live fleet of instances elsewhere (`RemoteJob.fleet`)
+    # the instance type a live fleet's instances are (its price counts the fleet's cost); None: no type to price
+    instance_type: Callable[[Mapping[str, Any]], str | None] = lambda _options: None
 
     @property
     def runs_fleet(self) -> bool:
@@ -181,7 +183,8 @@ def _aws_job(options: Mapping[str, Any]) -> RemoteJob:
 
 
 register_provider(Provider("aws", "EC2 spot instances through boto3", _aws_config, _aws_job,
-                           lambda options: float(_aws_config(options).notice_s), remote_fleet=True))  # fmt: skip
+                           lambda options: float(_aws_config(options).notice_s), remote_fleet=True,
+                           instance_type=lambda options: str(_aws_config(options).instance_type)))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------ market
@@ -208,4 +211,5 @@ def _market_fleet(options: Mapping[str, Any], setup: FleetSetup) -> Fleet:
 register_provider(Provider("market", "a live fleet under a local spot market that follows a trace the job never reads",
                            _market_options, lambda _options: None,
                            lambda options: float(_market_options(options).notice_s), fleet=_market_fleet,
-                           replays=False))  # fmt: skip
+                           replays=False, instance_type=lambda options: str(_market_options(options).instance_type),
+                           ))  # fmt: skip

@@ -67,6 +67,12 @@ class Fleet(abc.ABC):
     def outstanding(self) -> int:
         """Instances granted but not arrived yet, plus those of requests left pending."""
 
+    def booting(self) -> int:
+        """Granted instances still booting, before they arrive: the cloud bills them already (what the fleet's cost
+        counts, `trainer.control.fleet.FleetController.hold`). 0 where a granted instance arrives at once and boots
+        as one that has arrived (AWS: its agent starts once it has booted)."""
+        return 0
+
     @abc.abstractmethod
     def joined(self, ids: list[int]) -> None:
         """The driver saw the workers of `ids` register: from now on a notice reaches them as one (SIGTERM, which

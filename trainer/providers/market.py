@@ -43,7 +43,8 @@ class MarketOptions:
     follows from interval `start_interval`; `kill_fraction` of its reclaims come without notice, the others with
     `notice_s` seconds of it; a granted instance boots for `boot_s` seconds; with `open_requests`, capacity not
     there when asked for is left pending and granted when it comes (a persistent spot request), else refused;
-    `seed` seeds who is reclaimed."""
+    `seed` seeds who is reclaimed; an instance stands for an `instance_type` (the p3 trace's), whose price the
+    fleet's cost is counted at."""
 
     trace: str = "p3"
     start_interval: int = 0
@@ -52,6 +53,7 @@ class MarketOptions:
     boot_s: float = 0.0
     open_requests: bool = False
     seed: int = 0
+    instance_type: str = "p3.2xlarge"
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> MarketOptions:
@@ -77,6 +79,8 @@ class MarketOptions:
             raise MarketError(f"open_requests: expected true or false, got {o.open_requests!r}")
         if isinstance(o.seed, bool) or not isinstance(o.seed, int):
             raise MarketError(f"seed: expected an integer, got {o.seed!r}")
+        if not isinstance(o.instance_type, str) or not o.instance_type:
+            raise MarketError(f"instance_type: expected an instance type such as 'p3.2xlarge', got {o.instance_type!r}")
         return o
 
 
@@ -273,6 +277,10 @@ class MarketFleet(LocalProcessProvider, Fleet):
     def outstanding(self) -> int:
         with self._lock:
             return self.market.booting() + self.market.pending
+
+    def booting(self) -> int:
+        with self._lock:
+            return self.market.booting()
 
     def joined(self, ids: list[int]) -> None:
         with self._lock:
