@@ -42,7 +42,7 @@ from liveput.migration import (
 )
 from liveput.model_spec import Layer, ModelSpec, load_model_spec
 from liveput.network import P3_P2P, GiB, MiB, P2PTable, p2p_ms
-from liveput.prices import InstancePrice, instance_price
+from liveput.prices import InstancePrice, instance_price, usd_per_million_samples
 from liveput.throughput import (
     MAX_MICRO_BATCHES,
     InfeasibleStrategy,
@@ -162,5 +162,6 @@ __all__ = [
     "stage_overlap",
     "strategy_key",
     "strategy_text",
+    "usd_per_million_samples",
     *_LAZY,
 ]

@@ -19,6 +19,12 @@ class InstancePrice:
     source: str
 
 
+def usd_per_million_samples(usd: float, samples: float) -> float | None:
+    """Dollars per million samples trained: how a simulated run and a live fleet compare their cost (None before a
+    sample is trained)."""
+    return usd / samples * 1e6 if samples > 0 else None
+
+
 @cache
 def _table() -> dict[str, Any]:
     table: dict[str, Any] = json.loads(resources.files("liveput").joinpath("data/prices.json").read_text())

@@ -22,7 +22,7 @@ import pandas as pd
 from liveput.horizon import DEFAULT_INTERVAL_S, DEFAULT_LOOK_AHEAD
 from liveput.migration import CostModel
 from liveput.policies import BambooConstants, IntervalEvent, ParcaePolicy, Policy, make_policy, trained_forecast
-from liveput.prices import instance_price
+from liveput.prices import instance_price, usd_per_million_samples
 from liveput.scenarios import ScenarioStore
 from liveput.throughput import ThroughputProfile, load_profile, strategy_key
 
@@ -127,7 +127,7 @@ def run_policy(
         throughput=samples / (len(tl) * T) if len(tl) else 0.0,
         instance_hours=hours,
         cost_usd=cost,
-        cost_per_million_samples=cost / samples * 1e6 if samples > 0 else None,
+        cost_per_million_samples=usd_per_million_samples(cost, samples),
         migrations={k: round(v, 3) for k, v in sorted(migrations.items())},
         migration_s=float(tl["pause_s"].sum()) if len(tl) else 0.0,
         decision_ms_median=decision,

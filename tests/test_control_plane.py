@@ -248,7 +248,7 @@ class Attacker(JobObserver):
 
 
 def test_a_job_under_attack_from_a_client_without_the_token_trains_as_if_alone(tmp_path):
-    kw = dict(start_method="forkserver", timeout_s=120)
+    kw = dict(timeout_s=120)
     quiet = run_job(CFG, TRAIN, 2, (2, 1), 6, [], tmp_path / "quiet", job="job", **kw)
     attacker = Attacker()
     attacked = run_job(CFG, TRAIN, 2, (2, 1), 6, [], tmp_path / "attacked", job="job", observer=attacker, **kw)
@@ -276,7 +276,7 @@ def test_the_store_does_not_grow_with_the_steps(tmp_path, monkeypatch):
     events = [{"step": 12, "kind": "checkpoint-restart", "strategy": [2, 1]}, {"step": 20, "kind": "kill",
               "instances": [1]}, {"step": 21, "kind": "add", "workers": 1}, {"step": 24, "kind": "plan",
               "strategy": [2, 1]}]  # fmt: skip
-    kw = dict(start_method="forkserver", timeout_s=120, checkpoint_every=5)
+    kw = dict(timeout_s=120, checkpoint_every=5)
     short = run_job(CFG, TRAIN, 2, (2, 1), 30, events, tmp_path / "short", **kw)
     long = run_job(CFG, TRAIN, 2, (2, 1), 90, events, tmp_path / "long", **kw)
     assert len(short["loss"]) == 30 and len(long["loss"]) == 90 and long["loss"][:30] == short["loss"]

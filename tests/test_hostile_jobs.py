@@ -45,13 +45,11 @@ def test_a_job_has_no_hidden_deadline(tmp_path, monkeypatch):
     clock = types.SimpleNamespace(**{**vars(time), "monotonic": monotonic})
     monkeypatch.setattr(run_module, "time", clock)
     monkeypatch.setattr(driver_module, "time", clock)
-    report = train(1, model=CFG, steps=4, out_dir=tmp_path / "job", checkpoint_every=0,
-                              start_method="forkserver")  # fmt: skip
+    report = train(1, model=CFG, steps=4, out_dir=tmp_path / "job", checkpoint_every=0)  # fmt: skip
     assert len(report["loss"]) == 4 and offset[0] > 600
     # who wants a deadline still has one
     with pytest.raises(JobError, match="timed out waiting for"):
-        train(1, model=CFG, steps=4, out_dir=tmp_path / "job2", checkpoint_every=0,
-                         start_method="forkserver", timeout_s=100)  # fmt: skip
+        train(1, model=CFG, steps=4, out_dir=tmp_path / "job2", checkpoint_every=0, timeout_s=100)  # fmt: skip
 
 
 def test_the_seed_seeds_the_model_and_the_data_order(tmp_path):
@@ -76,7 +74,7 @@ def test_the_seed_seeds_the_model_and_the_data_order(tmp_path):
 def test_a_diverged_loss_stops_the_job_and_is_never_checkpointed(tmp_path):
     with pytest.raises(JobError, match=r"the loss of step 1 is nan: training diverged; no checkpoint of it"):
         run_job(model_config("tiny-gpt"), TrainConfig(lr=1e30), 1, (1, 1), 6, [], tmp_path / "job",
-                checkpoint_every=1, start_method="forkserver", timeout_s=60)  # fmt: skip
+                checkpoint_every=1, timeout_s=60)  # fmt: skip
     # the checkpoint before the divergence (step 1: after the one finite step) is the newest there is
     assert checkpoint.checkpoint_steps(tmp_path / "job" / "checkpoints") == [1]
 
@@ -95,7 +93,7 @@ def test_a_job_on_a_loaded_machine_keeps_all_its_workers(tmp_path):
     declared dead (it once ended a job with "no instance survives")."""
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * (os.cpu_count() or 1))]
     try:
-        result = run_job(CFG, TrainConfig(), 2, (2, 1), 12, [], tmp_path / "job", start_method="forkserver",
+        result = run_job(CFG, TrainConfig(), 2, (2, 1), 12, [], tmp_path / "job",
                          hb_timeout_s=1.0, timeout_s=300)  # fmt: skip
     finally:
         for h in hogs:

@@ -224,7 +224,7 @@ FAULT_STEPS = 10
 def test_kills_and_restarts_train_the_same_run_as_one_process(tmp_path, capsys):
     t0 = time.monotonic()
     result = run_job(CFG, TRAIN, 4, (2, 2), FAULT_STEPS, FAULTS, tmp_path / "job", checkpoint_every=3,
-                     start_method="forkserver", timeout_s=80)  # fmt: skip
+                     timeout_s=80)  # fmt: skip
     wall = time.monotonic() - t0
     reconf = result["reconfigurations"]
     assert [(r["kind"], r["notice"], r["step"], r["steps_lost"]) for r in reconf] == [
@@ -268,7 +268,7 @@ def test_chaos_thirty_random_events_end_in_the_uninterrupted_model(tmp_path, cap
     assert sum(counts.values()) == 30 and all(counts.get(k, 0) >= 3 for k in ("plan", "preempt", "kill", "add"))
     t0 = time.monotonic()
     result = run_job(CFG, TRAIN, sched.workers, sched.strategy, steps, sched.events, tmp_path / "job",
-                     checkpoint_every=4, start_method="forkserver", timeout_s=85)  # fmt: skip
+                     checkpoint_every=4, timeout_s=85)  # fmt: skip
     wall = time.monotonic() - t0
     assert_same_run(result, steps)
     kinds = {r["kind"] for r in result["reconfigurations"]}
@@ -301,8 +301,7 @@ def test_an_instance_reclaimed_before_it_joins_is_left_out(tmp_path, monkeypatch
     steps = 6
     events = [{"step": 3, "kind": "add", "workers": 1}, {"step": 3, "kind": "plan", "strategy": [3, 1]}]
     # (a job that waited for it to join would fail at its timeout)
-    result = run_job(CFG, TRAIN, 2, (2, 1), steps, events, tmp_path / "job", start_method="forkserver",
-                     timeout_s=120)  # fmt: skip
+    result = run_job(CFG, TRAIN, 2, (2, 1), steps, events, tmp_path / "job", timeout_s=120)  # fmt: skip
     log = result["events"]
     assert {"event": "lost-before-join", "workers": [2]} in log
     dropped = [e for e in log if e["event"] == "plan-dropped"]
@@ -346,7 +345,7 @@ def test_the_coordinator_s_host_losing_its_network_for_seconds_loses_nothing(tmp
     steps = 12
     cloud, times = Cloud((started(4, range(3)), lambda st: relays[0].silence(4.0))), StepTimes()
     try:
-        result = run_job(CFG, TRAIN, 3, (1, 2), steps, [], tmp_path / "job", start_method="forkserver",
+        result = run_job(CFG, TRAIN, 3, (1, 2), steps, [], tmp_path / "job",
                          observer=ObserverList([cloud, times]), timeout_s=120)  # fmt: skip
         cloud.finish()
     finally:
@@ -377,7 +376,7 @@ def test_a_kill_after_its_step_was_applied_then_an_event_at_the_next_boundary(tm
     event = ({"step": 4, "kind": "checkpoint-restart", "strategy": [1, 2]} if then == "checkpoint-restart"
              else {"step": 4, "kind": "plan", "strategy": [1, 2]})  # fmt: skip
     result = run_job(CFG, TRAIN, 3, (3, 1), steps, [{"step": 3, "kind": "kill", "instances": [2]}, event],
-                     tmp_path / "job", start_method="forkserver", timeout_s=60)  # fmt: skip
+                     tmp_path / "job", timeout_s=60)  # fmt: skip
     reconf = result["reconfigurations"]
     assert [(r["kind"], r["step"], r["lost"]) for r in reconf][0] == ("intra-stage", 4, [2])  # recovered at 4
     assert reconf[1]["kind"] == ("checkpoint-restart" if then == "checkpoint-restart" else "pipeline")
@@ -404,7 +403,7 @@ def test_a_kill_while_a_reconfiguration_is_prepared_abandons_the_preparation(tmp
     monkeypatch.setattr(driver_module.Driver, "prepare_ahead", prepare_then_reclaim)
     steps = 9
     result = run_job(CFG, TRAIN, 4, (2, 2), steps, [{"step": 5, "kind": "plan", "strategy": [1, 2]}],
-                     tmp_path / "job", start_method="forkserver", timeout_s=60)  # fmt: skip
+                     tmp_path / "job", timeout_s=60)  # fmt: skip
     assert killed == [3] and result["exit_codes"][3] == -9
     log = result["events"]
     prepared = [e for e in log if e["event"] == "prepare"]

@@ -101,7 +101,7 @@ def test_train_from_a_trace_writes_the_cli_report(tmp_path):
     steps = 20
     report = train(4, model=CFG, steps=steps, trace="p3", interval_seconds=0.1, step_seconds=0.1, seed=0,
                    start_interval=400, out_dir=tmp_path / "job", json_out=tmp_path / "out.json", checkpoint_every=5,
-                   start_method="forkserver", timeout_s=80)  # fmt: skip
+                   timeout_s=80)  # fmt: skip
     assert json.loads((tmp_path / "out.json").read_text()) == report
     assert set(report) == {"loss", "first_step", "resumed_from", "throughput", "reconfigurations", "plans",
                            "final_checksum", "wall_s"}  # fmt: skip

@@ -59,8 +59,7 @@ def test_an_observer_sees_every_step_reconfiguration_and_checkpoint_once(tmp_pat
     bad_start, bad_step = Raising("on_start"), Raising("on_step")
     with caplog.at_level(logging.ERROR, logger="trainer.observe.observer"):
         result = run_job(CFG, TRAIN, 4, (2, 2), STEPS, EVENTS, tmp_path / "job", checkpoint_every=3,
-                         observer=ObserverList([bad_start, bad_step, rec]), start_method="forkserver",
-                         timeout_s=90)  # fmt: skip
+                         observer=ObserverList([bad_start, bad_step, rec]), timeout_s=90)  # fmt: skip
     # the raising observers were called once each, logged and dropped; the job and the others went on
     assert bad_start.calls == 1 and bad_step.calls == 1
     assert sum("is dropped for the rest of the job" in r.getMessage() for r in caplog.records) == 2
@@ -126,7 +125,7 @@ def test_an_interrupt_stops_the_job_and_is_reported(tmp_path):
     rec = RecordingObserver()
     with pytest.raises(KeyboardInterrupt):
         run_job(CFG, TRAIN, 2, (1, 2), 40, [], tmp_path / "job", observer=ObserverList([Interrupt(), rec]),
-                start_method="forkserver", timeout_s=60)  # fmt: skip
+                timeout_s=60)  # fmt: skip
     hooks = [h for h, _ in rec.calls]
     assert hooks[0] == "start" and hooks[-1] == "error" and "end" not in hooks
     assert isinstance(rec.calls[-1][1], KeyboardInterrupt)
@@ -136,8 +135,7 @@ def test_an_interrupt_stops_the_job_and_is_reported(tmp_path):
 def test_a_failed_job_is_reported_to_the_observer(tmp_path):
     rec = RecordingObserver()
     with pytest.raises(JobError, match="timed out"):
-        run_job(CFG, TRAIN, 2, (1, 2), 200, [], tmp_path / "job", observer=rec, start_method="forkserver",
-                timeout_s=1.0)  # fmt: skip
+        run_job(CFG, TRAIN, 2, (1, 2), 200, [], tmp_path / "job", observer=rec, timeout_s=1.0)  # fmt: skip
     hooks = [h for h, _ in rec.calls]
     assert hooks[-1] == "error" and "end" not in hooks
     assert isinstance(rec.calls[-1][1], JobError) and "timed out" in str(rec.calls[-1][1])

@@ -432,7 +432,7 @@ def test_a_trace_job_planned_by_liveput_trains_the_uninterrupted_run(tmp_path):
                               start_interval=51, look_ahead=4)  # fmt: skip
     report = train(4, model=CFG, steps=steps, trace="p3", interval_seconds=0.2, step_seconds=0.1, seed=0,
                    start_interval=51, out_dir=tmp_path / "job", checkpoint_every=6, planner=planner, observer=rec,
-                   start_method="forkserver", timeout_s=100)  # fmt: skip
+                   timeout_s=100)  # fmt: skip
     plans: list[PlanInfo] = rec.of("plan")
     assert [p.step for p in plans] == list(range(2, steps, 2)) and [p.interval for p in plans] == list(range(1, 12))
     assert all(p.planner == "liveput" and len(p.details["steps"]) == 4 for p in plans)
@@ -491,7 +491,7 @@ def test_a_plan_handed_to_a_running_job_applies_at_the_next_boundary(tmp_path):
     rec, hander = RecordingObserver(), HandingObserver()
     result = run_job(CFG, TRAIN, 4, (2, 2), 9, [], tmp_path / "job", job="handed-job",
                      planner=HandedPlanner(), steps_per_interval=3,
-                     observer=ObserverList([hander, rec]), start_method="forkserver", timeout_s=80)  # fmt: skip
+                     observer=ObserverList([hander, rec]), timeout_s=80)  # fmt: skip
     first, second = rec.of("plan")
     assert hander.handed_after == first.step == 3
     # the first plan was too big for the 4 instances: rejected with its reason, the strategy kept

@@ -91,8 +91,7 @@ def _running(pid: int) -> bool:
 
 
 def _job(out: Path, **kw) -> dict:
-    return run_job(CFG, TRAIN, 4, (2, 2), STEPS, EVENTS, out, checkpoint_every=3, start_method="forkserver",
-                   timeout_s=90, **kw)  # fmt: skip
+    return run_job(CFG, TRAIN, 4, (2, 2), STEPS, EVENTS, out, checkpoint_every=3, timeout_s=90, **kw)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +144,7 @@ def test_resuming_a_finished_job_refuses_or_trains_on_from_its_final_parameters(
     with pytest.raises(ScheduleError, match=rf"job 'job' has finished: it trained {STEPS} steps .*more steps than"):
         _job(job, resume=True)
     assert {p.name: p.read_bytes() for p in checkpoint.find_shards(job / "layers", STEPS)} == final
-    longer = run_job(CFG, TRAIN, 4, (2, 2), STEPS + 2, EVENTS, job, checkpoint_every=3, start_method="forkserver",
+    longer = run_job(CFG, TRAIN, 4, (2, 2), STEPS + 2, EVENTS, job, checkpoint_every=3,
                      timeout_s=90, resume=True)  # fmt: skip
     assert longer["resumed_from"] == STEPS and len(longer["loss"]) == 2
     # the finished run's final parameters are now the checkpoint the longer run started from
@@ -205,8 +204,7 @@ def test_resume_without_a_complete_checkpoint_starts_from_scratch(tmp_path):
     ckdir = tmp_path / "job" / "checkpoints"
     names = layer_names(CFG)
     part = checkpoint.save(checkpoint.shard_path(ckdir, 3, 0), _layers(names[:3]), step=3, config=CFG, job="job")
-    result = run_job(CFG, TRAIN, 2, (1, 2), 4, [], tmp_path / "job", start_method="forkserver", timeout_s=60,
-                     resume=True)  # fmt: skip
+    result = run_job(CFG, TRAIN, 2, (1, 2), 4, [], tmp_path / "job", timeout_s=60, resume=True)  # fmt: skip
     assert result["resumed_from"] is None and result["first_step"] == 0 and len(result["loss"]) == 4
     assert "no complete checkpoint" in result["resume_note"] and "started from step 0" in result["resume_note"]
     assert not part.exists()  # the killed run's incomplete checkpoint was cleared

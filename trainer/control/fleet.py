@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from liveput import instance_price
+from liveput import instance_price, usd_per_million_samples
 from trainer.config import FleetConfig
 from trainer.providers.fleet import CapacityAnswer
 
@@ -136,9 +136,13 @@ def fleet_cost(instance_seconds: float, instance_type: str | None, samples: int,
         **cost,
         "spot_usd": round(spot, 6),
         "on_demand_usd": round(hours * price.on_demand_per_hour, 6),
-        "usd_per_million_samples": round(spot / samples * 1e6, 6) if samples > 0 else None,
+        "usd_per_million_samples": _round(usd_per_million_samples(spot, samples)),
         "prices_as_of": price.as_of,
     }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 6)
 
 
 def fleet_cost_text(cost: Mapping[str, Any]) -> str:

@@ -211,5 +211,5 @@ def _market_fleet(options: Mapping[str, Any], setup: FleetSetup) -> Fleet:
 register_provider(Provider("market", "a live fleet under a local spot market that follows a trace the job never reads",
                            _market_options, lambda _options: None,
                            lambda options: float(_market_options(options).notice_s), fleet=_market_fleet,
-                           replays=False, instance_type=lambda options: str(_market_options(options).instance_type),
-                           ))  # fmt: skip
+                           replays=False,
+                           instance_type=lambda options: str(_market_options(options).instance_type)))  # fmt: skip
