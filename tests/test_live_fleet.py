@@ -408,9 +408,11 @@ def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tm
     10 s): the noticed member keeps training through the plans that still come 5 s (`NOTICE_MARGIN_S`) before its
     deadline — told to the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's
     boundary, its layers handed off with no step lost: the uninterrupted run. (It used to leave at a boundary of its
-    own at once.) Enough steps that the job still trains when the member leaves (about 13 s in): 200 unpaced steps
-    once ended in 12 s on a fast machine, and 360 took 44-68 s on this 2-core one; paced to 0.1 s a step (about this
-    machine's own), 180 train for 18 s or more anywhere."""
+    own at once; and, on a loaded machine, at one a step before the plan it was folded into, which came a little
+    late: a fold made keeps its boundary on the hand-off's own margin, `notice_margin_s(folded=True)`.) Enough steps
+    that the job still trains when the member leaves (about 13 s in): 200 unpaced steps once ended in 12 s on a fast
+    machine, and 360 took 44-68 s on this 2-core one; paced to 0.1 s a step (about this machine's own), 180 train for
+    18 s or more anywhere."""
     (tmp_path / "capacity.csv").write_text("0,3\n1080000,2\n2400000,2\n")  # (ts_ms,count: 60 s a trace interval)
     steps, planner = 180, EveryInstanceAStage()
     config = market_job(tmp_path / "job", tmp_path / "capacity.csv", steps=steps, max_instances=3,

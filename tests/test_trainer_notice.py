@@ -88,8 +88,7 @@ def send(worker: int, signum: int) -> Action:
 
 def job(tmp_path, workers: int, strategy: tuple[int, int], events: list, cloud: Cloud, **kw: Any) -> dict:
     kw.setdefault("timeout_s", 60)
-    result = run_job(CFG, TRAIN, workers, strategy, STEPS, events, tmp_path / "job", start_method="forkserver",
-                     observer=cloud, **kw)  # fmt: skip
+    result = run_job(CFG, TRAIN, workers, strategy, STEPS, events, tmp_path / "job", observer=cloud, **kw)  # fmt: skip
     cloud.finish()
     return result
 
@@ -362,3 +361,6 @@ def test_the_notice_margin_covers_two_steps_and_the_longest_hand_off_where_they_
     assert notice_margin_s(step_s=0.1, handoff_s=0.02) == NOTICE_MARGIN_S == 5.0
     assert notice_margin_s(step_s=4.0, handoff_s=10.0) == 18.0
     assert notice_margin_s(step_s=0.5, handoff_s=4.5) == pytest.approx(5.5)
+    # a leaving folded into a boundary already keeps it on the hand-off's own need: no floor
+    assert notice_margin_s(step_s=0.1, handoff_s=0.02, folded=True) == pytest.approx(0.22)
+    assert notice_margin_s(step_s=4.0, handoff_s=10.0, folded=True) == 18.0

@@ -59,12 +59,18 @@ class TrainingEnded(Exception):
     held-out loss stopped it early (`trainer.runtime.validation.Patience`). Nothing is left to decide."""
 
 
-def notice_margin_s(step_s: float, handoff_s: float) -> float:
+def notice_margin_s(step_s: float, handoff_s: float, *, folded: bool = False) -> float:
     """How long before its deadline a noticed member must reach the boundary where it leaves: `NOTICE_MARGIN_S`, or
     two steps (when a boundary comes is estimated from the pace so far, off by up to a step) and the longest hand-off
     seen (`handoff_s`: the pause of a migration that moved state) where those take longer — a large model's steps and
-    transfers do (a GPT-1.5B step takes seconds on a V100, a stage's state tens of seconds to move)."""
-    return max(NOTICE_MARGIN_S, 2.0 * step_s + handoff_s)
+    transfers do (a GPT-1.5B step takes seconds on a V100, a stage's state tens of seconds to move).
+
+    `folded`: the member's leaving is folded into a boundary already (the planner told of it), which it keeps while
+    the boundary still leaves the hand-off its own two steps and longest hand-off. The floor above is slack for a
+    boundary foreseen ahead; a plan that then decides a little late (a loaded machine) still takes the member in,
+    where a full margin sent it off at a boundary of its own a step before the plan (seen on this 2-core machine)."""
+    need = 2.0 * step_s + handoff_s
+    return need if folded else max(NOTICE_MARGIN_S, need)
 
 
 class Driver:
@@ -294,9 +300,9 @@ class Driver:
         t0, s0 = self._trained_from
         return (time.monotonic() - t0) / max(1, at_step - s0)
 
-    def _margin_s(self, at_step: int) -> float:
+    def _margin_s(self, at_step: int, folded: bool = False) -> float:
         """`notice_margin_s` at this job's pace and hand-offs so far."""
-        return notice_margin_s(self._step_s(at_step), self._handoff_s)
+        return notice_margin_s(self._step_s(at_step), self._handoff_s, folded=folded)
 
     def decide_notices(self) -> None:
         """Decide the pending notices' preemptions, once the current epoch is committed: a standby instance leaves at
@@ -336,7 +342,8 @@ class Driver:
         first = p + 1
         if first >= self.steps:
             return  # the job ends before any boundary: the noticed workers finish it
-        latest = min(pending[w] for w in members) - self._margin_s(p)  # the last moment to reach the leaving boundary
+        # the last moment to reach the leaving boundary (a fold made already keeps its boundary on a smaller margin)
+        latest = min(pending[w] - self._margin_s(p, folded=w in self._folding) for w in members)
         if self.planner is not None:
             upcoming = [b for b in self._stops_left if b in self.intervals and b >= first]
             if self._live_at is not None and self._live_at >= first:
