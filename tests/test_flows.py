@@ -29,6 +29,7 @@ import yaml  # noqa: E402
 from _aws import fake_aws_account, isolate_aws  # noqa: E402
 from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
 from _jobs import run_job  # noqa: E402
+from _paced import paced_gpt  # noqa: E402
 from _tables import periodic_counts  # noqa: E402
 from _trainer_fixtures import _no_orphans, _one_thread, market_job  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
@@ -192,8 +193,7 @@ def test_plan_interval_hands_its_plan_to_a_running_job(trained, tmp_path: Path, 
         try:
             outcome["result"] = run_job(
                 "tiny-gpt", TrainConfig(steps=160), 4, (2, 2), 160, [], tmp_path / "job", job="handed-job",
-                observer=Started(), planner=HandedPlanner(), steps_per_interval=5, start_method="forkserver",
-            )  # fmt: skip
+                observer=Started(), planner=HandedPlanner(), steps_per_interval=5)  # fmt: skip
         except BaseException as exc:  # noqa: BLE001 - reported by the assertion below
             outcome["error"] = exc
         finally:
@@ -394,7 +394,8 @@ def test_plan_interval_plans_for_each_running_fleet_job_and_each_follows_its_pla
         config = market_job(
             tmp_path / name,
             market,
-            steps=250,  # handed plans came by step 15-51 and the rule took over again by 57-83 here
+            steps=160,  # paced: 24 s or more anywhere for the plan handed, stale, then the rule (was 250 unpaced)
+            model=paced_gpt(0.15, dtype="float32"),
             max_instances=2,
             interval_s=2.0,
             job=name,
