@@ -221,6 +221,26 @@ def test_the_fleet_s_cost_counts_every_instance_held_from_its_grant_to_its_end_a
     assert fleet_cost(0.0, None, 0)["unpriced"] == "the provider names no instance type"
 
 
+def test_a_fleet_of_several_instance_types_is_counted_and_priced_by_type():
+    """An AWS fleet over several capacity pools holds instances of several types: each type's hours are its own,
+    priced at its own price — a type without one leaves the fleet unpriced, naming it, not priced as another."""
+    f = FleetController(FleetConfig(max_instances=4), interval_s=60.0, start=0.0)
+    f.hold(0.0, {"p3.2xlarge": 2, None: 1})  # one still booting: of the provider's own type
+    f.hold(1800.0, {"p3.2xlarge": 2, "p3.8xlarge": 1})
+    f.hold(3600.0, 0)
+    assert f.instance_seconds_by_type == {"p3.2xlarge": 7200.0, None: 1800.0, "p3.8xlarge": 1800.0}
+    assert f.instance_seconds == 10800.0
+    mixed = fleet_cost(f.instance_seconds_by_type, "p3.2xlarge", samples=100)
+    assert mixed["instance_hours"] == 3.0 and mixed["instance_type"] == "p3.2xlarge"
+    assert mixed["instance_hours_by_type"] == {"p3.2xlarge": 2.5, "p3.8xlarge": 0.5}
+    assert "spot_usd" not in mixed and "no price for instance type 'p3.8xlarge'" in mixed["unpriced"]
+    assert fleet_cost_text(mixed).startswith("fleet: 3.00 instance-hours of p3.2xlarge (2.50), p3.8xlarge (0.50); "
+                                             "not priced: no price for instance type 'p3.8xlarge'")  # fmt: skip
+    # all of the provider's own type, counted by type: the same cost as the total
+    own = fleet_cost({"p3.2xlarge": 2700.0, None: 900.0}, "p3.2xlarge", samples=1_000_000)
+    assert own == fleet_cost(3600.0, "p3.2xlarge", samples=1_000_000)
+
+
 def fleet_plans(capacity: list[int], intervals: int, seed: int = 0) -> list[tuple[int, int, tuple[int, int]]]:
     """A live fleet on a virtual clock: the real `FleetController` asking the real `SpotMarket` (instances up
     as soon as granted, reclaims taking them at once), planned every interval by the rule planner from the fleet's

@@ -317,6 +317,7 @@ def test_an_instance_a_pool_has_no_capacity_for_is_asked_of_the_next_pool(aws: d
     assert [(r["body"]["InstanceType"], r["body"]["SubnetId"]) for r in sent] == [
         ("p3.2xlarge", aws["subnet"]), ("p3.2xlarge", other), ("p3.2xlarge", other)]  # fmt: skip
     assert {instance(ec2, i)["SubnetId"] for i in p.instance_ids().values()} == {other}
+    assert p.instance_type_of(0) == p.instance_type_of(1) == "p3.2xlarge" and p.instance_type_of(7) is None
     # every pool refused worker 2: the request fails with AWS's capacity code, naming each pool
     sent = answer(p.ec2.meta.events, "RunInstances", [no, ("InsufficientInstanceCapacity", "none"), no, no])
     last, first = r"worker 2, p3\.8xlarge in subnet-.*InsufficientInstanceCapacity", r"worker 2, p3\.2xlarge in subnet-"
@@ -329,6 +330,10 @@ def test_an_instance_a_pool_has_no_capacity_for_is_asked_of_the_next_pool(aws: d
     answer(p.ec2.meta.events, "RunInstances", [no, no, no, no])
     refused = fleet.request(1)
     assert refused.granted == () and refused.refused == 1 and refused.reason == "InsufficientInstanceCapacity"
+    # the second type's pools have capacity: its instance is of that type, and the fleet says so (its cost by type)
+    answer(p.ec2.meta.events, "RunInstances", [no, no, None])
+    (w,) = fleet.request(1).granted
+    assert fleet.instance_type_of(w) == "p3.8xlarge" == instance(ec2, p.instance_ids()[w])["InstanceType"]
     p.stop()
 
 
@@ -360,7 +365,7 @@ def test_an_ec2_fleet_request_offers_every_pool_and_leaves_no_template(aws: dict
         inst = instance(ec2, iid)
         tags = {t["Key"]: t["Value"] for t in inst["Tags"]}
         assert tags[JOB_TAG_KEY] == "test-job" and tags[WORKER_TAG_KEY] == str(w)
-        assert inst["InstanceLifecycle"] == "spot"
+        assert inst["InstanceLifecycle"] == "spot" and p.instance_type_of(w) == inst["InstanceType"]  # AWS's pick
         raw = ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]["Value"]
         assert base64.b64decode(raw).decode() == user_data(p.config, w)
     data = p.launch_template_data(0)

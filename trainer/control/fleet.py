@@ -65,8 +65,9 @@ class FleetController:
         self._next_ask = start
         self._counts = {"requested": 0, "granted": 0, "refused": 0, "reclaimed": 0}
         self.totals = dict(self._counts)
-        self.instance_seconds = 0.0  # the instance time held so far (`hold`): what a cloud bills
-        self._held = (start, 0)
+        # the instance time held so far (`hold`), by instance type (None: the provider's own): what a cloud bills
+        self.instance_seconds_by_type: dict[str | None, float] = {}
+        self._held: tuple[float, Mapping[str | None, int]] = (start, {})
 
     def ask(self, now: float, have: int, outstanding: int) -> int:
         """How many instances to request now, with `have` alive or joining and `outstanding` granted but not
@@ -97,13 +98,21 @@ class FleetController:
             self._counts[k] += v
             self.totals[k] += v
 
-    def hold(self, now: float, held: int) -> None:
+    def hold(self, now: float, held: int | Mapping[str | None, int]) -> None:
         """From `now` on the fleet holds `held` instances (booting, joining, training or leaving after a notice: each
-        billed from its grant to its end, as clouds bill); the time since the last call is counted at the count
-        that call gave."""
-        since, count = self._held
-        self.instance_seconds += count * max(0.0, now - since)
-        self._held = (now, held)
+        billed from its grant to its end, as clouds bill), a count or counts by instance type (None: the provider's
+        own); the time since the last call is counted at the counts that call gave."""
+        since, counts = self._held
+        for kind, count in counts.items():
+            if count:
+                seconds = self.instance_seconds_by_type.get(kind, 0.0) + count * max(0.0, now - since)
+                self.instance_seconds_by_type[kind] = seconds
+        self._held = (now, {None: held} if isinstance(held, int) else dict(held))
+
+    @property
+    def instance_seconds(self) -> float:
+        """The instance time held so far, every type together."""
+        return sum(self.instance_seconds_by_type.values())
 
     def close(self, now: float, alive: int) -> FleetRow:
         """End the interval at `now`, with `alive` instances for the next one."""
@@ -115,29 +124,39 @@ class FleetController:
         return row
 
 
-def fleet_cost(instance_seconds: float, instance_type: str | None, samples: int, time_scale: float = 1.0
-               ) -> dict[str, Any]:  # fmt: skip
+def fleet_cost(instance_seconds: float | Mapping[str | None, float], instance_type: str | None, samples: int,
+               time_scale: float = 1.0) -> dict[str, Any]:  # fmt: skip
     """What a live fleet cost (the JSON report's ``fleet_cost``): its `instance_seconds` (times `time_scale`: a
-    compressed market's interval stands for its trace's own) in instance-hours and, at the bundled prices of
-    `instance_type` (`liveput.instance_price`: dated, a reference point rather than a quote), in dollars at spot and
-    on demand, and per million of the `samples` trained. An instance type without a price gives the hours, and
-    ``unpriced`` says why."""
-    hours = instance_seconds * time_scale / 3600.0
-    cost: dict[str, Any] = {"instance_hours": round(hours, 6), "instance_type": instance_type,
+    compressed market's interval stands for its trace's own) in instance-hours and, at the bundled prices of each
+    instance type (`liveput.instance_price`: dated, a reference point rather than a quote), in dollars at spot and
+    on demand, and per million of the `samples` trained. `instance_seconds` is a total of `instance_type`, the
+    provider's own, or a total per type where a fleet's instances were of several (an AWS fleet over several
+    capacity pools; None: `instance_type`), which ``instance_hours_by_type`` then gives. An instance type without a
+    price gives the hours, and ``unpriced`` says why."""
+    seconds = instance_seconds if isinstance(instance_seconds, Mapping) else {None: instance_seconds}
+    hours: dict[str | None, float] = {}
+    for kind, held in seconds.items():
+        hours[kind or instance_type] = hours.get(kind or instance_type, 0.0) + held * time_scale / 3600.0
+    hours = hours or {instance_type: 0.0}
+    cost: dict[str, Any] = {"instance_hours": round(sum(hours.values()), 6), "instance_type": instance_type,
                             "time_scale": time_scale}  # fmt: skip
-    if instance_type is None:
+    if list(hours) != [instance_type]:  # other types than the provider's own
+        by_type = sorted(hours.items(), key=lambda item: str(item[0]))
+        cost["instance_hours_by_type"] = {str(kind): round(h, 6) for kind, h in by_type}
+    if None in hours:
         return {**cost, "unpriced": "the provider names no instance type"}
     try:
-        price = instance_price(instance_type)
+        prices = {kind: instance_price(kind) for kind in hours if kind is not None}
     except KeyError as exc:
         return {**cost, "unpriced": str(exc.args[0])}
-    spot = hours * price.spot_per_hour
+    spot = sum(h * prices[kind].spot_per_hour for kind, h in hours.items() if kind is not None)
+    on_demand = sum(h * prices[kind].on_demand_per_hour for kind, h in hours.items() if kind is not None)
     return {
         **cost,
         "spot_usd": round(spot, 6),
-        "on_demand_usd": round(hours * price.on_demand_per_hour, 6),
+        "on_demand_usd": round(on_demand, 6),
         "usd_per_million_samples": _round(usd_per_million_samples(spot, samples)),
-        "prices_as_of": price.as_of,
+        "prices_as_of": min(price.as_of for price in prices.values()),
     }
 
 
@@ -148,9 +167,11 @@ def _round(value: float | None) -> float | None:
 def fleet_cost_text(cost: Mapping[str, Any]) -> str:
     """`fleet_cost` in a line: "fleet: 0.57 instance-hours of p3.2xlarge, $0.35 at spot ($1.74 on demand; prices as
     of 2025-06-28)"; under the local market, in its trace's time."""
-    hours = f"{cost['instance_hours']:.2f} instance-hours" + (
-        f" of {cost['instance_type']}" if cost.get("instance_type") else ""
-    )
+    hours = f"{cost['instance_hours']:.2f} instance-hours"
+    if cost.get("instance_hours_by_type"):
+        hours += " of " + ", ".join(f"{kind} ({h:.2f})" for kind, h in cost["instance_hours_by_type"].items())
+    elif cost.get("instance_type"):
+        hours += f" of {cost['instance_type']}"
     if cost.get("time_scale", 1.0) != 1.0:
         hours += f" (in the market's trace time: {cost['time_scale']:g}x the wall clock)"
     if "spot_usd" not in cost:

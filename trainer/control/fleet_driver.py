@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -117,7 +118,9 @@ class FleetDriver(Driver):
             fleet.reclaimed(len(gone))
         now = time.monotonic()
         # held (and billed): every instance alive or waiting, joining, or still booting
-        fleet.hold(now, len(c.alive() | self._waiting) + len(self._joining) + provider.booting())
+        held = Counter(provider.instance_type_of(w) for w in c.alive() | self._waiting | self._joining)
+        held[None] += provider.booting()  # (of the provider's own type)
+        fleet.hold(now, held)
         have = len((c.alive() | self._waiting) - set(self._pending_notices())) + len(self._joining)
         n = fleet.ask(now, have, provider.outstanding())
         if n:

@@ -304,8 +304,9 @@ def run_job(
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
             trained = len(result["loss"]) * train_cfg.global_batch
-            result["fleet_cost"] = fleet_cost(fleet.instance_seconds, chosen.instance_type(config.provider.options),
-                                              trained, priced_s / interval_s)  # fmt: skip
+            result["fleet_cost"] = fleet_cost(fleet.instance_seconds_by_type,
+                                              chosen.instance_type(config.provider.options), trained,
+                                              priced_s / interval_s)  # fmt: skip
             if history is not None:
                 history.close()
                 result["fleet_history"] = history.summary()

@@ -233,6 +233,7 @@ class AwsSpotProvider(NumberedInstances):
                                        config=client_config())  # fmt: skip
         super().__init__()
         self._instances: dict[int, str] = {}
+        self._types: dict[int, str] = {}  # worker -> the instance type its pool (or AWS's EC2 Fleet) launched
         self._timers: dict[int, tuple[float, threading.Timer]] = {}
         self._deferred: list[AwsProviderError] = []
         self._reported: set[tuple[str, str]] = set()
@@ -285,6 +286,7 @@ class AwsSpotProvider(NumberedInstances):
                 if refused:  # every pool refused: say so, with AWS's code of the last one
                     exc.args = (f"{exc.args[0]} (and before it: {'; '.join(str(e) for e in refused)})",)
                 raise
+            self._types[w] = pool[0]
             return str(resp["Instances"][0]["InstanceId"])
         raise AssertionError("unreachable: the last pool's refusal is raised")
 
@@ -303,9 +305,13 @@ class AwsSpotProvider(NumberedInstances):
         finally:
             with suppress(AwsProviderError):  # a template costs nothing; stop() deletes what is left
                 aws_call("delete_launch_template", self.ec2.delete_launch_template, LaunchTemplateId=template)
-        ids = [i for item in resp.get("Instances", []) for i in item.get("InstanceIds", [])]
-        if ids:
-            return str(ids[0])
+        launched = [
+            (i, item.get("InstanceType")) for item in resp.get("Instances", []) for i in item.get("InstanceIds", [])
+        ]
+        if launched:
+            iid, kind = launched[0]
+            self._types[w] = str(kind or c.instance_type)  # the pool AWS picked
+            return str(iid)
         raise fleet_error(f"create_fleet (worker {w})", resp.get("Errors", []))
 
     def _roll_back(self, launched: dict[int, str], cause: AwsProviderError) -> None:
@@ -473,6 +479,12 @@ class AwsSpotProvider(NumberedInstances):
         with self._lock:
             return dict(self._instances)
 
+    def instance_type_of(self, worker: int) -> str | None:
+        """The instance type worker `worker`'s instance is (its capacity pool's: with several instance types, not
+        always `config.instance_type`); None: no instance of this provider's."""
+        with self._lock:
+            return self._types.get(worker)
+
     def worker_of(self, instance_id: str) -> int | None:
         with self._lock:
             return next((w for w, iid in self._instances.items() if iid == instance_id), None)
@@ -607,6 +619,7 @@ class AwsFleet(AgentInstances, Fleet):
 
     def __init__(self, cloud: AwsSpotProvider, store: Any, **kw: Any) -> None:
         super().__init__(cloud, store, **kw)
+        self._spot = cloud  # (`cloud`, typed as this fleet's: the types of its instances)
         self._arrived: list[int] = []
 
     def request(self, n: int) -> CapacityAnswer:
@@ -631,6 +644,9 @@ class AwsFleet(AgentInstances, Fleet):
 
     def joined(self, ids: list[int]) -> None:
         """(An agent holds a notice until its worker can take it: nothing to do.)"""
+
+    def instance_type_of(self, worker: int) -> str | None:
+        return self._spot.instance_type_of(worker)
 
 
 def _with_worker(notice: InterruptionNotice, worker: int) -> InterruptionNotice:

@@ -73,6 +73,11 @@ class Fleet(abc.ABC):
         as one that has arrived (AWS: its agent starts once it has booted)."""
         return 0
 
+    def instance_type_of(self, worker: int) -> str | None:
+        """The instance type of worker `worker`'s instance, where the fleet's instances are not all of one (an AWS
+        fleet over several capacity pools); None: the provider's own (`Provider.instance_type`)."""
+        return None
+
     @abc.abstractmethod
     def joined(self, ids: list[int]) -> None:
         """The driver saw the workers of `ids` register: from now on a notice reaches them as one (SIGTERM, which
