@@ -429,7 +429,7 @@ def test_a_noticed_instance_trains_on_until_the_last_plan_before_its_deadline(tm
     deadline — told to the planner as leaving at a later one (`PlanRequest.noticed`) — and leaves at a plan's
     boundary, its layers handed off with no step lost: the uninterrupted run. (It used to leave at a boundary of its
     own at once; and, on a loaded machine, at one a step before the plan it was folded into, which came a little
-    late: a fold made keeps its boundary on the hand-off's own margin, `notice_margin_s(folded=True)`.) Enough steps
+    late: a fold made keeps its boundary on a smaller margin, `notice_margin_s(folded=True)`.) Enough steps
     that the job still trains when the member leaves (about 13 s in): 200 unpaced steps once ended in 12 s on a fast
     machine, and 360 took 44-68 s on this 2-core one; paced to 0.1 s a step (about this machine's own), 180 train for
     18 s or more anywhere."""

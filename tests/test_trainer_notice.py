@@ -361,6 +361,7 @@ def test_the_notice_margin_covers_two_steps_and_the_longest_hand_off_where_they_
     assert notice_margin_s(step_s=0.1, handoff_s=0.02) == NOTICE_MARGIN_S == 5.0
     assert notice_margin_s(step_s=4.0, handoff_s=10.0) == 18.0
     assert notice_margin_s(step_s=0.5, handoff_s=4.5) == pytest.approx(5.5)
-    # a leaving folded into a boundary already keeps it on the hand-off's own need: no floor
-    assert notice_margin_s(step_s=0.1, handoff_s=0.02, folded=True) == pytest.approx(0.22)
+    # a leaving folded into a boundary already keeps it on half the floor, or the hand-off's own need where longer
+    assert notice_margin_s(step_s=0.1, handoff_s=0.02, folded=True) == NOTICE_MARGIN_S / 2
+    assert notice_margin_s(step_s=0.5, handoff_s=2.0, folded=True) == 3.0
     assert notice_margin_s(step_s=4.0, handoff_s=10.0, folded=True) == 18.0

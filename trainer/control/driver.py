@@ -66,11 +66,11 @@ def notice_margin_s(step_s: float, handoff_s: float, *, folded: bool = False) ->
     transfers do (a GPT-1.5B step takes seconds on a V100, a stage's state tens of seconds to move).
 
     `folded`: the member's leaving is folded into a boundary already (the planner told of it), which it keeps while
-    the boundary still leaves the hand-off its own two steps and longest hand-off. The floor above is slack for a
-    boundary foreseen ahead; a plan that then decides a little late (a loaded machine) still takes the member in,
-    where a full margin sent it off at a boundary of its own a step before the plan (seen on this 2-core machine)."""
-    need = 2.0 * step_s + handoff_s
-    return need if folded else max(NOTICE_MARGIN_S, need)
+    the boundary still leaves the hand-off its two steps and longest hand-off, and half the floor (a job's first
+    hand-off has no time measured yet). The other half is slack for a boundary foreseen ahead: a plan that then
+    decides a little late (a loaded machine) still takes the member in, where the full margin sent it off at a
+    boundary of its own a step before the plan (seen on this 2-core machine)."""
+    return max(NOTICE_MARGIN_S / 2 if folded else NOTICE_MARGIN_S, 2.0 * step_s + handoff_s)
 
 
 class Driver:
