@@ -529,6 +529,34 @@ def test_a_spec_that_does_not_load_names_the_fix(name, match):
         load_spec(ModelConfig(name))
 
 
+def test_two_threads_loading_one_spec_file_both_get_its_spec(tmp_path):
+    """Two jobs of one process load the same spec file at once (two fleet jobs in threads): the second waits for the
+    file to have run, where it was handed the half-run module and failed with "has no 'spec'"."""
+    import threading
+
+    from trainer import load_spec
+
+    slow = tmp_path / "slow_spec.py"
+    slow.write_text("import time\ntime.sleep(0.5)  # a spec file that takes its time to import (torch, data)\n"
+                    "from _paced import spec\n")  # fmt: skip
+    model = ModelConfig(f"{slow}:spec", {"pace_s": 0.0})
+    got: dict[int, object] = {}
+
+    def load(i: int) -> None:
+        try:
+            got[i] = load_spec(model, TrainConfig(global_batch=8))
+        except Exception as exc:  # noqa: BLE001 - the assertion below reports it
+            got[i] = exc
+
+    threads = [threading.Thread(target=load, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+        time.sleep(0.1)  # the second starts while the first runs the file
+    for t in threads:
+        t.join(60)
+    assert all(not isinstance(v, Exception) for v in got.values()) and len(got) == 2, got
+
+
 def test_a_spec_s_package_is_found_in_the_folder_the_job_runs_in(tmp_path, monkeypatch, _no_orphans):
     pkg = tmp_path / "mypkg_in_cwd"
     pkg.mkdir()

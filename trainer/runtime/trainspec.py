@@ -31,6 +31,7 @@ import inspect
 import logging
 import math
 import re
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final, Union, cast
@@ -188,6 +189,12 @@ def _import_module(name: str) -> Any:
     return importlib.import_module(name)
 
 
+#: Held while a spec file runs: two jobs of one process (threads) that load one file get its whole module, never the
+#: half-run one that sys.modules holds meanwhile ("has no 'spec'" was seen with two fleet jobs in one test process).
+#: (`importlib.import_module` has such locks of its own; a file imported by path does not.)
+_FILE_IMPORT = threading.RLock()
+
+
 def _import_file(path: str) -> Any:
     """A spec's module given as a file (``path/to/train.py:spec``), imported once under a name of its own."""
     import importlib.util
@@ -198,18 +205,19 @@ def _import_file(path: str) -> Any:
     if not file.is_file():
         raise FileNotFoundError(path)
     name = "parcae_spec_" + hashlib.sha256(str(file).encode()).hexdigest()[:12]
-    if name in sys.modules:
-        return sys.modules[name]
-    found = importlib.util.spec_from_file_location(name, file)
-    assert found is not None and found.loader is not None  # a .py file always has a source loader
-    module = importlib.util.module_from_spec(found)
-    sys.modules[name] = module
-    try:
-        found.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+    with _FILE_IMPORT:
+        if name in sys.modules:
+            return sys.modules[name]
+        found = importlib.util.spec_from_file_location(name, file)
+        assert found is not None and found.loader is not None  # a .py file always has a source loader
+        module = importlib.util.module_from_spec(found)
+        sys.modules[name] = module
+        try:
+            found.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        return module
 
 
 @functools.lru_cache(maxsize=64)
