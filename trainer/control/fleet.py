@@ -146,17 +146,16 @@ def fleet_cost(instance_seconds: float | Mapping[str | None, float], instance_ty
     if None in hours:
         return {**cost, "unpriced": "the provider names no instance type"}
     try:
-        prices = {kind: instance_price(kind) for kind in hours if kind is not None}
+        priced = [(h, instance_price(str(kind))) for kind, h in hours.items()]
     except KeyError as exc:
         return {**cost, "unpriced": str(exc.args[0])}
-    spot = sum(h * prices[kind].spot_per_hour for kind, h in hours.items() if kind is not None)
-    on_demand = sum(h * prices[kind].on_demand_per_hour for kind, h in hours.items() if kind is not None)
+    spot = sum(h * price.spot_per_hour for h, price in priced)
     return {
         **cost,
         "spot_usd": round(spot, 6),
-        "on_demand_usd": round(on_demand, 6),
+        "on_demand_usd": round(sum(h * price.on_demand_per_hour for h, price in priced), 6),
         "usd_per_million_samples": _round(usd_per_million_samples(spot, samples)),
-        "prices_as_of": min(price.as_of for price in prices.values()),
+        "prices_as_of": min(price.as_of for _, price in priced),
     }
 
 

@@ -118,10 +118,11 @@ class FleetDriver(Driver):
             fleet.reclaimed(len(gone))
         now = time.monotonic()
         # held (and billed): every instance alive or waiting, joining, or still booting
-        held = Counter(provider.instance_type_of(w) for w in c.alive() | self._waiting | self._joining)
+        members = c.alive() | self._waiting
+        held = Counter(provider.instance_type_of(w) for w in members | self._joining)
         held[None] += provider.booting()  # (of the provider's own type)
         fleet.hold(now, held)
-        have = len((c.alive() | self._waiting) - set(self._pending_notices())) + len(self._joining)
+        have = len(members - set(self._pending_notices())) + len(self._joining)
         n = fleet.ask(now, have, provider.outstanding())
         if n:
             answer = provider.request(n)
