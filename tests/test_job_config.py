@@ -181,3 +181,24 @@ def test_the_cli_and_the_flow_take_their_defaults_from_the_config_s_fields():
         assert cli[option].default == config_default(section, name), option
     for section, name, param in ((TrainConfig, "seed", "seed"), (ControlPlaneConfig, "timeout_s", "timeout_s")):
         assert flow[param].default == config_default(section, name), param
+
+
+def test_a_job_file_takes_its_provider_s_notice_grace_unless_it_gives_one(tmp_path):
+    """`trainer.load_job` (what `parcae train --config` and the train flow's config_file read): a file without
+    control.notice_grace_s gets its provider's, as a job built from options does; one it gives is kept; the run's
+    out_dir and resume replace the file's; a section that is not a table is named."""
+    from trainer import ConfigError, load_job
+
+    job = tmp_path / "fleet.toml"
+    fleet = (f'out_dir = "{tmp_path / "a"}"\n\n[provider]\nname = "market"\noptions = {{trace = "p3", notice_s = 12.0}}'
+             '\n\n[fleet]\nmax_instances = 2\nrecord_history = false\n')  # fmt: skip
+    job.write_text(fleet)
+    config, batch_given = load_job(job)
+    assert config.control.notice_grace_s == 12.0 and config.out_dir == str(tmp_path / "a") and not batch_given
+    job.write_text(fleet + "\n[control]\nnotice_grace_s = 7.0\n\n[train]\nglobal_batch = 8\n")
+    config, batch_given = load_job(job, out_dir=tmp_path / "b", resume=False)
+    assert config.control.notice_grace_s == 7.0 and batch_given
+    assert config.out_dir == str(tmp_path / "b") and config.checkpoint.resume is False
+    job.write_text("train = 3\n")
+    with pytest.raises(ConfigError, match=r"fleet\.toml: train: must be a section of fields, got 3"):
+        load_job(job)

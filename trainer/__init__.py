@@ -47,6 +47,7 @@ _HOMES: dict[str, str] = {
     "HostsError": "trainer.providers.hosts",
     **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
     "JobError": "trainer.control.driver",
+    "load_job": "trainer.control.job_file",
     **dict.fromkeys(("job_report", "job_schedule", "run_job", "train"), "trainer.control.run"),
     **dict.fromkeys(("EventError", "Schedule", "load_events"), "trainer.control.events"),
     "ScheduleError": "trainer.control.dry_run",
@@ -144,6 +145,7 @@ if TYPE_CHECKING:
     from trainer.control.events import load_events as load_events
     from trainer.control.fleet import fleet_cost as fleet_cost
     from trainer.control.fleet import fleet_cost_text as fleet_cost_text
+    from trainer.control.job_file import load_job as load_job
     from trainer.control.measure import cached_profile as cached_profile
     from trainer.control.measure import measure as measure
     from trainer.control.planning import (

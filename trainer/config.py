@@ -477,6 +477,8 @@ class JobConfig:
         kw: dict[str, Any] = {k: d[k] for k in ("job", "out_dir") if k in d}
         for name, kind in sections.items():
             if name in d:
+                _need(isinstance(d[name], Mapping), name, f"must be a section of fields, got {d[name]!r}",
+                      f"give {name} as an object (a [{name}] table in TOML)")  # fmt: skip
                 fields = {f.name for f in dataclasses.fields(kind)}
                 extra = sorted(set(d[name]) - fields)
                 _need(not extra, name, f"unknown fields {extra}", f"use {sorted(fields)}")

@@ -29,7 +29,6 @@ from parcae.cli.common import (
     check_writable_dir,
     command,
     grouped,
-    json_object,
     json_object_option,
     stderr,
     stdout,
@@ -324,6 +323,7 @@ def train_cmd(
 
     if config_file is not None:  # the job as a file holds it; the options that are this run's own go with it
         config, batch_given = job_from_file(ctx, config_file, out_dir=out_dir, resume=resume)
+        out_dir = Path(config.out_dir)  # (the file's, where --out-dir is not given)
         av, plan, opts = config.availability, config.planning, config.provider.options
         model, trace, provider_name, options = config.model.name, av.trace, config.provider.name, dict(opts)
         market_trace = opts.get("trace") if provider_name == "market" else None
@@ -544,15 +544,12 @@ WITH_CONFIG: Final = frozenset({"config_file", "out_dir", "resume", "json_out", 
 
 
 def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool) -> tuple[Any, bool]:
-    """The `JobConfig` that `path` holds (JSON, as `JobConfig.to_dict` writes it and each job's MLflow run records
-    it in job.json, or TOML with the same sections), with this run's --out-dir (where given) and --resume, and
-    whether the file gives the global batch (else the spec's rows set it, as without --global-batch). An option
-    that is a job setting given beside it is refused, naming the field to change in the file instead: a file that
-    the command line silently overrode would not be the job that ran."""
-    import tomllib
-
-    from forecasting import jsonio
-    from trainer import JobConfig, provider_of
+    """The `JobConfig` that `path` holds (`trainer.load_job`: JSON, as each job writes it in job.json and its MLflow
+    run records it, or TOML with the same sections), with this run's --out-dir (where given, or where the file has
+    none) and --resume, and whether the file gives the global batch. An option that is a job setting given beside
+    it is refused, naming the field to change in the file instead: a file that the command line silently overrode
+    would not be the job that ran."""
+    from trainer import load_job
 
     def given(name: str) -> bool:  # typed on the command line, or from an environment variable
         source = ctx.get_parameter_source(name)  # (typer's own click: its enum is not click's, so by name)
@@ -566,27 +563,10 @@ def job_from_file(ctx: typer.Context, path: Path, *, out_dir: Path, resume: bool
         named = ", ".join(f"{p.opts[0]} ({fields[p.opts[0]]})" if p.opts[0] in fields else p.opts[0] for p in beside)
         raise UserError(f"--config {path} holds the job's settings: {named} cannot be given beside it; change them in "
                         "the file, or give every setting as an option without --config")  # fmt: skip
-    if path.suffix.lower() != ".toml":
-        doc = json_object(path, "", f"--config {path}", "give a JobConfig, an object of its sections (model, "
-                          "train, ...), as the job.json of a job; a .toml file is read as TOML")  # fmt: skip
-    else:
-        try:
-            doc = tomllib.loads(jsonio.read(path))
-        except OSError as exc:
-            raise UserError(f"--config {path}: cannot read {str(path)!r} ({exc.strerror or exc})") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise UserError(f"--config {path}: not TOML ({exc})") from None
-        except jsonio.JsonInputError as exc:  # too large, or not UTF-8 text
-            raise UserError(f"--config {path}: not TOML ({exc.at('')})") from None
     try:
-        config = JobConfig.from_dict(doc)
-        if given("out_dir") or "out_dir" not in doc:
-            config = config.replace(out_dir=str(out_dir))
-        config = config.replace(checkpoint={"resume": resume})
-        provider_of(config)  # its name, its options and what it runs
-    except (TypeError, ValueError) as exc:  # ConfigError: "section.field: problem; fix"
-        raise UserError(f"--config {path}: {exc}") from None
-    return config, "global_batch" in (doc.get("train") or {})
+        return load_job(path, out_dir=out_dir if given("out_dir") else None, resume=resume)
+    except ValueError as exc:  # trainer.ConfigError: "<path>: problem"
+        raise UserError(f"--config {exc}") from None
 
 
 #: The `JobConfig` field behind each `parcae train` option, so that a config error names the option to fix.
