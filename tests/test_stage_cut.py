@@ -133,3 +133,7 @@ def test_a_gpu_profile_is_cached_apart_from_a_cpu_one():
 
     assert profile_path("tiny-gpt", 3).name == "profile-tiny-gpt-3.json"  # where CPU profiles always were
     assert profile_path("tiny-gpt", 3, device_type="cuda").name == "profile-tiny-gpt-3-cuda.json"
+    # a job's config holds a registered model's default args: they are the same shape, hence the same profile
+    assert profile_path("tiny-gpt", 3, model_args={"n_layer": 4, "n_embd": 64}).name == "profile-tiny-gpt-3.json"
+    assert profile_path("tiny-gpt", 3, model_args={"n_layer": 2}).name.startswith("profile-tiny-gpt-")
+    assert profile_path("tiny-gpt", 3, model_args={"n_layer": 2}).name != "profile-tiny-gpt-3.json"

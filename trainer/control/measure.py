@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from liveput import CostModel, Strategy, ThroughputProfile, strategy_key
+from trainer.config import model_entry
 from trainer.observe.calibration import RESTART, Migration, calibrate, fit_slowdown, split_lead_down
 from trainer.observe.profile import ProfileError, RuntimeProfile, max_stages, runtime_spec
 
@@ -402,10 +403,14 @@ def profile_path(model: str, workers: int, runs: str | os.PathLike[str] = "runs"
                  model_args: Mapping[str, Any] | None = None, device_type: str = "cpu") -> Path:  # fmt: skip
     """Where a measured profile of ``model`` (with ``model_args``) on ``workers`` processes is cached:
     ``runs/profile-<model>-<workers>.json``; a ``module:function`` or a file path becomes a file-name-safe slug,
-    args add a digest of themselves (another shape is another profile), and a GPU profile ends in ``-cuda``."""
+    args add a digest of themselves (another shape is another profile; a registered model's args that are its
+    defaults do not: a job's config holds them all), and a GPU profile ends in ``-cuda``."""
     slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", model).strip("_.") or "model"
-    if model_args:
-        slug += "-" + hashlib.sha256(json.dumps(dict(model_args), sort_keys=True).encode()).hexdigest()[:8]
+    entry = model_entry(model)
+    defaults = {} if entry is None else entry.args
+    shape = {k: v for k, v in (model_args or {}).items() if k not in defaults or defaults[k] != v}
+    if shape:
+        slug += "-" + hashlib.sha256(json.dumps(shape, sort_keys=True).encode()).hexdigest()[:8]
     suffix = "" if device_type == "cpu" else f"-{device_type}"
     return Path(runs) / f"profile-{slug}-{workers}{suffix}.json"
 
