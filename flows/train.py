@@ -25,6 +25,7 @@ the job ends, fails or is killed.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -49,19 +50,24 @@ from trainer import (
     ProviderConfig,
     TrainConfig,
     config_default,
+    load_job,
     model_config,
     profile_cut,
     provider_of,
 )
 
+#: The train flow's parameters that go with ``config_file``: this run's own, not the job's settings.
+WITH_CONFIG = frozenset({"config_file", "out_dir", "resume"})
+
 
 def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
     """Every fail-fast check of the train flow's ``arguments`` (one `SettingError` listing the problems): its
-    parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's), the tracking
-    store, the job folder, then the `JobConfig` they make (the provider's options too: `trainer.providers`) and,
-    for AWS, the credentials. Returns that `JobConfig`."""
+    parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's) or its job file
+    (``config_file``), the tracking store, the job folder, then the `JobConfig` they make (the provider's options too:
+    `trainer.providers`) and, for AWS, the credentials. Returns that `JobConfig`."""
     uri = tracking.tracking_uri()
-    out_dir, resume = arguments["out_dir"], arguments["resume"]
+    config, batch_given = (None, False) if arguments["config_file"] is None else job_from_file(arguments)
+    out_dir, resume = arguments["out_dir"] if config is None else config.out_dir, arguments["resume"]
 
     def resume_ok() -> None:
         try:
@@ -70,16 +76,39 @@ def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
             raise settings.SettingError(f"out_dir: {exc}") from None
         settings.check_resume(out_dir, resume, previous, uri)
 
-    settings.check_all(*settings.flow_checks("train", arguments), lambda: settings.check_tracking(uri), resume_ok)
+    own = settings.flow_checks("train", arguments) if config is None else []  # (a file's: checked as it loaded)
+    settings.check_all(*own, lambda: settings.check_tracking(uri), resume_ok)
+    if config is None:
+        try:
+            config = job_config(arguments)
+        except ValueError as exc:  # trainer.ConfigError: "section.field: problem; fix"
+            field_name, _, rest = str(exc).partition(": ")
+            where = arguments["provider"] if field_name == "provider.options" else field_name
+            raise settings.SettingError(f"{where}: {rest}") from None
+    if config.provider.name == "aws":
+        settings.check_aws(config.provider.options.get("region"))
+    return settings.check_spec(config, batch_given=batch_given)
+
+
+def job_from_file(arguments: Mapping[str, Any]) -> tuple[JobConfig, bool]:
+    """The `JobConfig` in the file that the ``config_file`` argument names (`trainer.load_job`: JSON, as each job writes
+    it in job.json and its MLflow run records it, or TOML with the same sections), with the run's ``out_dir``
+    (where it is not the default, or where the file has none) and ``resume``, and whether the file gives the
+    global batch (else the spec's rows set it). A parameter that is a job setting,
+    given beside it (other than its default), is refused: a file that the flow silently overrode would not be the
+    job that ran."""
+    path = arguments["config_file"]
+    defaults = _defaults()
+    beside = [name for name, value in arguments.items() if name not in WITH_CONFIG and value != defaults[name]]
+    if beside:
+        raise settings.SettingError(f"config_file: {path} holds the job's settings: {', '.join(beside)} cannot be "
+                                    "given beside it; change them in the file, or give every setting as a "
+                                    "parameter without config_file")  # fmt: skip
+    out_dir = arguments["out_dir"]
     try:
-        config = job_config(arguments)
-    except ValueError as exc:  # trainer.ConfigError: "section.field: problem; fix"
-        field_name, _, rest = str(exc).partition(": ")
-        where = arguments["provider"] if field_name == "provider.options" else field_name
-        raise settings.SettingError(f"{where}: {rest}") from None
-    if arguments["provider"] == "aws":
-        settings.check_aws((arguments.get("provider_options") or {}).get("region"))
-    return settings.check_spec(config)
+        return load_job(path, out_dir=None if out_dir == defaults["out_dir"] else out_dir, resume=arguments["resume"])
+    except ValueError as exc:  # trainer.ConfigError: "<path>: problem"
+        raise settings.SettingError(f"config_file: {exc}") from None
 
 
 def job_config(arguments: Mapping[str, Any]) -> JobConfig:
@@ -108,8 +137,22 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
     return config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
 
 
-@flow(name="train", flow_run_name="train-{model}-{trace}", persist_result=True, result_serializer="json")
+def _defaults() -> dict[str, Any]:
+    """The train flow's parameters' defaults."""
+    return {name: p.default for name, p in inspect.signature(train.fn).parameters.items()}
+
+
+def _run_name() -> str:
+    """``train-<model>-<trace>``, or ``train-<file>`` for a job given as a file (``config_file``)."""
+    given = {**_defaults(), **runtime.flow_run.parameters}  # (a deployment's run may hold only what it sets)
+    if given["config_file"]:
+        return f"train-{Path(given['config_file']).stem}"
+    return f"train-{given['model']}-{given['trace']}"
+
+
+@flow(name="train", flow_run_name=_run_name, persist_result=True, result_serializer="json")
 def train(
+    config_file: str | None = None,
     model: str = config_default(ModelConfig, "name"),
     model_args: dict[str, Any] | None = None,
     device: str = "auto",
@@ -134,18 +177,20 @@ def train(
     seed: int = config_default(TrainConfig, "seed"),
     timeout_s: float | None = config_default(ControlPlaneConfig, "timeout_s"),
 ) -> dict[str, Any]:
-    """Train ``model`` (a registered name, or ``module:function`` returning a ``parcae.TrainSpec``, called with
-    ``model_args``) on ``device`` (auto: CUDA where it exists, else the CPU) for ``steps`` steps on ``workers``
-    instances replaying ``trace`` from ``start_interval`` (one trace interval = ``interval_seconds /
-    step_seconds`` steps), re-planned every interval. ``provider``: a
-    `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts`` (machines over ssh)
-    or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``. With ``fleet``
-    (a live fleet of up to that many instances, training once ``min_instances`` joined; ``provider="market"``: the
-    local spot market, its capacity following ``trace`` from ``start_interval``, one interval = ``interval_seconds``)
-    the provider, not a replay, decides what exists, and every interval is planned from the fleet's own history.
-    ``checkpoint_uri`` (``file:///dir`` or ``s3://bucket/prefix``): a copy of every complete checkpoint that
-    survives the machine; a resumed job on a fresh one starts from the newest there. ``accept_plans``: the job also
-    takes the plans the scheduled plan-interval flow hands it (registered for them
+    """Train the job that ``config_file`` holds (a `JobConfig` as JSON, the job.json that every job writes to
+    its out_dir and its MLflow run records, or as TOML with the same sections; beside it only ``out_dir`` and
+    ``resume`` may be given), or the job the other parameters give: ``model`` (a registered name, or
+    ``module:function`` returning a ``parcae.TrainSpec``, called with ``model_args``) on ``device`` (auto: CUDA
+    where it exists, else the CPU) for ``steps`` steps on ``workers`` instances replaying ``trace`` from
+    ``start_interval`` (one trace interval = ``interval_seconds / step_seconds`` steps), re-planned every interval.
+    ``provider``: a `trainer.providers.PROVIDERS` name — ``local`` (worker processes on this machine), ``hosts``
+    (machines over ssh) or ``aws`` (EC2 spot instances, see the module docstring) — with its ``provider_options``.
+    With ``fleet`` (a live fleet of up to that many instances, training once ``min_instances`` joined;
+    ``provider="market"``: the local spot market, its capacity following ``trace`` from ``start_interval``, one
+    interval = ``interval_seconds``) the provider, not a replay, decides what exists, and every interval is planned
+    from the fleet's own history. ``checkpoint_uri`` (``file:///dir`` or ``s3://bucket/prefix``): a copy of every
+    complete checkpoint that survives the machine; a resumed job on a fresh one starts from the newest there.
+    ``accept_plans``: the job also takes the plans the scheduled plan-interval flow hands it (registered for them
     on its MLflow run); its own planner decides when none came within two intervals.
 
     ``planner``: ``liveput`` (the liveput optimizer on the runtime profile over ``look_ahead`` intervals priced at
@@ -156,38 +201,48 @@ def train(
     """
     arguments = dict(locals())  # the flow's arguments: nothing else is bound yet
     config = check_train_settings(arguments)  # built once, checked, passed down unchanged
+    # from here on the job is its config alone, whether the parameters or a file (``config_file``) gave it
+    av, plan, fleet = config.availability, config.planning, config.fleet.max_instances
+    model, workers = config.model.name, av.workers
+    market = config.provider.options if config.provider.name == "market" else {}
+    followed = av.trace if fleet is None else market.get("trace")  # (the local market's: one the job never reads)
+    from_interval = av.start_interval if fleet is None else market.get("start_interval")
     logger = get_run_logger()
     runtime_prof, profile_source, forecaster, forecaster_run = None, "none (not needed by this planner)", None, None
-    if planner == "liveput":
-        runtime_prof, profile_source = runtime_profile(model, workers, profile, model_args, device)
+    if plan.planner == "liveput":
+        runtime_prof, profile_source = runtime_profile(model, workers, plan.profile, dict(config.model.args) or None,
+                                                       config.train.device)  # fmt: skip
         config, told = profile_cut(config, runtime_prof)  # the stages cut as in the profile's job
         for line in told:
             logger.warning(line)
         forecaster, forecaster_run = champion_forecaster()
-    # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
-    plan_with, forecast = training_planner(
-        planner, runtime_prof, forecaster, trace=None if fleet else trace, workers=workers,
-        start_interval=start_interval, look_ahead=look_ahead, interval_s=DEFAULT_INTERVAL_S,
-        forecaster_run=forecaster_run, model=model, fleet=fleet,
-        accept_plans_for_s=2 * interval_seconds if accept_plans else None,
-        notice_s=config.control.notice_grace_s if config.control.prepare else None,
-    )  # fmt: skip
-    logger.info("planner %s; forecasts: %s; runtime profile: %s", planner, forecast, profile_source)
+    plan_with, forecast = None, "none (the events file's own plans)"
+    if plan.planner is not None:  # (None: a job file's scripted events plan, as `parcae train --events` does)
+        # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
+        plan_with, forecast = training_planner(
+            plan.planner, runtime_prof, forecaster, trace=av.trace, workers=workers,
+            start_interval=av.start_interval, look_ahead=plan.look_ahead, interval_s=DEFAULT_INTERVAL_S,
+            forecaster_run=forecaster_run, model=model, fleet=fleet,
+            accept_plans_for_s=2 * av.interval_seconds if plan.accept_plans else None,
+            notice_s=config.control.notice_grace_s if config.control.prepare else None,
+        )  # fmt: skip
+    logger.info("planner %s; forecasts: %s; runtime profile: %s", plan.planner, forecast, profile_source)
     tags = {
         FLOW_RUN_TAG: runtime.flow_run.id,
         "prefect.flow_run_name": runtime.flow_run.name,
         "prefect.deployment": runtime.deployment.name,
-        "parcae.trace": trace,
-        "parcae.start_interval": start_interval,
-        "parcae.interval_seconds": interval_seconds,
-        "parcae.planner": planner,
+        "parcae.config_file": arguments["config_file"],
+        "parcae.trace": followed,
+        "parcae.start_interval": from_interval,
+        "parcae.interval_seconds": av.interval_seconds,
+        "parcae.planner": plan.planner,
         "parcae.forecast": forecast,
         "parcae.forecaster_run_id": forecaster_run,
         "parcae.profile": profile_source,
-        "parcae.provider": provider,
+        "parcae.provider": config.provider.name,
         "parcae.fleet": fleet,
     }
     trained = train_job(
         config, planner=plan_with, tags={k: v for k, v in tags.items() if v not in (None, "")},
     )  # fmt: skip
-    return publish_train_report(trained, planner=planner, forecast=forecast, profile=profile_source)
+    return publish_train_report(trained, planner=plan.planner or "none", forecast=forecast, profile=profile_source)

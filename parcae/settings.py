@@ -185,6 +185,17 @@ def check_model(model: str, *, setting: str = "model") -> str:
     return model
 
 
+def check_job_file(path: str | os.PathLike[str], *, setting: str = "config_file") -> str:
+    """A job's settings file (`trainer.load_job`: a `JobConfig` as JSON or TOML) that reads and checks."""
+    from trainer import load_job
+
+    try:
+        load_job(path)
+    except ValueError as exc:  # trainer.ConfigError: "<path>: problem; fix"
+        raise SettingError(f"{setting}: {exc}") from None
+    return str(path)
+
+
 def check_arguments(value: Any, *, setting: str = "model_args") -> dict[str, Any]:
     """Keyword arguments given as an object of names to plain JSON values."""
     from forecasting import jsonio
@@ -199,13 +210,13 @@ def check_arguments(value: Any, *, setting: str = "model_args") -> dict[str, Any
     return dict(value)
 
 
-def check_spec(config: JobConfig, *, setting: str = "model") -> JobConfig:
+def check_spec(config: JobConfig, *, setting: str = "model", batch_given: bool = False) -> JobConfig:
     """The job's training spec imported and checked (`trainer.check_job`) before any process starts; returns the
-    `JobConfig` with the global batch the spec's batch() gives."""
+    `JobConfig` with the global batch the spec's batch() gives (unless `batch_given`: the job's own)."""
     from trainer import SpecError, check_job
 
     try:
-        return check_job(config, batch_given=False)
+        return check_job(config, batch_given=batch_given)
     except SpecError as exc:
         raise SettingError(f"{setting}: {exc}") from None
 
@@ -354,8 +365,8 @@ _JOB_FIELDS: dict[str, Callable[..., Any]] = {
 #: tracking store, AWS credentials, the job folder) stay in the flows.
 FLOW_PARAMETERS: dict[str, dict[str, Callable[..., Any]]] = {
     "train": {
-        "model": check_model, "model_args": _optional(check_arguments), "trace": check_trace,
-        "planner": check_planner, "provider": check_provider, **_JOB_FIELDS,
+        "config_file": _optional(check_job_file), "model": check_model, "model_args": _optional(check_arguments),
+        "trace": check_trace, "planner": check_planner, "provider": check_provider, **_JOB_FIELDS,
         "look_ahead": _job_field("planning.look_ahead"), "timeout_s": _job_field("control.timeout_s"),
         "fleet": _job_field("fleet.max_instances"), "min_instances": _job_field("fleet.min_instances"),
         "device": _job_field("train.device"),

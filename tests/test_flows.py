@@ -261,9 +261,9 @@ def test_collect_traces_writes_fleet_rows_with_moto(tmp_path: Path, monkeypatch:
 def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule() -> None:
     doc = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     assert doc["pull"] == [{"prefect.deployments.steps.set_working_directory": {"directory": "{{ $PWD }}"}}]
-    deployments = {d["entrypoint"]: d for d in doc["deployments"]}
+    deployments = {f"{d['entrypoint']}:{d['name']}": d for d in doc["deployments"]}
     flow_files = {p.stem for p in (ROOT / "flows").glob("*.py")} - {"__init__", "deployments"}  # deployments: deploys
-    assert {e.split("/")[1].split(".")[0] for e in deployments} == flow_files
+    assert {d["entrypoint"].split("/")[1].split(".")[0] for d in deployments.values()} == flow_files
 
     expected = {
         "flows/collect_traces.py:collect_traces": timedelta(minutes=10),
@@ -272,8 +272,11 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
         "flows/train.py:train": None,  # a job runs until done: started by hand (or by `pipeline`)
         "flows/pipeline.py:pipeline": None,
     }
-    assert set(deployments) == set(expected)
-    for entrypoint, spec in deployments.items():
+    assert {d["entrypoint"] for d in deployments.values()} == set(expected)
+    trains = [d["name"] for d in deployments.values() if d["entrypoint"] == "flows/train.py:train"]
+    assert trains == ["on-demand", "from-file"]
+    for spec in deployments.values():
+        entrypoint = spec["entrypoint"]
         path, name = entrypoint.split(":")
         flow = load_flow_from_entrypoint(f"{ROOT / path}:{name}")
         flow.validate_parameters(spec.get("parameters") or {})  # raises on an unknown or ill-typed parameter
@@ -290,7 +293,7 @@ def test_prefect_yaml_deploys_every_flow_on_the_local_pool_with_a_valid_schedule
             assert schedule.interval == expected[entrypoint]
     # the `make serve` pre-check passes on the real file (and names every deployment)
     labels = check_deployments(ROOT / "prefect.yaml")
-    assert sorted(labels) == sorted(f"{e}:{d['name']}" for e, d in deployments.items())
+    assert sorted(labels) == sorted(deployments)
 
 
 def test_make_serve_s_deploy_pauses_what_cannot_run_here_and_says_why(
@@ -317,14 +320,15 @@ def test_make_serve_s_deploy_pauses_what_cannot_run_here_and_says_why(
                               capture_output=True, text=True, timeout=240)  # fmt: skip
         assert done.returncode == 0, done.stdout + done.stderr
         lines = [line for line in done.stdout.splitlines() if line.startswith("deployed ")]
-        assert len(lines) == 5 and "start a worker" not in done.stdout, done.stdout
+        assert len(lines) == 6 and "start a worker" not in done.stdout, done.stdout
         assert "deployed collect-traces/every-10-minutes (paused: regions: no AWS region" in done.stdout
         assert "deployed plan-interval/every-minute (ready)" in done.stdout
         with get_client(sync_client=True) as client:
             paused = {n: client.read_deployment_by_name(n).paused for n in (
-                "collect-traces/every-10-minutes", "plan-interval/every-minute", "train/on-demand")}  # fmt: skip
+                "collect-traces/every-10-minutes", "plan-interval/every-minute", "train/on-demand",
+                "train/from-file")}  # fmt: skip
         assert paused == {"collect-traces/every-10-minutes": True, "plan-interval/every-minute": False,
-                          "train/on-demand": False}  # fmt: skip
+                          "train/on-demand": False, "train/from-file": False}  # fmt: skip
     finally:  # the session's server is shared: leave no scheduled deployment behind
         with get_client(sync_client=True) as client:
             for d in client.read_deployments():
@@ -333,7 +337,7 @@ def test_make_serve_s_deploy_pauses_what_cannot_run_here_and_says_why(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
     assert check_main([str(ROOT / "prefect.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "5 deployments OK" in out and "note: collect-traces/every-10-minutes cannot run on this machine" in out
+    assert "6 deployments OK" in out and "note: collect-traces/every-10-minutes cannot run on this machine" in out
     fake_aws_account(monkeypatch, "us-east-1")  # a region and (moto's) credentials: it could run
     assert unrunnable_here(ROOT / "prefect.yaml") == {}
 

@@ -289,6 +289,8 @@ def test_deployments_that_cannot_run_are_refused_with_the_flows_own_checks(tmp_p
     def change(dep):
         if dep["name"] == "on-demand":
             dep["parameters"].update(bad)
+        if dep["name"] == "from-file":
+            dep["parameters"].update(config_file="jobs/missing.toml")
         if dep["name"] == "every-minute":
             dep["parameters"].update(model="tiny-gpt", look_ahead=5000)  # a trainer model, not a planning one
         if dep["name"] == "hourly":
@@ -297,7 +299,7 @@ def test_deployments_that_cannot_run_are_refused_with_the_flows_own_checks(tmp_p
     code, err = _run_settings(_deployments(tmp_path, change), monkeypatch, capsys)
     assert code == 2 and "OK" not in err
     lines = err.splitlines()
-    assert len(lines) == 8 and all(line.startswith("error: prefect.yaml: deployment '") for line in lines), err
+    assert len(lines) == 9 and all(line.startswith("error: prefect.yaml: deployment '") for line in lines), err
     expected = [  # in the file's order, each deployment's in its flow's FLOW_PARAMETERS order
         ("'hourly'.parameters.horizon", "got 0", "an integer from 1 to 1,024"),
         ("'hourly'.parameters.interval_s", "got 1e-06", "a number of seconds in [1, 86400]"),
@@ -307,6 +309,7 @@ def test_deployments_that_cannot_run_are_refused_with_the_flows_own_checks(tmp_p
         ("'on-demand'.parameters.planner", "unknown planner 'oracle'", "choose one of liveput, rule, handed"),
         ("'on-demand'.parameters.workers", "got 0", "must be an integer >= 1"),  # as JobConfig checks it
         ("'on-demand'.parameters.steps", "got -5", "must be an integer >= 1"),
+        ("'from-file'.parameters.config_file", "jobs/missing.toml: cannot read a job file", "No such file"),
     ]
     for line, needles in zip(lines, expected):
         assert_clear(line, *needles)

@@ -371,6 +371,31 @@ def test_the_train_flow_trains_a_users_model_by_module_function(store: Path, _no
         assert torch.equal(loaded.layer(name).state_dict()[rest], value), key
 
 
+def test_the_train_flow_runs_a_job_from_its_settings_file(store: Path, tmp_path: Path, _no_orphans) -> None:
+    """``config_file``: the job's settings from one file (TOML here; the job.json a job writes reads the same), as
+    `parcae train --config` takes them; beside it only out_dir and resume, and a file's mistake names the file."""
+    job = tmp_path / "nightly.toml"
+    job.write_text('[model]\nname = "tiny-gpt"\nargs = {n_layer = 2}\n\n[train]\nsteps = 0\n')
+    state = train(config_file=str(job), out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed() and f"config_file: {job}: train.steps" in state.message, state.message
+    job.write_text('[model]\nname = "tiny-gpt"\nargs = {n_layer = 2}\n\n[train]\nsteps = 4\n\n'
+                   '[availability]\nworkers = 2\ntrace = "p3"\nstart_interval = 49\ninterval_seconds = 0.2\n\n'
+                   '[planning]\nplanner = "rule"\n\n[checkpoint]\nevery = 2\n')  # fmt: skip
+    state = train(config_file=str(job), workers=3, steps=5, out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_failed() and "workers, steps cannot be given beside it" in state.message, state.message
+    assert not (tmp_path / "job").exists()
+    state = train(config_file=str(job), out_dir=str(tmp_path / "job"), return_state=True)
+    assert state.is_completed(), state.message
+    summary = state.result()
+    assert summary["steps"] == 4 and summary["planner"] == "rule"
+    run = mlflow.MlflowClient().get_run(summary["mlflow_run_id"])
+    assert run.data.tags["parcae.config_file"] == str(job) and run.data.tags["parcae.trace"] == "p3"
+    assert run.data.tags["prefect.flow_run_name"] == "train-nightly"
+    written = json.loads((tmp_path / "job" / "job.json").read_text())  # the file's job, in the run's out_dir
+    assert written["model"]["args"]["n_layer"] == 2 and written["availability"]["workers"] == 2
+    assert written["out_dir"] == str(tmp_path / "job") and written["checkpoint"]["every"] == 2
+
+
 def test_the_train_flow_runs_a_live_fleet_under_the_local_market(store: Path, profile: Path, _no_orphans,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
     """provider="market" with a fleet of 2: the market's capacity follows p3 from interval 49 (the job is blind to
