@@ -169,6 +169,8 @@ JOB_PATH: tuple[tuple[str, Callable[[Function], bool]], ...] = (
     ("train (flow)", lambda f: f.qualname == "train" and f.decorated_by("flow")),
     ("Coordinator.__init__", lambda f: f.qualname == "Coordinator.__init__"),
     ("train_job (task)", lambda f: f.qualname == "train_job"),
+    ("training_planner (task)", lambda f: f.qualname == "training_planner"),
+    ("job_planner", lambda f: f.qualname == "job_planner"),
 )
 
 

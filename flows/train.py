@@ -34,7 +34,6 @@ import tracking
 
 from prefect import flow, get_run_logger, runtime
 
-from liveput import DEFAULT_INTERVAL_S
 from parcae import settings
 from tasks.forecaster import champion_forecaster
 from tasks.tracking import FLOW_RUN_TAG, publish_train_report
@@ -216,16 +215,7 @@ def train(
         for line in told:
             logger.warning(line)
         forecaster, forecaster_run = champion_forecaster()
-    plan_with, forecast = None, "none (the events file's own plans)"
-    if plan.planner is not None:  # (None: a job file's scripted events plan, as `parcae train --events` does)
-        # the replay compresses time, the plans do not: each interval is priced as the trace's own (60 s)
-        plan_with, forecast = training_planner(
-            plan.planner, runtime_prof, forecaster, trace=av.trace, workers=workers,
-            start_interval=av.start_interval, look_ahead=plan.look_ahead, interval_s=DEFAULT_INTERVAL_S,
-            forecaster_run=forecaster_run, model=model, fleet=fleet,
-            accept_plans_for_s=2 * av.interval_seconds if plan.accept_plans else None,
-            notice_s=config.control.notice_grace_s if config.control.prepare else None,
-        )  # fmt: skip
+    plan_with, forecast = training_planner(config, runtime_prof, forecaster, forecaster_run)
     logger.info("planner %s; forecasts: %s; runtime profile: %s", plan.planner, forecast, profile_source)
     tags = {
         FLOW_RUN_TAG: runtime.flow_run.id,

@@ -74,34 +74,18 @@ def runtime_profile(model: str, workers: int, path: str | None = None, model_arg
 
 @task(name="training-planner", persist_result=False)
 def training_planner(
-    kind: str,
-    profile: Any,
-    forecaster: Forecaster | None,
-    *,
-    trace: str | None,
-    workers: int,
-    start_interval: int,
-    look_ahead: int,
-    interval_s: float,
-    forecaster_run: str | None = None,
-    model: str | None = None,
-    fleet: int | None = None,
-    accept_plans_for_s: float | None = None,
-    notice_s: float | None = None,
+    config: JobConfig, profile: Any, forecaster: Forecaster | None, forecaster_run: str | None = None
 ) -> tuple[Any, str]:
-    """The job's live planner and the forecasts it plans with, in a sentence for the run's tags and the report
-    (`trainer.control.planning.make_planner`).
+    """The live planner of the job ``config`` describes and the forecasts it plans with, in a sentence for the
+    run's tags and the report (`trainer.job_planner`; None where the job has no planner).
 
     For ``liveput`` the sentence says where ``forecaster`` came from: the champion (``forecaster_run`` is the MLflow
     run that trained it) or, without one, the registry's fallback, persistence (`forecasting.registry.load_champion`).
     """
-    from trainer import make_planner
+    from trainer import job_planner, planned_interval_s
 
-    planner, what = make_planner(
-        kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers, start_interval=start_interval,
-        look_ahead=look_ahead, interval_s=interval_s, model=model, fleet=fleet, accept_plans_for_s=accept_plans_for_s,
-        notice_s=notice_s,
-    )  # fmt: skip
+    planner, what = job_planner(config, profile=profile, forecaster=forecaster)
+    kind, trace, plan = config.planning.planner, config.availability.trace, config.planning
     if kind == "liveput" and forecaster is not None:
         name = str(getattr(forecaster, "name", type(forecaster).__name__))
         if forecaster_run:
@@ -116,9 +100,10 @@ def training_planner(
         )
         what = (f"{name} ({origin}) on {past}{gate}; persistence where it cannot forecast (said in each "
                 "decision's details)")  # fmt: skip
-        if accept_plans_for_s is not None:
-            what = f"plans handed in when fresh (each stands {accept_plans_for_s:g} s), else {what}"
-    horizon = f"; look-ahead {look_ahead} x {interval_s:g} s" if kind == "liveput" else ""
+        if plan.accept_plans:
+            stands = 2 * config.availability.interval_seconds
+            what = f"plans handed in when fresh (each stands {stands:g} s), else {what}"
+    horizon = f"; look-ahead {plan.look_ahead} x {planned_interval_s(config):g} s" if kind == "liveput" else ""
     get_run_logger().info("%s planner%s; forecasts: %s", kind, horizon, what)
     return planner, what
 

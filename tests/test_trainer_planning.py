@@ -272,6 +272,28 @@ def test_make_planner_builds_each_kind_and_names_the_fix(tmp_path, lightgbm):
         make_planner("liveput", profile=profile, look_ahead=0)
 
 
+def test_a_job_s_planner_comes_from_its_config_alone(tmp_path):
+    """`job_planner` (what `parcae train` and the train flow both call): the planner, look-ahead, handed-in plans and
+    interval of the `JobConfig`; a replay's and the local market's intervals are the trace's 60 s whatever
+    interval_seconds compresses them to, a real fleet's and an events file's are interval_seconds."""
+    from trainer import JobConfig, job_planner, planned_interval_s
+
+    profile = RuntimeProfile.load(runtime_profile_file(tmp_path / "profile.json", fastest=(2, 1)))
+    replay = JobConfig().replace(availability={"trace": "p3", "interval_seconds": 0.5},
+                                 planning={"planner": "liveput", "look_ahead": 3, "accept_plans": True})  # fmt: skip
+    planner, what = job_planner(replay, profile=profile)
+    assert isinstance(planner, HandedPlanner) and planner.max_age_s == 1.0 and "each stands 1 s" in what
+    own = planner.fallback.config
+    assert own.look_ahead == 3 and own.interval_s == 60.0 == planned_interval_s(replay)
+    market = JobConfig().replace(provider={"name": "market"}, fleet={"max_instances": 2, "record_history": False})
+    assert planned_interval_s(market.replace(availability={"interval_seconds": 0.5})) == 60.0
+    for real in (market.replace(provider={"name": "aws"}), JobConfig()):  # a real fleet's; an events file's
+        assert planned_interval_s(real.replace(availability={"interval_seconds": 30.0})) == 30.0
+    rule, _ = job_planner(replay.replace(planning={"planner": "rule", "accept_plans": False}))
+    assert isinstance(rule, RulePlanner)
+    assert job_planner(JobConfig()) == (None, "none (the events file's own plans)")
+
+
 def test_a_job_that_prepares_its_migrations_is_planned_with_the_profile_s_measured_preparation():
     """notice_s (the job prepares, its provider's notices come that long ahead): liveput prices moves as prepared,
     the old strategy slowed by the profile's measured slowdown; a profile without that measurement prices full stops

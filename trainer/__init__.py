@@ -53,7 +53,8 @@ _HOMES: dict[str, str] = {
     "ScheduleError": "trainer.control.dry_run",
     "chaos_schedule": "trainer.control.schedules",
     **dict.fromkeys(("fleet_cost", "fleet_cost_text"), "trainer.control.fleet"),
-    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "make_planner", "profile_cut"),
+    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "job_planner", "make_planner", "planned_interval_s",
+                     "profile_cut"),
                     "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
     **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "ProgressLog", "StepInfo", "fleet_text"),
@@ -158,7 +159,13 @@ if TYPE_CHECKING:
         hand_plan as hand_plan,
     )
     from trainer.control.planning import (
+        job_planner as job_planner,
+    )
+    from trainer.control.planning import (
         make_planner as make_planner,
+    )
+    from trainer.control.planning import (
+        planned_interval_s as planned_interval_s,
     )
     from trainer.control.planning import (
         profile_cut as profile_cut,

@@ -313,7 +313,7 @@ def train_cmd(
         TrainConfig,
         UnknownModelError,
         check_job,
-        make_planner,
+        job_planner,
         model_config,
         profile_cut,
         provider_of,
@@ -329,8 +329,6 @@ def train_cmd(
         market_trace = opts.get("trace") if provider_name == "market" else None
         interval_seconds, device = av.interval_seconds, config.train.device
         global_batch = config.train.global_batch if batch_given else None  # (None: the spec's rows set it)
-        planned, planner = plan.planner is not None, plan.planner or "rule"
-        look_ahead, accept_plans, prepare = plan.look_ahead, plan.accept_plans, config.control.prepare
         try:
             liveput_on = plan.profile is not None and plan.planner == "liveput"  # (as --profile: liveput's only)
             runtime = RuntimeProfile.load(plan.profile) if liveput_on else None
@@ -398,17 +396,10 @@ def train_cmd(
             resolve_device(device, 0)
         except DeviceError as exc:
             raise UserError(_config_message(exc)) from None
-    live, forecasts = None, "none"
-    if planned:
-        try:
-            live, forecasts = make_planner(
-                planner, profile=runtime, model=model, look_ahead=look_ahead,
-                interval_s=DEFAULT_INTERVAL_S if trace is not None or provider_name == "market" else interval_seconds,
-                accept_plans_for_s=2 * interval_seconds if accept_plans else None,
-                notice_s=config.control.notice_grace_s if prepare else None,
-            )  # fmt: skip
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
+    try:
+        live, forecasts = job_planner(config, profile=runtime)  # (None: an events file's own plans)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     from parcae.progress import TrainProgress, scores_text
 
     try:  # the spec imports, cuts, feeds and scores before any process starts; it sets the global batch

@@ -536,6 +536,33 @@ def make_planner(
     return planner, what
 
 
+def planned_interval_s(config: JobConfig) -> float:
+    """The seconds one planned interval stands for in the job `config` describes: a trace replay's and the local
+    market's are the trace's own (60 s), whatever ``interval_seconds`` compresses them to; a real fleet's and an
+    events file's are ``interval_seconds`` of wall time."""
+    av = config.availability
+    return DEFAULT_INTERVAL_S if av.trace is not None or config.provider.name == "market" else av.interval_seconds
+
+
+def job_planner(config: JobConfig, *, profile: RuntimeProfile | None = None,
+                forecaster: Any = None) -> tuple[Planner | None, str]:  # fmt: skip
+    """`make_planner` for the job `config` describes — its planner, look-ahead, trace or fleet, instances, interval
+    (`planned_interval_s`), whether it takes plans handed in (each standing two intervals) and whether it prepares
+    its migrations (then its notices come ``control.notice_grace_s`` ahead) — with the runtime `profile` and the
+    `forecaster` the caller loaded: how `parcae train` and the train flow build a job's planner. None where the job
+    has none (``planning.planner`` None: an events file's own plans)."""
+    plan, av = config.planning, config.availability
+    if plan.planner is None:
+        return None, "none (the events file's own plans)"
+    return make_planner(
+        plan.planner, profile=profile, forecaster=forecaster, trace=av.trace, workers=av.workers,
+        start_interval=av.start_interval, look_ahead=plan.look_ahead, interval_s=planned_interval_s(config),
+        model=config.model.name, fleet=config.fleet.max_instances,
+        accept_plans_for_s=2 * av.interval_seconds if plan.accept_plans else None,
+        notice_s=config.control.notice_grace_s if config.control.prepare else None,
+    )  # fmt: skip
+
+
 def profile_cut(config: JobConfig, profile: RuntimeProfile) -> tuple[JobConfig, list[str]]:
     """`config` with its stages cut by the per-layer times ``profile`` measured (`TrainConfig.stage_costs`), and
     what the user should be told of the profile. Its iteration times were measured on that cut, so a job that plans
