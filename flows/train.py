@@ -1,6 +1,6 @@
 """Train: an elastic job replaying a spot trace, re-planned every interval, tracked in MLflow. Not scheduled.
 
-    settings (trace, MLflow store, provider, out_dir) --fail fast--+
+    settings (parameters, or a job file: config_file; MLflow store, out_dir) --fail fast--+
     runtime profile (runs/profile-<model>-<workers>.json, measured if absent) --+
     champion forecaster (or persistence) --------------------------------------+--training_planner--+
                                                                                                      |
@@ -62,8 +62,8 @@ WITH_CONFIG = frozenset({"config_file", "out_dir", "resume"})
 def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
     """Every fail-fast check of the train flow's ``arguments`` (one `SettingError` listing the problems): its
     parameters (`settings.FLOW_PARAMETERS`, as `python -m parcae.settings` checks a deployment's) or its job file
-    (``config_file``), the tracking store, the job folder, then the `JobConfig` they make (the provider's options too:
-    `trainer.providers`) and, for AWS, the credentials. Returns that `JobConfig`."""
+    (``config_file``), the tracking store, the job folder, then the `JobConfig` they make (the provider's options
+    too: `trainer.providers`) and, for AWS, the credentials. Returns that `JobConfig`."""
     uri = tracking.tracking_uri()
     config, batch_given = (None, False) if arguments["config_file"] is None else job_from_file(arguments)
     out_dir, resume = arguments["out_dir"] if config is None else config.out_dir, arguments["resume"]
@@ -90,12 +90,11 @@ def check_train_settings(arguments: Mapping[str, Any]) -> JobConfig:
 
 
 def job_from_file(arguments: Mapping[str, Any]) -> tuple[JobConfig, bool]:
-    """The `JobConfig` in the file that the ``config_file`` argument names (`trainer.load_job`: JSON, as each job writes
-    it in job.json and its MLflow run records it, or TOML with the same sections), with the run's ``out_dir``
-    (where it is not the default, or where the file has none) and ``resume``, and whether the file gives the
-    global batch (else the spec's rows set it). A parameter that is a job setting,
-    given beside it (other than its default), is refused: a file that the flow silently overrode would not be the
-    job that ran."""
+    """The `JobConfig` in the file that the ``config_file`` argument names (`trainer.load_job`: JSON, as each job
+    writes it in job.json and its MLflow run records it, or TOML with the same sections), with the run's
+    ``out_dir`` (where it is not the default, or where the file has none) and ``resume``, and whether the file gives
+    the global batch (else the spec's rows set it). A parameter that is a job setting, given beside it (other than
+    its default), is refused: a file that the flow silently overrode would not be the job that ran."""
     path = arguments["config_file"]
     defaults = _defaults()
     beside = [name for name, value in arguments.items() if name not in WITH_CONFIG and value != defaults[name]]
