@@ -1,4 +1,4 @@
-"""A job's settings from one file: the `JobConfig` that `parcae train --config` and the train flow's ``config`` read.
+"""A job's settings from one file: what `parcae train --config` and the train flow's ``config_file`` read.
 
 Owns: `load_job` (JSON, as `JobConfig.to_dict` writes it in each job's ``job.json`` and its MLflow run; or TOML
 with the same sections), with the run's own out_dir and resume, checked as the job will run (its provider too).
