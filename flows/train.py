@@ -52,7 +52,7 @@ from trainer import (
     load_job,
     model_config,
     profile_cut,
-    provider_of,
+    with_notice_grace,
 )
 
 #: The train flow's parameters that go with ``config_file``: this run's own, not the job's settings.
@@ -131,8 +131,7 @@ def job_config(arguments: Mapping[str, Any]) -> JobConfig:
                                 accept_plans=a.get("accept_plans", False)),
         fleet=FleetConfig(max_instances=fleet, min_instances=a.get("min_instances", 1)),
     )  # fmt: skip
-    chosen = provider_of(config)  # its name, its options and what it runs
-    return config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
+    return with_notice_grace(config)  # (checked against its provider: its name, its options and what it runs)
 
 
 def _defaults() -> dict[str, Any]:

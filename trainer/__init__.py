@@ -42,7 +42,8 @@ _HOMES: dict[str, str] = {
                      "ProviderConfig", "SCHEDULES", "START_METHODS", "TrainConfig", "UnknownModelError",
                      "config_default", "model_config", "register_model"),
                     "trainer.config"),
-    **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "provider_of", "register_provider"),
+    **dict.fromkeys(("PROVIDERS", "Provider", "ProviderError", "provider", "provider_of", "register_provider",
+                     "with_notice_grace"),
                    "trainer.providers"),
     "HostsError": "trainer.providers.hosts",
     **dict.fromkeys(("AwsConfigError", "AwsSpotConfig"), "trainer.providers.aws_config"),
@@ -235,6 +236,9 @@ if TYPE_CHECKING:
     )
     from trainer.providers import (
         register_provider as register_provider,
+    )
+    from trainer.providers import (
+        with_notice_grace as with_notice_grace,
     )
     from trainer.providers.aws_config import AwsConfigError as AwsConfigError
     from trainer.providers.aws_config import AwsSpotConfig as AwsSpotConfig

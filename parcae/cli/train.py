@@ -316,9 +316,9 @@ def train_cmd(
         job_planner,
         model_config,
         profile_cut,
-        provider_of,
         resolve_device,
         train,
+        with_notice_grace,
     )
 
     if config_file is not None:  # the job as a file holds it; the options that are this run's own go with it
@@ -387,8 +387,7 @@ def train_cmd(
                                         profile=None if profile is None else str(profile), accept_plans=accept_plans),
                 fleet=FleetConfig(max_instances=fleet, min_instances=min_instances),
             )  # fmt: skip
-            chosen = provider_of(config)  # its name, its options and what it runs
-            config = config.replace(control={"notice_grace_s": chosen.notice_grace_s(options)})
+            config = with_notice_grace(config)  # (checked against its provider: its name, options, what it runs)
         except ValueError as exc:  # ConfigError, UnknownModelError: a message naming the option
             raise UserError(_config_message(exc)) from None
     if provider_name == "local":  # the workers run here: a device this machine lacks is refused before anything

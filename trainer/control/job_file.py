@@ -17,7 +17,7 @@ from forecasting import jsonio
 from liveput import shown
 from trainer.config import ConfigError, JobConfig
 from trainer.jsonfile import load_json
-from trainer.providers import provider_of
+from trainer.providers import provider_of, with_notice_grace
 
 #: What a job file should hold, said where it does not.
 EXPECTED = "give a JobConfig, an object of its sections (model, train, ...), as the job.json of a job"
@@ -51,9 +51,10 @@ def load_job(
             config = config.replace(out_dir=str(out_dir))
         if resume is not None:
             config = config.replace(checkpoint={"resume": resume})
-        chosen = provider_of(config)  # its name, its options and what it runs
-        if "notice_grace_s" not in (doc.get("control") or {}):
-            config = config.replace(control={"notice_grace_s": chosen.notice_grace_s(config.provider.options)})
+        if "notice_grace_s" in (doc.get("control") or {}):
+            provider_of(config)  # its name, its options and what it runs
+        else:
+            config = with_notice_grace(config)  # (and checked against it)
     except (TypeError, ValueError) as exc:  # ConfigError: "section.field: problem; fix"
         raise ConfigError(f"{p}: {exc}") from None
     return config, "global_batch" in (doc.get("train") or {})

@@ -99,6 +99,14 @@ def provider_of(config: JobConfig) -> Provider:
     return chosen
 
 
+def with_notice_grace(config: JobConfig) -> JobConfig:
+    """`config` checked against its provider (`provider_of`), with the provider's notice grace
+    (``control.notice_grace_s``; AWS: two minutes, a provider that says nothing: GCP's 30 s): how long a preemption
+    notice comes ahead is the cloud's, so a job built from options or from a file without one takes it from here."""
+    chosen = provider_of(config)
+    return config.replace(control={"notice_grace_s": chosen.notice_grace_s(config.provider.options)})
+
+
 def _only(options: Mapping[str, Any], allowed: set[str], name: str) -> None:
     extra = sorted(set(options) - allowed)
     if extra:
