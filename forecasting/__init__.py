@@ -14,8 +14,8 @@ What is here, and where it lives:
   training corpus (`forecasting.corpus`); `load_trace`, a name or path (the catalog's) or a live fleet's history
   (`fleet:<job tag>`, in the trace store: `forecasting.trace_store`);
 - the model registry in MLflow: `train_and_log`, `load_champion` (`forecasting.registry`);
-- collection from EC2: `SpotCollector` (`forecasting.collect`) and the EC2 constants the trainer's AWS provider
-  shares (`forecasting.ec2`);
+- collection from EC2: `SpotCollector` and `spot_price_history` (`forecasting.collect`; the trainer's AWS provider
+  prices a live fleet with the latter) and the EC2 constants the trainer's AWS provider shares (`forecasting.ec2`);
 - the trace store, in a folder or on S3: `TraceStore`, its compaction threshold `COMPACT_AT`, the prefix of a
   live fleet's history as a trace (`FLEET`; `FleetIntervalError` where asked at another interval), where the store
   is by default (`trace_store_root`) and whether a location can be one (`check_trace_store`)
@@ -91,6 +91,7 @@ _HOMES: dict[str, str] = {
     "no_region": "ec2",
     "CollectError": "collect",
     "SpotCollector": "collect",
+    "spot_price_history": "collect",
     # the trace store
     "COMPACT_AT": "trace_store",
     "FLEET": "trace_store",
@@ -118,6 +119,7 @@ if TYPE_CHECKING:
     from forecasting.baselines import PersistenceForecaster as PersistenceForecaster
     from forecasting.collect import CollectError as CollectError
     from forecasting.collect import SpotCollector as SpotCollector
+    from forecasting.collect import spot_price_history as spot_price_history
     from forecasting.corpus import training_corpus as training_corpus
     from forecasting.ec2 import ALIVE_STATES as ALIVE_STATES
     from forecasting.ec2 import FILTER_VALUES_MAX as FILTER_VALUES_MAX

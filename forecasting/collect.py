@@ -278,6 +278,17 @@ class _Failed:
 _FAILED: Final = _Failed()
 
 
+def spot_price_history(client: Any, instance_types: Sequence[str], start: datetime, end: datetime, *,
+                       products: Sequence[str] = ("Linux/UNIX",)) -> list[dict[str, Any]]:  # fmt: skip
+    """Every ``describe_spot_price_history`` record of `instance_types` between `start` and `end` (every zone of the
+    client's region, all pages): what the collector stores and what a live fleet on AWS is priced at. AWS's first
+    record of each pool is the price in effect at `start`, dated when it was set."""
+    pages = client.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=list(instance_types), ProductDescriptions=list(products), StartTime=start, EndTime=end
+    )
+    return [p for page in pages for p in page.get("SpotPriceHistory", [])]
+
+
 class SpotCollector:
     """Records the job's fleet and the spot market of ``regions`` into a :class:`TraceStore`.
 
@@ -503,14 +514,8 @@ class SpotCollector:
         rows: list[dict[str, Any]] = []
 
         def fetch(client: Any, region: str) -> list[dict[str, Any]]:
-            pages = self._pages(
-                client,
-                "describe_spot_price_history",
-                InstanceTypes=list(self.instance_types),
-                ProductDescriptions=list(self.product_descriptions),
-                StartTime=start_ts.to_pydatetime(),
-                EndTime=end_ts.to_pydatetime(),
-            )
+            history = spot_price_history(client, self.instance_types, start_ts.to_pydatetime(),
+                                         end_ts.to_pydatetime(), products=self.product_descriptions)  # fmt: skip
             return [
                 {
                     "region": region,
@@ -521,8 +526,7 @@ class SpotCollector:
                     "price": float(p["SpotPrice"]),
                     "observed_at": observed_at,
                 }
-                for page in pages
-                for p in page.get("SpotPriceHistory", [])
+                for p in history
             ]
 
         for region in self.regions:

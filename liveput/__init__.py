@@ -12,7 +12,8 @@ The package's public face: code outside liveput imports from here only. Map:
 - `horizon`     the interval T's and the look-ahead K's bounds and defaults (the trace grid's too);
 - `optimizer`   the K-interval DP and `plan_interval`, the planning step every planner calls;
 - `plan_input`  the JSON document `parcae plan` reads, validated; `plan_plot` its figure (`parcae plan --plot`);
-- `policies`, `simulator`, `prices`  the trace-driven comparison of `POLICIES` (a new policy plugs in there).
+- `policies`, `simulator`, `prices`  the trace-driven comparison of `POLICIES` (a new policy plugs in there);
+                `prices` also what instance time cost at a cloud's own spot prices (`spot_usd`).
 
 Must not touch: processes, Prefect, MLflow. The light modules (costs, throughput) load eagerly, so the trainer's
 workers import them without scipy or pandas; the planning modules load on first use.
@@ -42,7 +43,7 @@ from liveput.migration import (
 )
 from liveput.model_spec import Layer, ModelSpec, load_model_spec
 from liveput.network import P3_P2P, GiB, MiB, P2PTable, p2p_ms
-from liveput.prices import InstancePrice, instance_price, usd_per_million_samples
+from liveput.prices import InstancePrice, Pool, PriceChanges, instance_price, spot_usd, usd_per_million_samples
 from liveput.throughput import (
     MAX_MICRO_BATCHES,
     InfeasibleStrategy,
@@ -145,6 +146,8 @@ __all__ = [
     "MigrationKind",
     "ModelSpec",
     "P2PTable",
+    "Pool",
+    "PriceChanges",
     "Strategy",
     "ThroughputProfile",
     "assign_stages",
@@ -159,6 +162,7 @@ __all__ = [
     "p2p_ms",
     "parse_strategy",
     "profile_names",
+    "spot_usd",
     "stage_overlap",
     "strategy_key",
     "strategy_text",

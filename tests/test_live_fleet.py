@@ -206,6 +206,12 @@ def test_the_fleet_s_cost_counts_every_instance_held_from_its_grant_to_its_end_a
     assert f.instance_seconds == 2 * 30 + 3 * 60 + 1 * 60
     f.hold(400.0, 0)  # nothing held since
     assert f.instance_seconds == 300.0
+    f.hold(500.0, 1)
+    f.hold(510.0, 1)  # polled again, the same instance held: one span
+    f.hold(520.0, 0)
+    own = (None, None)  # (the provider's own type, its zone not known)
+    assert f.spans == [(100.0, 130.0, {own: 2}), (130.0, 190.0, {own: 3}), (190.0, 250.0, {own: 1}),
+                       (500.0, 520.0, {own: 1})]  # fmt: skip
     cost = fleet_cost(3600.0, "p3.2xlarge", samples=1_000_000)
     assert cost == {"instance_hours": 1.0, "instance_type": "p3.2xlarge", "time_scale": 1.0, "spot_usd": 0.612,
                     "on_demand_usd": 3.06, "usd_per_million_samples": 0.612, "prices_as_of": "2025-06-28"}  # fmt: skip

@@ -16,7 +16,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,8 @@ from _ec2_standin import NOTICE, FakeImds
 from _trainer_fixtures import until
 from moto import mock_aws
 
+from trainer.config import FleetConfig
+from trainer.control.fleet import FleetController, cloud_spot, fleet_cost, fleet_cost_text
 from trainer.providers.aws import (
     JOB_TAG_KEY,
     WORKER_TAG_KEY,
@@ -659,3 +661,76 @@ def test_aws_job_publishes_a_fresh_token_and_clears_a_killed_runs_instances(aws:
     instances = second.instances(None)  # the driver builds it on its store when the job starts
     assert isinstance(instances, AgentInstances)
     assert left.alive() == set()  # the killed run's instances were terminated before anything was launched
+
+
+def test_a_live_fleet_is_priced_at_aws_s_own_spot_price_history(aws: dict[str, Any]) -> None:
+    """A live fleet on AWS is billed at the spot price of each instance's type in its zone while it ran, not at the
+    bundled reference prices: the price history is asked once, at the job's end, and a price that changed meanwhile
+    counts from its change. A call the driver's credentials may not make leaves the bundled prices, saying why."""
+    p = provider(aws)
+    fleet = AwsFleet(p, store=None)
+    (w,) = fleet.request(1).granted
+    kind, zone = fleet.instance_type_of(w), fleet.zone_of(w)
+    assert (kind, zone) == ("p3.2xlarge", instance(aws["ec2"], p.instance_ids()[w])["Placement"]["AvailabilityZone"])
+    held = FleetController(FleetConfig(max_instances=2), interval_s=60.0, start=0.0)
+    held.hold(0.0, {(kind, zone): 1})
+    held.hold(1800.0, {(kind, zone): 1, (None, None): 1})  # a second booting, of the provider's own type
+    held.hold(3600.0, 0)
+    start = T0.timestamp()
+    assert held.spans == [(0.0, 1800.0, {(kind, zone): 1}), (1800.0, 3600.0, {(kind, zone): 1, (None, None): 1})]
+    # moto answers a history asked by instance type with no record (its filter by type matches none): no price
+    # of the instance's pool, said so, and the bundled prices stand
+    moto = cloud_spot(held, fleet, "p3.2xlarge", start)
+    assert moto is not None and moto.source == f"AWS describe_spot_price_history, {REGION}"
+    assert moto.error == f"no spot price of p3.2xlarge in {zone} between 2026-03-01T12:00:00Z and 2026-03-01T12:30:00Z"
+    # AWS's shape: the price in effect at the start (set before it), then a change half an hour in, in this zone
+    other = "us-east-1z"
+    history = [
+        {"InstanceType": "p3.2xlarge", "AvailabilityZone": zone, "SpotPrice": "0.918000",
+         "ProductDescription": "Linux/UNIX", "Timestamp": T0 - timedelta(hours=5)},
+        {"InstanceType": "p3.2xlarge", "AvailabilityZone": zone, "SpotPrice": "1.224000",
+         "ProductDescription": "Linux/UNIX", "Timestamp": T0 + timedelta(minutes=30)},
+        {"InstanceType": "p3.2xlarge", "AvailabilityZone": other, "SpotPrice": "0.612000",
+         "ProductDescription": "Linux/UNIX", "Timestamp": T0 - timedelta(hours=1)},
+    ]  # fmt: skip
+    sent = answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": history}])
+    billed = cloud_spot(held, fleet, "p3.2xlarge", start)
+    asked = sent[0]["body"]  # (EC2's query form)
+    assert (asked["InstanceType.1"], asked["ProductDescription.1"]) == ("p3.2xlarge", "Linux/UNIX")
+    assert (asked["StartTime"], asked["EndTime"]) == ("2026-03-01T12:00:00Z", "2026-03-01T13:00:00Z")
+    # half an hour at 0.918, half an hour at 1.224, and the booting one (zone unknown) at its zones' mean
+    assert billed is not None and billed.usd_by_type == {
+        "p3.2xlarge": pytest.approx(0.459 + 0.612 + (1.224 + 0.612) / 4)
+    }
+    cost = fleet_cost(held.instance_seconds_by_type, "p3.2xlarge", samples=1_000_000, cloud=billed)
+    assert cost["spot_usd"] == pytest.approx(1.53) and cost["on_demand_usd"] == pytest.approx(1.5 * 3.06)
+    assert cost["spot_prices"] == f"AWS describe_spot_price_history, {REGION}"
+    assert fleet_cost_text(cost) == ("fleet: 1.50 instance-hours of p3.2xlarge, $1.53 at spot (AWS "
+                                     f"describe_spot_price_history, {REGION}; $4.59 on demand at the prices of "
+                                     "2025-06-28)")  # fmt: skip
+    # a type the bundle does not price: at spot still, on demand not
+    g5 = FleetController(FleetConfig(max_instances=1), interval_s=60.0, start=0.0)
+    g5.hold(0.0, {("g5.xlarge", zone): 1})
+    g5.hold(3600.0, 0)
+    g5_history = [{"InstanceType": "g5.xlarge", "AvailabilityZone": zone, "SpotPrice": "0.4",
+                   "ProductDescription": "Linux/UNIX", "Timestamp": T0}]  # fmt: skip
+    answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": g5_history}])
+    cost = fleet_cost(g5.instance_seconds_by_type, "g5.xlarge", 10, cloud=cloud_spot(g5, fleet, "g5.xlarge", start))
+    assert (
+        cost["spot_usd"] == pytest.approx(0.4)
+        and "no price for instance type 'g5.xlarge'" in cost["on_demand_unpriced"]
+    )
+    assert "on demand not priced: no price for instance type 'g5.xlarge'" in fleet_cost_text(cost)
+    # not allowed to read prices: the bundled prices, and the fix
+    no = ("UnauthorizedOperation", "You are not authorized to perform this operation.")
+    answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [no])
+    denied = cloud_spot(held, fleet, "p3.2xlarge", start)
+    assert denied is not None and denied.error is not None and "UnauthorizedOperation" in denied.error
+    cost = fleet_cost(held.instance_seconds_by_type, "p3.2xlarge", samples=1_000_000, cloud=denied)
+    assert cost["spot_usd"] == pytest.approx(1.5 * 0.612) and "spot_prices" not in cost
+    assert "ec2:DescribeSpotPriceHistory" in cost["spot_prices_error"]
+    assert "ec2:DescribeSpotPriceHistory" in fleet_cost_text(cost)
+    # a zone AWS gives no price for: said, not priced as another
+    answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": history[2:]}])
+    assert cloud_spot(held, fleet, "p3.2xlarge", start) == moto
+    p.stop()

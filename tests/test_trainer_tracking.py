@@ -234,6 +234,28 @@ def test_the_run_s_best_held_out_score_is_the_monitored_one_in_its_direction(cli
     assert (final["best_val_accuracy"], final["best_val_step"]) == (0.8, 5) and "best_val_loss" not in final
 
 
+def test_a_fleet_s_cost_is_logged_with_the_prices_it_is_at(client: MlflowClient, store) -> None:
+    """A live fleet's cost is a summary per figure, and a tag says whose spot prices they are: the cloud's, or the
+    bundled ones and why not (so two runs' dollars are compared knowing what they stand on)."""
+    runs = {}
+    for name, cost in (
+        ("aws-priced", {"instance_hours": 1.5, "spot_usd": 1.53, "on_demand_usd": 4.59,
+                        "spot_prices": "AWS describe_spot_price_history, us-east-1"}),
+        ("aws-denied", {"instance_hours": 1.5, "spot_usd": 0.918, "on_demand_usd": 4.59,
+                        "spot_prices_error": "AWS describe_spot_price_history, us-east-1: UnauthorizedOperation"}),
+        ("market", {"instance_hours": 1.5, "spot_usd": 0.918, "on_demand_usd": 4.59}),
+    ):  # fmt: skip
+        obs = MlflowJobObserver(flush_every_s=0.2)
+        obs.on_start(start_info(name))
+        obs.on_end({"loss": [1.0], "reconfigurations": [], "fleet_cost": cost})
+        runs[name] = client.get_run(obs.run_id).data
+    assert runs["aws-priced"].metrics["fleet_spot_usd"] == 1.53
+    tags = {name: data.tags.get("parcae.fleet_spot_prices") for name, data in runs.items()}
+    assert tags == {"aws-priced": "AWS describe_spot_price_history, us-east-1",
+                    "aws-denied": "bundled: AWS describe_spot_price_history, us-east-1: UnauthorizedOperation",
+                    "market": None}  # fmt: skip
+
+
 def test_every_step_is_logged_at_its_step(client: MlflowClient, replayed) -> None:
     run_id, job, _ = replayed
     run = client.get_run(run_id)

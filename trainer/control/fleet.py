@@ -3,23 +3,24 @@
 Owns: `FleetController` (keep up to `FleetConfig.max_instances` requested; a refused or pending request backs off,
 doubling, so that a market without capacity gets no request storm; every answer, reclaim, interval and instance-second
 counted), `FleetRow` (one interval of the fleet's history: the JSON report's ``fleet`` rows, and what the planner
-forecasts from) and `fleet_cost` (the instance time in hours and dollars: the report's ``fleet_cost``). Must not
+forecasts from) and `fleet_cost` (the instance time in hours and dollars: the report's ``fleet_cost``; at the cloud's
+own spot prices where it publishes them, `cloud_spot`, which asks the provider once, at the job's end). Must not
 touch: processes, the store, the provider's market behind `trainer.providers.fleet.Fleet`, what the planner decides
 (`trainer.control.planning`).
 
-Pure: every call says what time it is, so the same answers give the same requests (tests drive it on a virtual
-clock against `trainer.providers.market.SpotMarket`).
+`FleetController` is pure: every call says what time it is, so the same answers give the same requests (tests drive
+it on a virtual clock against `trainer.providers.market.SpotMarket`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from liveput import instance_price, usd_per_million_samples
+from liveput import Pool, instance_price, spot_usd, usd_per_million_samples
 from trainer.config import FleetConfig
-from trainer.providers.fleet import CapacityAnswer
+from trainer.providers.fleet import CapacityAnswer, Fleet
 
 # A refused request is retried after a quarter interval, doubling up to half an interval: a fleet without capacity
 # asks twice an interval (no request storm: two EC2 calls a minute at the default interval), and one that gets it
@@ -67,7 +68,10 @@ class FleetController:
         self.totals = dict(self._counts)
         # the instance time held so far (`hold`), by instance type (None: the provider's own): what a cloud bills
         self.instance_seconds_by_type: dict[str | None, float] = {}
-        self._held: tuple[float, Mapping[str | None, int]] = (start, {})
+        # ... and when, by capacity pool: (start, end, instances per (type, zone)), a span per change of the counts,
+        # what a cloud's own spot prices are applied to (`spot_spans`)
+        self.spans: list[tuple[float, float, dict[tuple[str | None, str | None], int]]] = []
+        self._held: tuple[float, dict[tuple[str | None, str | None], int]] = (start, {})
 
     def ask(self, now: float, have: int, outstanding: int) -> int:
         """How many instances to request now, with `have` alive or joining and `outstanding` granted but not
@@ -98,16 +102,25 @@ class FleetController:
             self._counts[k] += v
             self.totals[k] += v
 
-    def hold(self, now: float, held: int | Mapping[str | None, int]) -> None:
+    def hold(self, now: float, held: int | Mapping[Any, int]) -> None:
         """From `now` on the fleet holds `held` instances (booting, joining, training or leaving after a notice: each
         billed from its grant to its end, as clouds bill), a count or counts by instance type (None: the provider's
-        own); the time since the last call is counted at the counts that call gave."""
+        own) or by capacity pool, (instance type, zone); the time since the last call is counted at the counts that
+        call gave."""
         since, counts = self._held
-        for kind, count in counts.items():
+        for (kind, _zone), count in counts.items():
             if count:
                 seconds = self.instance_seconds_by_type.get(kind, 0.0) + count * max(0.0, now - since)
                 self.instance_seconds_by_type[kind] = seconds
-        self._held = (now, {None: held} if isinstance(held, int) else dict(held))
+        live = {pool: count for pool, count in counts.items() if count}
+        if live and now > since:
+            last = self.spans[-1] if self.spans else None
+            if last is not None and last[1] == since and last[2] == live:
+                self.spans[-1] = (last[0], now, live)  # the same instances held on
+            else:
+                self.spans.append((since, now, live))
+        by_pool = {None: held} if isinstance(held, int) else held
+        self._held = (now, {key if isinstance(key, tuple) else (key, None): n for key, n in by_pool.items()})
 
     @property
     def instance_seconds(self) -> float:
@@ -124,15 +137,52 @@ class FleetController:
         return row
 
 
+@dataclass(frozen=True)
+class CloudSpot:
+    """A live fleet's instance time at its cloud's own spot prices (`cloud_spot`): dollars by instance type, from
+    `source`; or `error`, why they are not known."""
+
+    source: str
+    usd_by_type: Mapping[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+def cloud_spot(fleet: FleetController, provider: Fleet, instance_type: str | None,
+               wall_offset: float) -> CloudSpot | None:  # fmt: skip
+    """What `fleet`'s instances cost at the spot prices their `provider`'s cloud published while they ran (its
+    `spans`, on the driver's monotonic clock, `wall_offset` seconds behind epoch time; a pool of no type is
+    `instance_type`'s): None where the cloud publishes none, or an instance is of no known type."""
+    spans: list[tuple[float, float, dict[Pool, int]]] = []
+    for a, b, held in fleet.spans:
+        pools = {(kind or instance_type, zone): n for (kind, zone), n in held.items()}
+        if not all(kind for kind, _ in pools):
+            return None
+        spans.append((a + wall_offset, b + wall_offset, {(str(kind), zone): n for (kind, zone), n in pools.items()}))
+    if not spans:
+        return None
+    prices = provider.spot_prices(sorted({kind for *_, held in spans for kind, _ in held}), spans[0][0], spans[-1][1])
+    if prices is None or prices.error is not None:
+        return None if prices is None else CloudSpot(prices.source, error=prices.error)
+    try:
+        return CloudSpot(prices.source, spot_usd(spans, prices.changes))
+    except KeyError as exc:
+        return CloudSpot(prices.source, error=str(exc.args[0]))
+
+
 def fleet_cost(instance_seconds: float | Mapping[str | None, float], instance_type: str | None, samples: int,
-               time_scale: float = 1.0) -> dict[str, Any]:  # fmt: skip
+               time_scale: float = 1.0, cloud: CloudSpot | None = None) -> dict[str, Any]:  # fmt: skip
     """What a live fleet cost (the JSON report's ``fleet_cost``): its `instance_seconds` (times `time_scale`: a
     compressed market's interval stands for its trace's own) in instance-hours and, at the bundled prices of each
     instance type (`liveput.instance_price`: dated, a reference point rather than a quote), in dollars at spot and
     on demand, and per million of the `samples` trained. `instance_seconds` is a total of `instance_type`, the
     provider's own, or a total per type where a fleet's instances were of several (an AWS fleet over several
     capacity pools; None: `instance_type`), which ``instance_hours_by_type`` then gives. An instance type without a
-    price gives the hours, and ``unpriced`` says why."""
+    price gives the hours, and ``unpriced`` says why.
+
+    With the `cloud`'s own spot prices (AWS's price history: `cloud_spot`), the spot dollars are those, whatever
+    the type (``spot_prices`` names where they came from); on demand stays at the bundled prices where they know
+    the types (``on_demand_unpriced`` says why not). Where the cloud's could not be read, ``spot_prices_error`` says
+    why beside the bundled prices."""
     seconds = instance_seconds if isinstance(instance_seconds, Mapping) else {None: instance_seconds}
     hours: dict[str | None, float] = {}
     for kind, held in seconds.items():
@@ -143,6 +193,18 @@ def fleet_cost(instance_seconds: float | Mapping[str | None, float], instance_ty
     if list(hours) != [instance_type]:  # other types than the provider's own
         by_type = sorted(hours.items(), key=lambda item: str(item[0]))
         cost["instance_hours_by_type"] = {str(kind): round(h, 6) for kind, h in by_type}
+    if cloud is not None and cloud.error is None:
+        spot_usd_ = sum(cloud.usd_by_type.values())
+        cost.update(spot_usd=round(spot_usd_, 6), spot_prices=cloud.source,
+                    usd_per_million_samples=_round(usd_per_million_samples(spot_usd_, samples)))  # fmt: skip
+        try:
+            priced = [(h, instance_price(str(kind))) for kind, h in hours.items()]
+        except KeyError as exc:
+            return {**cost, "on_demand_unpriced": str(exc.args[0])}
+        on_demand = sum(h * price.on_demand_per_hour for h, price in priced)
+        return {**cost, "on_demand_usd": round(on_demand, 6), "prices_as_of": min(p.as_of for _, p in priced)}
+    if cloud is not None:
+        cost["spot_prices_error"] = f"{cloud.source}: {cloud.error}"
     if None in hours:
         return {**cost, "unpriced": "the provider names no instance type"}
     try:
@@ -173,7 +235,12 @@ def fleet_cost_text(cost: Mapping[str, Any]) -> str:
         hours += f" of {cost['instance_type']}"
     if cost.get("time_scale", 1.0) != 1.0:
         hours += f" (in the market's trace time: {cost['time_scale']:g}x the wall clock)"
+    failed = f"; {cost['spot_prices_error']}" if cost.get("spot_prices_error") else ""
     if "spot_usd" not in cost:
-        return f"fleet: {hours}; not priced: {cost.get('unpriced')}"
-    return (f"fleet: {hours}, ${cost['spot_usd']:.2f} at spot (${cost['on_demand_usd']:.2f} on demand; prices as of "
-            f"{cost['prices_as_of']})")  # fmt: skip
+        return f"fleet: {hours}; not priced: {cost.get('unpriced')}{failed}"
+    if "spot_prices" not in cost:
+        return (f"fleet: {hours}, ${cost['spot_usd']:.2f} at spot (${cost['on_demand_usd']:.2f} on demand; prices as "
+                f"of {cost['prices_as_of']}){failed}")  # fmt: skip
+    on_demand = (f"${cost['on_demand_usd']:.2f} on demand at the prices of {cost['prices_as_of']}"
+                 if "on_demand_usd" in cost else f"on demand not priced: {cost['on_demand_unpriced']}")  # fmt: skip
+    return f"fleet: {hours}, ${cost['spot_usd']:.2f} at spot ({cost['spot_prices']}; {on_demand})"

@@ -119,8 +119,8 @@ class FleetDriver(Driver):
         now = time.monotonic()
         # held (and billed): every instance alive or waiting, joining, or still booting
         members = c.alive() | self._waiting
-        held = Counter(provider.instance_type_of(w) for w in members | self._joining)
-        held[None] += provider.booting()  # (of the provider's own type)
+        held = Counter((provider.instance_type_of(w), provider.zone_of(w)) for w in members | self._joining)
+        held[None, None] += provider.booting()  # (of the provider's own type)
         fleet.hold(now, held)
         have = len(members - set(self._pending_notices())) + len(self._joining)
         n = fleet.ask(now, have, provider.outstanding())

@@ -28,7 +28,7 @@ from trainer.control.coordinator import Coordinator
 from trainer.control.driver import Driver, JobError, LivePlanning
 from trainer.control.dry_run import ScheduleError, check_schedule, schedule_state
 from trainer.control.events import EventGroup, Schedule, group_events, load_events, parse_events
-from trainer.control.fleet import FleetController, fleet_cost
+from trainer.control.fleet import FleetController, cloud_spot, fleet_cost
 from trainer.control.fleet_driver import FleetDriver
 from trainer.control.planning import Planner, plan_info_dict
 from trainer.control.resume import check_same_job, clear_for_resume, resume_point
@@ -304,9 +304,11 @@ def run_job(
             result["fleet"] = [row.to_dict() for row in fleet.rows]
             result["fleet_totals"] = dict(fleet.totals)
             trained = len(result["loss"]) * train_cfg.global_batch
-            result["fleet_cost"] = fleet_cost(fleet.instance_seconds_by_type,
-                                              chosen.instance_type(config.provider.options), trained,
-                                              priced_s / interval_s)  # fmt: skip
+            own_type = chosen.instance_type(config.provider.options)
+            assert isinstance(provider, Fleet)  # (a live fleet's provider)
+            billed = cloud_spot(fleet, provider, own_type, time.time() - time.monotonic())
+            result["fleet_cost"] = fleet_cost(fleet.instance_seconds_by_type, own_type, trained,
+                                              priced_s / interval_s, billed)  # fmt: skip
             if history is not None:
                 history.close()
                 result["fleet_history"] = history.summary()

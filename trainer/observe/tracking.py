@@ -23,16 +23,21 @@ What the run holds (experiment "training"; a job resumed from a checkpoint can r
              by default; resumes included), stopped_early_step (a
              job its held-out loss stopped early, `Validation.patience`); resumes,
              interrupted_at_step, steps_recomputed (a resume); tracking_dropped_metrics (only if the buffer
-             overflowed). Each migration's own values are a row of the migrations table, not a step metric.
+             overflowed), fleet_instance_hours, fleet_spot_usd, fleet_on_demand_usd and
+             fleet_usd_per_million_samples (a live fleet's cost, `trainer.fleet_cost`). Each migration's own values
+             are a row of the migrations table, not a step metric.
   tags       mlflow.note.content (the description: what the job trains and where to look, `run_description`),
              MLflow's run context (mlflow.user, mlflow.source.*: `tracking.context_tags`),
              parcae.job, parcae.coordinator (host:port), parcae.migrations.<kind> (counts), parcae.plan_runs,
-             parcae.resumed (and the interruption's status, step and error), parcae.error, and the observer's tags
+             parcae.resumed (and the interruption's status, step and error), parcae.error,
+             parcae.fleet_spot_prices (a live fleet's: the cloud's spot prices its cost is at, or "bundled: " and
+             why not), and the observer's tags
   artifacts  job.json (the job's `JobConfig.to_dict()`, on_start's "config"; a resume's: resume<n>.job.json),
              migrations.json (every reconfiguration record, rewritten at each flush), migrations_table.json (at
              the end: a row per reconfiguration, `MIGRATION_COLUMNS`, MLflow's table format), plans.json (the plan
              runs), checkpoints/step-<N>/ (the checkpoint's shard files), final/ (the final layers: each stage's
-             shard and hash record, as `parcae export` reads them), timeline.png
+             shard and hash record, as `parcae export` reads them), timeline.png, fleet.json and fleet.png (a
+             live fleet's intervals)
   models     MLflow logged models whose source is the run (`trainer.observe.logged_model`): "model", the final
              layers, and "best", a validating job's best-scored checkpoint where it is not the final one, each the
              spec's layers as one module (`mlflow.pytorch.load_model("models:/<id>")`), its step and held-out
@@ -679,6 +684,8 @@ class MlflowJobObserver(JobObserver):
                 tags["parcae.tracking.dropped"] = self._sender.dropped
             if self._sender.failed:
                 tags["parcae.tracking.failed"] = self._sender.failed
+            if cost.get("spot_prices") or cost.get("spot_prices_error"):  # which prices its fleet_spot_usd is at
+                tags["parcae.fleet_spot_prices"] = cost.get("spot_prices") or f"bundled: {cost['spot_prices_error']}"
             store.log_batched(client, run_id, tags=tags)
             name = self._run_name or str((self._info or {}).get("job") or "job")  # the run's name, as the UI shows it
             if timeline:

@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import boto3
@@ -48,7 +48,7 @@ from trainer.providers.aws_errors import (
     aws_error,
     client_config,
 )
-from trainer.providers.fleet import CapacityAnswer, Fleet
+from trainer.providers.fleet import CapacityAnswer, Fleet, SpotPrices
 from trainer.providers.imds import IMDS_ENDPOINT, parse_time, watch_process
 from trainer.providers.instances import InstanceProvider, NumberedInstances
 
@@ -234,6 +234,7 @@ class AwsSpotProvider(NumberedInstances):
         super().__init__()
         self._instances: dict[int, str] = {}
         self._types: dict[int, str] = {}  # worker -> the instance type its pool (or AWS's EC2 Fleet) launched
+        self._zones: dict[int, str | None] = {}  # worker -> its instance's availability zone, where AWS said
         self._timers: dict[int, tuple[float, threading.Timer]] = {}
         self._deferred: list[AwsProviderError] = []
         self._reported: set[tuple[str, str]] = set()
@@ -287,6 +288,7 @@ class AwsSpotProvider(NumberedInstances):
                     exc.args = (f"{exc.args[0]} (and before it: {'; '.join(str(e) for e in refused)})",)
                 raise
             self._types[w] = pool[0]
+            self._zones[w] = resp["Instances"][0].get("Placement", {}).get("AvailabilityZone")
             return str(resp["Instances"][0]["InstanceId"])
         raise AssertionError("unreachable: the last pool's refusal is raised")
 
@@ -306,11 +308,14 @@ class AwsSpotProvider(NumberedInstances):
             with suppress(AwsProviderError):  # a template costs nothing; stop() deletes what is left
                 aws_call("delete_launch_template", self.ec2.delete_launch_template, LaunchTemplateId=template)
         launched = [
-            (i, item.get("InstanceType")) for item in resp.get("Instances", []) for i in item.get("InstanceIds", [])
+            (i, item.get("InstanceType"), item.get("LaunchTemplateAndOverrides", {}).get("Overrides", {}))
+            for item in resp.get("Instances", [])
+            for i in item.get("InstanceIds", [])
         ]
         if launched:
-            iid, kind = launched[0]
+            iid, kind, overrides = launched[0]
             self._types[w] = str(kind or c.instance_type)  # the pool AWS picked
+            self._zones[w] = overrides.get("AvailabilityZone")  # (an override by subnet names no zone)
             return str(iid)
         raise fleet_error(f"create_fleet (worker {w})", resp.get("Errors", []))
 
@@ -485,6 +490,32 @@ class AwsSpotProvider(NumberedInstances):
         with self._lock:
             return self._types.get(worker)
 
+    def zone_of(self, worker: int) -> str | None:
+        """The availability zone of worker `worker`'s instance, as AWS answered its launch (None: not said)."""
+        with self._lock:
+            return self._zones.get(worker)
+
+    def spot_prices(self, instance_types: Sequence[str], start: float, end: float) -> SpotPrices:
+        """AWS's own spot prices of `instance_types` in every zone of the region from `start` to `end` (epoch
+        seconds): ``describe_spot_price_history`` for Linux/UNIX, what the job's instances were billed at (an AMI of
+        another platform is priced otherwise). A call refused (no ``ec2:DescribeSpotPriceHistory``) is the
+        `SpotPrices`' error."""
+        from forecasting import spot_price_history  # deferred: the instance's own commands need no pandas
+
+        source = f"AWS describe_spot_price_history, {self.config.region}"
+        window = {"start": datetime.fromtimestamp(start, UTC), "end": datetime.fromtimestamp(end, UTC)}
+        try:
+            records = aws_call("describe_spot_price_history", spot_price_history, client=self.ec2,
+                               instance_types=sorted(instance_types), **window)  # fmt: skip
+        except AwsProviderError as exc:
+            return SpotPrices(source, error=f"{exc}; the policy of the driver's credentials needs "
+                                            "ec2:DescribeSpotPriceHistory")  # fmt: skip
+        changes: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for r in records:
+            pool = (str(r["InstanceType"]), str(r.get("AvailabilityZone", "")))
+            changes.setdefault(pool, []).append((r["Timestamp"].timestamp(), float(r["SpotPrice"])))  # (botocore's)
+        return SpotPrices(source, {pool: sorted(points) for pool, points in changes.items()})
+
     def worker_of(self, instance_id: str) -> int | None:
         with self._lock:
             return next((w for w, iid in self._instances.items() if iid == instance_id), None)
@@ -647,6 +678,12 @@ class AwsFleet(AgentInstances, Fleet):
 
     def instance_type_of(self, worker: int) -> str | None:
         return self._spot.instance_type_of(worker)
+
+    def zone_of(self, worker: int) -> str | None:
+        return self._spot.zone_of(worker)
+
+    def spot_prices(self, instance_types: Sequence[str], start: float, end: float) -> SpotPrices:
+        return self._spot.spot_prices(instance_types, start, end)
 
 
 def _with_worker(notice: InterruptionNotice, worker: int) -> InterruptionNotice:
