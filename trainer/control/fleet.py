@@ -69,7 +69,7 @@ class FleetController:
         # the instance time held so far (`hold`), by instance type (None: the provider's own): what a cloud bills
         self.instance_seconds_by_type: dict[str | None, float] = {}
         # ... and when, by capacity pool: (start, end, instances per (type, zone)), a span per change of the counts,
-        # what a cloud's own spot prices are applied to (`spot_spans`)
+        # what a cloud's own spot prices are applied to (`cloud_spot`)
         self.spans: list[tuple[float, float, dict[tuple[str | None, str | None], int]]] = []
         self._held: tuple[float, dict[tuple[str | None, str | None], int]] = (start, {})
 
