@@ -676,28 +676,30 @@ def test_a_live_fleet_is_priced_at_aws_s_own_spot_price_history(aws: dict[str, A
     held.hold(0.0, {(kind, zone): 1})
     held.hold(1800.0, {(kind, zone): 1, (None, None): 1})  # a second booting, of the provider's own type
     held.hold(3600.0, 0)
-    start = T0.timestamp()
+    t0 = datetime.now(UTC).replace(minute=0, second=0, microsecond=0) - timedelta(days=1)  # (AWS keeps 90 days)
+    start, iso = t0.timestamp(), "%Y-%m-%dT%H:%M:%SZ"
     assert held.spans == [(0.0, 1800.0, {(kind, zone): 1}), (1800.0, 3600.0, {(kind, zone): 1, (None, None): 1})]
     # moto answers a history asked by instance type with no record (its filter by type matches none): no price
     # of the instance's pool, said so, and the bundled prices stand
     moto = cloud_spot(held, fleet, "p3.2xlarge", start)
     assert moto is not None and moto.source == f"AWS describe_spot_price_history, {REGION}"
-    assert moto.error == f"no spot price of p3.2xlarge in {zone} between 2026-03-01T12:00:00Z and 2026-03-01T12:30:00Z"
+    half = t0 + timedelta(minutes=30)
+    assert moto.error == f"no spot price of p3.2xlarge in {zone} between {t0:{iso}} and {half:{iso}}"
     # AWS's shape: the price in effect at the start (set before it), then a change half an hour in, in this zone
     other = "us-east-1z"
     history = [
         {"InstanceType": "p3.2xlarge", "AvailabilityZone": zone, "SpotPrice": "0.918000",
-         "ProductDescription": "Linux/UNIX", "Timestamp": T0 - timedelta(hours=5)},
+         "ProductDescription": "Linux/UNIX", "Timestamp": t0 - timedelta(hours=5)},
         {"InstanceType": "p3.2xlarge", "AvailabilityZone": zone, "SpotPrice": "1.224000",
-         "ProductDescription": "Linux/UNIX", "Timestamp": T0 + timedelta(minutes=30)},
+         "ProductDescription": "Linux/UNIX", "Timestamp": t0 + timedelta(minutes=30)},
         {"InstanceType": "p3.2xlarge", "AvailabilityZone": other, "SpotPrice": "0.612000",
-         "ProductDescription": "Linux/UNIX", "Timestamp": T0 - timedelta(hours=1)},
+         "ProductDescription": "Linux/UNIX", "Timestamp": t0 - timedelta(hours=1)},
     ]  # fmt: skip
     sent = answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": history}])
     billed = cloud_spot(held, fleet, "p3.2xlarge", start)
     asked = sent[0]["body"]  # (EC2's query form)
     assert (asked["InstanceType.1"], asked["ProductDescription.1"]) == ("p3.2xlarge", "Linux/UNIX")
-    assert (asked["StartTime"], asked["EndTime"]) == ("2026-03-01T12:00:00Z", "2026-03-01T13:00:00Z")
+    assert (asked["StartTime"], asked["EndTime"]) == (f"{t0:{iso}}", f"{t0 + timedelta(hours=1):{iso}}")
     # half an hour at 0.918, half an hour at 1.224, and the booting one (zone unknown) at its zones' mean
     assert billed is not None and billed.usd_by_type == {
         "p3.2xlarge": pytest.approx(0.459 + 0.612 + (1.224 + 0.612) / 4)
@@ -713,7 +715,7 @@ def test_a_live_fleet_is_priced_at_aws_s_own_spot_price_history(aws: dict[str, A
     g5.hold(0.0, {("g5.xlarge", zone): 1})
     g5.hold(3600.0, 0)
     g5_history = [{"InstanceType": "g5.xlarge", "AvailabilityZone": zone, "SpotPrice": "0.4",
-                   "ProductDescription": "Linux/UNIX", "Timestamp": T0}]  # fmt: skip
+                   "ProductDescription": "Linux/UNIX", "Timestamp": t0}]  # fmt: skip
     answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": g5_history}])
     cost = fleet_cost(g5.instance_seconds_by_type, "g5.xlarge", 10, cloud=cloud_spot(g5, fleet, "g5.xlarge", start))
     assert (
@@ -733,4 +735,13 @@ def test_a_live_fleet_is_priced_at_aws_s_own_spot_price_history(aws: dict[str, A
     # a zone AWS gives no price for: said, not priced as another
     answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": history[2:]}])
     assert cloud_spot(held, fleet, "p3.2xlarge", start) == moto
+    # a fleet that began longer ago than AWS keeps prices: asked from the oldest day AWS answers for
+    sent = answer(p.ec2.meta.events, "DescribeSpotPriceHistory", [{"SpotPriceHistory": history}])
+    long = FleetController(FleetConfig(max_instances=1), interval_s=60.0, start=0.0)
+    long.hold(0.0, {(kind, zone): 1})
+    long.hold(100 * 86400.0, 0)  # a hundred days, ending now
+    before = datetime.now(UTC)
+    cloud_spot(long, fleet, "p3.2xlarge", before.timestamp() - 100 * 86400.0)
+    oldest = datetime.fromisoformat(sent[0]["body"]["StartTime"])
+    assert timedelta(days=89) - timedelta(seconds=2) <= before - oldest <= timedelta(days=89, seconds=2)
     p.stop()

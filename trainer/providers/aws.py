@@ -212,6 +212,10 @@ def parse_interruption_event(event: Mapping[str, Any], notice_s: float = NOTICE_
 # ---------------------------------------------------------------------------------------------------- provider
 
 
+#: How far back `describe_spot_price_history` answers (AWS keeps 90 days; a day's margin for the clock).
+PRICE_HISTORY_DAYS: Final = 89
+
+
 class AwsSpotProvider(NumberedInstances):
     """A job's instances are EC2 spot instances of `config` (one-time requests, or instant EC2 Fleets: `launch`);
     instance i runs worker i.
@@ -498,12 +502,13 @@ class AwsSpotProvider(NumberedInstances):
     def spot_prices(self, instance_types: Sequence[str], start: float, end: float) -> SpotPrices:
         """AWS's own spot prices of `instance_types` in every zone of the region from `start` to `end` (epoch
         seconds): ``describe_spot_price_history`` for Linux/UNIX, what the job's instances were billed at (an AMI of
-        another platform is priced otherwise). A call refused (no ``ec2:DescribeSpotPriceHistory``) is the
-        `SpotPrices`' error."""
+        another platform is priced otherwise). AWS keeps 90 days: a longer job's earlier time is priced at the
+        oldest price it gives. A call refused (no ``ec2:DescribeSpotPriceHistory``) is the `SpotPrices`' error."""
         from forecasting import spot_price_history  # deferred: the instance's own commands need no pandas
 
         source = f"AWS describe_spot_price_history, {self.config.region}"
-        window = {"start": datetime.fromtimestamp(start, UTC), "end": datetime.fromtimestamp(end, UTC)}
+        kept = min(end, max(start, time.time() - PRICE_HISTORY_DAYS * 86400.0))
+        window = {"start": datetime.fromtimestamp(kept, UTC), "end": datetime.fromtimestamp(end, UTC)}
         try:
             records = aws_call("describe_spot_price_history", spot_price_history, client=self.ec2,
                                instance_types=sorted(instance_types), **window)  # fmt: skip
