@@ -510,11 +510,10 @@ class AwsSpotProvider(NumberedInstances):
         kept = min(end, max(start, time.time() - PRICE_HISTORY_DAYS * 86400.0))
         window = {"start": datetime.fromtimestamp(kept, UTC), "end": datetime.fromtimestamp(end, UTC)}
         try:
-            records = aws_call("describe_spot_price_history", spot_price_history, client=self.ec2,
+            records = aws_call("ec2:DescribeSpotPriceHistory", spot_price_history, client=self.ec2,
                                instance_types=sorted(instance_types), **window)  # fmt: skip
-        except AwsProviderError as exc:
-            return SpotPrices(source, error=f"{exc}; the policy of the driver's credentials needs "
-                                            "ec2:DescribeSpotPriceHistory")  # fmt: skip
+        except AwsProviderError as exc:  # (named by its IAM action: a refusal's fix is to allow it)
+            return SpotPrices(source, error=str(exc))
         changes: dict[tuple[str, str], list[tuple[float, float]]] = {}
         for r in records:
             pool = (str(r["InstanceType"]), str(r.get("AvailabilityZone", "")))
