@@ -66,10 +66,8 @@ class FleetController:
         self._next_ask = start
         self._counts = {"requested": 0, "granted": 0, "refused": 0, "reclaimed": 0}
         self.totals = dict(self._counts)
-        # the instance time held so far (`hold`), by instance type (None: the provider's own): what a cloud bills
-        self.instance_seconds_by_type: dict[str | None, float] = {}
-        # ... and when, by capacity pool: (start, end, instances per (type, zone)), a span per change of the counts,
-        # what a cloud's own spot prices are applied to (`cloud_spot`)
+        # the instance time held so far (`hold`), what a cloud bills: (start, end, instances per capacity pool, (type,
+        # zone)), a span per change of the counts; a cloud's own spot prices are applied to it (`cloud_spot`)
         self.spans: list[tuple[float, float, dict[tuple[str | None, str | None], int]]] = []
         self._held: tuple[float, dict[tuple[str | None, str | None], int]] = (start, {})
 
@@ -108,10 +106,6 @@ class FleetController:
         own) or by capacity pool, (instance type, zone); the time since the last call is counted at the counts that
         call gave."""
         since, counts = self._held
-        for (kind, _zone), count in counts.items():
-            if count:
-                seconds = self.instance_seconds_by_type.get(kind, 0.0) + count * max(0.0, now - since)
-                self.instance_seconds_by_type[kind] = seconds
         live = {pool: count for pool, count in counts.items() if count}
         if live and now > since:
             last = self.spans[-1] if self.spans else None
@@ -121,6 +115,15 @@ class FleetController:
                 self.spans.append((since, now, live))
         by_pool = {None: held} if isinstance(held, int) else held
         self._held = (now, {key if isinstance(key, tuple) else (key, None): n for key, n in by_pool.items()})
+
+    @property
+    def instance_seconds_by_type(self) -> dict[str | None, float]:
+        """The instance time held so far, by instance type (None: the provider's own)."""
+        seconds: dict[str | None, float] = {}
+        for start, end, held in self.spans:
+            for (kind, _zone), count in held.items():
+                seconds[kind] = seconds.get(kind, 0.0) + count * (end - start)
+        return seconds
 
     @property
     def instance_seconds(self) -> float:
