@@ -82,7 +82,7 @@ def training_planner(
     For ``liveput`` the sentence says where ``forecaster`` came from: the champion (``forecaster_run`` is the MLflow
     run that trained it) or, without one, the registry's fallback, persistence (`forecasting.registry.load_champion`).
     """
-    from trainer import job_planner, planned_interval_s
+    from trainer import handed_in, job_planner, planned_interval_s, plans_stand_s
 
     planner, what = job_planner(config, profile=profile, forecaster=forecaster)
     kind, trace, plan = config.planning.planner, config.availability.trace, config.planning
@@ -100,9 +100,9 @@ def training_planner(
         )
         what = (f"{name} ({origin}) on {past}{gate}; persistence where it cannot forecast (said in each "
                 "decision's details)")  # fmt: skip
-        if plan.accept_plans:
-            stands = 2 * config.availability.interval_seconds
-            what = f"plans handed in when fresh (each stands {stands:g} s), else {what}"
+        stands = plans_stand_s(config)
+        if stands is not None:
+            what = handed_in(stands, what)
     horizon = f"; look-ahead {plan.look_ahead} x {planned_interval_s(config):g} s" if kind == "liveput" else ""
     get_run_logger().info("%s planner%s; forecasts: %s", kind, horizon, what)
     return planner, what

@@ -54,8 +54,8 @@ _HOMES: dict[str, str] = {
     "ScheduleError": "trainer.control.dry_run",
     "chaos_schedule": "trainer.control.schedules",
     **dict.fromkeys(("fleet_cost", "fleet_cost_text"), "trainer.control.fleet"),
-    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "job_planner", "make_planner", "planned_interval_s",
-                     "profile_cut"),
+    **dict.fromkeys(("HandPlanError", "PLANNERS", "hand_plan", "handed_in", "job_planner", "make_planner",
+                     "planned_interval_s", "plans_stand_s", "profile_cut"),
                     "trainer.control.planning"),
     **dict.fromkeys(("cached_profile", "measure"), "trainer.control.measure"),
     **dict.fromkeys(("JobObserver", "ObserverList", "PlanInfo", "ProgressLog", "StepInfo", "fleet_text"),
@@ -160,6 +160,9 @@ if TYPE_CHECKING:
         hand_plan as hand_plan,
     )
     from trainer.control.planning import (
+        handed_in as handed_in,
+    )
+    from trainer.control.planning import (
         job_planner as job_planner,
     )
     from trainer.control.planning import (
@@ -167,6 +170,9 @@ if TYPE_CHECKING:
     )
     from trainer.control.planning import (
         planned_interval_s as planned_interval_s,
+    )
+    from trainer.control.planning import (
+        plans_stand_s as plans_stand_s,
     )
     from trainer.control.planning import (
         profile_cut as profile_cut,

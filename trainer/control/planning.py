@@ -485,9 +485,7 @@ def make_planner(
         own, what = make_planner(kind, profile=profile, forecaster=forecaster, trace=trace, workers=workers,
                                  start_interval=start_interval, look_ahead=look_ahead, interval_s=interval_s,
                                  model=model, fleet=fleet, notice_s=notice_s)  # fmt: skip
-        return HandedPlanner(own, max_age_s=accept_plans_for_s), (
-            f"handed in from outside when fresh (each stands {accept_plans_for_s:g} s); else {what}"
-        )
+        return HandedPlanner(own, max_age_s=accept_plans_for_s), handed_in(accept_plans_for_s, what)
     if kind == "rule":
         return RulePlanner(), "none (the rule planner: two stages once two are alive, as many replicas as fit)"
     if kind == "handed":
@@ -536,6 +534,17 @@ def make_planner(
     return planner, what
 
 
+def handed_in(stands_s: float, own: str) -> str:
+    """The forecasts of a planner that takes plans handed in, each standing `stands_s`, else plans with `own`."""
+    return f"handed in from outside when fresh (each stands {stands_s:g} s); else {own}"
+
+
+def plans_stand_s(config: JobConfig) -> float | None:
+    """How long a plan handed in to the job `config` describes stands (two of its intervals), None where it takes
+    none (``planning.accept_plans``)."""
+    return 2 * config.availability.interval_seconds if config.planning.accept_plans else None
+
+
 def planned_interval_s(config: JobConfig) -> float:
     """The seconds one planned interval stands for in the job `config` describes: a trace replay's and the local
     market's are the trace's own (60 s), whatever ``interval_seconds`` compresses them to; a real fleet's and an
@@ -558,7 +567,7 @@ def job_planner(config: JobConfig, *, profile: RuntimeProfile | None = None,
         plan.planner, profile=profile, forecaster=forecaster, trace=av.trace, workers=av.workers,
         start_interval=av.start_interval, look_ahead=plan.look_ahead, interval_s=planned_interval_s(config),
         model=config.model.name, fleet=config.fleet.max_instances,
-        accept_plans_for_s=2 * av.interval_seconds if plan.accept_plans else None,
+        accept_plans_for_s=plans_stand_s(config),
         notice_s=config.control.notice_grace_s if config.control.prepare else None,
     )  # fmt: skip
 
