@@ -5,7 +5,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -30,6 +31,34 @@ def _no_orphans():
     yield
     alive = [p for p in mp.active_children() if p.name.startswith("parcae-worker")]
     assert not alive, f"worker processes left running: {alive}"
+
+
+@contextmanager
+def warm_worker_starts() -> Iterator[None]:
+    """Local worker processes forked from a warm server ("forkserver": torch imported once, ~0.1 s a start) where
+    the job asked for cold ones ("spawn": ~3 s of importing torch a start on these 2 cores, during which the driver
+    waits for the join): for tests that go through `parcae train` or the flows (whose options keep the cold default)
+    and check what a job trains, not how its processes start — the suite must fit in 20 minutes. Cold starts stay
+    tested where a user meets them: the README's and the docs' commands, `parcae train` under the market as the
+    issue writes it, Ctrl-C, the deployment on the real servers."""
+    from trainer.providers.local import LocalProcessProvider
+
+    cold_init = LocalProcessProvider.__init__
+
+    def warm_init(self: LocalProcessProvider, host: str, port: int, token: str | None = None,
+                  start_method: str = "spawn", driver_key: str | None = None) -> None:  # fmt: skip
+        cold_init(self, host, port, token, "forkserver", driver_key=driver_key)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(LocalProcessProvider, "__init__", warm_init)
+        yield
+
+
+@pytest.fixture
+def warm_starts() -> Iterator[None]:
+    """`warm_worker_starts` for one test (a module takes it with `pytestmark = pytest.mark.usefixtures(...)`)."""
+    with warm_worker_starts():
+        yield
 
 
 def until(predicate: Callable[[], Any], what: str, timeout: float = 30.0) -> None:

@@ -8,12 +8,14 @@ from pathlib import Path
 
 import pytest
 from _flow_fixtures import runtime_profile_file
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
 from forecasting import TraceStore
 from parcae import settings
 from parcae.cli import app
+
+pytestmark = pytest.mark.usefixtures("warm_starts")  # workers fork warm: `_trainer_fixtures.warm_worker_starts`
 
 
 def test_train_writes_the_report_and_runs_the_job_again_from_its_settings_file(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from _jobs import run_job, train
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (autouse fixtures)
 from typer.testing import CliRunner
 
 from parcae.cli import app
@@ -52,7 +52,7 @@ def test_a_job_has_no_hidden_deadline(tmp_path, monkeypatch):
         train(1, model=CFG, steps=4, out_dir=tmp_path / "job2", checkpoint_every=0, timeout_s=100)  # fmt: skip
 
 
-def test_the_seed_seeds_the_model_and_the_data_order(tmp_path):
+def test_the_seed_seeds_the_model_and_the_data_order(tmp_path, warm_starts):
     def initial(seed: int) -> torch.Tensor:
         states = build_context(model_config("tiny-gpt", seed=seed), TrainConfig(), StageLayout.even(1, 1, CFG))
         return torch.cat([t.flatten() for layer in states.layer_states().values() for t in layer.values()])

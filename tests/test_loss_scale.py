@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from _jobs import EVERY_MIGRATION, run_job
-from _trainer_fixtures import StepScales, _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from _trainer_fixtures import StepScales, _no_orphans, _one_thread, warm_starts  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from parcae import LossScaling
@@ -30,6 +30,8 @@ from trainer import (
 )
 from trainer.runtime import loss_scale
 from trainer.runtime.pipeline import layer_state, load_layer_state, make_optimizer
+
+pytestmark = pytest.mark.usefixtures("warm_starts")  # workers fork warm: `_trainer_fixtures.warm_worker_starts`
 
 sys.path.insert(0, str(Path(__file__).parent))  # where `_fp16_model` is, for this process and its workers
 TRAIN = TrainConfig(global_batch=16)

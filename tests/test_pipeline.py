@@ -28,7 +28,7 @@ import yaml  # noqa: E402
 from _aws import fake_aws_account, isolate_aws  # noqa: E402
 from _ec2_standin import Ec2StandIn, coordinator_host, moto_server_env  # noqa: E402
 from _flow_fixtures import free_port, runtime_profile_file  # noqa: E402
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: E402,F401 - activates them
+from _trainer_fixtures import _no_orphans, _one_thread, warm_worker_starts  # noqa: E402,F401 - activates them
 from moto import mock_aws  # noqa: E402
 from prefect.client.orchestration import get_client  # noqa: E402
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey  # noqa: E402
@@ -47,6 +47,14 @@ STEPS, SPI, CHECKPOINT_EVERY = 30, 2, 10
 
 
 pytestmark = pytest.mark.usefixtures("prefect_server")  # the session's Prefect test server (tests/conftest.py)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _warm_starts():
+    """The flows' local workers fork warm here (`_trainer_fixtures.warm_worker_starts`); the killed flow's first
+    incarnation, a process of its own, starts them cold."""
+    with warm_worker_starts():
+        yield
 
 
 @pytest.fixture(scope="module")

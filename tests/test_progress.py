@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+from _trainer_fixtures import warm_starts  # noqa: F401  (a fixture)
 from rich.console import Console
 
 from parcae.progress import TrainProgress, format_reconfiguration, migration_label
@@ -144,7 +145,7 @@ def test_a_live_fleet_s_waits_are_printed_in_a_log_and_above_the_bar():
         assert [line for line in text.splitlines() if "fleet" in line] == lines, text
 
 
-def test_parcae_train_reports_steps_and_each_migration(tmp_path):
+def test_parcae_train_reports_steps_and_each_migration(tmp_path, warm_starts):
     """A real 5-step job on 2 worker processes with two planned migrations, output piped (not a terminal)."""
     from typer.testing import CliRunner
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from _trainer_fixtures import warm_starts  # noqa: F401  (a fixture)
 from typer.testing import CliRunner
 
 from parcae.cli import app
@@ -45,7 +46,7 @@ def run(*args: str) -> str:
     return res.stdout
 
 
-def test_the_train_report_s_fields_are_the_page_s(tmp_path: Path) -> None:
+def test_the_train_report_s_fields_are_the_page_s(tmp_path: Path, warm_starts: None) -> None:
     out = tmp_path / "train.json"
     # p3 from interval 49 scaled to 3 instances: 3, 3, then 2 — a preemption, so a reconfiguration to report
     run("train", "--workers", "3", "--steps", "8", "--trace", "p3", "--start-interval", "49", "--interval-seconds",

@@ -12,7 +12,7 @@ import torch
 from _flow_fixtures import runtime_profile_file
 from _jobs import run_job
 from _reference import uninterrupted
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 from liveput import CostConstants, ThroughputProfile
@@ -24,6 +24,8 @@ from trainer.observe.profile import ProfileFormatError, RuntimeProfile, runtime_
 from trainer.runtime.migration import job_layer_sizes, layer_sizes
 from trainer.runtime.model import layer_names
 from trainer.runtime.pipeline import parameters_checksum, partition
+
+pytestmark = pytest.mark.usefixtures("warm_starts")  # workers fork warm: `_trainer_fixtures.warm_worker_starts`
 
 TINY = model_config("tiny-gpt")
 # the head costs as much as the other five layers together: a cut by parameter count (0, 3, 6) would leave it

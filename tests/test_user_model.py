@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.nn as nn
 from _jobs import EVERY_MIGRATION, run_job
-from _trainer_fixtures import _no_orphans, _one_thread  # noqa: F401  (fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (fixtures)
 from typer.testing import CliRunner
 
 import parcae
@@ -92,7 +92,9 @@ def assert_same_parameters(layers_dir: str | Path, steps: int, model: ModelConfi
 # ------------------------------------------------------------------------------------------------ equivalence
 
 
-def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migration_kind(tmp_path, _no_orphans):
+def test_a_users_cnn_trains_the_same_run_through_parcae_train_under_every_migration_kind(
+    tmp_path, _no_orphans, warm_starts
+):
     steps, out = 13, tmp_path / "run"
     events = tmp_path / "events.json"
     events.write_text(json.dumps(EVERY_KIND))
@@ -196,7 +198,7 @@ def test_a_held_out_batch_with_fewer_rows_than_replicas_is_scored_through_pipeli
     assert [step.lr for step in seen.of("step")] == [0.0] + [0.05] * 5  # each step's rate, as the spec gives it
 
 
-def test_a_data_function_that_fails_while_the_job_trains_is_one_line_naming_it(tmp_path, _no_orphans):
+def test_a_data_function_that_fails_while_the_job_trains_is_one_line_naming_it(tmp_path, _no_orphans, warm_starts):
     """A validation batch the check before the job does not load raises in the workers: the job stops with one line
     naming the function, its argument, the error and the user's line — no traceback."""
     sys.path.insert(0, str(Path(__file__).parent))
