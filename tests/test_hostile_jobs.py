@@ -125,8 +125,12 @@ def test_an_unwritable_report_is_refused_before_training(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_ctrl_c_stops_the_workers_and_prints_one_line_with_the_resume_command(tmp_path):
     out = tmp_path / "run"
-    cmd = [sys.executable, "-c", "from parcae.cli import app; app()", "train", "--workers", "2", "--steps",
-           "100000", "--checkpoint-every", "2", "--out-dir", str(out)]  # fmt: skip
+    # Python's own Ctrl-C handler, as a command started in a terminal's foreground has it: started from this test
+    # process, the command inherits its SIGINT disposition, which is "ignore" where pytest itself was started as a
+    # background job of a shell without job control (`pytest &` in a script) — the job then trained on
+    start = "import signal; signal.signal(signal.SIGINT, signal.default_int_handler); from parcae.cli import app; app()"
+    cmd = [sys.executable, "-c", start, "train", "--workers", "2", "--steps", "100000", "--checkpoint-every", "2",
+           "--out-dir", str(out)]  # fmt: skip
     env = {**os.environ, "COLUMNS": "300"}
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, env=env)
     try:
