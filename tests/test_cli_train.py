@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from _flow_fixtures import runtime_profile_file
-from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (fixtures: _one_thread is autouse)
 from typer.testing import CliRunner
 
 from forecasting import TraceStore

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from _jobs import run_job, train
-from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (autouse fixtures)
+from _trainer_fixtures import _no_orphans, _one_thread, warm_starts  # noqa: F401  (fixtures: _one_thread is autouse)
 from typer.testing import CliRunner
 
 from parcae.cli import app
